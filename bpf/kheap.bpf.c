@@ -1,0 +1,476 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * kheap: kernel heap allocations aggregated in the kernel.
+ *
+ * Every traced allocation updates one per-CPU hash entry keyed by
+ * (call site, cache): exact counts, requested and allocated bytes and a log2
+ * histogram of requested sizes. Kernel stacks are costly (~1.75 us each on an
+ * ORC kernel), so by default only a random sample of events captures one;
+ * user space scales the sampled stacks to the exact per-site totals.
+ *
+ * Each hook exists twice: as tp_btf (typed arguments, cheapest) and as a
+ * classic tracepoint read through CO-RE (for kernels or configurations
+ * without BTF-typed raw tracepoints). User space enables one set per run.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "kheap.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+const volatile struct kheap_config cfg = {};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct site_key);
+	__type(value, struct alloc_stats);
+} sites SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct stack_key);
+	__type(value, struct alloc_stats);
+} stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 8192);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, KHEAP_STACK_DEPTH * sizeof(__u64));
+} stack_traces SEC(".maps");
+
+/* Per process (tgid); only updated when the report is grouped by process. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct alloc_stats);
+} procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct proc_info);
+} proc_comms SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 2048);
+	__type(key, __u64);
+	__type(value, struct cache_frees);
+} cache_frees SEC(".maps");
+
+/* Written once per cache, when a cache is first seen, off the hot path. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 2048);
+	__type(key, __u64);
+	__type(value, struct cache_name);
+} cache_names SEC(".maps");
+
+/* Processes whose allocations are counted when cfg.filter_pids is set. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u8);
+} pid_filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct counters);
+} counters SEC(".maps");
+
+/* A zeroed value to insert new hash entries from (too big for the stack). */
+static struct alloc_stats zero_stats;
+
+/* Older layout of the kmalloc/kmem_cache_alloc records: before 6.1 both
+ * events shared the kmem_alloc class. */
+struct trace_event_raw_kmem_alloc___pre61 {
+	unsigned long call_site;
+	const void *ptr;
+	size_t bytes_req;
+	size_t bytes_alloc;
+	unsigned long gfp_flags;
+} __attribute__((preserve_access_index));
+
+static __always_inline struct counters *counters_get(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&counters, &zero);
+}
+
+#define COUNT(field)                                                    \
+	do {                                                            \
+		struct counters *__c = counters_get();                  \
+		if (__c)                                                \
+			__c->field++;                                   \
+	} while (0)
+
+static __always_inline __u32 size_bucket(__u64 v)
+{
+	__u32 r, shift;
+
+	if (v == 0)
+		return 0;
+	/* floor(log2(v)) without loops, then +1 so that bucket 0 is size 0 */
+	r = (v > 0xFFFFFFFFULL) << 5;
+	v >>= r;
+	shift = (v > 0xFFFF) << 4;
+	v >>= shift;
+	r |= shift;
+	shift = (v > 0xFF) << 3;
+	v >>= shift;
+	r |= shift;
+	shift = (v > 0xF) << 2;
+	v >>= shift;
+	r |= shift;
+	shift = (v > 0x3) << 1;
+	v >>= shift;
+	r |= shift;
+	r |= (v >> 1);
+	r += 1;
+	return r < KHEAP_HIST_BUCKETS ? r : KHEAP_HIST_BUCKETS - 1;
+}
+
+static __always_inline bool comm_matches(void)
+{
+	char comm[KHEAP_COMM_LEN];
+
+	bpf_get_current_comm(comm, sizeof(comm));
+#pragma unroll
+	for (int i = 0; i < KHEAP_COMM_LEN; i++) {
+		if (comm[i] != cfg.comm[i])
+			return false;
+		if (comm[i] == 0)
+			return true;
+	}
+	return true;
+}
+
+static __always_inline bool task_wanted(__u32 tgid)
+{
+	if (cfg.filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid))
+		return false;
+	if (cfg.filter_comm && !comm_matches())
+		return false;
+	return true;
+}
+
+static __always_inline void stats_add(struct alloc_stats *s, __u64 req,
+				      __u64 alloc, __u32 bucket)
+{
+	s->count++;
+	s->bytes_req += req;
+	s->bytes_alloc += alloc;
+	if (bucket < KHEAP_HIST_BUCKETS)
+		s->hist[bucket]++;
+}
+
+/* Adds to an existing entry, or creates it. Returns false if the map is full.
+ * A racing insert on another CPU (-EEXIST) is retried as a lookup. */
+static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
+					 __u64 alloc, __u32 bucket, bool *created)
+{
+	struct alloc_stats *s = bpf_map_lookup_elem(map, key);
+
+	if (!s) {
+		long err = bpf_map_update_elem(map, key, &zero_stats,
+					       BPF_NOEXIST);
+		if (err && err != -17 /* EEXIST */)
+			return false;
+		if (created && !err)
+			*created = true;
+		s = bpf_map_lookup_elem(map, key);
+		if (!s)
+			return false;
+	}
+	stats_add(s, req, alloc, bucket);
+	return true;
+}
+
+static __always_inline void remember_cache_name(__u64 cache, const char *name)
+{
+	struct cache_name n = {};
+
+	if (!cache || !name)
+		return;
+	bpf_probe_read_kernel_str(n.name, sizeof(n.name), name);
+	bpf_map_update_elem(&cache_names, &cache, &n, BPF_NOEXIST);
+}
+
+/* The common path of every allocation event. `name` is only read when the
+ * (site, cache) pair is new, so the cost stays off the hot path. */
+static __always_inline void record_alloc(void *ctx, struct site_key *key,
+					 const void *ptr, __u64 req,
+					 __u64 alloc, const char *name)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32;
+	bool created = false;
+	__u32 bucket;
+
+	if (!task_wanted(tgid))
+		return;
+	if (req < cfg.min_size || (cfg.max_size && req > cfg.max_size))
+		return;
+	if (!ptr) {
+		COUNT(alloc_failed);
+		return;
+	}
+
+	bucket = size_bucket(req);
+	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
+		COUNT(map_full_sites);
+		return;
+	}
+	if (created && key->cache)
+		remember_cache_name(key->cache, name);
+
+	if (cfg.by_process) {
+		bool new_proc = false;
+
+		if (!upsert_stats(&procs, &tgid, req, alloc, bucket, &new_proc))
+			COUNT(map_full_procs);
+		else if (new_proc) {
+			struct proc_info info = {};
+
+			bpf_get_current_comm(info.comm, sizeof(info.comm));
+			bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
+		}
+	}
+
+	if (!cfg.capture_stacks)
+		return;
+	if (cfg.stack_sample_mask &&
+	    (bpf_get_prandom_u32() & cfg.stack_sample_mask))
+		return;
+
+	struct stack_key skey = { .site = *key };
+
+	skey.stack_id = bpf_get_stackid(ctx, &stack_traces, 0);
+	if (skey.stack_id < 0) {
+		if (skey.stack_id == -17 /* EEXIST: hash collision */)
+			COUNT(lost_stack_collision);
+		else
+			COUNT(lost_stack_other);
+		return;
+	}
+	COUNT(stack_samples);
+	if (!upsert_stats(&stacks, &skey, req, alloc, bucket, NULL))
+		COUNT(map_full_stacks);
+}
+
+static __always_inline void record_cache_free(const void *ptr, __u64 cache,
+					      const char *name)
+{
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	struct cache_frees *f;
+
+	if (!task_wanted(tgid))
+		return;
+	if (!ptr) {
+		COUNT(frees_null);
+		return;
+	}
+	COUNT(frees);
+	if (!cache)
+		return;
+	f = bpf_map_lookup_elem(&cache_frees, &cache);
+	if (f) {
+		f->frees++;
+		return;
+	}
+	struct cache_frees one = { .frees = 1 };
+
+	if (bpf_map_update_elem(&cache_frees, &cache, &one, BPF_NOEXIST) == 0)
+		remember_cache_name(cache, name);
+	else if (!bpf_map_lookup_elem(&cache_frees, &cache))
+		COUNT(map_full_caches);
+}
+
+static __always_inline bool gfp_accounted(__u64 gfp_flags)
+{
+	/* __GFP_ACCOUNT's bit lives in an anonymous enum (6.10+) or a macro
+	 * (older), neither reachable through CO-RE: user space reads it from the
+	 * kernel's BTF. */
+	return gfp_flags & cfg.gfp_account_mask;
+}
+
+static __always_inline void on_kmalloc(void *ctx, __u64 call_site,
+				       const void *ptr, __u64 req, __u64 alloc,
+				       __u64 gfp_flags)
+{
+	struct site_key key = {
+		.call_site = call_site,
+		.kmalloc_size = alloc,
+		.kmalloc_accounted = gfp_accounted(gfp_flags),
+	};
+
+	record_alloc(ctx, &key, ptr, req, alloc, NULL);
+}
+
+/* ---- tp_btf: typed raw tracepoint arguments ---- */
+
+SEC("tp_btf/kmalloc")
+int BPF_PROG(kmalloc_btf, unsigned long call_site, const void *ptr,
+	     size_t bytes_req, size_t bytes_alloc, gfp_t gfp_flags, int node)
+{
+	on_kmalloc(ctx, call_site, ptr, bytes_req, bytes_alloc, gfp_flags);
+	return 0;
+}
+
+SEC("tp_btf/kmem_cache_alloc")
+int BPF_PROG(cache_alloc_btf, unsigned long call_site, const void *ptr,
+	     struct kmem_cache *s, gfp_t gfp_flags, int node)
+{
+	struct site_key key = { .call_site = call_site, .cache = (__u64)s };
+
+	record_alloc(ctx, &key, ptr, s->object_size, s->size, s->name);
+	return 0;
+}
+
+SEC("tp_btf/kfree")
+int BPF_PROG(kfree_btf, unsigned long call_site, const void *ptr)
+{
+	record_cache_free(ptr, 0, NULL);
+	return 0;
+}
+
+SEC("tp_btf/kmem_cache_free")
+int BPF_PROG(cache_free_btf, unsigned long call_site, const void *ptr,
+	     struct kmem_cache *s)
+{
+	record_cache_free(ptr, (__u64)s, s->name);
+	return 0;
+}
+
+/* With `-- CMD`, children of traced processes are traced too. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 parent_tgid = parent->tgid, child_tgid = child->tgid;
+	__u8 one = 1;
+
+	if (bpf_map_lookup_elem(&pid_filter, &parent_tgid))
+		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	return 0;
+}
+
+/* ---- classic tracepoints, fields read through CO-RE ---- */
+
+SEC("tracepoint/kmem/kmalloc")
+int kmalloc_tp(void *ctx)
+{
+	if (bpf_core_type_exists(struct trace_event_raw_kmalloc)) {
+		struct trace_event_raw_kmalloc *r = ctx;
+
+		on_kmalloc(ctx, BPF_CORE_READ(r, call_site),
+			   BPF_CORE_READ(r, ptr), BPF_CORE_READ(r, bytes_req),
+			   BPF_CORE_READ(r, bytes_alloc),
+			   BPF_CORE_READ(r, gfp_flags));
+	} else {
+		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
+
+		on_kmalloc(ctx, BPF_CORE_READ(r, call_site),
+			   BPF_CORE_READ(r, ptr), BPF_CORE_READ(r, bytes_req),
+			   BPF_CORE_READ(r, bytes_alloc),
+			   BPF_CORE_READ(r, gfp_flags));
+	}
+	return 0;
+}
+
+/* The classic record has no cache pointer; the cache name (6.18 added it as a
+ * __data_loc string) identifies the cache instead, hashed into the key. */
+static __always_inline __u64 name_key(const char *name)
+{
+	__u64 h = 0xcbf29ce484222325ULL; /* FNV-1a */
+	char c[KHEAP_CACHE_NAME_LEN] = {};
+
+	bpf_probe_read_kernel_str(c, sizeof(c), name);
+#pragma unroll
+	for (int i = 0; i < KHEAP_CACHE_NAME_LEN; i++) {
+		if (!c[i])
+			break;
+		h = (h ^ (__u8)c[i]) * 0x100000001b3ULL;
+	}
+	/* never 0, which means "kmalloc" */
+	return h | 1;
+}
+
+SEC("tracepoint/kmem/kmem_cache_alloc")
+int cache_alloc_tp(void *ctx)
+{
+	struct site_key key = {};
+	const char *name = NULL;
+	__u64 req, alloc;
+	const void *ptr;
+
+	if (bpf_core_type_exists(struct trace_event_raw_kmem_cache_alloc)) {
+		struct trace_event_raw_kmem_cache_alloc *r = ctx;
+
+		key.call_site = BPF_CORE_READ(r, call_site);
+		ptr = BPF_CORE_READ(r, ptr);
+		req = BPF_CORE_READ(r, bytes_req);
+		alloc = BPF_CORE_READ(r, bytes_alloc);
+		if (bpf_core_field_exists(r->__data_loc_name)) {
+			__u32 loc = BPF_CORE_READ(r, __data_loc_name);
+
+			name = (const char *)ctx + (loc & 0xFFFF);
+		}
+	} else {
+		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
+
+		key.call_site = BPF_CORE_READ(r, call_site);
+		ptr = BPF_CORE_READ(r, ptr);
+		req = BPF_CORE_READ(r, bytes_req);
+		alloc = BPF_CORE_READ(r, bytes_alloc);
+	}
+	/* Without a name, the object size is the best stand-in for a cache. */
+	key.cache = name ? name_key(name) : ((alloc << 1) | 1);
+	record_alloc(ctx, &key, ptr, req, alloc, name);
+	return 0;
+}
+
+SEC("tracepoint/kmem/kfree")
+int kfree_tp(struct trace_event_raw_kfree *r)
+{
+	record_cache_free(BPF_CORE_READ(r, ptr), 0, NULL);
+	return 0;
+}
+
+SEC("tracepoint/kmem/kmem_cache_free")
+int cache_free_tp(struct trace_event_raw_kmem_cache_free *r)
+{
+	const char *name = NULL;
+	__u64 cache = 0;
+
+	if (bpf_core_field_exists(r->__data_loc_name)) {
+		__u32 loc = BPF_CORE_READ(r, __data_loc_name);
+
+		name = (const char *)r + (loc & 0xFFFF);
+		cache = name_key(name);
+	}
+	record_cache_free(BPF_CORE_READ(r, ptr), cache, name);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_fork")
+int fork_tp(struct trace_event_raw_sched_process_fork *r)
+{
+	__u32 parent = BPF_CORE_READ(r, parent_pid);
+	__u32 child = BPF_CORE_READ(r, child_pid);
+	__u8 one = 1;
+
+	if (bpf_map_lookup_elem(&pid_filter, &parent))
+		bpf_map_update_elem(&pid_filter, &child, &one, BPF_ANY);
+	return 0;
+}

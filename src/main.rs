@@ -1,0 +1,4 @@
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/kheap.skel.rs"));
+}
+fn main(){}
