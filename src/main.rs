@@ -1,4 +1,5 @@
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/kheap.skel.rs"));
 }
-fn main(){}
+mod model;
+fn main() {}

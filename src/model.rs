@@ -1,0 +1,353 @@
+//! Pure aggregation: size histograms, allocation statistics and waste maths.
+//! Nothing here touches the kernel or libbpf, so it is unit-tested without root.
+
+use std::ops::{AddAssign, Sub};
+
+use serde::{Deserialize, Serialize};
+
+/// Number of log2 buckets; must match `KHEAP_HIST_BUCKETS` in `bpf/kheap.h`
+/// (checked at compile time in `bpf.rs` against the generated type).
+pub const HIST_BUCKETS: usize = 32;
+
+/// A log2 histogram of requested sizes. Bucket 0 holds size 0; bucket
+/// `b >= 1` holds sizes in `[2^(b-1), 2^b)`; the last bucket takes everything
+/// larger too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hist(pub [u64; HIST_BUCKETS]);
+
+impl Default for Hist {
+    fn default() -> Self {
+        Hist([0; HIST_BUCKETS])
+    }
+}
+
+/// One non-empty histogram bucket as reported: `lo <= size < hi`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bucket {
+    pub lo: u64,
+    pub hi: u64,
+    pub count: u64,
+}
+
+impl Hist {
+    /// The bucket a size falls in (same rule as `size_bucket()` in BPF).
+    pub fn bucket_of(size: u64) -> usize {
+        if size == 0 {
+            return 0;
+        }
+        let b = 64 - size.leading_zeros() as usize; // floor(log2) + 1
+        b.min(HIST_BUCKETS - 1)
+    }
+
+    /// `[lo, hi)` of bucket `b`. The last bucket is open-ended; its `hi` is
+    /// reported as `u64::MAX`.
+    pub fn bounds(b: usize) -> (u64, u64) {
+        match b {
+            0 => (0, 1),
+            b if b == HIST_BUCKETS - 1 => (1 << (b - 1), u64::MAX),
+            b => (1 << (b - 1), 1 << b),
+        }
+    }
+
+    pub fn record(&mut self, size: u64) {
+        self.0[Self::bucket_of(size)] += 1;
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(|&c| c == 0)
+    }
+
+    pub fn buckets(&self) -> Vec<Bucket> {
+        self.0
+            .iter()
+            .enumerate()
+            .filter(|(_, &c)| c > 0)
+            .map(|(b, &count)| {
+                let (lo, hi) = Self::bounds(b);
+                Bucket { lo, hi, count }
+            })
+            .collect()
+    }
+
+    pub fn from_buckets(buckets: &[Bucket]) -> Hist {
+        let mut h = Hist::default();
+        for b in buckets {
+            h.0[Self::bucket_of(b.lo)] += b.count;
+        }
+        h
+    }
+
+    /// Multiplies every bucket by `factor`, rounding, for sampled data
+    /// scaled to exact totals.
+    pub fn scaled(&self, factor: f64) -> Hist {
+        let mut h = *self;
+        for c in h.0.iter_mut() {
+            *c = (*c as f64 * factor).round() as u64;
+        }
+        h
+    }
+}
+
+impl AddAssign for Hist {
+    fn add_assign(&mut self, rhs: Hist) {
+        for (a, b) in self.0.iter_mut().zip(rhs.0) {
+            *a += b;
+        }
+    }
+}
+
+impl Sub for Hist {
+    type Output = Hist;
+    /// Saturating per bucket: used for interval deltas, where a counter that
+    /// went backwards (a map entry was reset) must not wrap around.
+    fn sub(self, rhs: Hist) -> Hist {
+        let mut h = self;
+        for (a, b) in h.0.iter_mut().zip(rhs.0) {
+            *a = a.saturating_sub(b);
+        }
+        h
+    }
+}
+
+/// Exact counters of one aggregation key (a site, a stack, a cache, a process).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocStats {
+    pub count: u64,
+    pub bytes_req: u64,
+    pub bytes_alloc: u64,
+    pub hist: Hist,
+}
+
+impl AllocStats {
+    /// Bytes lost to slab rounding: allocated minus requested.
+    pub fn waste(&self) -> u64 {
+        self.bytes_alloc.saturating_sub(self.bytes_req)
+    }
+
+    /// Waste as a percentage of the allocated bytes (0 when nothing was).
+    pub fn waste_pct(&self) -> f64 {
+        pct(self.waste(), self.bytes_alloc)
+    }
+
+    /// Mean requested size.
+    pub fn avg_req(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.bytes_req as f64 / self.count as f64
+        }
+    }
+
+    /// Scales counts and bytes by `factor` (sampled stacks to exact totals).
+    pub fn scaled(&self, factor: f64) -> AllocStats {
+        let s = |v: u64| (v as f64 * factor).round() as u64;
+        AllocStats {
+            count: s(self.count),
+            bytes_req: s(self.bytes_req),
+            bytes_alloc: s(self.bytes_alloc),
+            hist: self.hist.scaled(factor),
+        }
+    }
+}
+
+impl AddAssign for AllocStats {
+    fn add_assign(&mut self, rhs: AllocStats) {
+        self.count += rhs.count;
+        self.bytes_req += rhs.bytes_req;
+        self.bytes_alloc += rhs.bytes_alloc;
+        self.hist += rhs.hist;
+    }
+}
+
+impl Sub for AllocStats {
+    type Output = AllocStats;
+    fn sub(self, rhs: AllocStats) -> AllocStats {
+        AllocStats {
+            count: self.count.saturating_sub(rhs.count),
+            bytes_req: self.bytes_req.saturating_sub(rhs.bytes_req),
+            bytes_alloc: self.bytes_alloc.saturating_sub(rhs.bytes_alloc),
+            hist: self.hist - rhs.hist,
+        }
+    }
+}
+
+pub fn pct(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+/// Which slab cache an allocation came from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CacheId {
+    /// A kmalloc() size class; `size` is the allocated size. Larger than
+    /// `KMALLOC_MAX_CACHE_SIZE`, kmalloc() goes to the page allocator.
+    Kmalloc { size: u64, accounted: bool },
+    /// A dedicated cache (kmem_cache_alloc), by name.
+    Named(String),
+    /// A cache whose name the kernel did not tell (old tracepoint layouts):
+    /// known only by its object size.
+    ObjectSize(u64),
+}
+
+/// Largest size served by kmalloc caches (two pages on x86_64 SLUB); above
+/// it kmalloc() takes whole pages.
+pub const KMALLOC_MAX_CACHE_SIZE: u64 = 8192;
+
+impl CacheId {
+    /// The name `/proc/slabinfo` uses for this cache (approximate for kmalloc:
+    /// DMA/reclaimable/random variants are not distinguished by the event).
+    pub fn name(&self) -> String {
+        match self {
+            CacheId::Kmalloc { size, .. } if *size > KMALLOC_MAX_CACHE_SIZE => {
+                format!("kmalloc-large-{}", human_size(*size))
+            }
+            CacheId::Kmalloc { size, accounted } => {
+                let cg = if *accounted { "cg-" } else { "" };
+                format!("kmalloc-{cg}{}", kmalloc_size_name(*size))
+            }
+            CacheId::Named(n) => n.clone(),
+            CacheId::ObjectSize(s) => format!("cache-of-{s}-bytes"),
+        }
+    }
+}
+
+/// kmalloc cache names use "k" for multiples of 1024 (kmalloc-4k, kmalloc-96).
+pub fn kmalloc_size_name(size: u64) -> String {
+    if size >= 1024 && size % 1024 == 0 {
+        format!("{}k", size / 1024)
+    } else {
+        size.to_string()
+    }
+}
+
+/// Bytes in binary units, for table cells: 512, 1.5K, 2.0M, 3.1G.
+pub fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["", "K", "M", "G", "T"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes}")
+    } else if v >= 100.0 {
+        format!("{v:.0}{}", UNITS[u])
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
+/// Counts with SI suffixes, for table cells: 999, 1.2k, 3.4M.
+pub fn human_count(n: u64) -> String {
+    const UNITS: [&str; 4] = ["", "k", "M", "G"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1000.0 && u < UNITS.len() - 1 {
+        v /= 1000.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n}")
+    } else {
+        format!("{v:.1}{}", UNITS[u])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_follow_powers_of_two() {
+        assert_eq!(Hist::bucket_of(0), 0);
+        assert_eq!(Hist::bucket_of(1), 1);
+        assert_eq!(Hist::bucket_of(2), 2);
+        assert_eq!(Hist::bucket_of(3), 2);
+        assert_eq!(Hist::bucket_of(4), 3);
+        assert_eq!(Hist::bucket_of(2148), 12);
+        assert_eq!(Hist::bounds(12), (2048, 4096));
+        assert_eq!(Hist::bucket_of(u64::MAX), HIST_BUCKETS - 1);
+        for size in [1u64, 7, 8, 100, 4095, 4096, 1 << 29] {
+            let (lo, hi) = Hist::bounds(Hist::bucket_of(size));
+            assert!(lo <= size && size < hi, "{size} not in [{lo},{hi})");
+        }
+    }
+
+    #[test]
+    fn hist_round_trips_through_buckets() {
+        let mut h = Hist::default();
+        for s in [0, 5, 6, 7, 2148, 2148, 70000] {
+            h.record(s);
+        }
+        let b = h.buckets();
+        assert_eq!(b.len(), 4);
+        assert_eq!(
+            b[1],
+            Bucket {
+                lo: 4,
+                hi: 8,
+                count: 3
+            }
+        );
+        assert_eq!(Hist::from_buckets(&b), h);
+        assert_eq!(h.total(), 7);
+    }
+
+    #[test]
+    fn waste_is_allocated_minus_requested() {
+        let s = AllocStats {
+            count: 10,
+            bytes_req: 10 * 2148,
+            bytes_alloc: 10 * 4096,
+            hist: Hist::default(),
+        };
+        assert_eq!(s.waste(), 10 * 1948);
+        assert!((s.waste_pct() - 47.5585).abs() < 0.001);
+        assert_eq!(s.avg_req(), 2148.0);
+        assert_eq!(AllocStats::default().waste_pct(), 0.0);
+    }
+
+    #[test]
+    fn add_and_saturating_sub() {
+        let mut a = AllocStats {
+            count: 1,
+            bytes_req: 10,
+            bytes_alloc: 16,
+            ..Default::default()
+        };
+        a.hist.record(10);
+        let mut b = a;
+        b += a;
+        assert_eq!(b.count, 2);
+        assert_eq!(b.hist.0[4], 2);
+        assert_eq!((b - a).count, 1);
+        assert_eq!((a - b).count, 0, "a reset counter must not wrap");
+    }
+
+    #[test]
+    fn cache_names_match_slabinfo() {
+        let k = |size, accounted| CacheId::Kmalloc { size, accounted }.name();
+        assert_eq!(k(96, false), "kmalloc-96");
+        assert_eq!(k(4096, true), "kmalloc-cg-4k");
+        assert_eq!(k(8192, false), "kmalloc-8k");
+        assert_eq!(k(16384, false), "kmalloc-large-16.0K");
+        assert_eq!(CacheId::Named("dentry".into()).name(), "dentry");
+    }
+
+    #[test]
+    fn human_units() {
+        assert_eq!(human_size(512), "512");
+        assert_eq!(human_size(1536), "1.5K");
+        assert_eq!(human_size(300 << 20), "300M");
+        assert_eq!(human_count(1234), "1.2k");
+        assert_eq!(human_count(12), "12");
+    }
+}
