@@ -108,11 +108,11 @@ static __always_inline struct counters *counters_get(void)
 	return bpf_map_lookup_elem(&counters, &zero);
 }
 
-#define COUNT(field)                                                    \
-	do {                                                            \
-		struct counters *__c = counters_get();                  \
-		if (__c)                                                \
-			__c->field++;                                   \
+#define COUNT(field)                                   \
+	do {                                           \
+		struct counters *__c = counters_get(); \
+		if (__c)                               \
+			__c->field++;                  \
 	} while (0)
 
 static __always_inline __u32 size_bucket(__u64 v)
@@ -178,13 +178,14 @@ static __always_inline void stats_add(struct alloc_stats *s, __u64 req,
 /* Adds to an existing entry, or creates it. Returns false if the map is full.
  * A racing insert on another CPU (-EEXIST) is retried as a lookup. */
 static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
-					 __u64 alloc, __u32 bucket, bool *created)
+					 __u64 alloc, __u32 bucket,
+					 bool *created)
 {
 	struct alloc_stats *s = bpf_map_lookup_elem(map, key);
 
 	if (!s) {
-		long err = bpf_map_update_elem(map, key, &zero_stats,
-					       BPF_NOEXIST);
+		long err =
+			bpf_map_update_elem(map, key, &zero_stats, BPF_NOEXIST);
 		if (err && err != -17 /* EEXIST */)
 			return false;
 		if (created && !err)
@@ -213,13 +214,16 @@ static __always_inline void record_alloc(void *ctx, struct site_key *key,
 					 const void *ptr, __u64 req,
 					 __u64 alloc, const char *name)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__u32 tgid = pid_tgid >> 32;
 	bool created = false;
-	__u32 bucket;
+	__u32 bucket, tgid = 0;
 
-	if (!task_wanted(tgid))
-		return;
+	/* cfg is constant after load: with no filter and no per-process view
+	 * the verifier drops this block entirely. */
+	if (cfg.filter_pids || cfg.filter_comm || cfg.by_process) {
+		tgid = bpf_get_current_pid_tgid() >> 32;
+		if (!task_wanted(tgid))
+			return;
+	}
 	if (req < cfg.min_size || (cfg.max_size && req > cfg.max_size))
 		return;
 	if (!ptr) {
@@ -254,7 +258,7 @@ static __always_inline void record_alloc(void *ctx, struct site_key *key,
 	    (bpf_get_prandom_u32() & cfg.stack_sample_mask))
 		return;
 
-	struct stack_key skey = { .site = *key };
+	struct stack_key skey = {.site = *key};
 
 	skey.stack_id = bpf_get_stackid(ctx, &stack_traces, 0);
 	if (skey.stack_id < 0) {
@@ -272,10 +276,10 @@ static __always_inline void record_alloc(void *ctx, struct site_key *key,
 static __always_inline void record_cache_free(const void *ptr, __u64 cache,
 					      const char *name)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	struct cache_frees *f;
 
-	if (!task_wanted(tgid))
+	if ((cfg.filter_pids || cfg.filter_comm) &&
+	    !task_wanted(bpf_get_current_pid_tgid() >> 32))
 		return;
 	if (!ptr) {
 		COUNT(frees_null);
@@ -289,7 +293,7 @@ static __always_inline void record_cache_free(const void *ptr, __u64 cache,
 		f->frees++;
 		return;
 	}
-	struct cache_frees one = { .frees = 1 };
+	struct cache_frees one = {.frees = 1};
 
 	if (bpf_map_update_elem(&cache_frees, &cache, &one, BPF_NOEXIST) == 0)
 		remember_cache_name(cache, name);
@@ -300,8 +304,8 @@ static __always_inline void record_cache_free(const void *ptr, __u64 cache,
 static __always_inline bool gfp_accounted(__u64 gfp_flags)
 {
 	/* __GFP_ACCOUNT's bit lives in an anonymous enum (6.10+) or a macro
-	 * (older), neither reachable through CO-RE: user space reads it from the
-	 * kernel's BTF. */
+	 * (older), neither reachable through CO-RE: user space reads it from
+	 * the kernel's BTF. */
 	return gfp_flags & cfg.gfp_account_mask;
 }
 
@@ -332,7 +336,7 @@ SEC("tp_btf/kmem_cache_alloc")
 int BPF_PROG(cache_alloc_btf, unsigned long call_site, const void *ptr,
 	     struct kmem_cache *s, gfp_t gfp_flags, int node)
 {
-	struct site_key key = { .call_site = call_site, .cache = (__u64)s };
+	struct site_key key = {.call_site = call_site, .cache = (__u64)s};
 
 	record_alloc(ctx, &key, ptr, s->object_size, s->size, s->name);
 	return 0;

@@ -15,7 +15,7 @@
  * stack map's memory is max_entries * depth * 8 bytes. */
 #define KHEAP_STACK_DEPTH 64
 
-#define KHEAP_COMM_LEN 16
+#define KHEAP_COMM_LEN	     16
 #define KHEAP_CACHE_NAME_LEN 32
 
 /* Exact counters of one aggregation key, summed over CPUs in user space. */
@@ -75,7 +75,8 @@ struct kheap_config {
 	__u64 min_size;
 	__u64 max_size; /* 0: no upper bound */
 	__u64 gfp_account_mask;
-	__u32 stack_sample_mask; /* sample when (random & mask) == 0; 0: every event */
+	__u32 stack_sample_mask; /* sample when (random & mask) == 0; 0: every
+				    event */
 	__u8 filter_pids;
 	__u8 filter_comm;
 	__u8 by_process;

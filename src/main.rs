@@ -1,5 +1,36 @@
-mod skel {
-    include!(concat!(env!("OUT_DIR"), "/kheap.skel.rs"));
+//! kheap: who allocates kernel heap memory, in what sizes, how much slab
+//! rounding wastes, and what is never freed.
+
+use clap::{Parser, Subcommand};
+use kheap::cmd;
+
+#[derive(Parser)]
+#[command(name = "kheap", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
 }
-mod model;
-fn main() {}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Trace kernel heap allocations, then report by site, stack, cache or process
+    Record(cmd::record::RecordArgs),
+    /// Show which tracing features this kernel has and how kheap will attach
+    Doctor,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Record(a) => cmd::record::run(a),
+        Command::Doctor => cmd::doctor::run(),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            // One line: what is wrong and what to do.
+            eprintln!("kheap: {}", format!("{e:#}").replace('\n', " "));
+            std::process::exit(1);
+        }
+    }
+}

@@ -1,1 +1,123 @@
-fn main(){}
+//! kheap-load: kernel allocation patterns whose sizes and counts are known,
+//! for kheap's tests and benchmark, and for trying kheap out.
+//!
+//!   kheap-load msg COUNT SIZE [HOLD_SECS]   SysV messages: one kmalloc of
+//!       48+SIZE bytes (SIZE <= 4000) each in load_msg (msgsnd), freed by msgrcv after
+//!       HOLD_SECS; the queue is removed on every exit path.
+//!   kheap-load writev COUNT                 writev(2) of 9 iovecs to
+//!       /dev/null: exactly one kmalloc (144 bytes, iovec_from_user) and one
+//!       kfree per call. Prints ns per call.
+
+use std::time::{Duration, Instant};
+
+fn usage() -> ! {
+    eprintln!("usage: kheap-load msg COUNT SIZE [HOLD_SECS] | kheap-load writev COUNT");
+    std::process::exit(2);
+}
+
+fn arg<T: std::str::FromStr>(args: &[String], i: usize) -> T {
+    args.get(i)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| usage())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("msg") => msg(
+            arg(&args, 2),
+            arg(&args, 3),
+            args.get(4).map(|_| arg(&args, 4)),
+        ),
+        Some("writev") => writev(arg(&args, 2)),
+        _ => usage(),
+    }
+}
+
+/// A private SysV message queue, removed when dropped.
+struct MsgQueue(i32);
+
+impl MsgQueue {
+    fn new() -> MsgQueue {
+        let id = unsafe { libc::msgget(libc::IPC_PRIVATE, libc::IPC_CREAT | 0o600) };
+        if id < 0 {
+            fail("msgget");
+        }
+        MsgQueue(id)
+    }
+}
+
+impl Drop for MsgQueue {
+    fn drop(&mut self) {
+        unsafe { libc::msgctl(self.0, libc::IPC_RMID, std::ptr::null_mut()) };
+    }
+}
+
+fn fail(what: &str) -> ! {
+    eprintln!("kheap-load: {what}: {}", std::io::Error::last_os_error());
+    std::process::exit(1);
+}
+
+/// A queue holds at most msgmnb bytes (raising that needs CAP_SYS_RESOURCE),
+/// so messages are spread over as many queues as needed.
+fn queue_bytes() -> usize {
+    std::fs::read_to_string("/proc/sys/kernel/msgmnb")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(16384)
+}
+
+fn msg(count: usize, size: usize, hold_secs: Option<f64>) {
+    if size == 0 || size > 4000 {
+        eprintln!("kheap-load: msg SIZE must be 1..=4000 (one allocation per message)");
+        std::process::exit(2);
+    }
+    let per_queue = (queue_bytes() / size).max(1);
+    let queues: Vec<MsgQueue> = (0..count.div_ceil(per_queue))
+        .map(|_| MsgQueue::new())
+        .collect();
+    // struct msgbuf: a long type, then the text.
+    let mut buf = vec![0u8; 8 + size];
+    buf[..8].copy_from_slice(&1i64.to_ne_bytes());
+    for i in 0..count {
+        let q = &queues[i / per_queue];
+        if unsafe { libc::msgsnd(q.0, buf.as_ptr().cast(), size, 0) } != 0 {
+            fail("msgsnd");
+        }
+    }
+    if let Some(secs) = hold_secs {
+        eprintln!("holding {count} messages of {size} bytes for {secs}s");
+        std::thread::sleep(Duration::from_secs_f64(secs));
+    }
+    for i in 0..count {
+        let q = &queues[i / per_queue];
+        if unsafe { libc::msgrcv(q.0, buf.as_mut_ptr().cast(), size, 0, 0) } < 0 {
+            fail("msgrcv");
+        }
+    }
+    eprintln!("sent and received {count} messages of {size} bytes");
+}
+
+fn writev(count: u64) {
+    let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
+    if fd < 0 {
+        fail("open /dev/null");
+    }
+    let byte = [0u8; 1];
+    // More than UIO_FASTIOV (8) iovecs: the kernel must kmalloc the array.
+    let iov: Vec<libc::iovec> = (0..9)
+        .map(|_| libc::iovec {
+            iov_base: byte.as_ptr() as *mut _,
+            iov_len: 1,
+        })
+        .collect();
+    let start = Instant::now();
+    for _ in 0..count {
+        if unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as i32) } != 9 {
+            fail("writev");
+        }
+    }
+    let ns = start.elapsed().as_nanos() as f64 / count.max(1) as f64;
+    unsafe { libc::close(fd) };
+    println!("{count} writev calls, {ns:.1} ns per call");
+}

@@ -1,0 +1,91 @@
+//! `kheap doctor`: what this kernel offers and how kheap will attach.
+
+use anyhow::Result;
+use comfy_table::presets::UTF8_FULL_CONDENSED;
+use comfy_table::Table;
+
+use crate::features::{self, Tracefs, KMEM_TRACEPOINTS};
+
+pub fn run() -> Result<i32> {
+    let mut t = Table::new();
+    t.load_preset(UTF8_FULL_CONDENSED)
+        .set_header(vec!["feature", "status"]);
+    let mut row = |k: &str, v: String| {
+        t.add_row(vec![k.to_string(), v]);
+    };
+    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+
+    row("kernel", features::kernel_release());
+    let privileged = features::check_privileges("doctor");
+    row(
+        "privileges",
+        match &privileged {
+            Ok(()) => "ok (root or CAP_BPF+CAP_PERFMON)".into(),
+            Err(e) => format!("insufficient: {e}"),
+        },
+    );
+    let btf_ok = features::check_btf().is_ok();
+    row(
+        "BTF",
+        format!("{} ({})", yes_no(btf_ok), features::btf_path().display()),
+    );
+    let kbtf = if btf_ok {
+        features::kernel_btf().ok()
+    } else {
+        None
+    };
+
+    let tracefs = if privileged.is_ok() {
+        Tracefs::ensure_mounted().map_err(|e| e.to_string())
+    } else {
+        Tracefs::find()
+            .map(Tracefs::unmounted_view)
+            .ok_or_else(|| "not mounted (kheap mounts it itself when run as root)".to_string())
+    };
+    row(
+        "tracefs",
+        match &tracefs {
+            Ok(t) if t.mounted_here() => {
+                format!("{} (mounted by kheap for this check)", t.path.display())
+            }
+            Ok(t) => t.path.display().to_string(),
+            Err(e) => e.clone(),
+        },
+    );
+    for tp in KMEM_TRACEPOINTS {
+        let classic = tracefs
+            .as_ref()
+            .map(|t| t.has_event("kmem", tp))
+            .unwrap_or(false);
+        let btf = kbtf
+            .as_ref()
+            .is_some_and(|k| k.btf_tracepoints.iter().any(|t| t == tp));
+        row(
+            &format!("kmem:{tp}"),
+            format!("tracepoint: {}, tp_btf: {}", yes_no(classic), yes_no(btf)),
+        );
+    }
+    row("kprobes", yes_no(features::has_kprobes()));
+    row("uprobes", yes_no(features::has_uprobes()));
+    if let Some(k) = &kbtf {
+        row(
+            "__GFP_ACCOUNT",
+            format!("{:#x} (from kernel BTF)", k.gfp_account_mask),
+        );
+    }
+    let mode = match &kbtf {
+        Some(k) if k.btf_tracepoints.iter().any(|t| t == "kmalloc") => {
+            "tp_btf (typed raw tracepoints)"
+        }
+        _ if tracefs
+            .as_ref()
+            .is_ok_and(|t| t.has_event("kmem", "kmalloc")) =>
+        {
+            "classic tracepoints (CO-RE)"
+        }
+        _ => "none: kheap cannot trace this kernel",
+    };
+    row("kheap record will attach with", mode.to_string());
+    println!("{t}");
+    Ok(0)
+}

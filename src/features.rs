@@ -1,0 +1,200 @@
+//! What the running kernel offers: privileges, BTF, tracefs, tracepoints,
+//! kprobes, uprobes. Each check answers with a fact or a one-line error that
+//! says what to do.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use libbpf_rs::btf::types::{Enum, Typedef};
+use libbpf_rs::btf::Btf;
+
+/// The kmem tracepoints kheap attaches to.
+pub const KMEM_TRACEPOINTS: [&str; 4] = ["kmalloc", "kmem_cache_alloc", "kfree", "kmem_cache_free"];
+
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Where the kernel's BTF lives; `KHEAP_BTF` overrides it (used by the tests
+/// to check the missing-BTF error on a kernel that has BTF).
+pub fn btf_path() -> PathBuf {
+    std::env::var_os("KHEAP_BTF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/sys/kernel/btf/vmlinux"))
+}
+
+/// Root, or CAP_BPF together with CAP_PERFMON, is needed to load and attach.
+pub fn check_privileges(command: &str) -> Result<()> {
+    if unsafe { libc::geteuid() } == 0 {
+        return Ok(());
+    }
+    let caps = effective_caps().unwrap_or(0);
+    let has = |cap: u32| caps & (1u64 << cap) != 0;
+    if has(CAP_BPF) && has(CAP_PERFMON) {
+        return Ok(());
+    }
+    bail!(
+        "kheap {command} needs root (or CAP_BPF and CAP_PERFMON) to load BPF programs: run it with sudo"
+    )
+}
+
+fn effective_caps() -> Option<u64> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}
+
+pub fn check_btf() -> Result<()> {
+    let path = btf_path();
+    if !path.exists() {
+        bail!(
+            "this kernel exposes no BTF ({} is missing): kheap needs a kernel built with CONFIG_DEBUG_INFO_BTF=y",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Facts about the kernel that decide how kheap attaches.
+#[derive(Debug, Default)]
+pub struct KernelBtf {
+    /// `btf_trace_<name>` typedefs: the tracepoint can be attached as tp_btf.
+    pub btf_tracepoints: Vec<String>,
+    /// `__GFP_ACCOUNT` as a mask, from the kernel's own enum when it has one.
+    pub gfp_account_mask: u64,
+}
+
+/// `__GFP_ACCOUNT` on kernels that define it as a macro (before 6.10).
+const GFP_ACCOUNT_FALLBACK: u64 = 0x40_0000;
+
+pub fn kernel_btf() -> Result<KernelBtf> {
+    let path = btf_path();
+    let btf = Btf::from_path(&path)
+        .map_err(|e| anyhow::anyhow!("reading kernel BTF from {}: {e}", path.display()))?;
+    let mut btf_tracepoints = Vec::new();
+    for tp in KMEM_TRACEPOINTS.iter().chain(&["sched_process_fork"]) {
+        if btf
+            .type_by_name::<Typedef>(&format!("btf_trace_{tp}"))
+            .is_some()
+        {
+            btf_tracepoints.push(tp.to_string());
+        }
+    }
+    let gfp_account_mask = btf
+        .type_by_kind::<Enum>()
+        .find_map(|e| {
+            e.iter()
+                .find(|m| m.name.is_some_and(|n| n == "___GFP_ACCOUNT_BIT"))
+                .map(|m| 1u64 << m.value)
+        })
+        .unwrap_or(GFP_ACCOUNT_FALLBACK);
+    Ok(KernelBtf {
+        btf_tracepoints,
+        gfp_account_mask,
+    })
+}
+
+pub fn kernel_release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown kernel".into())
+}
+
+pub fn has_kprobes() -> bool {
+    Path::new("/sys/bus/event_source/devices/kprobe").exists()
+}
+
+pub fn has_uprobes() -> bool {
+    Path::new("/sys/bus/event_source/devices/uprobe").exists()
+}
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+
+/// tracefs, mounted for as long as this value lives. If kheap had to mount
+/// it, it unmounts it again when done, leaving the system as it found it.
+pub struct Tracefs {
+    pub path: PathBuf,
+    mounted_here: bool,
+}
+
+impl Tracefs {
+    pub fn find() -> Option<PathBuf> {
+        [TRACEFS, "/sys/kernel/debug/tracing"]
+            .iter()
+            .map(PathBuf::from)
+            .find(|p| p.join("events").is_dir())
+    }
+
+    pub fn ensure_mounted() -> Result<Tracefs> {
+        if let Some(path) = Self::find() {
+            return Ok(Tracefs {
+                path,
+                mounted_here: false,
+            });
+        }
+        let target = std::ffi::CString::new(TRACEFS).expect("no NUL");
+        let fstype = std::ffi::CString::new("tracefs").expect("no NUL");
+        let rc = unsafe {
+            libc::mount(
+                fstype.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if rc != 0 {
+            bail!(
+                "tracefs is not mounted and mounting it on {TRACEFS} failed ({}): mount it with 'mount -t tracefs nodev {TRACEFS}'",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(Tracefs {
+            path: PathBuf::from(TRACEFS),
+            mounted_here: true,
+        })
+    }
+
+    /// A tracefs someone else mounted, looked at without taking ownership.
+    pub fn unmounted_view(path: PathBuf) -> Tracefs {
+        Tracefs {
+            path,
+            mounted_here: false,
+        }
+    }
+
+    pub fn has_event(&self, system: &str, name: &str) -> bool {
+        self.path.join("events").join(system).join(name).is_dir()
+    }
+
+    pub fn mounted_here(&self) -> bool {
+        self.mounted_here
+    }
+}
+
+impl Drop for Tracefs {
+    fn drop(&mut self) {
+        if self.mounted_here {
+            let target = std::ffi::CString::new(TRACEFS).expect("no NUL");
+            // Lazy: perf events opened through it stay valid until closed.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_kernels_btf_names_the_kmem_tracepoints() {
+        // Reading BTF needs no privileges; skip loudly where there is none.
+        if !btf_path().exists() {
+            eprintln!("SKIPPED: no kernel BTF on this machine");
+            return;
+        }
+        let k = kernel_btf().unwrap();
+        assert!(k.btf_tracepoints.iter().any(|t| t == "kmalloc"), "{k:?}");
+        assert_eq!(k.gfp_account_mask.count_ones(), 1);
+    }
+}

@@ -1,0 +1,18 @@
+//! kheap: who allocates kernel heap memory, in what sizes, how much slab
+//! rounding wastes, and what is never freed.
+//!
+//! Modules that touch the kernel: `bpf` (skeleton), `session` (load/attach),
+//! `maps` (typed readers), `features` (probing), `target` (processes).
+//! Everything else is pure and tested without root.
+
+pub mod bpf;
+pub mod cli;
+pub mod cmd;
+pub mod features;
+pub mod maps;
+pub mod model;
+pub mod render;
+pub mod report;
+pub mod session;
+pub mod symbolize;
+pub mod target;

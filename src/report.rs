@@ -1,0 +1,628 @@
+//! From merged map contents to a symbolized report: per site, per stack, per
+//! cache and per process. Pure: no kernel access, tested with fixtures.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{AllocStats, Bucket, CacheId, Hist};
+use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
+
+/// One call site allocating from one cache: the kernel's aggregation key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SiteKey {
+    pub call_site: u64,
+    pub cache: CacheId,
+}
+
+/// Everything read from the kernel at the end of a run (or an interval),
+/// summed over CPUs, before symbolization.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub sites: HashMap<SiteKey, AllocStats>,
+    /// Sampled (or, in exact mode, all) stacks of each site.
+    pub stacks: HashMap<(SiteKey, i64), AllocStats>,
+    pub stack_frames: HashMap<i64, Vec<u64>>,
+    pub procs: HashMap<u32, (String, AllocStats)>,
+    pub cache_frees: HashMap<CacheId, u64>,
+    pub events: EventCounters,
+}
+
+/// Counters of events that are not allocations: frees, and everything
+/// dropped or sampled on the way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventCounters {
+    pub frees: u64,
+    pub frees_null: u64,
+    pub alloc_failed: u64,
+    pub stack_samples: u64,
+    pub lost_stack_collision: u64,
+    pub lost_stack_other: u64,
+    pub map_full_sites: u64,
+    pub map_full_stacks: u64,
+    pub map_full_procs: u64,
+    pub map_full_caches: u64,
+}
+
+impl EventCounters {
+    pub fn lost_stacks(&self) -> u64 {
+        self.lost_stack_collision + self.lost_stack_other
+    }
+    pub fn map_full(&self) -> u64 {
+        self.map_full_sites + self.map_full_stacks + self.map_full_procs + self.map_full_caches
+    }
+}
+
+/// How stacks were captured in this run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// 1: every allocation's stack was captured (exact); N: about one in N.
+    pub stack_sample_every: u32,
+    /// Whether per-stack numbers are estimates scaled to exact site totals.
+    pub stacks_estimated: bool,
+    /// Stacks actually captured.
+    pub stack_samples: u64,
+    /// Per-site, per-cache and per-process numbers are always exact.
+    pub sites_exact: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Totals {
+    pub allocs: u64,
+    pub frees: u64,
+    pub bytes_req: u64,
+    pub bytes_alloc: u64,
+    pub waste_bytes: u64,
+    pub failed_allocs: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Lost {
+    /// Events whose stack could not be captured (collisions + other errors).
+    pub stacks: u64,
+    pub stack_collisions: u64,
+    /// Events not aggregated because a BPF map was full.
+    pub map_full: u64,
+    pub map_full_sites: u64,
+    pub map_full_stacks: u64,
+    pub map_full_procs: u64,
+    pub map_full_caches: u64,
+}
+
+/// Counts shared by every row kind, flattened into each JSON entry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counts {
+    pub count: u64,
+    pub bytes_req: u64,
+    pub bytes_alloc: u64,
+    #[serde(default)]
+    pub waste_bytes: u64,
+    #[serde(default)]
+    pub waste_pct: f64,
+    #[serde(default)]
+    pub avg_size: f64,
+    #[serde(default)]
+    pub hist: Vec<Bucket>,
+}
+
+impl From<&AllocStats> for Counts {
+    fn from(s: &AllocStats) -> Counts {
+        Counts {
+            count: s.count,
+            bytes_req: s.bytes_req,
+            bytes_alloc: s.bytes_alloc,
+            waste_bytes: s.waste(),
+            waste_pct: round2(s.waste_pct()),
+            avg_size: round2(s.avg_req()),
+            hist: s.hist.buckets(),
+        }
+    }
+}
+
+impl Counts {
+    pub fn stats(&self) -> AllocStats {
+        AllocStats {
+            count: self.count,
+            bytes_req: self.bytes_req,
+            bytes_alloc: self.bytes_alloc,
+            hist: Hist::from_buckets(&self.hist),
+        }
+    }
+}
+
+fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SiteRow {
+    /// The function that asked for the memory (first non-allocator frame).
+    pub function: String,
+    /// `function+0xoff` of the row's label frame.
+    pub location: String,
+    /// The tracepoint's call_site, symbolized (may be inside a wrapper such
+    /// as kvmalloc when the label comes from the stacks).
+    pub call_site: String,
+    pub caches: Vec<String>,
+    #[serde(flatten)]
+    pub counts: Counts,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StackRow {
+    pub function: String,
+    /// Innermost first, `name+0xoff`.
+    pub frames: Vec<String>,
+    pub estimated: bool,
+    pub cache: String,
+    #[serde(flatten)]
+    pub counts: Counts,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CacheRow {
+    pub name: String,
+    #[serde(default)]
+    pub frees: u64,
+    #[serde(flatten)]
+    pub counts: Counts,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcRow {
+    pub pid: u32,
+    pub comm: String,
+    #[serde(flatten)]
+    pub counts: Counts,
+}
+
+/// What a run was: shown in the header, kept in JSON.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub kernel: String,
+    pub attach: Vec<String>,
+    pub skipped: Vec<String>,
+    pub filters: Vec<String>,
+    pub command: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub duration_s: f64,
+    pub run: RunInfo,
+    pub totals: Totals,
+    pub lost: Lost,
+    pub sampling: Sampling,
+    pub sites: Vec<SiteRow>,
+    pub stacks: Vec<StackRow>,
+    pub caches: Vec<CacheRow>,
+    #[serde(default)]
+    pub processes: Vec<ProcRow>,
+}
+
+/// Settings the report needs from the run.
+pub struct BuildOptions {
+    pub stack_sample_every: u32,
+    pub duration_s: f64,
+    pub run: RunInfo,
+}
+
+/// Builds the symbolized report. Sampled stacks are scaled so that the
+/// stacks of a site add up to the site's exact totals.
+pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Report {
+    let estimated = opts.stack_sample_every > 1;
+    let symbolized = symbolize_all(snap, syms);
+    let frames_of = |id: i64| symbolized.stacks.get(&id).map(Vec::as_slice).unwrap_or(&[]);
+
+    let stacks = stack_rows(snap, &frames_of, estimated);
+    let sites = site_rows(snap, &symbolized.call_sites, &frames_of);
+    let caches = cache_rows(snap);
+    let processes = snap
+        .procs
+        .iter()
+        .map(|(&pid, (comm, s))| ProcRow {
+            pid,
+            comm: comm.clone(),
+            counts: s.into(),
+        })
+        .collect();
+
+    let mut all = AllocStats::default();
+    for s in snap.sites.values() {
+        all += *s;
+    }
+    let ev = &snap.events;
+    Report {
+        duration_s: round2(opts.duration_s),
+        run: opts.run,
+        totals: Totals {
+            allocs: all.count,
+            frees: ev.frees,
+            bytes_req: all.bytes_req,
+            bytes_alloc: all.bytes_alloc,
+            waste_bytes: all.waste(),
+            failed_allocs: ev.alloc_failed,
+        },
+        lost: Lost {
+            stacks: ev.lost_stacks(),
+            stack_collisions: ev.lost_stack_collision,
+            map_full: ev.map_full(),
+            map_full_sites: ev.map_full_sites,
+            map_full_stacks: ev.map_full_stacks,
+            map_full_procs: ev.map_full_procs,
+            map_full_caches: ev.map_full_caches,
+        },
+        sampling: Sampling {
+            stack_sample_every: opts.stack_sample_every,
+            stacks_estimated: estimated,
+            stack_samples: ev.stack_samples,
+            sites_exact: true,
+        },
+        sites,
+        stacks,
+        caches,
+        processes,
+    }
+}
+
+struct Symbolized {
+    call_sites: HashMap<u64, Frame>,
+    stacks: HashMap<i64, Vec<Frame>>,
+}
+
+/// One symbolizer call for every address in the snapshot.
+fn symbolize_all(snap: &Snapshot, syms: &dyn Symbolize) -> Symbolized {
+    let mut addrs: Vec<u64> = snap.sites.keys().map(|k| k.call_site).collect();
+    for frames in snap.stack_frames.values() {
+        addrs.extend(frames);
+    }
+    addrs.sort_unstable();
+    addrs.dedup();
+    let by_addr: HashMap<u64, Frame> = addrs.iter().copied().zip(syms.symbolize(&addrs)).collect();
+    let frame = |a: &u64| {
+        by_addr
+            .get(a)
+            .cloned()
+            .unwrap_or_else(|| Frame::unknown(*a))
+    };
+    Symbolized {
+        call_sites: snap
+            .sites
+            .keys()
+            .map(|k| (k.call_site, frame(&k.call_site)))
+            .collect(),
+        stacks: snap
+            .stack_frames
+            .iter()
+            .map(|(&id, addrs)| (id, strip_tracing_frames(addrs.iter().map(frame).collect())))
+            .collect(),
+    }
+}
+
+fn stack_rows<'a>(
+    snap: &Snapshot,
+    frames_of: &dyn Fn(i64) -> &'a [Frame],
+    estimated: bool,
+) -> Vec<StackRow> {
+    // Sampled totals per site, to scale each stack to the exact site numbers.
+    let mut sampled: HashMap<&SiteKey, AllocStats> = HashMap::new();
+    for ((site, _), s) in &snap.stacks {
+        *sampled.entry(site).or_default() += *s;
+    }
+    let mut rows = Vec::new();
+    for ((site, id), s) in &snap.stacks {
+        let stats = match (estimated, snap.sites.get(site), sampled.get(site)) {
+            (true, Some(exact), Some(sum)) => scale_to(s, sum, exact),
+            _ => *s,
+        };
+        let frames = frames_of(*id);
+        rows.push(StackRow {
+            function: label_frame(frames)
+                .map(|f| f.name().to_string())
+                .unwrap_or_else(|| "[no frames]".into()),
+            frames: frames.iter().map(Frame::display).collect(),
+            estimated,
+            cache: site.cache.name(),
+            counts: (&stats).into(),
+        });
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.counts.bytes_alloc));
+    rows
+}
+
+/// Scales one sampled stack so that all stacks of a site sum to the site's
+/// exact counts: each quantity by its own exact/sampled ratio.
+pub fn scale_to(stack: &AllocStats, sampled: &AllocStats, exact: &AllocStats) -> AllocStats {
+    let ratio = |e: u64, s: u64| if s == 0 { 0.0 } else { e as f64 / s as f64 };
+    let by_count = ratio(exact.count, sampled.count);
+    let mut out = stack.scaled(by_count);
+    out.bytes_req =
+        (stack.bytes_req as f64 * ratio(exact.bytes_req, sampled.bytes_req)).round() as u64;
+    out.bytes_alloc =
+        (stack.bytes_alloc as f64 * ratio(exact.bytes_alloc, sampled.bytes_alloc)).round() as u64;
+    out
+}
+
+/// Per call site rows (summed over caches). The label comes from the call
+/// site itself, unless that is an allocation wrapper (kvmalloc, kmemdup…),
+/// in which case the heaviest sampled stack of the site names the caller.
+fn site_rows<'a>(
+    snap: &Snapshot,
+    call_sites: &HashMap<u64, Frame>,
+    frames_of: &dyn Fn(i64) -> &'a [Frame],
+) -> Vec<SiteRow> {
+    let mut by_site: HashMap<u64, (AllocStats, Vec<String>)> = HashMap::new();
+    for (key, s) in &snap.sites {
+        let e = by_site.entry(key.call_site).or_default();
+        e.0 += *s;
+        let name = key.cache.name();
+        if !e.1.contains(&name) {
+            e.1.push(name);
+        }
+    }
+    let mut heaviest_stack: HashMap<u64, (u64, i64)> = HashMap::new();
+    for ((site, id), s) in &snap.stacks {
+        let e = heaviest_stack.entry(site.call_site).or_insert((0, *id));
+        if s.count > e.0 {
+            *e = (s.count, *id);
+        }
+    }
+    let mut rows: Vec<SiteRow> = by_site
+        .into_iter()
+        .map(|(addr, (stats, mut caches))| {
+            caches.sort();
+            let cs = call_sites
+                .get(&addr)
+                .cloned()
+                .unwrap_or_else(|| Frame::unknown(addr));
+            let mut label = cs.clone();
+            if label_frame(std::slice::from_ref(&cs)).is_none_or(is_wrapper) {
+                if let Some(&(_, id)) = heaviest_stack.get(&addr) {
+                    if let Some(f) = label_frame(frames_of(id)) {
+                        label = f.clone();
+                    }
+                }
+            }
+            SiteRow {
+                function: label.name().to_string(),
+                location: label.display(),
+                call_site: cs.display(),
+                caches,
+                counts: (&stats).into(),
+            }
+        })
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.counts.bytes_alloc));
+    rows
+}
+
+fn is_wrapper(f: &Frame) -> bool {
+    f.function.is_none() || crate::symbolize::is_allocator_frame(f.name())
+}
+
+fn cache_rows(snap: &Snapshot) -> Vec<CacheRow> {
+    let mut by_cache: HashMap<&CacheId, AllocStats> = HashMap::new();
+    for (key, s) in &snap.sites {
+        *by_cache.entry(&key.cache).or_default() += *s;
+    }
+    let mut rows: Vec<CacheRow> = by_cache
+        .into_iter()
+        .map(|(cache, s)| CacheRow {
+            name: cache.name(),
+            frees: snap.cache_frees.get(cache).copied().unwrap_or(0),
+            counts: (&s).into(),
+        })
+        .collect();
+    // Caches that were only freed from during the run still get a row.
+    for (cache, &frees) in &snap.cache_frees {
+        if !snap.sites.keys().any(|k| &k.cache == cache) {
+            rows.push(CacheRow {
+                name: cache.name(),
+                frees,
+                counts: Counts::default(),
+            });
+        }
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.counts.bytes_alloc));
+    rows
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+
+    /// A symbolizer over a fixed table, for tests: (start, name), sorted.
+    pub struct FixtureSymbols(pub Vec<(u64, &'static str)>);
+
+    impl Symbolize for FixtureSymbols {
+        fn symbolize(&self, addrs: &[u64]) -> Vec<Frame> {
+            addrs
+                .iter()
+                .map(
+                    |&a| match self.0.iter().rev().find(|(start, _)| *start <= a) {
+                        Some((start, name)) => Frame {
+                            addr: a,
+                            function: Some(name.to_string()),
+                            offset: a - start,
+                        },
+                        None => Frame::unknown(a),
+                    },
+                )
+                .collect()
+        }
+    }
+
+    pub fn fixture_symbols() -> FixtureSymbols {
+        FixtureSymbols(vec![
+            (0x1000, "bpf_prog_abc_kmalloc_btf"),
+            (0x1100, "bpf_trace_run6"),
+            (0x2000, "__kmalloc_noprof"),
+            (0x2100, "__kvmalloc_node_noprof"),
+            (0x3000, "load_msg"),
+            (0x3100, "do_msgsnd"),
+            (0x4000, "simple_xattr_alloc"),
+            (0x4100, "vmemdup_user"),
+            (0x4200, "setxattr_copy"),
+        ])
+    }
+
+    fn stats(count: u64, req: u64, alloc: u64) -> AllocStats {
+        let mut s = AllocStats {
+            count,
+            bytes_req: count * req,
+            bytes_alloc: count * alloc,
+            ..Default::default()
+        };
+        s.hist.0[Hist::bucket_of(req)] = count;
+        s
+    }
+
+    pub fn sample_snapshot() -> Snapshot {
+        let kmalloc4k = CacheId::Kmalloc {
+            size: 4096,
+            accounted: true,
+        };
+        let msg = SiteKey {
+            call_site: 0x3010,
+            cache: kmalloc4k.clone(),
+        };
+        let kv = SiteKey {
+            call_site: 0x2110,
+            cache: kmalloc4k.clone(),
+        };
+        let mut snap = Snapshot::default();
+        snap.sites.insert(msg.clone(), stats(1000, 2148, 4096));
+        snap.sites.insert(kv.clone(), stats(300, 2100, 4096));
+        // 1 in 10 sampled: 100 msg stacks, 20 + 10 for the kvmalloc site.
+        snap.stacks.insert((msg, 1), stats(100, 2148, 4096));
+        snap.stacks.insert((kv.clone(), 2), stats(20, 2100, 4096));
+        snap.stacks.insert((kv, 3), stats(10, 2100, 4096));
+        snap.stack_frames
+            .insert(1, vec![0x1010, 0x1110, 0x2010, 0x3010, 0x3110]);
+        snap.stack_frames
+            .insert(2, vec![0x1010, 0x2010, 0x2110, 0x4010]);
+        snap.stack_frames
+            .insert(3, vec![0x1010, 0x2010, 0x2110, 0x4110, 0x4210]);
+        snap.cache_frees.insert(kmalloc4k, 700);
+        snap.events.frees = 900;
+        snap.events.stack_samples = 130;
+        snap.events.lost_stack_collision = 2;
+        snap
+    }
+
+    fn opts(every: u32) -> BuildOptions {
+        BuildOptions {
+            stack_sample_every: every,
+            duration_s: 2.0,
+            run: RunInfo::default(),
+        }
+    }
+
+    #[test]
+    fn sites_are_exact_and_labelled_by_caller() {
+        let r = build(&sample_snapshot(), &fixture_symbols(), opts(10));
+        assert_eq!(r.totals.allocs, 1300);
+        assert_eq!(r.totals.bytes_alloc, 1300 * 4096);
+        assert_eq!(r.sites[0].function, "load_msg");
+        assert_eq!(r.sites[0].location, "load_msg+0x10");
+        assert_eq!(r.sites[0].counts.count, 1000);
+        assert_eq!(r.sites[0].counts.waste_bytes, 1000 * (4096 - 2148));
+        assert_eq!(r.sites[0].caches, vec!["kmalloc-cg-4k"]);
+        // The kvmalloc call site is named after its heaviest caller.
+        assert_eq!(r.sites[1].function, "simple_xattr_alloc");
+        assert_eq!(r.sites[1].call_site, "__kvmalloc_node_noprof+0x10");
+        assert_eq!(r.lost.stacks, 2);
+    }
+
+    #[test]
+    fn sampled_stacks_scale_to_site_totals() {
+        let r = build(&sample_snapshot(), &fixture_symbols(), opts(10));
+        assert!(r.sampling.stacks_estimated);
+        let kv: Vec<&StackRow> = r
+            .stacks
+            .iter()
+            .filter(|s| s.cache == "kmalloc-cg-4k")
+            .collect();
+        assert_eq!(kv.len(), 3);
+        let msg = r.stacks.iter().find(|s| s.function == "load_msg").unwrap();
+        assert_eq!(msg.counts.count, 1000);
+        assert!(msg.estimated);
+        assert_eq!(
+            msg.frames[0], "__kmalloc_noprof+0x10",
+            "tracing frames dropped"
+        );
+        let xattr = r
+            .stacks
+            .iter()
+            .find(|s| s.function == "simple_xattr_alloc")
+            .unwrap();
+        let copy = r
+            .stacks
+            .iter()
+            .find(|s| s.function == "setxattr_copy")
+            .unwrap();
+        assert_eq!(xattr.counts.count + copy.counts.count, 300);
+        assert_eq!(xattr.counts.count, 200);
+    }
+
+    #[test]
+    fn exact_mode_does_not_scale() {
+        let r = build(&sample_snapshot(), &fixture_symbols(), opts(1));
+        let msg = r.stacks.iter().find(|s| s.function == "load_msg").unwrap();
+        assert_eq!(msg.counts.count, 100);
+        assert!(!msg.estimated);
+    }
+
+    #[test]
+    fn caches_fold_sites_and_frees() {
+        let r = build(&sample_snapshot(), &fixture_symbols(), opts(10));
+        assert_eq!(r.caches.len(), 1);
+        assert_eq!(r.caches[0].name, "kmalloc-cg-4k");
+        assert_eq!(r.caches[0].counts.count, 1300);
+        assert_eq!(r.caches[0].frees, 700);
+    }
+
+    #[test]
+    fn json_has_the_documented_fields() {
+        let r = build(&sample_snapshot(), &fixture_symbols(), opts(10));
+        let v = serde_json::to_value(&r).unwrap();
+        for k in [
+            "duration_s",
+            "totals",
+            "lost",
+            "sampling",
+            "sites",
+            "stacks",
+            "caches",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        for k in ["allocs", "frees", "bytes_req", "bytes_alloc"] {
+            assert!(v["totals"].get(k).is_some(), "missing totals.{k}");
+        }
+        assert!(v["lost"]["stacks"].is_u64() && v["lost"]["map_full"].is_u64());
+        let site = &v["sites"][0];
+        for k in ["function", "count", "bytes_req", "bytes_alloc", "hist"] {
+            assert!(site.get(k).is_some(), "missing sites[].{k}");
+        }
+        assert_eq!(site["hist"][0]["lo"], 2048);
+        assert_eq!(site["hist"][0]["hi"], 4096);
+        assert_eq!(site["hist"][0]["count"], 1000);
+        let stack = &v["stacks"][0];
+        for k in [
+            "frames",
+            "count",
+            "bytes_req",
+            "bytes_alloc",
+            "estimated",
+            "hist",
+        ] {
+            assert!(stack.get(k).is_some(), "missing stacks[].{k}");
+        }
+        for k in ["name", "count", "bytes_req", "bytes_alloc"] {
+            assert!(v["caches"][0].get(k).is_some(), "missing caches[].{k}");
+        }
+        let back: Report = serde_json::from_value(v).unwrap();
+        assert_eq!(back.sites[0].counts.count, 1000);
+    }
+}

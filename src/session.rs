@@ -1,0 +1,375 @@
+//! Loading the BPF object and attaching it. Links are RAII: dropping the
+//! session (on any exit path, errors included) detaches everything.
+
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+
+use anyhow::{bail, Context, Result};
+use clap::ValueEnum;
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
+
+use crate::bpf::{c_str, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
+use crate::features::{self, KernelBtf, Tracefs};
+use crate::maps;
+use crate::model::CacheId;
+use crate::report::{EventCounters, SiteKey, Snapshot};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AttachMode {
+    /// tp_btf where the kernel's BTF has the tracepoint, else classic
+    Auto,
+    /// BTF-typed raw tracepoints only (cheapest)
+    Btf,
+    /// Classic tracepoints, fields read through CO-RE
+    Tracepoint,
+}
+
+/// What a run traces and how.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub min_size: u64,
+    pub max_size: Option<u64>,
+    /// 1: every stack; N (a power of two): about one event in N; 0: none.
+    pub stack_sample_every: u32,
+    pub pids: Vec<u32>,
+    pub follow_children: bool,
+    pub comm: Option<String>,
+    pub by_process: bool,
+    pub attach: AttachMode,
+    pub max_sites: u32,
+    pub max_stacks: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            min_size: 0,
+            max_size: None,
+            stack_sample_every: 64,
+            pids: Vec::new(),
+            follow_children: false,
+            comm: None,
+            by_process: false,
+            attach: AttachMode::Auto,
+            max_sites: 8192,
+            max_stacks: 8192,
+        }
+    }
+}
+
+pub struct Session {
+    skel: KheapSkel<'static>,
+    links: Vec<Link>,
+    /// Hook → how it is attached ("kmalloc: tp_btf").
+    pub attached: Vec<String>,
+    /// Hooks not attached, with the reason.
+    pub skipped: Vec<String>,
+    // Held so a tracefs kheap mounted itself stays mounted while attached.
+    _tracefs: Option<Tracefs>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mechanism {
+    Btf,
+    Classic,
+}
+
+impl Session {
+    /// Opens, configures, loads and attaches. On kernels where the tp_btf
+    /// programs fail to load in auto mode, retries with classic tracepoints.
+    pub fn start(cfg: &Config) -> Result<Session> {
+        features::check_btf()?;
+        let kbtf = features::kernel_btf()?;
+        let prefer_btf = cfg.attach != AttachMode::Tracepoint
+            && kbtf.btf_tracepoints.iter().any(|t| t == "kmalloc");
+        if cfg.attach == AttachMode::Btf && !prefer_btf {
+            bail!("this kernel's BTF has no kmalloc raw tracepoint type: use --attach tracepoint");
+        }
+        if prefer_btf {
+            match Self::start_with(cfg, &kbtf, Mechanism::Btf) {
+                Ok(s) => return Ok(s),
+                Err(e) if cfg.attach == AttachMode::Auto => {
+                    eprintln!("kheap: tp_btf programs failed ({e:#}); falling back to classic tracepoints");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Self::start_with(cfg, &kbtf, Mechanism::Classic)
+    }
+
+    fn start_with(cfg: &Config, kbtf: &KernelBtf, mech: Mechanism) -> Result<Session> {
+        // The skeleton borrows its object storage for its whole life; a run
+        // opens at most two, so leaking the storage is the simple, safe owner.
+        let storage: &'static mut MaybeUninit<OpenObject> =
+            Box::leak(Box::new(MaybeUninit::uninit()));
+        let mut open = KheapSkelBuilder::default()
+            .open(storage)
+            .context("opening the BPF object")?;
+
+        let tracefs = match mech {
+            Mechanism::Classic => Some(Tracefs::ensure_mounted()?),
+            Mechanism::Btf => None,
+        };
+        let available = |tp: &str| match mech {
+            Mechanism::Btf => kbtf.btf_tracepoints.iter().any(|t| t == tp),
+            Mechanism::Classic => {
+                let system = if tp == "sched_process_fork" {
+                    "sched"
+                } else {
+                    "kmem"
+                };
+                tracefs.as_ref().is_some_and(|t| t.has_event(system, tp))
+            }
+        };
+
+        configure(&mut open, cfg, kbtf)?;
+        let mut wanted: Vec<&str> = features::KMEM_TRACEPOINTS.to_vec();
+        if cfg.follow_children {
+            wanted.push("sched_process_fork");
+        }
+        let mut attached = Vec::new();
+        let mut skipped = Vec::new();
+        let mut enabled = Vec::new();
+        for tp in [
+            "kmalloc",
+            "kmem_cache_alloc",
+            "kfree",
+            "kmem_cache_free",
+            "sched_process_fork",
+        ] {
+            let on = wanted.contains(&tp) && available(tp);
+            for (prog_tp, m) in [(tp, Mechanism::Btf), (tp, Mechanism::Classic)] {
+                set_autoload(&mut open, prog_tp, m, on && m == mech);
+            }
+            if on {
+                enabled.push(tp);
+                attached.push(format!(
+                    "{tp}: {}",
+                    if mech == Mechanism::Btf {
+                        "tp_btf"
+                    } else {
+                        "tracepoint"
+                    }
+                ));
+            } else if wanted.contains(&tp) {
+                skipped.push(format!("{tp}: not available on this kernel"));
+            }
+        }
+        if !enabled.contains(&"kmalloc") && !enabled.contains(&"kmem_cache_alloc") {
+            bail!("this kernel has neither the kmem:kmalloc nor the kmem:kmem_cache_alloc tracepoint: nothing to trace");
+        }
+        if cfg.follow_children && !enabled.contains(&"sched_process_fork") {
+            eprintln!("kheap: warning: sched_process_fork is not available; children of the command are not followed");
+        }
+
+        let skel = open
+            .load()
+            .context("loading the BPF programs into the kernel")?;
+        let mut session = Session {
+            skel,
+            links: Vec::new(),
+            attached,
+            skipped,
+            _tracefs: tracefs,
+        };
+        for &pid in &cfg.pids {
+            session.add_pid(pid)?;
+        }
+        for tp in enabled {
+            let link = session
+                .attach_one(tp, mech)
+                .with_context(|| format!("attaching to kmem:{tp}"))?;
+            session.links.push(link);
+        }
+        Ok(session)
+    }
+
+    fn attach_one(&self, tp: &str, mech: Mechanism) -> Result<Link> {
+        let p = &self.skel.progs;
+        let prog = match (tp, mech) {
+            ("kmalloc", Mechanism::Btf) => &p.kmalloc_btf,
+            ("kmem_cache_alloc", Mechanism::Btf) => &p.cache_alloc_btf,
+            ("kfree", Mechanism::Btf) => &p.kfree_btf,
+            ("kmem_cache_free", Mechanism::Btf) => &p.cache_free_btf,
+            ("sched_process_fork", Mechanism::Btf) => &p.fork_btf,
+            ("kmalloc", Mechanism::Classic) => &p.kmalloc_tp,
+            ("kmem_cache_alloc", Mechanism::Classic) => &p.cache_alloc_tp,
+            ("kfree", Mechanism::Classic) => &p.kfree_tp,
+            ("kmem_cache_free", Mechanism::Classic) => &p.cache_free_tp,
+            _ => &p.fork_tp,
+        };
+        Ok(prog.attach()?)
+    }
+
+    /// Adds a process (tgid) to the set whose allocations are counted.
+    pub fn add_pid(&self, pid: u32) -> Result<()> {
+        self.skel
+            .maps
+            .pid_filter
+            .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+            .context("adding a PID to the filter map")
+    }
+
+    /// Detaches every program now; the maps stay readable.
+    pub fn detach(&mut self) {
+        self.links.clear();
+    }
+
+    /// Reads and merges every map.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let m = &self.skel.maps;
+        let names: HashMap<u64, String> =
+            maps::read_hash::<u64, types::cache_name, _>(&m.cache_names)?
+                .into_iter()
+                .map(|(k, v)| (k, c_str(&v.name)))
+                .collect();
+        let mut snap = Snapshot::default();
+        for (k, v) in maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)? {
+            snap.sites.insert(site_key(&k, &names), v.into());
+        }
+        for (k, v) in maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(&m.stacks)?
+        {
+            let id = k.stack_id;
+            if let std::collections::hash_map::Entry::Vacant(e) = snap.stack_frames.entry(id) {
+                if let Some(frames) = maps::read_stack(&m.stack_traces, id as u32)? {
+                    e.insert(frames);
+                }
+            }
+            snap.stacks
+                .insert((site_key(&k.site, &names), id), v.into());
+        }
+        let comms: HashMap<u32, String> =
+            maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?
+                .into_iter()
+                .map(|(k, v)| (k, c_str(&v.comm)))
+                .collect();
+        for (pid, v) in maps::read_percpu_hash::<u32, types::alloc_stats, _>(&m.procs)? {
+            let comm = comms.get(&pid).cloned().unwrap_or_default();
+            snap.procs.insert(pid, (comm, v.into()));
+        }
+        for (cache, v) in maps::read_percpu_hash::<u64, types::cache_frees, _>(&m.cache_frees)? {
+            *snap
+                .cache_frees
+                .entry(cache_id(cache, 0, false, &names))
+                .or_default() += v.frees;
+        }
+        let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
+        snap.events = EventCounters {
+            frees: c.frees,
+            frees_null: c.frees_null,
+            alloc_failed: c.alloc_failed,
+            stack_samples: c.stack_samples,
+            lost_stack_collision: c.lost_stack_collision,
+            lost_stack_other: c.lost_stack_other,
+            map_full_sites: c.map_full_sites,
+            map_full_stacks: c.map_full_stacks,
+            map_full_procs: c.map_full_procs,
+            map_full_caches: c.map_full_caches,
+        };
+        Ok(snap)
+    }
+}
+
+fn configure(open: &mut OpenKheapSkel<'static>, cfg: &Config, kbtf: &KernelBtf) -> Result<()> {
+    let rodata = open
+        .maps
+        .rodata_data
+        .as_deref_mut()
+        .context("the BPF object has no read-only data section")?;
+    let c = &mut rodata.cfg;
+    c.min_size = cfg.min_size;
+    c.max_size = cfg.max_size.unwrap_or(0);
+    c.gfp_account_mask = kbtf.gfp_account_mask;
+    c.capture_stacks = u8::from(cfg.stack_sample_every > 0);
+    c.stack_sample_mask = cfg.stack_sample_every.saturating_sub(1);
+    c.filter_pids = u8::from(!cfg.pids.is_empty());
+    c.by_process = u8::from(cfg.by_process);
+    if let Some(comm) = &cfg.comm {
+        c.filter_comm = 1;
+        for (dst, src) in c.comm.iter_mut().zip(comm.bytes().take(15)) {
+            *dst = src as i8;
+        }
+    }
+    open.maps.sites.set_max_entries(cfg.max_sites)?;
+    open.maps.stacks.set_max_entries(cfg.max_stacks)?;
+    open.maps.stack_traces.set_max_entries(cfg.max_stacks)?;
+    Ok(())
+}
+
+fn set_autoload(open: &mut OpenKheapSkel<'static>, tp: &str, mech: Mechanism, on: bool) {
+    let p = &mut open.progs;
+    let prog = match (tp, mech) {
+        ("kmalloc", Mechanism::Btf) => &mut p.kmalloc_btf,
+        ("kmem_cache_alloc", Mechanism::Btf) => &mut p.cache_alloc_btf,
+        ("kfree", Mechanism::Btf) => &mut p.kfree_btf,
+        ("kmem_cache_free", Mechanism::Btf) => &mut p.cache_free_btf,
+        ("sched_process_fork", Mechanism::Btf) => &mut p.fork_btf,
+        ("kmalloc", Mechanism::Classic) => &mut p.kmalloc_tp,
+        ("kmem_cache_alloc", Mechanism::Classic) => &mut p.cache_alloc_tp,
+        ("kfree", Mechanism::Classic) => &mut p.kfree_tp,
+        ("kmem_cache_free", Mechanism::Classic) => &mut p.cache_free_tp,
+        _ => &mut p.fork_tp,
+    };
+    prog.set_autoload(on);
+}
+
+fn site_key(k: &types::site_key, names: &HashMap<u64, String>) -> SiteKey {
+    SiteKey {
+        call_site: k.call_site,
+        cache: cache_id(k.cache, k.kmalloc_size, k.kmalloc_accounted != 0, names),
+    }
+}
+
+/// Names the cache of a key: kmalloc size classes carry no pointer; classic
+/// tracepoints without a cache name key by `(object size << 1) | 1`.
+pub fn cache_id(
+    cache: u64,
+    kmalloc_size: u32,
+    accounted: bool,
+    names: &HashMap<u64, String>,
+) -> CacheId {
+    if cache == 0 {
+        return CacheId::Kmalloc {
+            size: kmalloc_size as u64,
+            accounted,
+        };
+    }
+    if let Some(n) = names.get(&cache) {
+        return CacheId::Named(n.clone());
+    }
+    if cache < (1 << 32) && cache & 1 == 1 {
+        return CacheId::ObjectSize(cache >> 1);
+    }
+    CacheId::Named(format!("cache@{cache:#x}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_keys_name_their_cache() {
+        let mut names = HashMap::new();
+        names.insert(0xffff888100042c00, "dentry".to_string());
+        assert_eq!(
+            cache_id(0, 4096, true, &names),
+            CacheId::Kmalloc {
+                size: 4096,
+                accounted: true
+            }
+        );
+        assert_eq!(
+            cache_id(0xffff888100042c00, 0, false, &names),
+            CacheId::Named("dentry".into())
+        );
+        assert_eq!(
+            cache_id((192 << 1) | 1, 0, false, &names),
+            CacheId::ObjectSize(192)
+        );
+        assert_eq!(
+            cache_id(0xffff888100042d00, 0, false, &names),
+            CacheId::Named("cache@0xffff888100042d00".into())
+        );
+    }
+}

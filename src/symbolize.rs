@@ -1,0 +1,264 @@
+//! Kernel address symbolization (blazesym over /proc/kallsyms) and the pure
+//! rules that pick a row's label from a stack.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use blazesym::symbolize::source::{Kernel, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+use blazesym::MaybeDefault;
+
+/// One symbolized frame: `name+0xoff`, or the bare address if unknown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    pub addr: u64,
+    pub function: Option<String>,
+    pub offset: u64,
+}
+
+impl Frame {
+    pub fn unknown(addr: u64) -> Frame {
+        Frame {
+            addr,
+            function: None,
+            offset: 0,
+        }
+    }
+
+    /// `function+0xoff`, the form kernel oopses and `%pS` use.
+    pub fn display(&self) -> String {
+        match &self.function {
+            Some(f) => format!("{f}+{:#x}", self.offset),
+            None => format!("{:#x}", self.addr),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        self.function.as_deref().unwrap_or("[unknown]")
+    }
+}
+
+/// Turns addresses into frames; a trait so reports can be built in tests
+/// from a fixture symbol table.
+pub trait Symbolize {
+    fn symbolize(&self, addrs: &[u64]) -> Vec<Frame>;
+}
+
+/// Kernel symbols from a kallsyms file (the running kernel's by default).
+pub struct KernelSymbols {
+    symbolizer: Symbolizer,
+    source: Source<'static>,
+}
+
+impl KernelSymbols {
+    pub fn new(kallsyms: Option<PathBuf>) -> KernelSymbols {
+        let kernel = Kernel {
+            kallsyms: match kallsyms {
+                Some(p) => MaybeDefault::Some(p),
+                None => MaybeDefault::Default,
+            },
+            // Distribution kernels rarely ship an unstripped vmlinux, and the
+            // search for one is slow; kallsyms has the function names we show.
+            vmlinux: MaybeDefault::None,
+            debug_syms: false,
+            ..Default::default()
+        };
+        KernelSymbols {
+            symbolizer: Symbolizer::new(),
+            source: Source::Kernel(kernel),
+        }
+    }
+
+    fn try_symbolize(&self, addrs: &[u64]) -> Result<Vec<Frame>> {
+        let syms = self
+            .symbolizer
+            .symbolize(&self.source, Input::AbsAddr(addrs))
+            .context("symbolizing kernel addresses")?;
+        Ok(addrs
+            .iter()
+            .zip(syms)
+            .map(|(&addr, s)| match s {
+                Symbolized::Sym(sym) => Frame {
+                    addr,
+                    function: Some(sym.name.into_owned()),
+                    offset: sym.offset as u64,
+                },
+                Symbolized::Unknown(_) => Frame::unknown(addr),
+            })
+            .collect())
+    }
+}
+
+impl Symbolize for KernelSymbols {
+    fn symbolize(&self, addrs: &[u64]) -> Vec<Frame> {
+        // An unreadable kallsyms degrades to addresses rather than no report.
+        self.try_symbolize(addrs).unwrap_or_else(|e| {
+            eprintln!("kheap: warning: {e:#}; showing raw addresses");
+            addrs.iter().map(|&a| Frame::unknown(a)).collect()
+        })
+    }
+}
+
+/// Frames of the tracing machinery itself (the BPF program, the tracepoint
+/// trampolines): never part of the answer, dropped from every stack.
+pub fn is_tracing_frame(name: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "bpf_prog_",
+        "bpf_trace_run",
+        "__bpf_trace_",
+        "__traceiter_",
+        "trace_call_bpf",
+        "perf_trace_",
+        "trace_event_raw_event_",
+        "bpf_get_stack",
+        "__bpf_get_stack",
+    ];
+    PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// The allocator's own functions and allocation wrappers: a row is labelled
+/// with the first frame that is not one of these, which is the code that
+/// asked for the memory.
+pub fn is_allocator_frame(name: &str) -> bool {
+    const PREFIXES: &[&str] = &[
+        "__kmalloc",
+        "kmalloc",
+        "__do_kmalloc",
+        "___kmalloc",
+        "__kvmalloc",
+        "kvmalloc",
+        "kvzalloc",
+        "kvcalloc",
+        "kzalloc",
+        "kcalloc",
+        "krealloc",
+        "kvrealloc",
+        "__kvrealloc",
+        "kmem_cache_alloc",
+        "__kmem_cache_alloc",
+        "kmem_cache_zalloc",
+        "slab_alloc",
+        "___slab_alloc",
+        "__slab_alloc",
+        "kmemdup",
+        "kstrdup",
+        "kstrndup",
+        "kmemdup_nul",
+        "memdup_user",
+        "vmemdup_user",
+        "strndup_user",
+        "alloc_pages",
+        "__alloc_pages",
+        "__alloc_frozen_pages",
+        "alloc_frozen_pages",
+        "allocate_slab",
+        "new_slab",
+        "refill_obj_stock",
+        "obj_cgroup_charge",
+        "__memcg_slab_post_alloc_hook",
+        "__memcg_slab_",
+    ];
+    name.ends_with("_noprof") || PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// How deep the tracing machinery can reach into a captured stack.
+const TRACING_DEPTH: usize = 6;
+
+/// Drops the tracing frames at the top of a captured stack: everything down
+/// to the last tracing frame among the first few. The BPF program's own
+/// frame is not always in kallsyms, so it can show up under a wrong name.
+pub fn strip_tracing_frames(frames: Vec<Frame>) -> Vec<Frame> {
+    let skip = frames
+        .iter()
+        .take(TRACING_DEPTH)
+        .rposition(|f| is_tracing_frame(f.name()))
+        .map_or(0, |i| i + 1);
+    frames.into_iter().skip(skip).collect()
+}
+
+/// The frame a row is named after: the innermost frame outside the
+/// allocator, or the innermost frame if the whole stack is allocator code.
+pub fn label_frame(frames: &[Frame]) -> Option<&Frame> {
+    frames
+        .iter()
+        .find(|f| f.function.is_some() && !is_allocator_frame(f.name()))
+        .or_else(|| frames.first())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(name: &str, offset: u64) -> Frame {
+        Frame {
+            addr: 0xffffffff81000000 + offset,
+            function: Some(name.to_string()),
+            offset,
+        }
+    }
+
+    #[test]
+    fn allocator_frames_are_recognised() {
+        for n in [
+            "__kmalloc_noprof",
+            "__kvmalloc_node_noprof",
+            "kmem_cache_alloc_noprof",
+            "kmalloc_trace",
+            "__kmalloc_cache_noprof",
+            "kmemdup_noprof",
+            "vmemdup_user",
+        ] {
+            assert!(is_allocator_frame(n), "{n}");
+        }
+        for n in [
+            "load_msg",
+            "simple_xattr_alloc",
+            "iovec_from_user",
+            "do_sys_open",
+        ] {
+            assert!(!is_allocator_frame(n), "{n}");
+        }
+    }
+
+    #[test]
+    fn label_skips_allocator_and_tracing_frames() {
+        let stack = strip_tracing_frames(vec![
+            frame("__stop_runtime_ptr_USER_PTR_MAX", 0x3c501cb9),
+            frame("bpf_trace_run4", 0x80),
+            frame("__kmalloc_noprof", 0x1a0),
+            frame("__kvmalloc_node_noprof", 0x5d),
+            frame("simple_xattr_alloc", 0x2b),
+            frame("shmem_xattr_handler_set", 0x8e),
+        ]);
+        assert_eq!(stack.len(), 4);
+        assert_eq!(stack[0].name(), "__kmalloc_noprof");
+        let label = label_frame(&stack).unwrap();
+        assert_eq!(label.display(), "simple_xattr_alloc+0x2b");
+    }
+
+    #[test]
+    fn label_of_pure_allocator_stack_is_innermost() {
+        let stack = vec![frame("__kmalloc_noprof", 1), frame("kmalloc_trace", 2)];
+        assert_eq!(label_frame(&stack).unwrap().name(), "__kmalloc_noprof");
+        assert!(label_frame(&[]).is_none());
+        assert_eq!(Frame::unknown(0x10).display(), "0x10");
+    }
+
+    #[test]
+    fn blazesym_reads_a_kallsyms_fixture() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kallsyms");
+        std::fs::write(
+            &path,
+            "ffffffff81a9ea20 T load_msg\n\
+             ffffffff81a9ec00 T store_msg\n\
+             ffffffff81bb35a0 T iovec_from_user\n\
+             ffffffff81bb3700 t iovec_from_user.cold\n",
+        )
+        .unwrap();
+        let syms = KernelSymbols::new(Some(path));
+        let frames = syms.symbolize(&[0xffffffff81a9ea7b, 0xffffffff81bb35a5]);
+        assert_eq!(frames[0].display(), "load_msg+0x5b");
+        assert_eq!(frames[1].display(), "iovec_from_user+0x5");
+    }
+}

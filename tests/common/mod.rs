@@ -1,0 +1,93 @@
+//! Helpers for the root tests: run the real kheap binary against the real
+//! kernel and read its JSON.
+
+#![allow(dead_code)]
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+pub const KHEAP: &str = env!("CARGO_BIN_EXE_kheap");
+pub const LOAD: &str = env!("CARGO_BIN_EXE_kheap-load");
+
+/// These tests load BPF programs. Without root they cannot run; they say so
+/// loudly instead of passing quietly (CI runs them as root).
+pub fn require_root(test: &str) -> bool {
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    eprintln!("\n*** SKIPPED {test}: needs root to load BPF programs (CI runs it as root) ***\n");
+    false
+}
+
+pub fn kheap(args: &[&str]) -> Output {
+    Command::new(KHEAP)
+        .args(args)
+        .output()
+        .expect("running kheap")
+}
+
+/// Runs `kheap record ARGS --format json -o FILE -- kheap-load LOAD_ARGS`
+/// and parses the report (a file, so the command's own output can't mix in).
+pub fn record_json(args: &[&str], load_args: &[&str]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("report.json");
+    let mut all = vec!["record", "--format", "json", "-o", path.to_str().unwrap()];
+    all.extend(args);
+    all.push("--");
+    all.push(LOAD);
+    all.extend(load_args);
+    let out = kheap(&all);
+    assert!(
+        out.status.success(),
+        "kheap {all:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&path).expect("kheap wrote no report");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("kheap wrote invalid JSON ({e}): {text}"))
+}
+
+/// The entries of `list` whose `field` is `value`.
+pub fn rows<'a>(report: &'a Value, list: &str, field: &str, value: &str) -> Vec<&'a Value> {
+    report[list]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {list} in report"))
+        .iter()
+        .filter(|r| r[field] == value)
+        .collect()
+}
+
+pub fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// IDs of the BPF programs a process holds (from its fdinfo).
+pub fn bpf_prog_ids(pid: u32) -> Vec<u32> {
+    let mut ids = Vec::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
+        return ids;
+    };
+    for entry in dir.flatten() {
+        if let Ok(info) = std::fs::read_to_string(entry.path()) {
+            for line in info.lines() {
+                if let Some(id) = line.strip_prefix("prog_id:") {
+                    if let Ok(id) = id.trim().parse() {
+                        ids.push(id);
+                    }
+                }
+            }
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Whether a BPF program with this id is still loaded in the kernel.
+pub fn prog_loaded(id: u32) -> bool {
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "id", &id.to_string()])
+        .output()
+        .expect("bpftool is needed by the tests (scripts/setup installs it)");
+    out.status.success()
+}

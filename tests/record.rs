@@ -1,0 +1,356 @@
+//! `kheap record` against the real kernel: known allocation patterns driven
+//! by kheap-load, exact numbers asserted.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// SysV messages: each msgsnd of SIZE bytes is one kmalloc of 48 + SIZE
+/// bytes (struct msg_msg + text) in load_msg.
+const MSG_HEADER: u64 = 48;
+
+fn assert_msg_site(report: &serde_json::Value, count: u64, size: u64) {
+    let sites = rows(report, "sites", "function", "load_msg");
+    assert_eq!(
+        sites.len(),
+        1,
+        "one load_msg site expected: {:#}",
+        report["sites"]
+    );
+    let s = sites[0];
+    let req = MSG_HEADER + size;
+    assert_eq!(u(&s["count"]), count, "exact site count");
+    assert_eq!(u(&s["bytes_req"]), count * req);
+    assert_eq!(
+        u(&s["bytes_alloc"]),
+        count * 4096,
+        "2148 bytes round up to 4k"
+    );
+    assert_eq!(u(&s["waste_bytes"]), count * (4096 - req));
+    let hist = s["hist"].as_array().unwrap();
+    assert_eq!(hist.len(), 1, "one bucket: {hist:?}");
+    assert_eq!(
+        (u(&hist[0]["lo"]), u(&hist[0]["hi"]), u(&hist[0]["count"])),
+        (2048, 4096, count)
+    );
+}
+
+#[test]
+fn msgsnd_sites_are_exact_with_sampled_stacks() {
+    if !require_root("msgsnd_sites_are_exact_with_sampled_stacks") {
+        return;
+    }
+    let r = record_json(&[], &["msg", "3000", "2100"]);
+    assert_msg_site(&r, 3000, 2100);
+    assert_eq!(r["sampling"]["stack_sample_every"], 64);
+    assert_eq!(r["sampling"]["stacks_estimated"], true);
+    // About 3000/64 samples landed on load_msg; the estimate is scaled to the
+    // exact total, so the stacks of the site add up to it.
+    let stacks = rows(&r, "stacks", "function", "load_msg");
+    assert!(
+        !stacks.is_empty(),
+        "no sampled load_msg stack: {:#}",
+        r["stacks"]
+    );
+    let total: u64 = stacks.iter().map(|s| u(&s["count"])).sum();
+    assert!(
+        (2990..=3010).contains(&total),
+        "scaled stacks sum to {total}"
+    );
+    assert!(stacks.iter().all(|s| s["estimated"] == true));
+    assert!(u(&r["totals"]["allocs"]) >= 3000);
+    assert!(
+        u(&r["totals"]["frees"]) >= 3000,
+        "msgrcv frees every message"
+    );
+}
+
+#[test]
+fn exact_stacks_attribute_every_allocation() {
+    if !require_root("exact_stacks_attribute_every_allocation") {
+        return;
+    }
+    let r = record_json(&["--exact-stacks"], &["msg", "1000", "2100"]);
+    assert_msg_site(&r, 1000, 2100);
+    let stacks = rows(&r, "stacks", "function", "load_msg");
+    assert_eq!(stacks.len(), 1, "{:#}", r["stacks"]);
+    let s = stacks[0];
+    assert_eq!(s["estimated"], false);
+    // Every allocation's stack is taken; only a failed capture (counted in
+    // lost.stacks, which covers all sites) may be missing.
+    let (count, lost) = (u(&s["count"]), u(&r["lost"]["stacks"]));
+    if lost == 0 {
+        assert_eq!(count, 1000);
+    } else {
+        assert!(
+            count <= 1000 && count + lost >= 1000,
+            "count {count}, lost {lost}"
+        );
+    }
+    let frames: Vec<&str> = s["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    assert!(
+        frames[0].starts_with("__kmalloc"),
+        "innermost frame is the allocator: {frames:?}"
+    );
+    let pos = |name: &str| {
+        frames
+            .iter()
+            .position(|f| f.starts_with(&format!("{name}+0x")))
+    };
+    assert!(
+        pos("load_msg") < pos("do_msgsnd") && pos("load_msg").is_some(),
+        "{frames:?}"
+    );
+}
+
+#[test]
+fn writev_iovec_array_lands_in_kmalloc_192() {
+    if !require_root("writev_iovec_array_lands_in_kmalloc_192") {
+        return;
+    }
+    let r = record_json(&[], &["writev", "20000"]);
+    let sites = rows(&r, "sites", "function", "iovec_from_user");
+    assert_eq!(sites.len(), 1, "{:#}", r["sites"]);
+    let s = sites[0];
+    assert_eq!(u(&s["count"]), 20000);
+    assert_eq!(u(&s["bytes_req"]), 20000 * 144, "9 iovecs of 16 bytes");
+    assert_eq!(u(&s["bytes_alloc"]), 20000 * 192);
+    assert_eq!(s["caches"][0], "kmalloc-192");
+    assert_eq!(u(&s["hist"][0]["lo"]), 128);
+}
+
+#[test]
+fn classic_tracepoints_give_the_same_numbers() {
+    if !require_root("classic_tracepoints_give_the_same_numbers") {
+        return;
+    }
+    let r = record_json(&["--attach", "tracepoint"], &["msg", "500", "2100"]);
+    assert_msg_site(&r, 500, 2100);
+    assert!(r["run"]["attach"][0]
+        .as_str()
+        .unwrap()
+        .contains("tracepoint"));
+    // Named caches come from the __data_loc name field on this layout.
+    let names: Vec<&str> = r["caches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert!(names.iter().any(|n| !n.starts_with("kmalloc")), "{names:?}");
+}
+
+#[test]
+fn size_filter_and_process_view() {
+    if !require_root("size_filter_and_process_view") {
+        return;
+    }
+    let r = record_json(
+        &[
+            "--min-size",
+            "2000",
+            "--max-size",
+            "2200",
+            "--by",
+            "process",
+        ],
+        &["msg", "200", "2100"],
+    );
+    for s in r["sites"].as_array().unwrap() {
+        let avg = u(&s["bytes_req"]) / u(&s["count"]);
+        assert!((2000..=2200).contains(&avg), "outside the size range: {s}");
+    }
+    assert_msg_site(&r, 200, 2100);
+    let procs = rows(&r, "processes", "comm", "kheap-load");
+    assert_eq!(procs.len(), 1, "{:#}", r["processes"]);
+    assert_eq!(u(&procs[0]["count"]), 200);
+}
+
+#[test]
+fn folded_and_table_output() {
+    if !require_root("folded_and_table_output") {
+        return;
+    }
+    let out = kheap(&[
+        "record",
+        "--exact-stacks",
+        "--format",
+        "folded",
+        "--",
+        LOAD,
+        "msg",
+        "100",
+        "2100",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.contains("do_msgsnd;load_msg;__kmalloc") && l.ends_with(" 100")),
+        "{text}"
+    );
+    let out = kheap(&["record", "--", LOAD, "msg", "100", "2100"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("load_msg+0x"), "{text}");
+    assert!(text.contains("47.6%"), "waste of 2148 in 4096: {text}");
+    assert!(text.contains("stacks: sampled 1 in 64"), "{text}");
+}
+
+/// Starts `kheap record` in the background and waits until it has attached.
+fn start_recording(args: &[&str]) -> std::process::Child {
+    let mut child = Command::new(KHEAP)
+        .arg("record")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("tracing"), "kheap did not start: {line}");
+    // Keep draining stderr so kheap never blocks on it.
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    child
+}
+
+fn stop_and_check(signal: i32) {
+    let child = start_recording(&[]);
+    let pid = child.id();
+    let progs = bpf_prog_ids(pid);
+    assert!(
+        progs.len() >= 4,
+        "kheap should hold its programs: {progs:?}"
+    );
+    let load = Command::new(LOAD)
+        .args(["msg", "300", "2100"])
+        .output()
+        .unwrap();
+    assert!(load.status.success());
+    unsafe { libc::kill(pid as i32, signal) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let out = child.wait_with_output().unwrap();
+    assert!(Instant::now() < deadline);
+    assert!(out.status.success(), "exit status {:?}", out.status);
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("load_msg+0x"),
+        "report printed after the signal: {report}"
+    );
+    for id in progs {
+        assert!(
+            !prog_loaded(id),
+            "BPF program {id} still loaded after kheap exited"
+        );
+    }
+}
+
+#[test]
+fn ctrl_c_prints_the_report_and_detaches() {
+    if !require_root("ctrl_c_prints_the_report_and_detaches") {
+        return;
+    }
+    stop_and_check(libc::SIGINT);
+}
+
+#[test]
+fn sigterm_prints_the_report_and_detaches() {
+    if !require_root("sigterm_prints_the_report_and_detaches") {
+        return;
+    }
+    stop_and_check(libc::SIGTERM);
+}
+
+/// A bad invocation: one line on stderr, non-zero exit.
+fn assert_one_line_error(out: &std::process::Output, expect: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "should fail: {err}");
+    assert!(err.contains(expect), "expected '{expect}' in: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(out.stdout.is_empty(), "no report on error");
+}
+
+#[test]
+fn bad_input_gives_one_line_errors() {
+    if !require_root("bad_input_gives_one_line_errors") {
+        return;
+    }
+    assert_one_line_error(
+        &kheap(&["record", "-p", "3999999"]),
+        "no process with PID 3999999",
+    );
+    assert_one_line_error(
+        &kheap(&["record", "--", "kheap-no-such-command"]),
+        "command not found",
+    );
+    assert_one_line_error(
+        &kheap(&["record", "--min-size", "100", "--max-size", "10", "-d", "1"]),
+        "bad size range",
+    );
+    let out = Command::new(KHEAP)
+        .args(["record", "-d", "1"])
+        .env("KHEAP_BTF", "/nonexistent/vmlinux")
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "no BTF");
+    let out = Command::new(KHEAP)
+        .args(["record", "-d", "1"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "needs root");
+}
+
+#[test]
+fn mounts_tracefs_itself_and_restores_it() {
+    if !require_root("mounts_tracefs_itself_and_restores_it") {
+        return;
+    }
+    let tracefs = "/sys/kernel/tracing";
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.split(' ').nth(1) == Some(tracefs))
+    };
+    let was_mounted = mounted();
+    // Put tracefs back as it was even if an assertion fails.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let is = std::fs::read_to_string("/proc/self/mounts")
+                .unwrap()
+                .lines()
+                .any(|l| l.split(' ').nth(1) == Some("/sys/kernel/tracing"));
+            if self.0 && !is {
+                let _ = Command::new("mount")
+                    .args(["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+                    .status();
+            }
+        }
+    }
+    let _restore = Restore(was_mounted);
+    if was_mounted {
+        let st = Command::new("umount").arg(tracefs).status().unwrap();
+        if !st.success() {
+            eprintln!(
+                "*** SKIPPED part of mounts_tracefs_itself_and_restores_it: tracefs is busy ***"
+            );
+            return;
+        }
+    }
+    let r = record_json(&["--attach", "tracepoint"], &["msg", "50", "2100"]);
+    assert_msg_site(&r, 50, 2100);
+    assert!(!mounted(), "kheap should unmount the tracefs it mounted");
+}
