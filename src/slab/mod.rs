@@ -7,3 +7,4 @@
 //! same rows by cache name. Nothing here depends on libbpf.
 
 pub mod slabinfo;
+pub mod sysfs;
