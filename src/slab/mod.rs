@@ -6,5 +6,6 @@
 //! the traced part arrives as plain [`TracedRun`] data and is joined to the
 //! same rows by cache name. Nothing here depends on libbpf.
 
+pub mod loss;
 pub mod slabinfo;
 pub mod sysfs;
