@@ -8,4 +8,6 @@
 
 pub mod loss;
 pub mod slabinfo;
+pub mod snapshot;
 pub mod sysfs;
+pub mod traced;
