@@ -6,6 +6,7 @@
 //! the traced part arrives as plain [`TracedRun`] data and is joined to the
 //! same rows by cache name. Nothing here depends on libbpf.
 
+pub mod hints;
 pub mod loss;
 pub mod slabinfo;
 pub mod snapshot;
