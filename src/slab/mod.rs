@@ -12,3 +12,4 @@ pub mod slabinfo;
 pub mod snapshot;
 pub mod sysfs;
 pub mod traced;
+pub mod watch;
