@@ -8,6 +8,8 @@
 
 pub mod hints;
 pub mod loss;
+pub mod render;
+pub mod report;
 pub mod slabinfo;
 pub mod snapshot;
 pub mod sysfs;
