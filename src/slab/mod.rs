@@ -6,6 +6,7 @@
 //! the traced part arrives as plain [`TracedRun`] data and is joined to the
 //! same rows by cache name. Nothing here depends on libbpf.
 
+pub mod cmd;
 pub mod hints;
 pub mod loss;
 pub mod render;
@@ -15,3 +16,9 @@ pub mod snapshot;
 pub mod sysfs;
 pub mod traced;
 pub mod watch;
+
+pub use cmd::{print_report, run_static, OutputFormat, SlabArgs};
+pub use hints::{CacheSeries, Hint, HintKind};
+pub use report::{build_report, ReportInput, SlabReport, SortKey};
+pub use snapshot::{read_static, StaticCache, StaticSnapshot};
+pub use traced::{TracedCache, TracedRun, TracedSite};
