@@ -14,5 +14,6 @@ pub mod model;
 pub mod render;
 pub mod report;
 pub mod session;
+pub mod slab;
 pub mod symbolize;
 pub mod target;

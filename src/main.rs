@@ -15,6 +15,8 @@ struct Cli {
 enum Command {
     /// Trace kernel heap allocations, then report by site, stack, cache or process
     Record(cmd::record::RecordArgs),
+    /// Slab caches: memory, loss, growth, and (with -d) who allocates and wastes
+    Slab(kheap::slab::SlabArgs),
     /// Show which tracing features this kernel has and how kheap will attach
     Doctor,
 }
@@ -23,6 +25,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Record(a) => cmd::record::run(a),
+        Command::Slab(a) => cmd::slab::run(a),
         Command::Doctor => cmd::doctor::run(),
     };
     match result {

@@ -343,14 +343,62 @@ pub fn scale_to(stack: &AllocStats, sampled: &AllocStats, exact: &AllocStats) ->
     out
 }
 
-/// Per call site rows (summed over caches). The label comes from the call
-/// site itself, unless that is an allocation wrapper (kvmalloc, kmemdup…),
-/// in which case the heaviest sampled stack of the site names the caller.
+/// The label of each call site: the call site itself, unless that is an
+/// allocation wrapper (kvmalloc, kmemdup…), in which case the heaviest
+/// sampled stack of the site names the caller. Returns (label, call site).
+fn label_sites<'a>(
+    snap: &Snapshot,
+    call_sites: &HashMap<u64, Frame>,
+    frames_of: &dyn Fn(i64) -> &'a [Frame],
+) -> HashMap<u64, (Frame, Frame)> {
+    let mut heaviest_stack: HashMap<u64, (u64, i64)> = HashMap::new();
+    for ((site, id), s) in &snap.stacks {
+        let e = heaviest_stack.entry(site.call_site).or_insert((0, *id));
+        if s.count > e.0 {
+            *e = (s.count, *id);
+        }
+    }
+    snap.sites
+        .keys()
+        .map(|k| {
+            let addr = k.call_site;
+            let cs = call_sites
+                .get(&addr)
+                .cloned()
+                .unwrap_or_else(|| Frame::unknown(addr));
+            let mut label = cs.clone();
+            if label_frame(std::slice::from_ref(&cs)).is_none_or(is_wrapper) {
+                if let Some(f) = heaviest_stack
+                    .get(&addr)
+                    .and_then(|&(_, id)| label_frame(frames_of(id)))
+                {
+                    label = f.clone();
+                }
+            }
+            (addr, (label, cs))
+        })
+        .collect()
+}
+
+/// Every (site, cache) pair with its label, for consumers that keep caches
+/// apart (the slab report).
+pub fn labelled_sites(snap: &Snapshot, syms: &dyn Symbolize) -> Vec<(Frame, SiteKey, AllocStats)> {
+    let symbolized = symbolize_all(snap, syms);
+    let frames_of = |id: i64| symbolized.stacks.get(&id).map(Vec::as_slice).unwrap_or(&[]);
+    let labels = label_sites(snap, &symbolized.call_sites, &frames_of);
+    snap.sites
+        .iter()
+        .map(|(k, s)| (labels[&k.call_site].0.clone(), k.clone(), *s))
+        .collect()
+}
+
+/// Per call site rows (summed over caches).
 fn site_rows<'a>(
     snap: &Snapshot,
     call_sites: &HashMap<u64, Frame>,
     frames_of: &dyn Fn(i64) -> &'a [Frame],
 ) -> Vec<SiteRow> {
+    let labels = label_sites(snap, call_sites, frames_of);
     let mut by_site: HashMap<u64, (AllocStats, Vec<String>)> = HashMap::new();
     for (key, s) in &snap.sites {
         let e = by_site.entry(key.call_site).or_default();
@@ -360,29 +408,11 @@ fn site_rows<'a>(
             e.1.push(name);
         }
     }
-    let mut heaviest_stack: HashMap<u64, (u64, i64)> = HashMap::new();
-    for ((site, id), s) in &snap.stacks {
-        let e = heaviest_stack.entry(site.call_site).or_insert((0, *id));
-        if s.count > e.0 {
-            *e = (s.count, *id);
-        }
-    }
     let mut rows: Vec<SiteRow> = by_site
         .into_iter()
         .map(|(addr, (stats, mut caches))| {
             caches.sort();
-            let cs = call_sites
-                .get(&addr)
-                .cloned()
-                .unwrap_or_else(|| Frame::unknown(addr));
-            let mut label = cs.clone();
-            if label_frame(std::slice::from_ref(&cs)).is_none_or(is_wrapper) {
-                if let Some(&(_, id)) = heaviest_stack.get(&addr) {
-                    if let Some(f) = label_frame(frames_of(id)) {
-                        label = f.clone();
-                    }
-                }
-            }
+            let (label, cs) = &labels[&addr];
             SiteRow {
                 function: label.name().to_string(),
                 location: label.display(),
