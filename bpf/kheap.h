@@ -84,4 +84,21 @@ struct kheap_config {
 	char comm[KHEAP_COMM_LEN];
 };
 
+/* --latency: time inside the allocator entry points, per call site. */
+struct lat_key {
+	__u64 call_site; /* 0 when no kmem tracepoint fired inside the call */
+	__u64 func_ip;	 /* the allocator function timed */
+};
+
+struct lat_stats {
+	__u64 count;
+	__u64 total_ns;
+	__u64 hist[KHEAP_HIST_BUCKETS]; /* log2 buckets of nanoseconds */
+};
+
+struct lat_counters {
+	__u64 missed_start; /* exits without a recorded entry */
+	__u64 map_full;
+};
+
 #endif /* KHEAP_H */

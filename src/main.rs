@@ -23,6 +23,11 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
+    // libbpf's own log is noise when kheap probes features by trying them
+    // (an fentry load refused on purpose); KHEAP_DEBUG=1 shows it.
+    if std::env::var_os("KHEAP_DEBUG").is_none() {
+        libbpf_rs::set_print(None);
+    }
     let result = match cli.command {
         Command::Record(a) => cmd::record::run(a),
         Command::Slab(a) => cmd::slab::run(a),

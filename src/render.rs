@@ -197,6 +197,35 @@ pub fn table(r: &Report, by: GroupBy, hidden: usize, stack_details: usize) -> St
     if hidden > 0 {
         let _ = writeln!(out, "({hidden} more rows not shown; use -n to see more)");
     }
+    if !r.latency.is_empty() {
+        out.push_str(&latency_text(r));
+    }
+    out
+}
+
+/// Time inside the allocator per call site, with the slowest site's
+/// histogram (nanoseconds).
+fn latency_text(r: &Report) -> String {
+    let mut out = String::from("\nAllocator latency (time inside the allocator, per call site):\n");
+    let mut t = new_table(&["site", "allocator", "calls", "avg ns", "total"]);
+    for row in r.latency.iter().take(20) {
+        t.add_row(vec![
+            Cell::new(if row.call_site.is_empty() {
+                &row.function
+            } else {
+                &row.call_site
+            }),
+            Cell::new(&row.allocator),
+            Cell::new(row.count),
+            Cell::new(format!("{:.0}", row.avg_ns)),
+            Cell::new(format!("{:.2} ms", row.total_ns as f64 / 1e6)),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
+    if let Some(top) = r.latency.first() {
+        let _ = writeln!(out, "{} via {} (ns):", top.function, top.allocator);
+        out.push_str(&histogram(&top.hist, "    "));
+    }
     out
 }
 

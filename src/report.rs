@@ -87,6 +87,10 @@ pub struct Lost {
     pub map_full_stacks: u64,
     pub map_full_procs: u64,
     pub map_full_caches: u64,
+    /// --latency: allocator exits without a recorded entry (e.g. attached
+    /// mid-call, or an entry record lost to a full map).
+    #[serde(default)]
+    pub latency_unmatched: u64,
 }
 
 /// Counts shared by every row kind, flattened into each JSON entry.
@@ -186,6 +190,19 @@ pub struct RunInfo {
     pub command: Option<String>,
 }
 
+/// Time inside the allocator for one call site through one allocator
+/// function (`--latency`). `hist` buckets are nanoseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencyRow {
+    pub function: String,
+    pub call_site: String,
+    pub allocator: String,
+    pub count: u64,
+    pub avg_ns: f64,
+    pub total_ns: u64,
+    pub hist: Vec<Bucket>,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub duration_s: f64,
@@ -198,6 +215,9 @@ pub struct Report {
     pub caches: Vec<CacheRow>,
     #[serde(default)]
     pub processes: Vec<ProcRow>,
+    /// With --latency: per-site time inside the allocator.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub latency: Vec<LatencyRow>,
 }
 
 /// Settings the report needs from the run.
@@ -251,6 +271,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
             map_full_stacks: ev.map_full_stacks,
             map_full_procs: ev.map_full_procs,
             map_full_caches: ev.map_full_caches,
+            latency_unmatched: 0,
         },
         sampling: Sampling {
             stack_sample_every: opts.stack_sample_every,
@@ -262,6 +283,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         stacks,
         caches,
         processes,
+        latency: Vec::new(),
     }
 }
 

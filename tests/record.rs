@@ -354,3 +354,61 @@ fn mounts_tracefs_itself_and_restores_it() {
     assert_msg_site(&r, 50, 2100);
     assert!(!mounted(), "kheap should unmount the tracefs it mounted");
 }
+
+#[test]
+fn latency_is_measured_or_refused_in_one_line() {
+    if !require_root("latency_is_measured_or_refused_in_one_line") {
+        return;
+    }
+    let kprobes = std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.json");
+    let out = kheap(&[
+        "record",
+        "--latency",
+        "--format",
+        "json",
+        "-o",
+        path.to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg",
+        "300",
+        "2100",
+    ]);
+    if out.status.success() {
+        eprintln!("latency: this kernel allows fentry or kprobes; checking the histograms");
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let rows = rows(&r, "latency", "function", "load_msg");
+        assert!(
+            !rows.is_empty(),
+            "no latency row for load_msg: {:#}",
+            r["latency"]
+        );
+        let calls: u64 = rows.iter().map(|l| u(&l["count"])).sum();
+        assert_eq!(calls, 300, "one timed allocator call per message");
+        assert!(rows
+            .iter()
+            .all(|l| l["allocator"].as_str().unwrap().contains("kmalloc")));
+        let hist_total: u64 = rows
+            .iter()
+            .flat_map(|l| l["hist"].as_array().unwrap().iter().map(|b| u(&b["count"])))
+            .sum();
+        assert_eq!(hist_total, 300);
+    } else {
+        eprintln!(
+            "latency: this kernel refuses fentry{}; checking the error",
+            if kprobes { "" } else { " and has no kprobes" }
+        );
+        assert!(
+            !kprobes,
+            "kprobes exist, so --latency must work: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cannot time the allocator"), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(!path.exists(), "no report on error");
+    }
+}

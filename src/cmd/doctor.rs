@@ -66,6 +66,34 @@ pub fn run() -> Result<i32> {
         );
     }
     row("kprobes", yes_no(features::has_kprobes()));
+    if privileged.is_ok() {
+        match crate::latency::LatencySession::probe() {
+            Ok((resolved, fentry)) => {
+                let names: Vec<String> = resolved
+                    .iter()
+                    .zip(crate::latency::ALLOCATOR_FUNCTIONS)
+                    .map(|(r, names)| r.map_or(format!("({} absent)", names[0]), str::to_string))
+                    .collect();
+                row("allocator functions", names.join(", "));
+                row(
+                    "fentry/fexit",
+                    match &fentry {
+                        Ok(()) => "yes (loaded a test program)".into(),
+                        Err(e) => format!("no: {}", format!("{e:#}").replace('\n', " ")),
+                    },
+                );
+                let latency = if fentry.is_ok() {
+                    "fentry/fexit"
+                } else if features::has_kprobes() {
+                    "kprobe/kretprobe"
+                } else {
+                    "unavailable (no kprobes, fentry refused)"
+                };
+                row("kheap record --latency will use", latency.into());
+            }
+            Err(e) => row("allocator functions", format!("unknown: {e}")),
+        }
+    }
     row("uprobes", yes_no(features::has_uprobes()));
     if let Some(k) = &kbtf {
         row(

@@ -11,6 +11,7 @@ use clap::Args;
 
 use crate::cli::{check_size_range, parse_sample, parse_secs, parse_size};
 use crate::features;
+use crate::latency::LatencySession;
 use crate::render::{self, Format, GroupBy, SortBy};
 use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::session::{AttachMode, Config, Session};
@@ -69,6 +70,10 @@ pub struct RecordArgs {
     /// Capture no stacks at all (cheapest; per-site numbers only)
     #[arg(long)]
     pub no_stacks: bool,
+    /// Also time each allocation inside the allocator, per call site
+    /// (needs fentry or kprobes)
+    #[arg(long)]
+    pub latency: bool,
     /// Capacity of the per-site and per-stack maps
     #[arg(long, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
@@ -192,6 +197,17 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         max_stacks: args.max_entries,
     };
     let mut session = Session::start(&cfg)?;
+    let mut latency = if args.latency {
+        let l = LatencySession::start()?;
+        session.attached.push(format!(
+            "latency: {} on {}",
+            l.mechanism.name(),
+            l.functions.join(", ")
+        ));
+        Some(l)
+    } else {
+        None
+    };
     let interactive = std::io::stderr().is_terminal();
     eprintln!(
         "kheap: tracing kernel heap allocations ({}){}",
@@ -221,6 +237,9 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     });
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
+    if let Some(l) = latency.as_mut() {
+        l.detach();
+    }
     if interactive {
         eprintln!();
     }
@@ -245,16 +264,23 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         command: (!t.command.is_empty()).then(|| t.command.join(" ")),
     };
     drop(session);
+    let latency_data = latency.map(|l| l.read()).transpose()?;
 
-    let report = report::build(
+    let syms = KernelSymbols::new(None);
+    let mut report = report::build(
         &snap,
-        &KernelSymbols::new(None),
+        &syms,
         BuildOptions {
             stack_sample_every,
             duration_s,
             run,
         },
     );
+    if let Some(data) = &latency_data {
+        report.latency = crate::latency::rows(data, &syms);
+        report.lost.latency_unmatched = data.missed_start;
+        report.lost.map_full += data.map_full;
+    }
     write_report(report, &args)?;
     Ok(exit_code)
 }
