@@ -88,6 +88,31 @@ struct {
 	__type(value, struct counters);
 } counters SEC(".maps");
 
+/* Per-CPU countdown to the next sampled stack. Refilled with a random gap
+ * of 1..2N (mean ~N): a helper call once per sample instead of per event,
+ * and random gaps keep periodic allocation patterns from aliasing. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} sample_countdown SEC(".maps");
+
+static __always_inline bool sample_now(void)
+{
+	__u32 zero = 0;
+	__u32 *left = bpf_map_lookup_elem(&sample_countdown, &zero);
+
+	if (!left)
+		return false;
+	if (*left > 1) {
+		(*left)--;
+		return false;
+	}
+	*left = (bpf_get_prandom_u32() & (2 * cfg.stack_sample_mask + 1)) + 1;
+	return true;
+}
+
 /* A zeroed value to insert new hash entries from (too big for the stack). */
 static struct alloc_stats zero_stats;
 
@@ -208,6 +233,48 @@ static __always_inline void remember_cache_name(__u64 cache, const char *name)
 	bpf_map_update_elem(&cache_names, &cache, &n, BPF_NOEXIST);
 }
 
+static __always_inline void count_process(__u32 tgid, __u64 req, __u64 alloc,
+					  __u32 bucket)
+{
+	bool new_proc = false;
+
+	if (!upsert_stats(&procs, &tgid, req, alloc, bucket, &new_proc)) {
+		COUNT(map_full_procs);
+	} else if (new_proc) {
+		struct proc_info info = {};
+
+		bpf_get_current_comm(info.comm, sizeof(info.comm));
+		bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
+	}
+}
+
+/* Captures the kernel stack and counts the event under it. Returns false if
+ * the stack or its entry could not be recorded (counted as lost). */
+static __always_inline bool record_stack(void *ctx, struct site_key *key,
+					 __u64 req, __u64 alloc, __u32 bucket,
+					 const char *name)
+{
+	struct stack_key skey = {.site = *key};
+	bool created = false;
+
+	skey.stack_id = bpf_get_stackid(ctx, &stack_traces, 0);
+	if (skey.stack_id < 0) {
+		if (skey.stack_id == -17 /* EEXIST: hash collision */)
+			COUNT(lost_stack_collision);
+		else
+			COUNT(lost_stack_other);
+		return false;
+	}
+	if (!upsert_stats(&stacks, &skey, req, alloc, bucket, &created)) {
+		COUNT(map_full_stacks);
+		return false;
+	}
+	COUNT(stack_samples);
+	if (created && name && key->cache)
+		remember_cache_name(key->cache, name);
+	return true;
+}
+
 /* The common path of every allocation event. `name` is only read when the
  * (site, cache) pair is new, so the cost stays off the hot path. */
 static __always_inline void record_alloc(void *ctx, struct site_key *key,
@@ -232,6 +299,16 @@ static __always_inline void record_alloc(void *ctx, struct site_key *key,
 	}
 
 	bucket = size_bucket(req);
+	if (cfg.by_process)
+		count_process(tgid, req, alloc, bucket);
+
+	/* Exact-stacks mode: the per-stack entry is the only update, and user
+	 * space sums stacks into sites. An event whose stack is lost still
+	 * lands in the site map below, so site totals stay exact. */
+	if (cfg.capture_stacks && !cfg.stack_sample_mask &&
+	    record_stack(ctx, key, req, alloc, bucket, name))
+		return;
+
 	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
 		COUNT(map_full_sites);
 		return;
@@ -239,38 +316,12 @@ static __always_inline void record_alloc(void *ctx, struct site_key *key,
 	if (created && key->cache)
 		remember_cache_name(key->cache, name);
 
-	if (cfg.by_process) {
-		bool new_proc = false;
-
-		if (!upsert_stats(&procs, &tgid, req, alloc, bucket, &new_proc))
-			COUNT(map_full_procs);
-		else if (new_proc) {
-			struct proc_info info = {};
-
-			bpf_get_current_comm(info.comm, sizeof(info.comm));
-			bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
-		}
-	}
-
-	if (!cfg.capture_stacks)
+	if (!cfg.capture_stacks || !cfg.stack_sample_mask)
 		return;
-	if (cfg.stack_sample_mask &&
-	    (bpf_get_prandom_u32() & cfg.stack_sample_mask))
-		return;
-
-	struct stack_key skey = {.site = *key};
-
-	skey.stack_id = bpf_get_stackid(ctx, &stack_traces, 0);
-	if (skey.stack_id < 0) {
-		if (skey.stack_id == -17 /* EEXIST: hash collision */)
-			COUNT(lost_stack_collision);
-		else
-			COUNT(lost_stack_other);
-		return;
-	}
-	COUNT(stack_samples);
-	if (!upsert_stats(&stacks, &skey, req, alloc, bucket, NULL))
-		COUNT(map_full_stacks);
+	/* A site's first allocation always gets a stack, so every site can be
+	 * attributed to its caller; after that, about one event in N. */
+	if (created || sample_now())
+		record_stack(ctx, key, req, alloc, bucket, NULL);
 }
 
 static __always_inline void record_cache_free(const void *ptr, __u64 cache,

@@ -75,7 +75,7 @@ struct kheap_config {
 	__u64 min_size;
 	__u64 max_size; /* 0: no upper bound */
 	__u64 gfp_account_mask;
-	__u32 stack_sample_mask; /* sample when (random & mask) == 0; 0: every
+	__u32 stack_sample_mask; /* N-1 for about one stack in N; 0: every
 				    event */
 	__u8 filter_pids;
 	__u8 filter_comm;

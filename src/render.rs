@@ -100,7 +100,7 @@ pub fn header(r: &Report) -> String {
         "stacks: every allocation (exact)".to_string()
     } else {
         format!(
-            "stacks: sampled 1 in {} ({} captured), per-stack numbers are estimates scaled to exact site totals; sites, caches and processes are exact",
+            "stacks: sampled 1 in {} (and each site's first; {} captured), per-stack numbers are estimates scaled to exact site totals; sites, caches and processes are exact",
             r.sampling.stack_sample_every, r.sampling.stack_samples
         )
     };

@@ -39,6 +39,8 @@ pub struct Config {
     pub attach: AttachMode,
     pub max_sites: u32,
     pub max_stacks: u32,
+    /// Attach the free tracepoints too (frees per cache, net counts).
+    pub trace_frees: bool,
 }
 
 impl Default for Config {
@@ -46,7 +48,7 @@ impl Default for Config {
         Config {
             min_size: 0,
             max_size: None,
-            stack_sample_every: 64,
+            stack_sample_every: 1024,
             pids: Vec::new(),
             follow_children: false,
             comm: None,
@@ -54,6 +56,7 @@ impl Default for Config {
             attach: AttachMode::Auto,
             max_sites: 8192,
             max_stacks: 8192,
+            trace_frees: true,
         }
     }
 }
@@ -65,6 +68,9 @@ pub struct Session {
     pub attached: Vec<String>,
     /// Hooks not attached, with the reason.
     pub skipped: Vec<String>,
+    /// Every stack captured: the kernel counts events under their stack
+    /// only, and sites are summed from stacks here.
+    exact_stacks: bool,
     // Held so a tracefs kheap mounted itself stays mounted while attached.
     _tracefs: Option<Tracefs>,
 }
@@ -125,6 +131,9 @@ impl Session {
 
         configure(&mut open, cfg, kbtf)?;
         let mut wanted: Vec<&str> = features::KMEM_TRACEPOINTS.to_vec();
+        if !cfg.trace_frees {
+            wanted.retain(|tp| !matches!(*tp, "kfree" | "kmem_cache_free"));
+        }
         if cfg.follow_children {
             wanted.push("sched_process_fork");
         }
@@ -171,6 +180,7 @@ impl Session {
             links: Vec::new(),
             attached,
             skipped,
+            exact_stacks: cfg.stack_sample_every == 1,
             _tracefs: tracefs,
         };
         for &pid in &cfg.pids {
@@ -236,8 +246,11 @@ impl Session {
                     e.insert(frames);
                 }
             }
-            snap.stacks
-                .insert((site_key(&k.site, &names), id), v.into());
+            let site = site_key(&k.site, &names);
+            if self.exact_stacks {
+                *snap.sites.entry(site.clone()).or_default() += v.into();
+            }
+            snap.stacks.insert((site, id), v.into());
         }
         let comms: HashMap<u32, String> =
             maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?

@@ -47,9 +47,10 @@ fn msgsnd_sites_are_exact_with_sampled_stacks() {
     }
     let r = record_json(&[], &["msg", "3000", "2100"]);
     assert_msg_site(&r, 3000, 2100);
-    assert_eq!(r["sampling"]["stack_sample_every"], 64);
+    assert_eq!(r["sampling"]["stack_sample_every"], 1024);
     assert_eq!(r["sampling"]["stacks_estimated"], true);
-    // About 3000/64 samples landed on load_msg; the estimate is scaled to the
+    // Each site's first allocation and about 1 in 1024 after it capture a
+    // stack (3000 events: a few samples); the estimate is scaled to the
     // exact total, so the stacks of the site add up to it.
     let stacks = rows(&r, "stacks", "function", "load_msg");
     assert!(
@@ -202,7 +203,10 @@ fn folded_and_table_output() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("load_msg+0x"), "{text}");
     assert!(text.contains("47.6%"), "waste of 2148 in 4096: {text}");
-    assert!(text.contains("stacks: sampled 1 in 64"), "{text}");
+    assert!(
+        text.contains("stacks: sampled 1 in 1024 (and each site's first"),
+        "{text}"
+    );
 }
 
 /// Starts `kheap record` in the background and waits until it has attached.

@@ -65,7 +65,7 @@ pub struct RecordArgs {
     #[arg(long, conflicts_with_all = ["stack_sample", "no_stacks"])]
     pub exact_stacks: bool,
     /// Capture the stack of about one allocation in N (a power of two)
-    #[arg(long, value_parser = parse_sample, default_value = "64", value_name = "N")]
+    #[arg(long, value_parser = parse_sample, default_value = "1024", value_name = "N")]
     pub stack_sample: u32,
     /// Capture no stacks at all (cheapest; per-site numbers only)
     #[arg(long)]
@@ -74,6 +74,9 @@ pub struct RecordArgs {
     /// (needs fentry or kprobes)
     #[arg(long)]
     pub latency: bool,
+    /// Don't trace frees (saves the cost of the kfree/kmem_cache_free events)
+    #[arg(long)]
+    pub no_frees: bool,
     /// Capacity of the per-site and per-stack maps
     #[arg(long, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
@@ -195,6 +198,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         attach: t.attach,
         max_sites: args.max_entries,
         max_stacks: args.max_entries,
+        trace_frees: !args.no_frees,
     };
     let mut session = Session::start(&cfg)?;
     let mut latency = if args.latency {
