@@ -161,7 +161,7 @@ pub fn table(r: &Report, by: GroupBy, hidden: usize, stack_details: usize) -> St
         GroupBy::Site => {
             let mut t = new_table(&headers_with(&["site", "cache"]));
             for row in &r.sites {
-                let mut cells = vec![Cell::new(&row.location), Cell::new(row.caches.join(","))];
+                let mut cells = vec![Cell::new(&row.location), Cell::new(cache_list(&row.caches))];
                 cells.extend(count_cells(&row.counts));
                 t.add_row(cells);
             }
@@ -227,6 +227,16 @@ fn latency_text(r: &Report) -> String {
         out.push_str(&histogram(&top.hist, "    "));
     }
     out
+}
+
+/// A site's caches, the first two by name: a table cell, not a list.
+fn cache_list(caches: &[String]) -> String {
+    match caches {
+        [] => String::new(),
+        [a] => a.clone(),
+        [a, b] => format!("{a},{b}"),
+        [a, b, rest @ ..] => format!("{a},{b} +{}", rest.len()),
+    }
 }
 
 fn stack_details_text(r: &Report, n: usize) -> String {

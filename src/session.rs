@@ -226,6 +226,25 @@ impl Session {
         self.links.clear();
     }
 
+    /// Allocations counted so far (sites only: cheap enough for a status
+    /// line every second).
+    pub fn allocations_so_far(&self) -> Result<u64> {
+        let sites = maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(
+            &self.skel.maps.sites,
+        )?;
+        let stacks: u64 = if self.exact_stacks {
+            maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(
+                &self.skel.maps.stacks,
+            )?
+            .iter()
+            .map(|(_, v)| v.count)
+            .sum()
+        } else {
+            0
+        };
+        Ok(sites.iter().map(|(_, v)| v.count).sum::<u64>() + stacks)
+    }
+
     /// Reads and merges every map.
     pub fn snapshot(&self) -> Result<Snapshot> {
         let m = &self.skel.maps;

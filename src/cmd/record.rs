@@ -228,10 +228,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     let start = Instant::now();
     let ended = wait_for_end(t.duration, &mut targets.command, |elapsed| {
         if interactive {
-            let allocs: u64 = session
-                .snapshot()
-                .map(|s| s.sites.values().map(|v| v.count).sum())
-                .unwrap_or(0);
+            let allocs = session.allocations_so_far().unwrap_or(0);
             eprint!(
                 "\rkheap: recording {:>4}s, {} allocations so far   ",
                 elapsed.as_secs(),
