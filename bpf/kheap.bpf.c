@@ -88,6 +88,14 @@ struct {
 	__type(value, struct counters);
 } counters SEC(".maps");
 
+/* The latency object's per-task entry records (fd reused from it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, KHEAP_LAT_STARTS);
+	__type(key, __u64);
+	__type(value, struct lat_start);
+} lat_starts SEC(".maps");
+
 /* Per-CPU countdown to the next sampled stack. Refilled with a random gap
  * of 1..2N (mean ~N): a helper call once per sample instead of per event,
  * and random gaps keep periodic allocation patterns from aliasing. */
@@ -196,8 +204,10 @@ static __always_inline void stats_add(struct alloc_stats *s, __u64 req,
 	s->count++;
 	s->bytes_req += req;
 	s->bytes_alloc += alloc;
-	if (bucket < KHEAP_HIST_BUCKETS)
-		s->hist[bucket]++;
+	/* A mask the compiler cannot drop as redundant: the 6.1 verifier loses
+	 * the bound size_bucket() established when the register is copied. */
+	asm volatile("" : "+r"(bucket));
+	s->hist[bucket & (KHEAP_HIST_BUCKETS - 1)]++;
 }
 
 /* Adds to an existing entry, or creates it. Returns false if the map is full.
@@ -223,11 +233,19 @@ static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
 	return true;
 }
 
-static __always_inline void remember_cache_name(__u64 cache, const char *name)
+/* Records a cache's name the first time the cache is seen. The name comes
+ * either as a string (tp_btf, classic records) or is read from the struct
+ * kmem_cache (raw_tp), only here, off the hot path. */
+static __always_inline void remember_cache_name(__u64 cache, const char *name,
+						const struct kmem_cache *s)
 {
 	struct cache_name n = {};
 
-	if (!cache || !name)
+	if (!cache)
+		return;
+	if (!name && s)
+		name = BPF_CORE_READ(s, name);
+	if (!name)
 		return;
 	bpf_probe_read_kernel_str(n.name, sizeof(n.name), name);
 	bpf_map_update_elem(&cache_names, &cache, &n, BPF_NOEXIST);
@@ -252,7 +270,8 @@ static __always_inline void count_process(__u32 tgid, __u64 req, __u64 alloc,
  * the stack or its entry could not be recorded (counted as lost). */
 static __always_inline bool record_stack(void *ctx, struct site_key *key,
 					 __u64 req, __u64 alloc, __u32 bucket,
-					 const char *name)
+					 const char *name,
+					 const struct kmem_cache *s)
 {
 	struct stack_key skey = {.site = *key};
 	bool created = false;
@@ -270,8 +289,8 @@ static __always_inline bool record_stack(void *ctx, struct site_key *key,
 		return false;
 	}
 	COUNT(stack_samples);
-	if (created && name && key->cache)
-		remember_cache_name(key->cache, name);
+	if (created && (name || s))
+		remember_cache_name(key->cache, name, s);
 	return true;
 }
 
@@ -279,10 +298,20 @@ static __always_inline bool record_stack(void *ctx, struct site_key *key,
  * (site, cache) pair is new, so the cost stays off the hot path. */
 static __always_inline void record_alloc(void *ctx, struct site_key *key,
 					 const void *ptr, __u64 req,
-					 __u64 alloc, const char *name)
+					 __u64 alloc, const char *name,
+					 const struct kmem_cache *s)
 {
 	bool created = false;
 	__u32 bucket, tgid = 0;
+
+	/* With --latency, exit probes hide the real return address. */
+	if (cfg.latency_active) {
+		__u64 tid = bpf_get_current_pid_tgid();
+		struct lat_start *ls = bpf_map_lookup_elem(&lat_starts, &tid);
+
+		if (ls && ls->call_site)
+			key->call_site = ls->call_site;
+	}
 
 	/* cfg is constant after load: with no filter and no per-process view
 	 * the verifier drops this block entirely. */
@@ -306,26 +335,27 @@ static __always_inline void record_alloc(void *ctx, struct site_key *key,
 	 * space sums stacks into sites. An event whose stack is lost still
 	 * lands in the site map below, so site totals stay exact. */
 	if (cfg.capture_stacks && !cfg.stack_sample_mask &&
-	    record_stack(ctx, key, req, alloc, bucket, name))
+	    record_stack(ctx, key, req, alloc, bucket, name, s))
 		return;
 
 	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
 		COUNT(map_full_sites);
 		return;
 	}
-	if (created && key->cache)
-		remember_cache_name(key->cache, name);
+	if (created)
+		remember_cache_name(key->cache, name, s);
 
 	if (!cfg.capture_stacks || !cfg.stack_sample_mask)
 		return;
 	/* A site's first allocation always gets a stack, so every site can be
 	 * attributed to its caller; after that, about one event in N. */
 	if (created || sample_now())
-		record_stack(ctx, key, req, alloc, bucket, NULL);
+		record_stack(ctx, key, req, alloc, bucket, NULL, NULL);
 }
 
 static __always_inline void record_cache_free(const void *ptr, __u64 cache,
-					      const char *name)
+					      const char *name,
+					      const struct kmem_cache *s)
 {
 	struct cache_frees *f;
 
@@ -347,7 +377,7 @@ static __always_inline void record_cache_free(const void *ptr, __u64 cache,
 	struct cache_frees one = {.frees = 1};
 
 	if (bpf_map_update_elem(&cache_frees, &cache, &one, BPF_NOEXIST) == 0)
-		remember_cache_name(cache, name);
+		remember_cache_name(cache, name, s);
 	else if (!bpf_map_lookup_elem(&cache_frees, &cache))
 		COUNT(map_full_caches);
 }
@@ -370,7 +400,7 @@ static __always_inline void on_kmalloc(void *ctx, __u64 call_site,
 		.kmalloc_accounted = gfp_accounted(gfp_flags),
 	};
 
-	record_alloc(ctx, &key, ptr, req, alloc, NULL);
+	record_alloc(ctx, &key, ptr, req, alloc, NULL, NULL);
 }
 
 /* ---- tp_btf: typed raw tracepoint arguments ---- */
@@ -389,14 +419,14 @@ int BPF_PROG(cache_alloc_btf, unsigned long call_site, const void *ptr,
 {
 	struct site_key key = {.call_site = call_site, .cache = (__u64)s};
 
-	record_alloc(ctx, &key, ptr, s->object_size, s->size, s->name);
+	record_alloc(ctx, &key, ptr, s->object_size, s->size, s->name, NULL);
 	return 0;
 }
 
 SEC("tp_btf/kfree")
 int BPF_PROG(kfree_btf, unsigned long call_site, const void *ptr)
 {
-	record_cache_free(ptr, 0, NULL);
+	record_cache_free(ptr, 0, NULL, NULL);
 	return 0;
 }
 
@@ -404,7 +434,7 @@ SEC("tp_btf/kmem_cache_free")
 int BPF_PROG(cache_free_btf, unsigned long call_site, const void *ptr,
 	     struct kmem_cache *s)
 {
-	record_cache_free(ptr, (__u64)s, s->name);
+	record_cache_free(ptr, (__u64)s, s->name, NULL);
 	return 0;
 }
 
@@ -413,6 +443,60 @@ SEC("tp_btf/sched_process_fork")
 int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
 {
 	__u32 parent_tgid = parent->tgid, child_tgid = child->tgid;
+	__u8 one = 1;
+
+	if (bpf_map_lookup_elem(&pid_filter, &parent_tgid))
+		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	return 0;
+}
+
+/* ---- raw_tp: untyped raw tracepoint arguments ----
+ * As cheap as tp_btf, but without the verifier's BTF checks on the
+ * arguments: 6.1 and 6.12 reject tp_btf reads of kmalloc's `const void *ptr`
+ * ("arg1 type UNKNOWN is not a struct"), raw_tp loads there. */
+
+SEC("raw_tp/kmalloc")
+int kmalloc_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	on_kmalloc(ctx, ctx->args[0], (const void *)ctx->args[1], ctx->args[2],
+		   ctx->args[3], ctx->args[4]);
+	return 0;
+}
+
+SEC("raw_tp/kmem_cache_alloc")
+int cache_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	const struct kmem_cache *s = (const void *)ctx->args[2];
+	struct site_key key = {.call_site = ctx->args[0], .cache = (__u64)s};
+
+	record_alloc(ctx, &key, (const void *)ctx->args[1],
+		     BPF_CORE_READ(s, object_size), BPF_CORE_READ(s, size),
+		     NULL, s);
+	return 0;
+}
+
+SEC("raw_tp/kfree")
+int kfree_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	record_cache_free((const void *)ctx->args[1], 0, NULL, NULL);
+	return 0;
+}
+
+SEC("raw_tp/kmem_cache_free")
+int cache_free_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	record_cache_free((const void *)ctx->args[1], ctx->args[2], NULL,
+			  (const void *)ctx->args[2]);
+	return 0;
+}
+
+SEC("raw_tp/sched_process_fork")
+int fork_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	const struct task_struct *parent = (const void *)ctx->args[0];
+	const struct task_struct *child = (const void *)ctx->args[1];
+	__u32 parent_tgid = BPF_CORE_READ(parent, tgid);
+	__u32 child_tgid = BPF_CORE_READ(child, tgid);
 	__u8 one = 1;
 
 	if (bpf_map_lookup_elem(&pid_filter, &parent_tgid))
@@ -491,14 +575,14 @@ int cache_alloc_tp(void *ctx)
 	}
 	/* Without a name, the object size is the best stand-in for a cache. */
 	key.cache = name ? name_key(name) : ((alloc << 1) | 1);
-	record_alloc(ctx, &key, ptr, req, alloc, name);
+	record_alloc(ctx, &key, ptr, req, alloc, name, NULL);
 	return 0;
 }
 
 SEC("tracepoint/kmem/kfree")
 int kfree_tp(struct trace_event_raw_kfree *r)
 {
-	record_cache_free(BPF_CORE_READ(r, ptr), 0, NULL);
+	record_cache_free(BPF_CORE_READ(r, ptr), 0, NULL, NULL);
 	return 0;
 }
 
@@ -514,7 +598,7 @@ int cache_free_tp(struct trace_event_raw_kmem_cache_free *r)
 		name = (const char *)r + (loc & 0xFFFF);
 		cache = name_key(name);
 	}
-	record_cache_free(BPF_CORE_READ(r, ptr), cache, name);
+	record_cache_free(BPF_CORE_READ(r, ptr), cache, name, NULL);
 	return 0;
 }
 

@@ -9,7 +9,7 @@
 
 /* log2 buckets over the requested size: bucket 0 holds size 0, bucket b >= 1
  * holds [2^(b-1), 2^b). The last bucket also takes everything larger. */
-#define KHEAP_HIST_BUCKETS 32
+#define KHEAP_HIST_BUCKETS 32 /* a power of two: indexes are masked */
 
 /* Frames kept per kernel stack. Allocation stacks are rarely deeper; the
  * stack map's memory is max_entries * depth * 8 bytes. */
@@ -81,12 +81,24 @@ struct kheap_config {
 	__u8 filter_comm;
 	__u8 by_process;
 	__u8 capture_stacks;
+	__u8 latency_active; /* lat_starts is shared with the latency object */
 	char comm[KHEAP_COMM_LEN];
 };
 
 /* --latency: time inside the allocator entry points, per call site. */
+#define KHEAP_LAT_STARTS 16384
+
+/* Per task: when and from where the timed allocator call was entered. Shared
+ * with the record object, which takes its call sites from here while the
+ * exit probes' trampolines hide the real return address. */
+struct lat_start {
+	__u64 ts;
+	__u64 call_site;
+	__u64 func_ip;
+};
+
 struct lat_key {
-	__u64 call_site; /* 0 when no kmem tracepoint fired inside the call */
+	__u64 call_site; /* the caller; 0 if it could not be found */
 	__u64 func_ip;	 /* the allocator function timed */
 };
 

@@ -2,9 +2,13 @@
 /*
  * kheap --latency: time spent inside the slab allocator entry points, per
  * call site. Entry and exit are fentry/fexit where the kernel allows them,
- * kprobe/kretprobe otherwise (user space enables one pair). The call site is
- * not visible at a function's entry through fentry, so the kmem tracepoint
- * that fires inside the allocator fills it into the per-task start record.
+ * kprobe/kretprobe otherwise (user space enables one pair).
+ *
+ * Both exit mechanisms replace the timed function's return address, so the
+ * kmem tracepoints inside it report a trampoline as call_site. The entry
+ * program therefore finds the real caller itself and publishes it in
+ * `lat_starts`, which the record object shares (map fd reuse) to fix its
+ * call sites while latency is measured.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -13,18 +17,12 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-struct lat_start {
-	__u64 ts;
-	__u64 call_site;
-	__u64 func_ip;
-};
-
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
+	__uint(max_entries, KHEAP_LAT_STARTS);
 	__type(key, __u64);
 	__type(value, struct lat_start);
-} starts SEC(".maps");
+} lat_starts SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
@@ -68,22 +66,24 @@ static __always_inline void count(int missed_start)
 		c->map_full++;
 }
 
-static __always_inline void on_enter(void *ctx)
+static __always_inline void on_enter(void *ctx, __u64 caller)
 {
 	__u64 tid = bpf_get_current_pid_tgid();
 	struct lat_start s = {
 		.func_ip = bpf_get_func_ip(ctx),
-		.ts = bpf_ktime_get_ns(),
+		.call_site = caller,
 	};
 
-	if (bpf_map_update_elem(&starts, &tid, &s, BPF_ANY))
+	/* last, so the work above is not timed */
+	s.ts = bpf_ktime_get_ns();
+	if (bpf_map_update_elem(&lat_starts, &tid, &s, BPF_ANY))
 		count(0);
 }
 
 static __always_inline void on_exit(void)
 {
 	__u64 tid = bpf_get_current_pid_tgid();
-	struct lat_start *s = bpf_map_lookup_elem(&starts, &tid);
+	struct lat_start *s = bpf_map_lookup_elem(&lat_starts, &tid);
 	struct lat_stats *st;
 	struct lat_key key = {};
 	__u64 delta;
@@ -95,7 +95,7 @@ static __always_inline void on_exit(void)
 	delta = bpf_ktime_get_ns() - s->ts;
 	key.call_site = s->call_site;
 	key.func_ip = s->func_ip;
-	bpf_map_delete_elem(&starts, &tid);
+	bpf_map_delete_elem(&lat_starts, &tid);
 
 	st = bpf_map_lookup_elem(&latencies, &key);
 	if (!st) {
@@ -111,36 +111,15 @@ static __always_inline void on_exit(void)
 	st->hist[log2_bucket(delta) & (KHEAP_HIST_BUCKETS - 1)]++;
 }
 
-/* The allocation tracepoint fires inside the allocator, before it returns:
- * the only cheap place where the caller (call_site) is known. */
-static __always_inline void note_call_site(__u64 call_site)
-{
-	__u64 tid = bpf_get_current_pid_tgid();
-	struct lat_start *s = bpf_map_lookup_elem(&starts, &tid);
-
-	if (s && !s->call_site)
-		s->call_site = call_site;
-}
-
-SEC("tp_btf/kmalloc")
-int BPF_PROG(lat_kmalloc, unsigned long call_site)
-{
-	note_call_site(call_site);
-	return 0;
-}
-
-SEC("tp_btf/kmem_cache_alloc")
-int BPF_PROG(lat_cache_alloc, unsigned long call_site)
-{
-	note_call_site(call_site);
-	return 0;
-}
-
 /* kprobes: one program, attached to every resolved allocator function. */
 SEC("kprobe")
 int BPF_KPROBE(lat_enter_kprobe)
 {
-	on_enter(ctx);
+	__u64 caller = 0;
+
+	/* at a function's first instruction the return address is at sp */
+	bpf_probe_read_kernel(&caller, sizeof(caller), (void *)PT_REGS_SP(ctx));
+	on_enter(ctx, caller);
 	return 0;
 }
 
@@ -151,21 +130,39 @@ int BPF_KRETPROBE(lat_exit_kretprobe)
 	return 0;
 }
 
+/* From fentry, the caller is found on the stack: the frame after the timed
+ * function's own entry (func+5, where it calls the trampoline). */
+#define FENTRY_STACK_DEPTH 8
+
+static __always_inline __u64 fentry_caller(void *ctx)
+{
+	__u64 frames[FENTRY_STACK_DEPTH] = {};
+	__u64 func = bpf_get_func_ip(ctx);
+	long n = bpf_get_stack(ctx, frames, sizeof(frames), 0);
+
+#pragma unroll
+	for (int i = 0; i < FENTRY_STACK_DEPTH - 1; i++) {
+		if (i * 8 + 16 <= n && frames[i] - func < 16)
+			return frames[i + 1];
+	}
+	return 0;
+}
+
 /* fentry/fexit programs bind to one function each at load time; user space
  * retargets these slots to the allocator functions the kernel has (the
  * placeholder names below are replaced before load) and turns off the rest. */
-#define FENTRY_SLOT(n)                    \
-	SEC("fentry/__kmalloc_noprof")    \
-	int BPF_PROG(lat_enter_fentry##n) \
-	{                                 \
-		on_enter(ctx);            \
-		return 0;                 \
-	}                                 \
-	SEC("fexit/__kmalloc_noprof")     \
-	int BPF_PROG(lat_exit_fexit##n)   \
-	{                                 \
-		on_exit();                \
-		return 0;                 \
+#define FENTRY_SLOT(n)                             \
+	SEC("fentry/__kmalloc_noprof")             \
+	int BPF_PROG(lat_enter_fentry##n)          \
+	{                                          \
+		on_enter(ctx, fentry_caller(ctx)); \
+		return 0;                          \
+	}                                          \
+	SEC("fexit/__kmalloc_noprof")              \
+	int BPF_PROG(lat_exit_fexit##n)            \
+	{                                          \
+		on_exit();                         \
+		return 0;                          \
 	}
 
 FENTRY_SLOT(0)

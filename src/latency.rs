@@ -161,8 +161,6 @@ impl LatencySession {
 
     fn attach(&mut self, resolved: &[Option<&'static str>]) -> Result<()> {
         let p = &self.skel.progs;
-        self.links.push(p.lat_kmalloc.attach()?);
-        self.links.push(p.lat_cache_alloc.attach()?);
         match self.mechanism {
             Mechanism::Kprobe => {
                 for f in resolved.iter().flatten() {
@@ -189,6 +187,12 @@ impl LatencySession {
             }
         }
         Ok(())
+    }
+
+    /// The per-task entry map the record session must share (fd reuse).
+    pub fn starts_map(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.skel.maps.lat_starts.as_fd()
     }
 
     pub fn detach(&mut self) {
@@ -301,7 +305,7 @@ pub fn rows(data: &LatencyData, syms: &dyn Symbolize) -> Vec<LatencyRow> {
             .map(|f| f.name().to_string())
             .unwrap_or_default();
         let (function, call_site) = if e.call_site == 0 {
-            ("[no kmem event inside]".to_string(), String::new())
+            ("[caller not found]".to_string(), String::new())
         } else {
             let label = label_frame(std::slice::from_ref(&site)).unwrap_or(&site);
             (label.name().to_string(), site.display())

@@ -103,14 +103,19 @@ pub struct Targets {
 
 impl Targets {
     pub fn from_args(t: &TraceArgs) -> Result<Targets> {
+        Self::new(&t.pids, &t.command)
+    }
+
+    /// Validates the PIDs and starts the command, held until `release`.
+    pub fn new(user_pids: &[u32], command: &[String]) -> Result<Targets> {
         let mut pids = Vec::new();
-        for &p in &t.pids {
+        for &p in user_pids {
             pids.push(resolve_pid(p)?);
         }
-        let command = if t.command.is_empty() {
+        let command = if command.is_empty() {
             None
         } else {
-            let held = HeldCommand::spawn(&t.command)?;
+            let held = HeldCommand::spawn(command)?;
             pids.push(held.pid);
             Some(held)
         };
@@ -199,19 +204,28 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         max_sites: args.max_entries,
         max_stacks: args.max_entries,
         trace_frees: !args.no_frees,
+        latency_starts: None,
+    };
+    // Latency first: the record object shares its per-task entry map.
+    let mut latency = if args.latency {
+        Some(LatencySession::start()?)
+    } else {
+        None
+    };
+    let cfg = Config {
+        latency_starts: latency
+            .as_ref()
+            .map(|l| std::os::fd::AsRawFd::as_raw_fd(&l.starts_map())),
+        ..cfg
     };
     let mut session = Session::start(&cfg)?;
-    let mut latency = if args.latency {
-        let l = LatencySession::start()?;
+    if let Some(l) = &latency {
         session.attached.push(format!(
             "latency: {} on {}",
             l.mechanism.name(),
             l.functions.join(", ")
         ));
-        Some(l)
-    } else {
-        None
-    };
+    }
     let interactive = std::io::stderr().is_terminal();
     eprintln!(
         "kheap: tracing kernel heap allocations ({}){}",

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use crate::cmd::record::{install_stop_handler, wait_for_end};
+use crate::cmd::record::{install_stop_handler, wait_for_end, Ended, Targets};
 use crate::features;
 use crate::model::CacheId;
 use crate::report::{labelled_sites, Snapshot};
@@ -15,29 +15,45 @@ use crate::slab::{self, watch::series, ReportInput, SlabArgs, TracedCache, Trace
 use crate::symbolize::{KernelSymbols, Symbolize};
 
 pub fn run(args: SlabArgs) -> Result<i32> {
-    let Some(duration) = args
-        .duration
-        .filter(|_| args.watch.is_none() && !args.no_trace)
-    else {
+    let traced = (args.duration.is_some() || !args.command.is_empty() || !args.pids.is_empty())
+        && args.watch.is_none()
+        && !args.no_trace;
+    if !traced {
         slab::run_static(&args)?;
         return Ok(0);
-    };
-    crate::cli::parse_secs(&duration.to_string()).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(d) = args.duration {
+        crate::cli::parse_secs(&d.to_string()).map_err(anyhow::Error::msg)?;
+    }
     let first = args.read_static()?; // says plainly when slabinfo is root-only
     features::check_privileges("slab")?;
     install_stop_handler();
 
-    let mut session = Session::start(&Config::default())?;
+    let mut targets = Targets::new(&args.pids, &args.command)?;
+    let cfg = Config {
+        follow_children: targets.command.is_some(),
+        pids: targets.pids.clone(),
+        ..Config::default()
+    };
+    let mut session = Session::start(&cfg)?;
     eprintln!(
-        "kheap: tracing slab allocations for {duration}s ({})",
+        "kheap: tracing slab allocations {}({})",
+        match (args.duration, &targets.command) {
+            (Some(d), _) => format!("for {d}s "),
+            (None, Some(_)) => "until the command exits ".to_string(),
+            (None, None) => "until Ctrl-C ".to_string(),
+        },
         session.attached.join(", ")
     );
+    if let Some(cmd) = targets.command.as_mut() {
+        cmd.release()?;
+    }
     let start = Instant::now();
     let mut samples = vec![(0.0, first)];
     // About ten static reads over the run tell steady growth from a blip.
-    let every = (duration / 10.0).max(1.0);
+    let every = (args.duration.unwrap_or(10.0) / 10.0).max(1.0);
     let mut next = every;
-    wait_for_end(Some(duration), &mut None, |elapsed| {
+    let ended = wait_for_end(args.duration, &mut targets.command, |elapsed| {
         if elapsed.as_secs_f64() >= next {
             next += every;
             if let Ok(s) = args.read_static() {
@@ -46,10 +62,17 @@ pub fn run(args: SlabArgs) -> Result<i32> {
         }
     });
     session.detach();
+    if let Some(cmd) = targets.command.as_mut() {
+        cmd.terminate();
+    }
     let elapsed = start.elapsed().as_secs_f64();
     let snap = session.snapshot()?;
     drop(session);
     samples.push((elapsed, args.read_static()?));
+    let exit_code = match ended {
+        Ended::CommandExited(code) => code,
+        _ => 0,
+    };
 
     let traced = traced_run(&snap, &KernelSymbols::new(None), elapsed);
     let series = series(&samples);
@@ -62,7 +85,7 @@ pub fn run(args: SlabArgs) -> Result<i32> {
             series: &series,
         },
     )?;
-    Ok(0)
+    Ok(exit_code)
 }
 
 /// The traced half of the slab report, from a record snapshot.

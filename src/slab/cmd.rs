@@ -41,6 +41,12 @@ pub struct SlabArgs {
     /// with deltas (until interrupted, or for -d SECS)
     #[arg(long, value_name = "SECS")]
     pub watch: Option<f64>,
+    /// Trace only allocations made by this process (repeatable)
+    #[arg(short = 'p', long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Run this command and trace its allocations until it exits
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
     /// With -d, only sample /proc/slabinfo; don't trace allocations
     #[arg(long)]
     pub no_trace: bool,
