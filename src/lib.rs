@@ -9,6 +9,7 @@ pub mod bpf;
 pub mod cli;
 pub mod cmd;
 pub mod features;
+pub mod malloc;
 pub mod maps;
 pub mod model;
 pub mod render;

@@ -15,6 +15,8 @@ struct Cli {
 enum Command {
     /// Trace kernel heap allocations, then report by site, stack, cache or process
     Record(cmd::record::RecordArgs),
+    /// Trace malloc, calloc, realloc… of a process or command: who allocates, in what sizes, what is never freed
+    Malloc(cmd::malloc::MallocArgs),
     /// Show which tracing features this kernel has and how kheap will attach
     Doctor,
 }
@@ -23,6 +25,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Record(a) => cmd::record::run(a),
+        Command::Malloc(a) => cmd::malloc::run(a),
         Command::Doctor => cmd::doctor::run(),
     };
     match result {

@@ -1,4 +1,5 @@
 //! One module per subcommand.
 
 pub mod doctor;
+pub mod malloc;
 pub mod record;

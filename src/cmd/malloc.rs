@@ -1,0 +1,288 @@
+//! `kheap malloc`: trace the malloc family of a process (or of a command and
+//! its children), then print who allocated what, and with --outstanding
+//! what was never freed.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::cli::parse_secs;
+use crate::cmd::record::{install_stop_handler, stop_requested};
+use crate::features;
+use crate::malloc::probes::{check_elf, libc_of_program};
+use crate::malloc::procmaps;
+use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
+use crate::malloc::report::{self, BuildOptions, MallocReport};
+use crate::malloc::session::MallocSession;
+use crate::malloc::usersyms::{symbolize_return_addresses, Blaze, Modules};
+use crate::render::Format;
+use crate::report::RunInfo;
+use crate::target::{find_program, resolve_pid, HeldCommand};
+
+#[derive(Args, Debug)]
+pub struct MallocArgs {
+    /// Trace this running process (and the children it forks from now on)
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Probe this allocator library instead of the C library the target
+    /// maps (jemalloc, tcmalloc, mimalloc export the same names)
+    #[arg(long, value_name = "PATH")]
+    pub lib: Option<PathBuf>,
+    /// Stop after this many seconds (default: until Ctrl-C, or until the
+    /// command or the processes end)
+    #[arg(short, long, value_parser = parse_secs, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Group rows by direct caller (site) or by whole user stack
+    #[arg(long, value_enum, default_value_t = MallocGroupBy::Site)]
+    pub by: MallocGroupBy,
+    #[arg(long, value_enum, default_value_t = MallocSortBy::Bytes)]
+    pub sort: MallocSortBy,
+    /// Rows to show (tables default to 20; JSON and folded show all)
+    #[arg(short = 'n', long = "top", value_name = "N")]
+    pub top: Option<usize>,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Write the report to FILE instead of stdout
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Track every block to its free: report what is still allocated at the
+    /// end, per site and stack (adds a return probe to each call)
+    #[arg(long)]
+    pub outstanding: bool,
+    /// Command to run and trace, with its children, until it exits
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// How often the traced processes' mappings are re-read: new processes and
+/// libraries (a child that execs a program with another C library) are
+/// found this way.
+const SCAN_EVERY: Duration = Duration::from_millis(100);
+
+/// The allocator libraries to probe before anything runs.
+fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
+    if let Some(lib) = &args.lib {
+        if !lib.exists() {
+            bail!("--lib {}: no such file", lib.display());
+        }
+        check_elf(lib)?;
+        return Ok(vec![lib.clone()]);
+    }
+    let mut libs: Vec<PathBuf> = Vec::new();
+    for &pid in pids {
+        let maps = procmaps::read(pid)
+            .ok_or_else(|| anyhow::anyhow!("no process with PID {pid} (it exited)"))?;
+        let Some(libc) = procmaps::find_libc(&maps).and_then(|m| m.path.clone()) else {
+            bail!(
+                "process {pid} ({}) maps no C library (a static binary?): use --lib PATH to name its allocator",
+                comm(pid)
+            );
+        };
+        if !libs.contains(&libc) {
+            libs.push(libc);
+        }
+    }
+    if let Some(prog) = args.command.first() {
+        let path = find_program(prog)?;
+        let libc = libc_of_program(&path)?;
+        if !libs.contains(&libc) {
+            libs.push(libc);
+        }
+    }
+    Ok(libs)
+}
+
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn alive(pid: u32) -> bool {
+    Path::new(&format!("/proc/{pid}")).exists()
+}
+
+pub fn run(args: MallocArgs) -> Result<i32> {
+    if args.pids.is_empty() && args.command.is_empty() {
+        bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...]");
+    }
+    if args.sort == MallocSortBy::Outstanding && !args.outstanding {
+        bail!("--sort outstanding needs --outstanding");
+    }
+    features::check_privileges("malloc")?;
+    features::check_btf()?;
+    install_stop_handler();
+
+    let mut pids = Vec::new();
+    for &p in &args.pids {
+        pids.push(resolve_pid(p)?);
+    }
+    let libs = initial_libraries(&args, &pids)?;
+    let mut modules = Modules::default();
+    for &pid in &pids {
+        modules.add_maps(&procmaps::read(pid).unwrap_or_default());
+    }
+    for l in &libs {
+        modules.add_file(l);
+    }
+    let mut command = match args.command.is_empty() {
+        true => None,
+        false => {
+            let held = HeldCommand::spawn(&args.command)?;
+            modules.add_file(&find_program(&args.command[0])?);
+            pids.push(held.pid);
+            Some(held)
+        }
+    };
+
+    let mut session = MallocSession::start(&pids, args.outstanding)?;
+    for l in &libs {
+        session.probe_library(l)?;
+    }
+    eprintln!(
+        "kheap: tracing malloc in {} (probes on {}){}",
+        describe_targets(&args, &pids),
+        libs.iter()
+            .map(|l| l.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        if args.duration.is_none() && command.is_none() {
+            "; Ctrl-C to stop"
+        } else {
+            ""
+        }
+    );
+    if let Some(c) = command.as_mut() {
+        c.release()?;
+    }
+
+    let start = Instant::now();
+    let mut exit_code = 0;
+    let mut next_scan = Instant::now();
+    loop {
+        if Instant::now() >= next_scan {
+            scan(&mut session, &mut modules, args.lib.is_none());
+            next_scan += SCAN_EVERY;
+        }
+        if stop_requested() {
+            eprintln!("kheap: stopped by signal; reporting what was recorded");
+            break;
+        }
+        if let Some(code) = command.as_mut().and_then(|c| c.try_wait()) {
+            if code != 0 {
+                eprintln!("kheap: the command exited with status {code}");
+                exit_code = code;
+            }
+            break;
+        }
+        if command.is_none() && !args.pids.is_empty() && !pids.iter().any(|&p| alive(p)) {
+            eprintln!("kheap: the traced process exited; reporting what was recorded");
+            break;
+        }
+        if args
+            .duration
+            .is_some_and(|d| start.elapsed().as_secs_f64() >= d)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let duration_s = start.elapsed().as_secs_f64();
+    scan(&mut session, &mut modules, false);
+    session.detach();
+    if let Some(c) = command.as_mut() {
+        c.terminate();
+    }
+
+    let snap = session.snapshot()?;
+    let vmas = session.vmas()?;
+    let frames = symbolize_return_addresses(
+        &report::addresses(&snap),
+        &vmas,
+        &modules,
+        &Blaze::default(),
+    );
+    let report = report::build(
+        &snap,
+        &frames,
+        BuildOptions {
+            duration_s,
+            run: RunInfo {
+                kernel: features::kernel_release(),
+                attach: vec!["uprobes".into()],
+                skipped: Vec::new(),
+                filters: vec![describe_targets(&args, &pids)],
+                command: (!args.command.is_empty()).then(|| args.command.join(" ")),
+            },
+            probes: session.libraries.iter().map(|l| l.describe()).collect(),
+            func_names: session.func_names(),
+            allocator_code: session.allocator_code(),
+        },
+    );
+    drop(session);
+    write_report(report, &args)?;
+    Ok(exit_code)
+}
+
+fn describe_targets(args: &MallocArgs, pids: &[u32]) -> String {
+    let mut parts: Vec<String> = args
+        .pids
+        .iter()
+        .zip(pids)
+        .map(|(_, &p)| format!("PID {p}"))
+        .collect();
+    if let Some(c) = args.command.first() {
+        parts.push(format!("'{c}'"));
+    }
+    format!("{} and children", parts.join(", "))
+}
+
+/// Learns the mappings of every traced process (paths for symbolization),
+/// and probes any new C library one of them maps.
+fn scan(session: &mut MallocSession, modules: &mut Modules, probe_new_libraries: bool) {
+    for pid in session.traced_pids() {
+        let Some(maps) = procmaps::read(pid) else {
+            continue;
+        };
+        modules.add_maps(&maps);
+        if !probe_new_libraries {
+            continue;
+        }
+        if let Some(path) = procmaps::find_libc(&maps).and_then(|m| m.path.clone()) {
+            if !session.has_library(&path) {
+                // Late by up to SCAN_EVERY: allocations before are missed.
+                match session.probe_library(&path) {
+                    Ok(()) => eprintln!(
+                        "kheap: process {pid} maps another C library, now probed too: {}",
+                        path.display()
+                    ),
+                    Err(e) => eprintln!("kheap: warning: cannot probe {}: {e:#}", path.display()),
+                }
+            }
+        }
+    }
+}
+
+fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
+    let top = match args.format {
+        Format::Table => Some(args.top.unwrap_or(20)),
+        _ => args.top,
+    };
+    let hidden = render::apply_top(&mut report, args.sort, top);
+    let text = match args.format {
+        Format::Table => render::table(&report, args.by, hidden),
+        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
+        Format::Folded => render::folded(&report),
+    };
+    match &args.output {
+        Some(path) => std::fs::write(path, text)
+            .with_context(|| format!("writing the report to {}", path.display()))?,
+        None => {
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+        }
+    }
+    Ok(())
+}
