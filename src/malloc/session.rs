@@ -56,12 +56,15 @@ pub struct MallocSession {
     links: Vec<Link>,
     pub libraries: Vec<ProbedLibrary>,
     track_live: bool,
+    free_at_entry: bool,
 }
 
 impl MallocSession {
     /// Loads the programs, fills the PID filter and starts following forks.
     /// No library is probed yet: see `probe_library`.
-    pub fn start(pids: &[u32], track_live: bool) -> Result<MallocSession> {
+    /// `free_at_entry` keeps free()'s probe on its first instruction (for
+    /// scripts/bench-malloc, which measures what the later one saves).
+    pub fn start(pids: &[u32], track_live: bool, free_at_entry: bool) -> Result<MallocSession> {
         let storage: &'static mut MaybeUninit<OpenObject> =
             Box::leak(Box::new(MaybeUninit::uninit()));
         let mut open = MallocSkelBuilder::default()
@@ -81,6 +84,7 @@ impl MallocSession {
             links: Vec::new(),
             libraries: Vec::new(),
             track_live,
+            free_at_entry,
         };
         for &pid in pids {
             s.skel
@@ -111,8 +115,13 @@ impl MallocSession {
         let meta = std::fs::metadata(path)
             .with_context(|| format!("cannot use {} as allocator library", path.display()))?;
         let symbols = probes::lookup_symbols(path)?;
-        let (plan, missing) = probes::plan(&symbols)
+        let (mut plan, missing) = probes::plan(&symbols)
             .with_context(|| format!("{} is not an allocator library", path.display()))?;
+        if self.free_at_entry {
+            for p in &mut plan {
+                p.skip = 0;
+            }
+        }
         for p in &plan {
             self.attach_probe(path, p)
                 .with_context(|| format!("attaching to {} in {}", p.label, path.display()))?;
