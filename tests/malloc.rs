@@ -196,7 +196,7 @@ fn cases_include(allocator: &str, function: &str) -> bool {
         (allocator, function),
         (
             "malloc",
-            "do_malloc" | "do_leak" | "do_child" | "do_exec_child"
+            "do_malloc" | "do_leak" | "do_child" | "do_exec_child" | "do_thread"
         ) | ("calloc", "do_calloc")
             | ("realloc", "do_realloc")
             | ("reallocarray", "do_reallocarray")
@@ -270,8 +270,8 @@ fn stacks_start_at_the_direct_caller() {
 }
 
 #[test]
-fn forked_and_execed_children_are_traced() {
-    if !require_root("forked_and_execed_children_are_traced") {
+fn threads_and_forked_and_execed_children_are_traced() {
+    if !require_root("threads_and_forked_and_execed_children_are_traced") {
         return;
     }
     let w = Workload::build(&[]);
@@ -285,7 +285,16 @@ fn forked_and_execed_children_are_traced() {
         sum(&r, "sites", "malloc", "do_exec_child"),
         expect(6, 240, &[(32, 6)], Some((1, 40)))
     );
+    assert_eq!(
+        sum(&r, "sites", "malloc", "do_thread"),
+        expect(10, 3000, &[(256, 10)], Some((0, 0)))
+    );
     let pids = |f: &str| rows(&r, "sites", "function", f)[0]["pids"].clone();
+    assert_eq!(
+        pids("do_thread"),
+        pids("do_malloc"),
+        "threads of one process"
+    );
     assert_ne!(pids("do_child"), pids("do_malloc"), "another process");
     assert_ne!(pids("do_exec_child"), pids("do_child"));
 }
@@ -353,6 +362,63 @@ fn running_process_by_pid_until_it_exits() {
     );
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
     assert_workload_rows(&r, true);
+}
+
+#[test]
+fn ctrl_c_prints_the_report_and_detaches() {
+    if !require_root("malloc: ctrl_c_prints_the_report_and_detaches") {
+        return;
+    }
+    let w = Workload::build(&[]);
+    let mut target = Waiting {
+        child: Command::new(&w.exe)
+            .arg("wait")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    };
+    let mut out = BufReader::new(target.child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let pid = target.child.id().to_string();
+    let mut kheap = Command::new(KHEAP)
+        .args(["malloc", "--outstanding", "-p", &pid])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(kheap.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    assert!(
+        first.contains("tracing malloc"),
+        "kheap did not start: {first}"
+    );
+    let progs = bpf_prog_ids(kheap.id());
+    assert!(
+        progs.len() >= 5,
+        "kheap should hold its programs: {progs:?}"
+    );
+    unsafe { libc::kill(kheap.id() as i32, libc::SIGINT) };
+    let done = kheap.wait_with_output().unwrap();
+    assert!(done.status.success(), "exit status {:?}", done.status);
+    let report = String::from_utf8_lossy(&done.stdout);
+    assert!(
+        report.contains("kheap malloc:"),
+        "report after the signal: {report}"
+    );
+    for id in progs {
+        assert!(
+            !prog_loaded(id),
+            "BPF program {id} still loaded after kheap exited"
+        );
+    }
+    // The target was only observed: it still runs and finishes normally.
+    let mut stdin = target.child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    assert!(target.child.wait().unwrap().success());
 }
 
 /// A bad invocation: one line on stderr, non-zero exit, no report.

@@ -5,9 +5,11 @@
 //
 //   workload          run every do_* once
 //   workload wait     print "ready", wait for a line on stdin, then run
-//   workload fork     run, and also in a forked child and in a child that
-//                     execs this program again ("workload child")
+//   workload fork     run, and also in a forked child, in a child that
+//                     execs this program again ("workload child") and in
+//                     two threads
 #include <malloc.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +122,20 @@ NOINLINE void do_exec_child(void) // in the exec'd child: 6 x 40, 1 kept
 	}
 }
 
+NOINLINE void do_thread(void) // in each of two threads: 5 x 300, freed
+{
+	for (int i = 0; i < 5; i++) {
+		sink = malloc(300);
+		free(sink);
+	}
+}
+
+static void *thread_main(void *arg)
+{
+	do_thread();
+	return arg;
+}
+
 static void run_all(void)
 {
 	do_malloc();
@@ -162,6 +178,11 @@ int main(int argc, char **argv)
 			_exit(127);
 		}
 		waitpid(pid, NULL, 0);
+		pthread_t t[2];
+		for (int i = 0; i < 2; i++)
+			pthread_create(&t[i], NULL, thread_main, NULL);
+		for (int i = 0; i < 2; i++)
+			pthread_join(t[i], NULL);
 	}
 	run_all();
 	return 0;
