@@ -73,6 +73,15 @@ struct {
 	__type(value, __u8);
 } pid_filter SEC(".maps");
 
+/* execve()s per traced process: user space re-reads the mappings of a
+ * process whose count changed (it may map another C library now). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u32);
+} execs SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
@@ -369,5 +378,36 @@ int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
 	if (parent_tgid != child_tgid &&
 	    bpf_map_lookup_elem(&pid_filter, &parent_tgid))
 		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(exec_btf, struct task_struct *p, pid_t old_pid,
+	     struct linux_binprm *bprm)
+{
+	__u32 tgid = p->tgid, one = 1, *n;
+
+	if (!traced(tgid))
+		return 0;
+	n = bpf_map_lookup_elem(&execs, &tgid);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else
+		bpf_map_update_elem(&execs, &tgid, &one, BPF_NOEXIST);
+	return 0;
+}
+
+/* A traced process that is gone leaves the filter, so that a new process
+ * reusing its PID is not traced. Its last thread makes signal->live 0
+ * before this tracepoint. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(exit_btf, struct task_struct *p)
+{
+	__u32 tgid = p->tgid;
+
+	if (BPF_CORE_READ(p, signal, live.counter) != 0 || !traced(tgid))
+		return 0;
+	bpf_map_delete_elem(&pid_filter, &tgid);
+	bpf_map_delete_elem(&execs, &tgid);
 	return 0;
 }

@@ -2,6 +2,7 @@
 //! its children), then print who allocated what, and with --outstanding
 //! what was never freed.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -17,7 +18,7 @@ use crate::malloc::procmaps;
 use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
 use crate::malloc::report::{self, BuildOptions, MallocReport};
 use crate::malloc::session::MallocSession;
-use crate::malloc::usersyms::{symbolize_return_addresses, Blaze, Modules};
+use crate::malloc::usersyms::{host_path, symbolize_return_addresses, Blaze, Modules};
 use crate::render::Format;
 use crate::report::RunInfo;
 use crate::target::{find_program, resolve_pid, HeldCommand};
@@ -61,9 +62,9 @@ pub struct MallocArgs {
     pub command: Vec<String>,
 }
 
-/// How often the traced processes' mappings are re-read: new processes and
-/// libraries (a child that execs a program with another C library) are
-/// found this way.
+/// How often the list of traced processes is checked: new processes and
+/// processes that exec'd (maybe a program with another C library) are read
+/// then.
 const SCAN_EVERY: Duration = Duration::from_millis(100);
 
 /// The allocator libraries to probe before anything runs.
@@ -79,7 +80,7 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
     for &pid in pids {
         let maps = procmaps::read(pid)
             .ok_or_else(|| anyhow::anyhow!("no process with PID {pid} (it exited)"))?;
-        let Some(libc) = procmaps::find_libc(&maps).and_then(|m| m.path.clone()) else {
+        let Some(libc) = procmaps::find_libc(&maps).and_then(|m| host_path(pid, m)) else {
             bail!(
                 "process {pid} ({}) maps no C library (a static binary?): use --lib PATH to name its allocator",
                 comm(pid)
@@ -134,7 +135,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     let libs = initial_libraries(&args, &pids)?;
     let mut modules = Modules::default();
     for &pid in &pids {
-        modules.add_maps(&procmaps::read(pid).unwrap_or_default());
+        modules.add_maps(pid, &procmaps::read(pid).unwrap_or_default());
     }
     for l in &libs {
         modules.add_file(l);
@@ -172,10 +173,11 @@ pub fn run(args: MallocArgs) -> Result<i32> {
 
     let start = Instant::now();
     let mut exit_code = 0;
+    let mut scanner = Scanner::default();
     let mut next_scan = Instant::now();
     loop {
         if Instant::now() >= next_scan {
-            scan(&mut session, &mut modules, args.lib.is_none());
+            scanner.scan(&mut session, &mut modules, args.lib.is_none(), false);
             next_scan += SCAN_EVERY;
         }
         if stop_requested() {
@@ -202,7 +204,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         std::thread::sleep(Duration::from_millis(10));
     }
     let duration_s = start.elapsed().as_secs_f64();
-    scan(&mut session, &mut modules, false);
+    scanner.scan(&mut session, &mut modules, false, true);
     session.detach();
     if let Some(c) = command.as_mut() {
         c.terminate();
@@ -251,18 +253,48 @@ fn describe_targets(args: &MallocArgs, pids: &[u32]) -> String {
     format!("{} and children", parts.join(", "))
 }
 
-/// Learns the mappings of every traced process (paths for symbolization),
-/// and probes any new C library one of them maps.
-fn scan(session: &mut MallocSession, modules: &mut Modules, probe_new_libraries: bool) {
-    for pid in session.traced_pids() {
-        let Some(maps) = procmaps::read(pid) else {
-            continue;
-        };
-        modules.add_maps(&maps);
-        if !probe_new_libraries {
-            continue;
-        }
-        if let Some(path) = procmaps::find_libc(&maps).and_then(|m| m.path.clone()) {
+/// Keeps up with the traced processes: learns their mappings (paths for
+/// symbolization) and probes any new C library one of them maps.
+#[derive(Default)]
+struct Scanner {
+    /// When each process was last read, and its exec count then.
+    seen: HashMap<u32, (Instant, u32)>,
+}
+
+/// Known processes are re-read this often (for libraries they load later);
+/// new ones and those that just exec'd at once.
+const RESCAN_EVERY: Duration = Duration::from_secs(2);
+
+impl Scanner {
+    fn scan(
+        &mut self,
+        session: &mut MallocSession,
+        modules: &mut Modules,
+        probe_new_libraries: bool,
+        everything: bool,
+    ) {
+        let execs = session.exec_counts();
+        let now = Instant::now();
+        for pid in session.traced_pids() {
+            let exec = execs.get(&pid).copied().unwrap_or(0);
+            let due = match self.seen.get(&pid) {
+                Some(&(when, n)) => everything || n != exec || now - when >= RESCAN_EVERY,
+                None => true,
+            };
+            if !due {
+                continue;
+            }
+            self.seen.insert(pid, (now, exec));
+            let Some(maps) = procmaps::read(pid) else {
+                continue;
+            };
+            modules.add_maps(pid, &maps);
+            if !probe_new_libraries {
+                continue;
+            }
+            let Some(path) = procmaps::find_libc(&maps).and_then(|m| host_path(pid, m)) else {
+                continue;
+            };
             if !session.has_library(&path) {
                 // Late by up to SCAN_EVERY: allocations before are missed.
                 match session.probe_library(&path) {

@@ -138,7 +138,7 @@ pub fn table(r: &MallocReport, by: MallocGroupBy, hidden: usize) -> String {
     let tracking = r.totals.outstanding.is_some();
     match by {
         MallocGroupBy::Site => {
-            let mut headers = vec!["function", "caller", "count", "bytes", "avg"];
+            let mut headers = vec!["allocator", "caller", "count", "bytes", "avg"];
             if tracking {
                 headers.extend(["live", "live bytes"]);
             }

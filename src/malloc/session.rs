@@ -93,13 +93,17 @@ impl MallocSession {
                 .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
                 .context("adding a PID to the filter map")?;
         }
-        let fork = s
-            .skel
-            .progs
-            .fork_btf
-            .attach()
-            .context("attaching to sched_process_fork (tp_btf)")?;
-        s.links.push(fork);
+        let progs = &s.skel.progs;
+        for (prog, tp) in [
+            (&progs.fork_btf, "sched_process_fork"),
+            (&progs.exec_btf, "sched_process_exec"),
+            (&progs.exit_btf, "sched_process_exit"),
+        ] {
+            let link = prog
+                .attach()
+                .with_context(|| format!("attaching to {tp} (tp_btf)"))?;
+            s.links.push(link);
+        }
         Ok(s)
     }
 
@@ -178,6 +182,19 @@ impl MallocSession {
             .pid_filter
             .keys()
             .map(|k| from_bytes::<u32>(&k))
+            .collect()
+    }
+
+    /// How many times each traced process has exec'd (absent: never).
+    pub fn exec_counts(&self) -> HashMap<u32, u32> {
+        self.skel
+            .maps
+            .execs
+            .keys()
+            .filter_map(|k| {
+                let v = self.skel.maps.execs.lookup(&k, MapFlags::ANY).ok()??;
+                Some((from_bytes::<u32>(&k), from_bytes::<u32>(&v)))
+            })
             .collect()
     }
 

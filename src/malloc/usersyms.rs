@@ -88,15 +88,14 @@ const LIB_DIRS: &[&str] = &[
 ];
 
 impl Modules {
-    pub fn add_maps(&mut self, maps: &[Mapping]) {
+    /// The files a process maps (paths as `host_path` gives them).
+    pub fn add_maps(&mut self, pid: u32, maps: &[Mapping]) {
         for m in maps {
-            if let (Some(p), true) = (&m.path, m.inode != 0) {
-                self.paths
-                    .entry((m.dev, m.inode))
-                    .or_insert_with(|| p.clone());
+            if let Some(p) = host_path(pid, m) {
                 if let Some(dir) = p.parent() {
                     self.add_dir(dir);
                 }
+                self.paths.entry((m.dev, m.inode)).or_insert(p);
             }
         }
     }
@@ -129,6 +128,20 @@ impl Modules {
             .map(|d| d.join(&vma.name))
             .find(|p| file_key(p) == Some((vma.dev, vma.ino)))
     }
+}
+
+/// A path to a mapped file that is valid here: the path in the maps file is
+/// the process's own, which in another mount namespace (a container) is
+/// reached through `/proc/PID/root`. `None` if neither is that file.
+pub fn host_path(pid: u32, m: &Mapping) -> Option<PathBuf> {
+    let p = m.path.as_ref().filter(|_| m.inode != 0)?;
+    let want = Some((m.dev, m.inode));
+    if file_key(p) == want {
+        return Some(p.clone());
+    }
+    let rel = p.strip_prefix("/").ok()?;
+    let inside = PathBuf::from(format!("/proc/{pid}/root")).join(rel);
+    (file_key(&inside) == want).then_some(inside)
 }
 
 fn file_key(path: &Path) -> Option<(u32, u64)> {
@@ -290,6 +303,34 @@ pub mod tests {
             "[anon]+0x50000110",
             "other process"
         );
+    }
+
+    #[test]
+    fn mapped_files_are_found_here_or_through_the_process_root() {
+        let pid = std::process::id();
+        let maps = crate::malloc::procmaps::read(pid).unwrap();
+        let exe = std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap();
+        let m = maps
+            .iter()
+            .find(|m| m.path.as_deref() == Some(exe.as_path()))
+            .unwrap();
+        assert_eq!(host_path(pid, m), Some(exe.clone()));
+        let moved = Mapping {
+            path: Some(PathBuf::from("/no/such/dir").join(exe.file_name().unwrap())),
+            ..m.clone()
+        };
+        assert_eq!(host_path(pid, &moved), None, "a path that is not that file");
+        let mut modules = Modules::default();
+        modules.add_maps(pid, &maps);
+        let vma = Vma {
+            start: 0,
+            end: 1,
+            pgoff: 0,
+            dev: m.dev,
+            ino: m.inode,
+            name: String::new(),
+        };
+        assert_eq!(modules.resolve(&vma), Some(exe));
     }
 
     #[test]
