@@ -116,7 +116,7 @@ static __always_inline bool traced(__u32 tgid)
 /* ---- mappings of stack frames ---- */
 
 struct vma_walk {
-	__u32 tgid;
+	__u64 mm;
 	__u64 *frames;
 	__u64 caller;
 	/* the last mapping found: consecutive frames often share it */
@@ -126,7 +126,7 @@ struct vma_walk {
 static long record_vma(struct task_struct *task, struct vm_area_struct *vma,
 		       struct vma_walk *w)
 {
-	struct vma_key key = {.tgid = w->tgid, .start = vma->vm_start};
+	struct vma_key key = {.mm = w->mm, .start = vma->vm_start};
 	struct vma_info info = {};
 	struct file *file = vma->vm_file;
 	const unsigned char *name;
@@ -169,12 +169,11 @@ static long record_frame(__u64 i, struct vma_walk *w)
 
 /* Called once per new key: remembers the mapping of every frame, so that
  * addresses can be turned into file offsets even after the process exits. */
-static __always_inline void record_stack_vmas(void *ctx, __u32 tgid,
-					      __u64 caller)
+static __always_inline void record_stack_vmas(void *ctx, __u64 mm, __u64 caller)
 {
 	__u32 zero = 0;
 	__u64 *frames = bpf_map_lookup_elem(&stack_buf, &zero);
-	struct vma_walk w = {.tgid = tgid, .caller = caller};
+	struct vma_walk w = {.mm = mm, .caller = caller};
 
 	if (!frames)
 		return;
@@ -206,6 +205,7 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 		return;
 	}
 	key.func = bpf_get_attach_cookie(ctx);
+	key.mm = (__u64)bpf_get_current_task_btf()->mm;
 	/* On the first instruction the return address is at the stack
 	 * pointer: the caller's own frame is not set up yet, so a
 	 * frame-pointer walk would skip it. */
@@ -248,7 +248,7 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	if (bucket < KHEAP_HIST_BUCKETS)
 		s->hist[bucket]++;
 	if (created)
-		record_stack_vmas(ctx, key.tgid, key.caller);
+		record_stack_vmas(ctx, key.mm, key.caller);
 
 	if (cfg.track_live) {
 		t->pending.key = key;

@@ -13,9 +13,11 @@
 #define MALLOC_MODULE_NAME_LEN 64
 
 /* One allocator function called from one return address with one stack, in
- * one process: per-site and per-stack rows are folded from this in user
- * space. Addresses are per process (ASLR), hence the tgid. */
+ * one address space: per-site and per-stack rows are folded from this in
+ * user space. Addresses mean something only within one address space (ASLR;
+ * exec replaces it within the same process), hence the mm. */
 struct malloc_key {
+	__u64 mm; /* the struct mm_struct's address: an address space's id */
 	__u32 tgid;
 	/* Index into the allocator function table of src/malloc/probes.rs,
 	 * passed to every probe as its attach cookie. */
@@ -72,8 +74,7 @@ struct thread_state {
 /* A file-backed mapping a stack frame fell in, recorded when the stack is
  * first seen, so frames can be symbolized after the process has exited. */
 struct vma_key {
-	__u32 tgid;
-	__u32 pad;
+	__u64 mm;
 	__u64 start;
 };
 

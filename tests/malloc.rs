@@ -196,7 +196,7 @@ fn cases_include(allocator: &str, function: &str) -> bool {
         (allocator, function),
         (
             "malloc",
-            "do_malloc" | "do_leak" | "do_child" | "do_exec_child" | "do_thread"
+            "do_malloc" | "do_leak" | "do_child" | "do_exec_child" | "do_before_exec" | "do_thread"
         ) | ("calloc", "do_calloc")
             | ("realloc", "do_realloc")
             | ("reallocarray", "do_reallocarray")
@@ -284,6 +284,15 @@ fn threads_and_forked_and_execed_children_are_traced() {
     assert_eq!(
         sum(&r, "sites", "malloc", "do_exec_child"),
         expect(6, 240, &[(32, 6)], Some((1, 40)))
+    );
+    // The same process before its exec: another address space.
+    assert_eq!(
+        sum(&r, "sites", "malloc", "do_before_exec"),
+        expect(2, 100, &[(32, 2)], Some((2, 100)))
+    );
+    assert_eq!(
+        rows(&r, "sites", "function", "do_before_exec")[0]["pids"],
+        rows(&r, "sites", "function", "do_exec_child")[0]["pids"]
     );
     assert_eq!(
         sum(&r, "sites", "malloc", "do_thread"),

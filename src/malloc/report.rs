@@ -12,6 +12,9 @@ use crate::report::{Counts, RunInfo};
 /// The kernel's aggregation key (see `struct malloc_key`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Key {
+    /// The address space (its mm_struct's address): what addresses are
+    /// relative to.
+    pub mm: u64,
     pub tgid: u32,
     pub func: u32,
     pub caller: u64,
@@ -169,15 +172,15 @@ pub fn key_frames(key: &Key, stacks: &HashMap<i64, Vec<u64>>) -> Vec<u64> {
     frames
 }
 
-/// Every (process, address) the report needs symbolized.
-pub fn addresses(snap: &Snapshot) -> Vec<(u32, u64)> {
-    let mut out: Vec<(u32, u64)> = snap
+/// Every (address space, address) the report needs symbolized.
+pub fn addresses(snap: &Snapshot) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = snap
         .sites
         .keys()
         .flat_map(|k| {
             key_frames(k, &snap.stacks)
                 .into_iter()
-                .map(move |a| (k.tgid, a))
+                .map(move |a| (k.mm, a))
         })
         .collect();
     out.sort_unstable();
@@ -228,7 +231,7 @@ impl Acc {
 /// merge: they are keyed by their symbolized frames, not raw addresses.
 pub fn build(
     snap: &Snapshot,
-    frames: &HashMap<(u32, u64), UserFrame>,
+    frames: &HashMap<(u64, u64), UserFrame>,
     opts: BuildOptions,
 ) -> MallocReport {
     let tracking = snap.live.is_some();
@@ -238,8 +241,8 @@ pub fn build(
             .cloned()
             .unwrap_or_else(|| format!("function#{func}"))
     };
-    let frame = |tgid: u32, a: u64| {
-        frames.get(&(tgid, a)).cloned().unwrap_or(UserFrame {
+    let frame = |mm: u64, a: u64| {
+        frames.get(&(mm, a)).cloned().unwrap_or(UserFrame {
             addr: a,
             ..Default::default()
         })
@@ -248,13 +251,13 @@ pub fn build(
     let mut stacks: HashMap<(u32, Vec<String>), Acc> = HashMap::new();
     let mut total = AllocStats::default();
     let mut depth = StackDepth::default();
-    let mut seen_stacks: Vec<(u32, i64)> = Vec::new();
+    let mut seen_stacks: Vec<(u64, i64)> = Vec::new();
     let mut nested = snap.events.nested;
     for (key, stats) in &snap.sites {
         let live = snap.live.as_ref().and_then(|l| l.get(key).copied());
         let user: Vec<UserFrame> = key_frames(key, &snap.stacks)
             .into_iter()
-            .map(|a| frame(key.tgid, a))
+            .map(|a| frame(key.mm, a))
             .collect();
         if opts.allocator_code.iter().any(|c| c.contains(&user[0])) {
             nested += stats.count;
@@ -262,8 +265,8 @@ pub fn build(
         }
         total += *stats;
         let shown: Vec<String> = user.iter().map(UserFrame::display).collect();
-        if key.stack_id >= 0 && !seen_stacks.contains(&(key.tgid, key.stack_id)) {
-            seen_stacks.push((key.tgid, key.stack_id));
+        if key.stack_id >= 0 && !seen_stacks.contains(&(key.mm, key.stack_id)) {
+            seen_stacks.push((key.mm, key.stack_id));
             depth.stacks += 1;
             if user.len() <= 2 {
                 depth.shallow += 1;
@@ -362,20 +365,23 @@ pub mod tests {
 
     /// Two processes of one program (different load addresses) call malloc
     /// from do_malloc, reached from main; one stack had no frames walked.
-    pub fn sample() -> (Snapshot, HashMap<(u32, u64), UserFrame>) {
+    pub fn sample() -> (Snapshot, HashMap<(u64, u64), UserFrame>) {
         let k1 = Key {
+            mm: 0x1000,
             tgid: 10,
             func: 0,
             caller: 0x1010,
             stack_id: 1,
         };
         let k2 = Key {
+            mm: 0x1100,
             tgid: 11,
             func: 0,
             caller: 0x2010,
             stack_id: 2,
         };
         let k3 = Key {
+            mm: 0x1000,
             tgid: 10,
             func: 1,
             caller: 0x1050,
@@ -393,6 +399,7 @@ pub mod tests {
         snap.events.nested = 1;
         // realloc's own call to malloc, from inside the probed library
         let inner = Key {
+            mm: 0x1000,
             tgid: 10,
             func: 0,
             caller: 0x7550,
@@ -400,15 +407,15 @@ pub mod tests {
         };
         snap.sites.insert(inner, stats(4, 100));
         let frames = HashMap::from([
-            ((10, 0x1010), uf(0x1010, "do_malloc", 0x10)),
-            ((11, 0x2010), uf(0x2010, "do_malloc", 0x10)),
-            ((10, 0x1050), uf(0x1050, "do_calloc", 0x8)),
-            ((10, 0x1f00), uf(0x1f00, "main", 0x20)),
-            ((11, 0x2f00), uf(0x2f00, "main", 0x20)),
-            ((10, 0x1f80), uf(0x1f80, "__libc_start_call_main", 0x7a)),
-            ((11, 0x2f80), uf(0x2f80, "__libc_start_call_main", 0x7a)),
+            ((0x1000, 0x1010), uf(0x1010, "do_malloc", 0x10)),
+            ((0x1100, 0x2010), uf(0x2010, "do_malloc", 0x10)),
+            ((0x1000, 0x1050), uf(0x1050, "do_calloc", 0x8)),
+            ((0x1000, 0x1f00), uf(0x1f00, "main", 0x20)),
+            ((0x1100, 0x2f00), uf(0x2f00, "main", 0x20)),
+            ((0x1000, 0x1f80), uf(0x1f80, "__libc_start_call_main", 0x7a)),
+            ((0x1100, 0x2f80), uf(0x2f80, "__libc_start_call_main", 0x7a)),
             (
-                (10, 0x7550),
+                (0x1000, 0x7550),
                 UserFrame {
                     file: Some((1, 2)),
                     file_offset: 0x550,

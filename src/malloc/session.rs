@@ -271,13 +271,13 @@ impl MallocSession {
         Ok(snap)
     }
 
-    /// The mappings recorded for stack frames, per process, sorted.
-    pub fn vmas(&self) -> Result<HashMap<u32, Vec<Vma>>> {
-        let mut out: HashMap<u32, Vec<Vma>> = HashMap::new();
+    /// The mappings recorded for stack frames, per address space, sorted.
+    pub fn vmas(&self) -> Result<HashMap<u64, Vec<Vma>>> {
+        let mut out: HashMap<u64, Vec<Vma>> = HashMap::new();
         for (k, v) in
             maps::read_hash_entries::<types::vma_key, types::vma_info, _>(&self.skel.maps.vmas)?
         {
-            out.entry(k.tgid).or_default().push(Vma {
+            out.entry(k.mm).or_default().push(Vma {
                 start: k.start,
                 end: v.end,
                 pgoff: v.pgoff,
@@ -295,6 +295,7 @@ impl MallocSession {
 
 fn key_of(k: &types::malloc_key) -> Key {
     Key {
+        mm: k.mm,
         tgid: k.tgid,
         func: k.func,
         caller: k.caller,

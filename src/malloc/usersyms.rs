@@ -195,38 +195,39 @@ impl ElfSymbols for Blaze {
     }
 }
 
-/// Symbolizes return addresses of processes. Each is looked up one byte
+/// Symbolizes return addresses, each given with its address space (see
+/// `Key::mm`). Each is looked up one byte
 /// back, inside the call instruction, so that the line is the call's and a
 /// call at a function's very end still names that function.
 pub fn symbolize_return_addresses(
-    requests: &[(u32, u64)],
-    vmas: &HashMap<u32, Vec<Vma>>,
+    requests: &[(u64, u64)],
+    vmas: &HashMap<u64, Vec<Vma>>,
     modules: &Modules,
     elf: &dyn ElfSymbols,
-) -> HashMap<(u32, u64), UserFrame> {
+) -> HashMap<(u64, u64), UserFrame> {
     let mut out = HashMap::new();
     // Per file: the frames whose symbols it holds.
-    let mut by_file: HashMap<PathBuf, Vec<(u32, u64, u64)>> = HashMap::new();
-    for &(tgid, addr) in requests {
+    let mut by_file: HashMap<PathBuf, Vec<(u64, u64, u64)>> = HashMap::new();
+    for &(space, addr) in requests {
         let mut frame = UserFrame {
             addr,
             ..Default::default()
         };
         let empty = Vec::new();
-        if let Some((vma, off)) = locate(vmas.get(&tgid).unwrap_or(&empty), addr) {
+        if let Some((vma, off)) = locate(vmas.get(&space).unwrap_or(&empty), addr) {
             frame.module = Some(vma.name.clone());
             frame.file = Some((vma.dev, vma.ino));
             frame.file_offset = off;
             if let Some(path) = modules.resolve(vma) {
-                by_file.entry(path).or_default().push((tgid, addr, off));
+                by_file.entry(path).or_default().push((space, addr, off));
             }
         }
-        out.insert((tgid, addr), frame);
+        out.insert((space, addr), frame);
     }
     for (path, frames) in by_file {
         let offsets: Vec<u64> = frames.iter().map(|f| f.2.saturating_sub(1)).collect();
-        for (&(tgid, addr, _), sym) in frames.iter().zip(elf.symbolize(&path, &offsets)) {
-            if let (Some((name, off, source)), Some(f)) = (sym, out.get_mut(&(tgid, addr))) {
+        for (&(space, addr, _), sym) in frames.iter().zip(elf.symbolize(&path, &offsets)) {
+            if let (Some((name, off, source)), Some(f)) = (sym, out.get_mut(&(space, addr))) {
                 f.function = Some(name);
                 f.offset = off + 1;
                 f.source = source;

@@ -122,6 +122,12 @@ NOINLINE void do_exec_child(void) // in the exec'd child: 6 x 40, 1 kept
 	}
 }
 
+NOINLINE void do_before_exec(void) // in the child that execs: 2 x 50, kept
+{
+	for (int i = 0; i < 2; i++)
+		leaks[nleaks++] = malloc(50);
+}
+
 NOINLINE void do_thread(void) // in each of two threads: 5 x 300, freed
 {
 	for (int i = 0; i < 5; i++) {
@@ -174,6 +180,7 @@ int main(int argc, char **argv)
 		waitpid(pid, NULL, 0);
 		pid = fork();
 		if (pid == 0) {
+			do_before_exec();
 			execl("/proc/self/exe", argv[0], "child", (char *)NULL);
 			_exit(127);
 		}
