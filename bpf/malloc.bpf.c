@@ -7,9 +7,9 @@
  * attached system-wide to the library file and filtered here by process, so
  * that forked children and re-exec'd programs that map the same library are
  * traced without re-attaching. Each call updates one per-CPU hash entry keyed
- * by (process, function, direct caller, user stack). The attach cookie of a
- * probe says which function it sits on, so functions sharing an argument
- * layout share a program.
+ * by (address space, process, function, direct caller, user stack). The attach
+ * cookie of a probe says which function it sits on, so functions sharing an
+ * argument layout share a program.
  *
  * With cfg.track_live, return probes map each returned block to its key and
  * free() removes it: what is left at the end is outstanding.

@@ -39,6 +39,7 @@ pub struct MallocArgs {
     /// Group rows by direct caller (site) or by whole user stack
     #[arg(long, value_enum, default_value_t = MallocGroupBy::Site)]
     pub by: MallocGroupBy,
+    /// Order rows by
     #[arg(long, value_enum, default_value_t = MallocSortBy::Bytes)]
     pub sort: MallocSortBy,
     /// Rows to show (tables default to 20; JSON and folded show all)
