@@ -76,6 +76,14 @@ impl MallocSession {
             .as_deref_mut()
             .expect("the BPF object has read-only data");
         rodata.cfg.track_live = track_live as u8;
+        if !track_live {
+            // The block map is preallocated (~15 MiB at full size): keep a
+            // token entry when it is not used.
+            open.maps
+                .live
+                .set_max_entries(1)
+                .context("sizing the outstanding-block map")?;
+        }
         let skel = open
             .load()
             .context("loading the BPF programs into the kernel")?;
