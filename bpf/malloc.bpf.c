@@ -83,6 +83,13 @@ struct {
 } execs SEC(".maps");
 
 struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct file_id);
+	__type(value, struct exec_path);
+} exec_paths SEC(".maps");
+
+struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
@@ -394,6 +401,18 @@ int BPF_PROG(exec_btf, struct task_struct *p, pid_t old_pid,
 		__sync_fetch_and_add(n, 1);
 	else
 		bpf_map_update_elem(&execs, &tgid, &one, BPF_NOEXIST);
+
+	/* bprm->file is what runs: for a script, its interpreter, which
+	 * bprm->interp names. */
+	struct file_id id = {
+		.ino = BPF_CORE_READ(bprm, file, f_inode, i_ino),
+		.dev = BPF_CORE_READ(bprm, file, f_inode, i_sb, s_dev),
+	};
+	struct exec_path path = {};
+
+	bpf_probe_read_kernel_str(path.path, sizeof(path.path),
+				  BPF_CORE_READ(bprm, interp));
+	bpf_map_update_elem(&exec_paths, &id, &path, BPF_NOEXIST);
 	return 0;
 }
 

@@ -87,6 +87,21 @@ struct vma_info {
 	char name[MALLOC_MODULE_NAME_LEN]; /* file name, without directory */
 };
 
+#define MALLOC_PATH_LEN 256
+
+/* A file by identity, as mappings name it. */
+struct file_id {
+	__u64 ino;
+	__u32 dev;
+	__u32 pad;
+};
+
+/* The path a traced process exec'd a program by: lets user space find the
+ * program's file even when the process was too short-lived to be seen. */
+struct exec_path {
+	char path[MALLOC_PATH_LEN];
+};
+
 /* Per-CPU event counters: nothing is dropped silently. */
 struct malloc_counters {
 	__u64 frees;

@@ -515,6 +515,71 @@ fn static_program_with_lib_pointing_at_itself() {
 }
 
 #[test]
+fn lib_points_the_probes_at_another_allocator() {
+    if !require_root("lib_points_the_probes_at_another_allocator") {
+        return;
+    }
+    let w = Workload::build(&[]);
+    let src = w.dir.path().join("bump_alloc.c");
+    std::fs::write(&src, include_str!("data/bump_alloc.c")).unwrap();
+    let lib = w.dir.path().join("libbump.so");
+    let out = Command::new("cc")
+        .args(["-O1", "-g", "-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lib = lib.to_str().unwrap();
+    let preload = format!("LD_PRELOAD={lib}");
+    let r = malloc_json(&[
+        "--outstanding",
+        "--lib",
+        lib,
+        "--",
+        "env",
+        &preload,
+        w.path(),
+    ]);
+    let probes = r["probes"][0].as_str().unwrap();
+    assert!(
+        probes.starts_with(lib) && probes.contains("(not exported: reallocarray, posix_memalign"),
+        "{probes}"
+    );
+    let live = |c, b| Some((c, b));
+    assert_eq!(
+        sum(&r, "sites", "malloc", "do_malloc"),
+        expect(10, 1000, &[(64, 10)], live(0, 0))
+    );
+    assert_eq!(
+        sum(&r, "sites", "malloc", "do_leak"),
+        expect(3, 15000, &[(4096, 3)], live(3, 15000))
+    );
+    assert_eq!(
+        sum(&r, "sites", "calloc", "do_calloc"),
+        expect(7, 7000, &[(512, 7)], live(0, 0))
+    );
+    assert_eq!(
+        sum(&r, "sites", "realloc", "do_realloc"),
+        expect(3, 1400, &[(128, 1), (256, 1), (512, 1)], live(1, 800))
+    );
+    // glibc's reallocarray, not probed, calls realloc through the PLT: the
+    // preloaded one, which sees do_reallocarray as its caller.
+    assert_eq!(
+        sum(&r, "sites", "realloc", "do_reallocarray"),
+        expect(4, 1200, &[(256, 4)], live(0, 0))
+    );
+    // The bump allocator's own calls (calloc and realloc call malloc) are
+    // not counted again.
+    assert!(rows(&r, "sites", "function", "calloc").is_empty());
+    assert!(rows(&r, "sites", "function", "realloc").is_empty());
+}
+
+#[test]
 fn table_and_folded_output() {
     if !require_root("malloc: table_and_folded_output") {
         return;

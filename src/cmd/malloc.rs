@@ -213,6 +213,11 @@ pub fn run(args: MallocArgs) -> Result<i32> {
 
     let snap = session.snapshot()?;
     let vmas = session.vmas()?;
+    for (key, path) in session.exec_paths()? {
+        // Relative paths were relative to the exec'ing process's directory;
+        // kheap's own is the likeliest (the command was started from it).
+        modules.add_named(key, &path);
+    }
     let frames = symbolize_return_addresses(
         &report::addresses(&snap),
         &vmas,

@@ -19,6 +19,8 @@ unsafe impl plain::Plain for types::live_alloc {}
 unsafe impl plain::Plain for types::vma_key {}
 unsafe impl plain::Plain for types::vma_info {}
 unsafe impl plain::Plain for types::malloc_counters {}
+unsafe impl plain::Plain for types::file_id {}
+unsafe impl plain::Plain for types::exec_path {}
 
 // The histogram width is defined once, in bpf/size_bucket.h.
 const _: () = assert!(std::mem::size_of::<types::malloc_stats>() == (2 + HIST_BUCKETS) * 8);

@@ -206,6 +206,19 @@ impl MallocSession {
             .collect()
     }
 
+    /// Programs traced processes exec'd: ((kernel device, inode), path as
+    /// passed to execve, possibly relative).
+    pub fn exec_paths(&self) -> Result<Vec<((u32, u64), PathBuf)>> {
+        Ok(
+            maps::read_hash_entries::<types::file_id, types::exec_path, _>(
+                &self.skel.maps.exec_paths,
+            )?
+            .into_iter()
+            .map(|(k, v)| ((k.dev, k.ino), PathBuf::from(c_str(&v.path))))
+            .collect(),
+        )
+    }
+
     /// Row labels by attach cookie: aliases joined (`aligned_alloc|memalign`).
     pub fn func_names(&self) -> Vec<String> {
         let mut names: Vec<String> = probes::FUNCTIONS

@@ -111,6 +111,17 @@ impl Modules {
         }
     }
 
+    /// A path some process used for the file (device, inode), e.g. to
+    /// exec it; kept if it is that file here.
+    pub fn add_named(&mut self, key: (u32, u64), path: &Path) {
+        let Ok(path) = std::fs::canonicalize(path) else {
+            return;
+        };
+        if file_key(&path) == Some(key) {
+            self.paths.entry(key).or_insert(path);
+        }
+    }
+
     fn add_dir(&mut self, dir: &Path) {
         if !self.dirs.iter().any(|d| d == dir) {
             self.dirs.push(dir.to_path_buf());
