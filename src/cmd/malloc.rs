@@ -129,10 +129,11 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     features::check_btf()?;
     install_stop_handler();
 
-    let mut pids = Vec::new();
+    let mut user_pids = Vec::new();
     for &p in &args.pids {
-        pids.push(resolve_pid(p)?);
+        user_pids.push(resolve_pid(p)?);
     }
+    let mut pids = user_pids.clone();
     let libs = initial_libraries(&args, &pids)?;
     let mut modules = Modules::default();
     for &pid in &pids {
@@ -157,7 +158,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     }
     eprintln!(
         "kheap: tracing malloc in {} (probes on {}){}",
-        describe_targets(&args, &pids),
+        describe_targets(&user_pids, &args.command),
         libs.iter()
             .map(|l| l.display().to_string())
             .collect::<Vec<_>>()
@@ -192,7 +193,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
             }
             break;
         }
-        if command.is_none() && !args.pids.is_empty() && !pids.iter().any(|&p| alive(p)) {
+        if command.is_none() && !user_pids.iter().any(|&p| alive(p)) {
             eprintln!("kheap: the traced process exited; reporting what was recorded");
             break;
         }
@@ -233,7 +234,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
                 kernel: features::kernel_release(),
                 attach: vec!["uprobes".into()],
                 skipped: Vec::new(),
-                filters: vec![describe_targets(&args, &pids)],
+                filters: vec![describe_targets(&user_pids, &args.command)],
                 command: (!args.command.is_empty()).then(|| args.command.join(" ")),
             },
             probes: session.libraries.iter().map(|l| l.describe()).collect(),
@@ -246,14 +247,9 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     Ok(exit_code)
 }
 
-fn describe_targets(args: &MallocArgs, pids: &[u32]) -> String {
-    let mut parts: Vec<String> = args
-        .pids
-        .iter()
-        .zip(pids)
-        .map(|(_, &p)| format!("PID {p}"))
-        .collect();
-    if let Some(c) = args.command.first() {
+fn describe_targets(pids: &[u32], command: &[String]) -> String {
+    let mut parts: Vec<String> = pids.iter().map(|p| format!("PID {p}")).collect();
+    if let Some(c) = command.first() {
         parts.push(format!("'{c}'"));
     }
     format!("{} and children", parts.join(", "))
