@@ -228,6 +228,29 @@ fn command_rows_name_each_direct_caller_exactly() {
 }
 
 #[test]
+fn pid_and_command_sharing_a_library_count_once() {
+    if !require_root("pid_and_command_sharing_a_library_count_once") {
+        return;
+    }
+    // The sleeper's maps name the C library /usr/lib/…, the command's loader
+    // may say /lib/…: one file, probed once.
+    let w = Workload::build(&[]);
+    let mut sleeper = Waiting {
+        child: Command::new("sleep").arg("60").spawn().unwrap(),
+    };
+    let pid = sleeper.child.id().to_string();
+    let r = malloc_json(&["-p", &pid, "--", w.path()]);
+    assert_workload_rows(&r, false);
+    assert_eq!(
+        r["probes"].as_array().unwrap().len(),
+        1,
+        "{:#}",
+        r["probes"]
+    );
+    let _ = sleeper.child.kill();
+}
+
+#[test]
 fn counts_are_the_same_without_return_probes() {
     if !require_root("counts_are_the_same_without_return_probes") {
         return;

@@ -122,8 +122,13 @@ impl MallocSession {
     }
 
     /// Attaches the allocator probes to one library file, for every process
-    /// (uprobes live on the file; the PID filter picks the processes).
+    /// (uprobes live on the file; the PID filter picks the processes). A
+    /// file already probed (under any of its names) is left alone: probing
+    /// it twice would count every call twice.
     pub fn probe_library(&mut self, path: &Path) -> Result<()> {
+        if self.has_library(path) {
+            return Ok(());
+        }
         let meta = std::fs::metadata(path)
             .with_context(|| format!("cannot use {} as allocator library", path.display()))?;
         let symbols = probes::lookup_symbols(path)?;
