@@ -159,6 +159,7 @@ static long record_vma(struct task_struct *task, struct vm_area_struct *vma,
 static long record_frame(__u64 i, struct vma_walk *w)
 {
 	__u64 addr;
+	long err;
 
 	if (i >= MALLOC_STACK_DEPTH)
 		return 1;
@@ -169,8 +170,14 @@ static long record_frame(__u64 i, struct vma_walk *w)
 		return i == 0 ? 0 : 1;
 	if (addr >= w->start && addr < w->end)
 		return 0;
-	if (bpf_find_vma(bpf_get_current_task_btf(), addr, record_vma, w, 0))
-		COUNT(vma_lookup_failed);
+	err = bpf_find_vma(bpf_get_current_task_btf(), addr, record_vma, w, 0);
+	/* Not mapped at all: a frame-pointer walk through code built without
+	 * frame pointers has wandered into data, and the rest is garbage
+	 * (user space cuts the stack there too). */
+	if (err == -2 /* ENOENT */)
+		return 1;
+	if (err)
+		COUNT(vma_lookup_failed); /* -EBUSY: mmap lock contended */
 	return 0;
 }
 

@@ -106,6 +106,14 @@ pub fn header(r: &MallocReport) -> String {
             t.nested_calls
         );
     }
+    if l.map_full_vmas + l.vma_lookup_failed > 0 {
+        let _ = writeln!(
+            s,
+            "lost: the mappings of {} frames ({} for a full map, the rest as the address space was busy); they show as addresses",
+            l.map_full_vmas + l.vma_lookup_failed,
+            l.map_full_vmas,
+        );
+    }
     if l.no_thread_state > 0 {
         let _ = writeln!(
             s,

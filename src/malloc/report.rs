@@ -124,7 +124,8 @@ pub struct MallocLost {
     pub map_full_live: u64,
     /// Calls not counted: the thread's state could not be allocated.
     pub no_thread_state: u64,
-    /// Frames whose mapping could not be recorded (shown as addresses).
+    /// Frames whose mapping could not be recorded (shown as addresses):
+    /// the map was full, or the lookup found the address space busy.
     pub map_full_vmas: u64,
     pub vma_lookup_failed: u64,
 }
@@ -255,10 +256,12 @@ pub fn build(
     let mut nested = snap.events.nested;
     for (key, stats) in &snap.sites {
         let live = snap.live.as_ref().and_then(|l| l.get(key).copied());
-        let user: Vec<UserFrame> = key_frames(key, &snap.stacks)
-            .into_iter()
-            .map(|a| frame(key.mm, a))
-            .collect();
+        let user = walked_frames(
+            key_frames(key, &snap.stacks)
+                .into_iter()
+                .map(|a| frame(key.mm, a))
+                .collect(),
+        );
         if opts.allocator_code.iter().any(|c| c.contains(&user[0])) {
             nested += stats.count;
             continue;
@@ -318,6 +321,20 @@ pub fn build(
         sites: rows(sites, &name_of),
         stacks: rows(stacks, &name_of),
     }
+}
+
+/// The frames of a stack worth showing: the direct caller (read from the
+/// stack pointer, always real), then walked frames up to the first one that
+/// is in no mapped file. A frame-pointer walk through code built without
+/// frame pointers wanders into data, and what follows is garbage.
+pub fn walked_frames(mut frames: Vec<UserFrame>) -> Vec<UserFrame> {
+    let keep = 1 + frames
+        .iter()
+        .skip(1)
+        .take_while(|f| f.module.is_some())
+        .count();
+    frames.truncate(keep);
+    frames
 }
 
 /// Rows of one grouping, heaviest first (by bytes, then location).
@@ -504,6 +521,17 @@ pub mod tests {
                 shallow: 0
             }
         );
+    }
+
+    #[test]
+    fn walks_into_data_are_cut() {
+        let anon = |a| UserFrame {
+            addr: a,
+            ..Default::default()
+        };
+        let f = walked_frames(vec![anon(1), uf(2, "f", 0), anon(3), uf(4, "g", 0)]);
+        assert_eq!(f.len(), 2, "the caller is kept even outside any file");
+        assert_eq!(f[1].display(), "f+0x0");
     }
 
     #[test]
