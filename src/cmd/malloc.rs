@@ -142,14 +142,14 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     for l in &libs {
         modules.add_file(l);
     }
-    let mut command = match args.command.is_empty() {
-        true => None,
-        false => {
-            let held = HeldCommand::spawn(&args.command)?;
-            modules.add_file(&find_program(&args.command[0])?);
-            pids.push(held.pid);
-            Some(held)
-        }
+    // Held between fork and exec until the probes are attached.
+    let mut command = if args.command.is_empty() {
+        None
+    } else {
+        let held = HeldCommand::spawn(&args.command)?;
+        modules.add_file(&find_program(&args.command[0])?);
+        pids.push(held.pid);
+        Some(held)
     };
 
     let mut session = MallocSession::start(&pids, args.outstanding, args.free_probe_at_entry)?;
