@@ -360,9 +360,9 @@ int BPF_URETPROBE(alloc_return, __u64 ret)
 	return 0;
 }
 
-/* free(ptr). User space may attach this past the first instruction (see
- * src/malloc/probes.rs): only the argument register is read, which the
- * skipped instructions leave alone. */
+/* free(ptr). User space may attach this, like the other probes, past a first
+ * instruction that changes no argument register nor the stack pointer (see
+ * src/malloc/probes.rs, probe_skip). */
 SEC("uprobe")
 int BPF_UPROBE(free_entry, __u64 ptr)
 {

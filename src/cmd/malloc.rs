@@ -54,10 +54,10 @@ pub struct MallocArgs {
     /// end, per site and stack (adds a return probe to each call)
     #[arg(long)]
     pub outstanding: bool,
-    /// Probe free() on its first instruction, which the kernel must
-    /// single-step (for scripts/bench-malloc)
+    /// Put every probe on its function's first instruction, even where the
+    /// kernel must single-step it (for scripts/bench-malloc)
     #[arg(long, hide = true)]
-    pub free_probe_at_entry: bool,
+    pub probes_at_entry: bool,
     /// Command to run and trace, with its children, until it exits
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -152,7 +152,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         Some(held)
     };
 
-    let mut session = MallocSession::start(&pids, args.outstanding, args.free_probe_at_entry)?;
+    let mut session = MallocSession::start(&pids, args.outstanding, args.probes_at_entry)?;
     for l in &libs {
         session.probe_library(l)?;
     }

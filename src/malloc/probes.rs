@@ -103,17 +103,45 @@ pub struct Probe {
     pub skip: u64,
 }
 
-/// free()'s probe point. A uprobe whose instruction the kernel can emulate
-/// costs ~0.5 us a hit; one it has to single-step out of line ~9 us (measured
-/// on the reference VM). glibc's free starts with `test %rdi,%rdi` (stepped)
-/// followed by `je` (emulated, like every conditional branch), and the probe
-/// only reads %rdi, which `test` leaves alone: the probe goes on the `je`.
-/// Any other prologue keeps the probe on the first instruction.
-pub fn free_probe_skip(code: &[u8]) -> u64 {
-    match code {
-        [0x48, 0x85, 0xff, 0x74, ..] | [0x48, 0x85, 0xff, 0x0f, 0x84, ..] => 3,
-        _ => 0,
+/// Where a function's probe goes, in bytes past its first instruction.
+///
+/// A uprobe whose instruction the kernel can emulate costs ~0.5 us a hit;
+/// one it has to single-step out of line ~9 us (measured on the reference
+/// VM). Several glibc allocator functions start with an instruction that is
+/// stepped but changes no register the probes read (the argument registers,
+/// the stack pointer) and cannot jump, followed by one that is emulated (a
+/// push or a branch). The probe, entry and return alike, goes on that second
+/// instruction: the arguments and the return address at the stack pointer
+/// are still as on entry. glibc 2.36: free starts `test %rdi,%rdi; je`;
+/// memalign, posix_memalign, valloc and pvalloc start `cmpb $0,x(%rip)`
+/// followed by `je` or `push`. Any other prologue keeps the first
+/// instruction.
+pub fn probe_skip(code: &[u8]) -> u64 {
+    let (skip, next) = match code {
+        // test %rdi,%rdi
+        [0x48, 0x85, 0xff, next @ ..] => (3, next),
+        // cmpb $imm8, disp32(%rip)
+        [0x80, 0x3d, _, _, _, _, _, next @ ..] => (7, next),
+        _ => return 0,
+    };
+    if emulated(next) {
+        skip
+    } else {
+        0
     }
+}
+
+/// Instructions x86 uprobes emulate instead of single-stepping: push of a
+/// register, jumps, calls and conditional branches.
+fn emulated(code: &[u8]) -> bool {
+    matches!(
+        code,
+        [0x50..=0x57, ..]
+            | [0x41, 0x50..=0x57, ..]
+            | [0x70..=0x7f, ..]
+            | [0x0f, 0x80..=0x8f, ..]
+            | [0xe8 | 0xe9 | 0xeb, ..]
+    )
 }
 
 /// Plans the probes for the symbols found in a library (`None`: the library
@@ -137,11 +165,7 @@ pub fn plan(symbols: &[Option<Symbol>]) -> Result<(Vec<Probe>, Vec<&'static str>
             p.label = format!("{}|{}", p.label, f.name);
             continue;
         }
-        let skip = if f.layout == Layout::Free {
-            free_probe_skip(&sym.code)
-        } else {
-            0
-        };
+        let skip = probe_skip(&sym.code);
         probes.push(Probe {
             cookie: i as u32,
             label: f.name.to_string(),
@@ -175,7 +199,7 @@ pub fn lookup_symbols(lib: &Path) -> Result<Vec<Option<Symbol>>> {
             out.push(None);
             continue;
         };
-        let mut code = vec![0u8; 8];
+        let mut code = vec![0u8; 16];
         use std::io::{Seek, SeekFrom};
         file.seek(SeekFrom::Start(off))?;
         let n = file.read(&mut code)?;
@@ -332,17 +356,23 @@ mod tests {
     }
 
     #[test]
-    fn free_probe_moves_past_a_stepped_test() {
-        // glibc 2.36: test %rdi,%rdi; je rel32
-        assert_eq!(
-            free_probe_skip(&[0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0, 0]),
-            3
-        );
-        assert_eq!(free_probe_skip(&[0x48, 0x85, 0xff, 0x74, 0x10]), 3);
-        // push %rbp: emulated already
-        assert_eq!(free_probe_skip(&[0x55, 0x48, 0x89, 0xe5]), 0);
-        // test followed by something that is not a branch
-        assert_eq!(free_probe_skip(&[0x48, 0x85, 0xff, 0x48, 0x89]), 0);
+    fn probes_move_past_a_stepped_harmless_first_instruction() {
+        // glibc 2.36 free: test %rdi,%rdi; je rel32
+        assert_eq!(probe_skip(&[0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0, 0]), 3);
+        assert_eq!(probe_skip(&[0x48, 0x85, 0xff, 0x74, 0x10]), 3);
+        // posix_memalign: cmpb $0x0,0x140201(%rip); push %r12
+        let cmpb = [0x80, 0x3d, 0x01, 0x02, 0x14, 0x00, 0x00];
+        assert_eq!(probe_skip(&[&cmpb[..], &[0x41, 0x54]].concat()), 7);
+        // memalign: cmpb …; je rel8
+        assert_eq!(probe_skip(&[&cmpb[..], &[0x74, 0x07]].concat()), 7);
+        // cmpb followed by mov: stays
+        assert_eq!(probe_skip(&[&cmpb[..], &[0x48, 0x89, 0xde]].concat()), 0);
+        // malloc: push %r12, emulated already
+        assert_eq!(probe_skip(&[0x41, 0x54, 0x55, 0x53]), 0);
+        // test followed by something that is not emulated
+        assert_eq!(probe_skip(&[0x48, 0x85, 0xff, 0x48, 0x89]), 0);
+        // truncated code
+        assert_eq!(probe_skip(&[0x80, 0x3d, 0x01]), 0);
     }
 
     #[test]

@@ -56,15 +56,16 @@ pub struct MallocSession {
     links: Vec<Link>,
     pub libraries: Vec<ProbedLibrary>,
     track_live: bool,
-    free_at_entry: bool,
+    probes_at_entry: bool,
 }
 
 impl MallocSession {
     /// Loads the programs, fills the PID filter and starts following forks.
     /// No library is probed yet: see `probe_library`.
-    /// `free_at_entry` keeps free()'s probe on its first instruction (for
-    /// scripts/bench-malloc, which measures what the later one saves).
-    pub fn start(pids: &[u32], track_live: bool, free_at_entry: bool) -> Result<MallocSession> {
+    /// `probes_at_entry` keeps every probe on its function's first
+    /// instruction (for scripts/bench-malloc, which measures what
+    /// `probes::probe_skip` saves).
+    pub fn start(pids: &[u32], track_live: bool, probes_at_entry: bool) -> Result<MallocSession> {
         let storage: &'static mut MaybeUninit<OpenObject> =
             Box::leak(Box::new(MaybeUninit::uninit()));
         let mut open = MallocSkelBuilder::default()
@@ -92,7 +93,7 @@ impl MallocSession {
             links: Vec::new(),
             libraries: Vec::new(),
             track_live,
-            free_at_entry,
+            probes_at_entry,
         };
         for &pid in pids {
             s.skel
@@ -134,7 +135,7 @@ impl MallocSession {
         let symbols = probes::lookup_symbols(path)?;
         let (mut plan, missing) = probes::plan(&symbols)
             .with_context(|| format!("{} is not an allocator library", path.display()))?;
-        if self.free_at_entry {
+        if self.probes_at_entry {
             for p in &mut plan {
                 p.skip = 0;
             }
@@ -174,15 +175,17 @@ impl MallocSession {
         };
         // The return probe first: every call whose entry is seen then has
         // its return seen too, so no call is left pending forever.
+        // Past a skipped instruction the return address is still at the
+        // stack pointer, which is all a return probe needs.
+        let offset = (p.file_offset + p.skip) as usize;
         if self.track_live && p.layout != Layout::Free {
             self.links.push(progs.alloc_return.attach_uprobe_with_opts(
                 -1,
                 path,
-                p.file_offset as usize,
+                offset,
                 opts(true),
             )?);
         }
-        let offset = (p.file_offset + p.skip) as usize;
         self.links
             .push(entry.attach_uprobe_with_opts(-1, path, offset, opts(false))?);
         Ok(())
