@@ -148,32 +148,6 @@ static __always_inline struct counters *counters_get(void)
 			__c->field++;                  \
 	} while (0)
 
-static __always_inline __u32 size_bucket(__u64 v)
-{
-	__u32 r, shift;
-
-	if (v == 0)
-		return 0;
-	/* floor(log2(v)) without loops, then +1 so that bucket 0 is size 0 */
-	r = (v > 0xFFFFFFFFULL) << 5;
-	v >>= r;
-	shift = (v > 0xFFFF) << 4;
-	v >>= shift;
-	r |= shift;
-	shift = (v > 0xFF) << 3;
-	v >>= shift;
-	r |= shift;
-	shift = (v > 0xF) << 2;
-	v >>= shift;
-	r |= shift;
-	shift = (v > 0x3) << 1;
-	v >>= shift;
-	r |= shift;
-	r |= (v >> 1);
-	r += 1;
-	return r < KHEAP_HIST_BUCKETS ? r : KHEAP_HIST_BUCKETS - 1;
-}
-
 static __always_inline bool comm_matches(void)
 {
 	char comm[KHEAP_COMM_LEN];

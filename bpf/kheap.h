@@ -7,9 +7,8 @@
 #ifndef KHEAP_H
 #define KHEAP_H
 
-/* log2 buckets over the requested size: bucket 0 holds size 0, bucket b >= 1
- * holds [2^(b-1), 2^b). The last bucket also takes everything larger. */
-#define KHEAP_HIST_BUCKETS 32 /* a power of two: indexes are masked */
+/* log2 buckets over the requested size (KHEAP_HIST_BUCKETS, size_bucket()). */
+#include "size_bucket.h"
 
 /* Frames kept per kernel stack. Allocation stacks are rarely deeper; the
  * stack map's memory is max_entries * depth * 8 bytes. */

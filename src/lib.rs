@@ -2,7 +2,8 @@
 //! rounding wastes, and what is never freed.
 //!
 //! Modules that touch the kernel: `bpf` (skeleton), `session` (load/attach),
-//! `maps` (typed readers), `features` (probing), `target` (processes).
+//! `maps` (typed readers), `features` (probing), `target` (processes), and
+//! `malloc::{bpf, session}` for `kheap malloc`.
 //! Everything else is pure and tested without root.
 
 pub mod bpf;
@@ -10,6 +11,7 @@ pub mod cli;
 pub mod cmd;
 pub mod features;
 pub mod latency;
+pub mod malloc;
 pub mod maps;
 pub mod model;
 pub mod render;

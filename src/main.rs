@@ -17,6 +17,8 @@ enum Command {
     Record(cmd::record::RecordArgs),
     /// Slab caches: memory, loss, growth, and (with -d) who allocates and wastes
     Slab(kheap::slab::SlabArgs),
+    /// Trace malloc, calloc, realloc… of a process or command: who allocates, in what sizes, what is never freed
+    Malloc(cmd::malloc::MallocArgs),
     /// Show which tracing features this kernel has and how kheap will attach
     Doctor,
 }
@@ -31,6 +33,7 @@ fn main() {
     let result = match cli.command {
         Command::Record(a) => cmd::record::run(a),
         Command::Slab(a) => cmd::slab::run(a),
+        Command::Malloc(a) => cmd::malloc::run(a),
         Command::Doctor => cmd::doctor::run(),
     };
     match result {

@@ -123,7 +123,8 @@ pub fn header(r: &Report) -> String {
     s
 }
 
-fn new_table(headers: &[&str]) -> Table {
+/// A table in the house style: first column left, the rest right-aligned.
+pub fn new_table(headers: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Disabled)

@@ -7,11 +7,16 @@
 //!   kheap-load writev COUNT                 writev(2) of 9 iovecs to
 //!       /dev/null: exactly one kmalloc (144 bytes, iovec_from_user) and one
 //!       kfree per call. Prints CPU ns per call.
+//!   kheap-load malloc COUNT SIZE            COUNT pairs of malloc(SIZE) and
+//!       free() through the C library (for `kheap malloc`). Prints CPU ns
+//!       per pair.
 
 use std::time::Duration;
 
 fn usage() -> ! {
-    eprintln!("usage: kheap-load msg COUNT SIZE [HOLD_SECS] | kheap-load writev COUNT");
+    eprintln!(
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | kheap-load writev COUNT | kheap-load malloc COUNT SIZE"
+    );
     std::process::exit(2);
 }
 
@@ -30,6 +35,7 @@ fn main() {
             args.get(4).map(|_| arg(&args, 4)),
         ),
         Some("writev") => writev(arg(&args, 2)),
+        Some("malloc") => malloc_free(arg(&args, 2), arg(&args, 3)),
         _ => usage(),
     }
 }
@@ -132,4 +138,18 @@ fn writev(count: u64) {
     let ns = (cpu_time_ns() - start) as f64 / count.max(1) as f64;
     unsafe { libc::close(fd) };
     println!("{count} writev calls, {ns:.1} ns per call");
+}
+
+fn malloc_free(count: u64, size: usize) {
+    let start = cpu_time_ns();
+    for _ in 0..count {
+        // black_box: the optimizer may not pair the calls away.
+        let p = std::hint::black_box(unsafe { libc::malloc(size) });
+        if p.is_null() {
+            fail("malloc");
+        }
+        unsafe { libc::free(p) };
+    }
+    let ns = (cpu_time_ns() - start) as f64 / count.max(1) as f64;
+    println!("{count} malloc+free pairs of {size} bytes, {ns:.1} ns per pair");
 }

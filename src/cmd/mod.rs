@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
 pub mod doctor;
+pub mod malloc;
 pub mod record;
 pub mod slab;
