@@ -16,3 +16,4 @@ pub mod report;
 pub mod session;
 pub mod symbolize;
 pub mod target;
+pub mod top;

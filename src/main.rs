@@ -15,6 +15,8 @@ struct Cli {
 enum Command {
     /// Trace kernel heap allocations, then report by site, stack, cache or process
     Record(cmd::record::RecordArgs),
+    /// Watch who allocates right now, refreshed every interval (like top/slabtop)
+    Top(cmd::top::TopArgs),
     /// Show which tracing features this kernel has and how kheap will attach
     Doctor,
 }
@@ -23,6 +25,7 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Record(a) => cmd::record::run(a),
+        Command::Top(a) => cmd::top::run(a),
         Command::Doctor => cmd::doctor::run(),
     };
     match result {

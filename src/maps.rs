@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::ops::AddAssign;
+use std::os::fd::AsRawFd;
 
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
@@ -84,4 +85,43 @@ pub fn read_stack<M: MapCore>(map: &M, id: u32) -> Result<Option<Vec<u64>>> {
             .take_while(|&a| a != 0)
             .collect(),
     ))
+}
+
+/// Deletes one entry of a per-CPU hash map and returns its value at the
+/// moment of deletion, summed over CPUs: read and delete are one syscall,
+/// so no event that lands in between is lost. `None` if the key was gone.
+pub fn take_percpu<V, M>(map: &M, key: &[u8]) -> Result<Option<V>>
+where
+    M: MapCore,
+    V: plain::Plain + Default + Copy + AddAssign,
+{
+    // libbpf-rs's lookup_and_delete sizes its buffer for one CPU; the
+    // kernel writes one 8-byte-aligned value per possible CPU.
+    let aligned = (map.value_size() as usize).div_ceil(8) * 8;
+    let ncpu = libbpf_rs::num_possible_cpus()?;
+    let mut buf = vec![0u8; aligned * ncpu];
+    let ret = unsafe {
+        libbpf_sys::bpf_map_lookup_and_delete_elem(
+            map.as_fd().as_raw_fd(),
+            key.as_ptr().cast(),
+            buf.as_mut_ptr().cast(),
+        )
+    };
+    if ret != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() == std::io::ErrorKind::NotFound {
+            return Ok(None);
+        }
+        return Err(err).with_context(|| {
+            format!(
+                "deleting an entry of BPF map {}",
+                map.name().to_string_lossy()
+            )
+        });
+    }
+    let per_cpu: Vec<Vec<u8>> = buf
+        .chunks_exact(aligned)
+        .map(|c| c[..map.value_size() as usize].to_vec())
+        .collect();
+    Ok(Some(sum_per_cpu(&per_cpu)))
 }

@@ -123,7 +123,9 @@ pub fn header(r: &Report) -> String {
     s
 }
 
-fn new_table(headers: &[&str]) -> Table {
+/// A table in the style of every kheap table: plain UTF-8 borders, numbers
+/// right-aligned, no colours (so no escape codes in logs).
+pub fn new_table(headers: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Disabled)

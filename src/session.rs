@@ -1,19 +1,22 @@
 //! Loading the BPF object and attaching it. Links are RAII: dropping the
 //! session (on any exit path, errors included) detaches everything.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
 
-use crate::bpf::{c_str, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
+use crate::bpf::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 use crate::features::{self, KernelBtf, Tracefs};
 use crate::maps;
 use crate::model::CacheId;
 use crate::report::{EventCounters, SiteKey, Snapshot};
+use crate::top::delta::IdleKeys;
+use crate::top::overhead::ProgRunTime;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum AttachMode {
@@ -61,6 +64,8 @@ impl Default for Config {
 pub struct Session {
     skel: KheapSkel<'static>,
     links: Vec<Link>,
+    /// File descriptors of the attached programs (owned by `skel`).
+    attached_progs: Vec<RawFd>,
     /// Hook → how it is attached ("kmalloc: tp_btf").
     pub attached: Vec<String>,
     /// Hooks not attached, with the reason.
@@ -169,6 +174,7 @@ impl Session {
         let mut session = Session {
             skel,
             links: Vec::new(),
+            attached_progs: Vec::new(),
             attached,
             skipped,
             _tracefs: tracefs,
@@ -181,13 +187,19 @@ impl Session {
                 .attach_one(tp, mech)
                 .with_context(|| format!("attaching to kmem:{tp}"))?;
             session.links.push(link);
+            let fd = session.prog(tp, mech).as_fd().as_raw_fd();
+            session.attached_progs.push(fd);
         }
         Ok(session)
     }
 
     fn attach_one(&self, tp: &str, mech: Mechanism) -> Result<Link> {
+        Ok(self.prog(tp, mech).attach()?)
+    }
+
+    fn prog(&self, tp: &str, mech: Mechanism) -> &libbpf_rs::ProgramMut<'static> {
         let p = &self.skel.progs;
-        let prog = match (tp, mech) {
+        match (tp, mech) {
             ("kmalloc", Mechanism::Btf) => &p.kmalloc_btf,
             ("kmem_cache_alloc", Mechanism::Btf) => &p.cache_alloc_btf,
             ("kfree", Mechanism::Btf) => &p.kfree_btf,
@@ -198,8 +210,7 @@ impl Session {
             ("kfree", Mechanism::Classic) => &p.kfree_tp,
             ("kmem_cache_free", Mechanism::Classic) => &p.cache_free_tp,
             _ => &p.fork_tp,
-        };
-        Ok(prog.attach()?)
+        }
     }
 
     /// Adds a process (tgid) to the set whose allocations are counted.
@@ -216,17 +227,23 @@ impl Session {
         self.links.clear();
     }
 
+    fn cache_names(&self) -> Result<HashMap<u64, String>> {
+        Ok(
+            maps::read_hash::<u64, types::cache_name, _>(&self.skel.maps.cache_names)?
+                .into_iter()
+                .map(|(k, v)| (k, c_str(&v.name)))
+                .collect(),
+        )
+    }
+
     /// Reads and merges every map.
     pub fn snapshot(&self) -> Result<Snapshot> {
         let m = &self.skel.maps;
-        let names: HashMap<u64, String> =
-            maps::read_hash::<u64, types::cache_name, _>(&m.cache_names)?
-                .into_iter()
-                .map(|(k, v)| (k, c_str(&v.name)))
-                .collect();
+        let names = self.cache_names()?;
         let mut snap = Snapshot::default();
+        // Two kernel caches can share a name: their entries are merged.
         for (k, v) in maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)? {
-            snap.sites.insert(site_key(&k, &names), v.into());
+            *snap.sites.entry(site_key(&k, &names)).or_default() += v.into();
         }
         for (k, v) in maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(&m.stacks)?
         {
@@ -236,8 +253,10 @@ impl Session {
                     e.insert(frames);
                 }
             }
-            snap.stacks
-                .insert((site_key(&k.site, &names), id), v.into());
+            *snap
+                .stacks
+                .entry((site_key(&k.site, &names), id))
+                .or_default() += v.into();
         }
         let comms: HashMap<u32, String> =
             maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?
@@ -269,6 +288,121 @@ impl Session {
         };
         Ok(snap)
     }
+
+    /// Deletes the given idle keys from the maps, with the stack traces only
+    /// they used and the names of deleted processes. Returns the deleted
+    /// entries' values at deletion (read and deleted in one syscall), so the
+    /// caller can account for events that arrived after its last read.
+    pub fn remove_idle(&self, idle: &IdleKeys) -> Result<Snapshot> {
+        let mut removed = Snapshot::default();
+        if idle.is_empty() {
+            return Ok(removed);
+        }
+        let m = &self.skel.maps;
+        let names = self.cache_names()?;
+        // Keys are listed before deleting: deleting during a walk restarts it.
+        let keys_of = |map: &libbpf_rs::Map<'static>| map.keys().collect::<Vec<Vec<u8>>>();
+
+        let sites: HashSet<&SiteKey> = idle.sites.iter().collect();
+        for raw in keys_of(&m.sites) {
+            let k = site_key(&from_bytes::<types::site_key>(&raw), &names);
+            if sites.contains(&k) {
+                if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.sites, &raw)? {
+                    *removed.sites.entry(k).or_default() += v.into();
+                }
+            }
+        }
+
+        let stacks: HashSet<&(SiteKey, i64)> = idle.stacks.iter().collect();
+        let mut still_used = HashSet::new();
+        for raw in keys_of(&m.stacks) {
+            let sk = from_bytes::<types::stack_key>(&raw);
+            let k = (site_key(&sk.site, &names), sk.stack_id);
+            if !stacks.contains(&k) {
+                still_used.insert(sk.stack_id);
+                continue;
+            }
+            if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.stacks, &raw)? {
+                *removed.stacks.entry(k).or_default() += v.into();
+            }
+        }
+        let unused: HashSet<i64> = removed
+            .stacks
+            .keys()
+            .map(|(_, id)| *id)
+            .filter(|id| !still_used.contains(id))
+            .collect();
+        for id in unused {
+            if let Some(frames) = maps::read_stack(&m.stack_traces, id as u32)? {
+                removed.stack_frames.insert(id, frames);
+            }
+            // Already gone is fine: the kernel may reuse ids on collision.
+            let _ = m.stack_traces.delete(&(id as u32).to_ne_bytes());
+        }
+
+        for &pid in &idle.procs {
+            let key = pid.to_ne_bytes();
+            if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.procs, &key)? {
+                let comm = m
+                    .proc_comms
+                    .lookup(&key, MapFlags::ANY)?
+                    .map(|b| c_str(&from_bytes::<types::proc_info>(&b).comm))
+                    .unwrap_or_default();
+                let _ = m.proc_comms.delete(&key);
+                removed.procs.insert(pid, (comm, v.into()));
+            }
+        }
+
+        let caches: HashSet<&CacheId> = idle.caches.iter().collect();
+        for raw in keys_of(&m.cache_frees) {
+            let id = cache_id(from_bytes::<u64>(&raw), 0, false, &names);
+            if caches.contains(&id) {
+                if let Some(v) = maps::take_percpu::<types::cache_frees, _>(&m.cache_frees, &raw)? {
+                    *removed.cache_frees.entry(id).or_default() += v.frees;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Run time and run count of the attached programs, summed. They only
+    /// advance while BPF run-time statistics are enabled
+    /// (`enable_run_time_stats`).
+    pub fn run_time(&self) -> Result<ProgRunTime> {
+        let mut total = ProgRunTime::default();
+        for &fd in &self.attached_progs {
+            let mut info = libbpf_sys::bpf_prog_info::default();
+            let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+            let ret = unsafe {
+                libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut info, &mut len)
+            };
+            if ret != 0 {
+                bail!(
+                    "reading BPF program info: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+            total.run_time_ns += info.run_time_ns;
+            total.run_cnt += info.run_cnt;
+            total.recursion_misses += info.recursion_misses;
+        }
+        Ok(total)
+    }
+}
+
+/// Turns on the kernel's BPF run-time statistics (run_time_ns, run_cnt per
+/// program) for as long as the returned descriptor is open. They cost a
+/// little on every program run, so they are enabled only while needed.
+pub fn enable_run_time_stats() -> Result<OwnedFd> {
+    let fd = unsafe { libbpf_sys::bpf_enable_stats(libbpf_sys::BPF_STATS_RUN_TIME) };
+    if fd < 0 {
+        bail!(
+            "enabling BPF run-time statistics: {}",
+            std::io::Error::from_raw_os_error(-fd)
+        );
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn configure(open: &mut OpenKheapSkel<'static>, cfg: &Config, kbtf: &KernelBtf) -> Result<()> {

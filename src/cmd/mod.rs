@@ -2,3 +2,4 @@
 
 pub mod doctor;
 pub mod record;
+pub mod top;
