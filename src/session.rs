@@ -373,9 +373,7 @@ impl Session {
         for &fd in &self.attached_progs {
             let mut info = libbpf_sys::bpf_prog_info::default();
             let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
-            let ret = unsafe {
-                libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut info, &mut len)
-            };
+            let ret = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut info, &mut len) };
             if ret != 0 {
                 bail!(
                     "reading BPF program info: {}",

@@ -7,11 +7,16 @@
 //!   kheap-load writev COUNT                 writev(2) of 9 iovecs to
 //!       /dev/null: exactly one kmalloc (144 bytes, iovec_from_user) and one
 //!       kfree per call. Prints ns per call.
+//!   kheap-load writev-rate RATE SECS        the same call, paced at RATE
+//!       calls per second for SECS seconds (catching up if it falls behind).
+//!       Prints the calls made, the time taken and the rate achieved.
 
 use std::time::{Duration, Instant};
 
 fn usage() -> ! {
-    eprintln!("usage: kheap-load msg COUNT SIZE [HOLD_SECS] | kheap-load writev COUNT");
+    eprintln!(
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | kheap-load writev COUNT | kheap-load writev-rate RATE SECS"
+    );
     std::process::exit(2);
 }
 
@@ -30,6 +35,7 @@ fn main() {
             args.get(4).map(|_| arg(&args, 4)),
         ),
         Some("writev") => writev(arg(&args, 2)),
+        Some("writev-rate") => writev_rate(arg(&args, 2), arg(&args, 3)),
         _ => usage(),
     }
 }
@@ -98,26 +104,69 @@ fn msg(count: usize, size: usize, hold_secs: Option<f64>) {
     eprintln!("sent and received {count} messages of {size} bytes");
 }
 
-fn writev(count: u64) {
-    let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
-    if fd < 0 {
-        fail("open /dev/null");
+/// /dev/null opened for writing, closed when dropped.
+struct DevNull(i32);
+
+impl DevNull {
+    fn open() -> DevNull {
+        let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
+        if fd < 0 {
+            fail("open /dev/null");
+        }
+        DevNull(fd)
     }
-    let byte = [0u8; 1];
-    // More than UIO_FASTIOV (8) iovecs: the kernel must kmalloc the array.
-    let iov: Vec<libc::iovec> = (0..9)
-        .map(|_| libc::iovec {
+
+    /// One writev(2) of 9 one-byte iovecs: more than UIO_FASTIOV (8), so
+    /// the kernel must kmalloc the iovec array.
+    fn writev9(&self) {
+        let byte = [0u8; 1];
+        let iov = [libc::iovec {
             iov_base: byte.as_ptr() as *mut _,
             iov_len: 1,
-        })
-        .collect();
-    let start = Instant::now();
-    for _ in 0..count {
-        if unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as i32) } != 9 {
+        }; 9];
+        if unsafe { libc::writev(self.0, iov.as_ptr(), iov.len() as i32) } != 9 {
             fail("writev");
         }
     }
+}
+
+impl Drop for DevNull {
+    fn drop(&mut self) {
+        unsafe { libc::close(self.0) };
+    }
+}
+
+fn writev(count: u64) {
+    let null = DevNull::open();
+    let start = Instant::now();
+    for _ in 0..count {
+        null.writev9();
+    }
     let ns = start.elapsed().as_nanos() as f64 / count.max(1) as f64;
-    unsafe { libc::close(fd) };
     println!("{count} writev calls, {ns:.1} ns per call");
+}
+
+fn writev_rate(rate: u64, secs: f64) {
+    let null = DevNull::open();
+    let start = Instant::now();
+    let mut done = 0u64;
+    loop {
+        let elapsed = start.elapsed().as_secs_f64();
+        if elapsed >= secs {
+            break;
+        }
+        // Calls due by now: a late tick catches up, so the rate holds on
+        // average even when the CPU is busy.
+        let due = (elapsed * rate as f64) as u64;
+        while done < due {
+            null.writev9();
+            done += 1;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    println!(
+        "{done} writev calls in {elapsed:.3} s, {:.1} per second",
+        done as f64 / elapsed
+    );
 }

@@ -14,7 +14,7 @@ use crate::features;
 use crate::render::GroupBy;
 use crate::report::{self, BuildOptions, RunInfo};
 use crate::session::{self, AttachMode, Config, Session};
-use crate::symbolize::{CachingSymbols, KernelSymbols};
+use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
 use crate::target::resolve_pid;
 use crate::top::batch;
 use crate::top::clock::rfc3339_utc;
@@ -90,7 +90,8 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     if args.iterations == Some(0) {
         bail!("-n 0: nothing to show; give at least one iteration");
     }
-    if !args.batch && !(std::io::stdout().is_terminal() && std::io::stdin().is_terminal()) {
+    let on_terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
+    if !args.batch && !on_terminal {
         bail!("the full-screen view needs a terminal: use -b for plain-text output");
     }
     features::check_privileges("top")?;
@@ -100,11 +101,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     for &p in &args.pids {
         pids.push(resolve_pid(p)?);
     }
-    let stack_sample_every = if args.no_stacks {
-        0
-    } else {
-        args.stack_sample
-    };
+    let stack_sample_every = if args.no_stacks { 0 } else { args.stack_sample };
     let cfg = Config {
         min_size: args.min_size,
         max_size: args.max_size,
@@ -145,11 +142,18 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         filters,
         command: None,
     };
+    let syms = CachingSymbols::new(KernelSymbols::new(None));
+    // The first lookup loads kallsyms; do it now, not inside an interval.
+    let _ = syms.symbolize(&[0]);
+    // The first interval starts at a baseline read, not at attach time:
+    // whatever happened before it is not in any interval.
+    let mut tracker = Tracker::new();
+    tracker.interval(session.snapshot()?);
     let mut top = Top {
         run_time: stats.as_ref().and_then(|_| session.run_time().ok()),
         session,
-        tracker: Tracker::new(),
-        syms: CachingSymbols::new(KernelSymbols::new(None)),
+        tracker,
+        syms,
         sizes: ObjectSizes::default(),
         stack_sample_every,
         idle_intervals: args.idle_intervals,
@@ -185,8 +189,16 @@ impl Top {
     /// Reads the maps and turns what changed since the last read into one
     /// interval; then deletes entries idle for too long.
     fn read_interval(&mut self) -> Result<Interval> {
+        // Everything that measures the interval is read together, before
+        // the slower symbolizing and building.
         let snap = self.session.snapshot()?;
         let now = Instant::now();
+        let time = rfc3339_utc(SystemTime::now());
+        let run_time = match self.run_time {
+            Some(_) => self.session.run_time().ok(),
+            None => None,
+        };
+        let usage = self_usage();
         let interval_s = now.duration_since(self.last_read).as_secs_f64();
         self.last_read = now;
         let delta = self.tracker.interval(snap);
@@ -201,13 +213,8 @@ impl Top {
         );
         self.sizes.learn(&report);
 
-        let run_time = match self.run_time {
-            Some(_) => self.session.run_time().ok(),
-            None => None,
-        };
         let bpf = self.run_time.zip(run_time);
         self.run_time = run_time;
-        let usage = self_usage();
         let overhead = Overhead::between(bpf, (self.usage, usage), interval_s);
         self.usage = usage;
 
@@ -224,7 +231,7 @@ impl Top {
             }
         }
         Ok(Interval {
-            time: rfc3339_utc(SystemTime::now()),
+            time,
             interval_s,
             aged_out,
             overhead,
@@ -264,7 +271,11 @@ fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         };
         let mut out = std::io::stdout().lock();
         // A closed pipe (| head) ends the run quietly.
-        if out.write_all(text.as_bytes()).and_then(|()| out.flush()).is_err() {
+        if out
+            .write_all(text.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
             return Ok(());
         }
         done += 1;

@@ -47,7 +47,12 @@ fn counts_value(c: &Counts, sort: TopSort) -> f64 {
     }
 }
 
-fn sort_cut<T>(rows: &mut Vec<T>, counts: impl Fn(&T) -> &Counts, sort: TopSort, limit: Option<usize>) {
+fn sort_cut<T>(
+    rows: &mut Vec<T>,
+    counts: impl Fn(&T) -> &Counts,
+    sort: TopSort,
+    limit: Option<usize>,
+) {
     rows.sort_by(|a, b| counts_value(counts(b), sort).total_cmp(&counts_value(counts(a), sort)));
     if let Some(n) = limit {
         rows.truncate(n);
@@ -148,7 +153,10 @@ mod tests {
     fn sort_report_orders_each_list() {
         let mut r = interval().report;
         sort_report(&mut r, TopSort::Count, None);
-        assert!(r.stacks.windows(2).all(|w| w[0].counts.count >= w[1].counts.count));
+        assert!(r
+            .stacks
+            .windows(2)
+            .all(|w| w[0].counts.count >= w[1].counts.count));
         assert!(by_supported(GroupBy::Cache, false));
         assert!(!by_supported(GroupBy::Process, false));
     }

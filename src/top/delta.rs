@@ -386,7 +386,10 @@ mod tests {
         let mut removed = Snapshot::default();
         removed.sites.insert(key(1), stats(13, 144));
         t.forget(&removed);
-        assert!(t.idle_keys(1).sites.is_empty(), "forgotten keys are not idle");
+        assert!(
+            t.idle_keys(1).sites.is_empty(),
+            "forgotten keys are not idle"
+        );
         let d = t.interval(snap(&[(2, 80)]));
         assert_eq!(d.sites[&key(1)].count, 3);
         assert_eq!(d.sites[&key(2)].count, 10);

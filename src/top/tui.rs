@@ -86,7 +86,9 @@ impl App {
             }
             KeyCode::Char('+') | KeyCode::Char('=') => self.step_interval(1),
             KeyCode::Char('-') => self.step_interval(-1),
-            KeyCode::Down | KeyCode::Char('j') => self.select(self.selected.saturating_add(1), rows),
+            KeyCode::Down | KeyCode::Char('j') => {
+                self.select(self.selected.saturating_add(1), rows)
+            }
             KeyCode::Up | KeyCode::Char('k') => self.select(self.selected.saturating_sub(1), rows),
             KeyCode::PageDown => self.select(self.selected.saturating_add(10), rows),
             KeyCode::PageUp => self.select(self.selected.saturating_sub(10), rows),
@@ -233,7 +235,11 @@ fn draw_detail(f: &mut Frame, area: Rect, row: Option<&TopRow>, interval_s: f64)
                 None => lines.push(Line::from("(no stack for this row in this interval)")),
             }
             lines.push(Line::from("requested sizes this interval:"));
-            lines.extend(histogram(&c.hist, "  ").lines().map(|l| Line::from(l.to_string())));
+            lines.extend(
+                histogram(&c.hist, "  ")
+                    .lines()
+                    .map(|l| Line::from(l.to_string())),
+            );
             format!(" {} {} ", r.name, r.detail)
         }
     };
@@ -294,9 +300,9 @@ pub fn next_key(timeout: Duration) -> Result<Option<KeyEvent>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::top::view::TopSort;
     use crate::report::tests::{fixture_symbols, sample_snapshot};
     use crate::report::{build, BuildOptions, RunInfo};
+    use crate::top::view::TopSort;
     use crate::top::view::{rows, sort_rows, ObjectSizes};
     use ratatui::backend::TestBackend;
 
@@ -325,7 +331,11 @@ mod tests {
         assert_eq!(a.view.by, GroupBy::Stack);
         a.on_key(key(KeyCode::Char('3')), 5);
         assert_eq!(a.view.by, GroupBy::Cache);
-        assert_eq!(a.on_key(key(KeyCode::Char('4')), 5), Action::Nothing, "no process data");
+        assert_eq!(
+            a.on_key(key(KeyCode::Char('4')), 5),
+            Action::Nothing,
+            "no process data"
+        );
         a.on_key(key(KeyCode::Char('v')), 5);
         assert_eq!(a.view.by, GroupBy::Site);
         assert_eq!(a.on_key(key(KeyCode::Char(' ')), 5), Action::Reschedule);
@@ -401,7 +411,10 @@ mod tests {
         assert!(s.contains("kheap top  2026-11-29T17:30:01Z"), "{s}");
         assert!(s.contains("alloc/s"), "{s}");
         let first = s.lines().position(|l| l.contains("load_msg+0x10")).unwrap();
-        let second = s.lines().position(|l| l.contains("simple_xattr_alloc")).unwrap();
+        let second = s
+            .lines()
+            .position(|l| l.contains("simple_xattr_alloc"))
+            .unwrap();
         assert!(first < second, "sorted by bytes: {s}");
         assert!(s.contains("q quit"), "{s}");
         a.expanded = true;

@@ -109,9 +109,8 @@ pub struct ObjectSizes(HashMap<String, u64>);
 impl ObjectSizes {
     pub fn learn(&mut self, report: &Report) {
         for c in &report.caches {
-            if c.counts.count > 0 {
-                self.0
-                    .insert(c.name.clone(), c.counts.bytes_alloc / c.counts.count);
+            if let Some(size) = c.counts.bytes_alloc.checked_div(c.counts.count) {
+                self.0.insert(c.name.clone(), size);
             }
         }
     }
@@ -126,6 +125,15 @@ pub fn frees_attributable(cache: &str) -> bool {
     !cache.starts_with("kmalloc-")
 }
 
+/// The first `n` items and how many more: "bio-120,bio-184 +3".
+pub fn short_list(items: &[String], n: usize) -> String {
+    let mut s = items.iter().take(n).cloned().collect::<Vec<_>>().join(",");
+    if items.len() > n {
+        let _ = write!(s, " +{}", items.len() - n);
+    }
+    s
+}
+
 /// The rows of one grouping of an interval report.
 pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
     match by {
@@ -134,7 +142,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
             .iter()
             .map(|s| TopRow {
                 name: s.location.clone(),
-                detail: s.caches.join(","),
+                detail: short_list(&s.caches, 2),
                 counts: s.counts.clone(),
                 net_bytes: None,
                 // The site's sampled stacks: those passing through its call
@@ -472,6 +480,14 @@ mod tests {
     }
 
     #[test]
+    fn long_cache_lists_are_shortened() {
+        let l = |v: &[&str]| short_list(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>(), 2);
+        assert_eq!(l(&["a"]), "a");
+        assert_eq!(l(&["a", "b"]), "a,b");
+        assert_eq!(l(&["a", "b", "c", "d"]), "a,b +2");
+    }
+
+    #[test]
     fn signed_sizes() {
         assert_eq!(signed_size(1536.0), "+1.5K");
         assert_eq!(signed_size(-300.0 * 1024.0), "-300K");
@@ -547,10 +563,7 @@ mod tests {
         assert!(h.contains("sampled 1 in 10"), "{h}");
         assert!(h.contains("lost: 2 stacks, 0 map-full drops"), "{h}");
         assert!(h.contains("aged out: 3 idle keys"), "{h}");
-        assert!(
-            h.contains("BPF 1.5% of a CPU (40 ns x 1.0k runs/s)"),
-            "{h}"
-        );
+        assert!(h.contains("BPF 1.5% of a CPU (40 ns x 1.0k runs/s)"), "{h}");
         assert!(h.contains("kheap 0.3% CPU, 12.0M RSS"), "{h}");
         assert!(h.contains("rows: 1 of 2 (1 hidden)"), "{h}");
     }
