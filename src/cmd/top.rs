@@ -325,6 +325,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         }
         if redraw {
             rows = screen_rows(current.as_ref(), &app, top, args.rows);
+            app.follow(&rows);
             screen
                 .terminal
                 .draw(|f| tui::draw(f, &app, current.as_ref(), &rows))?;

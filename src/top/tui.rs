@@ -41,6 +41,9 @@ pub struct App {
     pub interval_s: f64,
     pub with_processes: bool,
     pub selected: usize,
+    /// The selected row's key: the selection follows it when rows reorder
+    /// between refreshes.
+    pub selected_key: Option<String>,
     pub expanded: bool,
 }
 
@@ -51,8 +54,22 @@ impl App {
             interval_s,
             with_processes,
             selected: 0,
+            selected_key: None,
             expanded: false,
         }
+    }
+
+    /// Keeps the selection on the same row after a refresh reordered them.
+    pub fn follow(&mut self, rows: &[TopRow]) {
+        if let Some(i) = self
+            .selected_key
+            .as_ref()
+            .and_then(|k| rows.iter().position(|r| &r.key == k))
+        {
+            self.selected = i;
+        }
+        self.selected = self.selected.min(rows.len().saturating_sub(1));
+        self.selected_key = rows.get(self.selected).map(|r| r.key.clone());
     }
 
     pub fn on_key(&mut self, key: KeyEvent, rows: usize) -> Action {
@@ -104,11 +121,14 @@ impl App {
     fn set_view(&mut self, by: GroupBy) -> Action {
         self.view.by = by;
         self.selected = 0;
+        self.selected_key = None;
         Action::Redraw
     }
 
     fn select(&mut self, i: usize, rows: usize) -> Action {
         self.selected = i.min(rows.saturating_sub(1));
+        // Re-read from the rows by the caller (`follow`).
+        self.selected_key = None;
         Action::Redraw
     }
 
@@ -174,26 +194,31 @@ pub fn draw(f: &mut Frame, app: &App, iv: Option<&Interval>, rows: &[TopRow]) {
 fn draw_table(f: &mut Frame, area: Rect, app: &App, rows: &[TopRow], interval_s: f64) {
     let by = app.view.by;
     let sorted = app.view.sort.column();
-    let header = Row::new(headers(by).into_iter().map(|h| {
+    // The two naming columns are left-aligned, the numbers right-aligned.
+    let align = |i: usize, line: Line<'static>| if i < 2 { line } else { line.right_aligned() };
+    let header = Row::new(headers(by).into_iter().enumerate().map(|(i, h)| {
         let style = if h == sorted {
             Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED)
         } else {
             Style::new().add_modifier(Modifier::BOLD)
         };
-        Cell::from(Line::from(h).right_aligned()).style(style)
+        Cell::from(align(i, Line::from(h))).style(style)
     }));
     let body = rows.iter().map(|r| {
         Row::new(
             cells(r, by, interval_s)
                 .into_iter()
                 .enumerate()
-                .map(|(i, c)| {
-                    let line = Line::from(c);
-                    Cell::from(if i == 0 { line } else { line.right_aligned() })
-                }),
+                .map(|(i, c)| Cell::from(align(i, Line::from(c)))),
         )
     });
-    let mut widths = vec![Constraint::Fill(1), Constraint::Length(16)];
+    let detail_w = rows
+        .iter()
+        .map(|r| r.detail.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(8, 40) as u16;
+    let mut widths = vec![Constraint::Fill(1), Constraint::Length(detail_w)];
     widths.extend([Constraint::Length(9); 7]);
     let table = Table::new(body, widths)
         .header(header)
@@ -223,6 +248,8 @@ fn draw_detail(f: &mut Frame, area: Rect, row: Option<&TopRow>, interval_s: f64)
                     ""
                 }
             )));
+            lines.push(Line::from("requested sizes this interval:"));
+            lines.extend(histogram(&c.hist, "  ").lines().map(|l| Line::from(l.to_string())));
             match r.stacks.first() {
                 Some(frames) => {
                     lines.push(Line::from(if r.stacks.len() > 1 {
@@ -234,12 +261,6 @@ fn draw_detail(f: &mut Frame, area: Rect, row: Option<&TopRow>, interval_s: f64)
                 }
                 None => lines.push(Line::from("(no stack for this row in this interval)")),
             }
-            lines.push(Line::from("requested sizes this interval:"));
-            lines.extend(
-                histogram(&c.hist, "  ")
-                    .lines()
-                    .map(|l| Line::from(l.to_string())),
-            );
             format!(" {} {} ", r.name, r.detail)
         }
     };
@@ -352,6 +373,24 @@ mod tests {
             a.on_key(key(KeyCode::Char('+')), 5);
         }
         assert_eq!(a.interval_s, 10.0);
+    }
+
+    #[test]
+    fn selection_follows_its_row_across_refreshes() {
+        let row = |n: &str| TopRow {
+            key: n.into(),
+            ..Default::default()
+        };
+        let mut a = app();
+        a.on_key(key(KeyCode::Down), 3);
+        a.follow(&[row("a"), row("b"), row("c")]);
+        assert_eq!(a.selected_key.as_deref(), Some("b"));
+        a.follow(&[row("b"), row("c"), row("a")]);
+        assert_eq!(a.selected, 0, "b moved to the top");
+        a.follow(&[row("c")]);
+        assert_eq!((a.selected, a.selected_key.as_deref()), (0, Some("c")));
+        a.follow(&[]);
+        assert_eq!(a.selected_key, None);
     }
 
     #[test]

@@ -86,6 +86,9 @@ pub fn group_name(by: GroupBy) -> &'static str {
 /// One row of one interval.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TopRow {
+    /// What identifies the row across intervals (two sites can share a
+    /// label): call site and caches, stack frames, cache name, or PID.
+    pub key: String,
     /// Site location, stack label, cache name, or PID.
     pub name: String,
     /// Caches of a site or stack, frees/s of a cache, comm of a process.
@@ -141,6 +144,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
             .sites
             .iter()
             .map(|s| TopRow {
+                key: format!("{} {}", s.call_site, s.caches.join(",")),
                 name: s.location.clone(),
                 detail: short_list(&s.caches, 2),
                 counts: s.counts.clone(),
@@ -160,6 +164,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
             .stacks
             .iter()
             .map(|s| TopRow {
+                key: format!("{} {}", s.frames.join(";"), s.cache),
                 name: s.function.clone(),
                 detail: s.cache.clone(),
                 counts: s.counts.clone(),
@@ -180,6 +185,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
                     None
                 };
                 TopRow {
+                    key: c.name.clone(),
                     name: c.name.clone(),
                     detail: if frees_attributable(&c.name) {
                         c.frees.to_string()
@@ -197,6 +203,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
             .processes
             .iter()
             .map(|p| TopRow {
+                key: p.pid.to_string(),
                 name: p.pid.to_string(),
                 detail: p.comm.clone(),
                 counts: p.counts.clone(),
