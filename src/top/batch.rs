@@ -14,6 +14,13 @@ pub fn text(iv: &Interval, v: &ViewOptions, sizes: &ObjectSizes, limit: usize) -
     let mut out = view::header_lines(iv, v, rows.len(), total).join("\n");
     out.push('\n');
     let mut t = new_table(&headers(v.by));
+    // Cache lists and command names read better left-aligned; the cache
+    // view's second column is a number (frees/s).
+    if v.by != GroupBy::Cache {
+        if let Some(c) = t.column_mut(1) {
+            c.set_cell_alignment(comfy_table::CellAlignment::Left);
+        }
+    }
     for r in &rows {
         t.add_row(cells(r, v.by, iv.interval_s));
     }

@@ -249,7 +249,11 @@ fn draw_detail(f: &mut Frame, area: Rect, row: Option<&TopRow>, interval_s: f64)
                 }
             )));
             lines.push(Line::from("requested sizes this interval:"));
-            lines.extend(histogram(&c.hist, "  ").lines().map(|l| Line::from(l.to_string())));
+            lines.extend(
+                histogram(&c.hist, "  ")
+                    .lines()
+                    .map(|l| Line::from(l.to_string())),
+            );
             match r.stacks.first() {
                 Some(frames) => {
                     lines.push(Line::from(if r.stacks.len() > 1 {
