@@ -11,6 +11,94 @@ use libbpf_rs::{MapCore, MapFlags};
 
 use crate::bpf::from_bytes;
 
+/// Entries per BPF_MAP_LOOKUP_BATCH call.
+const BATCH: u32 = 256;
+
+/// Raw (key bytes, value bytes) entries of a map.
+type RawEntries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Every (key, value) of a hash map in a few BPF_MAP_LOOKUP_BATCH calls
+/// instead of two syscalls per key (kheap top reads the maps every second).
+/// `value_len` is the bytes per value (all CPUs' for a per-CPU map). `None`
+/// when the kernel has no batch operations for the map (before 5.6).
+fn lookup_all_batched<M: MapCore>(map: &M, value_len: usize) -> Result<Option<RawEntries>> {
+    let key_len = map.key_size() as usize;
+    let mut batch = BATCH;
+    let mut out = Vec::new();
+    // The kernel's cursor for hash maps is a bucket index (u32).
+    let mut cursor = 0u64;
+    let mut started = false;
+    loop {
+        let mut keys = vec![0u8; key_len * batch as usize];
+        let mut values = vec![0u8; value_len * batch as usize];
+        let mut count = batch;
+        let opts = libbpf_sys::bpf_map_batch_opts {
+            sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
+            ..Default::default()
+        };
+        let mut next = 0u64;
+        let ret = unsafe {
+            libbpf_sys::bpf_map_lookup_batch(
+                map.as_fd().as_raw_fd(),
+                if started {
+                    (&mut cursor as *mut u64).cast()
+                } else {
+                    std::ptr::null_mut()
+                },
+                (&mut next as *mut u64).cast(),
+                keys.as_mut_ptr().cast(),
+                values.as_mut_ptr().cast(),
+                &mut count,
+                &opts,
+            )
+        };
+        let err = (ret != 0).then(std::io::Error::last_os_error);
+        let errno = err.as_ref().and_then(|e| e.raw_os_error());
+        match errno {
+            // A bucket holds more entries than the buffer: retry it bigger.
+            Some(libc::ENOSPC) if batch < map.max_entries().max(BATCH) * 2 => {
+                batch *= 2;
+                continue;
+            }
+            Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524 /* ENOTSUPP */) if !started => {
+                return Ok(None)
+            }
+            None | Some(libc::ENOENT) => {}
+            Some(_) => {
+                return Err(err.unwrap())
+                    .with_context(|| format!("reading BPF map {}", map.name().to_string_lossy()))
+            }
+        }
+        for i in 0..count as usize {
+            out.push((
+                keys[i * key_len..(i + 1) * key_len].to_vec(),
+                values[i * value_len..(i + 1) * value_len].to_vec(),
+            ));
+        }
+        // ENOENT: that was the last batch.
+        if errno == Some(libc::ENOENT) {
+            return Ok(Some(out));
+        }
+        cursor = next;
+        started = true;
+    }
+}
+
+/// Bytes the kernel uses per value of a per-CPU map: one 8-byte-aligned
+/// value per possible CPU.
+fn percpu_value_len<M: MapCore>(map: &M) -> Result<(usize, usize)> {
+    let aligned = (map.value_size() as usize).div_ceil(8) * 8;
+    Ok((aligned, aligned * libbpf_rs::num_possible_cpus()?))
+}
+
+/// Splits one per-CPU value into its CPUs' values.
+fn split_per_cpu<M: MapCore>(map: &M, bytes: &[u8], aligned: usize) -> Vec<Vec<u8>> {
+    bytes
+        .chunks_exact(aligned)
+        .map(|c| c[..map.value_size() as usize].to_vec())
+        .collect()
+}
+
 /// Reads every entry of a per-CPU hash map, summing each value over CPUs.
 /// Entries deleted between listing and lookup are skipped.
 pub fn read_percpu_hash<K, V, M>(map: &M) -> Result<Vec<(K, V)>>
@@ -19,6 +107,18 @@ where
     K: plain::Plain + Default + Copy,
     V: plain::Plain + Default + Copy + AddAssign,
 {
+    let (aligned, len) = percpu_value_len(map)?;
+    if let Some(entries) = lookup_all_batched(map, len)? {
+        return Ok(entries
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    from_bytes::<K>(&k),
+                    sum_per_cpu::<V>(&split_per_cpu(map, &v, aligned)),
+                )
+            })
+            .collect());
+    }
     let mut out = Vec::new();
     for key in map.keys() {
         let Some(per_cpu) = map
@@ -51,6 +151,12 @@ where
     K: plain::Plain + Default + Copy + Eq + Hash,
     V: plain::Plain + Default + Copy,
 {
+    if let Some(entries) = lookup_all_batched(map, map.value_size() as usize)? {
+        return Ok(entries
+            .into_iter()
+            .map(|(k, v)| (from_bytes::<K>(&k), from_bytes::<V>(&v)))
+            .collect());
+    }
     let mut out = HashMap::new();
     for key in map.keys() {
         if let Some(v) = map.lookup(&key, MapFlags::ANY)? {
@@ -97,9 +203,8 @@ where
 {
     // libbpf-rs's lookup_and_delete sizes its buffer for one CPU; the
     // kernel writes one 8-byte-aligned value per possible CPU.
-    let aligned = (map.value_size() as usize).div_ceil(8) * 8;
-    let ncpu = libbpf_rs::num_possible_cpus()?;
-    let mut buf = vec![0u8; aligned * ncpu];
+    let (aligned, len) = percpu_value_len(map)?;
+    let mut buf = vec![0u8; len];
     let ret = unsafe {
         libbpf_sys::bpf_map_lookup_and_delete_elem(
             map.as_fd().as_raw_fd(),
@@ -119,9 +224,5 @@ where
             )
         });
     }
-    let per_cpu: Vec<Vec<u8>> = buf
-        .chunks_exact(aligned)
-        .map(|c| c[..map.value_size() as usize].to_vec())
-        .collect();
-    Ok(Some(sum_per_cpu(&per_cpu)))
+    Ok(Some(sum_per_cpu(&split_per_cpu(map, &buf, aligned))))
 }

@@ -1,6 +1,7 @@
 //! Loading the BPF object and attaching it. Links are RAII: dropping the
 //! session (on any exit path, errors included) detaches everything.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -70,6 +71,10 @@ pub struct Session {
     pub attached: Vec<String>,
     /// Hooks not attached, with the reason.
     pub skipped: Vec<String>,
+    /// Stack traces already read, by id. An id keeps its frames until kheap
+    /// deletes it (without BPF_F_REUSE_STACKID a colliding stack is dropped,
+    /// not stored over it), so a refreshing view reads each stack once.
+    stack_cache: RefCell<HashMap<i64, Vec<u64>>>,
     // Held so a tracefs kheap mounted itself stays mounted while attached.
     _tracefs: Option<Tracefs>,
 }
@@ -177,6 +182,7 @@ impl Session {
             attached_progs: Vec::new(),
             attached,
             skipped,
+            stack_cache: RefCell::default(),
             _tracefs: tracefs,
         };
         for &pid in &cfg.pids {
@@ -245,11 +251,15 @@ impl Session {
         for (k, v) in maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)? {
             *snap.sites.entry(site_key(&k, &names)).or_default() += v.into();
         }
+        let mut stack_cache = self.stack_cache.borrow_mut();
         for (k, v) in maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(&m.stacks)?
         {
             let id = k.stack_id;
             if let std::collections::hash_map::Entry::Vacant(e) = snap.stack_frames.entry(id) {
-                if let Some(frames) = maps::read_stack(&m.stack_traces, id as u32)? {
+                if let Some(frames) = stack_cache.get(&id) {
+                    e.insert(frames.clone());
+                } else if let Some(frames) = maps::read_stack(&m.stack_traces, id as u32)? {
+                    stack_cache.insert(id, frames.clone());
                     e.insert(frames);
                 }
             }
@@ -338,6 +348,7 @@ impl Session {
             }
             // Already gone is fine: the kernel may reuse ids on collision.
             let _ = m.stack_traces.delete(&(id as u32).to_ne_bytes());
+            self.stack_cache.borrow_mut().remove(&id);
         }
 
         for &pid in &idle.procs {
