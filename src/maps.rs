@@ -84,6 +84,20 @@ fn lookup_all_batched<M: MapCore>(map: &M, value_len: usize) -> Result<Option<Ra
     }
 }
 
+/// Every key of a hash map, listed before the caller deletes any (deleting
+/// during a get-next-key walk restarts it). Batched where the kernel can.
+pub fn keys<M: MapCore>(map: &M) -> Result<Vec<Vec<u8>>> {
+    let len = if map.map_type().is_percpu() {
+        percpu_value_len(map)?.1
+    } else {
+        map.value_size() as usize
+    };
+    Ok(match lookup_all_batched(map, len)? {
+        Some(entries) => entries.into_iter().map(|(k, _)| k).collect(),
+        None => map.keys().collect(),
+    })
+}
+
 /// Bytes the kernel uses per value of a per-CPU map: one 8-byte-aligned
 /// value per possible CPU.
 fn percpu_value_len<M: MapCore>(map: &M) -> Result<(usize, usize)> {

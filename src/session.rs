@@ -310,11 +310,9 @@ impl Session {
         }
         let m = &self.skel.maps;
         let names = self.cache_names()?;
-        // Keys are listed before deleting: deleting during a walk restarts it.
-        let keys_of = |map: &libbpf_rs::Map<'static>| map.keys().collect::<Vec<Vec<u8>>>();
 
         let sites: HashSet<&SiteKey> = idle.sites.iter().collect();
-        for raw in keys_of(&m.sites) {
+        for raw in maps::keys(&m.sites)? {
             let k = site_key(&from_bytes::<types::site_key>(&raw), &names);
             if sites.contains(&k) {
                 if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.sites, &raw)? {
@@ -325,7 +323,7 @@ impl Session {
 
         let stacks: HashSet<&(SiteKey, i64)> = idle.stacks.iter().collect();
         let mut still_used = HashSet::new();
-        for raw in keys_of(&m.stacks) {
+        for raw in maps::keys(&m.stacks)? {
             let sk = from_bytes::<types::stack_key>(&raw);
             let k = (site_key(&sk.site, &names), sk.stack_id);
             if !stacks.contains(&k) {
@@ -365,7 +363,7 @@ impl Session {
         }
 
         let caches: HashSet<&CacheId> = idle.caches.iter().collect();
-        for raw in keys_of(&m.cache_frees) {
+        for raw in maps::keys(&m.cache_frees)? {
             let id = cache_id(from_bytes::<u64>(&raw), 0, false, &names);
             if caches.contains(&id) {
                 if let Some(v) = maps::take_percpu::<types::cache_frees, _>(&m.cache_frees, &raw)? {

@@ -62,6 +62,24 @@ impl Drop for Loop {
     }
 }
 
+/// Starts `kheap top ARGS` and waits until it counts (its "tracing" line).
+fn start_top(args: &[&str]) -> Child {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(KHEAP)
+        .arg("top")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("tracing"), "kheap top did not start: {line}");
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    child
+}
+
 fn iovec_site(interval: &Value) -> Option<&Value> {
     interval["sites"]
         .as_array()?
@@ -212,6 +230,70 @@ fn cache_view_shows_frees_of_dedicated_caches() {
         caches.iter().any(|c| u(&c["frees"]) > 0),
         "some cache frees were attributed: {caches:?}"
     );
+}
+
+#[test]
+fn aging_out_idle_keys_loses_and_doubles_nothing() {
+    if !require_root("aging_out_idle_keys_loses_and_doubles_nothing") {
+        return;
+    }
+    // The loop waits on stdin until top counts, runs 1 s, then stops; with
+    // --idle-intervals 1 its site and stacks are deleted from the maps one
+    // idle interval later. Summed over the intervals, top must still see
+    // exactly the loop's calls.
+    let mut load = Command::new(LOAD)
+        .args(["writev-rate", &RATE.to_string(), "1", "wait"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut top = start_top(&[
+        "-b",
+        "-n",
+        "10",
+        "-i",
+        "0.5",
+        "--format",
+        "json",
+        "--idle-intervals",
+        "1",
+        "-p",
+        &load.id().to_string(),
+    ]);
+    {
+        use std::io::Write;
+        load.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    }
+    let mut out = String::new();
+    load.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(load.wait().unwrap().success());
+    let calls: u64 = out.split_whitespace().next().unwrap().parse().unwrap();
+    let mut text = String::new();
+    top.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    assert!(top.wait().unwrap().success());
+    let intervals: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(intervals.len(), 10);
+    let seen: u64 = intervals
+        .iter()
+        .filter_map(iovec_site)
+        .map(|s| u(&s["count"]))
+        .sum();
+    assert_eq!(seen, calls, "every call counted exactly once: {text}");
+    let aged: u64 = intervals.iter().map(|iv| u(&iv["aged_out"])).sum();
+    assert!(aged >= 1, "the idle site was aged out: {text}");
+    // After the loop stopped and its keys went, intervals are empty.
+    assert_eq!(u(&intervals[9]["totals"]["allocs"]), 0, "{}", intervals[9]);
 }
 
 /// Bad invocations: one line, non-zero exit, nothing attached.

@@ -7,15 +7,17 @@
 //!   kheap-load writev COUNT                 writev(2) of 9 iovecs to
 //!       /dev/null: exactly one kmalloc (144 bytes, iovec_from_user) and one
 //!       kfree per call. Prints ns per call.
-//!   kheap-load writev-rate RATE SECS        the same call, paced at RATE
+//!   kheap-load writev-rate RATE SECS [wait] the same call, paced at RATE
 //!       calls per second for SECS seconds (catching up if it falls behind).
-//!       Prints the calls made, the time taken and the rate achieved.
+//!       Prints the calls made, the time taken and the rate achieved. With
+//!       `wait`, starts only after reading a line from stdin (so a tracer
+//!       can be attached to its PID first).
 
 use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | kheap-load writev COUNT | kheap-load writev-rate RATE SECS"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | kheap-load writev COUNT | kheap-load writev-rate RATE SECS [wait]"
     );
     std::process::exit(2);
 }
@@ -35,7 +37,13 @@ fn main() {
             args.get(4).map(|_| arg(&args, 4)),
         ),
         Some("writev") => writev(arg(&args, 2)),
-        Some("writev-rate") => writev_rate(arg(&args, 2), arg(&args, 3)),
+        Some("writev-rate") => {
+            if args.get(4).is_some_and(|a| a == "wait") {
+                let mut line = String::new();
+                let _ = std::io::stdin().read_line(&mut line);
+            }
+            writev_rate(arg(&args, 2), arg(&args, 3))
+        }
         _ => usage(),
     }
 }

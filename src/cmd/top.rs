@@ -124,10 +124,6 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
             None
         }
     };
-    eprintln!(
-        "kheap: tracing kernel heap allocations ({})",
-        session.attached.join(", ")
-    );
     let mut filters = Vec::new();
     if !args.pids.is_empty() {
         filters.push(format!("pid {:?}", args.pids));
@@ -149,6 +145,12 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     // whatever happened before it is not in any interval.
     let mut tracker = Tracker::new();
     tracker.interval(session.snapshot()?);
+    // Said once counting has begun: every event after this line is in an
+    // interval.
+    eprintln!(
+        "kheap: tracing kernel heap allocations ({})",
+        session.attached.join(", ")
+    );
     let mut top = Top {
         run_time: stats.as_ref().and_then(|_| session.run_time().ok()),
         session,
@@ -261,7 +263,8 @@ fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            std::thread::sleep(left.min(Duration::from_millis(20)));
+            // Wakes up to see a stop request; rarely, to cost next to nothing.
+            std::thread::sleep(left.min(Duration::from_millis(100)));
         }
         let iv = top.read_interval()?;
         deadline = next_deadline(deadline, args.interval);
