@@ -288,16 +288,23 @@ fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
     }
 }
 
-fn screen_rows(iv: Option<&Interval>, app: &App, top: &Top, limit: Option<usize>) -> Vec<TopRow> {
+/// The rows to show, sorted and cut to `limit`, and how many there were.
+fn screen_rows(
+    iv: Option<&Interval>,
+    app: &App,
+    top: &Top,
+    limit: Option<usize>,
+) -> (Vec<TopRow>, usize) {
     let Some(iv) = iv else {
-        return Vec::new();
+        return (Vec::new(), 0);
     };
     let mut rows = view::rows(&iv.report, app.view.by, &top.sizes);
     view::sort_rows(&mut rows, app.view.sort);
+    let total = rows.len();
     if let Some(n) = limit {
         rows.truncate(n);
     }
-    rows
+    (rows, total)
 }
 
 fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
@@ -327,11 +334,12 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
             redraw = true;
         }
         if redraw {
-            rows = screen_rows(current.as_ref(), &app, top, args.rows);
+            let (shown, total) = screen_rows(current.as_ref(), &app, top, args.rows);
+            rows = shown;
             app.follow(&rows);
             screen
                 .terminal
-                .draw(|f| tui::draw(f, &app, current.as_ref(), &rows))?;
+                .draw(|f| tui::draw(f, &app, current.as_ref(), &rows, total))?;
             redraw = false;
         }
         if args.iterations.is_some_and(|n| done >= n) {

@@ -155,8 +155,9 @@ impl App {
 pub const KEYS_HELP: &str =
     "q quit  s sort  v/Tab view (1-4)  space pause  +/- interval  ↑/↓ select  Enter expand";
 
-/// Draws one screen. `iv` is None until the first interval has been read.
-pub fn draw(f: &mut Frame, app: &App, iv: Option<&Interval>, rows: &[TopRow]) {
+/// Draws one screen. `iv` is None until the first interval has been read;
+/// `total` counts the rows before `--rows` cut them.
+pub fn draw(f: &mut Frame, app: &App, iv: Option<&Interval>, rows: &[TopRow], total: usize) {
     let area = f.area();
     let detail_h = if app.expanded { area.height / 2 } else { 0 };
     let [head, table, detail, keys] = Layout::vertical([
@@ -169,7 +170,7 @@ pub fn draw(f: &mut Frame, app: &App, iv: Option<&Interval>, rows: &[TopRow]) {
 
     let visible = table.height.saturating_sub(1) as usize;
     let head_text: Vec<Line> = match iv {
-        Some(iv) => header_lines(iv, &app.view, rows.len().min(visible), rows.len())
+        Some(iv) => header_lines(iv, &app.view, rows.len().min(visible), total)
             .into_iter()
             .map(Line::from)
             .collect(),
@@ -194,8 +195,16 @@ pub fn draw(f: &mut Frame, app: &App, iv: Option<&Interval>, rows: &[TopRow]) {
 fn draw_table(f: &mut Frame, area: Rect, app: &App, rows: &[TopRow], interval_s: f64) {
     let by = app.view.by;
     let sorted = app.view.sort.column();
-    // The two naming columns are left-aligned, the numbers right-aligned.
-    let align = |i: usize, line: Line<'static>| if i < 2 { line } else { line.right_aligned() };
+    // The naming columns are left-aligned, the numbers right-aligned (the
+    // cache view's second column is frees/s).
+    let names = if by == GroupBy::Cache { 1 } else { 2 };
+    let align = |i: usize, line: Line<'static>| {
+        if i < names {
+            line
+        } else {
+            line.right_aligned()
+        }
+    };
     let header = Row::new(headers(by).into_iter().enumerate().map(|(i, h)| {
         let style = if h == sorted {
             Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED)
@@ -435,7 +444,8 @@ mod tests {
         let mut r = rows(&iv.report, a.view.by, &ObjectSizes::default());
         sort_rows(&mut r, a.view.sort);
         let mut term = Terminal::new(TestBackend::new(140, 40)).unwrap();
-        term.draw(|f| draw(f, a, Some(&iv), &r)).unwrap();
+        let total = r.len();
+        term.draw(|f| draw(f, a, Some(&iv), &r, total)).unwrap();
         let buf = term.backend().buffer().clone();
         let mut s = String::new();
         for y in 0..buf.area.height {
