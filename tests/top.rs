@@ -5,6 +5,7 @@
 mod common;
 
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -317,6 +318,15 @@ fn bad_input_gives_one_line_errors() {
         "no process with PID 3999999",
     );
     check(&["top", "-b", "-n", "0"], "at least one iteration");
+    let out = Command::new(KHEAP)
+        .args(["top", "-b", "-n", "1"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("needs root"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     let out = kheap(&["top", "-b", "-i", "0"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a positive number of seconds"));

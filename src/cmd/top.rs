@@ -20,7 +20,7 @@ use crate::top::batch;
 use crate::top::clock::rfc3339_utc;
 use crate::top::delta::Tracker;
 use crate::top::overhead::{self_usage, Overhead, ProgRunTime, SelfUsage};
-use crate::top::tui::{self, Action, App, Screen};
+use crate::top::tui::{self, Action, App, Input, Screen};
 use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -348,8 +348,8 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         let wait = deadline
             .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(100));
-        if let Some(key) = tui::next_key(wait)? {
-            match app.on_key(key, rows.len()) {
+        match tui::next_input(wait)? {
+            Some(Input::Key(key)) => match app.on_key(key, rows.len()) {
                 Action::Quit => break,
                 Action::Redraw => redraw = true,
                 Action::Reschedule => {
@@ -357,7 +357,9 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
                     redraw = true;
                 }
                 Action::Nothing => {}
-            }
+            },
+            Some(Input::Resize) => redraw = true,
+            None => {}
         }
     }
     drop(screen);

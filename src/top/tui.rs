@@ -320,12 +320,21 @@ impl Drop for Screen {
     }
 }
 
-/// Waits up to `timeout` for a key press.
-pub fn next_key(timeout: Duration) -> Result<Option<KeyEvent>> {
+/// What the terminal reported.
+pub enum Input {
+    Key(KeyEvent),
+    /// The window changed size: redraw now rather than at the next refresh.
+    Resize,
+}
+
+/// Waits up to `timeout` for a key press or a resize.
+pub fn next_input(timeout: Duration) -> Result<Option<Input>> {
     use crossterm::event::{poll, read, Event};
     if poll(timeout)? {
-        if let Event::Key(k) = read()? {
-            return Ok(Some(k));
+        match read()? {
+            Event::Key(k) => return Ok(Some(Input::Key(k))),
+            Event::Resize(..) => return Ok(Some(Input::Resize)),
+            _ => {}
         }
     }
     Ok(None)
