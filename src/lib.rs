@@ -2,8 +2,9 @@
 //! rounding wastes, and what is never freed.
 //!
 //! Modules that touch the kernel: `bpf` (skeleton), `session` (load/attach),
-//! `maps` (typed readers), `features` (probing), `target` (processes).
-//! Everything else is pure and tested without root.
+//! `maps` (typed readers), `features` (probing), `target` (processes), and
+//! the subcommands' loops in `cmd`. Everything else, `top`'s deltas, views
+//! and key handling included, is pure and tested without root.
 
 pub mod bpf;
 pub mod cli;

@@ -145,6 +145,9 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     // whatever happened before it is not in any interval.
     let mut tracker = Tracker::new();
     tracker.interval(session.snapshot()?);
+    let last_read = Instant::now();
+    let run_time = stats.as_ref().and_then(|_| session.run_time().ok());
+    let usage = self_usage();
     // Said once counting has begun: every event after this line is in an
     // interval.
     eprintln!(
@@ -152,7 +155,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         session.attached.join(", ")
     );
     let mut top = Top {
-        run_time: stats.as_ref().and_then(|_| session.run_time().ok()),
+        run_time,
         session,
         tracker,
         syms,
@@ -160,8 +163,8 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         stack_sample_every,
         idle_intervals: args.idle_intervals,
         run,
-        last_read: Instant::now(),
-        usage: self_usage(),
+        last_read,
+        usage,
     };
     let result = if args.batch {
         batch_loop(&mut top, &args)
