@@ -188,6 +188,40 @@ fn batch_table_is_plain_text_with_timestamps() {
 }
 
 #[test]
+fn process_view_counts_the_loop_process() {
+    if !require_root("process_view_counts_the_loop_process") {
+        return;
+    }
+    let load = Loop::start(6);
+    let pid = load.pid();
+    let out = kheap(&[
+        "top",
+        "-b",
+        "-n",
+        "2",
+        "-i",
+        "0.5",
+        "--by",
+        "process",
+        "--format",
+        "json",
+        "-p",
+        &pid.to_string(),
+    ]);
+    drop(load);
+    assert!(out.status.success());
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let iv: Value = serde_json::from_str(line).unwrap();
+        let procs = iv["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 1, "only the filtered process: {procs:?}");
+        assert_eq!(u(&procs[0]["pid"]), pid as u64);
+        assert_eq!(procs[0]["comm"], "kheap-load");
+        let site = iovec_site(&iv).unwrap();
+        assert_eq!(u(&procs[0]["count"]), u(&site["count"]), "{iv}");
+    }
+}
+
+#[test]
 fn cache_view_shows_frees_of_dedicated_caches() {
     if !require_root("cache_view_shows_frees_of_dedicated_caches") {
         return;
