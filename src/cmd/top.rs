@@ -25,6 +25,7 @@ use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum TopFormat {
+    /// Plain-text tables, one per interval (no escape codes)
     Table,
     /// One JSON object per interval, one per line (implies --batch)
     Json,
@@ -62,6 +63,7 @@ pub struct TopArgs {
     /// Stop after this many intervals (default: until q, Ctrl-C or SIGTERM)
     #[arg(short = 'n', long, value_name = "ITERATIONS")]
     pub iterations: Option<u64>,
+    /// Output format of batch mode
     #[arg(long, value_enum, default_value_t = TopFormat::Table)]
     pub format: TopFormat,
     /// Capture the stack of about one allocation in N (a power of two; 1: every one)
