@@ -4,3 +4,4 @@ pub mod doctor;
 pub mod malloc;
 pub mod record;
 pub mod slab;
+pub mod top;
