@@ -1,0 +1,313 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * kheap leaks: which traced allocations are still outstanding.
+ *
+ * Every traced allocation is remembered by address in `live` (a plain hash:
+ * the free may run on another CPU) with its site, stack, sizes, time and
+ * process; every free of a remembered address forgets it. Per site, the
+ * allocations (struct alloc_stats) and the frees seen (struct site_frees)
+ * are summed in per-CPU maps, so user space gets retained vs transient
+ * volume without walking `live`; it walks `live` only for ages.
+ *
+ * Frees of addresses never remembered (allocated before tracing began) are
+ * only counted. With pointer sampling, an address is traced or skipped by a
+ * hash of its value, so allocation and free always agree.
+ *
+ * tp_btf only: the hooks need the typed arguments to stay cheap.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include "kheap.h"
+#include "leaks.h"
+#include "alloc_stats.bpf.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+#define KHEAP_E2BIG 7
+
+const volatile struct leaks_config cfg = {};
+
+/* Resized from user space before load (--max-objects). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__type(key, __u64);
+	__type(value, struct live_obj);
+} live SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct site_key);
+	__type(value, struct alloc_stats);
+} sites SEC(".maps");
+
+/* Same keys as `sites`: a free adds on whichever CPU it runs; only the sum
+ * over CPUs means anything. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct site_key);
+	__type(value, struct site_frees);
+} frees SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct stack_key);
+	__type(value, struct alloc_stats);
+} stacks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 8192);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, KHEAP_STACK_DEPTH * sizeof(__u64));
+} stack_traces SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 2048);
+	__type(key, __u64);
+	__type(value, struct cache_name);
+} cache_names SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u8);
+} pid_filter SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct leak_counters);
+} counters SEC(".maps");
+
+static const struct site_frees zero_frees;
+
+#define COUNT(field)                                             \
+	do {                                                     \
+		__u32 __zero = 0;                                \
+		struct leak_counters *__c =                      \
+			bpf_map_lookup_elem(&counters, &__zero); \
+		if (__c)                                         \
+			__c->field++;                            \
+	} while (0)
+
+/* Fibonacci hashing: allocations are aligned, so the low bits of an address
+ * are mostly zero; the high bits of the product mix all of them. */
+static __always_inline bool ptr_traced(__u64 ptr)
+{
+	if (!cfg.ptr_sample_mask)
+		return true;
+	return (((ptr * 0x9E3779B97F4A7C15ULL) >> 40) & cfg.ptr_sample_mask) ==
+	       0;
+}
+
+static __always_inline bool task_wanted(__u32 tgid)
+{
+	if (cfg.filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid))
+		return false;
+	if (cfg.filter_comm && !comm_is(cfg.comm))
+		return false;
+	return true;
+}
+
+static __always_inline void remember_cache_name(__u64 cache, const char *name)
+{
+	struct cache_name n = {};
+
+	if (!cache || !name)
+		return;
+	bpf_probe_read_kernel_str(n.name, sizeof(n.name), name);
+	bpf_map_update_elem(&cache_names, &cache, &n, BPF_NOEXIST);
+}
+
+static __always_inline void count_update_error(long err)
+{
+	if (err == -KHEAP_E2BIG)
+		COUNT(map_full_live);
+	else
+		COUNT(map_busy);
+}
+
+/* Adds a forgotten object to its site's frees. `unseen`: its free was not
+ * traced (its address came back from the allocator while still tracked). */
+static __always_inline void add_free(const struct live_obj *o, bool unseen)
+{
+	struct site_frees *f = bpf_map_lookup_elem(&frees, &o->site);
+
+	if (!f) {
+		bpf_map_update_elem(&frees, &o->site, &zero_frees, BPF_NOEXIST);
+		f = bpf_map_lookup_elem(&frees, &o->site);
+		if (!f) {
+			COUNT(map_full_sites);
+			return;
+		}
+	}
+	if (unseen) {
+		f->unseen++;
+		return;
+	}
+	f->frees++;
+	f->bytes_req += o->bytes_req;
+	f->bytes_alloc += o->bytes_alloc;
+}
+
+static __always_inline void track_alloc(void *ctx, struct site_key *key,
+					__u64 ptr, __u64 req, __u64 alloc,
+					const char *name)
+{
+	struct live_obj obj = {.site = *key, .stack_id = -1};
+	bool created = false;
+	__u64 pid_tgid;
+	__u32 bucket;
+	long err;
+
+	pid_tgid = bpf_get_current_pid_tgid();
+	if ((cfg.filter_pids || cfg.filter_comm) &&
+	    !task_wanted(pid_tgid >> 32))
+		return;
+	if (req < cfg.min_size || (cfg.max_size && req > cfg.max_size))
+		return;
+	if (!ptr) {
+		COUNT(alloc_failed);
+		return;
+	}
+	if (!ptr_traced(ptr))
+		return;
+
+	bucket = size_bucket(req);
+	if (cfg.capture_stacks &&
+	    !(cfg.stack_sample_mask &&
+	      (bpf_get_prandom_u32() & cfg.stack_sample_mask))) {
+		long id = bpf_get_stackid(ctx, &stack_traces, 0);
+
+		if (id >= 0) {
+			struct stack_key skey = {.site = *key, .stack_id = id};
+
+			COUNT(stack_samples);
+			if (upsert_stats(&stacks, &skey, req, alloc, bucket,
+					 NULL))
+				obj.stack_id = id;
+			else
+				COUNT(map_full_stacks);
+		} else if (id == -KHEAP_EEXIST) {
+			COUNT(lost_stack_collision);
+		} else {
+			COUNT(lost_stack_other);
+		}
+	}
+
+	obj.bytes_req = req;
+	obj.bytes_alloc = alloc;
+	obj.ts = bpf_ktime_get_ns();
+	obj.tgid = pid_tgid >> 32;
+	err = bpf_map_update_elem(&live, &ptr, &obj, BPF_NOEXIST);
+	if (err == -KHEAP_EEXIST) {
+		/* The allocator handed out an address we still track: its
+		 * free was invisible. Account the old object as freed unseen
+		 * and track the new one. */
+		struct live_obj *old = bpf_map_lookup_elem(&live, &ptr);
+
+		if (old) {
+			struct live_obj prev = *old;
+
+			add_free(&prev, true);
+		}
+		COUNT(reused_live);
+		err = bpf_map_update_elem(&live, &ptr, &obj, BPF_ANY);
+	}
+	if (err) {
+		count_update_error(err);
+		return;
+	}
+	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
+		/* Keep the two views consistent: untrack what is uncounted. */
+		bpf_map_delete_elem(&live, &ptr);
+		COUNT(map_full_sites);
+		return;
+	}
+	if (created && key->cache)
+		remember_cache_name(key->cache, name);
+}
+
+static __always_inline void track_free(__u64 ptr)
+{
+	struct live_obj *o, obj;
+
+	if (!ptr) {
+		COUNT(frees_null);
+		return;
+	}
+	if (!ptr_traced(ptr))
+		return;
+	o = bpf_map_lookup_elem(&live, &ptr);
+	if (!o) {
+		COUNT(frees_untracked);
+		return;
+	}
+	/* Copy before deleting: the element is recycled right away. */
+	obj = *o;
+	/* Fails only if a concurrent free of the same address won the race;
+	 * that one accounts it. */
+	if (bpf_map_delete_elem(&live, &ptr))
+		return;
+	add_free(&obj, false);
+	COUNT(frees_tracked);
+}
+
+SEC("tp_btf/kmalloc")
+int BPF_PROG(kmalloc_btf, unsigned long call_site, const void *ptr,
+	     size_t bytes_req, size_t bytes_alloc, gfp_t gfp_flags, int node)
+{
+	struct site_key key = {
+		.call_site = call_site,
+		.kmalloc_size = bytes_alloc,
+		.kmalloc_accounted = !!(gfp_flags & cfg.gfp_account_mask),
+	};
+
+	track_alloc(ctx, &key, (__u64)ptr, bytes_req, bytes_alloc, NULL);
+	return 0;
+}
+
+SEC("tp_btf/kmem_cache_alloc")
+int BPF_PROG(cache_alloc_btf, unsigned long call_site, const void *ptr,
+	     struct kmem_cache *s, gfp_t gfp_flags, int node)
+{
+	struct site_key key = {.call_site = call_site, .cache = (__u64)s};
+
+	track_alloc(ctx, &key, (__u64)ptr, s->object_size, s->size, s->name);
+	return 0;
+}
+
+SEC("tp_btf/kfree")
+int BPF_PROG(kfree_btf, unsigned long call_site, const void *ptr)
+{
+	track_free((__u64)ptr);
+	return 0;
+}
+
+SEC("tp_btf/kmem_cache_free")
+int BPF_PROG(cache_free_btf, unsigned long call_site, const void *ptr,
+	     struct kmem_cache *s)
+{
+	track_free((__u64)ptr);
+	return 0;
+}
+
+/* With `-- CMD`, children of traced processes are traced too. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 parent_tgid = parent->tgid, child_tgid = child->tgid;
+	__u8 one = 1;
+
+	if (bpf_map_lookup_elem(&pid_filter, &parent_tgid))
+		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	return 0;
+}

@@ -1,0 +1,316 @@
+//! Loading bpf/leaks.bpf.c and reading what it tracks. Links are RAII:
+//! dropping the session (on any exit path, errors included) detaches
+//! everything.
+
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd};
+
+use anyhow::{bail, Context, Result};
+use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, ProgramMut};
+
+use crate::bpf::leaks::{types, LeaksSkel, LeaksSkelBuilder, OpenLeaksSkel};
+use crate::bpf::{c_str, from_bytes};
+use crate::features::{self, KernelBtf};
+use crate::leaks::live::{LeakEvents, LeakInput, LiveObject, SiteFrees};
+use crate::maps;
+use crate::report::{EventCounters, SiteKey, Snapshot};
+use crate::session::cache_id;
+
+/// What a leaks run traces and how.
+#[derive(Clone, Debug)]
+pub struct LeaksConfig {
+    pub min_size: u64,
+    pub max_size: Option<u64>,
+    pub pids: Vec<u32>,
+    pub follow_children: bool,
+    pub comm: Option<String>,
+    /// 1: every address; N (a power of two): addresses whose hash picks
+    /// about one in N.
+    pub sample_every: u32,
+    /// 1: every stack; N (a power of two): about one allocation in N; 0: none.
+    pub stack_sample_every: u32,
+    /// Capacity of the object map.
+    pub max_objects: u32,
+    pub max_sites: u32,
+}
+
+impl Default for LeaksConfig {
+    fn default() -> Self {
+        LeaksConfig {
+            min_size: 0,
+            max_size: None,
+            pids: Vec::new(),
+            follow_children: false,
+            comm: None,
+            sample_every: 1,
+            stack_sample_every: 64,
+            max_objects: 262_144,
+            max_sites: 8192,
+        }
+    }
+}
+
+/// The hooks, in attach order: allocations are only tracked once both free
+/// hooks are attached, so no tracked object's free can be missed at start.
+const HOOKS: [&str; 5] = [
+    "kfree",
+    "kmem_cache_free",
+    "sched_process_fork",
+    "kmalloc",
+    "kmem_cache_alloc",
+];
+
+pub struct LeaksSession {
+    skel: LeaksSkel<'static>,
+    links: Vec<Link>,
+    cfg: LeaksConfig,
+    /// Hook → how it is attached ("kmalloc: tp_btf").
+    pub attached: Vec<String>,
+    /// Hooks not attached, with the reason.
+    pub skipped: Vec<String>,
+}
+
+impl LeaksSession {
+    pub fn start(cfg: &LeaksConfig) -> Result<LeaksSession> {
+        features::check_btf()?;
+        let kbtf = features::kernel_btf()?;
+        let has = |tp: &str| kbtf.btf_tracepoints.iter().any(|t| t == tp);
+        for tp in features::KMEM_TRACEPOINTS {
+            if !has(tp) {
+                bail!("kheap leaks needs the BTF-typed raw tracepoint kmem:{tp}, which this kernel's BTF lacks (classic tracepoints are not supported by leaks yet)");
+            }
+        }
+        // The skeleton borrows its object storage for its whole life; a run
+        // opens one, so leaking the storage is the simple, safe owner.
+        let storage: &'static mut MaybeUninit<OpenObject> =
+            Box::leak(Box::new(MaybeUninit::uninit()));
+        let mut open = LeaksSkelBuilder::default()
+            .open(storage)
+            .context("opening the BPF object")?;
+        configure(&mut open, cfg, &kbtf)?;
+        let follow = cfg.follow_children && has("sched_process_fork");
+        open.progs.fork_btf.set_autoload(follow);
+        if cfg.follow_children && !follow {
+            eprintln!("kheap: warning: sched_process_fork is not available; children of the command are not followed");
+        }
+        let skel = open
+            .load()
+            .context("loading the BPF programs into the kernel")?;
+        let mut session = LeaksSession {
+            skel,
+            links: Vec::new(),
+            cfg: cfg.clone(),
+            attached: Vec::new(),
+            skipped: Vec::new(),
+        };
+        for &pid in &cfg.pids {
+            session.add_pid(pid)?;
+        }
+        for tp in HOOKS {
+            if tp == "sched_process_fork" && !follow {
+                continue;
+            }
+            let link = session
+                .prog(tp)
+                .attach()
+                .with_context(|| format!("attaching to {tp}"))?;
+            session.links.push(link);
+            session.attached.push(format!("{tp}: tp_btf"));
+        }
+        Ok(session)
+    }
+
+    fn prog(&self, tp: &str) -> &ProgramMut<'static> {
+        let p = &self.skel.progs;
+        match tp {
+            "kmalloc" => &p.kmalloc_btf,
+            "kmem_cache_alloc" => &p.cache_alloc_btf,
+            "kfree" => &p.kfree_btf,
+            "kmem_cache_free" => &p.cache_free_btf,
+            _ => &p.fork_btf,
+        }
+    }
+
+    pub fn add_pid(&self, pid: u32) -> Result<()> {
+        self.skel
+            .maps
+            .pid_filter
+            .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+            .context("adding a PID to the filter map")
+    }
+
+    /// Detaches every program now; the maps stay readable.
+    pub fn detach(&mut self) {
+        self.links.clear();
+    }
+
+    /// Reads every map: allocation and free totals per site, sampled stacks
+    /// and every tracked object with its age now. `kind` labels the report
+    /// ("snapshot" while running, "leaks" at the end).
+    pub fn snapshot(&self, kind: &str) -> Result<Snapshot> {
+        let m = &self.skel.maps;
+        let names: HashMap<u64, String> =
+            maps::read_hash::<u64, types::cache_name, _>(&m.cache_names)?
+                .into_iter()
+                .map(|(k, v)| (k, c_str(&v.name)))
+                .collect();
+        let key = |k: &types::site_key| SiteKey {
+            call_site: k.call_site,
+            cache: cache_id(k.cache, k.kmalloc_size, k.kmalloc_accounted != 0, &names),
+        };
+        // Objects first: ages are measured against the clock read right
+        // after, and a free racing the read only makes totals slightly stale.
+        let live = read_live(&m.live)?;
+        let now = monotonic_ns();
+
+        let mut snap = Snapshot::default();
+        for (k, v) in maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)? {
+            snap.sites.insert(key(&k), v.into());
+        }
+        for (k, v) in maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(&m.stacks)?
+        {
+            let id = k.stack_id;
+            if let std::collections::hash_map::Entry::Vacant(e) = snap.stack_frames.entry(id) {
+                if let Some(frames) = maps::read_stack(&m.stack_traces, id as u32)? {
+                    e.insert(frames);
+                }
+            }
+            snap.stacks.insert((key(&k.site), id), v.into());
+        }
+        let mut frees = HashMap::new();
+        for (k, f) in maps::read_percpu_hash::<types::site_key, types::site_frees, _>(&m.frees)? {
+            frees.insert(
+                key(&k),
+                SiteFrees {
+                    frees: f.frees,
+                    bytes_alloc: f.bytes_alloc,
+                    unseen: f.unseen,
+                },
+            );
+        }
+        let c: types::leak_counters = maps::read_percpu_slot0(&m.counters)?;
+        snap.events = EventCounters {
+            frees: c.frees_tracked + c.frees_untracked,
+            frees_null: c.frees_null,
+            alloc_failed: c.alloc_failed,
+            stack_samples: c.stack_samples,
+            lost_stack_collision: c.lost_stack_collision,
+            lost_stack_other: c.lost_stack_other,
+            map_full_sites: c.map_full_sites,
+            map_full_stacks: c.map_full_stacks,
+            map_full_procs: 0,
+            map_full_caches: 0,
+        };
+        snap.leaks = Some(LeakInput {
+            live: live
+                .iter()
+                .map(|o| LiveObject {
+                    site: key(&o.site),
+                    stack_id: (o.stack_id >= 0).then_some(o.stack_id),
+                    bytes_req: o.bytes_req,
+                    bytes_alloc: o.bytes_alloc,
+                    age_ns: now.saturating_sub(o.ts),
+                    tgid: o.tgid,
+                })
+                .collect(),
+            frees,
+            events: LeakEvents {
+                frees_tracked: c.frees_tracked,
+                frees_untracked: c.frees_untracked,
+                reused_live: c.reused_live,
+                map_full_live: c.map_full_live,
+                map_busy: c.map_busy,
+            },
+            sample_every: self.cfg.sample_every.max(1),
+            min_age_ns: 0,
+            max_objects: self.cfg.max_objects,
+            recursion_misses: self.recursion_misses(),
+            kind: kind.to_string(),
+        });
+        Ok(snap)
+    }
+
+    /// Per attached program: events the kernel skipped because a BPF
+    /// program was already running on the CPU (bpf_prog_info's
+    /// recursion_misses).
+    pub fn recursion_misses(&self) -> Vec<(String, u64)> {
+        let ours: Vec<(u32, &str)> = HOOKS
+            .iter()
+            .filter_map(|tp| prog_id(self.prog(tp)).map(|id| (id, *tp)))
+            .collect();
+        let mut out: Vec<(String, u64)> =
+            ProgInfoIter::with_query_opts(ProgInfoQueryOptions::default())
+                .filter_map(|info| {
+                    ours.iter()
+                        .find(|(id, _)| *id == info.id)
+                        .map(|(_, tp)| (tp.to_string(), info.recursion_misses))
+                })
+                .collect();
+        out.sort();
+        out
+    }
+}
+
+/// Every tracked object, in batches of 4096 (one syscall per batch).
+fn read_live<M: MapCore>(map: &M) -> Result<Vec<types::live_obj>> {
+    let batched = map.lookup_batch(4096, MapFlags::ANY, MapFlags::ANY);
+    match batched {
+        Ok(iter) => Ok(iter
+            .map(|(_, v)| from_bytes::<types::live_obj>(&v))
+            .collect()),
+        // Kernels without batch ops on hash maps: one lookup per key.
+        Err(_) => Ok(maps::read_hash::<u64, types::live_obj, _>(map)?
+            .into_values()
+            .collect()),
+    }
+}
+
+/// The kernel id of a loaded program, from its fd's fdinfo.
+fn prog_id(prog: &ProgramMut<'static>) -> Option<u32> {
+    let fd = prog.as_fd().as_raw_fd();
+    let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("prog_id:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of bpf_ktime_get_ns().
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn configure(open: &mut OpenLeaksSkel<'static>, cfg: &LeaksConfig, kbtf: &KernelBtf) -> Result<()> {
+    let rodata = open
+        .maps
+        .rodata_data
+        .as_deref_mut()
+        .context("the BPF object has no read-only data section")?;
+    let c = &mut rodata.cfg;
+    c.min_size = cfg.min_size;
+    c.max_size = cfg.max_size.unwrap_or(0);
+    c.gfp_account_mask = kbtf.gfp_account_mask;
+    c.ptr_sample_mask = cfg.sample_every.max(1) - 1;
+    c.capture_stacks = u8::from(cfg.stack_sample_every > 0);
+    c.stack_sample_mask = cfg.stack_sample_every.saturating_sub(1);
+    c.filter_pids = u8::from(!cfg.pids.is_empty());
+    if let Some(comm) = &cfg.comm {
+        c.filter_comm = 1;
+        for (dst, src) in c.comm.iter_mut().zip(comm.bytes().take(15)) {
+            *dst = src as i8;
+        }
+    }
+    open.maps.live.set_max_entries(cfg.max_objects)?;
+    open.maps.sites.set_max_entries(cfg.max_sites)?;
+    open.maps.frees.set_max_entries(cfg.max_sites)?;
+    open.maps.stacks.set_max_entries(cfg.max_sites)?;
+    open.maps.stack_traces.set_max_entries(cfg.max_sites)?;
+    Ok(())
+}
