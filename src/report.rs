@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::leaks::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
 use crate::model::{AllocStats, Bucket, CacheId, Hist};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
@@ -26,6 +27,8 @@ pub struct Snapshot {
     pub procs: HashMap<u32, (String, AllocStats)>,
     pub cache_frees: HashMap<CacheId, u64>,
     pub events: EventCounters,
+    /// Outstanding objects, from `kheap leaks` only.
+    pub leaks: Option<LeakInput>,
 }
 
 /// Counters of events that are not allocations: frees, and everything
@@ -130,6 +133,102 @@ impl Counts {
     }
 }
 
+/// What is still allocated of a row (kheap leaks and its snapshots only),
+/// flattened into the row's JSON beside the allocation counts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Retention {
+    /// Objects allocated while tracing and not freed (at least --min-age old).
+    pub outstanding_count: u64,
+    /// Their allocated bytes (what the slab holds for them).
+    pub outstanding_bytes: u64,
+    #[serde(default)]
+    pub outstanding_bytes_req: u64,
+    /// Age of the oldest outstanding object.
+    #[serde(default)]
+    pub oldest_s: f64,
+    /// Outstanding bytes over the run's duration: net growth per second.
+    #[serde(default)]
+    pub growth_bytes_per_s: f64,
+    /// Tracked objects freed during the run (transient volume). For stacks,
+    /// allocated minus outstanding.
+    #[serde(default)]
+    pub freed_count: u64,
+    #[serde(default)]
+    pub freed_bytes: u64,
+    /// Tracked objects whose free no tracepoint showed (address reused).
+    #[serde(default)]
+    pub freed_unseen: u64,
+    #[serde(default)]
+    pub ages: Vec<AgeBucket>,
+}
+
+impl Retention {
+    fn new(r: &Retained, duration_s: f64) -> Retention {
+        Retention {
+            outstanding_count: r.count,
+            outstanding_bytes: r.bytes_alloc,
+            outstanding_bytes_req: r.bytes_req,
+            oldest_s: round3(r.oldest_ns as f64 / 1e9),
+            growth_bytes_per_s: if duration_s > 0.0 {
+                round2(r.bytes_alloc as f64 / duration_s)
+            } else {
+                0.0
+            },
+            freed_count: r.freed,
+            freed_bytes: r.freed_bytes_alloc,
+            freed_unseen: r.freed_unseen,
+            ages: r.ages.buckets(),
+        }
+    }
+}
+
+/// One program's recursion misses.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProgramMisses {
+    pub program: String,
+    pub misses: u64,
+}
+
+/// Run-wide retention figures of a kheap leaks report or snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LeakSummary {
+    /// "leaks" (end of run) or "snapshot" (taken while running).
+    pub kind: String,
+    #[serde(flatten)]
+    pub retention: Retention,
+    pub min_age_s: f64,
+    /// 1: every address traced (exact); N: about one address in N, chosen by
+    /// a hash of the address, every number scaled by N (estimates).
+    pub sample_every: u32,
+    pub estimated: bool,
+    /// Frees of objects allocated before tracing began: ignored.
+    pub frees_untracked: u64,
+    /// Allocations that returned a still-tracked address (a free not seen).
+    pub reused_live: u64,
+    /// Allocations not tracked because the object map was full.
+    pub map_full_objects: u64,
+    pub max_objects: u32,
+    /// Map updates refused because an interrupt hit the tracer mid-update.
+    pub map_busy: u64,
+    /// Events the kernel dropped because a BPF program was already running
+    /// on that CPU (e.g. a kfree in an interrupt during a kfree event).
+    pub recursion_misses: u64,
+    pub recursion_misses_by_program: Vec<ProgramMisses>,
+    /// Free paths that fire no tracepoint: objects freed there look
+    /// outstanding until their address is reused (then freed_unseen).
+    pub unseen_free_paths: Vec<String>,
+}
+
+/// Free paths of the kernel that emit no kmem:kfree/kmem_cache_free event.
+pub const UNSEEN_FREE_PATHS: [&str; 2] = [
+    "kmem_cache_free_bulk()/kfree_bulk(), which also frees kvfree_rcu() batches",
+    "slab objects freed when their cache or slab page is torn down without a per-object free",
+];
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
 fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
@@ -146,6 +245,8 @@ pub struct SiteRow {
     pub caches: Vec<String>,
     #[serde(flatten)]
     pub counts: Counts,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -157,6 +258,8 @@ pub struct StackRow {
     pub cache: String,
     #[serde(flatten)]
     pub counts: Counts,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -166,6 +269,8 @@ pub struct CacheRow {
     pub frees: u64,
     #[serde(flatten)]
     pub counts: Counts,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -198,6 +303,9 @@ pub struct Report {
     pub caches: Vec<CacheRow>,
     #[serde(default)]
     pub processes: Vec<ProcRow>,
+    /// kheap leaks only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaks: Option<LeakSummary>,
 }
 
 /// Settings the report needs from the run.
@@ -210,13 +318,50 @@ pub struct BuildOptions {
 /// Builds the symbolized report. Sampled stacks are scaled so that the
 /// stacks of a site add up to the site's exact totals.
 pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Report {
+    // With address sampling (kheap leaks --sample N) one object in about N
+    // was traced: every allocation and retention figure is scaled by N.
+    let address_sampled;
+    let snap = match &snap.leaks {
+        Some(l) if l.sample_every > 1 => {
+            address_sampled = scale_for_address_sampling(snap, l.sample_every);
+            &address_sampled
+        }
+        _ => snap,
+    };
+    let retained = snap.leaks.as_ref().map(|l| {
+        let idx = RetainedIndex::build(l);
+        let n = l.sample_every.max(1) as f64;
+        RetainedIndex {
+            sites: idx
+                .sites
+                .iter()
+                .map(|(k, r)| (k.clone(), r.scaled(n, n)))
+                .collect(),
+            stacks: idx
+                .stacks
+                .iter()
+                .map(|(k, r)| (k.clone(), r.scaled(n, n)))
+                .collect(),
+        }
+    });
     let estimated = opts.stack_sample_every > 1;
     let symbolized = symbolize_all(snap, syms);
     let frames_of = |id: i64| symbolized.stacks.get(&id).map(Vec::as_slice).unwrap_or(&[]);
+    let ret = retained.as_ref().map(|idx| (idx, opts.duration_s));
 
-    let stacks = stack_rows(snap, &frames_of, estimated);
-    let sites = site_rows(snap, &symbolized.call_sites, &frames_of);
-    let caches = cache_rows(snap);
+    let mut stacks = stack_rows(snap, &frames_of, estimated, ret);
+    let mut sites = site_rows(snap, &symbolized.call_sites, &frames_of, ret);
+    let mut caches = cache_rows(snap, ret);
+    if retained.is_some() {
+        sort_by_retention(&mut sites, |r| (&r.retention, &r.counts));
+        sort_by_retention(&mut stacks, |r| (&r.retention, &r.counts));
+        sort_by_retention(&mut caches, |r| (&r.retention, &r.counts));
+    }
+    let leaks = snap
+        .leaks
+        .as_ref()
+        .zip(retained.as_ref())
+        .map(|(l, idx)| leak_summary(l, idx, opts.duration_s));
     let processes = snap
         .procs
         .iter()
@@ -262,6 +407,62 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         stacks,
         caches,
         processes,
+        leaks,
+    }
+}
+
+/// Largest outstanding first, then oldest, then largest allocation volume.
+pub fn sort_by_retention<T>(rows: &mut [T], key: impl Fn(&T) -> (&Option<Retention>, &Counts)) {
+    rows.sort_by(|a, b| {
+        let (ra, ca) = key(a);
+        let (rb, cb) = key(b);
+        let r = |r: &Option<Retention>| {
+            r.as_ref()
+                .map_or((0, 0.0), |r| (r.outstanding_bytes, r.oldest_s))
+        };
+        let ((ba, oa), (bb, ob)) = (r(ra), r(rb));
+        bb.cmp(&ba)
+            .then(ob.total_cmp(&oa))
+            .then(cb.bytes_alloc.cmp(&ca.bytes_alloc))
+    });
+}
+
+fn scale_for_address_sampling(snap: &Snapshot, n: u32) -> Snapshot {
+    let n = n as f64;
+    let mut out = snap.clone();
+    for s in out.sites.values_mut() {
+        *s = s.scaled(n);
+    }
+    for s in out.stacks.values_mut() {
+        *s = s.scaled(n);
+    }
+    out
+}
+
+fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> LeakSummary {
+    let n = l.sample_every.max(1);
+    let scale = |v: u64| v * n as u64;
+    LeakSummary {
+        kind: l.kind.clone(),
+        retention: Retention::new(&idx.total(), duration_s),
+        min_age_s: round3(l.min_age_ns as f64 / 1e9),
+        sample_every: n,
+        estimated: n > 1,
+        frees_untracked: scale(l.events.frees_untracked),
+        reused_live: scale(l.events.reused_live),
+        map_full_objects: l.events.map_full_live,
+        max_objects: l.max_objects,
+        map_busy: l.events.map_busy,
+        recursion_misses: l.recursion_misses.iter().map(|(_, m)| m).sum(),
+        recursion_misses_by_program: l
+            .recursion_misses
+            .iter()
+            .map(|(p, m)| ProgramMisses {
+                program: p.clone(),
+                misses: *m,
+            })
+            .collect(),
+        unseen_free_paths: UNSEEN_FREE_PATHS.iter().map(|s| s.to_string()).collect(),
     }
 }
 
@@ -299,15 +500,25 @@ fn symbolize_all(snap: &Snapshot, syms: &dyn Symbolize) -> Symbolized {
     }
 }
 
+/// The retained index of a leaks run, with the run's duration.
+type RetainedRef<'a> = Option<(&'a RetainedIndex, f64)>;
+
 fn stack_rows<'a>(
     snap: &Snapshot,
     frames_of: &dyn Fn(i64) -> &'a [Frame],
     estimated: bool,
+    retained: RetainedRef,
 ) -> Vec<StackRow> {
     // Sampled totals per site, to scale each stack to the exact site numbers.
     let mut sampled: HashMap<&SiteKey, AllocStats> = HashMap::new();
     for ((site, _), s) in &snap.stacks {
         *sampled.entry(site).or_default() += *s;
+    }
+    let mut sampled_retained: HashMap<&SiteKey, Retained> = HashMap::new();
+    if let Some((idx, _)) = retained {
+        for ((site, _), r) in &idx.stacks {
+            *sampled_retained.entry(site).or_default() += *r;
+        }
     }
     let mut rows = Vec::new();
     for ((site, id), s) in &snap.stacks {
@@ -316,6 +527,21 @@ fn stack_rows<'a>(
             _ => *s,
         };
         let frames = frames_of(*id);
+        let retention = retained.map(|(idx, duration_s)| {
+            let mine = idx
+                .stacks
+                .get(&(site.clone(), *id))
+                .copied()
+                .unwrap_or_default();
+            let r = match (estimated, idx.sites.get(site), sampled_retained.get(site)) {
+                (true, Some(exact), Some(sum)) => scale_retained_to(&mine, sum, exact),
+                _ => mine,
+            };
+            let mut ret = Retention::new(&r, duration_s);
+            ret.freed_count = stats.count.saturating_sub(r.count);
+            ret.freed_bytes = stats.bytes_alloc.saturating_sub(r.bytes_alloc);
+            ret
+        });
         rows.push(StackRow {
             function: label_frame(frames)
                 .map(|f| f.name().to_string())
@@ -324,6 +550,7 @@ fn stack_rows<'a>(
             estimated,
             cache: site.cache.name(),
             counts: (&stats).into(),
+            retention,
         });
     }
     rows.sort_by_key(|r| std::cmp::Reverse(r.counts.bytes_alloc));
@@ -343,6 +570,19 @@ pub fn scale_to(stack: &AllocStats, sampled: &AllocStats, exact: &AllocStats) ->
     out
 }
 
+/// Scales one stack's sampled retention so the stacks of a site sum to the
+/// site's outstanding totals (which come from every tracked object).
+fn scale_retained_to(stack: &Retained, sampled: &Retained, exact: &Retained) -> Retained {
+    let ratio = |e: u64, s: u64| if s == 0 { 0.0 } else { e as f64 / s as f64 };
+    let mut r = stack.scaled(
+        ratio(exact.count, sampled.count),
+        ratio(exact.bytes_alloc, sampled.bytes_alloc),
+    );
+    r.bytes_req =
+        (stack.bytes_req as f64 * ratio(exact.bytes_req, sampled.bytes_req)).round() as u64;
+    r
+}
+
 /// Per call site rows (summed over caches). The label comes from the call
 /// site itself, unless that is an allocation wrapper (kvmalloc, kmemdup…),
 /// in which case the heaviest sampled stack of the site names the caller.
@@ -350,11 +590,15 @@ fn site_rows<'a>(
     snap: &Snapshot,
     call_sites: &HashMap<u64, Frame>,
     frames_of: &dyn Fn(i64) -> &'a [Frame],
+    retained: RetainedRef,
 ) -> Vec<SiteRow> {
-    let mut by_site: HashMap<u64, (AllocStats, Vec<String>)> = HashMap::new();
+    let mut by_site: HashMap<u64, (AllocStats, Vec<String>, Retained)> = HashMap::new();
     for (key, s) in &snap.sites {
         let e = by_site.entry(key.call_site).or_default();
         e.0 += *s;
+        if let Some(r) = retained.and_then(|(idx, _)| idx.sites.get(key)) {
+            e.2 += *r;
+        }
         let name = key.cache.name();
         if !e.1.contains(&name) {
             e.1.push(name);
@@ -369,7 +613,7 @@ fn site_rows<'a>(
     }
     let mut rows: Vec<SiteRow> = by_site
         .into_iter()
-        .map(|(addr, (stats, mut caches))| {
+        .map(|(addr, (stats, mut caches, ret))| {
             caches.sort();
             let cs = call_sites
                 .get(&addr)
@@ -389,6 +633,7 @@ fn site_rows<'a>(
                 call_site: cs.display(),
                 caches,
                 counts: (&stats).into(),
+                retention: retained.map(|(_, d)| Retention::new(&ret, d)),
             }
         })
         .collect();
@@ -400,7 +645,13 @@ fn is_wrapper(f: &Frame) -> bool {
     f.function.is_none() || crate::symbolize::is_allocator_frame(f.name())
 }
 
-fn cache_rows(snap: &Snapshot) -> Vec<CacheRow> {
+fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
+    let by_cache_retained = retained.map(|(idx, d)| (idx.by_cache(), d));
+    let retention = |cache: &CacheId| {
+        by_cache_retained
+            .as_ref()
+            .map(|(m, d)| Retention::new(&m.get(cache).copied().unwrap_or_default(), *d))
+    };
     let mut by_cache: HashMap<&CacheId, AllocStats> = HashMap::new();
     for (key, s) in &snap.sites {
         *by_cache.entry(&key.cache).or_default() += *s;
@@ -411,6 +662,7 @@ fn cache_rows(snap: &Snapshot) -> Vec<CacheRow> {
             name: cache.name(),
             frees: snap.cache_frees.get(cache).copied().unwrap_or(0),
             counts: (&s).into(),
+            retention: retention(cache),
         })
         .collect();
     // Caches that were only freed from during the run still get a row.
@@ -420,6 +672,7 @@ fn cache_rows(snap: &Snapshot) -> Vec<CacheRow> {
                 name: cache.name(),
                 frees,
                 counts: Counts::default(),
+                retention: retention(cache),
             });
         }
     }
