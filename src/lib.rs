@@ -8,7 +8,9 @@
 pub mod bpf;
 pub mod cli;
 pub mod cmd;
+pub mod diff;
 pub mod features;
+pub mod leaks;
 pub mod maps;
 pub mod model;
 pub mod render;

@@ -15,6 +15,10 @@ struct Cli {
 enum Command {
     /// Trace kernel heap allocations, then report by site, stack, cache or process
     Record(cmd::record::RecordArgs),
+    /// Trace, then show what is still allocated (retained) vs allocated and freed (transient)
+    Leaks(cmd::leaks::LeaksArgs),
+    /// Compare two kheap JSON reports (snapshots, leaks, record): what grew or shrank
+    Diff(cmd::diff::DiffArgs),
     /// Show which tracing features this kernel has and how kheap will attach
     Doctor,
 }
@@ -23,6 +27,8 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Record(a) => cmd::record::run(a),
+        Command::Leaks(a) => cmd::leaks::run(a),
+        Command::Diff(a) => cmd::diff::run(a),
         Command::Doctor => cmd::doctor::run(),
     };
     match result {

@@ -123,7 +123,7 @@ pub fn header(r: &Report) -> String {
     s
 }
 
-fn new_table(headers: &[&str]) -> Table {
+pub fn new_table(headers: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Disabled)

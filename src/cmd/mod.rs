@@ -1,4 +1,6 @@
 //! One module per subcommand.
 
+pub mod diff;
 pub mod doctor;
+pub mod leaks;
 pub mod record;

@@ -1,0 +1,273 @@
+//! Rendering a leaks report: what is outstanding (retained) beside what was
+//! allocated and freed (transient), with age histograms. Pure string
+//! building; the shared header and table style come from `render`.
+
+use std::fmt::Write as _;
+
+use clap::ValueEnum;
+use comfy_table::Cell;
+
+use crate::leaks::live::AgeBucket;
+use crate::model::{human_count, human_size};
+use crate::render;
+use crate::report::{sort_by_retention, Counts, Report, Retention};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LeakGroupBy {
+    Site,
+    Stack,
+    Cache,
+}
+
+/// Sorts every row list (largest outstanding, then oldest, first) and keeps
+/// the top `n`; returns how many rows of the shown grouping were cut.
+pub fn apply_top(r: &mut Report, by: LeakGroupBy, n: Option<usize>) -> usize {
+    sort_by_retention(&mut r.sites, |r| (&r.retention, &r.counts));
+    sort_by_retention(&mut r.stacks, |r| (&r.retention, &r.counts));
+    sort_by_retention(&mut r.caches, |r| (&r.retention, &r.counts));
+    let cut = |len: &mut usize| match n {
+        Some(n) if *len > n => {
+            let hidden = *len - n;
+            *len = n;
+            hidden
+        }
+        _ => 0,
+    };
+    let (mut a, mut b, mut c) = (r.sites.len(), r.stacks.len(), r.caches.len());
+    let hidden = [cut(&mut a), cut(&mut b), cut(&mut c)];
+    r.sites.truncate(a);
+    r.stacks.truncate(b);
+    r.caches.truncate(c);
+    match by {
+        LeakGroupBy::Site => hidden[0],
+        LeakGroupBy::Stack => hidden[1],
+        LeakGroupBy::Cache => hidden[2],
+    }
+}
+
+/// Seconds as a short duration: 850ms, 12.5s, 3m20s, 2h05m.
+pub fn human_age(s: f64) -> String {
+    if s < 1.0 {
+        format!("{:.0}ms", s * 1000.0)
+    } else if s < 60.0 {
+        format!("{s:.1}s")
+    } else if s < 3600.0 {
+        format!("{}m{:02}s", (s / 60.0) as u64, (s % 60.0) as u64)
+    } else {
+        format!(
+            "{}h{:02}m",
+            (s / 3600.0) as u64,
+            ((s % 3600.0) / 60.0) as u64
+        )
+    }
+}
+
+/// The lines about retention under the shared header.
+pub fn leak_header(r: &Report) -> String {
+    let mut s = render::header(r);
+    let Some(l) = &r.leaks else {
+        return s;
+    };
+    let est = if l.estimated { "~" } else { "" };
+    let t = &l.retention;
+    let min_age = if l.min_age_s > 0.0 {
+        format!(" at least {} old", human_age(l.min_age_s))
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        s,
+        "outstanding: {est}{} objects, {est}{} allocated while tracing and not freed{min_age} (oldest {}); growth {est}{}/s",
+        human_count(t.outstanding_count),
+        human_size(t.outstanding_bytes),
+        human_age(t.oldest_s),
+        human_size(t.growth_bytes_per_s as u64),
+    );
+    let _ = writeln!(
+        s,
+        "transient: {est}{} objects ({est}{}) allocated and freed during the run",
+        human_count(t.freed_count),
+        human_size(t.freed_bytes),
+    );
+    if l.estimated {
+        let _ = writeln!(
+            s,
+            "sampling: about 1 address in {} tracked (by address hash); every number is an estimate scaled by {}",
+            l.sample_every, l.sample_every
+        );
+    }
+    let _ = writeln!(
+        s,
+        "not counted: {} frees of objects allocated before tracing; {} allocations not tracked (object map full, --max-objects {}); {} map updates busy; {} events dropped by BPF recursion",
+        l.frees_untracked, l.map_full_objects, l.max_objects, l.map_busy, l.recursion_misses
+    );
+    if t.freed_unseen > 0 || l.reused_live > 0 {
+        let _ = writeln!(
+            s,
+            "unseen frees: {} tracked objects were freed without a tracepoint (their address came back from the allocator)",
+            l.reused_live
+        );
+    }
+    let _ = writeln!(
+        s,
+        "invisible free paths: {}",
+        l.unseen_free_paths.join("; ")
+    );
+    s
+}
+
+fn retention_cells(ret: &Option<Retention>, counts: &Counts) -> Vec<Cell> {
+    let r = ret.clone().unwrap_or_default();
+    vec![
+        Cell::new(r.outstanding_count),
+        Cell::new(human_size(r.outstanding_bytes)),
+        Cell::new(human_age(r.oldest_s)),
+        Cell::new(counts.count),
+        Cell::new(human_size(counts.bytes_alloc)),
+        Cell::new(r.freed_count),
+        Cell::new(r.freed_unseen),
+        Cell::new(format!("{}/s", human_size(r.growth_bytes_per_s as u64))),
+    ]
+}
+
+const RETENTION_HEADERS: [&str; 8] = [
+    "live",
+    "live bytes",
+    "oldest",
+    "allocs",
+    "alloc bytes",
+    "freed",
+    "unseen",
+    "growth",
+];
+
+fn headers_with(first: &[&'static str]) -> Vec<&'static str> {
+    first.iter().copied().chain(RETENTION_HEADERS).collect()
+}
+
+/// The report as tables: retained first, transient beside it.
+pub fn table(r: &Report, by: LeakGroupBy, hidden: usize, details: usize) -> String {
+    let mut out = leak_header(r);
+    out.push('\n');
+    match by {
+        LeakGroupBy::Site => {
+            let mut t = render::new_table(&headers_with(&["site", "cache"]));
+            for row in &r.sites {
+                let mut cells = vec![Cell::new(&row.location), Cell::new(row.caches.join(","))];
+                cells.extend(retention_cells(&row.retention, &row.counts));
+                t.add_row(cells);
+            }
+            let _ = writeln!(out, "{t}");
+            let held: Vec<_> = r
+                .sites
+                .iter()
+                .filter_map(|s| s.retention.as_ref().map(|ret| (s, ret)))
+                .filter(|(_, ret)| ret.outstanding_count > 0)
+                .take(details)
+                .collect();
+            if !held.is_empty() {
+                let _ = writeln!(out, "\nAges of what the top sites hold:");
+                for (s, ret) in held {
+                    let _ = writeln!(out, "{} ({} objects)", s.location, ret.outstanding_count);
+                    out.push_str(&age_histogram(&ret.ages, "    "));
+                }
+            }
+            if details > 0 && !r.stacks.is_empty() {
+                let _ = writeln!(out, "\nTop stacks:");
+                out.push_str(&stack_details(r, details));
+            }
+        }
+        LeakGroupBy::Stack => out.push_str(&stack_details(r, r.stacks.len())),
+        LeakGroupBy::Cache => {
+            let mut t = render::new_table(&headers_with(&["cache"]));
+            for row in &r.caches {
+                let mut cells = vec![Cell::new(&row.name)];
+                cells.extend(retention_cells(&row.retention, &row.counts));
+                t.add_row(cells);
+            }
+            let _ = writeln!(out, "{t}");
+        }
+    }
+    if hidden > 0 {
+        let _ = writeln!(out, "({hidden} more rows not shown; use -n to see more)");
+    }
+    out
+}
+
+fn stack_details(r: &Report, n: usize) -> String {
+    let mut out = String::new();
+    for (i, s) in r.stacks.iter().take(n).enumerate() {
+        let ret = s.retention.clone().unwrap_or_default();
+        let est = if s.estimated { "~" } else { "" };
+        let _ = writeln!(
+            out,
+            "#{} {}  {est}{} live ({est}{}), oldest {}; {est}{} allocated, {est}{} freed; cache {}",
+            i + 1,
+            s.function,
+            ret.outstanding_count,
+            human_size(ret.outstanding_bytes),
+            human_age(ret.oldest_s),
+            s.counts.count,
+            ret.freed_count,
+            s.cache
+        );
+        for f in &s.frames {
+            let _ = writeln!(out, "    {f}");
+        }
+        out.push_str(&age_histogram(&ret.ages, "    "));
+        out.push('\n');
+    }
+    out
+}
+
+fn age_label(s: f64) -> String {
+    if s == f64::MAX {
+        "...".into()
+    } else if s < 1.0 {
+        format!("{}ms", (s * 1000.0).round())
+    } else {
+        format!("{}s", (s * 1000.0).round() / 1000.0)
+    }
+}
+
+/// Ages drawn like bpftrace's `hist()`: objects per bucket, with bytes.
+pub fn age_histogram(buckets: &[AgeBucket], indent: &str) -> String {
+    const WIDTH: u64 = 40;
+    let mut out = String::new();
+    let Some(max) = buckets.iter().map(|b| b.count).max() else {
+        return out;
+    };
+    for b in buckets {
+        let range = format!("[{}, {})", age_label(b.lo_s), age_label(b.hi_s));
+        let bar = (b.count * WIDTH).div_ceil(max.max(1)) as usize;
+        let _ = writeln!(
+            out,
+            "{indent}{range:<20} {:>8} {:>8} |{:<width$}|",
+            b.count,
+            human_size(b.bytes),
+            "@".repeat(bar),
+            width = WIDTH as usize
+        );
+    }
+    out
+}
+
+/// `outer;…;inner bytes` lines of the stacks still holding memory, weighted
+/// by outstanding bytes, for flamegraph tools.
+pub fn folded(r: &Report) -> String {
+    let mut out = String::new();
+    for s in &r.stacks {
+        let bytes = s.retention.as_ref().map_or(0, |r| r.outstanding_bytes);
+        if bytes == 0 {
+            continue;
+        }
+        let names: Vec<&str> = s
+            .frames
+            .iter()
+            .rev()
+            .map(|f| f.split_once('+').map_or(f.as_str(), |(n, _)| n))
+            .collect();
+        let _ = writeln!(out, "{} {bytes}", names.join(";"));
+    }
+    out
+}
