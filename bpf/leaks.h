@@ -23,21 +23,19 @@ struct live_obj {
 	__u32 _pad;
 };
 
-/* Frees seen of a site's tracked objects, summed over CPUs in user space
- * (the allocation side is a struct alloc_stats in the same key). */
-struct site_frees {
-	__u64 frees;
-	__u64 bytes_req;
+/* Tracked objects of a site whose address the allocator handed out again
+ * while still tracked: their free happened on a path without a tracepoint
+ * (kfree_bulk, kvfree_rcu batches) or was dropped (BPF recursion). Frees that
+ * were seen are not summed in the kernel: user space derives them as
+ * allocated - outstanding - unseen, which keeps the free path to one map
+ * operation. */
+struct site_unseen {
+	__u64 count;
 	__u64 bytes_alloc;
-	/* Objects whose address was handed out again while still tracked: their
-	 * free happened on a path without a tracepoint (kfree_bulk, kfree_rcu
-	 * batches) or was dropped (BPF recursion). */
-	__u64 unseen;
 };
 
 /* Per-CPU event counters: nothing is dropped silently. */
 struct leak_counters {
-	__u64 frees_tracked;
 	/* Frees of objects allocated before tracing began (or never tracked
 	 * because a map was full): ignored, so they are no negative growth. */
 	__u64 frees_untracked;

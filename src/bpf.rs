@@ -14,22 +14,19 @@ pub mod leaks {
     include!(concat!(env!("OUT_DIR"), "/leaks.skel.rs"));
 
     unsafe impl plain::Plain for types::live_obj {}
-    unsafe impl plain::Plain for types::site_frees {}
+    unsafe impl plain::Plain for types::site_unseen {}
     unsafe impl plain::Plain for types::leak_counters {}
     super::alloc_stats_impls!(types);
 
-    impl std::ops::AddAssign for types::site_frees {
+    impl std::ops::AddAssign for types::site_unseen {
         fn add_assign(&mut self, o: Self) {
-            self.frees += o.frees;
-            self.bytes_req += o.bytes_req;
+            self.count += o.count;
             self.bytes_alloc += o.bytes_alloc;
-            self.unseen += o.unseen;
         }
     }
 
     impl std::ops::AddAssign for types::leak_counters {
         fn add_assign(&mut self, o: Self) {
-            self.frees_tracked += o.frees_tracked;
             self.frees_untracked += o.frees_untracked;
             self.frees_null += o.frees_null;
             self.alloc_failed += o.alloc_failed;

@@ -318,18 +318,9 @@ pub struct BuildOptions {
 /// Builds the symbolized report. Sampled stacks are scaled so that the
 /// stacks of a site add up to the site's exact totals.
 pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Report {
-    // With address sampling (kheap leaks --sample N) one object in about N
-    // was traced: every allocation and retention figure is scaled by N.
-    let address_sampled;
-    let snap = match &snap.leaks {
-        Some(l) if l.sample_every > 1 => {
-            address_sampled = scale_for_address_sampling(snap, l.sample_every);
-            &address_sampled
-        }
-        _ => snap,
-    };
     let retained = snap.leaks.as_ref().map(|l| {
-        let idx = RetainedIndex::build(l);
+        // Built from the traced (unscaled) totals, then scaled as a whole.
+        let idx = RetainedIndex::build(l, &snap.sites);
         let n = l.sample_every.max(1) as f64;
         RetainedIndex {
             sites: idx
@@ -344,6 +335,16 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
                 .collect(),
         }
     });
+    // With address sampling (kheap leaks --sample N) one object in about N
+    // was traced: every allocation and retention figure is scaled by N.
+    let address_sampled;
+    let snap = match &snap.leaks {
+        Some(l) if l.sample_every > 1 => {
+            address_sampled = scale_for_address_sampling(snap, l.sample_every);
+            &address_sampled
+        }
+        _ => snap,
+    };
     let estimated = opts.stack_sample_every > 1;
     let symbolized = symbolize_all(snap, syms);
     let frames_of = |id: i64| symbolized.stacks.get(&id).map(Vec::as_slice).unwrap_or(&[]);
@@ -761,6 +762,140 @@ pub mod tests {
         snap.events.stack_samples = 130;
         snap.events.lost_stack_collision = 2;
         snap
+    }
+
+    /// The sample snapshot as seen by kheap leaks: of the 1000 load_msg
+    /// allocations, 400 are live (40 of them with a sampled stack, 1.5 s
+    /// old); 20 kvmalloc objects are live (10 with stack 2, 10 with stack 3).
+    pub fn leak_snapshot(sample_every: u32) -> Snapshot {
+        use crate::leaks::live::{LiveObject, Unseen};
+        let mut snap = sample_snapshot();
+        let k4 = CacheId::Kmalloc {
+            size: 4096,
+            accounted: true,
+        };
+        let msg = SiteKey {
+            call_site: 0x3010,
+            cache: k4.clone(),
+        };
+        let kv = SiteKey {
+            call_site: 0x2110,
+            cache: k4,
+        };
+        let obj = |site: &SiteKey, stack: Option<i64>, req: u64, age_ms: u64| LiveObject {
+            site: site.clone(),
+            stack_id: stack,
+            bytes_req: req,
+            bytes_alloc: 4096,
+            age_ns: age_ms * 1_000_000,
+            tgid: 7,
+        };
+        let mut live = Vec::new();
+        for i in 0..400 {
+            live.push(obj(&msg, (i < 40).then_some(1), 2148, 1500));
+        }
+        for i in 0..20 {
+            live.push(obj(&kv, Some(2 + (i % 2)), 2100, 10));
+        }
+        let mut leaks = LeakInput {
+            live,
+            sample_every,
+            kind: "leaks".into(),
+            max_objects: 1000,
+            recursion_misses: vec![("kfree".into(), 3), ("kmalloc".into(), 0)],
+            ..Default::default()
+        };
+        leaks.unseen.insert(
+            kv,
+            Unseen {
+                count: 5,
+                bytes_alloc: 5 * 4096,
+            },
+        );
+        leaks.events.frees_untracked = 123;
+        snap.leaks = Some(leaks);
+        snap
+    }
+
+    #[test]
+    fn leaks_rows_carry_outstanding_ages_and_transient_volume() {
+        let r = build(&leak_snapshot(1), &fixture_symbols(), opts(10));
+        assert_eq!(r.sites[0].function, "load_msg", "largest outstanding first");
+        let msg = r.sites[0].retention.as_ref().unwrap();
+        assert_eq!(
+            (msg.outstanding_count, msg.outstanding_bytes),
+            (400, 400 * 4096)
+        );
+        assert_eq!(msg.outstanding_bytes_req, 400 * 2148);
+        assert_eq!((msg.freed_count, msg.freed_bytes), (600, 600 * 4096));
+        assert_eq!(msg.oldest_s, 1.5);
+        assert_eq!(msg.growth_bytes_per_s, 400.0 * 4096.0 / 2.0);
+        assert_eq!(msg.ages.len(), 1);
+        assert_eq!((msg.ages[0].lo_s, msg.ages[0].count), (1.024, 400));
+        let kv = r.sites[1].retention.as_ref().unwrap();
+        assert_eq!(
+            (kv.outstanding_count, kv.freed_unseen, kv.freed_count),
+            (20, 5, 275)
+        );
+
+        // 40 of the 400 live load_msg objects had a stack: scaled to 400.
+        let st = r.stacks.iter().find(|s| s.function == "load_msg").unwrap();
+        let ret = st.retention.as_ref().unwrap();
+        assert_eq!(ret.outstanding_count, 400);
+        assert_eq!(ret.freed_count, 1000 - 400);
+
+        let c = r.caches[0].retention.as_ref().unwrap();
+        assert_eq!(c.outstanding_count, 420);
+        let l = r.leaks.as_ref().unwrap();
+        assert_eq!(l.retention.outstanding_count, 420);
+        assert_eq!(l.frees_untracked, 123);
+        assert_eq!(l.recursion_misses, 3);
+        assert!(!l.estimated);
+        let v = serde_json::to_value(&r).unwrap();
+        for k in [
+            "outstanding_count",
+            "outstanding_bytes",
+            "ages",
+            "count",
+            "bytes_alloc",
+        ] {
+            assert!(v["sites"][0].get(k).is_some(), "sites[].{k}");
+            assert!(v["stacks"][0].get(k).is_some(), "stacks[].{k}");
+            assert!(v["caches"][0].get(k).is_some(), "caches[].{k}");
+        }
+        let back: Report = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn address_sampling_scales_everything_and_says_so() {
+        let r = build(&leak_snapshot(4), &fixture_symbols(), opts(10));
+        let l = r.leaks.as_ref().unwrap();
+        assert!(l.estimated);
+        assert_eq!(l.retention.outstanding_count, 4 * 420);
+        assert_eq!(l.frees_untracked, 4 * 123);
+        let msg = r.sites[0].retention.as_ref().unwrap();
+        assert_eq!(msg.outstanding_count, 1600);
+        assert_eq!(msg.freed_count, 2400);
+        assert_eq!(r.sites[0].counts.count, 4000);
+    }
+
+    #[test]
+    fn min_age_leaves_young_objects_out() {
+        let mut snap = leak_snapshot(1);
+        snap.leaks.as_mut().unwrap().min_age_ns = 1_000_000_000;
+        let r = build(&snap, &fixture_symbols(), opts(10));
+        assert_eq!(r.leaks.as_ref().unwrap().retention.outstanding_count, 400);
+        assert_eq!(r.leaks.as_ref().unwrap().min_age_s, 1.0);
+    }
+
+    #[test]
+    fn record_reports_have_no_retention() {
+        let r = build(&sample_snapshot(), &fixture_symbols(), opts(10));
+        assert!(r.leaks.is_none() && r.sites.iter().all(|s| s.retention.is_none()));
+        let v = serde_json::to_value(&r).unwrap();
+        assert!(v.get("leaks").is_none());
+        assert!(v["sites"][0].get("outstanding_count").is_none());
     }
 
     fn opts(every: u32) -> BuildOptions {

@@ -7,7 +7,7 @@ use std::ops::AddAssign;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::CacheId;
+use crate::model::{AllocStats, CacheId};
 use crate::report::SiteKey;
 
 /// One object allocated while tracing and not seen freed (yet).
@@ -166,18 +166,17 @@ impl AddAssign for Retained {
     }
 }
 
-/// Frees of one site's tracked objects, summed over CPUs.
+/// Tracked objects of one site whose free no tracepoint showed (their
+/// address was handed out again while tracked), summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SiteFrees {
-    pub frees: u64,
+pub struct Unseen {
+    pub count: u64,
     pub bytes_alloc: u64,
-    pub unseen: u64,
 }
 
 /// Counters of the leak tracer, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LeakEvents {
-    pub frees_tracked: u64,
     pub frees_untracked: u64,
     pub reused_live: u64,
     pub map_full_live: u64,
@@ -188,7 +187,7 @@ pub struct LeakEvents {
 #[derive(Clone, Debug, Default)]
 pub struct LeakInput {
     pub live: Vec<LiveObject>,
-    pub frees: HashMap<SiteKey, SiteFrees>,
+    pub unseen: HashMap<SiteKey, Unseen>,
     pub events: LeakEvents,
     /// 1: every address traced; N: addresses hashed, about one in N traced.
     pub sample_every: u32,
@@ -210,10 +209,19 @@ pub struct RetainedIndex {
 }
 
 impl RetainedIndex {
-    /// Folds the live objects at least `min_age_ns` old, and the frees.
-    pub fn build(input: &LeakInput) -> RetainedIndex {
+    /// Folds the live objects at least `min_age_ns` old. What each site
+    /// freed is what it allocated (`allocs`, from the kernel's per-site
+    /// totals) minus what is live (of any age) minus what was freed unseen.
+    pub fn build(input: &LeakInput, allocs: &HashMap<SiteKey, AllocStats>) -> RetainedIndex {
         let mut idx = RetainedIndex::default();
-        for o in input.live.iter().filter(|o| o.age_ns >= input.min_age_ns) {
+        let mut live_any_age: HashMap<&SiteKey, (u64, u64)> = HashMap::new();
+        for o in &input.live {
+            let l = live_any_age.entry(&o.site).or_default();
+            l.0 += 1;
+            l.1 += o.bytes_alloc;
+            if o.age_ns < input.min_age_ns {
+                continue;
+            }
             idx.sites.entry(o.site.clone()).or_default().add_object(o);
             if let Some(id) = o.stack_id {
                 idx.stacks
@@ -222,11 +230,15 @@ impl RetainedIndex {
                     .add_object(o);
             }
         }
-        for (site, f) in &input.frees {
+        for (site, a) in allocs {
+            let (live, live_bytes) = live_any_age.get(site).copied().unwrap_or_default();
+            let u = input.unseen.get(site).copied().unwrap_or_default();
             let r = idx.sites.entry(site.clone()).or_default();
-            r.freed += f.frees;
-            r.freed_bytes_alloc += f.bytes_alloc;
-            r.freed_unseen += f.unseen;
+            // Saturating: a snapshot read while running sees the maps at
+            // slightly different instants.
+            r.freed = a.count.saturating_sub(live + u.count);
+            r.freed_bytes_alloc = a.bytes_alloc.saturating_sub(live_bytes + u.bytes_alloc);
+            r.freed_unseen = u.count;
         }
         idx
     }
@@ -274,6 +286,15 @@ mod tests {
         }
     }
 
+    fn allocated(count: u64) -> AllocStats {
+        AllocStats {
+            count,
+            bytes_req: count * 2148,
+            bytes_alloc: count * 4096,
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn age_buckets_are_log2_milliseconds() {
         assert_eq!(AgeHist::bucket_of(0), 0);
@@ -299,15 +320,15 @@ mod tests {
             ],
             ..Default::default()
         };
-        input.frees.insert(
+        input.unseen.insert(
             site(0x10),
-            SiteFrees {
-                frees: 3,
-                bytes_alloc: 3 * 4096,
-                unseen: 1,
+            Unseen {
+                count: 1,
+                bytes_alloc: 4096,
             },
         );
-        let idx = RetainedIndex::build(&input);
+        let allocs = HashMap::from([(site(0x10), allocated(6)), (site(0x20), allocated(1))]);
+        let idx = RetainedIndex::build(&input, &allocs);
         let a = idx.sites[&site(0x10)];
         assert_eq!((a.count, a.bytes_alloc, a.bytes_req), (2, 8192, 4296));
         assert_eq!(
@@ -332,8 +353,14 @@ mod tests {
             min_age_ns: 1_000_000_000,
             ..Default::default()
         };
-        let idx = RetainedIndex::build(&input);
+        let allocs = HashMap::from([(site(0x10), allocated(3))]);
+        let idx = RetainedIndex::build(&input, &allocs);
         assert_eq!(idx.sites[&site(0x10)].count, 1);
+        assert_eq!(
+            idx.sites[&site(0x10)].freed,
+            1,
+            "young objects are not freed"
+        );
     }
 
     #[test]

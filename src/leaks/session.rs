@@ -14,7 +14,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, ProgramMut};
 use crate::bpf::leaks::{types, LeaksSkel, LeaksSkelBuilder, OpenLeaksSkel};
 use crate::bpf::{c_str, from_bytes};
 use crate::features::{self, KernelBtf};
-use crate::leaks::live::{LeakEvents, LeakInput, LiveObject, SiteFrees};
+use crate::leaks::live::{LeakEvents, LeakInput, LiveObject, Unseen};
 use crate::maps;
 use crate::report::{EventCounters, SiteKey, Snapshot};
 use crate::session::cache_id;
@@ -180,20 +180,20 @@ impl LeaksSession {
             }
             snap.stacks.insert((key(&k.site), id), v.into());
         }
-        let mut frees = HashMap::new();
-        for (k, f) in maps::read_percpu_hash::<types::site_key, types::site_frees, _>(&m.frees)? {
-            frees.insert(
+        let mut unseen = HashMap::new();
+        for (k, u) in maps::read_percpu_hash::<types::site_key, types::site_unseen, _>(&m.unseen)? {
+            unseen.insert(
                 key(&k),
-                SiteFrees {
-                    frees: f.frees,
-                    bytes_alloc: f.bytes_alloc,
-                    unseen: f.unseen,
+                Unseen {
+                    count: u.count,
+                    bytes_alloc: u.bytes_alloc,
                 },
             );
         }
         let c: types::leak_counters = maps::read_percpu_slot0(&m.counters)?;
         snap.events = EventCounters {
-            frees: c.frees_tracked + c.frees_untracked,
+            // Tracked frees are derived from the sites (see LeakInput).
+            frees: c.frees_untracked,
             frees_null: c.frees_null,
             alloc_failed: c.alloc_failed,
             stack_samples: c.stack_samples,
@@ -216,9 +216,8 @@ impl LeaksSession {
                     tgid: o.tgid,
                 })
                 .collect(),
-            frees,
+            unseen,
             events: LeakEvents {
-                frees_tracked: c.frees_tracked,
                 frees_untracked: c.frees_untracked,
                 reused_live: c.reused_live,
                 map_full_live: c.map_full_live,
@@ -309,7 +308,7 @@ fn configure(open: &mut OpenLeaksSkel<'static>, cfg: &LeaksConfig, kbtf: &Kernel
     }
     open.maps.live.set_max_entries(cfg.max_objects)?;
     open.maps.sites.set_max_entries(cfg.max_sites)?;
-    open.maps.frees.set_max_entries(cfg.max_sites)?;
+    open.maps.unseen.set_max_entries(cfg.max_sites)?;
     open.maps.stacks.set_max_entries(cfg.max_sites)?;
     open.maps.stack_traces.set_max_entries(cfg.max_sites)?;
     Ok(())
