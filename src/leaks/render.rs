@@ -271,3 +271,78 @@ pub fn folded(r: &Report) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::{fixture_symbols, leak_snapshot};
+    use crate::report::{build, BuildOptions, RunInfo};
+
+    fn report(sample_every: u32) -> Report {
+        build(
+            &leak_snapshot(sample_every),
+            &fixture_symbols(),
+            BuildOptions {
+                stack_sample_every: 10,
+                duration_s: 2.0,
+                run: RunInfo {
+                    kernel: "6.18.0".into(),
+                    ..Default::default()
+                },
+            },
+        )
+    }
+
+    #[test]
+    fn ages_read_like_durations() {
+        assert_eq!(human_age(0.25), "250ms");
+        assert_eq!(human_age(12.5), "12.5s");
+        assert_eq!(human_age(200.0), "3m20s");
+        assert_eq!(human_age(7500.0), "2h05m");
+    }
+
+    #[test]
+    fn site_table_puts_retained_beside_transient() {
+        let r = report(1);
+        let t = table(&r, LeakGroupBy::Site, 0, 1);
+        assert!(t.contains("outstanding: 420 objects, 1.6M"), "{t}");
+        assert!(t.contains("transient: 875 objects"), "{t}");
+        assert!(
+            t.contains("123 frees of objects allocated before tracing"),
+            "{t}"
+        );
+        assert!(t.contains("3 events dropped by BPF recursion"), "{t}");
+        assert!(
+            t.contains("invisible free paths: kmem_cache_free_bulk"),
+            "{t}"
+        );
+        let row = t.lines().find(|l| l.contains("load_msg+0x10")).unwrap();
+        for cell in ["400", "1.6M", "1.5s", "1000", "600"] {
+            assert!(row.contains(cell), "{cell} missing in {row}");
+        }
+        assert!(t.contains("Ages of what the top sites hold:"), "{t}");
+        assert!(t.contains("[1.024s, 2.048s)"), "{t}");
+        assert!(!t.contains("sampling: about"), "{t}");
+    }
+
+    #[test]
+    fn sampled_reports_say_they_are_estimates() {
+        let t = table(&report(4), LeakGroupBy::Cache, 0, 0);
+        assert!(t.contains("about 1 address in 4 tracked"), "{t}");
+        assert!(t.contains("outstanding: ~1.7k objects"), "{t}");
+        assert!(t.contains("kmalloc-cg-4k"), "{t}");
+    }
+
+    #[test]
+    fn top_cuts_rows_and_folded_weighs_by_outstanding_bytes() {
+        let mut r = report(1);
+        assert_eq!(apply_top(&mut r, LeakGroupBy::Stack, Some(2)), 1);
+        assert_eq!(r.stacks.len(), 2);
+        let f = folded(&r);
+        assert!(
+            f.lines()
+                .any(|l| l == format!("do_msgsnd;load_msg;__kmalloc_noprof {}", 400 * 4096)),
+            "{f}"
+        );
+    }
+}
