@@ -201,8 +201,12 @@ pub struct LeakSummary {
     /// a hash of the address, every number scaled by N (estimates).
     pub sample_every: u32,
     pub estimated: bool,
-    /// Frees of objects allocated before tracing began: ignored.
+    /// Frees of objects not tracked (allocated before tracing began, or by
+    /// a process the filters leave out): ignored, so never negative growth.
     pub frees_untracked: u64,
+    /// kfree(NULL) and friends: nothing to forget.
+    #[serde(default)]
+    pub frees_null: u64,
     /// Allocations that returned a still-tracked address (a free not seen).
     pub reused_live: u64,
     /// Allocations not tracked because the object map was full.
@@ -450,6 +454,7 @@ fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> LeakSumm
         sample_every: n,
         estimated: n > 1,
         frees_untracked: scale(l.events.frees_untracked),
+        frees_null: l.events.frees_null,
         reused_live: scale(l.events.reused_live),
         map_full_objects: l.events.map_full_live,
         max_objects: l.max_objects,
@@ -813,6 +818,7 @@ pub mod tests {
             },
         );
         leaks.events.frees_untracked = 123;
+        leaks.events.frees_null = 9;
         snap.leaks = Some(leaks);
         snap
     }

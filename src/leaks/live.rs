@@ -177,6 +177,7 @@ pub struct Unseen {
 /// Counters of the leak tracer, summed over CPUs.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LeakEvents {
+    pub frees_null: u64,
     pub frees_untracked: u64,
     pub reused_live: u64,
     pub map_full_live: u64,

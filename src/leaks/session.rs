@@ -218,6 +218,7 @@ impl LeaksSession {
                 .collect(),
             unseen,
             events: LeakEvents {
+                frees_null: c.frees_null,
                 frees_untracked: c.frees_untracked,
                 reused_live: c.reused_live,
                 map_full_live: c.map_full_live,
