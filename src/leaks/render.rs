@@ -308,6 +308,7 @@ mod tests {
         assert!(t.contains("outstanding: 420 objects, 1.6M"), "{t}");
         assert!(t.contains("transient: 875 objects"), "{t}");
         assert!(t.contains("123 frees of untracked objects"), "{t}");
+        assert!(t.contains("9 frees of NULL"), "{t}");
         assert!(t.contains("3 events dropped by BPF recursion"), "{t}");
         assert!(
             t.contains("invisible free paths: kmem_cache_free_bulk"),
