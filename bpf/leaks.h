@@ -17,7 +17,7 @@ struct live_obj {
 	__s64 stack_id;
 	__u64 bytes_req;
 	__u64 bytes_alloc;
-	/* CLOCK_MONOTONIC nanoseconds of the allocation. */
+	/* jiffies64 at the allocation (see struct clock_sample). */
 	__u64 ts;
 	__u32 tgid;
 	__u32 _pad;
@@ -52,6 +52,14 @@ struct leak_counters {
 	__u64 stack_samples;
 	__u64 lost_stack_collision;
 	__u64 lost_stack_other;
+};
+
+/* The kernel's tick counter and CLOCK_MONOTONIC read together, and the tick
+ * rate (CONFIG_HZ; 0 when the kernel config is not readable). */
+struct clock_sample {
+	__u64 jiffies;
+	__u64 ns;
+	__u64 hz;
 };
 
 struct leaks_config {

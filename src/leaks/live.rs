@@ -23,6 +23,25 @@ pub struct LiveObject {
     pub tgid: u32,
 }
 
+/// Ticks to nanoseconds at `hz` ticks per second.
+pub fn jiffies_to_ns(ticks: u64, hz: u64) -> u64 {
+    (ticks as u128 * 1_000_000_000 / hz.max(1) as u128) as u64
+}
+
+/// The kernel tick rate closest to `ticks` counted over `ns` (Linux offers
+/// 100, 250, 300 and 1000).
+pub fn nearest_hz(ticks: u64, ns: u64) -> u64 {
+    let measured = ticks as f64 * 1e9 / ns.max(1) as f64;
+    [100u64, 250, 300, 1000]
+        .into_iter()
+        .min_by(|a, b| {
+            (*a as f64 - measured)
+                .abs()
+                .total_cmp(&(*b as f64 - measured).abs())
+        })
+        .unwrap_or(250)
+}
+
 /// Age buckets: bucket 0 holds ages under 1 ms; bucket `b >= 1` holds
 /// `[2^(b-1), 2^b)` ms (the last one everything older, ~12 days and up).
 pub const AGE_BUCKETS: usize = 32;
@@ -294,6 +313,16 @@ mod tests {
             bytes_alloc: count * 4096,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn ticks_become_nanoseconds() {
+        assert_eq!(jiffies_to_ns(250, 250), 1_000_000_000);
+        assert_eq!(jiffies_to_ns(3, 1000), 3_000_000);
+        assert_eq!(nearest_hz(26, 100_000_000), 250);
+        assert_eq!(nearest_hz(99, 100_000_000), 1000);
+        assert_eq!(nearest_hz(29, 100_000_000), 300);
+        assert_eq!(nearest_hz(10, 100_000_000), 100);
     }
 
     #[test]

@@ -9,12 +9,12 @@ use std::os::fd::{AsFd, AsRawFd};
 use anyhow::{bail, Context, Result};
 use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, ProgramMut};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, ProgramInput, ProgramMut};
 
 use crate::bpf::leaks::{types, LeaksSkel, LeaksSkelBuilder, OpenLeaksSkel};
 use crate::bpf::{c_str, from_bytes};
 use crate::features::{self, KernelBtf};
-use crate::leaks::live::{LeakEvents, LeakInput, LiveObject, Unseen};
+use crate::leaks::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
 use crate::maps;
 use crate::report::{EventCounters, SiteKey, Snapshot};
 use crate::session::cache_id;
@@ -46,7 +46,7 @@ impl Default for LeaksConfig {
             follow_children: false,
             comm: None,
             sample_every: 1,
-            stack_sample_every: 64,
+            stack_sample_every: 256,
             max_objects: 262_144,
             max_sites: 8192,
         }
@@ -67,6 +67,8 @@ pub struct LeaksSession {
     skel: LeaksSkel<'static>,
     links: Vec<Link>,
     cfg: LeaksConfig,
+    /// Kernel ticks per second, to turn jiffies stamps into ages.
+    hz: u64,
     /// Hook → how it is attached ("kmalloc: tp_btf").
     pub attached: Vec<String>,
     /// Hooks not attached, with the reason.
@@ -103,9 +105,11 @@ impl LeaksSession {
             skel,
             links: Vec::new(),
             cfg: cfg.clone(),
+            hz: 0,
             attached: Vec::new(),
             skipped: Vec::new(),
         };
+        session.hz = session.tick_rate()?;
         for &pid in &cfg.pids {
             session.add_pid(pid)?;
         }
@@ -132,6 +136,36 @@ impl LeaksSession {
             "kmem_cache_free" => &p.cache_free_btf,
             _ => &p.fork_btf,
         }
+    }
+
+    /// Reads the kernel's jiffies and CLOCK_MONOTONIC together, by running
+    /// the object's `clock` program.
+    fn clock(&self) -> Result<types::clock_sample> {
+        self.skel
+            .progs
+            .clock
+            .test_run(ProgramInput::default())
+            .context("running the BPF clock program")?;
+        let bss = self
+            .skel
+            .maps
+            .bss_data
+            .as_deref()
+            .context("the BPF object has no .bss section")?;
+        // The kernel wrote it behind the compiler's back.
+        Ok(unsafe { std::ptr::read_volatile(&bss.clock_now) })
+    }
+
+    /// CONFIG_HZ, or, when libbpf found no kernel config, measured over
+    /// 100 ms.
+    fn tick_rate(&self) -> Result<u64> {
+        let a = self.clock()?;
+        if a.hz > 0 {
+            return Ok(a.hz);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let b = self.clock()?;
+        Ok(nearest_hz(b.jiffies - a.jiffies, b.ns - a.ns))
     }
 
     pub fn add_pid(&self, pid: u32) -> Result<()> {
@@ -164,7 +198,7 @@ impl LeaksSession {
         // Objects first: ages are measured against the clock read right
         // after, and a free racing the read only makes totals slightly stale.
         let live = read_live(&m.live)?;
-        let now = monotonic_ns();
+        let now = self.clock()?.jiffies;
 
         let mut snap = Snapshot::default();
         for (k, v) in maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)? {
@@ -212,7 +246,7 @@ impl LeaksSession {
                     stack_id: (o.stack_id >= 0).then_some(o.stack_id),
                     bytes_req: o.bytes_req,
                     bytes_alloc: o.bytes_alloc,
-                    age_ns: now.saturating_sub(o.ts),
+                    age_ns: jiffies_to_ns(now.saturating_sub(o.ts), self.hz),
                     tgid: o.tgid,
                 })
                 .collect(),
@@ -275,16 +309,6 @@ fn prog_id(prog: &ProgramMut<'static>) -> Option<u32> {
     info.lines()
         .find_map(|l| l.strip_prefix("prog_id:"))
         .and_then(|v| v.trim().parse().ok())
-}
-
-/// CLOCK_MONOTONIC in nanoseconds: the clock of bpf_ktime_get_ns().
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn configure(open: &mut OpenLeaksSkel<'static>, cfg: &LeaksConfig, kbtf: &KernelBtf) -> Result<()> {
