@@ -98,8 +98,13 @@ pub fn leak_header(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "not counted: {} frees of untracked objects (allocated before tracing, or filtered out), {} frees of NULL; {} allocations not tracked (object map full, --max-objects {}); {} map updates busy; {} events dropped by BPF recursion",
-        l.frees_untracked, l.frees_null, l.map_full_objects, l.max_objects, l.map_busy, l.recursion_misses
+        "ignored frees: {} of untracked objects (allocated before tracing, or filtered out), {} of NULL",
+        l.frees_untracked, l.frees_null
+    );
+    let _ = writeln!(
+        s,
+        "not tracked: {} allocations (object map full, --max-objects {}); {} map updates busy; {} events dropped by BPF recursion",
+        l.map_full_objects, l.max_objects, l.map_busy, l.recursion_misses
     );
     if t.freed_unseen > 0 || l.reused_live > 0 {
         let _ = writeln!(
@@ -307,8 +312,8 @@ mod tests {
         let t = table(&r, LeakGroupBy::Site, 0, 1);
         assert!(t.contains("outstanding: 420 objects, 1.6M"), "{t}");
         assert!(t.contains("transient: 875 objects"), "{t}");
-        assert!(t.contains("123 frees of untracked objects"), "{t}");
-        assert!(t.contains("9 frees of NULL"), "{t}");
+        assert!(t.contains("ignored frees: 123 of untracked objects"), "{t}");
+        assert!(t.contains(", 9 of NULL"), "{t}");
         assert!(t.contains("3 events dropped by BPF recursion"), "{t}");
         assert!(
             t.contains("invisible free paths: kmem_cache_free_bulk"),
