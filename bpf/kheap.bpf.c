@@ -18,6 +18,7 @@
 #include <bpf/bpf_core_read.h>
 #include "kheap.h"
 #include "alloc_stats.bpf.h"
+#include "kmem_classic.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -88,16 +89,6 @@ struct {
 	__type(key, __u32);
 	__type(value, struct counters);
 } counters SEC(".maps");
-
-/* Older layout of the kmalloc/kmem_cache_alloc records: before 6.1 both
- * events shared the kmem_alloc class. */
-struct trace_event_raw_kmem_alloc___pre61 {
-	unsigned long call_site;
-	const void *ptr;
-	size_t bytes_req;
-	size_t bytes_alloc;
-	unsigned long gfp_flags;
-} __attribute__((preserve_access_index));
 
 static __always_inline struct counters *counters_get(void)
 {
@@ -298,73 +289,24 @@ int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
 SEC("tracepoint/kmem/kmalloc")
 int kmalloc_tp(void *ctx)
 {
-	if (bpf_core_type_exists(struct trace_event_raw_kmalloc)) {
-		struct trace_event_raw_kmalloc *r = ctx;
+	struct kmem_alloc_event e;
 
-		on_kmalloc(ctx, BPF_CORE_READ(r, call_site),
-			   BPF_CORE_READ(r, ptr), BPF_CORE_READ(r, bytes_req),
-			   BPF_CORE_READ(r, bytes_alloc),
-			   BPF_CORE_READ(r, gfp_flags));
-	} else {
-		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
-
-		on_kmalloc(ctx, BPF_CORE_READ(r, call_site),
-			   BPF_CORE_READ(r, ptr), BPF_CORE_READ(r, bytes_req),
-			   BPF_CORE_READ(r, bytes_alloc),
-			   BPF_CORE_READ(r, gfp_flags));
-	}
+	read_kmalloc_record(ctx, &e);
+	on_kmalloc(ctx, e.call_site, e.ptr, e.bytes_req, e.bytes_alloc,
+		   e.gfp_flags);
 	return 0;
-}
-
-/* The classic record has no cache pointer; the cache name (6.18 added it as a
- * __data_loc string) identifies the cache instead, hashed into the key. */
-static __always_inline __u64 name_key(const char *name)
-{
-	__u64 h = 0xcbf29ce484222325ULL; /* FNV-1a */
-	char c[KHEAP_CACHE_NAME_LEN] = {};
-
-	bpf_probe_read_kernel_str(c, sizeof(c), name);
-#pragma unroll
-	for (int i = 0; i < KHEAP_CACHE_NAME_LEN; i++) {
-		if (!c[i])
-			break;
-		h = (h ^ (__u8)c[i]) * 0x100000001b3ULL;
-	}
-	/* never 0, which means "kmalloc" */
-	return h | 1;
 }
 
 SEC("tracepoint/kmem/kmem_cache_alloc")
 int cache_alloc_tp(void *ctx)
 {
+	struct kmem_alloc_event e;
 	struct site_key key = {};
-	const char *name = NULL;
-	__u64 req, alloc;
-	const void *ptr;
 
-	if (bpf_core_type_exists(struct trace_event_raw_kmem_cache_alloc)) {
-		struct trace_event_raw_kmem_cache_alloc *r = ctx;
-
-		key.call_site = BPF_CORE_READ(r, call_site);
-		ptr = BPF_CORE_READ(r, ptr);
-		req = BPF_CORE_READ(r, bytes_req);
-		alloc = BPF_CORE_READ(r, bytes_alloc);
-		if (bpf_core_field_exists(r->__data_loc_name)) {
-			__u32 loc = BPF_CORE_READ(r, __data_loc_name);
-
-			name = (const char *)ctx + (loc & 0xFFFF);
-		}
-	} else {
-		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
-
-		key.call_site = BPF_CORE_READ(r, call_site);
-		ptr = BPF_CORE_READ(r, ptr);
-		req = BPF_CORE_READ(r, bytes_req);
-		alloc = BPF_CORE_READ(r, bytes_alloc);
-	}
-	/* Without a name, the object size is the best stand-in for a cache. */
-	key.cache = name ? name_key(name) : ((alloc << 1) | 1);
-	record_alloc(ctx, &key, ptr, req, alloc, name);
+	read_cache_alloc_record(ctx, &e);
+	key.call_site = e.call_site;
+	key.cache = classic_cache_key(&e);
+	record_alloc(ctx, &key, e.ptr, e.bytes_req, e.bytes_alloc, e.name);
 	return 0;
 }
 
@@ -378,16 +320,10 @@ int kfree_tp(struct trace_event_raw_kfree *r)
 SEC("tracepoint/kmem/kmem_cache_free")
 int cache_free_tp(struct trace_event_raw_kmem_cache_free *r)
 {
-	const char *name = NULL;
-	__u64 cache = 0;
+	const char *name = cache_free_record_name(r);
 
-	if (bpf_core_field_exists(r->__data_loc_name)) {
-		__u32 loc = BPF_CORE_READ(r, __data_loc_name);
-
-		name = (const char *)r + (loc & 0xFFFF);
-		cache = name_key(name);
-	}
-	record_cache_free(BPF_CORE_READ(r, ptr), cache, name);
+	record_cache_free(BPF_CORE_READ(r, ptr), name ? name_key(name) : 0,
+			  name);
 	return 0;
 }
 
