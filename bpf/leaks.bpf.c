@@ -13,14 +13,18 @@
  * only counted. With pointer sampling, an address is traced or skipped by a
  * hash of its value, so allocation and free always agree.
  *
- * tp_btf only: the hooks need the typed arguments to stay cheap.
+ * Each hook exists twice: as tp_btf (typed arguments, cheapest) and as a
+ * classic tracepoint read through CO-RE, for kernels without BTF-typed raw
+ * tracepoints. User space enables one set per run.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 #include "kheap.h"
 #include "leaks.h"
 #include "alloc_stats.bpf.h"
+#include "kmem_classic.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -318,6 +322,64 @@ int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
 
 	if (bpf_map_lookup_elem(&pid_filter, &parent_tgid))
 		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	return 0;
+}
+
+/* ---- classic tracepoints, fields read through CO-RE ---- */
+
+SEC("tracepoint/kmem/kmalloc")
+int kmalloc_tp(void *ctx)
+{
+	struct kmem_alloc_event e;
+
+	read_kmalloc_record(ctx, &e);
+	struct site_key key = {
+		.call_site = e.call_site,
+		.kmalloc_size = e.bytes_alloc,
+		.kmalloc_accounted = !!(e.gfp_flags & cfg.gfp_account_mask),
+	};
+
+	track_alloc(ctx, &key, (__u64)e.ptr, e.bytes_req, e.bytes_alloc, NULL);
+	return 0;
+}
+
+SEC("tracepoint/kmem/kmem_cache_alloc")
+int cache_alloc_tp(void *ctx)
+{
+	struct kmem_alloc_event e;
+	struct site_key key = {};
+
+	read_cache_alloc_record(ctx, &e);
+	key.call_site = e.call_site;
+	key.cache = classic_cache_key(&e);
+	track_alloc(ctx, &key, (__u64)e.ptr, e.bytes_req, e.bytes_alloc,
+		    e.name);
+	return 0;
+}
+
+SEC("tracepoint/kmem/kfree")
+int kfree_tp(struct trace_event_raw_kfree *r)
+{
+	track_free((__u64)BPF_CORE_READ(r, ptr));
+	return 0;
+}
+
+SEC("tracepoint/kmem/kmem_cache_free")
+int cache_free_tp(struct trace_event_raw_kmem_cache_free *r)
+{
+	track_free((__u64)BPF_CORE_READ(r, ptr));
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_fork")
+int fork_tp(struct trace_event_raw_sched_process_fork *r)
+{
+	__u32 parent = BPF_CORE_READ(r, parent_pid);
+	__u32 child = BPF_CORE_READ(r, child_pid);
+	__u8 one = 1;
+
+	if (bpf_map_lookup_elem(&pid_filter, &parent))
+		bpf_map_update_elem(&pid_filter, &child, &one, BPF_ANY);
 	return 0;
 }
 

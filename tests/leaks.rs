@@ -357,13 +357,32 @@ fn bad_input_is_one_line() {
     if !require_root("bad_input_is_one_line") {
         return;
     }
-    let out = kheap(&["leaks", "--attach", "tracepoint", "-d", "1"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.starts_with("kheap: kheap leaks attaches with tp_btf only"),
-        "{err}"
+    let one_line_error = |args: &[&str], start: &str| {
+        let out = kheap(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with(start), "{err}");
+    };
+    one_line_error(
+        &["leaks", "--max-objects", "0", "-d", "1"],
+        "kheap: --max-objects and --max-entries must be at least 1",
+    );
+    one_line_error(
+        &[
+            "leaks",
+            "--snapshot-every",
+            "1",
+            "--snapshot-dir",
+            "/nonexistent",
+            "-d",
+            "1",
+        ],
+        "kheap: --snapshot-dir /nonexistent is not a directory",
+    );
+    one_line_error(
+        &["leaks", "--format", "folded", "-d", "1"],
+        "kheap: --format folded shows stacks: use it with --by stack",
     );
 
     let out = kheap(&["diff", "/nonexistent/a.json", "/nonexistent/b.json"]);
@@ -382,4 +401,56 @@ fn bad_input_is_one_line() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("is not a kheap JSON report"), "{err}");
+}
+
+#[test]
+fn classic_tracepoints_track_the_same_objects() {
+    if !require_root("classic_tracepoints_track_the_same_objects") {
+        return;
+    }
+    // With `-- CMD`: kheap releases the command once attached, and snapshots
+    // every second; the 200 messages are held from ~0 s to ~2.5 s.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out_path = dir.path().join("final.json");
+    let out = kheap(&[
+        "leaks",
+        "--attach",
+        "tracepoint",
+        "--snapshot-every",
+        "1",
+        "--snapshot-dir",
+        d,
+        "--format",
+        "json",
+        "-o",
+        out_path.to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg",
+        "200",
+        "2100",
+        "2.5",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap = read_json(&dir.path().join("snapshot-001.json"));
+    let end = read_json(&out_path);
+    assert!(
+        snap["run"]["attach"][0]
+            .as_str()
+            .unwrap()
+            .ends_with(": tracepoint"),
+        "{}",
+        snap["run"]["attach"]
+    );
+    let s = load_msg_site(&snap).unwrap_or_else(|| panic!("{:#}", snap["sites"]));
+    assert_eq!(u(&s["outstanding_count"]), 200);
+    assert_eq!(u(&s["outstanding_bytes"]), 200 * MSG_ALLOC);
+    let s = load_msg_site(&end).unwrap();
+    assert_eq!(u(&s["outstanding_count"]), 0);
+    assert_eq!(u(&s["freed_count"]), 200);
 }

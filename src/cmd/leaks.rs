@@ -18,7 +18,6 @@ use crate::leaks::render::{self as leak_render, LeakGroupBy};
 use crate::leaks::session::{LeaksConfig, LeaksSession};
 use crate::render::Format;
 use crate::report::{self, BuildOptions, Report, RunInfo, Snapshot};
-use crate::session::AttachMode;
 use crate::symbolize::KernelSymbols;
 
 #[derive(Args, Debug)]
@@ -88,9 +87,6 @@ fn install_snapshot_handler() {
 pub fn run(args: LeaksArgs) -> Result<i32> {
     let t = &args.trace;
     check_size_range(t.min_size, t.max_size)?;
-    if t.attach == AttachMode::Tracepoint {
-        bail!("kheap leaks attaches with tp_btf only: drop --attach tracepoint");
-    }
     if args.max_objects == 0 || args.max_entries == 0 {
         bail!("--max-objects and --max-entries must be at least 1");
     }
@@ -124,6 +120,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         stack_sample_every,
         max_objects: args.max_objects,
         max_sites: args.max_entries,
+        attach: t.attach,
     };
     let mut session = LeaksSession::start(&cfg)?;
     eprintln!(

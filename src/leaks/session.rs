@@ -9,15 +9,15 @@ use std::os::fd::{AsFd, AsRawFd};
 use anyhow::{bail, Context, Result};
 use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, ProgramInput, ProgramMut};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, OpenProgramMut, ProgramInput, ProgramMut};
 
 use crate::bpf::leaks::{types, LeaksSkel, LeaksSkelBuilder, OpenLeaksSkel};
 use crate::bpf::{c_str, from_bytes};
-use crate::features::{self, KernelBtf};
+use crate::features::{self, KernelBtf, Tracefs};
 use crate::leaks::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
 use crate::maps;
 use crate::report::{EventCounters, SiteKey, Snapshot};
-use crate::session::cache_id;
+use crate::session::{cache_id, AttachMode};
 
 /// What a leaks run traces and how.
 #[derive(Clone, Debug)]
@@ -35,6 +35,7 @@ pub struct LeaksConfig {
     /// Capacity of the object map.
     pub max_objects: u32,
     pub max_sites: u32,
+    pub attach: AttachMode,
 }
 
 impl Default for LeaksConfig {
@@ -49,6 +50,7 @@ impl Default for LeaksConfig {
             stack_sample_every: 256,
             max_objects: 262_144,
             max_sites: 8192,
+            attach: AttachMode::Auto,
         }
     }
 }
@@ -73,30 +75,113 @@ pub struct LeaksSession {
     pub attached: Vec<String>,
     /// Hooks not attached, with the reason.
     pub skipped: Vec<String>,
+    mech: Mechanism,
+    // Held so a tracefs kheap mounted itself stays mounted while attached.
+    _tracefs: Option<Tracefs>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mechanism {
+    Btf,
+    Classic,
+}
+
+impl Mechanism {
+    fn name(self) -> &'static str {
+        match self {
+            Mechanism::Btf => "tp_btf",
+            Mechanism::Classic => "tracepoint",
+        }
+    }
+}
+
+fn prog_mut<'a>(
+    open: &'a mut OpenLeaksSkel<'static>,
+    tp: &str,
+    mech: Mechanism,
+) -> &'a mut OpenProgramMut<'static> {
+    let p = &mut open.progs;
+    match (tp, mech) {
+        ("kmalloc", Mechanism::Btf) => &mut p.kmalloc_btf,
+        ("kmem_cache_alloc", Mechanism::Btf) => &mut p.cache_alloc_btf,
+        ("kfree", Mechanism::Btf) => &mut p.kfree_btf,
+        ("kmem_cache_free", Mechanism::Btf) => &mut p.cache_free_btf,
+        ("sched_process_fork", Mechanism::Btf) => &mut p.fork_btf,
+        ("kmalloc", Mechanism::Classic) => &mut p.kmalloc_tp,
+        ("kmem_cache_alloc", Mechanism::Classic) => &mut p.cache_alloc_tp,
+        ("kfree", Mechanism::Classic) => &mut p.kfree_tp,
+        ("kmem_cache_free", Mechanism::Classic) => &mut p.cache_free_tp,
+        _ => &mut p.fork_tp,
+    }
 }
 
 impl LeaksSession {
+    /// Opens, configures, loads and attaches: tp_btf where the kernel's BTF
+    /// has the kmem tracepoints, else (or if those fail to load, in auto
+    /// mode) classic tracepoints.
     pub fn start(cfg: &LeaksConfig) -> Result<LeaksSession> {
         features::check_btf()?;
         let kbtf = features::kernel_btf()?;
-        let has = |tp: &str| kbtf.btf_tracepoints.iter().any(|t| t == tp);
+        let btf_ok = features::KMEM_TRACEPOINTS
+            .iter()
+            .all(|tp| kbtf.btf_tracepoints.iter().any(|t| t == tp));
+        if cfg.attach == AttachMode::Btf && !btf_ok {
+            bail!("this kernel's BTF lacks the kmem raw tracepoint types: use --attach tracepoint");
+        }
+        if cfg.attach != AttachMode::Tracepoint && btf_ok {
+            match Self::start_with(cfg, &kbtf, Mechanism::Btf) {
+                Ok(s) => return Ok(s),
+                Err(e) if cfg.attach == AttachMode::Auto => {
+                    eprintln!("kheap: tp_btf programs failed ({e:#}); falling back to classic tracepoints");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Self::start_with(cfg, &kbtf, Mechanism::Classic)
+    }
+
+    fn start_with(cfg: &LeaksConfig, kbtf: &KernelBtf, mech: Mechanism) -> Result<LeaksSession> {
+        let tracefs = match mech {
+            Mechanism::Classic => Some(Tracefs::ensure_mounted()?),
+            Mechanism::Btf => None,
+        };
+        let available = |tp: &str| match mech {
+            Mechanism::Btf => kbtf.btf_tracepoints.iter().any(|t| t == tp),
+            Mechanism::Classic => {
+                let system = if tp == "sched_process_fork" {
+                    "sched"
+                } else {
+                    "kmem"
+                };
+                tracefs.as_ref().is_some_and(|t| t.has_event(system, tp))
+            }
+        };
+        // Without every free hook, everything would look leaked.
         for tp in features::KMEM_TRACEPOINTS {
-            if !has(tp) {
-                bail!("kheap leaks needs the BTF-typed raw tracepoint kmem:{tp}, which this kernel's BTF lacks (classic tracepoints are not supported by leaks yet)");
+            if !available(tp) {
+                bail!("kheap leaks needs the kmem:{tp} tracepoint, which this kernel lacks");
             }
         }
         // The skeleton borrows its object storage for its whole life; a run
-        // opens one, so leaking the storage is the simple, safe owner.
+        // opens at most two, so leaking the storage is the simple, safe owner.
         let storage: &'static mut MaybeUninit<OpenObject> =
             Box::leak(Box::new(MaybeUninit::uninit()));
         let mut open = LeaksSkelBuilder::default()
             .open(storage)
             .context("opening the BPF object")?;
-        configure(&mut open, cfg, &kbtf)?;
-        let follow = cfg.follow_children && has("sched_process_fork");
-        open.progs.fork_btf.set_autoload(follow);
+        configure(&mut open, cfg, kbtf)?;
+        let follow = cfg.follow_children && available("sched_process_fork");
         if cfg.follow_children && !follow {
             eprintln!("kheap: warning: sched_process_fork is not available; children of the command are not followed");
+        }
+        let enabled: Vec<&str> = HOOKS
+            .into_iter()
+            .filter(|&tp| tp != "sched_process_fork" || follow)
+            .collect();
+        for tp in HOOKS {
+            for m in [Mechanism::Btf, Mechanism::Classic] {
+                prog_mut(&mut open, tp, m).set_autoload(m == mech && enabled.contains(&tp));
+            }
         }
         let skel = open
             .load()
@@ -106,35 +191,39 @@ impl LeaksSession {
             links: Vec::new(),
             cfg: cfg.clone(),
             hz: 0,
+            mech,
             attached: Vec::new(),
             skipped: Vec::new(),
+            _tracefs: tracefs,
         };
         session.hz = session.tick_rate()?;
         for &pid in &cfg.pids {
             session.add_pid(pid)?;
         }
-        for tp in HOOKS {
-            if tp == "sched_process_fork" && !follow {
-                continue;
-            }
+        for tp in enabled {
             let link = session
                 .prog(tp)
                 .attach()
                 .with_context(|| format!("attaching to {tp}"))?;
             session.links.push(link);
-            session.attached.push(format!("{tp}: tp_btf"));
+            session.attached.push(format!("{tp}: {}", mech.name()));
         }
         Ok(session)
     }
 
     fn prog(&self, tp: &str) -> &ProgramMut<'static> {
         let p = &self.skel.progs;
-        match tp {
-            "kmalloc" => &p.kmalloc_btf,
-            "kmem_cache_alloc" => &p.cache_alloc_btf,
-            "kfree" => &p.kfree_btf,
-            "kmem_cache_free" => &p.cache_free_btf,
-            _ => &p.fork_btf,
+        match (tp, self.mech) {
+            ("kmalloc", Mechanism::Btf) => &p.kmalloc_btf,
+            ("kmem_cache_alloc", Mechanism::Btf) => &p.cache_alloc_btf,
+            ("kfree", Mechanism::Btf) => &p.kfree_btf,
+            ("kmem_cache_free", Mechanism::Btf) => &p.cache_free_btf,
+            ("sched_process_fork", Mechanism::Btf) => &p.fork_btf,
+            ("kmalloc", Mechanism::Classic) => &p.kmalloc_tp,
+            ("kmem_cache_alloc", Mechanism::Classic) => &p.cache_alloc_tp,
+            ("kfree", Mechanism::Classic) => &p.kfree_tp,
+            ("kmem_cache_free", Mechanism::Classic) => &p.cache_free_tp,
+            _ => &p.fork_tp,
         }
     }
 
