@@ -385,12 +385,17 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         all += *s;
     }
     let ev = &snap.events;
+    // The leak tracer counts only untracked frees in the kernel; the frees
+    // of tracked objects are derived per site.
+    let frees = leaks
+        .as_ref()
+        .map_or(ev.frees, |l| l.frees_untracked + l.retention.freed_count);
     Report {
         duration_s: round2(opts.duration_s),
         run: opts.run,
         totals: Totals {
             allocs: all.count,
-            frees: ev.frees,
+            frees,
             bytes_req: all.bytes_req,
             bytes_alloc: all.bytes_alloc,
             waste_bytes: all.waste(),
@@ -858,6 +863,7 @@ pub mod tests {
         let l = r.leaks.as_ref().unwrap();
         assert_eq!(l.retention.outstanding_count, 420);
         assert_eq!(l.frees_untracked, 123);
+        assert_eq!(r.totals.frees, 123 + 600 + 275, "untracked + tracked frees");
         assert_eq!(l.recursion_misses, 3);
         assert!(!l.estimated);
         let v = serde_json::to_value(&r).unwrap();

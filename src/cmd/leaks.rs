@@ -163,7 +163,6 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let start = Instant::now();
     let mut snapshots = 0u32;
     let mut next_snapshot = args.snapshot_every;
-    let mut snapshot_error = None;
     let ended = wait_for_end(t.duration, &mut targets.command, |elapsed| {
         let secs = elapsed.as_secs_f64();
         let periodic = next_snapshot.is_some_and(|n| secs >= n);
@@ -192,8 +191,12 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
                     crate::model::human_size(l.map_or(0, |l| l.outstanding_bytes)),
                 );
             }
-            Err(e) if snapshot_error.is_none() => snapshot_error = Some(e),
-            Err(_) => {}
+            // A full disk must not cost the final report: say so, go on.
+            Err(e) => eprintln!(
+                "kheap: warning: snapshot {} not written: {}",
+                path.display(),
+                format!("{e:#}").replace('\n', " ")
+            ),
         }
     });
     let duration_s = start.elapsed().as_secs_f64();
@@ -209,9 +212,6 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     }
     if let Some(cmd) = targets.command.as_mut() {
         cmd.terminate();
-    }
-    if let Some(e) = snapshot_error {
-        return Err(e.context("writing a snapshot"));
     }
     let mut snap = session.snapshot("leaks")?;
     let info = run_info(&session);
