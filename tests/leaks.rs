@@ -381,6 +381,10 @@ fn bad_input_is_one_line() {
         "kheap: --snapshot-dir /nonexistent is not a directory",
     );
     one_line_error(
+        &["leaks", "--snapshot-every", "0.5", "-d", "1"],
+        "kheap: --snapshot-every must be at least 1 second",
+    );
+    one_line_error(
         &["leaks", "--format", "folded", "-d", "1"],
         "kheap: --format folded shows stacks: use it with --by stack",
     );

@@ -95,7 +95,12 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     }
     features::check_privileges("leaks")?;
     features::check_btf()?;
-    if args.snapshot_every.is_some() && !args.snapshot_dir.is_dir() {
+    // Snapshots are taken on the once-a-second tick of the wait loop.
+    if args.snapshot_every.is_some_and(|s| s < 1.0) {
+        bail!("--snapshot-every must be at least 1 second");
+    }
+    // Checked even without --snapshot-every: SIGUSR1 may ask at any time.
+    if !args.snapshot_dir.is_dir() {
         bail!(
             "--snapshot-dir {} is not a directory",
             args.snapshot_dir.display()
