@@ -140,7 +140,7 @@ fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--exact-stacks"]);
-    let mut load = Background::spawn(LOAD, &["msg", "500", "2100", "3"]);
+    let mut load = Background::spawn(LOAD, &["msg", "500", "2100", "4"]);
     load.wait_for("holding 500 messages");
     std::thread::sleep(Duration::from_millis(1300));
     let snap = read_json(&snapshot(&mut k));
@@ -200,7 +200,7 @@ fn diff_of_snapshots_shows_the_workload_as_top_grower() {
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &[]);
     let before = snapshot(&mut k);
-    let mut load = Background::spawn(LOAD, &["msg", "300", "2100", "2"]);
+    let mut load = Background::spawn(LOAD, &["msg", "300", "2100", "3"]);
     load.wait_for("holding 300 messages");
     let after = snapshot(&mut k);
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
@@ -283,7 +283,7 @@ fn address_sampling_keeps_allocation_and_free_together() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--sample", "4"]);
-    let mut load = Background::spawn(LOAD, &["msg", "2000", "2100", "2"]);
+    let mut load = Background::spawn(LOAD, &["msg", "2000", "2100", "3"]);
     load.wait_for("holding 2000 messages");
     let snap = read_json(&snapshot(&mut k));
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
@@ -313,7 +313,7 @@ fn a_full_object_map_is_counted_not_hidden() {
     }
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--max-objects", "100"]);
-    let mut load = Background::spawn(LOAD, &["msg", "500", "2100", "2"]);
+    let mut load = Background::spawn(LOAD, &["msg", "500", "2100", "3"]);
     load.wait_for("holding 500 messages");
     let snap = read_json(&snapshot(&mut k));
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
