@@ -9,18 +9,18 @@
 #include "kheap.h"
 
 /* One object allocated while tracing and not yet seen freed, keyed by its
- * address. */
+ * address. Kept small (48 bytes): there is one per live object. */
 struct live_obj {
 	struct site_key site;
 	/* Sampled (or, with exact stacks, every) allocation stack; < 0: none.
 	 */
-	__s64 stack_id;
-	__u64 bytes_req;
-	__u64 bytes_alloc;
+	__s32 stack_id;
+	/* u32 is enough: kmalloc() and slab objects are far below 4 GiB. */
+	__u32 bytes_req;
+	__u32 bytes_alloc;
+	__u32 tgid;
 	/* jiffies64 at the allocation (see struct clock_sample). */
 	__u64 ts;
-	__u32 tgid;
-	__u32 _pad;
 };
 
 /* Tracked objects of a site whose address the allocator handed out again

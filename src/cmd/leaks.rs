@@ -58,7 +58,7 @@ pub struct LeaksArgs {
     /// Capture no stacks at all
     #[arg(long)]
     pub no_stacks: bool,
-    /// Capacity of the object map (objects tracked at once; ~100 bytes each)
+    /// Capacity of the object map (objects tracked at once; ~100 bytes of kernel memory each)
     #[arg(long, default_value = "262144", value_name = "N")]
     pub max_objects: u32,
     /// Capacity of the per-site and per-stack maps

@@ -332,9 +332,9 @@ impl LeaksSession {
                 .iter()
                 .map(|o| LiveObject {
                     site: key(&o.site),
-                    stack_id: (o.stack_id >= 0).then_some(o.stack_id),
-                    bytes_req: o.bytes_req,
-                    bytes_alloc: o.bytes_alloc,
+                    stack_id: (o.stack_id >= 0).then_some(o.stack_id as i64),
+                    bytes_req: o.bytes_req as u64,
+                    bytes_alloc: o.bytes_alloc as u64,
                     age_ns: jiffies_to_ns(now.saturating_sub(o.ts), self.hz),
                     tgid: o.tgid,
                 })
