@@ -3,4 +3,5 @@
 
 pub mod live;
 pub mod render;
+pub mod retention;
 pub mod session;

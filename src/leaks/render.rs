@@ -8,9 +8,10 @@ use clap::ValueEnum;
 use comfy_table::Cell;
 
 use crate::leaks::live::AgeBucket;
+use crate::leaks::retention::{sort_by_retention, Retention};
 use crate::model::{human_count, human_size};
 use crate::render;
-use crate::report::{sort_by_retention, Counts, Report, Retention};
+use crate::report::{Counts, Report};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LeakGroupBy {
