@@ -1,5 +1,7 @@
 //! `kheap leaks`: what is still allocated, by whom, and for how long.
-//! `live` is pure (folding and ages); `session` loads bpf/leaks.bpf.c.
+//! `session` loads bpf/leaks.bpf.c and reads it; the rest is pure: `live`
+//! (folding live objects, ages), `retention` (the report's retention fields
+//! and summary), `render` (tables).
 
 pub mod live;
 pub mod render;
