@@ -458,3 +458,42 @@ fn classic_tracepoints_track_the_same_objects() {
     assert_eq!(u(&s["outstanding_count"]), 0);
     assert_eq!(u(&s["freed_count"]), 200);
 }
+
+#[test]
+fn min_age_counts_only_objects_that_old() {
+    if !require_root("min_age_counts_only_objects_that_old") {
+        return;
+    }
+    // Held ~1-2 s when the 1 s snapshot is taken: younger than --min-age 30.
+    let dir = tempfile::tempdir().unwrap();
+    let out = kheap(&[
+        "leaks",
+        "--min-age",
+        "30",
+        "--snapshot-every",
+        "1",
+        "--snapshot-dir",
+        dir.path().to_str().unwrap(),
+        "-o",
+        dir.path().join("final.txt").to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg",
+        "100",
+        "2100",
+        "2",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap = read_json(&dir.path().join("snapshot-001.json"));
+    assert_eq!(snap["leaks"]["min_age_s"], 30.0);
+    let s = load_msg_site(&snap).unwrap_or_else(|| panic!("{:#}", snap["sites"]));
+    assert_eq!(u(&s["count"]), 100, "allocated");
+    assert_eq!(u(&s["outstanding_count"]), 0, "none 30 s old");
+    assert_eq!(u(&s["freed_count"]), 0, "held, so not freed either");
+    let table = std::fs::read_to_string(dir.path().join("final.txt")).unwrap();
+    assert!(table.contains("at least 30.0s old"), "{table}");
+}
