@@ -643,6 +643,7 @@ pub mod tests {
             },
         );
         leaks.events.frees_untracked = 123;
+        leaks.comms.insert(7, "msgd".into());
         leaks.events.frees_null = 9;
         snap.leaks = Some(leaks);
         snap

@@ -168,6 +168,13 @@ fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
     for b in ages {
         assert!(b["lo_s"].as_f64().unwrap() >= 1.024, "too young: {b}");
     }
+    // The process that allocated them is named, and holds at least them.
+    let procs = snap["leaks"]["processes"].as_array().unwrap();
+    let load = procs
+        .iter()
+        .find(|p| p["comm"] == "kheap-load")
+        .unwrap_or_else(|| panic!("{procs:?}"));
+    assert!(u(&load["outstanding_bytes"]) >= 500 * MSG_ALLOC, "{load}");
     let stacks = rows(&snap, "stacks", "function", "load_msg");
     let stacked: u64 = stacks.iter().map(|s| u(&s["outstanding_count"])).sum();
     let lost = u(&snap["lost"]["stacks"]);

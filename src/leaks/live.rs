@@ -219,6 +219,9 @@ pub struct LeakInput {
     pub recursion_misses: Vec<(String, u64)>,
     /// "snapshot" (mid-run) or "leaks" (end of run).
     pub kind: String,
+    /// Command names of the processes (tgid) that allocated live objects,
+    /// read when the snapshot was taken (absent: the process is gone).
+    pub comms: HashMap<u32, String>,
 }
 
 /// Outstanding objects folded per key.
@@ -226,6 +229,8 @@ pub struct LeakInput {
 pub struct RetainedIndex {
     pub sites: HashMap<SiteKey, Retained>,
     pub stacks: HashMap<(SiteKey, i64), Retained>,
+    /// By the process (tgid) that allocated them.
+    pub procs: HashMap<u32, Retained>,
 }
 
 impl RetainedIndex {
@@ -243,6 +248,7 @@ impl RetainedIndex {
                 continue;
             }
             idx.sites.entry(o.site.clone()).or_default().add_object(o);
+            idx.procs.entry(o.tgid).or_default().add_object(o);
             if let Some(id) = o.stack_id {
                 idx.stacks
                     .entry((o.site.clone(), id))
@@ -371,6 +377,7 @@ mod tests {
         assert_eq!(a.ages.buckets()[0].bytes, 8192);
         assert_eq!(idx.stacks[&(site(0x10), 7)].count, 1);
         assert_eq!(idx.stacks.len(), 2);
+        assert_eq!(idx.procs[&1].count, 3, "all allocated by tgid 1");
         let t = idx.total();
         assert_eq!((t.count, t.bytes_alloc), (3, 3 * 4096));
         assert_eq!(idx.by_cache().len(), 1);

@@ -18,6 +18,8 @@ pub enum LeakGroupBy {
     Site,
     Stack,
     Cache,
+    /// The process that allocated the outstanding objects
+    Process,
 }
 
 /// Sorts every row list (largest outstanding, then oldest, first) and keeps
@@ -34,8 +36,13 @@ pub fn apply_top(r: &mut Report, by: LeakGroupBy, n: Option<usize>) -> usize {
         }
         _ => 0,
     };
+    let procs = r.leaks.as_mut().map(|l| &mut l.processes);
+    let mut d = procs.as_ref().map_or(0, |p| p.len());
     let (mut a, mut b, mut c) = (r.sites.len(), r.stacks.len(), r.caches.len());
-    let hidden = [cut(&mut a), cut(&mut b), cut(&mut c)];
+    let hidden = [cut(&mut a), cut(&mut b), cut(&mut c), cut(&mut d)];
+    if let Some(p) = procs {
+        p.truncate(d);
+    }
     r.sites.truncate(a);
     r.stacks.truncate(b);
     r.caches.truncate(c);
@@ -43,6 +50,7 @@ pub fn apply_top(r: &mut Report, by: LeakGroupBy, n: Option<usize>) -> usize {
         LeakGroupBy::Site => hidden[0],
         LeakGroupBy::Stack => hidden[1],
         LeakGroupBy::Cache => hidden[2],
+        LeakGroupBy::Process => hidden[3],
     }
 }
 
@@ -184,6 +192,29 @@ pub fn table(r: &Report, by: LeakGroupBy, hidden: usize, details: usize) -> Stri
             }
         }
         LeakGroupBy::Stack => out.push_str(&stack_details(r, r.stacks.len())),
+        LeakGroupBy::Process => {
+            let mut t =
+                render::new_table(&["pid", "comm", "live", "live bytes", "oldest", "growth"]);
+            for p in r.leaks.iter().flat_map(|l| &l.processes) {
+                let ret = &p.retention;
+                t.add_row(vec![
+                    Cell::new(p.pid),
+                    Cell::new(if p.comm.is_empty() {
+                        "(exited)"
+                    } else {
+                        &p.comm
+                    }),
+                    Cell::new(ret.outstanding_count),
+                    Cell::new(human_size(ret.outstanding_bytes)),
+                    Cell::new(human_age(ret.oldest_s)),
+                    Cell::new(format!("{}/s", human_size(ret.growth_bytes_per_s as u64))),
+                ]);
+            }
+            let _ = writeln!(
+                out,
+                "Outstanding objects by the process that allocated them:\n{t}"
+            );
+        }
         LeakGroupBy::Cache => {
             let mut t = render::new_table(&headers_with(&["cache"]));
             for row in &r.caches {
@@ -335,6 +366,22 @@ mod tests {
         assert!(t.contains("about 1 address in 4 tracked"), "{t}");
         assert!(t.contains("outstanding: ~1.7k objects"), "{t}");
         assert!(t.contains("kmalloc-cg-4k"), "{t}");
+    }
+
+    #[test]
+    fn process_view_lists_what_each_allocator_holds() {
+        let mut r = report(1);
+        let procs = &r.leaks.as_ref().unwrap().processes;
+        assert_eq!(procs.len(), 1);
+        assert_eq!((procs[0].pid, procs[0].comm.as_str()), (7, "msgd"));
+        assert_eq!(procs[0].retention.outstanding_count, 420);
+        let hidden = apply_top(&mut r, LeakGroupBy::Process, Some(5));
+        let t = table(&r, LeakGroupBy::Process, hidden, 0);
+        let row = t
+            .lines()
+            .find(|l| l.contains("msgd"))
+            .unwrap_or_else(|| panic!("{t}"));
+        assert!(row.contains("420") && row.contains("1.6M"), "{row}");
     }
 
     #[test]

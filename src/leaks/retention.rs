@@ -67,6 +67,17 @@ pub struct ProgramMisses {
     pub misses: u64,
 }
 
+/// What the objects one process allocated still hold. The leak tracer keeps
+/// no per-process allocation totals, hence only retention here.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessRetention {
+    pub pid: u32,
+    /// Empty when the process had exited by the time of the snapshot.
+    pub comm: String,
+    #[serde(flatten)]
+    pub retention: Retention,
+}
+
 /// Run-wide retention figures of a kheap leaks report or snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LeakSummary {
@@ -99,6 +110,11 @@ pub struct LeakSummary {
     /// Free paths that fire no tracepoint: objects freed there look
     /// outstanding until their address is reused (then freed_unseen).
     pub unseen_free_paths: Vec<String>,
+    /// Outstanding objects by the process that allocated them, largest
+    /// first (kernel memory is often allocated in one process's context and
+    /// held on behalf of another, or of none).
+    #[serde(default)]
+    pub processes: Vec<ProcessRetention>,
 }
 
 /// Free paths of the kernel that emit no kmem:kfree/kmem_cache_free event.
@@ -129,6 +145,11 @@ pub fn retained_index(l: &LeakInput, sites: &HashMap<SiteKey, AllocStats>) -> Re
             .stacks
             .iter()
             .map(|(k, r)| (k.clone(), r.scaled(n, n)))
+            .collect(),
+        procs: idx
+            .procs
+            .iter()
+            .map(|(k, r)| (*k, r.scaled(n, n)))
             .collect(),
     }
 }
@@ -186,7 +207,27 @@ pub fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Leak
             })
             .collect(),
         unseen_free_paths: UNSEEN_FREE_PATHS.iter().map(|s| s.to_string()).collect(),
+        processes: process_rows(l, idx, duration_s),
     }
+}
+
+fn process_rows(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Vec<ProcessRetention> {
+    let mut rows: Vec<ProcessRetention> = idx
+        .procs
+        .iter()
+        .map(|(&pid, r)| ProcessRetention {
+            pid,
+            comm: l.comms.get(&pid).cloned().unwrap_or_default(),
+            retention: Retention::new(r, duration_s),
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.retention
+            .outstanding_bytes
+            .cmp(&a.retention.outstanding_bytes)
+            .then(a.pid.cmp(&b.pid))
+    });
+    rows
 }
 
 /// Scales one stack's sampled retention so the stacks of a site sum to the

@@ -327,6 +327,14 @@ impl LeaksSession {
             map_full_procs: 0,
             map_full_caches: 0,
         };
+        let mut comms = HashMap::new();
+        for o in &live {
+            comms.entry(o.tgid).or_insert_with(|| {
+                std::fs::read_to_string(format!("/proc/{}/comm", o.tgid))
+                    .map(|c| c.trim_end().to_string())
+                    .unwrap_or_default()
+            });
+        }
         snap.leaks = Some(LeakInput {
             live: live
                 .iter()
@@ -352,6 +360,7 @@ impl LeaksSession {
             max_objects: self.cfg.max_objects,
             recursion_misses: self.recursion_misses(),
             kind: kind.to_string(),
+            comms,
         });
         Ok(snap)
     }
