@@ -17,8 +17,6 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "kheap.h"
-#include "alloc_stats.bpf.h"
-#include "kmem_classic.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -90,6 +88,52 @@ struct {
 	__type(value, struct counters);
 } counters SEC(".maps");
 
+/* The latency object's per-task entry records (fd reused from it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, KHEAP_LAT_STARTS);
+	__type(key, __u64);
+	__type(value, struct lat_start);
+} lat_starts SEC(".maps");
+
+/* Per-CPU countdown to the next sampled stack. Refilled with a random gap
+ * of 1..2N (mean ~N): a helper call once per sample instead of per event,
+ * and random gaps keep periodic allocation patterns from aliasing. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} sample_countdown SEC(".maps");
+
+static __always_inline bool sample_now(void)
+{
+	__u32 zero = 0;
+	__u32 *left = bpf_map_lookup_elem(&sample_countdown, &zero);
+
+	if (!left)
+		return false;
+	if (*left > 1) {
+		(*left)--;
+		return false;
+	}
+	*left = (bpf_get_prandom_u32() & (2 * cfg.stack_sample_mask + 1)) + 1;
+	return true;
+}
+
+/* A zeroed value to insert new hash entries from (too big for the stack). */
+static struct alloc_stats zero_stats;
+
+/* Older layout of the kmalloc/kmem_cache_alloc records: before 6.1 both
+ * events shared the kmem_alloc class. */
+struct trace_event_raw_kmem_alloc___pre61 {
+	unsigned long call_site;
+	const void *ptr;
+	size_t bytes_req;
+	size_t bytes_alloc;
+	unsigned long gfp_flags;
+} __attribute__((preserve_access_index));
+
 static __always_inline struct counters *counters_get(void)
 {
 	__u32 zero = 0;
@@ -104,33 +148,144 @@ static __always_inline struct counters *counters_get(void)
 			__c->field++;                  \
 	} while (0)
 
+static __always_inline bool comm_matches(void)
+{
+	char comm[KHEAP_COMM_LEN];
+
+	bpf_get_current_comm(comm, sizeof(comm));
+#pragma unroll
+	for (int i = 0; i < KHEAP_COMM_LEN; i++) {
+		if (comm[i] != cfg.comm[i])
+			return false;
+		if (comm[i] == 0)
+			return true;
+	}
+	return true;
+}
+
 static __always_inline bool task_wanted(__u32 tgid)
 {
 	if (cfg.filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid))
 		return false;
-	if (cfg.filter_comm && !comm_is(cfg.comm))
+	if (cfg.filter_comm && !comm_matches())
 		return false;
 	return true;
 }
 
-static __always_inline void remember_cache_name(__u64 cache, const char *name)
+static __always_inline void stats_add(struct alloc_stats *s, __u64 req,
+				      __u64 alloc, __u32 bucket)
+{
+	s->count++;
+	s->bytes_req += req;
+	s->bytes_alloc += alloc;
+	/* A mask the compiler cannot drop as redundant: the 6.1 verifier loses
+	 * the bound size_bucket() established when the register is copied. */
+	asm volatile("" : "+r"(bucket));
+	s->hist[bucket & (KHEAP_HIST_BUCKETS - 1)]++;
+}
+
+/* Adds to an existing entry, or creates it. Returns false if the map is full.
+ * A racing insert on another CPU (-EEXIST) is retried as a lookup. */
+static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
+					 __u64 alloc, __u32 bucket,
+					 bool *created)
+{
+	struct alloc_stats *s = bpf_map_lookup_elem(map, key);
+
+	if (!s) {
+		long err =
+			bpf_map_update_elem(map, key, &zero_stats, BPF_NOEXIST);
+		if (err && err != -17 /* EEXIST */)
+			return false;
+		if (created && !err)
+			*created = true;
+		s = bpf_map_lookup_elem(map, key);
+		if (!s)
+			return false;
+	}
+	stats_add(s, req, alloc, bucket);
+	return true;
+}
+
+/* Records a cache's name the first time the cache is seen. The name comes
+ * either as a string (tp_btf, classic records) or is read from the struct
+ * kmem_cache (raw_tp), only here, off the hot path. */
+static __always_inline void remember_cache_name(__u64 cache, const char *name,
+						const struct kmem_cache *s)
 {
 	struct cache_name n = {};
 
-	if (!cache || !name)
+	if (!cache)
+		return;
+	if (!name && s)
+		name = BPF_CORE_READ(s, name);
+	if (!name)
 		return;
 	bpf_probe_read_kernel_str(n.name, sizeof(n.name), name);
 	bpf_map_update_elem(&cache_names, &cache, &n, BPF_NOEXIST);
+}
+
+static __always_inline void count_process(__u32 tgid, __u64 req, __u64 alloc,
+					  __u32 bucket)
+{
+	bool new_proc = false;
+
+	if (!upsert_stats(&procs, &tgid, req, alloc, bucket, &new_proc)) {
+		COUNT(map_full_procs);
+	} else if (new_proc) {
+		struct proc_info info = {};
+
+		bpf_get_current_comm(info.comm, sizeof(info.comm));
+		bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
+	}
+}
+
+/* Captures the kernel stack and counts the event under it. Returns false if
+ * the stack or its entry could not be recorded (counted as lost). */
+static __always_inline bool record_stack(void *ctx, struct site_key *key,
+					 __u64 req, __u64 alloc, __u32 bucket,
+					 const char *name,
+					 const struct kmem_cache *s)
+{
+	struct stack_key skey = {.site = *key};
+	bool created = false;
+
+	skey.stack_id = bpf_get_stackid(ctx, &stack_traces, 0);
+	if (skey.stack_id < 0) {
+		if (skey.stack_id == -17 /* EEXIST: hash collision */)
+			COUNT(lost_stack_collision);
+		else
+			COUNT(lost_stack_other);
+		return false;
+	}
+	if (!upsert_stats(&stacks, &skey, req, alloc, bucket, &created)) {
+		COUNT(map_full_stacks);
+		return false;
+	}
+	COUNT(stack_samples);
+	if (created && (name || s))
+		remember_cache_name(key->cache, name, s);
+	return true;
 }
 
 /* The common path of every allocation event. `name` is only read when the
  * (site, cache) pair is new, so the cost stays off the hot path. */
 static __always_inline void record_alloc(void *ctx, struct site_key *key,
 					 const void *ptr, __u64 req,
-					 __u64 alloc, const char *name)
+					 __u64 alloc, const char *name,
+					 const struct kmem_cache *s)
 {
 	bool created = false;
 	__u32 bucket, tgid = 0;
+
+	/* With --latency, exit probes hide the real return address. */
+	if (cfg.latency_active) {
+		__u64 tid = bpf_get_current_pid_tgid();
+		struct lat_start *ls = bpf_map_lookup_elem(&lat_starts, &tid);
+
+		if (ls && ls->call_site)
+			key->call_site = ls->call_site;
+	}
 
 	/* cfg is constant after load: with no filter and no per-process view
 	 * the verifier drops this block entirely. */
@@ -147,49 +302,34 @@ static __always_inline void record_alloc(void *ctx, struct site_key *key,
 	}
 
 	bucket = size_bucket(req);
+	if (cfg.by_process)
+		count_process(tgid, req, alloc, bucket);
+
+	/* Exact-stacks mode: the per-stack entry is the only update, and user
+	 * space sums stacks into sites. An event whose stack is lost still
+	 * lands in the site map below, so site totals stay exact. */
+	if (cfg.capture_stacks && !cfg.stack_sample_mask &&
+	    record_stack(ctx, key, req, alloc, bucket, name, s))
+		return;
+
 	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
 		COUNT(map_full_sites);
 		return;
 	}
-	if (created && key->cache)
-		remember_cache_name(key->cache, name);
+	if (created)
+		remember_cache_name(key->cache, name, s);
 
-	if (cfg.by_process) {
-		bool new_proc = false;
-
-		if (!upsert_stats(&procs, &tgid, req, alloc, bucket, &new_proc))
-			COUNT(map_full_procs);
-		else if (new_proc) {
-			struct proc_info info = {};
-
-			bpf_get_current_comm(info.comm, sizeof(info.comm));
-			bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
-		}
-	}
-
-	if (!cfg.capture_stacks)
+	if (!cfg.capture_stacks || !cfg.stack_sample_mask)
 		return;
-	if (cfg.stack_sample_mask &&
-	    (bpf_get_prandom_u32() & cfg.stack_sample_mask))
-		return;
-
-	struct stack_key skey = {.site = *key};
-
-	skey.stack_id = bpf_get_stackid(ctx, &stack_traces, 0);
-	if (skey.stack_id < 0) {
-		if (skey.stack_id == -17 /* EEXIST: hash collision */)
-			COUNT(lost_stack_collision);
-		else
-			COUNT(lost_stack_other);
-		return;
-	}
-	COUNT(stack_samples);
-	if (!upsert_stats(&stacks, &skey, req, alloc, bucket, NULL))
-		COUNT(map_full_stacks);
+	/* A site's first allocation always gets a stack, so every site can be
+	 * attributed to its caller; after that, about one event in N. */
+	if (created || sample_now())
+		record_stack(ctx, key, req, alloc, bucket, NULL, NULL);
 }
 
 static __always_inline void record_cache_free(const void *ptr, __u64 cache,
-					      const char *name)
+					      const char *name,
+					      const struct kmem_cache *s)
 {
 	struct cache_frees *f;
 
@@ -211,7 +351,7 @@ static __always_inline void record_cache_free(const void *ptr, __u64 cache,
 	struct cache_frees one = {.frees = 1};
 
 	if (bpf_map_update_elem(&cache_frees, &cache, &one, BPF_NOEXIST) == 0)
-		remember_cache_name(cache, name);
+		remember_cache_name(cache, name, s);
 	else if (!bpf_map_lookup_elem(&cache_frees, &cache))
 		COUNT(map_full_caches);
 }
@@ -234,7 +374,7 @@ static __always_inline void on_kmalloc(void *ctx, __u64 call_site,
 		.kmalloc_accounted = gfp_accounted(gfp_flags),
 	};
 
-	record_alloc(ctx, &key, ptr, req, alloc, NULL);
+	record_alloc(ctx, &key, ptr, req, alloc, NULL, NULL);
 }
 
 /* ---- tp_btf: typed raw tracepoint arguments ---- */
@@ -253,14 +393,14 @@ int BPF_PROG(cache_alloc_btf, unsigned long call_site, const void *ptr,
 {
 	struct site_key key = {.call_site = call_site, .cache = (__u64)s};
 
-	record_alloc(ctx, &key, ptr, s->object_size, s->size, s->name);
+	record_alloc(ctx, &key, ptr, s->object_size, s->size, s->name, NULL);
 	return 0;
 }
 
 SEC("tp_btf/kfree")
 int BPF_PROG(kfree_btf, unsigned long call_site, const void *ptr)
 {
-	record_cache_free(ptr, 0, NULL);
+	record_cache_free(ptr, 0, NULL, NULL);
 	return 0;
 }
 
@@ -268,7 +408,7 @@ SEC("tp_btf/kmem_cache_free")
 int BPF_PROG(cache_free_btf, unsigned long call_site, const void *ptr,
 	     struct kmem_cache *s)
 {
-	record_cache_free(ptr, (__u64)s, s->name);
+	record_cache_free(ptr, (__u64)s, s->name, NULL);
 	return 0;
 }
 
@@ -284,46 +424,155 @@ int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
 	return 0;
 }
 
+/* ---- raw_tp: untyped raw tracepoint arguments ----
+ * As cheap as tp_btf, but without the verifier's BTF checks on the
+ * arguments: 6.1 and 6.12 reject tp_btf reads of kmalloc's `const void *ptr`
+ * ("arg1 type UNKNOWN is not a struct"), raw_tp loads there. */
+
+SEC("raw_tp/kmalloc")
+int kmalloc_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	on_kmalloc(ctx, ctx->args[0], (const void *)ctx->args[1], ctx->args[2],
+		   ctx->args[3], ctx->args[4]);
+	return 0;
+}
+
+SEC("raw_tp/kmem_cache_alloc")
+int cache_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	const struct kmem_cache *s = (const void *)ctx->args[2];
+	struct site_key key = {.call_site = ctx->args[0], .cache = (__u64)s};
+
+	record_alloc(ctx, &key, (const void *)ctx->args[1],
+		     BPF_CORE_READ(s, object_size), BPF_CORE_READ(s, size),
+		     NULL, s);
+	return 0;
+}
+
+SEC("raw_tp/kfree")
+int kfree_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	record_cache_free((const void *)ctx->args[1], 0, NULL, NULL);
+	return 0;
+}
+
+SEC("raw_tp/kmem_cache_free")
+int cache_free_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	record_cache_free((const void *)ctx->args[1], ctx->args[2], NULL,
+			  (const void *)ctx->args[2]);
+	return 0;
+}
+
+SEC("raw_tp/sched_process_fork")
+int fork_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	const struct task_struct *parent = (const void *)ctx->args[0];
+	const struct task_struct *child = (const void *)ctx->args[1];
+	__u32 parent_tgid = BPF_CORE_READ(parent, tgid);
+	__u32 child_tgid = BPF_CORE_READ(child, tgid);
+	__u8 one = 1;
+
+	if (bpf_map_lookup_elem(&pid_filter, &parent_tgid))
+		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	return 0;
+}
+
 /* ---- classic tracepoints, fields read through CO-RE ---- */
 
 SEC("tracepoint/kmem/kmalloc")
 int kmalloc_tp(void *ctx)
 {
-	struct kmem_alloc_event e;
+	if (bpf_core_type_exists(struct trace_event_raw_kmalloc)) {
+		struct trace_event_raw_kmalloc *r = ctx;
 
-	read_kmalloc_record(ctx, &e);
-	on_kmalloc(ctx, e.call_site, e.ptr, e.bytes_req, e.bytes_alloc,
-		   e.gfp_flags);
+		on_kmalloc(ctx, BPF_CORE_READ(r, call_site),
+			   BPF_CORE_READ(r, ptr), BPF_CORE_READ(r, bytes_req),
+			   BPF_CORE_READ(r, bytes_alloc),
+			   BPF_CORE_READ(r, gfp_flags));
+	} else {
+		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
+
+		on_kmalloc(ctx, BPF_CORE_READ(r, call_site),
+			   BPF_CORE_READ(r, ptr), BPF_CORE_READ(r, bytes_req),
+			   BPF_CORE_READ(r, bytes_alloc),
+			   BPF_CORE_READ(r, gfp_flags));
+	}
 	return 0;
+}
+
+/* The classic record has no cache pointer; the cache name (6.18 added it as a
+ * __data_loc string) identifies the cache instead, hashed into the key. */
+static __always_inline __u64 name_key(const char *name)
+{
+	__u64 h = 0xcbf29ce484222325ULL; /* FNV-1a */
+	char c[KHEAP_CACHE_NAME_LEN] = {};
+
+	bpf_probe_read_kernel_str(c, sizeof(c), name);
+#pragma unroll
+	for (int i = 0; i < KHEAP_CACHE_NAME_LEN; i++) {
+		if (!c[i])
+			break;
+		h = (h ^ (__u8)c[i]) * 0x100000001b3ULL;
+	}
+	/* never 0, which means "kmalloc" */
+	return h | 1;
 }
 
 SEC("tracepoint/kmem/kmem_cache_alloc")
 int cache_alloc_tp(void *ctx)
 {
-	struct kmem_alloc_event e;
 	struct site_key key = {};
+	const char *name = NULL;
+	__u64 req, alloc;
+	const void *ptr;
 
-	read_cache_alloc_record(ctx, &e);
-	key.call_site = e.call_site;
-	key.cache = classic_cache_key(&e);
-	record_alloc(ctx, &key, e.ptr, e.bytes_req, e.bytes_alloc, e.name);
+	if (bpf_core_type_exists(struct trace_event_raw_kmem_cache_alloc)) {
+		struct trace_event_raw_kmem_cache_alloc *r = ctx;
+
+		key.call_site = BPF_CORE_READ(r, call_site);
+		ptr = BPF_CORE_READ(r, ptr);
+		req = BPF_CORE_READ(r, bytes_req);
+		alloc = BPF_CORE_READ(r, bytes_alloc);
+		if (bpf_core_field_exists(r->__data_loc_name)) {
+			__u32 loc = BPF_CORE_READ(r, __data_loc_name);
+
+			name = (const char *)ctx + (loc & 0xFFFF);
+		}
+	} else {
+		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
+
+		key.call_site = BPF_CORE_READ(r, call_site);
+		ptr = BPF_CORE_READ(r, ptr);
+		req = BPF_CORE_READ(r, bytes_req);
+		alloc = BPF_CORE_READ(r, bytes_alloc);
+	}
+	/* Without a name, the object size is the best stand-in for a cache. */
+	key.cache = name ? name_key(name) : ((alloc << 1) | 1);
+	record_alloc(ctx, &key, ptr, req, alloc, name, NULL);
 	return 0;
 }
 
 SEC("tracepoint/kmem/kfree")
 int kfree_tp(struct trace_event_raw_kfree *r)
 {
-	record_cache_free(BPF_CORE_READ(r, ptr), 0, NULL);
+	record_cache_free(BPF_CORE_READ(r, ptr), 0, NULL, NULL);
 	return 0;
 }
 
 SEC("tracepoint/kmem/kmem_cache_free")
 int cache_free_tp(struct trace_event_raw_kmem_cache_free *r)
 {
-	const char *name = cache_free_record_name(r);
+	const char *name = NULL;
+	__u64 cache = 0;
 
-	record_cache_free(BPF_CORE_READ(r, ptr), name ? name_key(name) : 0,
-			  name);
+	if (bpf_core_field_exists(r->__data_loc_name)) {
+		__u32 loc = BPF_CORE_READ(r, __data_loc_name);
+
+		name = (const char *)r + (loc & 0xFFFF);
+		cache = name_key(name);
+	}
+	record_cache_free(BPF_CORE_READ(r, ptr), cache, name, NULL);
 	return 0;
 }
 

@@ -7,9 +7,8 @@
 #ifndef KHEAP_H
 #define KHEAP_H
 
-/* log2 buckets over the requested size: bucket 0 holds size 0, bucket b >= 1
- * holds [2^(b-1), 2^b). The last bucket also takes everything larger. */
-#define KHEAP_HIST_BUCKETS 32
+/* log2 buckets over the requested size (KHEAP_HIST_BUCKETS, size_bucket()). */
+#include "size_bucket.h"
 
 /* Frames kept per kernel stack. Allocation stacks are rarely deeper; the
  * stack map's memory is max_entries * depth * 8 bytes. */
@@ -75,13 +74,42 @@ struct kheap_config {
 	__u64 min_size;
 	__u64 max_size; /* 0: no upper bound */
 	__u64 gfp_account_mask;
-	__u32 stack_sample_mask; /* sample when (random & mask) == 0; 0: every
+	__u32 stack_sample_mask; /* N-1 for about one stack in N; 0: every
 				    event */
 	__u8 filter_pids;
 	__u8 filter_comm;
 	__u8 by_process;
 	__u8 capture_stacks;
+	__u8 latency_active; /* lat_starts is shared with the latency object */
 	char comm[KHEAP_COMM_LEN];
+};
+
+/* --latency: time inside the allocator entry points, per call site. */
+#define KHEAP_LAT_STARTS 16384
+
+/* Per task: when and from where the timed allocator call was entered. Shared
+ * with the record object, which takes its call sites from here while the
+ * exit probes' trampolines hide the real return address. */
+struct lat_start {
+	__u64 ts;
+	__u64 call_site;
+	__u64 func_ip;
+};
+
+struct lat_key {
+	__u64 call_site; /* the caller; 0 if it could not be found */
+	__u64 func_ip;	 /* the allocator function timed */
+};
+
+struct lat_stats {
+	__u64 count;
+	__u64 total_ns;
+	__u64 hist[KHEAP_HIST_BUCKETS]; /* log2 buckets of nanoseconds */
+};
+
+struct lat_counters {
+	__u64 missed_start; /* exits without a recorded entry */
+	__u64 map_full;
 };
 
 #endif /* KHEAP_H */

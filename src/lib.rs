@@ -2,7 +2,9 @@
 //! rounding wastes, and what is never freed.
 //!
 //! Modules that touch the kernel: `bpf` (skeleton), `session` (load/attach),
-//! `maps` (typed readers), `features` (probing), `target` (processes).
+//! `maps` (typed readers), `features` (probing), `target` (processes), and
+//! `malloc::{bpf, session}` for `kheap malloc`, `leaks::session` for `kheap
+//! leaks`.
 //! Everything else is pure and tested without root.
 
 pub mod bpf;
@@ -10,11 +12,14 @@ pub mod cli;
 pub mod cmd;
 pub mod diff;
 pub mod features;
+pub mod latency;
 pub mod leaks;
+pub mod malloc;
 pub mod maps;
 pub mod model;
 pub mod render;
 pub mod report;
 pub mod session;
+pub mod slab;
 pub mod symbolize;
 pub mod target;

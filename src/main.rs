@@ -19,16 +19,27 @@ enum Command {
     Leaks(cmd::leaks::LeaksArgs),
     /// Compare two kheap JSON reports (snapshots, leaks, record): what grew or shrank
     Diff(cmd::diff::DiffArgs),
+    /// Slab caches: memory, loss, growth, and (with -d) who allocates and wastes
+    Slab(kheap::slab::SlabArgs),
+    /// Trace malloc, calloc, realloc… of a process or command: who allocates, in what sizes, what is never freed
+    Malloc(cmd::malloc::MallocArgs),
     /// Show which tracing features this kernel has and how kheap will attach
     Doctor,
 }
 
 fn main() {
     let cli = Cli::parse();
+    // libbpf's own log is noise when kheap probes features by trying them
+    // (an fentry load refused on purpose); KHEAP_DEBUG=1 shows it.
+    if std::env::var_os("KHEAP_DEBUG").is_none() {
+        libbpf_rs::set_print(None);
+    }
     let result = match cli.command {
         Command::Record(a) => cmd::record::run(a),
         Command::Leaks(a) => cmd::leaks::run(a),
         Command::Diff(a) => cmd::diff::run(a),
+        Command::Slab(a) => cmd::slab::run(a),
+        Command::Malloc(a) => cmd::malloc::run(a),
         Command::Doctor => cmd::doctor::run(),
     };
     match result {

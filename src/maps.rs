@@ -59,6 +59,23 @@ where
     Ok(out)
 }
 
+/// Reads every entry of a plain hash map as a list (for key types that are
+/// not `Hash`, such as the generated ones).
+pub fn read_hash_entries<K, V, M>(map: &M) -> Result<Vec<(K, V)>>
+where
+    M: MapCore,
+    K: plain::Plain + Default + Copy,
+    V: plain::Plain + Default + Copy,
+{
+    let mut out = Vec::new();
+    for key in map.keys() {
+        if let Some(v) = map.lookup(&key, MapFlags::ANY)? {
+            out.push((from_bytes::<K>(&key), from_bytes::<V>(&v)));
+        }
+    }
+    Ok(out)
+}
+
 /// Reads slot 0 of a per-CPU array, summed over CPUs.
 pub fn read_percpu_slot0<V, M>(map: &M) -> Result<V>
 where

@@ -100,7 +100,7 @@ pub fn header(r: &Report) -> String {
         "stacks: every allocation (exact)".to_string()
     } else {
         format!(
-            "stacks: sampled 1 in {} ({} captured), per-stack numbers are estimates scaled to exact site totals; sites, caches and processes are exact",
+            "stacks: sampled 1 in {} (and each site's first; {} captured), per-stack numbers are estimates scaled to exact site totals; sites, caches and processes are exact",
             r.sampling.stack_sample_every, r.sampling.stack_samples
         )
     };
@@ -123,6 +123,7 @@ pub fn header(r: &Report) -> String {
     s
 }
 
+/// A table in the house style: first column left, the rest right-aligned.
 pub fn new_table(headers: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED)
@@ -161,7 +162,7 @@ pub fn table(r: &Report, by: GroupBy, hidden: usize, stack_details: usize) -> St
         GroupBy::Site => {
             let mut t = new_table(&headers_with(&["site", "cache"]));
             for row in &r.sites {
-                let mut cells = vec![Cell::new(&row.location), Cell::new(row.caches.join(","))];
+                let mut cells = vec![Cell::new(&row.location), Cell::new(cache_list(&row.caches))];
                 cells.extend(count_cells(&row.counts));
                 t.add_row(cells);
             }
@@ -197,7 +198,46 @@ pub fn table(r: &Report, by: GroupBy, hidden: usize, stack_details: usize) -> St
     if hidden > 0 {
         let _ = writeln!(out, "({hidden} more rows not shown; use -n to see more)");
     }
+    if !r.latency.is_empty() {
+        out.push_str(&latency_text(r));
+    }
     out
+}
+
+/// Time inside the allocator per call site, with the slowest site's
+/// histogram (nanoseconds).
+fn latency_text(r: &Report) -> String {
+    let mut out = String::from("\nAllocator latency (time inside the allocator, per call site):\n");
+    let mut t = new_table(&["site", "allocator", "calls", "avg ns", "total"]);
+    for row in r.latency.iter().take(20) {
+        t.add_row(vec![
+            Cell::new(if row.call_site.is_empty() {
+                &row.function
+            } else {
+                &row.call_site
+            }),
+            Cell::new(&row.allocator),
+            Cell::new(row.count),
+            Cell::new(format!("{:.0}", row.avg_ns)),
+            Cell::new(format!("{:.2} ms", row.total_ns as f64 / 1e6)),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
+    if let Some(top) = r.latency.first() {
+        let _ = writeln!(out, "{} via {} (ns):", top.function, top.allocator);
+        out.push_str(&histogram(&top.hist, "    "));
+    }
+    out
+}
+
+/// A site's caches, the first two by name: a table cell, not a list.
+fn cache_list(caches: &[String]) -> String {
+    match caches {
+        [] => String::new(),
+        [a] => a.clone(),
+        [a, b] => format!("{a},{b}"),
+        [a, b, rest @ ..] => format!("{a},{b} +{}", rest.len()),
+    }
 }
 
 fn stack_details_text(r: &Report, n: usize) -> String {

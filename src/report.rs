@@ -92,6 +92,10 @@ pub struct Lost {
     pub map_full_stacks: u64,
     pub map_full_procs: u64,
     pub map_full_caches: u64,
+    /// --latency: allocator exits without a recorded entry (e.g. attached
+    /// mid-call, or an entry record lost to a full map).
+    #[serde(default)]
+    pub latency_unmatched: u64,
 }
 
 /// Counts shared by every row kind, flattened into each JSON entry.
@@ -197,6 +201,19 @@ pub struct RunInfo {
     pub command: Option<String>,
 }
 
+/// Time inside the allocator for one call site through one allocator
+/// function (`--latency`). `hist` buckets are nanoseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencyRow {
+    pub function: String,
+    pub call_site: String,
+    pub allocator: String,
+    pub count: u64,
+    pub avg_ns: f64,
+    pub total_ns: u64,
+    pub hist: Vec<Bucket>,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub duration_s: f64,
@@ -209,6 +226,9 @@ pub struct Report {
     pub caches: Vec<CacheRow>,
     #[serde(default)]
     pub processes: Vec<ProcRow>,
+    /// With --latency: per-site time inside the allocator.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub latency: Vec<LatencyRow>,
     /// kheap leaks only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leaks: Option<LeakSummary>,
@@ -295,6 +315,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
             map_full_stacks: ev.map_full_stacks,
             map_full_procs: ev.map_full_procs,
             map_full_caches: ev.map_full_caches,
+            latency_unmatched: 0,
         },
         sampling: Sampling {
             stack_sample_every: opts.stack_sample_every,
@@ -306,6 +327,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         stacks,
         caches,
         processes,
+        latency: Vec::new(),
         leaks,
     }
 }
@@ -414,15 +436,63 @@ pub fn scale_to(stack: &AllocStats, sampled: &AllocStats, exact: &AllocStats) ->
     out
 }
 
-/// Per call site rows (summed over caches). The label comes from the call
-/// site itself, unless that is an allocation wrapper (kvmalloc, kmemdup…),
-/// in which case the heaviest sampled stack of the site names the caller.
+/// The label of each call site: the call site itself, unless that is an
+/// allocation wrapper (kvmalloc, kmemdup…), in which case the heaviest
+/// sampled stack of the site names the caller. Returns (label, call site).
+fn label_sites<'a>(
+    snap: &Snapshot,
+    call_sites: &HashMap<u64, Frame>,
+    frames_of: &dyn Fn(i64) -> &'a [Frame],
+) -> HashMap<u64, (Frame, Frame)> {
+    let mut heaviest_stack: HashMap<u64, (u64, i64)> = HashMap::new();
+    for ((site, id), s) in &snap.stacks {
+        let e = heaviest_stack.entry(site.call_site).or_insert((0, *id));
+        if s.count > e.0 {
+            *e = (s.count, *id);
+        }
+    }
+    snap.sites
+        .keys()
+        .map(|k| {
+            let addr = k.call_site;
+            let cs = call_sites
+                .get(&addr)
+                .cloned()
+                .unwrap_or_else(|| Frame::unknown(addr));
+            let mut label = cs.clone();
+            if label_frame(std::slice::from_ref(&cs)).is_none_or(is_wrapper) {
+                if let Some(f) = heaviest_stack
+                    .get(&addr)
+                    .and_then(|&(_, id)| label_frame(frames_of(id)))
+                {
+                    label = f.clone();
+                }
+            }
+            (addr, (label, cs))
+        })
+        .collect()
+}
+
+/// Every (site, cache) pair with its label, for consumers that keep caches
+/// apart (the slab report).
+pub fn labelled_sites(snap: &Snapshot, syms: &dyn Symbolize) -> Vec<(Frame, SiteKey, AllocStats)> {
+    let symbolized = symbolize_all(snap, syms);
+    let frames_of = |id: i64| symbolized.stacks.get(&id).map(Vec::as_slice).unwrap_or(&[]);
+    let labels = label_sites(snap, &symbolized.call_sites, &frames_of);
+    snap.sites
+        .iter()
+        .map(|(k, s)| (labels[&k.call_site].0.clone(), k.clone(), *s))
+        .collect()
+}
+
+/// Per call site rows (summed over caches).
 fn site_rows<'a>(
     snap: &Snapshot,
     call_sites: &HashMap<u64, Frame>,
     frames_of: &dyn Fn(i64) -> &'a [Frame],
     retained: RetainedRef,
 ) -> Vec<SiteRow> {
+    let labels = label_sites(snap, call_sites, frames_of);
     let mut by_site: HashMap<u64, (AllocStats, Vec<String>, Retained)> = HashMap::new();
     for (key, s) in &snap.sites {
         let e = by_site.entry(key.call_site).or_default();
@@ -435,29 +505,11 @@ fn site_rows<'a>(
             e.1.push(name);
         }
     }
-    let mut heaviest_stack: HashMap<u64, (u64, i64)> = HashMap::new();
-    for ((site, id), s) in &snap.stacks {
-        let e = heaviest_stack.entry(site.call_site).or_insert((0, *id));
-        if s.count > e.0 {
-            *e = (s.count, *id);
-        }
-    }
     let mut rows: Vec<SiteRow> = by_site
         .into_iter()
         .map(|(addr, (stats, mut caches, ret))| {
             caches.sort();
-            let cs = call_sites
-                .get(&addr)
-                .cloned()
-                .unwrap_or_else(|| Frame::unknown(addr));
-            let mut label = cs.clone();
-            if label_frame(std::slice::from_ref(&cs)).is_none_or(is_wrapper) {
-                if let Some(&(_, id)) = heaviest_stack.get(&addr) {
-                    if let Some(f) = label_frame(frames_of(id)) {
-                        label = f.clone();
-                    }
-                }
-            }
+            let (label, cs) = &labels[&addr];
             SiteRow {
                 function: label.name().to_string(),
                 location: label.display(),

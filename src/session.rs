@@ -6,7 +6,7 @@ use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
 
 use crate::bpf::{c_str, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
@@ -17,11 +17,13 @@ use crate::report::{EventCounters, SiteKey, Snapshot};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum AttachMode {
-    /// tp_btf where the kernel's BTF has the tracepoint, else classic
+    /// The cheapest that loads: tp_btf, then raw_tp, then classic
     Auto,
-    /// BTF-typed raw tracepoints only (cheapest)
+    /// BTF-typed raw tracepoints (cheapest; 6.13+ verifiers accept them)
     Btf,
-    /// Classic tracepoints, fields read through CO-RE
+    /// Untyped raw tracepoints (as cheap; kernel structs read via CO-RE)
+    Raw,
+    /// Classic tracepoints, record fields read through CO-RE
     Tracepoint,
 }
 
@@ -39,6 +41,11 @@ pub struct Config {
     pub attach: AttachMode,
     pub max_sites: u32,
     pub max_stacks: u32,
+    /// Attach the free tracepoints too (frees per cache, net counts).
+    pub trace_frees: bool,
+    /// With --latency: the latency object's `lat_starts` map, shared so
+    /// call sites stay right while exit probes hide return addresses.
+    pub latency_starts: Option<std::os::fd::RawFd>,
 }
 
 impl Default for Config {
@@ -46,7 +53,7 @@ impl Default for Config {
         Config {
             min_size: 0,
             max_size: None,
-            stack_sample_every: 64,
+            stack_sample_every: 1024,
             pids: Vec::new(),
             follow_children: false,
             comm: None,
@@ -54,6 +61,8 @@ impl Default for Config {
             attach: AttachMode::Auto,
             max_sites: 8192,
             max_stacks: 8192,
+            trace_frees: true,
+            latency_starts: None,
         }
     }
 }
@@ -65,6 +74,9 @@ pub struct Session {
     pub attached: Vec<String>,
     /// Hooks not attached, with the reason.
     pub skipped: Vec<String>,
+    /// Every stack captured: the kernel counts events under their stack
+    /// only, and sites are summed from stacks here.
+    exact_stacks: bool,
     // Held so a tracefs kheap mounted itself stays mounted while attached.
     _tracefs: Option<Tracefs>,
 }
@@ -72,7 +84,18 @@ pub struct Session {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Mechanism {
     Btf,
+    Raw,
     Classic,
+}
+
+impl Mechanism {
+    fn name(self) -> &'static str {
+        match self {
+            Mechanism::Btf => "tp_btf",
+            Mechanism::Raw => "raw_tp",
+            Mechanism::Classic => "tracepoint",
+        }
+    }
 }
 
 impl Session {
@@ -81,21 +104,32 @@ impl Session {
     pub fn start(cfg: &Config) -> Result<Session> {
         features::check_btf()?;
         let kbtf = features::kernel_btf()?;
-        let prefer_btf = cfg.attach != AttachMode::Tracepoint
-            && kbtf.btf_tracepoints.iter().any(|t| t == "kmalloc");
-        if cfg.attach == AttachMode::Btf && !prefer_btf {
-            bail!("this kernel's BTF has no kmalloc raw tracepoint type: use --attach tracepoint");
-        }
-        if prefer_btf {
-            match Self::start_with(cfg, &kbtf, Mechanism::Btf) {
-                Ok(s) => return Ok(s),
-                Err(e) if cfg.attach == AttachMode::Auto => {
-                    eprintln!("kheap: tp_btf programs failed ({e:#}); falling back to classic tracepoints");
+        let order: &[Mechanism] = match cfg.attach {
+            AttachMode::Auto => &[Mechanism::Btf, Mechanism::Raw, Mechanism::Classic],
+            AttachMode::Btf => &[Mechanism::Btf],
+            AttachMode::Raw => &[Mechanism::Raw],
+            AttachMode::Tracepoint => &[Mechanism::Classic],
+        };
+        let mut last_err = None;
+        let mut refused = Vec::new();
+        for &mech in order {
+            match Self::start_with(cfg, &kbtf, mech) {
+                Ok(mut s) => {
+                    // Shown in the report header: why a cheaper way was not used.
+                    s.skipped.extend(refused);
+                    return Ok(s);
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    refused.push(format!(
+                        "{}: refused by this kernel ({})",
+                        mech.name(),
+                        format!("{e:#}").replace('\n', " ")
+                    ));
+                    last_err = Some(e);
+                }
             }
         }
-        Self::start_with(cfg, &kbtf, Mechanism::Classic)
+        Err(last_err.expect("at least one mechanism was tried"))
     }
 
     fn start_with(cfg: &Config, kbtf: &KernelBtf, mech: Mechanism) -> Result<Session> {
@@ -109,10 +143,11 @@ impl Session {
 
         let tracefs = match mech {
             Mechanism::Classic => Some(Tracefs::ensure_mounted()?),
-            Mechanism::Btf => None,
+            Mechanism::Btf | Mechanism::Raw => None,
         };
         let available = |tp: &str| match mech {
-            Mechanism::Btf => kbtf.btf_tracepoints.iter().any(|t| t == tp),
+            // Raw tracepoints exist exactly where BTF names them.
+            Mechanism::Btf | Mechanism::Raw => kbtf.btf_tracepoints.iter().any(|t| t == tp),
             Mechanism::Classic => {
                 let system = if tp == "sched_process_fork" {
                     "sched"
@@ -125,36 +160,29 @@ impl Session {
 
         configure(&mut open, cfg, kbtf)?;
         let mut wanted: Vec<&str> = features::KMEM_TRACEPOINTS.to_vec();
+        if !cfg.trace_frees {
+            wanted.retain(|tp| !matches!(*tp, "kfree" | "kmem_cache_free"));
+        }
         if cfg.follow_children {
             wanted.push("sched_process_fork");
         }
         let mut attached = Vec::new();
         let mut skipped = Vec::new();
         let mut enabled = Vec::new();
-        for tp in [
-            "kmalloc",
-            "kmem_cache_alloc",
-            "kfree",
-            "kmem_cache_free",
-            "sched_process_fork",
-        ] {
-            let on = wanted.contains(&tp) && available(tp);
-            for (prog_tp, m) in [(tp, Mechanism::Btf), (tp, Mechanism::Classic)] {
-                set_autoload(&mut open, prog_tp, m, on && m == mech);
-            }
-            if on {
+        for tp in HOOKS {
+            if wanted.contains(&tp) && available(tp) {
                 enabled.push(tp);
-                attached.push(format!(
-                    "{tp}: {}",
-                    if mech == Mechanism::Btf {
-                        "tp_btf"
-                    } else {
-                        "tracepoint"
-                    }
-                ));
+                attached.push(format!("{tp}: {}", mech.name()));
             } else if wanted.contains(&tp) {
                 skipped.push(format!("{tp}: not available on this kernel"));
             }
+        }
+        // Exactly the programs of the chosen mechanism and hooks load; any
+        // other program left in the object would fail the whole load.
+        for mut prog in open.open_object_mut().progs_mut() {
+            let name = prog.name().to_string_lossy().into_owned();
+            let on = enabled.iter().any(|tp| program_name(tp, mech) == name);
+            prog.set_autoload(on);
         }
         if !enabled.contains(&"kmalloc") && !enabled.contains(&"kmem_cache_alloc") {
             bail!("this kernel has neither the kmem:kmalloc nor the kmem:kmem_cache_alloc tracepoint: nothing to trace");
@@ -171,6 +199,7 @@ impl Session {
             links: Vec::new(),
             attached,
             skipped,
+            exact_stacks: cfg.stack_sample_every == 1,
             _tracefs: tracefs,
         };
         for &pid in &cfg.pids {
@@ -186,19 +215,13 @@ impl Session {
     }
 
     fn attach_one(&self, tp: &str, mech: Mechanism) -> Result<Link> {
-        let p = &self.skel.progs;
-        let prog = match (tp, mech) {
-            ("kmalloc", Mechanism::Btf) => &p.kmalloc_btf,
-            ("kmem_cache_alloc", Mechanism::Btf) => &p.cache_alloc_btf,
-            ("kfree", Mechanism::Btf) => &p.kfree_btf,
-            ("kmem_cache_free", Mechanism::Btf) => &p.cache_free_btf,
-            ("sched_process_fork", Mechanism::Btf) => &p.fork_btf,
-            ("kmalloc", Mechanism::Classic) => &p.kmalloc_tp,
-            ("kmem_cache_alloc", Mechanism::Classic) => &p.cache_alloc_tp,
-            ("kfree", Mechanism::Classic) => &p.kfree_tp,
-            ("kmem_cache_free", Mechanism::Classic) => &p.cache_free_tp,
-            _ => &p.fork_tp,
-        };
+        let name = program_name(tp, mech);
+        let prog = self
+            .skel
+            .object()
+            .progs_mut()
+            .find(|p| p.name() == name.as_str())
+            .with_context(|| format!("program {name} is missing from the BPF object"))?;
         Ok(prog.attach()?)
     }
 
@@ -214,6 +237,25 @@ impl Session {
     /// Detaches every program now; the maps stay readable.
     pub fn detach(&mut self) {
         self.links.clear();
+    }
+
+    /// Allocations counted so far (sites only: cheap enough for a status
+    /// line every second).
+    pub fn allocations_so_far(&self) -> Result<u64> {
+        let sites = maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(
+            &self.skel.maps.sites,
+        )?;
+        let stacks: u64 = if self.exact_stacks {
+            maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(
+                &self.skel.maps.stacks,
+            )?
+            .iter()
+            .map(|(_, v)| v.count)
+            .sum()
+        } else {
+            0
+        };
+        Ok(sites.iter().map(|(_, v)| v.count).sum::<u64>() + stacks)
     }
 
     /// Reads and merges every map.
@@ -236,8 +278,11 @@ impl Session {
                     e.insert(frames);
                 }
             }
-            snap.stacks
-                .insert((site_key(&k.site, &names), id), v.into());
+            let site = site_key(&k.site, &names);
+            if self.exact_stacks {
+                *snap.sites.entry(site.clone()).or_default() += v.into();
+            }
+            snap.stacks.insert((site, id), v.into());
         }
         let comms: HashMap<u32, String> =
             maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?
@@ -291,27 +336,41 @@ fn configure(open: &mut OpenKheapSkel<'static>, cfg: &Config, kbtf: &KernelBtf) 
             *dst = src as i8;
         }
     }
+    if let Some(fd) = cfg.latency_starts {
+        c.latency_active = 1;
+        // Safety: the fd belongs to a LatencySession that outlives the load.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        open.maps.lat_starts.reuse_fd(fd)?;
+    }
     open.maps.sites.set_max_entries(cfg.max_sites)?;
     open.maps.stacks.set_max_entries(cfg.max_stacks)?;
     open.maps.stack_traces.set_max_entries(cfg.max_stacks)?;
     Ok(())
 }
 
-fn set_autoload(open: &mut OpenKheapSkel<'static>, tp: &str, mech: Mechanism, on: bool) {
-    let p = &mut open.progs;
-    let prog = match (tp, mech) {
-        ("kmalloc", Mechanism::Btf) => &mut p.kmalloc_btf,
-        ("kmem_cache_alloc", Mechanism::Btf) => &mut p.cache_alloc_btf,
-        ("kfree", Mechanism::Btf) => &mut p.kfree_btf,
-        ("kmem_cache_free", Mechanism::Btf) => &mut p.cache_free_btf,
-        ("sched_process_fork", Mechanism::Btf) => &mut p.fork_btf,
-        ("kmalloc", Mechanism::Classic) => &mut p.kmalloc_tp,
-        ("kmem_cache_alloc", Mechanism::Classic) => &mut p.cache_alloc_tp,
-        ("kfree", Mechanism::Classic) => &mut p.kfree_tp,
-        ("kmem_cache_free", Mechanism::Classic) => &mut p.cache_free_tp,
-        _ => &mut p.fork_tp,
+/// The tracepoints kheap hooks, in attach order.
+const HOOKS: [&str; 5] = [
+    "kmalloc",
+    "kmem_cache_alloc",
+    "kfree",
+    "kmem_cache_free",
+    "sched_process_fork",
+];
+
+/// The BPF program (in bpf/kheap.bpf.c) for one hook and mechanism.
+fn program_name(tp: &str, mech: Mechanism) -> String {
+    let base = match tp {
+        "kmem_cache_alloc" => "cache_alloc",
+        "kmem_cache_free" => "cache_free",
+        "sched_process_fork" => "fork",
+        other => other,
     };
-    prog.set_autoload(on);
+    let suffix = match mech {
+        Mechanism::Btf => "btf",
+        Mechanism::Raw => "raw",
+        Mechanism::Classic => "tp",
+    };
+    format!("{base}_{suffix}")
 }
 
 fn site_key(k: &types::site_key, names: &HashMap<u64, String>) -> SiteKey {
@@ -347,6 +406,29 @@ pub fn cache_id(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn program_names_match_the_bpf_object() {
+        assert_eq!(program_name("kmalloc", Mechanism::Btf), "kmalloc_btf");
+        assert_eq!(
+            program_name("kmem_cache_free", Mechanism::Raw),
+            "cache_free_raw"
+        );
+        assert_eq!(
+            program_name("sched_process_fork", Mechanism::Classic),
+            "fork_tp"
+        );
+        let src = include_str!("../bpf/kheap.bpf.c");
+        for tp in HOOKS {
+            for m in [Mechanism::Btf, Mechanism::Raw, Mechanism::Classic] {
+                let name = program_name(tp, m);
+                assert!(
+                    src.contains(&format!("({name},")) || src.contains(&format!(" {name}(")),
+                    "{name} not defined in kheap.bpf.c"
+                );
+            }
+        }
+    }
 
     #[test]
     fn cache_keys_name_their_cache() {

@@ -164,16 +164,36 @@ pub fn is_allocator_frame(name: &str) -> bool {
 /// How deep the tracing machinery can reach into a captured stack.
 const TRACING_DEPTH: usize = 6;
 
-/// Drops the tracing frames at the top of a captured stack: everything down
-/// to the last tracing frame among the first few. The BPF program's own
-/// frame is not always in kallsyms, so it can show up under a wrong name.
+/// Largest return-address offset of a function's ftrace entry call
+/// (`endbr64` + `call __fentry__`): a frame there is a BPF trampoline
+/// (fentry/fexit) or kretprobe returning into the function's start.
+const FTRACE_ENTRY_MAX_OFFSET: u64 = 9;
+
+/// Drops what tracing adds to a captured stack: everything down to the last
+/// tracing frame among the first few (the BPF program's own frame is not
+/// always in kallsyms, so it can show up under a wrong name), and the
+/// trampoline frames that fexit/kretprobe insert (an unknown frame followed
+/// by a return into a function's first bytes).
 pub fn strip_tracing_frames(frames: Vec<Frame>) -> Vec<Frame> {
     let skip = frames
         .iter()
         .take(TRACING_DEPTH)
         .rposition(|f| is_tracing_frame(f.name()))
         .map_or(0, |i| i + 1);
-    frames.into_iter().skip(skip).collect()
+    let frames: Vec<Frame> = frames.into_iter().skip(skip).collect();
+    let is_entry =
+        |f: &Frame| f.function.is_some() && (1..=FTRACE_ENTRY_MAX_OFFSET).contains(&f.offset);
+    let mut out = Vec::with_capacity(frames.len());
+    let mut i = 0;
+    while i < frames.len() {
+        if frames.get(i + 1).is_some_and(is_entry) {
+            i += 2; // the trampoline and the function-entry return point
+            continue;
+        }
+        out.push(frames[i].clone());
+        i += 1;
+    }
+    out
 }
 
 /// The frame a row is named after: the innermost frame outside the
@@ -234,6 +254,23 @@ mod tests {
         assert_eq!(stack[0].name(), "__kmalloc_noprof");
         let label = label_frame(&stack).unwrap();
         assert_eq!(label.display(), "simple_xattr_alloc+0x2b");
+    }
+
+    #[test]
+    fn fexit_trampoline_frames_are_dropped() {
+        // As captured on 6.1 with fexit on __kmalloc: the trampoline (an
+        // unknown address, misnamed after a module symbol) and the return
+        // into __kmalloc+0x5 sit between the allocator and its caller.
+        let stack = strip_tracing_frames(vec![
+            frame("__kmalloc", 0xa2),
+            frame("__this_module", 0x5dc4),
+            frame("__kmalloc", 0x5),
+            frame("load_msg", 0x35),
+            frame("do_msgsnd", 0x8e),
+        ]);
+        let names: Vec<String> = stack.iter().map(Frame::display).collect();
+        assert_eq!(names, ["__kmalloc+0xa2", "load_msg+0x35", "do_msgsnd+0x8e"]);
+        assert_eq!(label_frame(&stack).unwrap().name(), "load_msg");
     }
 
     #[test]

@@ -3,9 +3,8 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -15,7 +14,7 @@ use common::*;
 const MSG_HEADER: u64 = 48;
 
 fn assert_msg_site(report: &serde_json::Value, count: u64, size: u64) {
-    let sites = rows(report, "sites", "function", "load_msg");
+    let sites = rows_of_fn(report, "sites", "load_msg");
     assert_eq!(
         sites.len(),
         1,
@@ -47,11 +46,12 @@ fn msgsnd_sites_are_exact_with_sampled_stacks() {
     }
     let r = record_json(&[], &["msg", "3000", "2100"]);
     assert_msg_site(&r, 3000, 2100);
-    assert_eq!(r["sampling"]["stack_sample_every"], 64);
+    assert_eq!(r["sampling"]["stack_sample_every"], 1024);
     assert_eq!(r["sampling"]["stacks_estimated"], true);
-    // About 3000/64 samples landed on load_msg; the estimate is scaled to the
+    // Each site's first allocation and about 1 in 1024 after it capture a
+    // stack (3000 events: a few samples); the estimate is scaled to the
     // exact total, so the stacks of the site add up to it.
-    let stacks = rows(&r, "stacks", "function", "load_msg");
+    let stacks = rows_of_fn(&r, "stacks", "load_msg");
     assert!(
         !stacks.is_empty(),
         "no sampled load_msg stack: {:#}",
@@ -77,7 +77,7 @@ fn exact_stacks_attribute_every_allocation() {
     }
     let r = record_json(&["--exact-stacks"], &["msg", "1000", "2100"]);
     assert_msg_site(&r, 1000, 2100);
-    let stacks = rows(&r, "stacks", "function", "load_msg");
+    let stacks = rows_of_fn(&r, "stacks", "load_msg");
     assert_eq!(stacks.len(), 1, "{:#}", r["stacks"]);
     let s = stacks[0];
     assert_eq!(s["estimated"], false);
@@ -119,7 +119,7 @@ fn writev_iovec_array_lands_in_kmalloc_192() {
         return;
     }
     let r = record_json(&[], &["writev", "20000"]);
-    let sites = rows(&r, "sites", "function", "iovec_from_user");
+    let sites = rows_of_fn(&r, "sites", "iovec_from_user");
     assert_eq!(sites.len(), 1, "{:#}", r["sites"]);
     let s = sites[0];
     assert_eq!(u(&s["count"]), 20000);
@@ -130,24 +130,39 @@ fn writev_iovec_array_lands_in_kmalloc_192() {
 }
 
 #[test]
-fn classic_tracepoints_give_the_same_numbers() {
-    if !require_root("classic_tracepoints_give_the_same_numbers") {
+fn every_attach_mechanism_gives_the_same_numbers() {
+    if !require_root("every_attach_mechanism_gives_the_same_numbers") {
         return;
     }
-    let r = record_json(&["--attach", "tracepoint"], &["msg", "500", "2100"]);
-    assert_msg_site(&r, 500, 2100);
-    assert!(r["run"]["attach"][0]
-        .as_str()
-        .unwrap()
-        .contains("tracepoint"));
-    // Named caches come from the __data_loc name field on this layout.
-    let names: Vec<&str> = r["caches"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|c| c["name"].as_str())
-        .collect();
-    assert!(names.iter().any(|n| !n.starts_with("kmalloc")), "{names:?}");
+    for (mode, shown) in [
+        ("tracepoint", "tracepoint"),
+        ("raw", "raw_tp"),
+        ("auto", ""),
+    ] {
+        let r = record_json(&["--attach", mode], &["msg", "500", "2100"]);
+        assert_msg_site(&r, 500, 2100);
+        let attach = r["run"]["attach"][0].as_str().unwrap();
+        assert!(attach.contains(shown), "{mode}: {attach}");
+        // Dedicated caches are told apart from kmalloc: by name (tp_btf and
+        // raw_tp read struct kmem_cache; classic records carry it since
+        // 6.18) or, on older classic layouts, by object size.
+        let names: Vec<&str> = r["caches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["name"].as_str())
+            .collect();
+        assert!(
+            names.iter().any(|n| !n.starts_with("kmalloc")),
+            "{mode}: {names:?}"
+        );
+        if mode != "tracepoint" {
+            assert!(
+                names.iter().all(|n| !n.starts_with("cache-of-")),
+                "{mode}: {names:?}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -202,30 +217,14 @@ fn folded_and_table_output() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("load_msg+0x"), "{text}");
     assert!(text.contains("47.6%"), "waste of 2148 in 4096: {text}");
-    assert!(text.contains("stacks: sampled 1 in 64"), "{text}");
-}
-
-/// Starts `kheap record` in the background and waits until it has attached.
-fn start_recording(args: &[&str]) -> std::process::Child {
-    let mut child = Command::new(KHEAP)
-        .arg("record")
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap();
-    let mut err = BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    err.read_line(&mut line).unwrap();
-    assert!(line.contains("tracing"), "kheap did not start: {line}");
-    // Keep draining stderr so kheap never blocks on it.
-    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
-    child
+    assert!(
+        text.contains("stacks: sampled 1 in 1024 (and each site's first"),
+        "{text}"
+    );
 }
 
 fn stop_and_check(signal: i32) {
-    let child = start_recording(&[]);
+    let child = spawn_tracing(&["record"]);
     let pid = child.id();
     let progs = bpf_prog_ids(pid);
     assert!(
@@ -353,4 +352,62 @@ fn mounts_tracefs_itself_and_restores_it() {
     let r = record_json(&["--attach", "tracepoint"], &["msg", "50", "2100"]);
     assert_msg_site(&r, 50, 2100);
     assert!(!mounted(), "kheap should unmount the tracefs it mounted");
+}
+
+#[test]
+fn latency_is_measured_or_refused_in_one_line() {
+    if !require_root("latency_is_measured_or_refused_in_one_line") {
+        return;
+    }
+    let kprobes = std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.json");
+    let out = kheap(&[
+        "record",
+        "--latency",
+        "--format",
+        "json",
+        "-o",
+        path.to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg",
+        "300",
+        "2100",
+    ]);
+    if out.status.success() {
+        eprintln!("latency: this kernel allows fentry or kprobes; checking the histograms");
+        let r: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let rows = rows_of_fn(&r, "latency", "load_msg");
+        assert!(
+            !rows.is_empty(),
+            "no latency row for load_msg: {:#}",
+            r["latency"]
+        );
+        let calls: u64 = rows.iter().map(|l| u(&l["count"])).sum();
+        assert_eq!(calls, 300, "one timed allocator call per message");
+        assert!(rows
+            .iter()
+            .all(|l| l["allocator"].as_str().unwrap().contains("kmalloc")));
+        let hist_total: u64 = rows
+            .iter()
+            .flat_map(|l| l["hist"].as_array().unwrap().iter().map(|b| u(&b["count"])))
+            .sum();
+        assert_eq!(hist_total, 300);
+    } else {
+        eprintln!(
+            "latency: this kernel refuses fentry{}; checking the error",
+            if kprobes { "" } else { " and has no kprobes" }
+        );
+        assert!(
+            !kprobes,
+            "kprobes exist, so --latency must work: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cannot time the allocator"), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(!path.exists(), "no report on error");
+    }
 }

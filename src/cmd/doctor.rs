@@ -66,6 +66,34 @@ pub fn run() -> Result<i32> {
         );
     }
     row("kprobes", yes_no(features::has_kprobes()));
+    if privileged.is_ok() {
+        match crate::latency::LatencySession::probe() {
+            Ok((resolved, fentry)) => {
+                let names: Vec<String> = resolved
+                    .iter()
+                    .zip(crate::latency::ALLOCATOR_FUNCTIONS)
+                    .map(|(r, names)| r.map_or(format!("({} absent)", names[0]), str::to_string))
+                    .collect();
+                row("allocator functions", names.join(", "));
+                row(
+                    "fentry/fexit",
+                    match &fentry {
+                        Ok(()) => "yes (loaded a test program)".into(),
+                        Err(e) => format!("no: {}", format!("{e:#}").replace('\n', " ")),
+                    },
+                );
+                let latency = if fentry.is_ok() {
+                    "fentry/fexit"
+                } else if features::has_kprobes() {
+                    "kprobe/kretprobe"
+                } else {
+                    "unavailable (no kprobes, fentry refused)"
+                };
+                row("kheap record --latency will use", latency.into());
+            }
+            Err(e) => row("allocator functions", format!("unknown: {e}")),
+        }
+    }
     row("uprobes", yes_no(features::has_uprobes()));
     if let Some(k) = &kbtf {
         row(
@@ -73,19 +101,27 @@ pub fn run() -> Result<i32> {
             format!("{:#x} (from kernel BTF)", k.gfp_account_mask),
         );
     }
-    let mode = match &kbtf {
-        Some(k) if k.btf_tracepoints.iter().any(|t| t == "kmalloc") => {
-            "tp_btf (typed raw tracepoints)"
+    // Measured, not inferred: load and attach the record object the way
+    // `kheap record` would, then detach at once.
+    let mode = if privileged.is_ok() && btf_ok {
+        match crate::session::Session::start(&crate::session::Config::default()) {
+            Ok(s) => {
+                let how = s
+                    .attached
+                    .first()
+                    .map_or("", |a| a.split(": ").nth(1).unwrap_or(""));
+                let mut m = format!("{how} (loaded and attached for this check)");
+                for note in &s.skipped {
+                    m.push_str(&format!("; {note}"));
+                }
+                m
+            }
+            Err(e) => format!("nothing: {}", format!("{e:#}").replace('\n', " ")),
         }
-        _ if tracefs
-            .as_ref()
-            .is_ok_and(|t| t.has_event("kmem", "kmalloc")) =>
-        {
-            "classic tracepoints (CO-RE)"
-        }
-        _ => "none: kheap cannot trace this kernel",
+    } else {
+        "unknown (needs root and BTF to try)".to_string()
     };
-    row("kheap record will attach with", mode.to_string());
+    row("kheap record attaches with", mode);
     println!("{t}");
     Ok(0)
 }

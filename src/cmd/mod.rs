@@ -3,4 +3,6 @@
 pub mod diff;
 pub mod doctor;
 pub mod leaks;
+pub mod malloc;
 pub mod record;
+pub mod slab;

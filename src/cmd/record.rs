@@ -11,6 +11,7 @@ use clap::Args;
 
 use crate::cli::{check_size_range, parse_sample, parse_secs, parse_size};
 use crate::features;
+use crate::latency::LatencySession;
 use crate::render::{self, Format, GroupBy, SortBy};
 use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::session::{AttachMode, Config, Session};
@@ -64,11 +65,18 @@ pub struct RecordArgs {
     #[arg(long, conflicts_with_all = ["stack_sample", "no_stacks"])]
     pub exact_stacks: bool,
     /// Capture the stack of about one allocation in N (a power of two)
-    #[arg(long, value_parser = parse_sample, default_value = "64", value_name = "N")]
+    #[arg(long, value_parser = parse_sample, default_value = "1024", value_name = "N")]
     pub stack_sample: u32,
     /// Capture no stacks at all (cheapest; per-site numbers only)
     #[arg(long)]
     pub no_stacks: bool,
+    /// Also time each allocation inside the allocator, per call site
+    /// (needs fentry or kprobes)
+    #[arg(long)]
+    pub latency: bool,
+    /// Don't trace frees (saves the cost of the kfree/kmem_cache_free events)
+    #[arg(long)]
+    pub no_frees: bool,
     /// Capacity of the per-site and per-stack maps
     #[arg(long, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
@@ -95,14 +103,19 @@ pub struct Targets {
 
 impl Targets {
     pub fn from_args(t: &TraceArgs) -> Result<Targets> {
+        Self::new(&t.pids, &t.command)
+    }
+
+    /// Validates the PIDs and starts the command, held until `release`.
+    pub fn new(user_pids: &[u32], command: &[String]) -> Result<Targets> {
         let mut pids = Vec::new();
-        for &p in &t.pids {
+        for &p in user_pids {
             pids.push(resolve_pid(p)?);
         }
-        let command = if t.command.is_empty() {
+        let command = if command.is_empty() {
             None
         } else {
-            let held = HeldCommand::spawn(&t.command)?;
+            let held = HeldCommand::spawn(command)?;
             pids.push(held.pid);
             Some(held)
         };
@@ -190,8 +203,29 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         attach: t.attach,
         max_sites: args.max_entries,
         max_stacks: args.max_entries,
+        trace_frees: !args.no_frees,
+        latency_starts: None,
+    };
+    // Latency first: the record object shares its per-task entry map.
+    let mut latency = if args.latency {
+        Some(LatencySession::start()?)
+    } else {
+        None
+    };
+    let cfg = Config {
+        latency_starts: latency
+            .as_ref()
+            .map(|l| std::os::fd::AsRawFd::as_raw_fd(&l.starts_map())),
+        ..cfg
     };
     let mut session = Session::start(&cfg)?;
+    if let Some(l) = &latency {
+        session.attached.push(format!(
+            "latency: {} on {}",
+            l.mechanism.name(),
+            l.functions.join(", ")
+        ));
+    }
     let interactive = std::io::stderr().is_terminal();
     eprintln!(
         "kheap: tracing kernel heap allocations ({}){}",
@@ -208,10 +242,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     let start = Instant::now();
     let ended = wait_for_end(t.duration, &mut targets.command, |elapsed| {
         if interactive {
-            let allocs: u64 = session
-                .snapshot()
-                .map(|s| s.sites.values().map(|v| v.count).sum())
-                .unwrap_or(0);
+            let allocs = session.allocations_so_far().unwrap_or(0);
             eprint!(
                 "\rkheap: recording {:>4}s, {} allocations so far   ",
                 elapsed.as_secs(),
@@ -221,6 +252,9 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     });
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
+    if let Some(l) = latency.as_mut() {
+        l.detach();
+    }
     if interactive {
         eprintln!();
     }
@@ -245,16 +279,23 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         command: (!t.command.is_empty()).then(|| t.command.join(" ")),
     };
     drop(session);
+    let latency_data = latency.map(|l| l.read()).transpose()?;
 
-    let report = report::build(
+    let syms = KernelSymbols::new(None);
+    let mut report = report::build(
         &snap,
-        &KernelSymbols::new(None),
+        &syms,
         BuildOptions {
             stack_sample_every,
             duration_s,
             run,
         },
     );
+    if let Some(data) = &latency_data {
+        report.latency = crate::latency::rows(data, &syms);
+        report.lost.latency_unmatched = data.missed_start;
+        report.lost.map_full += data.map_full;
+    }
     write_report(report, &args)?;
     Ok(exit_code)
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
@@ -50,6 +51,22 @@ pub fn record_json(args: &[&str], load_args: &[&str]) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("kheap wrote invalid JSON ({e}): {text}"))
 }
 
+/// A kernel function's name without the compiler's clone suffixes
+/// (`iovec_from_user.part.0` on 6.1 and 6.12 is `iovec_from_user` on 6.18).
+pub fn base_name(name: &str) -> &str {
+    name.split_once('.').map_or(name, |(base, _)| base)
+}
+
+/// The entries of `list` whose function is `name` (clone suffixes ignored).
+pub fn rows_of_fn<'a>(report: &'a Value, list: &str, name: &str) -> Vec<&'a Value> {
+    report[list]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {list} in report"))
+        .iter()
+        .filter(|r| r["function"].as_str().is_some_and(|f| base_name(f) == name))
+        .collect()
+}
+
 /// The entries of `list` whose `field` is `value`.
 pub fn rows<'a>(report: &'a Value, list: &str, field: &str, value: &str) -> Vec<&'a Value> {
     report[list]
@@ -93,6 +110,32 @@ pub fn prog_loaded(id: u32) -> bool {
         .output()
         .expect("bpftool is needed by the tests (scripts/setup installs it)");
     out.status.success()
+}
+
+/// Starts `kheap ARGS` in the background (in its own process group) and
+/// returns once it says it is tracing; its stderr keeps being drained.
+pub fn spawn_tracing(args: &[&str]) -> Child {
+    let mut child = Command::new(KHEAP)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("starting kheap");
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    loop {
+        let mut line = String::new();
+        if err.read_line(&mut line).unwrap() == 0 {
+            panic!("kheap {args:?} exited before tracing: {seen}");
+        }
+        seen.push_str(&line);
+        if line.contains("tracing") {
+            break;
+        }
+    }
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    child
 }
 
 /// A background process whose stderr lines are collected; interrupted

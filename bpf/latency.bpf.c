@@ -1,0 +1,173 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * kheap --latency: time spent inside the slab allocator entry points, per
+ * call site. Entry and exit are fentry/fexit where the kernel allows them,
+ * kprobe/kretprobe otherwise (user space enables one pair).
+ *
+ * Both exit mechanisms replace the timed function's return address, so the
+ * kmem tracepoints inside it report a trampoline as call_site. The entry
+ * program therefore finds the real caller itself and publishes it in
+ * `lat_starts`, which the record object shares (map fd reuse) to fix its
+ * call sites while latency is measured.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include "kheap.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, KHEAP_LAT_STARTS);
+	__type(key, __u64);
+	__type(value, struct lat_start);
+} lat_starts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct lat_key);
+	__type(value, struct lat_stats);
+} latencies SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lat_counters);
+} lat_counters SEC(".maps");
+
+static struct lat_stats zero_lat;
+
+static __always_inline __u32 log2_bucket(__u64 v)
+{
+	__u32 b = 0;
+
+	/* bounded loop: buckets as in kheap.h (0 for 0, b for [2^(b-1), 2^b))
+	 */
+	for (int i = 0; i < KHEAP_HIST_BUCKETS - 1 && v; i++) {
+		v >>= 1;
+		b++;
+	}
+	return b;
+}
+
+static __always_inline void count(int missed_start)
+{
+	__u32 zero = 0;
+	struct lat_counters *c = bpf_map_lookup_elem(&lat_counters, &zero);
+
+	if (!c)
+		return;
+	if (missed_start)
+		c->missed_start++;
+	else
+		c->map_full++;
+}
+
+static __always_inline void on_enter(void *ctx, __u64 caller)
+{
+	__u64 tid = bpf_get_current_pid_tgid();
+	struct lat_start s = {
+		.func_ip = bpf_get_func_ip(ctx),
+		.call_site = caller,
+	};
+
+	/* last, so the work above is not timed */
+	s.ts = bpf_ktime_get_ns();
+	if (bpf_map_update_elem(&lat_starts, &tid, &s, BPF_ANY))
+		count(0);
+}
+
+static __always_inline void on_exit(void)
+{
+	__u64 tid = bpf_get_current_pid_tgid();
+	struct lat_start *s = bpf_map_lookup_elem(&lat_starts, &tid);
+	struct lat_stats *st;
+	struct lat_key key = {};
+	__u64 delta;
+
+	if (!s) {
+		count(1);
+		return;
+	}
+	delta = bpf_ktime_get_ns() - s->ts;
+	key.call_site = s->call_site;
+	key.func_ip = s->func_ip;
+	bpf_map_delete_elem(&lat_starts, &tid);
+
+	st = bpf_map_lookup_elem(&latencies, &key);
+	if (!st) {
+		bpf_map_update_elem(&latencies, &key, &zero_lat, BPF_NOEXIST);
+		st = bpf_map_lookup_elem(&latencies, &key);
+		if (!st) {
+			count(0);
+			return;
+		}
+	}
+	st->count++;
+	st->total_ns += delta;
+	st->hist[log2_bucket(delta) & (KHEAP_HIST_BUCKETS - 1)]++;
+}
+
+/* kprobes: one program, attached to every resolved allocator function. */
+SEC("kprobe")
+int BPF_KPROBE(lat_enter_kprobe)
+{
+	__u64 caller = 0;
+
+	/* at a function's first instruction the return address is at sp */
+	bpf_probe_read_kernel(&caller, sizeof(caller), (void *)PT_REGS_SP(ctx));
+	on_enter(ctx, caller);
+	return 0;
+}
+
+SEC("kretprobe")
+int BPF_KRETPROBE(lat_exit_kretprobe)
+{
+	on_exit();
+	return 0;
+}
+
+/* From fentry, the caller is found on the stack: the frame after the timed
+ * function's own entry (func+5, where it calls the trampoline). */
+#define FENTRY_STACK_DEPTH 8
+
+static __always_inline __u64 fentry_caller(void *ctx)
+{
+	__u64 frames[FENTRY_STACK_DEPTH] = {};
+	__u64 func = bpf_get_func_ip(ctx);
+	long n = bpf_get_stack(ctx, frames, sizeof(frames), 0);
+
+#pragma unroll
+	for (int i = 0; i < FENTRY_STACK_DEPTH - 1; i++) {
+		if (i * 8 + 16 <= n && frames[i] - func < 16)
+			return frames[i + 1];
+	}
+	return 0;
+}
+
+/* fentry/fexit programs bind to one function each at load time; user space
+ * retargets these slots to the allocator functions the kernel has (the
+ * placeholder names below are replaced before load) and turns off the rest. */
+#define FENTRY_SLOT(n)                             \
+	SEC("fentry/__kmalloc_noprof")             \
+	int BPF_PROG(lat_enter_fentry##n)          \
+	{                                          \
+		on_enter(ctx, fentry_caller(ctx)); \
+		return 0;                          \
+	}                                          \
+	SEC("fexit/__kmalloc_noprof")              \
+	int BPF_PROG(lat_exit_fexit##n)            \
+	{                                          \
+		on_exit();                         \
+		return 0;                          \
+	}
+
+FENTRY_SLOT(0)
+FENTRY_SLOT(1)
+FENTRY_SLOT(2)
+FENTRY_SLOT(3)
+FENTRY_SLOT(4)
+FENTRY_SLOT(5)

@@ -1,0 +1,439 @@
+// SPDX-License-Identifier: GPL-2.0
+/*
+ * kheap malloc: user-space allocations of traced processes, aggregated in
+ * the kernel.
+ *
+ * Uprobes on the allocator functions of the C library (or of --lib) are
+ * attached system-wide to the library file and filtered here by process, so
+ * that forked children and re-exec'd programs that map the same library are
+ * traced without re-attaching. Each call updates one per-CPU hash entry keyed
+ * by (address space, process, function, direct caller, user stack). The attach
+ * cookie of a probe says which function it sits on, so functions sharing an
+ * argument layout share a program.
+ *
+ * With cfg.track_live, return probes map each returned block to its key and
+ * free() removes it: what is left at the end is outstanding.
+ *
+ * Allocators call each other (glibc's realloc(NULL, n) jumps to malloc): a
+ * call made while another is in progress on the same thread is the
+ * allocator's own and is counted once, as the outer call (thread_state).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "malloc.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+const volatile struct malloc_config cfg = {};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct malloc_key);
+	__type(value, struct malloc_stats);
+} sites SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
+	__uint(max_entries, 16384);
+	__uint(key_size, sizeof(__u32));
+	__uint(value_size, MALLOC_STACK_DEPTH * sizeof(__u64));
+} stack_traces SEC(".maps");
+
+/* Blocks allocated while tracing and not freed yet (cfg.track_live). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 262144);
+	__type(key, struct live_key);
+	__type(value, struct live_alloc);
+} live SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct thread_state);
+} threads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct vma_key);
+	__type(value, struct vma_info);
+} vmas SEC(".maps");
+
+/* Processes whose allocations are counted: filled by user space and by the
+ * fork hook below. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u8);
+} pid_filter SEC(".maps");
+
+/* execve()s per traced process: user space re-reads the mappings of a
+ * process whose count changed (it may map another C library now). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u32);
+} execs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, struct file_id);
+	__type(value, struct exec_path);
+} exec_paths SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct malloc_counters);
+} counters SEC(".maps");
+
+/* Scratch space for one user stack (too big for the BPF stack). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64[MALLOC_STACK_DEPTH]);
+} stack_buf SEC(".maps");
+
+static struct malloc_stats zero_stats;
+
+#define COUNT(field)                                             \
+	do {                                                     \
+		__u32 __zero = 0;                                \
+		struct malloc_counters *__c =                    \
+			bpf_map_lookup_elem(&counters, &__zero); \
+		if (__c)                                         \
+			__c->field++;                            \
+	} while (0)
+
+static __always_inline bool traced(__u32 tgid)
+{
+	return bpf_map_lookup_elem(&pid_filter, &tgid) != NULL;
+}
+
+/* ---- mappings of stack frames ---- */
+
+struct vma_walk {
+	__u64 mm;
+	__u64 *frames;
+	__u64 caller;
+	/* the last mapping found: consecutive frames often share it */
+	__u64 start, end;
+};
+
+static long record_vma(struct task_struct *task, struct vm_area_struct *vma,
+		       struct vma_walk *w)
+{
+	struct vma_key key = {.mm = w->mm, .start = vma->vm_start};
+	struct vma_info info = {};
+	struct file *file = vma->vm_file;
+	const unsigned char *name;
+
+	w->start = vma->vm_start;
+	w->end = vma->vm_end;
+	if (bpf_map_lookup_elem(&vmas, &key))
+		return 0;
+	info.end = vma->vm_end;
+	info.pgoff = vma->vm_pgoff;
+	if (file) {
+		info.ino = BPF_CORE_READ(file, f_inode, i_ino);
+		info.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
+		name = BPF_CORE_READ(file, f_path.dentry, d_name.name);
+		bpf_probe_read_kernel_str(info.name, sizeof(info.name), name);
+	}
+	if (bpf_map_update_elem(&vmas, &key, &info, BPF_NOEXIST) ==
+	    -7 /* E2BIG */)
+		COUNT(map_full_vmas);
+	return 0;
+}
+
+static long record_frame(__u64 i, struct vma_walk *w)
+{
+	__u64 addr;
+	long err;
+
+	if (i >= MALLOC_STACK_DEPTH)
+		return 1;
+	/* Frame 0 of a stack is the probed function itself; the direct
+	 * caller stands in for it, as in the rows. */
+	addr = i == 0 ? w->caller : w->frames[i];
+	if (!addr)
+		return i == 0 ? 0 : 1;
+	if (addr >= w->start && addr < w->end)
+		return 0;
+	err = bpf_find_vma(bpf_get_current_task_btf(), addr, record_vma, w, 0);
+	/* Not mapped at all: a frame-pointer walk through code built without
+	 * frame pointers has wandered into data, and the rest is garbage
+	 * (user space cuts the stack there too). */
+	if (err == -2 /* ENOENT */)
+		return 1;
+	if (err)
+		COUNT(vma_lookup_failed); /* -EBUSY: mmap lock contended */
+	return 0;
+}
+
+/* Called once per new key: remembers the mapping of every frame, so that
+ * addresses can be turned into file offsets even after the process exits. */
+static __always_inline void record_stack_vmas(void *ctx, __u64 mm, __u64 caller)
+{
+	__u32 zero = 0;
+	__u64 *frames = bpf_map_lookup_elem(&stack_buf, &zero);
+	struct vma_walk w = {.mm = mm, .caller = caller};
+
+	if (!frames)
+		return;
+	if (bpf_get_stack(ctx, frames, MALLOC_STACK_DEPTH * sizeof(__u64),
+			  BPF_F_USER_STACK) < 0)
+		frames[1] = 0;
+	w.frames = frames;
+	bpf_loop(MALLOC_STACK_DEPTH, record_frame, &w, 0);
+}
+
+/* ---- allocations ---- */
+
+static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
+				     __u64 old_ptr, __u64 memptr)
+{
+	__u64 sp = PT_REGS_SP(ctx);
+	struct malloc_key key = {.tgid = bpf_get_current_pid_tgid() >> 32};
+	struct thread_state *t;
+	struct malloc_stats *s;
+	bool created = false;
+	__u32 bucket;
+
+	if (!traced(key.tgid))
+		return;
+	t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), NULL,
+				 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!t) {
+		COUNT(no_thread_state);
+		return;
+	}
+	key.func = bpf_get_attach_cookie(ctx);
+	key.mm = (__u64)bpf_get_current_task_btf()->mm;
+	/* On the first instruction the return address is at the stack
+	 * pointer: the caller's own frame is not set up yet, so a
+	 * frame-pointer walk would skip it. */
+	if (bpf_probe_read_user(&key.caller, sizeof(key.caller), (void *)sp))
+		key.caller = 0;
+
+	if (cfg.track_live ? (t->pending_active && sp <= t->pending.sp)
+			   : (t->last_sp == sp && t->last_ret == key.caller &&
+			      t->last_func != key.func)) {
+		/* last_func stays the outer function's: the next call of
+		 * the loop that called it has the same sp and return
+		 * address, and is a new call. */
+		COUNT(nested);
+		return;
+	}
+	t->last_sp = sp;
+	t->last_ret = key.caller;
+	t->last_func = key.func;
+
+	key.stack_id = bpf_get_stackid(ctx, &stack_traces, BPF_F_USER_STACK);
+	if (key.stack_id < 0)
+		COUNT(lost_stacks);
+
+	s = bpf_map_lookup_elem(&sites, &key);
+	if (!s) {
+		long err = bpf_map_update_elem(&sites, &key, &zero_stats,
+					       BPF_NOEXIST);
+		if (err && err != -17 /* EEXIST: another CPU was first */) {
+			COUNT(map_full_sites);
+			return;
+		}
+		created = !err;
+		s = bpf_map_lookup_elem(&sites, &key);
+		if (!s)
+			return;
+	}
+	bucket = size_bucket(size);
+	s->count++;
+	s->bytes += size;
+	if (bucket < KHEAP_HIST_BUCKETS)
+		s->hist[bucket]++;
+	if (created)
+		record_stack_vmas(ctx, key.mm, key.caller);
+
+	if (cfg.track_live) {
+		t->pending.key = key;
+		t->pending.size = size;
+		t->pending.old_ptr = old_ptr;
+		t->pending.memptr = memptr;
+		t->pending.sp = sp;
+		t->pending_active = 1;
+	}
+}
+
+SEC("uprobe")
+int BPF_UPROBE(size_arg0, __u64 size)
+{
+	on_alloc(ctx, size, 0, 0);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(calloc_entry, __u64 nmemb, __u64 size)
+{
+	on_alloc(ctx, nmemb * size, 0, 0);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(align_size_args, __u64 align, __u64 size)
+{
+	on_alloc(ctx, size, 0, 0);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(posix_memalign_entry, __u64 memptr, __u64 align, __u64 size)
+{
+	on_alloc(ctx, size, 0, memptr);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(realloc_entry, __u64 ptr, __u64 size)
+{
+	on_alloc(ctx, size, ptr, 0);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(reallocarray_entry, __u64 ptr, __u64 nmemb, __u64 size)
+{
+	on_alloc(ctx, nmemb * size, ptr, 0);
+	return 0;
+}
+
+/* One return probe for every allocator function: the pending call says what
+ * it was. Only the return of that call (stack pointer back above its return
+ * address) completes it; returns of nested calls come first and are ignored.
+ * A tail call returns straight to the caller, with the same result. */
+SEC("uretprobe")
+int BPF_URETPROBE(alloc_return, __u64 ret)
+{
+	struct thread_state *t = bpf_task_storage_get(
+		&threads, bpf_get_current_task_btf(), NULL, 0);
+	struct live_key lk = {.tgid = bpf_get_current_pid_tgid() >> 32};
+	struct pending_alloc *p;
+	__u64 ptr = ret;
+
+	if (!t || !t->pending_active)
+		return 0;
+	p = &t->pending;
+	if (PT_REGS_SP(ctx) != p->sp + 8)
+		return 0;
+	t->pending_active = 0;
+	if (p->memptr) {
+		/* posix_memalign returns 0 and stores the block */
+		ptr = 0;
+		if (ret == 0)
+			bpf_probe_read_user(&ptr, sizeof(ptr),
+					    (void *)p->memptr);
+	}
+	/* realloc frees the old block when it succeeds, and when asked for
+	 * 0 bytes (glibc returns NULL then). */
+	if (p->old_ptr && (ptr || p->size == 0)) {
+		lk.ptr = p->old_ptr;
+		bpf_map_delete_elem(&live, &lk);
+	}
+	if (ptr) {
+		struct live_alloc a = {.key = p->key, .size = p->size};
+
+		lk.ptr = ptr;
+		if (bpf_map_update_elem(&live, &lk, &a, BPF_ANY))
+			COUNT(map_full_live);
+	} else if (!(p->old_ptr && p->size == 0)) {
+		COUNT(failed);
+	}
+	return 0;
+}
+
+/* free(ptr). User space may attach this, like the other probes, past a first
+ * instruction that changes no argument register nor the stack pointer (see
+ * src/malloc/probes.rs, probe_skip). */
+SEC("uprobe")
+int BPF_UPROBE(free_entry, __u64 ptr)
+{
+	struct live_key lk = {.tgid = bpf_get_current_pid_tgid() >> 32,
+			      .ptr = ptr};
+
+	if (!traced(lk.tgid))
+		return 0;
+	if (!ptr) {
+		COUNT(frees_null);
+		return 0;
+	}
+	COUNT(frees);
+	if (cfg.track_live && bpf_map_delete_elem(&live, &lk))
+		COUNT(frees_untracked);
+	return 0;
+}
+
+/* Children of traced processes are traced too. Typed arguments give the
+ * tgids (the classic record has thread ids); new threads share the tgid. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 parent_tgid = parent->tgid, child_tgid = child->tgid;
+	__u8 one = 1;
+
+	if (parent_tgid != child_tgid &&
+	    bpf_map_lookup_elem(&pid_filter, &parent_tgid))
+		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(exec_btf, struct task_struct *p, pid_t old_pid,
+	     struct linux_binprm *bprm)
+{
+	__u32 tgid = p->tgid, one = 1, *n;
+
+	if (!traced(tgid))
+		return 0;
+	n = bpf_map_lookup_elem(&execs, &tgid);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else
+		bpf_map_update_elem(&execs, &tgid, &one, BPF_NOEXIST);
+
+	/* bprm->file is what runs: for a script, its interpreter, which
+	 * bprm->interp names. */
+	struct file_id id = {
+		.ino = BPF_CORE_READ(bprm, file, f_inode, i_ino),
+		.dev = BPF_CORE_READ(bprm, file, f_inode, i_sb, s_dev),
+	};
+	struct exec_path path = {};
+
+	bpf_probe_read_kernel_str(path.path, sizeof(path.path),
+				  BPF_CORE_READ(bprm, interp));
+	bpf_map_update_elem(&exec_paths, &id, &path, BPF_NOEXIST);
+	return 0;
+}
+
+/* A traced process that is gone leaves the filter, so that a new process
+ * reusing its PID is not traced. Its last thread makes signal->live 0
+ * before this tracepoint. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(exit_btf, struct task_struct *p)
+{
+	__u32 tgid = p->tgid;
+
+	if (BPF_CORE_READ(p, signal, live.counter) != 0 || !traced(tgid))
+		return 0;
+	bpf_map_delete_elem(&pid_filter, &tgid);
+	bpf_map_delete_elem(&execs, &tgid);
+	return 0;
+}

@@ -1,0 +1,333 @@
+//! `kheap malloc`: trace the malloc family of a process (or of a command and
+//! its children), then print who allocated what, and with --outstanding
+//! what was never freed.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::cli::parse_secs;
+use crate::cmd::record::{install_stop_handler, stop_requested};
+use crate::features;
+use crate::malloc::probes::{check_elf, libc_of_program};
+use crate::malloc::procmaps;
+use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
+use crate::malloc::report::{self, BuildOptions, MallocReport};
+use crate::malloc::session::MallocSession;
+use crate::malloc::usersyms::{host_path, symbolize_return_addresses, Blaze, Modules};
+use crate::render::Format;
+use crate::report::RunInfo;
+use crate::target::{find_program, resolve_pid, HeldCommand};
+
+#[derive(Args, Debug)]
+pub struct MallocArgs {
+    /// Trace this running process (and the children it forks from now on)
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+    /// Probe this allocator library instead of the C library the target
+    /// maps (jemalloc, tcmalloc, mimalloc export the same names)
+    #[arg(long, value_name = "PATH")]
+    pub lib: Option<PathBuf>,
+    /// Stop after this many seconds (default: until Ctrl-C, or until the
+    /// command or the processes end)
+    #[arg(short, long, value_parser = parse_secs, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Group rows by direct caller (site) or by whole user stack
+    #[arg(long, value_enum, default_value_t = MallocGroupBy::Site)]
+    pub by: MallocGroupBy,
+    /// Order rows by
+    #[arg(long, value_enum, default_value_t = MallocSortBy::Bytes)]
+    pub sort: MallocSortBy,
+    /// Rows to show (tables default to 20; JSON and folded show all)
+    #[arg(short = 'n', long = "top", value_name = "N")]
+    pub top: Option<usize>,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Write the report to FILE instead of stdout
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Track every block to its free: report what is still allocated at the
+    /// end, per site and stack (adds a return probe to each call)
+    #[arg(long)]
+    pub outstanding: bool,
+    /// Put every probe on its function's first instruction, even where the
+    /// kernel must single-step it (for scripts/bench-malloc)
+    #[arg(long, hide = true)]
+    pub probes_at_entry: bool,
+    /// Command to run and trace, with its children, until it exits
+    #[arg(last = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+/// How often the list of traced processes is checked: new processes and
+/// processes that exec'd (maybe a program with another C library) are read
+/// then.
+const SCAN_EVERY: Duration = Duration::from_millis(100);
+
+/// The allocator libraries to probe before anything runs.
+fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
+    if let Some(lib) = &args.lib {
+        if !lib.exists() {
+            bail!("--lib {}: no such file", lib.display());
+        }
+        check_elf(lib)?;
+        return Ok(vec![lib.clone()]);
+    }
+    let mut libs: Vec<PathBuf> = Vec::new();
+    for &pid in pids {
+        let maps = procmaps::read(pid)
+            .ok_or_else(|| anyhow::anyhow!("no process with PID {pid} (it exited)"))?;
+        let Some(libc) = procmaps::find_libc(&maps).and_then(|m| host_path(pid, m)) else {
+            bail!(
+                "process {pid} ({}) maps no C library (a static binary?): use --lib PATH to name its allocator",
+                comm(pid)
+            );
+        };
+        if !libs.contains(&libc) {
+            libs.push(libc);
+        }
+    }
+    if let Some(prog) = args.command.first() {
+        let path = find_program(prog)?;
+        let libc = libc_of_program(&path)?;
+        if !libs.contains(&libc) {
+            libs.push(libc);
+        }
+    }
+    Ok(libs)
+}
+
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Whether a process still runs: a zombie (exited, not yet reaped by its
+/// parent) allocates no more.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        // The state follows the parenthesised command name.
+        s.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+pub fn run(args: MallocArgs) -> Result<i32> {
+    if args.pids.is_empty() && args.command.is_empty() {
+        bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...]");
+    }
+    if args.sort == MallocSortBy::Outstanding && !args.outstanding {
+        bail!("--sort outstanding needs --outstanding");
+    }
+    features::check_privileges("malloc")?;
+    features::check_btf()?;
+    install_stop_handler();
+
+    let mut user_pids = Vec::new();
+    for &p in &args.pids {
+        user_pids.push(resolve_pid(p)?);
+    }
+    let mut pids = user_pids.clone();
+    let libs = initial_libraries(&args, &pids)?;
+    let mut modules = Modules::default();
+    for &pid in &pids {
+        modules.add_maps(pid, &procmaps::read(pid).unwrap_or_default());
+    }
+    for l in &libs {
+        modules.add_file(l);
+    }
+    // Held between fork and exec until the probes are attached.
+    let mut command = if args.command.is_empty() {
+        None
+    } else {
+        let held = HeldCommand::spawn(&args.command)?;
+        modules.add_file(&find_program(&args.command[0])?);
+        pids.push(held.pid);
+        Some(held)
+    };
+
+    let mut session = MallocSession::start(&pids, args.outstanding, args.probes_at_entry)?;
+    for l in &libs {
+        session.probe_library(l)?;
+    }
+    eprintln!(
+        "kheap: tracing malloc in {} (probes on {}){}",
+        describe_targets(&user_pids, &args.command),
+        libs.iter()
+            .map(|l| l.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", "),
+        if args.duration.is_none() && command.is_none() {
+            "; Ctrl-C to stop"
+        } else {
+            ""
+        }
+    );
+    if let Some(c) = command.as_mut() {
+        c.release()?;
+    }
+
+    let start = Instant::now();
+    let mut exit_code = 0;
+    let mut scanner = Scanner::default();
+    let mut next_scan = Instant::now();
+    loop {
+        if Instant::now() >= next_scan {
+            scanner.scan(&mut session, &mut modules, args.lib.is_none(), false);
+            next_scan += SCAN_EVERY;
+        }
+        if stop_requested() {
+            eprintln!("kheap: stopped by signal; reporting what was recorded");
+            break;
+        }
+        if let Some(code) = command.as_mut().and_then(|c| c.try_wait()) {
+            if code != 0 {
+                eprintln!("kheap: the command exited with status {code}");
+                exit_code = code;
+            }
+            break;
+        }
+        if command.is_none() && !user_pids.iter().any(|&p| alive(p)) {
+            eprintln!("kheap: the traced process exited; reporting what was recorded");
+            break;
+        }
+        if args
+            .duration
+            .is_some_and(|d| start.elapsed().as_secs_f64() >= d)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let duration_s = start.elapsed().as_secs_f64();
+    scanner.scan(&mut session, &mut modules, false, true);
+    session.detach();
+    if let Some(c) = command.as_mut() {
+        c.terminate();
+    }
+
+    let snap = session.snapshot()?;
+    let vmas = session.vmas()?;
+    for (key, path) in session.exec_paths()? {
+        // Relative paths were relative to the exec'ing process's directory;
+        // kheap's own is the likeliest (the command was started from it).
+        modules.add_named(key, &path);
+    }
+    let frames = symbolize_return_addresses(
+        &report::addresses(&snap),
+        &vmas,
+        &modules,
+        &Blaze::default(),
+    );
+    let report = report::build(
+        &snap,
+        &frames,
+        BuildOptions {
+            duration_s,
+            run: RunInfo {
+                kernel: features::kernel_release(),
+                attach: vec!["uprobes".into()],
+                skipped: Vec::new(),
+                filters: vec![describe_targets(&user_pids, &args.command)],
+                command: (!args.command.is_empty()).then(|| args.command.join(" ")),
+            },
+            probes: session.libraries.iter().map(|l| l.describe()).collect(),
+            func_names: session.func_names(),
+            allocator_code: session.allocator_code(),
+        },
+    );
+    drop(session);
+    write_report(report, &args)?;
+    Ok(exit_code)
+}
+
+fn describe_targets(pids: &[u32], command: &[String]) -> String {
+    let mut parts: Vec<String> = pids.iter().map(|p| format!("PID {p}")).collect();
+    if let Some(c) = command.first() {
+        parts.push(format!("'{c}'"));
+    }
+    format!("{} and children", parts.join(", "))
+}
+
+/// Keeps up with the traced processes: learns their mappings (paths for
+/// symbolization) and probes any new C library one of them maps.
+#[derive(Default)]
+struct Scanner {
+    /// When each process was last read, and its exec count then.
+    seen: HashMap<u32, (Instant, u32)>,
+}
+
+/// Known processes are re-read this often (for libraries they load later);
+/// new ones and those that just exec'd at once.
+const RESCAN_EVERY: Duration = Duration::from_secs(2);
+
+impl Scanner {
+    fn scan(
+        &mut self,
+        session: &mut MallocSession,
+        modules: &mut Modules,
+        probe_new_libraries: bool,
+        everything: bool,
+    ) {
+        let execs = session.exec_counts();
+        let now = Instant::now();
+        for pid in session.traced_pids() {
+            let exec = execs.get(&pid).copied().unwrap_or(0);
+            let due = match self.seen.get(&pid) {
+                Some(&(when, n)) => everything || n != exec || now - when >= RESCAN_EVERY,
+                None => true,
+            };
+            if !due {
+                continue;
+            }
+            self.seen.insert(pid, (now, exec));
+            let Some(maps) = procmaps::read(pid) else {
+                continue;
+            };
+            modules.add_maps(pid, &maps);
+            if !probe_new_libraries {
+                continue;
+            }
+            let Some(path) = procmaps::find_libc(&maps).and_then(|m| host_path(pid, m)) else {
+                continue;
+            };
+            if !session.has_library(&path) {
+                // Late by up to SCAN_EVERY: allocations before are missed.
+                match session.probe_library(&path) {
+                    Ok(()) => eprintln!(
+                        "kheap: process {pid} maps another C library, now probed too: {}",
+                        path.display()
+                    ),
+                    Err(e) => eprintln!("kheap: warning: cannot probe {}: {e:#}", path.display()),
+                }
+            }
+        }
+    }
+}
+
+fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
+    let top = match args.format {
+        Format::Table => Some(args.top.unwrap_or(20)),
+        _ => args.top,
+    };
+    let hidden = render::apply_top(&mut report, args.sort, top);
+    let text = match args.format {
+        Format::Table => render::table(&report, args.by, hidden),
+        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
+        Format::Folded => render::folded(&report),
+    };
+    match &args.output {
+        Some(path) => std::fs::write(path, text)
+            .with_context(|| format!("writing the report to {}", path.display()))?,
+        None => {
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! `kheap slab`: the static slab picture, joined with traced allocations
+//! over `-d SECS` (who allocates into each cache, what rounding wastes).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::cmd::record::{install_stop_handler, wait_for_end, Ended, Targets};
+use crate::features;
+use crate::model::CacheId;
+use crate::report::{labelled_sites, Snapshot};
+use crate::session::{Config, Session};
+use crate::slab::{self, watch::series, ReportInput, SlabArgs, TracedCache, TracedRun, TracedSite};
+use crate::symbolize::{KernelSymbols, Symbolize};
+
+pub fn run(args: SlabArgs) -> Result<i32> {
+    let traced = (args.duration.is_some() || !args.command.is_empty() || !args.pids.is_empty())
+        && args.watch.is_none()
+        && !args.no_trace;
+    if !traced {
+        slab::run_static(&args)?;
+        return Ok(0);
+    }
+    if let Some(d) = args.duration {
+        crate::cli::parse_secs(&d.to_string()).map_err(anyhow::Error::msg)?;
+    }
+    let first = args.read_static()?; // says plainly when slabinfo is root-only
+    features::check_privileges("slab")?;
+    install_stop_handler();
+
+    let mut targets = Targets::new(&args.pids, &args.command)?;
+    let cfg = Config {
+        follow_children: targets.command.is_some(),
+        pids: targets.pids.clone(),
+        ..Config::default()
+    };
+    let mut session = Session::start(&cfg)?;
+    eprintln!(
+        "kheap: tracing slab allocations {}({})",
+        match (args.duration, &targets.command) {
+            (Some(d), _) => format!("for {d}s "),
+            (None, Some(_)) => "until the command exits ".to_string(),
+            (None, None) => "until Ctrl-C ".to_string(),
+        },
+        session.attached.join(", ")
+    );
+    if let Some(cmd) = targets.command.as_mut() {
+        cmd.release()?;
+    }
+    let start = Instant::now();
+    let mut samples = vec![(0.0, first)];
+    // About ten static reads over the run tell steady growth from a blip.
+    let every = (args.duration.unwrap_or(10.0) / 10.0).max(1.0);
+    let mut next = every;
+    let ended = wait_for_end(args.duration, &mut targets.command, |elapsed| {
+        if elapsed.as_secs_f64() >= next {
+            next += every;
+            if let Ok(s) = args.read_static() {
+                samples.push((elapsed.as_secs_f64(), s));
+            }
+        }
+    });
+    session.detach();
+    if let Some(cmd) = targets.command.as_mut() {
+        cmd.terminate();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let snap = session.snapshot()?;
+    drop(session);
+    samples.push((elapsed, args.read_static()?));
+    let exit_code = match ended {
+        Ended::CommandExited(code) => code,
+        _ => 0,
+    };
+
+    let traced = traced_run(&snap, &KernelSymbols::new(None), elapsed);
+    let series = series(&samples);
+    slab::print_report(
+        &args,
+        ReportInput {
+            before: samples.first().map(|(_, s)| s),
+            after: samples.last().map(|(_, s)| s),
+            traced: Some(&traced),
+            series: &series,
+        },
+    )?;
+    Ok(exit_code)
+}
+
+/// The traced half of the slab report, from a record snapshot.
+pub fn traced_run(snap: &Snapshot, syms: &dyn Symbolize, duration_s: f64) -> TracedRun {
+    let mut caches: HashMap<CacheId, TracedCache> = HashMap::new();
+    let mut sites = Vec::new();
+    for (label, key, stats) in labelled_sites(snap, syms) {
+        let c = caches
+            .entry(key.cache.clone())
+            .or_insert_with(|| TracedCache::new(key.cache.clone()));
+        c.allocs += stats.count;
+        c.bytes_req += stats.bytes_req;
+        c.bytes_alloc += stats.bytes_alloc;
+        sites.push(TracedSite {
+            function: label.name().to_string(),
+            cache: key.cache,
+            stats,
+        });
+    }
+    for (cache, &frees) in &snap.cache_frees {
+        caches
+            .entry(cache.clone())
+            .or_insert_with(|| TracedCache::new(cache.clone()))
+            .frees += frees;
+    }
+    TracedRun {
+        duration_s,
+        caches: caches.into_values().collect(),
+        sites,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::{fixture_symbols, sample_snapshot};
+
+    #[test]
+    fn traced_run_keeps_caches_and_labels_sites() {
+        let run = traced_run(&sample_snapshot(), &fixture_symbols(), 2.0);
+        assert_eq!(run.caches.len(), 1);
+        let c = &run.caches[0];
+        assert_eq!((c.allocs, c.frees), (1300, 700));
+        let mut fns: Vec<&str> = run.sites.iter().map(|s| s.function.as_str()).collect();
+        fns.sort();
+        assert_eq!(fns, ["load_msg", "simple_xattr_alloc"]);
+    }
+}

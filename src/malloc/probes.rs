@@ -1,0 +1,441 @@
+//! Where the probes go: the allocator functions, the library that holds
+//! them (the one the target really maps), and the instruction each probe
+//! sits on.
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// How a function's arguments are read: one BPF program per layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// `f(size)`: malloc, valloc, pvalloc
+    Size,
+    /// `calloc(n, size)`: counts n * size bytes
+    Calloc,
+    /// `f(align, size)`: memalign, aligned_alloc
+    AlignSize,
+    /// `posix_memalign(&ptr, align, size)`: the block comes back through ptr
+    PosixMemalign,
+    /// `realloc(ptr, size)`: a resize, counted at the new size
+    Realloc,
+    /// `reallocarray(ptr, n, size)`
+    Reallocarray,
+    /// `free(ptr)`
+    Free,
+}
+
+pub struct AllocFn {
+    pub name: &'static str,
+    pub layout: Layout,
+}
+
+/// The allocation family. A probe's attach cookie is its index here, which
+/// is how rows know their function.
+pub const FUNCTIONS: &[AllocFn] = &[
+    AllocFn {
+        name: "malloc",
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: "calloc",
+        layout: Layout::Calloc,
+    },
+    AllocFn {
+        name: "realloc",
+        layout: Layout::Realloc,
+    },
+    AllocFn {
+        name: "reallocarray",
+        layout: Layout::Reallocarray,
+    },
+    AllocFn {
+        name: "posix_memalign",
+        layout: Layout::PosixMemalign,
+    },
+    AllocFn {
+        name: "aligned_alloc",
+        layout: Layout::AlignSize,
+    },
+    AllocFn {
+        name: "memalign",
+        layout: Layout::AlignSize,
+    },
+    AllocFn {
+        name: "valloc",
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: "pvalloc",
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: "free",
+        layout: Layout::Free,
+    },
+];
+
+/// A function's symbol in the library: where it starts in the file, and
+/// its first bytes (to choose the probed instruction).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Symbol {
+    pub file_offset: u64,
+    pub size: u64,
+    pub code: Vec<u8>,
+}
+
+/// One uprobe to attach.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Probe {
+    /// Index into FUNCTIONS, passed as the attach cookie.
+    pub cookie: u32,
+    /// The name rows show: aliases at one address are joined (glibc 2.36's
+    /// aligned_alloc is memalign), as a probe cannot tell them apart.
+    pub label: String,
+    pub layout: Layout,
+    pub file_offset: u64,
+    /// The function's size in bytes (0 if the symbol table does not say).
+    pub size: u64,
+    /// Bytes past the symbol's start the probe sits on.
+    pub skip: u64,
+}
+
+/// Where a function's probe goes, in bytes past its first instruction.
+///
+/// A uprobe whose instruction the kernel can emulate costs ~0.5 us a hit;
+/// one it has to single-step out of line ~9 us (measured on the reference
+/// VM). Several glibc allocator functions start with an instruction that is
+/// stepped but changes no register the probes read (the argument registers,
+/// the stack pointer) and cannot jump, followed by one that is emulated (a
+/// push or a branch). The probe, entry and return alike, goes on that second
+/// instruction: the arguments and the return address at the stack pointer
+/// are still as on entry. glibc 2.36: free starts `test %rdi,%rdi; je`;
+/// memalign, posix_memalign, valloc and pvalloc start `cmpb $0,x(%rip)`
+/// followed by `je` or `push`. Any other prologue keeps the first
+/// instruction.
+pub fn probe_skip(code: &[u8]) -> u64 {
+    let (skip, next) = match code {
+        // test %rdi,%rdi
+        [0x48, 0x85, 0xff, next @ ..] => (3, next),
+        // cmpb $imm8, disp32(%rip)
+        [0x80, 0x3d, _, _, _, _, _, next @ ..] => (7, next),
+        _ => return 0,
+    };
+    if emulated(next) {
+        skip
+    } else {
+        0
+    }
+}
+
+/// Instructions x86 uprobes emulate instead of single-stepping: push of a
+/// register, jumps, calls and conditional branches.
+fn emulated(code: &[u8]) -> bool {
+    matches!(
+        code,
+        [0x50..=0x57, ..]
+            | [0x41, 0x50..=0x57, ..]
+            | [0x70..=0x7f, ..]
+            | [0x0f, 0x80..=0x8f, ..]
+            | [0xe8 | 0xe9 | 0xeb, ..]
+    )
+}
+
+/// Plans the probes for the symbols found in a library (`None`: the library
+/// does not export that function). Returns the probes and the names that
+/// are missing.
+pub fn plan(symbols: &[Option<Symbol>]) -> Result<(Vec<Probe>, Vec<&'static str>)> {
+    if symbols.first().is_none_or(Option::is_none) {
+        bail!("it does not export malloc");
+    }
+    let mut probes: Vec<Probe> = Vec::new();
+    let mut missing = Vec::new();
+    for (i, (f, sym)) in FUNCTIONS.iter().zip(symbols).enumerate() {
+        let Some(sym) = sym else {
+            missing.push(f.name);
+            continue;
+        };
+        if let Some(p) = probes
+            .iter_mut()
+            .find(|p| p.file_offset == sym.file_offset && p.layout == f.layout)
+        {
+            p.label = format!("{}|{}", p.label, f.name);
+            continue;
+        }
+        let skip = probe_skip(&sym.code);
+        probes.push(Probe {
+            cookie: i as u32,
+            label: f.name.to_string(),
+            layout: f.layout,
+            file_offset: sym.file_offset,
+            size: sym.size,
+            skip,
+        });
+    }
+    Ok((probes, missing))
+}
+
+/// Looks the family up in a library's dynamic symbols.
+pub fn lookup_symbols(lib: &Path) -> Result<Vec<Option<Symbol>>> {
+    use blazesym::inspect::{source::Elf, source::Source, Inspector};
+    check_elf(lib)?;
+    let names: Vec<&str> = FUNCTIONS.iter().map(|f| f.name).collect();
+    let mut elf = Elf::new(lib);
+    elf.debug_syms = false;
+    let inspector = Inspector::new();
+    let found = inspector
+        .lookup(&Source::Elf(elf), &names)
+        .with_context(|| format!("reading the symbols of {}", lib.display()))?;
+    let mut file = fs::File::open(lib).with_context(|| format!("opening {}", lib.display()))?;
+    let mut out = Vec::new();
+    for infos in found {
+        let Some((off, size)) = infos
+            .iter()
+            .find_map(|s| Some((s.file_offset?, s.size.unwrap_or(0) as u64)))
+        else {
+            out.push(None);
+            continue;
+        };
+        let mut code = vec![0u8; 16];
+        use std::io::{Seek, SeekFrom};
+        file.seek(SeekFrom::Start(off))?;
+        let n = file.read(&mut code)?;
+        code.truncate(n);
+        out.push(Some(Symbol {
+            file_offset: off,
+            size,
+            code,
+        }));
+    }
+    Ok(out)
+}
+
+const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
+
+/// A clear error for anything that is not an ELF file.
+pub fn check_elf(path: &Path) -> Result<()> {
+    let head = read_head(path, 4)?;
+    if head != ELF_MAGIC {
+        bail!("{} is not an ELF file", path.display());
+    }
+    Ok(())
+}
+
+fn read_head(path: &Path, n: usize) -> Result<Vec<u8>> {
+    let mut f = fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut buf = vec![0u8; n];
+    let got = f.read(&mut buf)?;
+    buf.truncate(got);
+    Ok(buf)
+}
+
+/// The program that really runs for `path`: scripts run their `#!`
+/// interpreter (through `env` too).
+pub fn executable_of(path: &Path) -> Result<PathBuf> {
+    let head = read_head(path, 256)?;
+    if !head.starts_with(b"#!") {
+        return Ok(path.to_path_buf());
+    }
+    let line = String::from_utf8_lossy(&head[2..]);
+    let line = line.lines().next().unwrap_or("");
+    let mut words = line.split_whitespace();
+    let Some(interp) = words.next() else {
+        bail!("{}: empty #! line", path.display());
+    };
+    let interp = if Path::new(interp).file_name().is_some_and(|n| n == "env") {
+        match words.find(|w| !w.starts_with('-')) {
+            Some(prog) => crate::target::find_program(prog)?,
+            None => bail!("{}: '#!{line}' names no program", path.display()),
+        }
+    } else {
+        PathBuf::from(interp)
+    };
+    Ok(interp)
+}
+
+/// The ELF program interpreter (dynamic loader) of an executable, or `None`
+/// for a static executable.
+pub fn interpreter(exe: &Path) -> Result<Option<PathBuf>> {
+    let data = fs::read(exe).with_context(|| format!("reading {}", exe.display()))?;
+    parse_interpreter(&data).with_context(|| format!("{} is not an ELF executable", exe.display()))
+}
+
+/// PT_INTERP of a 64-bit little-endian ELF image.
+pub fn parse_interpreter(data: &[u8]) -> Result<Option<PathBuf>> {
+    if data.get(..4) != Some(ELF_MAGIC) {
+        bail!("no ELF header");
+    }
+    if data.get(4) != Some(&2) || data.get(5) != Some(&1) {
+        bail!("not a 64-bit little-endian ELF file");
+    }
+    let u16_at = |o: usize| {
+        data.get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+    };
+    let u64_at = |o: usize| {
+        data.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()) as usize)
+    };
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        bail!("truncated ELF header");
+    };
+    const PT_INTERP: u32 = 3;
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        let Some(kind) = data.get(ph..ph + 4) else {
+            bail!("truncated program headers");
+        };
+        if u32::from_le_bytes(kind.try_into().unwrap()) != PT_INTERP {
+            continue;
+        }
+        let (Some(off), Some(size)) = (u64_at(ph + 8), u64_at(ph + 32)) else {
+            bail!("truncated program headers");
+        };
+        let Some(raw) = data.get(off..off + size) else {
+            bail!("PT_INTERP outside the file");
+        };
+        let s = String::from_utf8_lossy(raw);
+        return Ok(Some(PathBuf::from(s.trim_end_matches('\0'))));
+    }
+    Ok(None)
+}
+
+/// The C library in the output of `ld.so --list` (the format ldd prints).
+pub fn parse_ld_list(text: &str) -> Option<PathBuf> {
+    text.lines().find_map(|l| {
+        let (name, rest) = l.trim().split_once(" => ")?;
+        let path = rest.split_whitespace().next()?;
+        (super::procmaps::is_libc_name(Path::new(name)) && path.starts_with('/'))
+            .then(|| PathBuf::from(path))
+    })
+}
+
+/// The C library a program will load when run: asks its own dynamic loader
+/// (`ld.so --list`, what ldd does), which runs none of the program's code.
+pub fn libc_of_program(program: &Path) -> Result<PathBuf> {
+    let exe = executable_of(program)?;
+    let Some(interp) = interpreter(&exe)? else {
+        bail!(
+            "{} is statically linked: it loads no C library to probe (use --lib {} if it has its own malloc)",
+            exe.display(),
+            exe.display()
+        );
+    };
+    if super::procmaps::is_libc_name(&interp) {
+        // musl: the loader is the C library.
+        return Ok(interp);
+    }
+    let out = Command::new(&interp)
+        .arg("--list")
+        .arg(&exe)
+        .output()
+        .with_context(|| format!("running {} --list", interp.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_ld_list(&text).ok_or_else(|| {
+        anyhow::anyhow!(
+            "{} does not load a C library (libc.so.6): use --lib PATH to name its allocator",
+            exe.display()
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sym(off: u64, code: &[u8]) -> Option<Symbol> {
+        Some(Symbol {
+            file_offset: off,
+            size: 0x100,
+            code: code.to_vec(),
+        })
+    }
+
+    #[test]
+    fn probes_move_past_a_stepped_harmless_first_instruction() {
+        // glibc 2.36 free: test %rdi,%rdi; je rel32
+        assert_eq!(probe_skip(&[0x48, 0x85, 0xff, 0x0f, 0x84, 0xbf, 0, 0]), 3);
+        assert_eq!(probe_skip(&[0x48, 0x85, 0xff, 0x74, 0x10]), 3);
+        // posix_memalign: cmpb $0x0,0x140201(%rip); push %r12
+        let cmpb = [0x80, 0x3d, 0x01, 0x02, 0x14, 0x00, 0x00];
+        assert_eq!(probe_skip(&[&cmpb[..], &[0x41, 0x54]].concat()), 7);
+        // memalign: cmpb …; je rel8
+        assert_eq!(probe_skip(&[&cmpb[..], &[0x74, 0x07]].concat()), 7);
+        // cmpb followed by mov: stays
+        assert_eq!(probe_skip(&[&cmpb[..], &[0x48, 0x89, 0xde]].concat()), 0);
+        // malloc: push %r12, emulated already
+        assert_eq!(probe_skip(&[0x41, 0x54, 0x55, 0x53]), 0);
+        // test followed by something that is not emulated
+        assert_eq!(probe_skip(&[0x48, 0x85, 0xff, 0x48, 0x89]), 0);
+        // truncated code
+        assert_eq!(probe_skip(&[0x80, 0x3d, 0x01]), 0);
+    }
+
+    #[test]
+    fn aliases_share_one_probe_and_missing_names_are_listed() {
+        let mut syms: Vec<Option<Symbol>> = (0..FUNCTIONS.len() as u64)
+            .map(|i| sym(0x1000 * (i + 1), &[0x55]))
+            .collect();
+        let memalign = FUNCTIONS.iter().position(|f| f.name == "memalign").unwrap();
+        let aligned = FUNCTIONS
+            .iter()
+            .position(|f| f.name == "aligned_alloc")
+            .unwrap();
+        let pvalloc = FUNCTIONS.iter().position(|f| f.name == "pvalloc").unwrap();
+        syms[memalign] = syms[aligned].clone();
+        syms[pvalloc] = None;
+        let free = FUNCTIONS.len() - 1;
+        syms[free] = sym(0x9000, &[0x48, 0x85, 0xff, 0x0f, 0x84]);
+        let (probes, missing) = plan(&syms).unwrap();
+        assert_eq!(missing, vec!["pvalloc"]);
+        assert_eq!(probes.len(), FUNCTIONS.len() - 2);
+        let a = probes.iter().find(|p| p.cookie == aligned as u32).unwrap();
+        assert_eq!(a.label, "aligned_alloc|memalign");
+        let f = probes.iter().find(|p| p.layout == Layout::Free).unwrap();
+        assert_eq!((f.file_offset, f.skip), (0x9000, 3));
+    }
+
+    #[test]
+    fn a_library_without_malloc_is_refused() {
+        let e = plan(&vec![None; FUNCTIONS.len()]).unwrap_err().to_string();
+        assert!(e.contains("does not export malloc"), "{e}");
+    }
+
+    #[test]
+    fn ld_list_output_names_the_c_library() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffc)\n\
+                    \tlibm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x00007f)\n\
+                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f)\n\
+                    \t/lib64/ld-linux-x86-64.so.2 (0x00007f)\n";
+        assert_eq!(
+            parse_ld_list(text),
+            Some(PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"))
+        );
+        assert_eq!(parse_ld_list("\tlibm.so.6 => /lib/libm.so.6 (0x1)\n"), None);
+    }
+
+    #[test]
+    fn elf_interpreter_and_bad_files() {
+        let sh = crate::target::find_program("sh").unwrap();
+        let sh = fs::canonicalize(sh).unwrap();
+        let interp = interpreter(&sh).unwrap().expect("sh is dynamically linked");
+        assert!(interp.to_string_lossy().contains("ld-linux"), "{interp:?}");
+        assert!(libc_of_program(&sh).unwrap().ends_with("libc.so.6"));
+
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("notes.txt");
+        fs::write(&text, "hello").unwrap();
+        let e = check_elf(&text).unwrap_err().to_string();
+        assert!(e.contains("is not an ELF file"), "{e}");
+        let e = format!("{:#}", libc_of_program(&text).unwrap_err());
+        assert!(e.contains("not an ELF executable"), "{e}");
+
+        let script = dir.path().join("s.sh");
+        fs::write(&script, "#!/usr/bin/env sh\necho hi\n").unwrap();
+        assert!(libc_of_program(&script).unwrap().ends_with("libc.so.6"));
+    }
+}

@@ -1,0 +1,273 @@
+//! Rendering a malloc report: tables, per-stack details with bpftrace-style
+//! histograms, folded stacks. Pure string building.
+
+use std::fmt::Write as _;
+
+use clap::ValueEnum;
+use comfy_table::Cell;
+
+use super::report::{MallocReport, MallocRow};
+use crate::model::{human_count, human_size};
+use crate::render::{histogram, new_table};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MallocGroupBy {
+    /// One row per allocator function and direct caller
+    Site,
+    /// One entry per allocator function and whole user stack
+    Stack,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum MallocSortBy {
+    /// Bytes requested
+    Bytes,
+    /// Calls
+    Count,
+    /// Bytes still allocated at the end (needs --outstanding)
+    Outstanding,
+}
+
+fn sort_key(r: &MallocRow, by: MallocSortBy) -> u64 {
+    match by {
+        MallocSortBy::Bytes => r.counts.bytes_req,
+        MallocSortBy::Count => r.counts.count,
+        MallocSortBy::Outstanding => r.outstanding.as_ref().map_or(0, |o| o.bytes),
+    }
+}
+
+/// Sorts both row lists, heaviest first, keeping the top `n`; returns how
+/// many rows of the larger list were cut.
+pub fn apply_top(r: &mut MallocReport, by: MallocSortBy, n: Option<usize>) -> usize {
+    let mut hidden = 0;
+    for rows in [&mut r.sites, &mut r.stacks] {
+        rows.sort_by(|a, b| {
+            sort_key(b, by)
+                .cmp(&sort_key(a, by))
+                .then_with(|| a.location.cmp(&b.location))
+        });
+        if let Some(n) = n {
+            if rows.len() > n {
+                hidden = hidden.max(rows.len() - n);
+                rows.truncate(n);
+            }
+        }
+    }
+    hidden
+}
+
+pub fn header(r: &MallocReport) -> String {
+    let mut s = String::new();
+    let t = &r.totals;
+    let _ = write!(
+        s,
+        "kheap malloc: {:.1}s; {} allocation calls ({} requested), {} frees",
+        r.duration_s,
+        human_count(t.allocs),
+        human_size(t.bytes),
+        human_count(t.frees),
+    );
+    if let Some(o) = &t.outstanding {
+        let _ = write!(
+            s,
+            "; outstanding at the end: {} blocks, {}",
+            human_count(o.count),
+            human_size(o.bytes)
+        );
+    }
+    s.push('\n');
+    for p in &r.probes {
+        let _ = writeln!(s, "probes: {p}");
+    }
+    if !r.run.filters.is_empty() {
+        let _ = writeln!(s, "traced: {}", r.run.filters.join(", "));
+    }
+    let l = &r.lost;
+    let _ = writeln!(
+        s,
+        "lost: {} stacks (rows keep the direct caller), {} calls not counted (map full){}{}",
+        l.stacks,
+        l.map_full,
+        if t.outstanding.is_some() {
+            format!(", {} blocks not tracked (map full)", l.map_full_live)
+        } else {
+            String::new()
+        },
+        if t.failed_allocs > 0 {
+            format!(", {} calls returned NULL", t.failed_allocs)
+        } else {
+            String::new()
+        }
+    );
+    if t.nested_calls > 0 {
+        let _ = writeln!(
+            s,
+            "nested: {} calls made by the allocator itself while serving a call (e.g. realloc -> malloc) are counted once, as the outer call",
+            t.nested_calls
+        );
+    }
+    if l.map_full_vmas + l.vma_lookup_failed > 0 {
+        let _ = writeln!(
+            s,
+            "lost: the mappings of {} frames ({} for a full map, the rest as the address space was busy); they show as addresses",
+            l.map_full_vmas + l.vma_lookup_failed,
+            l.map_full_vmas,
+        );
+    }
+    if l.no_thread_state > 0 {
+        let _ = writeln!(
+            s,
+            "lost: {} calls not counted (no per-thread state)",
+            l.no_thread_state
+        );
+    }
+    let d = &r.stack_depth;
+    if d.shallow > 0 {
+        let _ = writeln!(
+            s,
+            "note: {} of {} stacks are only 1-2 frames deep: the user stack walk follows frame pointers and stops at code built without them (most distribution binaries); the direct caller is always right",
+            d.shallow, d.stacks
+        );
+    }
+    s
+}
+
+fn outstanding_cells(r: &MallocRow) -> Vec<Cell> {
+    match &r.outstanding {
+        Some(o) => vec![Cell::new(o.count), Cell::new(human_size(o.bytes))],
+        None => Vec::new(),
+    }
+}
+
+/// The report as a table of sites, or as stack details.
+pub fn table(r: &MallocReport, by: MallocGroupBy, hidden: usize) -> String {
+    let mut out = header(r);
+    out.push('\n');
+    let tracking = r.totals.outstanding.is_some();
+    match by {
+        MallocGroupBy::Site => {
+            let mut headers = vec!["allocator", "caller", "count", "bytes", "avg"];
+            if tracking {
+                headers.extend(["live", "live bytes"]);
+            }
+            let mut t = new_table(&headers);
+            for row in &r.sites {
+                let mut cells = vec![
+                    Cell::new(&row.allocator),
+                    Cell::new(&row.location),
+                    Cell::new(row.counts.count),
+                    Cell::new(human_size(row.counts.bytes_req)),
+                    Cell::new(format!("{:.0}", row.counts.avg_size)),
+                ];
+                cells.extend(outstanding_cells(row));
+                t.add_row(cells);
+            }
+            if let Some(c) = t.column_mut(1) {
+                c.set_cell_alignment(comfy_table::CellAlignment::Left);
+            }
+            let _ = writeln!(out, "{t}");
+        }
+        MallocGroupBy::Stack => {
+            for (i, s) in r.stacks.iter().enumerate() {
+                let _ = write!(
+                    out,
+                    "#{} {} from {}: {} calls, {}",
+                    i + 1,
+                    s.allocator,
+                    s.function,
+                    s.counts.count,
+                    human_size(s.counts.bytes_req),
+                );
+                if let Some(o) = &s.outstanding {
+                    let _ = write!(out, ", outstanding {} ({})", o.count, human_size(o.bytes));
+                }
+                out.push('\n');
+                for f in &s.frames {
+                    let _ = writeln!(out, "    {f}");
+                }
+                out.push_str(&histogram(&s.counts.hist, "    "));
+                out.push('\n');
+            }
+        }
+    }
+    if hidden > 0 {
+        let _ = writeln!(out, "({hidden} more rows not shown; use -n to see more)");
+    }
+    out
+}
+
+/// `outer;…;caller;allocator count` lines for flamegraph tools (counts are
+/// calls).
+pub fn folded(r: &MallocReport) -> String {
+    let mut out = String::new();
+    for s in &r.stacks {
+        let mut names: Vec<String> = s.frames.iter().rev().map(|f| function_part(f)).collect();
+        names.push(s.allocator.clone());
+        let _ = writeln!(out, "{} {}", names.join(";"), s.counts.count);
+    }
+    out
+}
+
+/// `name` of `name+0xoff (file:line)`, keeping `module+0xoff` whole when
+/// there is no symbol (the offset is all that identifies the code).
+fn function_part(frame: &str) -> String {
+    let base = frame.split(" (").next().unwrap_or(frame);
+    match base.rsplit_once('+') {
+        Some((name, _)) if !name.contains('.') => name.to_string(),
+        _ => base.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::malloc::report::{build, tests::opts, tests::sample};
+
+    fn report() -> MallocReport {
+        let (snap, frames) = sample();
+        build(&snap, &frames, opts())
+    }
+
+    #[test]
+    fn site_table_names_function_caller_and_outstanding() {
+        let r = report();
+        let t = table(&r, MallocGroupBy::Site, 0);
+        assert!(t.contains("do_malloc+0x10"), "{t}");
+        assert!(t.contains("live bytes"), "{t}");
+        assert!(t.contains("outstanding at the end: 3 blocks"), "{t}");
+        assert!(t.contains("lost: 7 stacks"), "{t}");
+        assert!(t.contains("probes: libc.so.6: malloc, calloc"), "{t}");
+    }
+
+    #[test]
+    fn stack_details_have_frames_and_histogram() {
+        let r = report();
+        let t = table(&r, MallocGroupBy::Stack, 0);
+        assert!(t.contains("malloc from do_malloc: 15 calls"), "{t}");
+        assert!(t.contains("    main+0x20\n"), "{t}");
+        assert!(t.contains("[64, 128)"), "{t}");
+    }
+
+    #[test]
+    fn sorting_by_outstanding_and_top_n() {
+        let mut r = report();
+        let hidden = apply_top(&mut r, MallocSortBy::Count, Some(1));
+        assert_eq!(hidden, 1);
+        assert_eq!(r.sites[0].allocator, "malloc", "15 calls beat 7");
+        let mut r = report();
+        apply_top(&mut r, MallocSortBy::Outstanding, None);
+        assert_eq!(r.sites[0].allocator, "calloc");
+    }
+
+    #[test]
+    fn folded_lines_end_in_the_allocator() {
+        let f = folded(&report());
+        assert!(
+            f.lines()
+                .any(|l| l == "__libc_start_call_main;main;do_malloc;malloc 15"),
+            "{f}"
+        );
+        assert_eq!(function_part("libfoo.so+0x1234"), "libfoo.so+0x1234");
+        assert_eq!(function_part("f+0x10 (w.c:3)"), "f");
+    }
+}

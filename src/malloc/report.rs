@@ -1,0 +1,558 @@
+//! From the kernel's per-(process, function, caller, stack) counters to
+//! symbolized per-site and per-stack rows. Pure: tested with fixtures.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::usersyms::UserFrame;
+use crate::model::AllocStats;
+use crate::report::{Counts, RunInfo};
+
+/// The kernel's aggregation key (see `struct malloc_key`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    /// The address space (its mm_struct's address): what addresses are
+    /// relative to.
+    pub mm: u64,
+    pub tgid: u32,
+    pub func: u32,
+    pub caller: u64,
+    pub stack_id: i64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Events {
+    pub frees: u64,
+    pub frees_null: u64,
+    pub frees_untracked: u64,
+    pub failed: u64,
+    pub lost_stacks: u64,
+    pub map_full_sites: u64,
+    pub map_full_live: u64,
+    pub map_full_vmas: u64,
+    pub vma_lookup_failed: u64,
+    /// Calls made by the allocator itself while serving another (seen as
+    /// such in the kernel), not counted twice.
+    pub nested: u64,
+    pub no_thread_state: u64,
+}
+
+/// A probed function's code: (kernel device, inode) of its file and its
+/// file offsets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocatorCode {
+    pub file: (u32, u64),
+    pub start: u64,
+    pub end: u64,
+}
+
+impl AllocatorCode {
+    pub fn contains(&self, f: &UserFrame) -> bool {
+        f.file == Some(self.file) && self.start <= f.file_offset && f.file_offset < self.end
+    }
+}
+
+/// Everything read from the kernel at the end of a run, before
+/// symbolization.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub sites: HashMap<Key, AllocStats>,
+    /// Blocks not freed by the end, per key: (count, bytes). Present only
+    /// with --outstanding.
+    pub live: Option<HashMap<Key, (u64, u64)>>,
+    /// User stacks by id, innermost first, as walked from the probe: frame 0
+    /// is the allocator function itself.
+    pub stacks: HashMap<i64, Vec<u64>>,
+    pub events: Events,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Outstanding {
+    pub count: u64,
+    pub bytes: u64,
+}
+
+/// One allocator function called from one place (a site: the direct caller)
+/// or along one stack.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MallocRow {
+    /// The allocator function: malloc, calloc, realloc…
+    pub allocator: String,
+    /// The function that called it.
+    pub function: String,
+    /// The call's return address: `function+0xoff (file:line)`.
+    pub location: String,
+    /// Stack rows: innermost (the direct caller) first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub frames: Vec<String>,
+    /// Processes the row's calls came from.
+    pub pids: Vec<u32>,
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// With --outstanding: blocks from this row not freed by the end.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outstanding: Option<Outstanding>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MallocTotals {
+    pub allocs: u64,
+    pub bytes: u64,
+    pub frees: u64,
+    pub frees_null: u64,
+    pub failed_allocs: u64,
+    /// Calls the allocator made to itself while serving a call (glibc's
+    /// realloc calls malloc): counted once, as the outer call.
+    #[serde(default)]
+    pub nested_calls: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outstanding: Option<Outstanding>,
+    /// Frees of blocks allocated before tracing began (--outstanding).
+    #[serde(default)]
+    pub frees_untracked: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MallocLost {
+    /// Calls counted whose user stack could not be captured (rows show
+    /// the direct caller only).
+    pub stacks: u64,
+    /// Calls not counted because the per-site map was full.
+    pub map_full: u64,
+    /// Blocks not tracked as outstanding (map full).
+    pub map_full_live: u64,
+    /// Calls not counted: the thread's state could not be allocated.
+    pub no_thread_state: u64,
+    /// Frames whose mapping could not be recorded (shown as addresses):
+    /// the map was full, or the lookup found the address space busy.
+    pub map_full_vmas: u64,
+    pub vma_lookup_failed: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StackDepth {
+    pub stacks: u64,
+    /// Stacks of one or two frames: the frame-pointer walk stopped at code
+    /// built without frame pointers.
+    pub shallow: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MallocReport {
+    pub duration_s: f64,
+    pub run: RunInfo,
+    /// Each probed library and the functions probed in it.
+    pub probes: Vec<String>,
+    pub totals: MallocTotals,
+    pub lost: MallocLost,
+    pub stack_depth: StackDepth,
+    pub sites: Vec<MallocRow>,
+    pub stacks: Vec<MallocRow>,
+}
+
+pub struct BuildOptions {
+    pub duration_s: f64,
+    pub run: RunInfo,
+    pub probes: Vec<String>,
+    /// Row label of each attach cookie.
+    pub func_names: Vec<String>,
+    /// Calls from here are the allocator's own.
+    pub allocator_code: Vec<AllocatorCode>,
+}
+
+/// The frames of a key: the direct caller, then the walked stack past the
+/// allocator's own frame.
+pub fn key_frames(key: &Key, stacks: &HashMap<i64, Vec<u64>>) -> Vec<u64> {
+    let mut frames = vec![key.caller];
+    if key.stack_id >= 0 {
+        if let Some(s) = stacks.get(&key.stack_id) {
+            frames.extend(s.iter().skip(1));
+        }
+    }
+    frames
+}
+
+/// Every (address space, address) the report needs symbolized.
+pub fn addresses(snap: &Snapshot) -> Vec<(u64, u64)> {
+    let mut out: Vec<(u64, u64)> = snap
+        .sites
+        .keys()
+        .flat_map(|k| {
+            key_frames(k, &snap.stacks)
+                .into_iter()
+                .map(move |a| (k.mm, a))
+        })
+        .collect();
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+#[derive(Default)]
+struct Acc {
+    stats: AllocStats,
+    live: Option<Outstanding>,
+    pids: Vec<u32>,
+    first: Option<UserFrame>,
+    frames: Vec<String>,
+}
+
+impl Acc {
+    fn add(&mut self, key: &Key, stats: &AllocStats, live: Option<(u64, u64)>, tracking: bool) {
+        self.stats += *stats;
+        if tracking {
+            let o = self.live.get_or_insert_with(Outstanding::default);
+            if let Some((c, b)) = live {
+                o.count += c;
+                o.bytes += b;
+            }
+        }
+        if !self.pids.contains(&key.tgid) {
+            self.pids.push(key.tgid);
+            self.pids.sort_unstable();
+        }
+    }
+
+    fn row(self, allocator: &str) -> MallocRow {
+        let first = self.first.unwrap_or_default();
+        MallocRow {
+            allocator: allocator.to_string(),
+            function: first.name(),
+            location: first.display(),
+            frames: self.frames,
+            pids: self.pids,
+            counts: (&self.stats).into(),
+            outstanding: self.live,
+        }
+    }
+}
+
+/// Builds the report. Rows of different processes running the same code
+/// merge: they are keyed by their symbolized frames, not raw addresses.
+pub fn build(
+    snap: &Snapshot,
+    frames: &HashMap<(u64, u64), UserFrame>,
+    opts: BuildOptions,
+) -> MallocReport {
+    let tracking = snap.live.is_some();
+    let name_of = |func: u32| {
+        opts.func_names
+            .get(func as usize)
+            .cloned()
+            .unwrap_or_else(|| format!("function#{func}"))
+    };
+    let frame = |mm: u64, a: u64| {
+        frames.get(&(mm, a)).cloned().unwrap_or(UserFrame {
+            addr: a,
+            ..Default::default()
+        })
+    };
+    let mut sites: HashMap<(u32, String), Acc> = HashMap::new();
+    let mut stacks: HashMap<(u32, Vec<String>), Acc> = HashMap::new();
+    let mut total = AllocStats::default();
+    let mut depth = StackDepth::default();
+    let mut seen_stacks: Vec<(u64, i64)> = Vec::new();
+    let mut nested = snap.events.nested;
+    for (key, stats) in &snap.sites {
+        let live = snap.live.as_ref().and_then(|l| l.get(key).copied());
+        let user = walked_frames(
+            key_frames(key, &snap.stacks)
+                .into_iter()
+                .map(|a| frame(key.mm, a))
+                .collect(),
+        );
+        if opts.allocator_code.iter().any(|c| c.contains(&user[0])) {
+            nested += stats.count;
+            continue;
+        }
+        total += *stats;
+        let shown: Vec<String> = user.iter().map(UserFrame::display).collect();
+        if key.stack_id >= 0 && !seen_stacks.contains(&(key.mm, key.stack_id)) {
+            seen_stacks.push((key.mm, key.stack_id));
+            depth.stacks += 1;
+            if user.len() <= 2 {
+                depth.shallow += 1;
+            }
+        }
+
+        let site = sites.entry((key.func, shown[0].clone())).or_default();
+        site.add(key, stats, live, tracking);
+        site.first.get_or_insert_with(|| user[0].clone());
+
+        let stack = stacks.entry((key.func, shown.clone())).or_default();
+        stack.add(key, stats, live, tracking);
+        stack.first.get_or_insert_with(|| user[0].clone());
+        if stack.frames.is_empty() {
+            stack.frames = shown;
+        }
+    }
+    let live_total = snap.live.as_ref().map(|l| {
+        l.values()
+            .fold(Outstanding::default(), |o, &(c, b)| Outstanding {
+                count: o.count + c,
+                bytes: o.bytes + b,
+            })
+    });
+    let ev = &snap.events;
+    MallocReport {
+        duration_s: (opts.duration_s * 100.0).round() / 100.0,
+        run: opts.run,
+        probes: opts.probes,
+        totals: MallocTotals {
+            allocs: total.count,
+            bytes: total.bytes_req,
+            frees: ev.frees,
+            frees_null: ev.frees_null,
+            failed_allocs: ev.failed,
+            nested_calls: nested,
+            outstanding: live_total,
+            frees_untracked: ev.frees_untracked,
+        },
+        lost: MallocLost {
+            stacks: ev.lost_stacks,
+            map_full: ev.map_full_sites,
+            map_full_live: ev.map_full_live,
+            no_thread_state: ev.no_thread_state,
+            map_full_vmas: ev.map_full_vmas,
+            vma_lookup_failed: ev.vma_lookup_failed,
+        },
+        stack_depth: depth,
+        sites: rows(sites, &name_of),
+        stacks: rows(stacks, &name_of),
+    }
+}
+
+/// The frames of a stack worth showing: the direct caller (read from the
+/// stack pointer, always real), then walked frames up to the first one that
+/// is in no mapped file. A frame-pointer walk through code built without
+/// frame pointers wanders into data, and what follows is garbage.
+pub fn walked_frames(mut frames: Vec<UserFrame>) -> Vec<UserFrame> {
+    let keep = 1 + frames
+        .iter()
+        .skip(1)
+        .take_while(|f| f.module.is_some())
+        .count();
+    frames.truncate(keep);
+    frames
+}
+
+/// Rows of one grouping, heaviest first (by bytes, then location).
+fn rows<K>(groups: HashMap<(u32, K), Acc>, name_of: &dyn Fn(u32) -> String) -> Vec<MallocRow> {
+    let mut v: Vec<MallocRow> = groups
+        .into_iter()
+        .map(|((func, _), acc)| acc.row(&name_of(func)))
+        .collect();
+    v.sort_by(|a, b| {
+        b.counts
+            .bytes_req
+            .cmp(&a.counts.bytes_req)
+            .then_with(|| a.location.cmp(&b.location))
+    });
+    v
+}
+
+#[cfg(test)]
+pub mod tests {
+    use super::*;
+    use crate::model::Hist;
+
+    fn stats(count: u64, size: u64) -> AllocStats {
+        let mut s = AllocStats {
+            count,
+            bytes_req: count * size,
+            bytes_alloc: count * size,
+            ..Default::default()
+        };
+        s.hist.0[Hist::bucket_of(size)] = count;
+        s
+    }
+
+    fn uf(addr: u64, f: &str, off: u64) -> UserFrame {
+        UserFrame {
+            addr,
+            module: Some("w".into()),
+            file_offset: addr,
+            function: Some(f.into()),
+            offset: off,
+            source: None,
+            file: None,
+        }
+    }
+
+    /// Two processes of one program (different load addresses) call malloc
+    /// from do_malloc, reached from main; one stack had no frames walked.
+    pub fn sample() -> (Snapshot, HashMap<(u64, u64), UserFrame>) {
+        let k1 = Key {
+            mm: 0x1000,
+            tgid: 10,
+            func: 0,
+            caller: 0x1010,
+            stack_id: 1,
+        };
+        let k2 = Key {
+            mm: 0x1100,
+            tgid: 11,
+            func: 0,
+            caller: 0x2010,
+            stack_id: 2,
+        };
+        let k3 = Key {
+            mm: 0x1000,
+            tgid: 10,
+            func: 1,
+            caller: 0x1050,
+            stack_id: -14,
+        };
+        let mut snap = Snapshot::default();
+        snap.sites.insert(k1, stats(10, 100));
+        snap.sites.insert(k2, stats(5, 100));
+        snap.sites.insert(k3, stats(7, 1000));
+        snap.stacks.insert(1, vec![0xaaa0, 0x1f00, 0x1f80]);
+        snap.stacks.insert(2, vec![0xbbb0, 0x2f00, 0x2f80]);
+        snap.live = Some(HashMap::from([(k1, (1, 100)), (k3, (2, 2000))]));
+        snap.events.frees = 14;
+        snap.events.lost_stacks = 7;
+        snap.events.nested = 1;
+        // realloc's own call to malloc, from inside the probed library
+        let inner = Key {
+            mm: 0x1000,
+            tgid: 10,
+            func: 0,
+            caller: 0x7550,
+            stack_id: -14,
+        };
+        snap.sites.insert(inner, stats(4, 100));
+        let frames = HashMap::from([
+            ((0x1000, 0x1010), uf(0x1010, "do_malloc", 0x10)),
+            ((0x1100, 0x2010), uf(0x2010, "do_malloc", 0x10)),
+            ((0x1000, 0x1050), uf(0x1050, "do_calloc", 0x8)),
+            ((0x1000, 0x1f00), uf(0x1f00, "main", 0x20)),
+            ((0x1100, 0x2f00), uf(0x2f00, "main", 0x20)),
+            ((0x1000, 0x1f80), uf(0x1f80, "__libc_start_call_main", 0x7a)),
+            ((0x1100, 0x2f80), uf(0x2f80, "__libc_start_call_main", 0x7a)),
+            (
+                (0x1000, 0x7550),
+                UserFrame {
+                    file: Some((1, 2)),
+                    file_offset: 0x550,
+                    ..uf(0x7550, "__libc_realloc", 0x50)
+                },
+            ),
+        ]);
+        (snap, frames)
+    }
+
+    pub fn opts() -> BuildOptions {
+        BuildOptions {
+            duration_s: 1.0,
+            run: RunInfo::default(),
+            probes: vec!["libc.so.6: malloc, calloc".into()],
+            func_names: vec!["malloc".into(), "calloc".into()],
+            allocator_code: vec![AllocatorCode {
+                file: (1, 2),
+                start: 0x500,
+                end: 0x600,
+            }],
+        }
+    }
+
+    #[test]
+    fn processes_of_one_program_merge_by_symbol() {
+        let (snap, frames) = sample();
+        let r = build(&snap, &frames, opts());
+        assert_eq!(r.totals.allocs, 22);
+        assert_eq!(
+            r.totals.nested_calls,
+            1 + 4,
+            "kernel-seen + from allocator code"
+        );
+        assert!(r.sites.iter().all(|s| s.function != "__libc_realloc"));
+        assert_eq!(r.totals.bytes, 1500 + 7000);
+        let m: Vec<&MallocRow> = r.sites.iter().filter(|s| s.allocator == "malloc").collect();
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].function, "do_malloc");
+        assert_eq!(m[0].location, "do_malloc+0x10");
+        assert_eq!(m[0].counts.count, 15);
+        assert_eq!(m[0].pids, vec![10, 11]);
+        assert_eq!(
+            m[0].outstanding,
+            Some(Outstanding {
+                count: 1,
+                bytes: 100
+            })
+        );
+        let c = &r.sites[0];
+        assert_eq!(
+            (c.allocator.as_str(), c.function.as_str()),
+            ("calloc", "do_calloc")
+        );
+        assert_eq!(c.counts.hist[0].lo, 512);
+        assert_eq!(
+            r.totals.outstanding,
+            Some(Outstanding {
+                count: 3,
+                bytes: 2100
+            })
+        );
+    }
+
+    #[test]
+    fn stacks_start_at_the_direct_caller() {
+        let (snap, frames) = sample();
+        let r = build(&snap, &frames, opts());
+        let s = r.stacks.iter().find(|s| s.allocator == "malloc").unwrap();
+        assert_eq!(
+            s.frames,
+            vec!["do_malloc+0x10", "main+0x20", "__libc_start_call_main+0x7a"]
+        );
+        assert_eq!(s.counts.count, 15);
+        let lost = r.stacks.iter().find(|s| s.allocator == "calloc").unwrap();
+        assert_eq!(
+            lost.frames,
+            vec!["do_calloc+0x8"],
+            "caller kept without a stack"
+        );
+        assert_eq!(r.lost.stacks, 7);
+        assert_eq!(
+            r.stack_depth,
+            StackDepth {
+                stacks: 2,
+                shallow: 0
+            }
+        );
+    }
+
+    #[test]
+    fn walks_into_data_are_cut() {
+        let anon = |a| UserFrame {
+            addr: a,
+            ..Default::default()
+        };
+        let f = walked_frames(vec![anon(1), uf(2, "f", 0), anon(3), uf(4, "g", 0)]);
+        assert_eq!(f.len(), 2, "the caller is kept even outside any file");
+        assert_eq!(f[1].display(), "f+0x0");
+    }
+
+    #[test]
+    fn without_tracking_there_is_no_outstanding_field() {
+        let (mut snap, frames) = sample();
+        snap.live = None;
+        let r = build(&snap, &frames, opts());
+        assert!(r.sites.iter().all(|s| s.outstanding.is_none()));
+        let v = serde_json::to_value(&r).unwrap();
+        assert!(v["sites"][0].get("outstanding").is_none());
+        for k in [
+            "count",
+            "bytes_req",
+            "bytes_alloc",
+            "hist",
+            "allocator",
+            "function",
+        ] {
+            assert!(v["sites"][0].get(k).is_some(), "missing {k}");
+        }
+        let back: MallocReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back.sites.len(), r.sites.len());
+    }
+}

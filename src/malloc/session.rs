@@ -1,0 +1,333 @@
+//! Loading the malloc BPF object, attaching its uprobes to allocator
+//! libraries, and reading the maps back. Links are RAII: dropping the
+//! session (on any error path too) detaches everything.
+
+use std::collections::HashMap;
+use std::mem::MaybeUninit;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, UprobeOpts};
+
+use super::bpf::{types, MallocSkel, MallocSkelBuilder};
+use super::probes::{self, Layout, Probe};
+use super::procmaps::kernel_dev;
+use super::report::{AllocatorCode, Events, Key, Snapshot};
+use super::usersyms::Vma;
+use crate::bpf::{c_str, from_bytes};
+use crate::maps;
+
+/// One library whose allocator functions are probed.
+pub struct ProbedLibrary {
+    pub path: PathBuf,
+    pub probes: Vec<Probe>,
+    pub missing: Vec<&'static str>,
+    file_key: (u64, u64),
+    /// The file as the BPF side names it: (kernel device, inode).
+    pub kernel_file: (u32, u64),
+}
+
+impl ProbedLibrary {
+    /// `path: malloc, calloc, …, free@+3` for the header.
+    pub fn describe(&self) -> String {
+        let names: Vec<String> = self
+            .probes
+            .iter()
+            .map(|p| {
+                if p.skip > 0 {
+                    format!("{}@+{}", p.label, p.skip)
+                } else {
+                    p.label.clone()
+                }
+            })
+            .collect();
+        let mut s = format!("{}: {}", self.path.display(), names.join(", "));
+        if !self.missing.is_empty() {
+            s.push_str(&format!(" (not exported: {})", self.missing.join(", ")));
+        }
+        s
+    }
+}
+
+pub struct MallocSession {
+    skel: MallocSkel<'static>,
+    links: Vec<Link>,
+    pub libraries: Vec<ProbedLibrary>,
+    track_live: bool,
+    probes_at_entry: bool,
+}
+
+impl MallocSession {
+    /// Loads the programs, fills the PID filter and starts following forks.
+    /// No library is probed yet: see `probe_library`.
+    /// `probes_at_entry` keeps every probe on its function's first
+    /// instruction (for scripts/bench-malloc, which measures what
+    /// `probes::probe_skip` saves).
+    pub fn start(pids: &[u32], track_live: bool, probes_at_entry: bool) -> Result<MallocSession> {
+        let storage: &'static mut MaybeUninit<OpenObject> =
+            Box::leak(Box::new(MaybeUninit::uninit()));
+        let mut open = MallocSkelBuilder::default()
+            .open(storage)
+            .context("opening the BPF object")?;
+        let rodata = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .expect("the BPF object has read-only data");
+        rodata.cfg.track_live = track_live as u8;
+        if !track_live {
+            // The block map is preallocated (~15 MiB at full size): keep a
+            // token entry when it is not used.
+            open.maps
+                .live
+                .set_max_entries(1)
+                .context("sizing the outstanding-block map")?;
+        }
+        let skel = open
+            .load()
+            .context("loading the BPF programs into the kernel")?;
+        let mut s = MallocSession {
+            skel,
+            links: Vec::new(),
+            libraries: Vec::new(),
+            track_live,
+            probes_at_entry,
+        };
+        for &pid in pids {
+            s.skel
+                .maps
+                .pid_filter
+                .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+                .context("adding a PID to the filter map")?;
+        }
+        let progs = &s.skel.progs;
+        for (prog, tp) in [
+            (&progs.fork_btf, "sched_process_fork"),
+            (&progs.exec_btf, "sched_process_exec"),
+            (&progs.exit_btf, "sched_process_exit"),
+        ] {
+            let link = prog
+                .attach()
+                .with_context(|| format!("attaching to {tp} (tp_btf)"))?;
+            s.links.push(link);
+        }
+        Ok(s)
+    }
+
+    /// Whether this library file is probed already.
+    pub fn has_library(&self, path: &Path) -> bool {
+        let key = std::fs::metadata(path).map(|m| (m.dev(), m.ino())).ok();
+        self.libraries.iter().any(|l| Some(l.file_key) == key)
+    }
+
+    /// Attaches the allocator probes to one library file, for every process
+    /// (uprobes live on the file; the PID filter picks the processes). A
+    /// file already probed (under any of its names) is left alone: probing
+    /// it twice would count every call twice.
+    pub fn probe_library(&mut self, path: &Path) -> Result<()> {
+        if self.has_library(path) {
+            return Ok(());
+        }
+        let meta = std::fs::metadata(path)
+            .with_context(|| format!("cannot use {} as allocator library", path.display()))?;
+        let symbols = probes::lookup_symbols(path)?;
+        let (mut plan, missing) = probes::plan(&symbols)
+            .with_context(|| format!("{} is not an allocator library", path.display()))?;
+        if self.probes_at_entry {
+            for p in &mut plan {
+                p.skip = 0;
+            }
+        }
+        for p in &plan {
+            self.attach_probe(path, p)
+                .with_context(|| format!("attaching to {} in {}", p.label, path.display()))?;
+        }
+        self.libraries.push(ProbedLibrary {
+            path: path.to_path_buf(),
+            probes: plan,
+            missing,
+            file_key: (meta.dev(), meta.ino()),
+            kernel_file: (
+                kernel_dev(libc::major(meta.dev()), libc::minor(meta.dev())),
+                meta.ino(),
+            ),
+        });
+        Ok(())
+    }
+
+    fn attach_probe(&mut self, path: &Path, p: &Probe) -> Result<()> {
+        let progs = &self.skel.progs;
+        let entry = match p.layout {
+            Layout::Size => &progs.size_arg0,
+            Layout::Calloc => &progs.calloc_entry,
+            Layout::AlignSize => &progs.align_size_args,
+            Layout::PosixMemalign => &progs.posix_memalign_entry,
+            Layout::Realloc => &progs.realloc_entry,
+            Layout::Reallocarray => &progs.reallocarray_entry,
+            Layout::Free => &progs.free_entry,
+        };
+        let opts = |retprobe| UprobeOpts {
+            cookie: p.cookie as u64,
+            retprobe,
+            ..Default::default()
+        };
+        // The return probe first: every call whose entry is seen then has
+        // its return seen too, so no call is left pending forever.
+        // Past a skipped instruction the return address is still at the
+        // stack pointer, which is all a return probe needs.
+        let offset = (p.file_offset + p.skip) as usize;
+        if self.track_live && p.layout != Layout::Free {
+            self.links.push(progs.alloc_return.attach_uprobe_with_opts(
+                -1,
+                path,
+                offset,
+                opts(true),
+            )?);
+        }
+        self.links
+            .push(entry.attach_uprobe_with_opts(-1, path, offset, opts(false))?);
+        Ok(())
+    }
+
+    /// Processes traced now: the given ones and their descendants.
+    pub fn traced_pids(&self) -> Vec<u32> {
+        self.skel
+            .maps
+            .pid_filter
+            .keys()
+            .map(|k| from_bytes::<u32>(&k))
+            .collect()
+    }
+
+    /// How many times each traced process has exec'd (absent: never).
+    pub fn exec_counts(&self) -> HashMap<u32, u32> {
+        self.skel
+            .maps
+            .execs
+            .keys()
+            .filter_map(|k| {
+                let v = self.skel.maps.execs.lookup(&k, MapFlags::ANY).ok()??;
+                Some((from_bytes::<u32>(&k), from_bytes::<u32>(&v)))
+            })
+            .collect()
+    }
+
+    /// Programs traced processes exec'd: ((kernel device, inode), path as
+    /// passed to execve, possibly relative).
+    pub fn exec_paths(&self) -> Result<Vec<((u32, u64), PathBuf)>> {
+        Ok(
+            maps::read_hash_entries::<types::file_id, types::exec_path, _>(
+                &self.skel.maps.exec_paths,
+            )?
+            .into_iter()
+            .map(|(k, v)| ((k.dev, k.ino), PathBuf::from(c_str(&v.path))))
+            .collect(),
+        )
+    }
+
+    /// Row labels by attach cookie: aliases joined (`aligned_alloc|memalign`).
+    pub fn func_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = probes::FUNCTIONS
+            .iter()
+            .map(|f| f.name.to_string())
+            .collect();
+        for l in &self.libraries {
+            for p in &l.probes {
+                names[p.cookie as usize] = p.label.clone();
+            }
+        }
+        names
+    }
+
+    /// The code of every probed function: calls made from there are the
+    /// allocator's own.
+    pub fn allocator_code(&self) -> Vec<AllocatorCode> {
+        self.libraries
+            .iter()
+            .flat_map(|l| {
+                l.probes.iter().map(|p| AllocatorCode {
+                    file: l.kernel_file,
+                    start: p.file_offset,
+                    end: p.file_offset + p.size.max(1),
+                })
+            })
+            .collect()
+    }
+
+    pub fn detach(&mut self) {
+        self.links.clear();
+    }
+
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        let m = &self.skel.maps;
+        let mut snap = Snapshot::default();
+        for (k, v) in maps::read_percpu_hash::<types::malloc_key, types::malloc_stats, _>(&m.sites)?
+        {
+            let key = key_of(&k);
+            if key.stack_id >= 0 && !snap.stacks.contains_key(&key.stack_id) {
+                if let Some(frames) = maps::read_stack(&m.stack_traces, key.stack_id as u32)? {
+                    snap.stacks.insert(key.stack_id, frames);
+                }
+            }
+            snap.sites.insert(key, v.into());
+        }
+        if self.track_live {
+            let mut live: HashMap<Key, (u64, u64)> = HashMap::new();
+            for (_, a) in maps::read_hash_entries::<types::live_key, types::live_alloc, _>(&m.live)?
+            {
+                let e = live.entry(key_of(&a.key)).or_default();
+                e.0 += 1;
+                e.1 += a.size;
+            }
+            snap.live = Some(live);
+        }
+        let c: types::malloc_counters = maps::read_percpu_slot0(&m.counters)?;
+        snap.events = Events {
+            frees: c.frees,
+            frees_null: c.frees_null,
+            frees_untracked: c.frees_untracked,
+            failed: c.failed,
+            lost_stacks: c.lost_stacks,
+            map_full_sites: c.map_full_sites,
+            map_full_live: c.map_full_live,
+            map_full_vmas: c.map_full_vmas,
+            vma_lookup_failed: c.vma_lookup_failed,
+            nested: c.nested,
+            no_thread_state: c.no_thread_state,
+        };
+        Ok(snap)
+    }
+
+    /// The mappings recorded for stack frames, per address space, sorted.
+    pub fn vmas(&self) -> Result<HashMap<u64, Vec<Vma>>> {
+        let mut out: HashMap<u64, Vec<Vma>> = HashMap::new();
+        for (k, v) in
+            maps::read_hash_entries::<types::vma_key, types::vma_info, _>(&self.skel.maps.vmas)?
+        {
+            out.entry(k.mm).or_default().push(Vma {
+                start: k.start,
+                end: v.end,
+                pgoff: v.pgoff,
+                dev: v.dev,
+                ino: v.ino,
+                name: c_str(&v.name),
+            });
+        }
+        for v in out.values_mut() {
+            v.sort_by_key(|v| v.start);
+        }
+        Ok(out)
+    }
+}
+
+fn key_of(k: &types::malloc_key) -> Key {
+    Key {
+        mm: k.mm,
+        tgid: k.tgid,
+        func: k.func,
+        caller: k.caller,
+        stack_id: k.stack_id,
+    }
+}

@@ -1,0 +1,623 @@
+//! Advice derived from the numbers, each hint carrying the figures that back
+//! it. Rules look at per-site requested-size histograms and counts, per-cache
+//! traced totals, and (for growth) samples of the static state over time.
+//! Thresholds are deliberately conservative: a hint should be worth reading.
+
+use serde::Serialize;
+
+use super::loss::{align8, per_second, right_size, right_size_saving};
+use super::traced::{TracedCache, TracedSite};
+use crate::model::{
+    human_count, human_size, pct, AllocStats, CacheId, Hist, KMALLOC_MAX_CACHE_SIZE,
+};
+
+/// kmalloc size classes on x86_64 SLUB (KMALLOC_MIN_SIZE 8).
+pub const KMALLOC_SIZES: [u64; 13] = [
+    8, 16, 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 4096, 8192,
+];
+
+/// Fewer allocations than this are not a pattern.
+pub const MIN_COUNT: u64 = 100;
+/// Right-sizing hints below this saving are noise.
+pub const MIN_SAVING_BYTES: u64 = 64 << 10;
+/// Share of a site's requests that must fall in one log2 bucket to call it
+/// a cluster.
+pub const CLUSTER_SHARE: f64 = 0.8;
+/// "Just above" a boundary: within this fraction of the gap to the next class.
+pub const JUST_ABOVE_FRACTION: f64 = 0.25;
+/// Rounding waste below this percentage is not worth a dedicated cache.
+pub const MIN_WASTE_PCT: f64 = 20.0;
+/// Each of the two modes of a bimodal site holds at least this share...
+pub const MODE_SHARE: f64 = 0.2;
+/// ...and together at least this share.
+pub const MODES_TOGETHER: f64 = 0.7;
+/// Small allocations: mean request at most this...
+pub const POOL_MAX_SIZE: u64 = 256;
+/// ...at at least this many per second.
+pub const POOL_MIN_RATE: f64 = 10_000.0;
+/// Large allocations: mean request at least this...
+pub const LARGE_MIN_SIZE: u64 = 4096;
+/// ...at at least this many per second.
+pub const LARGE_MIN_RATE: f64 = 1_000.0;
+/// Growth below this is not reported.
+pub const MIN_GROWTH_BYTES: u64 = 1 << 20;
+/// Steady growth needs at least this many samples.
+pub const MIN_SERIES_POINTS: usize = 3;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HintKind {
+    /// Requests cluster just above a kmalloc size class.
+    Boundary,
+    /// One function requests two distinct sizes.
+    Bimodal,
+    /// Many small allocations at a high rate.
+    Pooling,
+    /// Large allocations at a high rate.
+    LargeHot,
+    /// A cache grew during the run.
+    Growth,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Hint {
+    pub kind: HintKind,
+    /// The function, for site hints.
+    pub site: Option<String>,
+    pub cache: String,
+    /// Bytes the suggested change would save over the run; for growth
+    /// hints, the bytes the cache grew by.
+    pub saving_bytes: u64,
+    pub text: String,
+}
+
+/// Active objects of one cache at successive times (seconds).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheSeries {
+    pub cache: String,
+    pub object_size: u64,
+    pub points: Vec<(f64, u64)>,
+}
+
+/// Object size of a cache by name, for named caches (kmalloc sizes are in
+/// the `CacheId`).
+pub trait ObjectSizes {
+    fn object_size(&self, cache: &str) -> Option<u64>;
+}
+
+impl<F: Fn(&str) -> Option<u64>> ObjectSizes for F {
+    fn object_size(&self, cache: &str) -> Option<u64> {
+        self(cache)
+    }
+}
+
+/// All hints, biggest saving first.
+pub fn all_hints(
+    duration_s: f64,
+    sites: &[TracedSite],
+    caches: &[TracedCache],
+    series: &[CacheSeries],
+    sizes: &dyn ObjectSizes,
+) -> Vec<Hint> {
+    let mut hints: Vec<Hint> = Vec::new();
+    hints.extend(sites.iter().filter_map(|s| boundary_hint(s, duration_s)));
+    hints.extend(bimodal_hints(sites, sizes));
+    hints.extend(sites.iter().filter_map(|s| pooling_hint(s, duration_s)));
+    hints.extend(sites.iter().filter_map(|s| large_hot_hint(s, duration_s)));
+    hints.extend(series.iter().filter_map(series_growth_hint));
+    hints.extend(
+        caches
+            .iter()
+            .filter(|c| !series.iter().any(|s| s.cache == c.name()))
+            .filter_map(|c| traced_growth_hint(c, duration_s)),
+    );
+    hints.sort_by(|a, b| {
+        b.saving_bytes
+            .cmp(&a.saving_bytes)
+            .then(a.kind.cmp(&b.kind))
+    });
+    hints
+}
+
+fn kmalloc_size(cache: &CacheId) -> Option<u64> {
+    match cache {
+        CacheId::Kmalloc { size, .. } => Some(*size),
+        _ => None,
+    }
+}
+
+fn object_size_of(cache: &CacheId, sizes: &dyn ObjectSizes) -> Option<u64> {
+    match cache {
+        CacheId::Kmalloc { size, .. } => Some(*size),
+        CacheId::ObjectSize(s) => Some(*s),
+        CacheId::Named(n) => sizes.object_size(n),
+    }
+}
+
+/// Share of the histogram in its fullest bucket, and that bucket.
+fn peak(hist: &Hist) -> Option<(usize, f64)> {
+    let total = hist.total();
+    let (b, &n) = hist.0.iter().enumerate().max_by_key(|(_, &n)| n)?;
+    (total > 0).then(|| (b, n as f64 / total as f64))
+}
+
+fn run_words(duration_s: f64) -> String {
+    if duration_s > 0.0 {
+        format!("over the {duration_s:.1} s run")
+    } else {
+        "over the run".to_string()
+    }
+}
+
+/// Requests clustering just above a kmalloc class, e.g. 2100 bytes landing
+/// in kmalloc-4k: the cache rounds each up to almost twice the need.
+pub fn boundary_hint(site: &TracedSite, duration_s: f64) -> Option<Hint> {
+    let s = &site.stats;
+    let size = kmalloc_size(&site.cache).filter(|&z| z <= KMALLOC_MAX_CACHE_SIZE)?;
+    let prev = *KMALLOC_SIZES.iter().rev().find(|&&k| k < size)?;
+    if s.count < MIN_COUNT {
+        return None;
+    }
+    let avg = s.avg_req();
+    let (peak_bucket, share) = peak(&s.hist)?;
+    let (lo, hi) = Hist::bounds(peak_bucket);
+    let avg_in_peak = (lo as f64) <= avg && avg < hi as f64;
+    let just_above =
+        avg > prev as f64 && avg - prev as f64 <= (size - prev) as f64 * JUST_ABOVE_FRACTION;
+    let saving = right_size_saving(s);
+    if share < CLUSTER_SHARE
+        || !avg_in_peak
+        || !just_above
+        || s.waste_pct() < MIN_WASTE_PCT
+        || saving < MIN_SAVING_BYTES
+    {
+        return None;
+    }
+    let cache = site.cache.name();
+    let prev_name = CacheId::Kmalloc {
+        size: prev,
+        accounted: false,
+    }
+    .name();
+    Some(Hint {
+        kind: HintKind::Boundary,
+        site: Some(site.function.clone()),
+        text: format!(
+            "{f}() requests ~{avg:.0} B ({share:.0}% of its {n} allocations in {lo}-{hi} B), \
+             just above {prev_name}, so {cache} wastes {w:.0}% of each object; a dedicated \
+             {r}-byte cache would have saved {sv} {run}",
+            f = site.function,
+            share = share * 100.0,
+            n = human_count(s.count),
+            hi = hi - 1,
+            w = s.waste_pct(),
+            r = right_size(s),
+            sv = human_size(saving),
+            run = run_words(duration_s),
+        ),
+        cache,
+        saving_bytes: saving,
+    })
+}
+
+/// The two fullest buckets of a histogram if they form two separate modes:
+/// each holds `MODE_SHARE`, together `MODES_TOGETHER`, and at least one
+/// bucket lies between them (sizes at least 2x apart). Lower bucket first.
+pub fn two_modes(hist: &Hist) -> Option<(usize, usize)> {
+    let total = hist.total();
+    if total < MIN_COUNT {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..hist.0.len()).collect();
+    order.sort_by(|&a, &b| hist.0[b].cmp(&hist.0[a]).then(a.cmp(&b)));
+    let (a, b) = (order[0].min(order[1]), order[0].max(order[1]));
+    let share = |i: usize| hist.0[i] as f64 / total as f64;
+    (share(a) >= MODE_SHARE
+        && share(b) >= MODE_SHARE
+        && share(a) + share(b) >= MODES_TOGETHER
+        && b - a >= 2)
+        .then_some((a, b))
+}
+
+/// Functions whose requests fall into two distinct sizes. When the small
+/// ones are served from objects sized for the large ones, the saving is
+/// what a cache sized for the small mode would have spared:
+/// `small_count * (object_size - upper bound of the small mode)`.
+pub fn bimodal_hints(sites: &[TracedSite], sizes: &dyn ObjectSizes) -> Vec<Hint> {
+    let mut functions: Vec<&str> = sites.iter().map(|s| s.function.as_str()).collect();
+    functions.sort_unstable();
+    functions.dedup();
+    functions
+        .into_iter()
+        .filter_map(|f| {
+            let own: Vec<&TracedSite> = sites.iter().filter(|s| s.function == f).collect();
+            let mut merged = AllocStats::default();
+            for s in &own {
+                merged += s.stats;
+            }
+            let (small, large) = two_modes(&merged.hist)?;
+            let (slo, shi) = Hist::bounds(small);
+            let (llo, lhi) = Hist::bounds(large);
+            let mut saving = 0;
+            let mut padded_into: Option<(String, u64)> = None;
+            for s in &own {
+                let Some(obj) = object_size_of(&s.cache, sizes) else {
+                    continue;
+                };
+                if s.stats.hist.0[small] > 0 && obj >= llo && obj > align8(shi) {
+                    saving += s.stats.hist.0[small] * (obj - align8(shi));
+                    padded_into.get_or_insert((s.cache.name(), obj));
+                }
+            }
+            let busiest = own.iter().max_by_key(|s| s.stats.count)?;
+            let total = merged.hist.total() as f64;
+            let share = |b: usize| merged.hist.0[b] as f64 * 100.0 / total;
+            let what = match &padded_into {
+                Some((cache, obj)) => format!(
+                    "the small ones are padded to {obj}-byte objects in {cache}: allocating them \
+                     from a cache of at most {shi} B would save {}",
+                    human_size(saving)
+                ),
+                None => "they land in different caches; if one buffer size serves both paths, \
+                         sizing each path separately keeps the small case small"
+                    .to_string(),
+            };
+            Some(Hint {
+                kind: HintKind::Bimodal,
+                site: Some(f.to_string()),
+                cache: padded_into.map_or_else(|| busiest.cache.name(), |(c, _)| c),
+                saving_bytes: saving,
+                text: format!(
+                    "{f}() requests two distinct sizes: {:.0}% in {slo}-{} B and {:.0}% in {llo}-{} B; {what}",
+                    share(small),
+                    shi - 1,
+                    share(large),
+                    lhi.saturating_sub(1),
+                ),
+            })
+        })
+        .collect()
+}
+
+/// Many small allocations at a high rate: a pooling candidate.
+pub fn pooling_hint(site: &TracedSite, duration_s: f64) -> Option<Hint> {
+    let s = &site.stats;
+    let rate = per_second(s.count, duration_s);
+    let avg = s.avg_req();
+    if s.count < MIN_COUNT || rate < POOL_MIN_RATE || avg > POOL_MAX_SIZE as f64 {
+        return None;
+    }
+    // The rounding saving is claimed here only when no boundary hint
+    // already claims it for the same site, so savings never add up twice.
+    let saving = if kmalloc_size(&site.cache).is_some() && boundary_hint(site, duration_s).is_none()
+    {
+        right_size_saving(s)
+    } else {
+        0
+    };
+    let cache = site.cache.name();
+    let extra = if saving > 0 {
+        format!(
+            ", and a right-sized cache would also save {} of rounding",
+            human_size(saving)
+        )
+    } else {
+        String::new()
+    };
+    Some(Hint {
+        kind: HintKind::Pooling,
+        site: Some(site.function.clone()),
+        text: format!(
+            "{f}() makes {r}/s allocations of ~{avg:.0} B from {cache} ({n} {run}); at that rate \
+             a per-CPU pool or object reuse would save allocator work{extra}",
+            f = site.function,
+            r = human_count(rate.round() as u64),
+            n = human_count(s.count),
+            run = run_words(duration_s),
+        ),
+        cache,
+        saving_bytes: saving,
+    })
+}
+
+/// Large allocations at a high rate: each is an expensive multi-page
+/// allocation (above 8 KiB, straight from the page allocator).
+pub fn large_hot_hint(site: &TracedSite, duration_s: f64) -> Option<Hint> {
+    let s = &site.stats;
+    let rate = per_second(s.count, duration_s);
+    let avg = s.avg_req();
+    if s.count < MIN_COUNT || rate < LARGE_MIN_RATE || avg < LARGE_MIN_SIZE as f64 {
+        return None;
+    }
+    let cache = site.cache.name();
+    let saving = right_size_saving(s);
+    Some(Hint {
+        kind: HintKind::LargeHot,
+        site: Some(site.function.clone()),
+        text: format!(
+            "{f}() allocates ~{a} {r}/s from {cache} ({w:.0}% rounding waste, {n} {run}); in a \
+             hot path, reuse a buffer or keep a small pool instead of allocating each time",
+            f = site.function,
+            a = human_size(avg.round() as u64),
+            r = human_count(rate.round() as u64),
+            w = s.waste_pct(),
+            n = human_count(s.count),
+            run = run_words(duration_s),
+        ),
+        cache,
+        saving_bytes: saving,
+    })
+}
+
+/// A cache whose active objects never went down across the samples and
+/// grew by at least `MIN_GROWTH_BYTES`.
+pub fn series_growth_hint(series: &CacheSeries) -> Option<Hint> {
+    let p = &series.points;
+    if p.len() < MIN_SERIES_POINTS {
+        return None;
+    }
+    let steady = p.windows(2).all(|w| w[1].1 >= w[0].1);
+    let (t0, first) = p[0];
+    let (t1, last) = p[p.len() - 1];
+    let grown = last.saturating_sub(first);
+    let bytes = grown * series.object_size;
+    if !steady || bytes < MIN_GROWTH_BYTES {
+        return None;
+    }
+    let secs = t1 - t0;
+    Some(Hint {
+        kind: HintKind::Growth,
+        site: None,
+        cache: series.cache.clone(),
+        saving_bytes: bytes,
+        text: format!(
+            "{c} grew in every one of {k} intervals: +{o} objects (+{b}) in {secs:.1} s, {rate}/s; \
+             if it never levels off, something allocates from it without freeing",
+            c = series.cache,
+            k = p.len() - 1,
+            o = human_count(grown),
+            b = human_size(bytes),
+            rate = human_size(per_second(bytes, secs).round() as u64),
+        ),
+    })
+}
+
+/// Net growth seen by tracing (allocations minus frees), when no samples
+/// say whether it was steady.
+pub fn traced_growth_hint(cache: &TracedCache, duration_s: f64) -> Option<Hint> {
+    let bytes = u64::try_from(cache.net_bytes()).ok()?;
+    if cache.allocs < MIN_COUNT || bytes < MIN_GROWTH_BYTES {
+        return None;
+    }
+    let name = cache.name();
+    Some(Hint {
+        kind: HintKind::Growth,
+        site: None,
+        text: format!(
+            "{name}: {a} allocations but {fr} frees {run} ({p:.0}% freed), net +{b}; if this \
+             keeps up, something allocates from it without freeing",
+            a = human_count(cache.allocs),
+            fr = human_count(cache.frees),
+            run = run_words(duration_s),
+            p = pct(cache.frees, cache.allocs),
+            b = human_size(bytes),
+        ),
+        cache: name,
+        saving_bytes: bytes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_sizes(_: &str) -> Option<u64> {
+        None
+    }
+
+    /// `count` requests of `size` bytes each, served from `obj`-byte objects.
+    fn uniform(function: &str, cache: CacheId, obj: u64, size: u64, count: u64) -> TracedSite {
+        let mut hist = Hist::default();
+        hist.0[Hist::bucket_of(size)] = count;
+        TracedSite {
+            function: function.into(),
+            cache,
+            stats: AllocStats {
+                count,
+                bytes_req: size * count,
+                bytes_alloc: obj * count,
+                hist,
+            },
+        }
+    }
+
+    fn kmalloc(size: u64) -> CacheId {
+        CacheId::Kmalloc {
+            size,
+            accounted: false,
+        }
+    }
+
+    #[test]
+    fn requests_just_above_2k_get_a_right_sizing_hint() {
+        let site = uniform("nvme_setup_cmd", kmalloc(4096), 4096, 2100, 10_000);
+        let h = boundary_hint(&site, 10.0).expect("hint");
+        assert_eq!(h.kind, HintKind::Boundary);
+        assert_eq!(h.cache, "kmalloc-4k");
+        assert_eq!(h.site.as_deref(), Some("nvme_setup_cmd"));
+        // 10000 * (4096 - 2104): a 2104-byte (2100 aligned to 8) cache.
+        assert_eq!(h.saving_bytes, 10_000 * (4096 - 2104));
+        assert!(h.text.contains("wastes 49%"), "{}", h.text);
+        assert!(h.text.contains("2104-byte"), "{}", h.text);
+        assert!(h.text.contains("kmalloc-2k"), "{}", h.text);
+    }
+
+    #[test]
+    fn no_boundary_hint_when_requests_fit_well_or_are_few() {
+        // 4000 bytes in kmalloc-4k: barely any waste.
+        assert!(boundary_hint(&uniform("f", kmalloc(4096), 4096, 4000, 10_000), 1.0).is_none());
+        // 3000 bytes: 46% into the gap, not "just above".
+        assert!(boundary_hint(&uniform("f", kmalloc(4096), 4096, 3000, 10_000), 1.0).is_none());
+        // Too few to matter.
+        assert!(boundary_hint(&uniform("f", kmalloc(4096), 4096, 2100, 10), 1.0).is_none());
+        // Named caches are already dedicated.
+        assert!(boundary_hint(
+            &uniform("f", CacheId::Named("x".into()), 4096, 2100, 10_000),
+            1.0
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn spread_out_sizes_are_not_a_cluster() {
+        let mut site = uniform("f", kmalloc(4096), 4096, 2100, 10_000);
+        // Half the requests far from the boundary, same mean-ish bucket spread.
+        site.stats.hist = Hist::default();
+        site.stats.hist.0[Hist::bucket_of(2100)] = 5_000;
+        site.stats.hist.0[Hist::bucket_of(500)] = 5_000;
+        assert!(boundary_hint(&site, 1.0).is_none());
+    }
+
+    #[test]
+    fn bimodal_sizes_padded_into_one_cache() {
+        // A dedicated 2048-byte cache serving 64-byte and 2000-byte requests.
+        let mut hist = Hist::default();
+        hist.0[Hist::bucket_of(64)] = 600; // [64, 128)
+        hist.0[Hist::bucket_of(2000)] = 400; // [1024, 2048)
+        let site = TracedSite {
+            function: "mixed_alloc".into(),
+            cache: CacheId::Named("mixed_cache".into()),
+            stats: AllocStats {
+                count: 1000,
+                bytes_req: 600 * 64 + 400 * 2000,
+                bytes_alloc: 1000 * 2048,
+                hist,
+            },
+        };
+        let sizes = |n: &str| (n == "mixed_cache").then_some(2048);
+        let hints = bimodal_hints(std::slice::from_ref(&site), &sizes);
+        assert_eq!(hints.len(), 1);
+        let h = &hints[0];
+        assert_eq!(h.kind, HintKind::Bimodal);
+        assert_eq!(h.cache, "mixed_cache");
+        assert_eq!(h.saving_bytes, 600 * (2048 - 128));
+        assert!(
+            h.text.contains("60% in 64-127 B and 40% in 1024-2047 B"),
+            "{}",
+            h.text
+        );
+    }
+
+    #[test]
+    fn bimodal_across_kmalloc_caches_has_no_padding_saving() {
+        let sites = [
+            uniform("split", kmalloc(128), 128, 100, 500),
+            uniform("split", kmalloc(4096), 4096, 3000, 500),
+        ];
+        let hints = bimodal_hints(&sites, &no_sizes);
+        assert_eq!(hints.len(), 1);
+        assert_eq!(hints[0].saving_bytes, 0);
+        assert!(hints[0].text.contains("different caches"));
+        // Adjacent buckets are one spread-out mode, not two.
+        let near = [
+            uniform("near", kmalloc(128), 128, 100, 500),
+            uniform("near", kmalloc(192), 192, 130, 500),
+        ];
+        assert!(bimodal_hints(&near, &no_sizes).is_empty());
+    }
+
+    #[test]
+    fn many_small_fast_allocations_suggest_pooling() {
+        // 50k/s of 50-byte requests in kmalloc-64.
+        let site = uniform("skb_ext_add", kmalloc(64), 64, 50, 500_000);
+        let h = pooling_hint(&site, 10.0).expect("hint");
+        assert_eq!(h.kind, HintKind::Pooling);
+        assert_eq!(h.saving_bytes, 500_000 * (64 - 56));
+        assert!(h.text.contains("also save 3.8M"), "{}", h.text);
+        assert!(h.text.contains("50.0k/s"), "{}", h.text);
+        // Same volume spread over 100 s is 5k/s: no hint.
+        assert!(pooling_hint(&site, 100.0).is_none());
+        // Unknown duration: no rate, no hint.
+        assert!(pooling_hint(&site, 0.0).is_none());
+    }
+
+    #[test]
+    fn large_allocations_in_a_hot_path() {
+        let site = uniform("big_buf", kmalloc(8192), 8192, 6000, 20_000);
+        let h = large_hot_hint(&site, 10.0).expect("hint");
+        assert_eq!(h.kind, HintKind::LargeHot);
+        assert_eq!(h.saving_bytes, 20_000 * (8192 - 6000));
+        assert!(large_hot_hint(&uniform("s", kmalloc(64), 64, 40, 20_000), 10.0).is_none());
+    }
+
+    #[test]
+    fn steady_growth_across_samples() {
+        let series = CacheSeries {
+            cache: "dentry".into(),
+            object_size: 192,
+            points: vec![(0.0, 10_000), (1.0, 15_000), (2.0, 15_000), (3.0, 20_000)],
+        };
+        let h = series_growth_hint(&series).expect("hint");
+        assert_eq!(h.kind, HintKind::Growth);
+        assert_eq!(h.saving_bytes, 10_000 * 192);
+        assert!(h.text.contains("every one of 3 intervals"), "{}", h.text);
+
+        let mut dipped = series.clone();
+        dipped.points[2].1 = 14_000;
+        assert!(series_growth_hint(&dipped).is_none(), "a dip is not steady");
+        let mut short = series.clone();
+        short.points.truncate(2);
+        assert!(series_growth_hint(&short).is_none());
+    }
+
+    #[test]
+    fn traced_net_growth() {
+        let mut c = TracedCache::new(kmalloc(1024));
+        c.allocs = 10_000;
+        c.frees = 8_000;
+        c.bytes_alloc = 10_000 * 1024;
+        let h = traced_growth_hint(&c, 5.0).expect("hint");
+        assert_eq!(h.saving_bytes, 2_000 * 1024);
+        assert_eq!(h.cache, "kmalloc-1k");
+        c.frees = 9_500;
+        assert!(
+            traced_growth_hint(&c, 5.0).is_none(),
+            "512K is below the threshold"
+        );
+    }
+
+    #[test]
+    fn all_hints_sorted_by_saving_and_series_wins_over_traced_growth() {
+        let sites = [
+            uniform("nvme_setup_cmd", kmalloc(4096), 4096, 2100, 10_000),
+            uniform("skb_ext_add", kmalloc(64), 64, 40, 500_000),
+        ];
+        let mut c = TracedCache::new(CacheId::Named("dentry".into()));
+        c.allocs = 100_000;
+        c.bytes_alloc = 100_000 * 192;
+        let series = [CacheSeries {
+            cache: "dentry".into(),
+            object_size: 192,
+            points: vec![(0.0, 0), (1.0, 50_000), (2.0, 100_000)],
+        }];
+        let hints = all_hints(10.0, &sites, &[c], &series, &no_sizes);
+        let kinds: Vec<HintKind> = hints.iter().map(|h| h.kind).collect();
+        // 40 bytes into kmalloc-64 is also just above kmalloc-32: the
+        // boundary hint takes the rounding saving, the pooling hint keeps 0.
+        assert_eq!(
+            kinds,
+            vec![
+                HintKind::Boundary,
+                HintKind::Growth,
+                HintKind::Boundary,
+                HintKind::Pooling
+            ]
+        );
+        assert_eq!(hints[2].saving_bytes, 500_000 * (64 - 40));
+        assert_eq!(hints[3].saving_bytes, 0);
+        assert!(hints
+            .windows(2)
+            .all(|w| w[0].saving_bytes >= w[1].saving_bytes));
+        assert!(hints[1].text.contains("every one of 2 intervals"));
+    }
+}

@@ -1,0 +1,465 @@
+//! Turning a report into text: a table for people, JSON for scripts. The
+//! JSON is a flat, stable shape of its own, so internal types can change
+//! without breaking consumers. Unknown values are `null` (e.g. static
+//! fields of a cache absent from /proc/slabinfo, traced fields when nothing
+//! was traced), never a misleading 0.
+
+use comfy_table::{presets, CellAlignment, Table};
+use serde::Serialize;
+
+use super::hints::Hint;
+use super::report::{CacheRow, SiteWaste, SlabReport};
+use super::watch::{CacheDelta, Presence};
+use crate::model::{human_count, human_size, pct};
+
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    duration_s: Option<f64>,
+    sysfs: bool,
+    total_memory_bytes: u64,
+    caches: Vec<JsonCache>,
+    hints: &'a [Hint],
+    notes: &'a [String],
+}
+
+#[derive(Serialize)]
+struct JsonCache {
+    name: String,
+    aliases: Vec<String>,
+    sysfs_dir: Option<String>,
+    object_size: Option<u64>,
+    padded_size: Option<u64>,
+    objs_per_slab: Option<u64>,
+    pages_per_slab: Option<u64>,
+    active_objs: Option<u64>,
+    num_objs: Option<u64>,
+    num_slabs: Option<u64>,
+    memory_bytes: Option<u64>,
+    partial_bytes: Option<u64>,
+    loss_bytes: Option<u64>,
+    allocs: Option<u64>,
+    frees: Option<u64>,
+    bytes_req: Option<u64>,
+    bytes_alloc: Option<u64>,
+    /// Internal fragmentation: bytes_alloc - bytes_req.
+    waste_bytes: Option<u64>,
+    waste_pct: Option<f64>,
+    alloc_rate: Option<f64>,
+    free_rate: Option<f64>,
+    net_objs: Option<i64>,
+    net_bytes: Option<i64>,
+    /// Change between the first and last static read.
+    growth_objs: Option<i64>,
+    growth_bytes: Option<i64>,
+    presence: Option<Presence>,
+    top_sites: Vec<SiteWaste>,
+}
+
+impl From<&CacheRow> for JsonCache {
+    fn from(row: &CacheRow) -> JsonCache {
+        let s = row.stat.as_ref();
+        let t = row.traced.as_ref();
+        let g = row.growth.as_ref();
+        JsonCache {
+            name: row.name.clone(),
+            aliases: s.map(|s| s.aliases.clone()).unwrap_or_default(),
+            sysfs_dir: s.and_then(|s| s.sysfs_dir.clone()),
+            object_size: s.map(|s| s.object_size),
+            padded_size: s.map(|s| s.padded_size),
+            objs_per_slab: s.map(|s| s.objs_per_slab),
+            pages_per_slab: s.map(|s| s.pages_per_slab),
+            active_objs: s.map(|s| s.active_objs),
+            num_objs: s.map(|s| s.num_objs),
+            num_slabs: s.map(|s| s.num_slabs),
+            memory_bytes: s.map(|s| s.memory_bytes),
+            partial_bytes: s.and_then(|s| s.partial_bytes),
+            loss_bytes: s.map(|s| s.loss_bytes),
+            allocs: t.map(|t| t.allocs),
+            frees: t.map(|t| t.frees),
+            bytes_req: t.map(|t| t.bytes_req),
+            bytes_alloc: t.map(|t| t.bytes_alloc),
+            waste_bytes: t.map(|t| t.waste_bytes),
+            waste_pct: t.map(|t| pct(t.waste_bytes, t.bytes_alloc)),
+            alloc_rate: t.map(|t| t.alloc_rate),
+            free_rate: t.map(|t| t.free_rate),
+            net_objs: t.map(|t| t.net_objs),
+            net_bytes: t.map(|t| t.net_bytes),
+            growth_objs: g.map(|g| g.delta_objs()),
+            growth_bytes: g.map(|g| g.delta_memory()),
+            presence: g.map(|g| g.presence),
+            top_sites: t.map(|t| t.top_sites.clone()).unwrap_or_default(),
+        }
+    }
+}
+
+pub fn report_json(report: &SlabReport) -> String {
+    let json = JsonReport {
+        duration_s: report.duration_s,
+        sysfs: report.sysfs,
+        total_memory_bytes: report.total_memory,
+        caches: report.caches.iter().map(JsonCache::from).collect(),
+        hints: &report.hints,
+        notes: &report.notes,
+    };
+    serde_json::to_string_pretty(&json).expect("report serialises")
+}
+
+fn new_table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::NOTHING);
+    t.set_header(header.to_vec());
+    // Every column but the first (name) and any trailing text is numeric.
+    for i in 1..header.len() {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+    t
+}
+
+fn signed_size(v: i64) -> String {
+    match v {
+        0 => "0".into(),
+        v if v > 0 => format!("+{}", human_size(v as u64)),
+        v => format!("-{}", human_size(v.unsigned_abs())),
+    }
+}
+
+fn signed_count(v: i64) -> String {
+    match v {
+        0 => "0".into(),
+        v if v > 0 => format!("+{}", human_count(v as u64)),
+        v => format!("-{}", human_count(v.unsigned_abs())),
+    }
+}
+
+pub fn report_table(report: &SlabReport) -> String {
+    let traced = report.caches.iter().any(|c| c.traced.is_some());
+    let growth = report.caches.iter().any(|c| c.growth.is_some());
+    let mut header = vec![
+        "CACHE", "ACTIVE", "TOTAL", "OBJSIZE", "OBJ/SLAB", "PAGES", "MEMORY", "PARTIAL", "LOSS",
+    ];
+    if growth {
+        header.push("GROWTH");
+    }
+    if traced {
+        header.extend(["ALLOC/S", "FREE/S", "NET", "WASTE", "TOP SITE"]);
+    }
+    let mut table = new_table(&header);
+    if traced {
+        if let Some(c) = table.column_mut(header.len() - 1) {
+            c.set_cell_alignment(CellAlignment::Left);
+        }
+    }
+    let dash = || "-".to_string();
+    for row in &report.caches {
+        let mut cells: Vec<String> = Vec::with_capacity(header.len());
+        let name = match row.stat.as_ref().map(|s| s.aliases.len()) {
+            Some(n) if n > 0 => format!("{} (+{n} merged)", row.name),
+            _ => row.name.clone(),
+        };
+        cells.push(name);
+        match &row.stat {
+            Some(s) => {
+                let size = if s.padded_size != s.object_size {
+                    format!("{} ({})", s.object_size, s.padded_size)
+                } else {
+                    s.object_size.to_string()
+                };
+                cells.extend([
+                    human_count(s.active_objs),
+                    human_count(s.num_objs),
+                    size,
+                    s.objs_per_slab.to_string(),
+                    s.pages_per_slab.to_string(),
+                    human_size(s.memory_bytes),
+                    s.partial_bytes.map_or_else(dash, human_size),
+                    human_size(s.loss_bytes),
+                ]);
+            }
+            None => cells.extend(std::iter::repeat_with(dash).take(8)),
+        }
+        if growth {
+            cells.push(match &row.growth {
+                Some(g) if g.presence == Presence::Appeared => {
+                    format!("new {}", signed_size(g.delta_memory()))
+                }
+                Some(g) if g.presence == Presence::Vanished => "gone".into(),
+                Some(g) => signed_size(g.delta_memory()),
+                None => dash(),
+            });
+        }
+        if traced {
+            match &row.traced {
+                Some(t) => cells.extend([
+                    human_count(t.alloc_rate.round() as u64),
+                    human_count(t.free_rate.round() as u64),
+                    signed_count(t.net_objs),
+                    if t.bytes_alloc > 0 {
+                        format!(
+                            "{} ({:.0}%)",
+                            human_size(t.waste_bytes),
+                            pct(t.waste_bytes, t.bytes_alloc)
+                        )
+                    } else {
+                        "0".into()
+                    },
+                    t.top_sites.first().map_or_else(String::new, |s| {
+                        format!("{} {}", s.function, human_size(s.waste_bytes))
+                    }),
+                ]),
+                None => cells.extend(std::iter::repeat_with(dash).take(5)),
+            }
+        }
+        table.add_row(cells);
+    }
+
+    let mut out = format!(
+        "slab memory {} in all caches{}\n{table}\n",
+        human_size(report.total_memory),
+        report
+            .duration_s
+            .map_or_else(String::new, |d| format!(", traced for {d:.1} s")),
+    );
+    if !report.hints.is_empty() {
+        out.push_str("\nhints:\n");
+        for h in &report.hints {
+            out.push_str(&format!("  - {}\n", h.text));
+        }
+    }
+    for n in &report.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    out
+}
+
+/// One `--watch` frame: changes since the previous read over `secs`.
+pub fn watch_table(deltas: &[CacheDelta], secs: f64, rows: usize) -> String {
+    let mut table = new_table(&[
+        "CACHE", "ACTIVE", "ΔOBJS", "MEMORY", "ΔMEMORY", "ΔMEM/S", "",
+    ]);
+    if let Some(c) = table.column_mut(6) {
+        c.set_cell_alignment(CellAlignment::Left);
+    }
+    let total: i64 = deltas.iter().map(CacheDelta::delta_memory).sum();
+    for d in deltas.iter().take(rows) {
+        let rate = if secs > 0.0 {
+            (d.delta_memory() as f64 / secs).round() as i64
+        } else {
+            0
+        };
+        table.add_row(vec![
+            d.name.clone(),
+            human_count(d.active_after),
+            signed_count(d.delta_objs()),
+            human_size(d.memory_after),
+            signed_size(d.delta_memory()),
+            signed_size(rate),
+            match d.presence {
+                Presence::Both => String::new(),
+                Presence::Appeared => "new cache".into(),
+                Presence::Vanished => "cache destroyed".into(),
+            },
+        ]);
+    }
+    format!(
+        "slab memory change over {secs:.1} s: {}\n{table}\n",
+        signed_size(total)
+    )
+}
+
+#[derive(Serialize)]
+struct JsonWatchFrame {
+    elapsed_s: f64,
+    interval_s: f64,
+    delta_memory_bytes: i64,
+    caches: Vec<JsonDelta>,
+}
+
+#[derive(Serialize)]
+struct JsonDelta {
+    name: String,
+    presence: Presence,
+    object_size: u64,
+    active_objs: u64,
+    delta_objs: i64,
+    memory_bytes: u64,
+    delta_memory_bytes: i64,
+}
+
+/// One `--watch` frame as a single JSON line (JSON Lines, one per read).
+pub fn watch_json(deltas: &[CacheDelta], elapsed_s: f64, interval_s: f64, rows: usize) -> String {
+    let frame = JsonWatchFrame {
+        elapsed_s,
+        interval_s,
+        delta_memory_bytes: deltas.iter().map(CacheDelta::delta_memory).sum(),
+        caches: deltas
+            .iter()
+            .take(rows)
+            .map(|d| JsonDelta {
+                name: d.name.clone(),
+                presence: d.presence,
+                object_size: d.object_size,
+                active_objs: d.active_after,
+                delta_objs: d.delta_objs(),
+                memory_bytes: d.memory_after,
+                delta_memory_bytes: d.delta_memory(),
+            })
+            .collect(),
+    };
+    serde_json::to_string(&frame).expect("frame serialises")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::hints::{Hint, HintKind};
+    use super::super::report::{build_report, ReportInput, SortKey};
+    use super::super::slabinfo::parse_slabinfo;
+    use super::super::snapshot::build_static;
+    use super::super::traced::{TracedCache, TracedRun, TracedSite};
+    use super::*;
+    use crate::model::{AllocStats, CacheId};
+
+    fn traced_report() -> SlabReport {
+        let snap = build_static(
+            parse_slabinfo(include_str!("../../tests/fixtures/slabinfo-6.18.txt")).unwrap(),
+            None,
+            4096,
+        );
+        let k = CacheId::Kmalloc {
+            size: 96,
+            accounted: false,
+        };
+        let mut c = TracedCache::new(k.clone());
+        c.allocs = 10;
+        c.bytes_req = 800;
+        c.bytes_alloc = 960;
+        let run = TracedRun {
+            duration_s: 2.0,
+            caches: vec![c],
+            sites: vec![TracedSite {
+                function: "f".into(),
+                cache: k,
+                stats: AllocStats {
+                    count: 10,
+                    bytes_req: 800,
+                    bytes_alloc: 960,
+                    ..Default::default()
+                },
+            }],
+        };
+        let mut r = build_report(
+            ReportInput {
+                after: Some(&snap),
+                traced: Some(&run),
+                ..Default::default()
+            },
+            SortKey::Rate,
+            3,
+        );
+        r.hints.push(Hint {
+            kind: HintKind::Boundary,
+            site: Some("f".into()),
+            cache: "kmalloc-96".into(),
+            saving_bytes: 1,
+            text: "t".into(),
+        });
+        r
+    }
+
+    #[test]
+    fn json_has_the_documented_field_names() {
+        let v: serde_json::Value = serde_json::from_str(&report_json(&traced_report())).unwrap();
+        let cache = &v["caches"][0];
+        for field in [
+            "name",
+            "object_size",
+            "active_objs",
+            "num_objs",
+            "allocs",
+            "frees",
+            "bytes_req",
+            "bytes_alloc",
+            "waste_bytes",
+            "top_sites",
+        ] {
+            assert!(cache.get(field).is_some(), "caches[].{field} missing");
+        }
+        assert_eq!(cache["name"], "kmalloc-96");
+        assert_eq!(cache["waste_bytes"], 160);
+        assert_eq!(cache["top_sites"][0]["function"], "f");
+        assert_eq!(cache["top_sites"][0]["waste_bytes"], 160);
+        let hint = &v["hints"][0];
+        for field in ["kind", "site", "cache", "saving_bytes", "text"] {
+            assert!(hint.get(field).is_some(), "hints[].{field} missing");
+        }
+        assert_eq!(hint["kind"], "boundary");
+        assert_eq!(v["duration_s"], 2.0);
+    }
+
+    #[test]
+    fn static_json_leaves_traced_fields_null() {
+        let snap = build_static(
+            parse_slabinfo(include_str!("../../tests/fixtures/slabinfo-6.18.txt")).unwrap(),
+            None,
+            4096,
+        );
+        let r = build_report(
+            ReportInput {
+                after: Some(&snap),
+                ..Default::default()
+            },
+            SortKey::Size,
+            1,
+        );
+        let v: serde_json::Value = serde_json::from_str(&report_json(&r)).unwrap();
+        assert!(v["caches"][0]["allocs"].is_null());
+        assert!(v["caches"][0]["object_size"].is_u64());
+        assert_eq!(v["hints"], serde_json::json!([]));
+    }
+
+    #[test]
+    fn table_mentions_hints_and_traced_columns() {
+        let text = report_table(&traced_report());
+        assert!(text.contains("ALLOC/S"), "{text}");
+        assert!(text.contains("kmalloc-96"), "{text}");
+        assert!(text.contains("160 (17%)"), "{text}");
+        assert!(text.contains("hints:\n  - t"), "{text}");
+    }
+
+    #[test]
+    fn watch_frame_marks_new_and_destroyed_caches() {
+        let d = vec![
+            CacheDelta {
+                name: "new".into(),
+                presence: Presence::Appeared,
+                object_size: 64,
+                active_before: 0,
+                active_after: 10,
+                memory_before: 0,
+                memory_after: 4096,
+            },
+            CacheDelta {
+                name: "old".into(),
+                presence: Presence::Vanished,
+                object_size: 64,
+                active_before: 10,
+                active_after: 0,
+                memory_before: 8192,
+                memory_after: 0,
+            },
+        ];
+        let text = watch_table(&d, 2.0, 10);
+        assert!(
+            text.contains("new cache") && text.contains("cache destroyed"),
+            "{text}"
+        );
+        assert!(text.contains("change over 2.0 s: -4.0K"), "{text}");
+        assert!(text.contains("+2.0K"), "{text}");
+        let v: serde_json::Value = serde_json::from_str(&watch_json(&d, 4.0, 2.0, 1)).unwrap();
+        assert_eq!(v["delta_memory_bytes"], -4096);
+        assert_eq!(v["caches"].as_array().unwrap().len(), 1);
+        assert_eq!(v["caches"][0]["presence"], "appeared");
+        assert_eq!(v["caches"][0]["delta_objs"], 10);
+    }
+}

@@ -1,0 +1,430 @@
+//! The `kheap slab` report: one row per cache, static figures joined with
+//! traced ones by cache name, sorted and cut, plus hints.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::hints::{all_hints, CacheSeries, Hint};
+use super::loss::per_second;
+use super::snapshot::{StaticCache, StaticSnapshot};
+use super::traced::{TracedCache, TracedRun};
+use super::watch::{diff, CacheDelta};
+
+/// Sites listed per cache.
+pub const TOP_SITES: usize = 5;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SortKey {
+    /// Slab memory.
+    #[default]
+    Size,
+    /// Active objects.
+    Objs,
+    /// Rounding waste when traced, slab loss otherwise.
+    Waste,
+    /// Net growth: traced allocations minus frees, or the change between reads.
+    Growth,
+    /// Allocations per second (needs tracing).
+    Rate,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SiteWaste {
+    pub function: String,
+    pub allocs: u64,
+    pub waste_bytes: u64,
+}
+
+/// Traced figures of one cache.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TracedFigures {
+    pub allocs: u64,
+    pub frees: u64,
+    pub bytes_req: u64,
+    pub bytes_alloc: u64,
+    pub waste_bytes: u64,
+    pub alloc_rate: f64,
+    pub free_rate: f64,
+    pub net_objs: i64,
+    pub net_bytes: i64,
+    pub top_sites: Vec<SiteWaste>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheRow {
+    pub name: String,
+    /// `None` for a traced cache missing from `/proc/slabinfo`: large
+    /// kmalloc (page allocator), or a cache destroyed during the run.
+    pub stat: Option<StaticCache>,
+    pub traced: Option<TracedFigures>,
+    /// Change since the first read, when there were two.
+    pub growth: Option<CacheDelta>,
+}
+
+impl CacheRow {
+    /// Growth in bytes: traced net growth when traced, else the change in
+    /// slab memory between reads.
+    pub fn growth_bytes(&self) -> i64 {
+        match (&self.traced, &self.growth) {
+            (Some(t), _) => t.net_bytes,
+            (None, Some(g)) => g.delta_memory(),
+            (None, None) => 0,
+        }
+    }
+
+    fn sort_value(&self, key: SortKey) -> i128 {
+        let stat = |f: fn(&StaticCache) -> u64| self.stat.as_ref().map_or(0, f) as i128;
+        match key {
+            SortKey::Size => stat(|c| c.memory_bytes),
+            SortKey::Objs => stat(|c| c.active_objs),
+            SortKey::Waste => match &self.traced {
+                Some(t) => t.waste_bytes as i128,
+                None => stat(|c| c.loss_bytes),
+            },
+            SortKey::Growth => self.growth_bytes() as i128,
+            SortKey::Rate => self.traced.as_ref().map_or(0, |t| t.allocs) as i128,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlabReport {
+    pub duration_s: Option<f64>,
+    pub sysfs: bool,
+    /// Slab memory over all caches, before cutting to `rows`.
+    pub total_memory: u64,
+    pub caches: Vec<CacheRow>,
+    pub hints: Vec<Hint>,
+    pub notes: Vec<String>,
+}
+
+/// Everything a report is made from; only `after` is required.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReportInput<'a> {
+    /// The static read at the start of the run, for growth.
+    pub before: Option<&'a StaticSnapshot>,
+    /// The static read at the end (or the only one).
+    pub after: Option<&'a StaticSnapshot>,
+    pub traced: Option<&'a TracedRun>,
+    /// Samples taken during the run, for steady-growth hints.
+    pub series: &'a [CacheSeries],
+}
+
+pub fn build_report(input: ReportInput, sort: SortKey, rows: usize) -> SlabReport {
+    let empty = StaticSnapshot::default();
+    let after = input.after.unwrap_or(&empty);
+    let mut notes = after.notes.clone();
+    let deltas: BTreeMap<String, CacheDelta> = input
+        .before
+        .map(|b| {
+            diff(b, after)
+                .into_iter()
+                .map(|d| (d.name.clone(), d))
+                .collect()
+        })
+        .unwrap_or_default();
+
+    let mut caches: Vec<CacheRow> = after
+        .caches
+        .iter()
+        .map(|c| CacheRow {
+            name: c.name.clone(),
+            stat: Some(c.clone()),
+            traced: None,
+            growth: deltas.get(&c.name).cloned(),
+        })
+        .collect();
+    // Caches that vanished during the run still get a row, with no static data.
+    for d in deltas.values().filter(|d| after.get(&d.name).is_none()) {
+        caches.push(CacheRow {
+            name: d.name.clone(),
+            stat: None,
+            traced: None,
+            growth: Some(d.clone()),
+        });
+    }
+
+    if let Some(run) = input.traced {
+        join_traced(&mut caches, after, run, &mut notes);
+    }
+
+    if input.traced.is_none() && sort == SortKey::Rate {
+        notes.push("--sort rate needs traced data; sorted by size instead".into());
+    }
+    let effective = match (sort, input.traced) {
+        (SortKey::Rate, None) => SortKey::Size,
+        (s, _) => s,
+    };
+    caches.sort_by(|a, b| {
+        b.sort_value(effective)
+            .cmp(&a.sort_value(effective))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    caches.truncate(rows);
+
+    let hints = match input.traced {
+        Some(run) => {
+            let sizes = |name: &str| after.find(name).map(|c| c.object_size);
+            all_hints(
+                run.duration_s,
+                &run.sites,
+                &run.caches,
+                input.series,
+                &sizes,
+            )
+        }
+        None => all_hints(0.0, &[], &[], input.series, &|_: &str| None),
+    };
+
+    SlabReport {
+        duration_s: input.traced.map(|r| r.duration_s),
+        sysfs: after.sysfs,
+        total_memory: after.total_memory(),
+        caches,
+        hints,
+        notes,
+    }
+}
+
+/// Joins traced caches to rows by `/proc/slabinfo` name (or merged alias).
+/// Every row gets traced figures, zero when nothing was seen, so that sort
+/// keys compare like with like; traced caches without a row get their own.
+fn join_traced(
+    caches: &mut Vec<CacheRow>,
+    after: &StaticSnapshot,
+    run: &TracedRun,
+    notes: &mut Vec<String>,
+) {
+    let mut by_row: BTreeMap<String, Vec<&TracedCache>> = BTreeMap::new();
+    for t in &run.caches {
+        let name = t.name();
+        let row = after.find(&name).map_or(name, |c| c.name.clone());
+        by_row.entry(row).or_default().push(t);
+    }
+    let missing: Vec<String> = by_row
+        .keys()
+        .filter(|name| !caches.iter().any(|c| &c.name == *name))
+        .cloned()
+        .collect();
+    let unmatched = missing.len();
+    caches.extend(missing.into_iter().map(|name| CacheRow {
+        name,
+        stat: None,
+        traced: None,
+        growth: None,
+    }));
+    if unmatched > 0 {
+        notes.push(format!(
+            "{unmatched} traced cache(s) are not in /proc/slabinfo (large kmalloc served by the \
+             page allocator, or caches destroyed during the run)"
+        ));
+    }
+    for row in caches.iter_mut() {
+        let traced = by_row.get(&row.name).map(Vec::as_slice).unwrap_or(&[]);
+        row.traced = Some(figures(&row.name, traced, run, after));
+    }
+}
+
+fn figures(
+    row: &str,
+    traced: &[&TracedCache],
+    run: &TracedRun,
+    after: &StaticSnapshot,
+) -> TracedFigures {
+    let sum = |f: fn(&TracedCache) -> u64| traced.iter().map(|t| f(t)).sum::<u64>();
+    let (allocs, frees) = (sum(|t| t.allocs), sum(|t| t.frees));
+    let (bytes_req, bytes_alloc) = (sum(|t| t.bytes_req), sum(|t| t.bytes_alloc));
+    let mut sites: Vec<SiteWaste> = run
+        .sites
+        .iter()
+        .filter(|s| {
+            let name = s.cache.name();
+            name == row || after.find(&name).is_some_and(|c| c.name == row)
+        })
+        .map(|s| SiteWaste {
+            function: s.function.clone(),
+            allocs: s.stats.count,
+            waste_bytes: s.stats.waste(),
+        })
+        .collect();
+    sites.sort_by(|a, b| {
+        b.waste_bytes
+            .cmp(&a.waste_bytes)
+            .then_with(|| a.function.cmp(&b.function))
+    });
+    sites.truncate(TOP_SITES);
+    TracedFigures {
+        allocs,
+        frees,
+        bytes_req,
+        bytes_alloc,
+        waste_bytes: bytes_alloc.saturating_sub(bytes_req),
+        alloc_rate: per_second(allocs, run.duration_s),
+        free_rate: per_second(frees, run.duration_s),
+        net_objs: traced.iter().map(|t| t.net_objs()).sum(),
+        net_bytes: traced.iter().map(|t| t.net_bytes()).sum(),
+        top_sites: sites,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::slabinfo::parse_slabinfo;
+    use super::super::snapshot::build_static;
+    use super::super::traced::TracedSite;
+    use super::*;
+    use crate::model::{AllocStats, CacheId, Hist};
+
+    const FIXTURE: &str = include_str!("../../tests/fixtures/slabinfo-6.18.txt");
+
+    fn fixture() -> StaticSnapshot {
+        build_static(parse_slabinfo(FIXTURE).unwrap(), None, 4096)
+    }
+
+    fn sample_run() -> TracedRun {
+        let k4 = CacheId::Kmalloc {
+            size: 4096,
+            accounted: false,
+        };
+        let big = CacheId::Kmalloc {
+            size: 32768,
+            accounted: false,
+        };
+        let mut c4 = TracedCache::new(k4.clone());
+        c4.allocs = 10_000;
+        c4.frees = 9_000;
+        c4.bytes_req = 10_000 * 2100;
+        c4.bytes_alloc = 10_000 * 4096;
+        let mut cbig = TracedCache::new(big.clone());
+        cbig.allocs = 10;
+        cbig.bytes_req = 10 * 30000;
+        cbig.bytes_alloc = 10 * 32768;
+        let mut hist = Hist::default();
+        hist.0[Hist::bucket_of(2100)] = 9_000;
+        TracedRun {
+            duration_s: 10.0,
+            caches: vec![c4, cbig],
+            sites: vec![
+                TracedSite {
+                    function: "nvme_setup_cmd".into(),
+                    cache: k4.clone(),
+                    stats: AllocStats {
+                        count: 9_000,
+                        bytes_req: 9_000 * 2100,
+                        bytes_alloc: 9_000 * 4096,
+                        hist,
+                    },
+                },
+                TracedSite {
+                    function: "other".into(),
+                    cache: k4,
+                    stats: AllocStats {
+                        count: 1_000,
+                        bytes_req: 1_000 * 4000,
+                        bytes_alloc: 1_000 * 4096,
+                        ..Default::default()
+                    },
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn static_report_sorts_and_cuts() {
+        let snap = fixture();
+        let r = build_report(
+            ReportInput {
+                after: Some(&snap),
+                ..Default::default()
+            },
+            SortKey::Size,
+            5,
+        );
+        assert_eq!(r.caches.len(), 5);
+        let mem: Vec<u64> = r
+            .caches
+            .iter()
+            .map(|c| c.stat.as_ref().unwrap().memory_bytes)
+            .collect();
+        assert!(mem.windows(2).all(|w| w[0] >= w[1]));
+        assert!(r.hints.is_empty());
+        assert_eq!(r.total_memory, snap.total_memory());
+        let r = build_report(
+            ReportInput {
+                after: Some(&snap),
+                ..Default::default()
+            },
+            SortKey::Rate,
+            5,
+        );
+        assert!(r.notes.iter().any(|n| n.contains("sorted by size")));
+    }
+
+    #[test]
+    fn traced_caches_join_rows_by_slabinfo_name() {
+        let snap = fixture();
+        let run = sample_run();
+        let r = build_report(
+            ReportInput {
+                after: Some(&snap),
+                traced: Some(&run),
+                ..Default::default()
+            },
+            SortKey::Waste,
+            usize::MAX,
+        );
+        let k4 = &r.caches[0];
+        assert_eq!(k4.name, "kmalloc-4k");
+        assert!(k4.stat.is_some());
+        let t = k4.traced.as_ref().unwrap();
+        assert_eq!((t.allocs, t.frees), (10_000, 9_000));
+        assert_eq!(t.waste_bytes, 10_000 * 1996);
+        assert_eq!(t.alloc_rate, 1000.0);
+        assert_eq!(t.net_objs, 1000);
+        assert_eq!(t.top_sites[0].function, "nvme_setup_cmd");
+        assert_eq!(t.top_sites[0].waste_bytes, 9_000 * 1996);
+        // The large kmalloc has no slabinfo row but keeps its traced data.
+        let big = r
+            .caches
+            .iter()
+            .find(|c| c.name == "kmalloc-large-32.0K")
+            .unwrap();
+        assert!(big.stat.is_none());
+        assert_eq!(big.traced.as_ref().unwrap().allocs, 10);
+        assert!(r.notes.iter().any(|n| n.contains("not in /proc/slabinfo")));
+        // Untraced caches read as zero, not unknown.
+        let dentry = r.caches.iter().find(|c| c.name == "dentry").unwrap();
+        assert_eq!(dentry.traced.as_ref().unwrap().allocs, 0);
+        assert_eq!(r.hints[0].cache, "kmalloc-4k");
+        assert_eq!(r.duration_s, Some(10.0));
+    }
+
+    #[test]
+    fn growth_between_reads_includes_vanished_caches() {
+        let before = fixture();
+        let mut after = before.clone();
+        after.caches.retain(|c| c.name != "kmalloc-4k");
+        let dentry = after
+            .caches
+            .iter_mut()
+            .find(|c| c.name == "dentry")
+            .unwrap();
+        dentry.memory_bytes += 1 << 20;
+        let r = build_report(
+            ReportInput {
+                before: Some(&before),
+                after: Some(&after),
+                ..Default::default()
+            },
+            SortKey::Growth,
+            usize::MAX,
+        );
+        assert_eq!(r.caches[0].name, "dentry");
+        assert_eq!(r.caches[0].growth_bytes(), 1 << 20);
+        let gone = r.caches.iter().find(|c| c.name == "kmalloc-4k").unwrap();
+        assert!(gone.stat.is_none());
+        assert!(gone.growth_bytes() < 0);
+        assert_eq!(r.caches.last().unwrap().name, "kmalloc-4k");
+    }
+}

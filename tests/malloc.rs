@@ -1,0 +1,632 @@
+//! `kheap malloc` against the real kernel: a C workload with known
+//! allocations (tests/data/malloc_workload.c), built here with the system
+//! compiler, traced through the real binary; exact numbers asserted.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::*;
+use serde_json::Value;
+
+const SOURCE: &str = include_str!("data/malloc_workload.c");
+
+/// The workload, compiled into a temporary directory (removed on drop).
+struct Workload {
+    dir: tempfile::TempDir,
+    exe: PathBuf,
+}
+
+impl Workload {
+    fn build(extra: &[&str]) -> Workload {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("malloc_workload.c");
+        std::fs::write(&src, SOURCE).unwrap();
+        let exe = dir.path().join("workload");
+        let out = Command::new("cc")
+            .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
+            .arg(&exe)
+            .arg(&src)
+            .args(extra)
+            .output()
+            .expect("cc is needed by the tests (scripts/setup installs it)");
+        assert!(
+            out.status.success(),
+            "building the workload failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Workload { dir, exe }
+    }
+
+    fn path(&self) -> &str {
+        self.exe.to_str().unwrap()
+    }
+}
+
+/// The line of the source that contains `text` (1-based).
+fn line_of(text: &str) -> usize {
+    SOURCE
+        .lines()
+        .position(|l| l.contains(text))
+        .unwrap_or_else(|| panic!("'{text}' not in the workload source"))
+        + 1
+}
+
+/// Runs `kheap malloc ARGS --format json -o FILE` and parses the report.
+fn malloc_json(args: &[&str]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("report.json");
+    let mut all = vec!["malloc", "--format", "json", "-o", path.to_str().unwrap()];
+    all.extend(args);
+    let out = kheap(&all);
+    assert!(
+        out.status.success(),
+        "kheap {all:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&path).expect("kheap wrote no report");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("invalid JSON ({e}): {text}"))
+}
+
+/// The rows of one allocator function called from one function, summed:
+/// count, bytes, histogram {lo: count}, outstanding (count, bytes).
+#[derive(Debug, Default, PartialEq)]
+struct Sum {
+    count: u64,
+    bytes: u64,
+    hist: BTreeMap<u64, u64>,
+    live: Option<(u64, u64)>,
+}
+
+fn sum(report: &Value, list: &str, allocator: &str, function: &str) -> Sum {
+    let mut s = Sum::default();
+    for r in report[list].as_array().unwrap() {
+        if r["allocator"] != allocator || r["function"] != function {
+            continue;
+        }
+        s.count += u(&r["count"]);
+        s.bytes += u(&r["bytes_req"]);
+        assert_eq!(r["bytes_req"], r["bytes_alloc"]);
+        for b in r["hist"].as_array().unwrap() {
+            *s.hist.entry(u(&b["lo"])).or_default() += u(&b["count"]);
+        }
+        if let Some(o) = r.get("outstanding") {
+            let l = s.live.get_or_insert((0, 0));
+            l.0 += u(&o["count"]);
+            l.1 += u(&o["bytes"]);
+        }
+    }
+    s
+}
+
+fn expect(count: u64, bytes: u64, hist: &[(u64, u64)], live: Option<(u64, u64)>) -> Sum {
+    Sum {
+        count,
+        bytes,
+        hist: hist.iter().copied().collect(),
+        live,
+    }
+}
+
+/// What one run of every do_* function allocates, per (allocator, caller).
+fn assert_workload_rows(r: &Value, tracking: bool) {
+    let live = |c, b| tracking.then_some((c, b));
+    let aligned = "aligned_alloc|memalign"; // one function in glibc 2.36
+    let cases = [
+        (
+            "malloc",
+            "do_malloc",
+            expect(10, 1000, &[(64, 10)], live(0, 0)),
+        ),
+        (
+            "malloc",
+            "do_leak",
+            expect(3, 15000, &[(4096, 3)], live(3, 15000)),
+        ),
+        (
+            "calloc",
+            "do_calloc",
+            expect(7, 7000, &[(512, 7)], live(0, 0)),
+        ),
+        (
+            "realloc",
+            "do_realloc",
+            expect(3, 1400, &[(128, 1), (256, 1), (512, 1)], live(1, 800)),
+        ),
+        (
+            "reallocarray",
+            "do_reallocarray",
+            expect(4, 1200, &[(256, 4)], live(0, 0)),
+        ),
+        (
+            "posix_memalign",
+            "do_posix_memalign",
+            expect(3, 2560, &[(256, 2), (2048, 1)], live(1, 2048)),
+        ),
+        (
+            aligned,
+            "do_aligned_alloc",
+            expect(5, 2560, &[(512, 5)], live(0, 0)),
+        ),
+        (
+            aligned,
+            "do_memalign",
+            expect(6, 384, &[(64, 6)], live(0, 0)),
+        ),
+        (
+            "valloc",
+            "do_valloc",
+            expect(2, 6000, &[(2048, 2)], live(0, 0)),
+        ),
+        (
+            "pvalloc",
+            "do_pvalloc",
+            expect(1, 100, &[(64, 1)], live(0, 0)),
+        ),
+    ];
+    for (allocator, function, want) in cases {
+        let got = sum(r, "sites", allocator, function);
+        assert_eq!(got, want, "{allocator} from {function}: {:#}", r["sites"]);
+        assert_eq!(
+            sum(r, "stacks", allocator, function),
+            want,
+            "{allocator} stacks from {function}"
+        );
+    }
+    // The allocator's own calls (reallocarray -> realloc -> malloc) are not
+    // counted twice: no other row names a workload function.
+    for row in r["sites"].as_array().unwrap() {
+        let f = row["function"].as_str().unwrap();
+        if f.starts_with("do_") {
+            assert!(
+                cases_include(row["allocator"].as_str().unwrap(), f),
+                "unexpected row {row}"
+            );
+        }
+    }
+    assert!(u(&r["totals"]["nested_calls"]) >= 9, "{:#}", r["totals"]);
+}
+
+fn cases_include(allocator: &str, function: &str) -> bool {
+    matches!(
+        (allocator, function),
+        (
+            "malloc",
+            "do_malloc" | "do_leak" | "do_child" | "do_exec_child" | "do_before_exec" | "do_thread"
+        ) | ("calloc", "do_calloc")
+            | ("realloc", "do_realloc")
+            | ("reallocarray", "do_reallocarray")
+            | ("posix_memalign", "do_posix_memalign")
+            | ("aligned_alloc|memalign", "do_aligned_alloc" | "do_memalign")
+            | ("valloc", "do_valloc")
+            | ("pvalloc", "do_pvalloc")
+    )
+}
+
+#[test]
+fn command_rows_name_each_direct_caller_exactly() {
+    if !require_root("command_rows_name_each_direct_caller_exactly") {
+        return;
+    }
+    let w = Workload::build(&[]);
+    let r = malloc_json(&["--outstanding", "--", w.path()]);
+    assert_workload_rows(&r, true);
+    // The process exited before the report: symbols came from the files.
+    let site = &rows(&r, "sites", "function", "do_malloc")[0];
+    let line = line_of("sink = malloc(100);");
+    assert!(
+        site["location"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("(malloc_workload.c:{line})")),
+        "file:line of the call: {site}"
+    );
+}
+
+#[test]
+fn pid_and_command_sharing_a_library_count_once() {
+    if !require_root("pid_and_command_sharing_a_library_count_once") {
+        return;
+    }
+    // The sleeper's maps name the C library /usr/lib/…, the command's loader
+    // may say /lib/…: one file, probed once.
+    let w = Workload::build(&[]);
+    let mut sleeper = Waiting {
+        child: Command::new("sleep").arg("60").spawn().unwrap(),
+    };
+    let pid = sleeper.child.id().to_string();
+    let r = malloc_json(&["-p", &pid, "--", w.path()]);
+    assert_workload_rows(&r, false);
+    assert_eq!(
+        r["probes"].as_array().unwrap().len(),
+        1,
+        "{:#}",
+        r["probes"]
+    );
+    let _ = sleeper.child.kill();
+}
+
+#[test]
+fn counts_are_the_same_without_return_probes() {
+    if !require_root("counts_are_the_same_without_return_probes") {
+        return;
+    }
+    let w = Workload::build(&[]);
+    let r = malloc_json(&["--", w.path()]);
+    assert_workload_rows(&r, false);
+    assert!(r["totals"].get("outstanding").is_none());
+}
+
+#[test]
+fn stacks_start_at_the_direct_caller() {
+    if !require_root("stacks_start_at_the_direct_caller") {
+        return;
+    }
+    let w = Workload::build(&[]);
+    let r = malloc_json(&["--by", "stack", "--", w.path()]);
+    let stacks: Vec<&Value> = r["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["allocator"] == "malloc" && s["function"] == "do_malloc")
+        .collect();
+    assert_eq!(stacks.len(), 1, "{:#}", r["stacks"]);
+    let frames: Vec<&str> = stacks[0]["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect();
+    // A plain frame-pointer walk from malloc's first instruction skips
+    // do_malloc and starts at run_all.
+    assert!(frames[0].starts_with("do_malloc+0x"), "{frames:?}");
+    assert!(
+        frames[1].starts_with("run_all+0x")
+            && frames[1].ends_with(&format!(":{})", line_of("\tdo_malloc();"))),
+        "{frames:?}"
+    );
+    assert!(frames[2].starts_with("main+0x"), "{frames:?}");
+}
+
+#[test]
+fn threads_and_forked_and_execed_children_are_traced() {
+    if !require_root("threads_and_forked_and_execed_children_are_traced") {
+        return;
+    }
+    let w = Workload::build(&[]);
+    let r = malloc_json(&["--outstanding", "--", w.path(), "fork"]);
+    assert_workload_rows(&r, true);
+    assert_eq!(
+        sum(&r, "sites", "malloc", "do_child"),
+        expect(4, 2800, &[(512, 4)], Some((0, 0)))
+    );
+    assert_eq!(
+        sum(&r, "sites", "malloc", "do_exec_child"),
+        expect(6, 240, &[(32, 6)], Some((1, 40)))
+    );
+    // The same process before its exec: another address space.
+    assert_eq!(
+        sum(&r, "sites", "malloc", "do_before_exec"),
+        expect(2, 100, &[(32, 2)], Some((2, 100)))
+    );
+    assert_eq!(
+        rows(&r, "sites", "function", "do_before_exec")[0]["pids"],
+        rows(&r, "sites", "function", "do_exec_child")[0]["pids"]
+    );
+    assert_eq!(
+        sum(&r, "sites", "malloc", "do_thread"),
+        expect(10, 3000, &[(256, 10)], Some((0, 0)))
+    );
+    let pids = |f: &str| rows(&r, "sites", "function", f)[0]["pids"].clone();
+    assert_eq!(
+        pids("do_thread"),
+        pids("do_malloc"),
+        "threads of one process"
+    );
+    assert_ne!(pids("do_child"), pids("do_malloc"), "another process");
+    assert_ne!(pids("do_exec_child"), pids("do_child"));
+}
+
+/// A running workload waiting on stdin for its go.
+struct Waiting {
+    child: std::process::Child,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn running_process_by_pid_until_it_exits() {
+    if !require_root("running_process_by_pid_until_it_exits") {
+        return;
+    }
+    let w = Workload::build(&[]);
+    let mut waiting = Waiting {
+        child: Command::new(&w.exe)
+            .arg("wait")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    };
+    let mut out = BufReader::new(waiting.child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("r.json");
+    let pid = waiting.child.id().to_string();
+    let mut kheap = Command::new(KHEAP)
+        .args(["malloc", "--outstanding", "--format", "json", "-o"])
+        .arg(&report)
+        .args(["-p", &pid])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(kheap.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    assert!(
+        first.contains("tracing malloc"),
+        "kheap did not start: {first}"
+    );
+
+    // Attached: let the workload allocate, then exit.
+    let mut stdin = waiting.child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    let status = kheap.wait().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut err, &mut rest).unwrap();
+    assert!(status.success(), "{rest}");
+    assert!(
+        rest.contains("exited; reporting what was recorded"),
+        "{rest}"
+    );
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_workload_rows(&r, true);
+}
+
+#[test]
+fn ctrl_c_prints_the_report_and_detaches() {
+    if !require_root("malloc: ctrl_c_prints_the_report_and_detaches") {
+        return;
+    }
+    let w = Workload::build(&[]);
+    let mut target = Waiting {
+        child: Command::new(&w.exe)
+            .arg("wait")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    };
+    let mut out = BufReader::new(target.child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let pid = target.child.id().to_string();
+    let mut kheap = Command::new(KHEAP)
+        .args(["malloc", "--outstanding", "-p", &pid])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(kheap.stderr.take().unwrap());
+    let mut first = String::new();
+    err.read_line(&mut first).unwrap();
+    assert!(
+        first.contains("tracing malloc"),
+        "kheap did not start: {first}"
+    );
+    let progs = bpf_prog_ids(kheap.id());
+    assert!(
+        progs.len() >= 5,
+        "kheap should hold its programs: {progs:?}"
+    );
+    unsafe { libc::kill(kheap.id() as i32, libc::SIGINT) };
+    let done = kheap.wait_with_output().unwrap();
+    assert!(done.status.success(), "exit status {:?}", done.status);
+    let report = String::from_utf8_lossy(&done.stdout);
+    assert!(
+        report.contains("kheap malloc:"),
+        "report after the signal: {report}"
+    );
+    for id in progs {
+        assert!(
+            !prog_loaded(id),
+            "BPF program {id} still loaded after kheap exited"
+        );
+    }
+    // The target was only observed: it still runs and finishes normally.
+    let mut stdin = target.child.stdin.take().unwrap();
+    stdin.write_all(b"go\n").unwrap();
+    drop(stdin);
+    assert!(target.child.wait().unwrap().success());
+}
+
+/// A bad invocation: one line on stderr, non-zero exit, no report.
+fn assert_one_line_error(out: &std::process::Output, expect: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "should fail: {err}");
+    assert!(err.contains(expect), "expected '{expect}' in: {err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(out.stdout.is_empty(), "no report on error");
+}
+
+fn executable(dir: &Path, name: &str, content: &[u8]) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, content).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn bad_input_gives_one_line_errors() {
+    if !require_root("malloc: bad_input_gives_one_line_errors") {
+        return;
+    }
+    assert_one_line_error(&kheap(&["malloc"]), "give -p PID or -- COMMAND");
+    assert_one_line_error(
+        &kheap(&["malloc", "-p", "3999999"]),
+        "no process with PID 3999999",
+    );
+    assert_one_line_error(
+        &kheap(&["malloc", "--", "kheap-no-such-command"]),
+        "command not found",
+    );
+    let w = Workload::build(&[]);
+    let text = executable(w.dir.path(), "text", b"just words\n");
+    assert_one_line_error(&kheap(&["malloc", "--", &text]), "is not an ELF executable");
+    assert_one_line_error(
+        &kheap(&["malloc", "--lib", &text, "--", w.path()]),
+        "is not an ELF file",
+    );
+    assert_one_line_error(
+        &kheap(&[
+            "malloc",
+            "--lib",
+            "/nonexistent/libjemalloc.so",
+            "--",
+            w.path(),
+        ]),
+        "no such file",
+    );
+    // A library that is not an allocator.
+    let libm = Command::new("sh")
+        .args(["-c", "ldd /bin/sh | awk '/libc.so/ {print $3}'"])
+        .output()
+        .unwrap();
+    let libc_dir = Path::new(String::from_utf8_lossy(&libm.stdout).trim())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let libm = libc_dir.join("libm.so.6");
+    assert_one_line_error(
+        &kheap(&["malloc", "--lib", libm.to_str().unwrap(), "--", w.path()]),
+        "does not export malloc",
+    );
+    // A static program maps no C library.
+    let st = Workload::build(&["-static"]);
+    assert_one_line_error(&kheap(&["malloc", "--", st.path()]), "statically linked");
+    assert_one_line_error(
+        &kheap(&["malloc", "--sort", "outstanding", "--", w.path()]),
+        "needs --outstanding",
+    );
+}
+
+#[test]
+fn static_program_with_lib_pointing_at_itself() {
+    if !require_root("static_program_with_lib_pointing_at_itself") {
+        return;
+    }
+    // --lib names the file that holds the allocator: here the program.
+    let st = Workload::build(&["-static"]);
+    let r = malloc_json(&["--lib", st.path(), "--", st.path()]);
+    assert_eq!(
+        sum(&r, "sites", "malloc", "do_malloc"),
+        expect(10, 1000, &[(64, 10)], None)
+    );
+}
+
+#[test]
+fn lib_points_the_probes_at_another_allocator() {
+    if !require_root("lib_points_the_probes_at_another_allocator") {
+        return;
+    }
+    let w = Workload::build(&[]);
+    let src = w.dir.path().join("bump_alloc.c");
+    std::fs::write(&src, include_str!("data/bump_alloc.c")).unwrap();
+    let lib = w.dir.path().join("libbump.so");
+    let out = Command::new("cc")
+        .args(["-O1", "-g", "-shared", "-fPIC", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lib = lib.to_str().unwrap();
+    let preload = format!("LD_PRELOAD={lib}");
+    let r = malloc_json(&[
+        "--outstanding",
+        "--lib",
+        lib,
+        "--",
+        "env",
+        &preload,
+        w.path(),
+    ]);
+    let probes = r["probes"][0].as_str().unwrap();
+    assert!(
+        probes.starts_with(lib) && probes.contains("(not exported: reallocarray, posix_memalign"),
+        "{probes}"
+    );
+    let live = |c, b| Some((c, b));
+    assert_eq!(
+        sum(&r, "sites", "malloc", "do_malloc"),
+        expect(10, 1000, &[(64, 10)], live(0, 0))
+    );
+    assert_eq!(
+        sum(&r, "sites", "malloc", "do_leak"),
+        expect(3, 15000, &[(4096, 3)], live(3, 15000))
+    );
+    assert_eq!(
+        sum(&r, "sites", "calloc", "do_calloc"),
+        expect(7, 7000, &[(512, 7)], live(0, 0))
+    );
+    assert_eq!(
+        sum(&r, "sites", "realloc", "do_realloc"),
+        expect(3, 1400, &[(128, 1), (256, 1), (512, 1)], live(1, 800))
+    );
+    // glibc's reallocarray, not probed, calls realloc through the PLT: the
+    // preloaded one, which sees do_reallocarray as its caller.
+    assert_eq!(
+        sum(&r, "sites", "realloc", "do_reallocarray"),
+        expect(4, 1200, &[(256, 4)], live(0, 0))
+    );
+    // The bump allocator's own calls (calloc and realloc call malloc) are
+    // not counted again.
+    assert!(rows(&r, "sites", "function", "calloc").is_empty());
+    assert!(rows(&r, "sites", "function", "realloc").is_empty());
+}
+
+#[test]
+fn table_and_folded_output() {
+    if !require_root("malloc: table_and_folded_output") {
+        return;
+    }
+    let w = Workload::build(&[]);
+    let out = kheap(&["malloc", "--outstanding", "--", w.path()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.contains("do_leak+0x"), "{text}");
+    assert!(text.contains("live bytes"), "{text}");
+    // free's probe sits past `test %rdi,%rdi` when a branch follows it.
+    let libc = kheap::malloc::probes::libc_of_program(&w.exe).unwrap();
+    let syms = kheap::malloc::probes::lookup_symbols(&libc).unwrap();
+    let free = syms.last().unwrap().as_ref().expect("libc exports free");
+    let expected = match free.code.as_slice() {
+        [0x48, 0x85, 0xff, 0x74, ..] | [0x48, 0x85, 0xff, 0x0f, 0x84, ..] => "free@+3\n",
+        _ => "free\n",
+    };
+    assert!(text.contains(expected), "{expected:?} in {text}");
+    let out = kheap(&["malloc", "--format", "folded", "--", w.path()]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.ends_with(";main;run_all;do_calloc;calloc 7")),
+        "{text}"
+    );
+}

@@ -1,0 +1,82 @@
+//! `kheap slab -d` against the real kernel: a known number of requests just
+//! above a kmalloc size class shows up in the right cache, with the exact
+//! waste and a right-sizing hint naming the site.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+#[test]
+fn waste_just_above_a_size_class_is_exact_and_hinted() {
+    if !require_root("waste_just_above_a_size_class_is_exact_and_hinted") {
+        return;
+    }
+    // 2000 messages of 2100 bytes: 2000 kmallocs of 2148 bytes in load_msg,
+    // rounded up to 4096. Only the command's allocations are traced.
+    let out = kheap(&[
+        "slab", "--format", "json", "-n", "500", "--", LOAD, "msg", "2000", "2100",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    // The 4 KiB kmalloc class: kmalloc-cg-4k where msg_msg is memcg-accounted
+    // (6.1, 6.12), kmalloc-4k where it comes from its own buckets (6.18).
+    let with_load_msg: Vec<(&serde_json::Value, &serde_json::Value)> = r["caches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| {
+            let site = c["top_sites"]
+                .as_array()?
+                .iter()
+                .find(|s| s["function"] == "load_msg")?;
+            Some((c, site))
+        })
+        .collect();
+    assert_eq!(
+        with_load_msg.len(),
+        1,
+        "load_msg in exactly one cache: {:#}",
+        r["caches"]
+    );
+    let (c, site) = with_load_msg[0];
+    let cache = c["name"].as_str().unwrap();
+    assert!(cache == "kmalloc-4k" || cache == "kmalloc-cg-4k", "{cache}");
+    assert!(u(&c["object_size"]) == 4096 && u(&c["num_objs"]) > 0);
+    assert_eq!(u(&site["allocs"]), 2000);
+    assert_eq!(u(&site["waste_bytes"]), 2000 * (4096 - 2148));
+
+    let hint = r["hints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["kind"] == "boundary" && h["site"] == "load_msg")
+        .unwrap_or_else(|| panic!("no right-sizing hint for load_msg: {:#}", r["hints"]));
+    assert_eq!(hint["cache"], cache);
+    // A 2152-byte (8-aligned 2148) cache instead of 4096-byte objects.
+    assert_eq!(u(&hint["saving_bytes"]), 2000 * (4096 - 2152));
+}
+
+#[test]
+fn slabinfo_needs_root_and_says_so() {
+    if !require_root("slabinfo_needs_root_and_says_so") {
+        return;
+    }
+    use std::os::unix::process::CommandExt;
+    let out = Command::new(KHEAP)
+        .arg("slab")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("readable only by root"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
