@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Reading the classic kmem tracepoint records through CO-RE, shared by the
- * BPF objects that attach to them (kheap.bpf.c, leaks.bpf.c). Include after
- * vmlinux.h, the libbpf headers (bpf_core_read.h) and kheap.h.
+ * Reading the classic kmem tracepoint records through CO-RE, for BPF objects
+ * that attach to them (leaks.bpf.c; kheap.bpf.c still has its own copy of
+ * this logic and can move to these helpers). Include after vmlinux.h, the
+ * libbpf headers (bpf_core_read.h) and kheap.h.
  */
 #ifndef KHEAP_KMEM_CLASSIC_BPF_H
 #define KHEAP_KMEM_CLASSIC_BPF_H
