@@ -33,7 +33,8 @@ static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
 	struct alloc_stats *s = bpf_map_lookup_elem(map, key);
 
 	if (!s) {
-		long err =
+		/* int: 6.1 zero-extends helper errors from 32 bits. */
+		int err =
 			bpf_map_update_elem(map, key, &zero_stats, BPF_NOEXIST);
 		if (err && err != -KHEAP_EEXIST)
 			return false;

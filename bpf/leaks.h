@@ -54,12 +54,13 @@ struct leak_counters {
 	__u64 lost_stack_other;
 };
 
-/* The kernel's tick counter and CLOCK_MONOTONIC read together, and the tick
- * rate (CONFIG_HZ; 0 when the kernel config is not readable). */
+/* The kernel's tick counter and CLOCK_MONOTONIC read together. Two samples
+ * give the tick rate: CONFIG_HZ is not readable everywhere (libbpf refuses
+ * to load a __kconfig extern when the kernel config file is missing, as on
+ * Debian 6.1 without /boot). */
 struct clock_sample {
 	__u64 jiffies;
 	__u64 ns;
-	__u64 hz;
 };
 
 struct leaks_config {

@@ -69,8 +69,8 @@ pub struct LeaksSession {
     skel: LeaksSkel<'static>,
     links: Vec<Link>,
     cfg: LeaksConfig,
-    /// Kernel ticks per second, to turn jiffies stamps into ages.
-    hz: u64,
+    /// The clock when the programs were loaded, to measure the tick rate.
+    clock0: types::clock_sample,
     /// Hook → how it is attached ("kmalloc: tp_btf").
     pub attached: Vec<String>,
     /// Hooks not attached, with the reason.
@@ -190,13 +190,13 @@ impl LeaksSession {
             skel,
             links: Vec::new(),
             cfg: cfg.clone(),
-            hz: 0,
+            clock0: types::clock_sample::default(),
             mech,
             attached: Vec::new(),
             skipped: Vec::new(),
             _tracefs: tracefs,
         };
-        session.hz = session.tick_rate()?;
+        session.clock0 = session.clock()?;
         for &pid in &cfg.pids {
             session.add_pid(pid)?;
         }
@@ -245,16 +245,22 @@ impl LeaksSession {
         Ok(unsafe { std::ptr::read_volatile(&bss.clock_now) })
     }
 
-    /// CONFIG_HZ, or, when libbpf found no kernel config, measured over
-    /// 100 ms.
-    fn tick_rate(&self) -> Result<u64> {
-        let a = self.clock()?;
-        if a.hz > 0 {
-            return Ok(a.hz);
+    /// Kernel ticks per second, from the jiffies and nanoseconds elapsed
+    /// since the session started (at least 200 ms, waited for if need be),
+    /// snapped to the nearest rate Linux offers.
+    fn tick_rate(&self, now: &types::clock_sample) -> Result<(u64, types::clock_sample)> {
+        const MIN_NS: u64 = 200_000_000;
+        let mut now = *now;
+        let elapsed = now.ns.saturating_sub(self.clock0.ns);
+        if elapsed < MIN_NS {
+            std::thread::sleep(std::time::Duration::from_nanos(MIN_NS - elapsed));
+            now = self.clock()?;
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        let b = self.clock()?;
-        Ok(nearest_hz(b.jiffies - a.jiffies, b.ns - a.ns))
+        let hz = nearest_hz(
+            now.jiffies.saturating_sub(self.clock0.jiffies),
+            now.ns.saturating_sub(self.clock0.ns),
+        );
+        Ok((hz, now))
     }
 
     pub fn add_pid(&self, pid: u32) -> Result<()> {
@@ -287,7 +293,8 @@ impl LeaksSession {
         // Objects first: ages are measured against the clock read right
         // after, and a free racing the read only makes totals slightly stale.
         let live = read_live(&m.live)?;
-        let now = self.clock()?.jiffies;
+        let (hz, now) = self.tick_rate(&self.clock()?)?;
+        let now = now.jiffies;
 
         let mut snap = Snapshot::default();
         for (k, v) in maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)? {
@@ -343,7 +350,7 @@ impl LeaksSession {
                     stack_id: (o.stack_id >= 0).then_some(o.stack_id as i64),
                     bytes_req: o.bytes_req as u64,
                     bytes_alloc: o.bytes_alloc as u64,
-                    age_ns: jiffies_to_ns(now.saturating_sub(o.ts), self.hz),
+                    age_ns: jiffies_to_ns(now.saturating_sub(o.ts), hz),
                     tgid: o.tgid,
                 })
                 .collect(),
