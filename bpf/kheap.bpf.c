@@ -178,10 +178,7 @@ static __always_inline void stats_add(struct alloc_stats *s, __u64 req,
 	s->count++;
 	s->bytes_req += req;
 	s->bytes_alloc += alloc;
-	/* A mask the compiler cannot drop as redundant: the 6.1 verifier loses
-	 * the bound size_bucket() established when the register is copied. */
-	asm volatile("" : "+r"(bucket));
-	s->hist[bucket & (KHEAP_HIST_BUCKETS - 1)]++;
+	s->hist[hist_index(bucket)]++;
 }
 
 /* Adds to an existing entry, or creates it. Returns false if the map is full.

@@ -40,19 +40,6 @@ struct {
 
 static struct lat_stats zero_lat;
 
-static __always_inline __u32 log2_bucket(__u64 v)
-{
-	__u32 b = 0;
-
-	/* bounded loop: buckets as in kheap.h (0 for 0, b for [2^(b-1), 2^b))
-	 */
-	for (int i = 0; i < KHEAP_HIST_BUCKETS - 1 && v; i++) {
-		v >>= 1;
-		b++;
-	}
-	return b;
-}
-
 static __always_inline void count(int missed_start)
 {
 	__u32 zero = 0;
@@ -108,7 +95,7 @@ static __always_inline void on_exit(void)
 	}
 	st->count++;
 	st->total_ns += delta;
-	st->hist[log2_bucket(delta) & (KHEAP_HIST_BUCKETS - 1)]++;
+	st->hist[hist_index(size_bucket(delta))]++;
 }
 
 /* kprobes: one program, attached to every resolved allocator function. */

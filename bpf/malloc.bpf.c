@@ -259,8 +259,7 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	bucket = size_bucket(size);
 	s->count++;
 	s->bytes += size;
-	if (bucket < KHEAP_HIST_BUCKETS)
-		s->hist[bucket]++;
+	s->hist[hist_index(bucket)]++;
 	if (created)
 		record_stack_vmas(ctx, key.mm, key.caller);
 

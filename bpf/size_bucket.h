@@ -35,4 +35,14 @@ static __always_inline __u32 size_bucket(__u64 v)
 	return r < KHEAP_HIST_BUCKETS ? r : KHEAP_HIST_BUCKETS - 1;
 }
 
+/* A histogram index the verifier can bound. The compiler knows a bucket is
+ * already < KHEAP_HIST_BUCKETS and would drop a plain mask as redundant, and
+ * the 6.1 verifier loses the bound size_bucket() established once the
+ * register is copied: the empty asm hides the value so the mask stays. */
+static __always_inline __u32 hist_index(__u32 bucket)
+{
+	asm volatile("" : "+r"(bucket));
+	return bucket & (KHEAP_HIST_BUCKETS - 1);
+}
+
 #endif /* KHEAP_SIZE_BUCKET_H */

@@ -4,8 +4,8 @@
 //! Modules that touch the kernel: `bpf` (skeleton), `session` (load/attach),
 //! `maps` (typed readers), `features` (probing), `target` (processes), and
 //! `malloc::{bpf, session}` for `kheap malloc`, `leaks::session` for `kheap
-//! leaks`.
-//! Everything else is pure and tested without root.
+//! leaks`, the subcommands' loops in `cmd`. Everything else, `top`'s deltas,
+//! views and key handling included, is pure and tested without root.
 
 pub mod bpf;
 pub mod cli;
@@ -23,3 +23,4 @@ pub mod session;
 pub mod slab;
 pub mod symbolize;
 pub mod target;
+pub mod top;

@@ -23,6 +23,8 @@ enum Command {
     Slab(kheap::slab::SlabArgs),
     /// Trace malloc, calloc, realloc… of a process or command: who allocates, in what sizes, what is never freed
     Malloc(cmd::malloc::MallocArgs),
+    /// Watch who allocates right now, refreshed every interval (like top/slabtop)
+    Top(cmd::top::TopArgs),
     /// Show which tracing features this kernel has and how kheap will attach
     Doctor,
 }
@@ -40,6 +42,7 @@ fn main() {
         Command::Diff(a) => cmd::diff::run(a),
         Command::Slab(a) => cmd::slab::run(a),
         Command::Malloc(a) => cmd::malloc::run(a),
+        Command::Top(a) => cmd::top::run(a),
         Command::Doctor => cmd::doctor::run(),
     };
     match result {

@@ -4,11 +4,114 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::ops::AddAssign;
+use std::os::fd::AsRawFd;
 
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
 use crate::bpf::from_bytes;
+
+/// Entries per BPF_MAP_LOOKUP_BATCH call.
+const BATCH: u32 = 256;
+
+/// Raw (key bytes, value bytes) entries of a map.
+type RawEntries = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// Every (key, value) of a hash map in a few BPF_MAP_LOOKUP_BATCH calls
+/// instead of two syscalls per key (kheap top reads the maps every second).
+/// `value_len` is the bytes per value (all CPUs' for a per-CPU map). `None`
+/// when the kernel has no batch operations for the map (before 5.6).
+fn lookup_all_batched<M: MapCore>(map: &M, value_len: usize) -> Result<Option<RawEntries>> {
+    let key_len = map.key_size() as usize;
+    let mut batch = BATCH;
+    let mut out = Vec::new();
+    // The kernel's cursor for hash maps is a bucket index (u32).
+    let mut cursor = 0u64;
+    let mut started = false;
+    loop {
+        let mut keys = vec![0u8; key_len * batch as usize];
+        let mut values = vec![0u8; value_len * batch as usize];
+        let mut count = batch;
+        let opts = libbpf_sys::bpf_map_batch_opts {
+            sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
+            ..Default::default()
+        };
+        let mut next = 0u64;
+        let ret = unsafe {
+            libbpf_sys::bpf_map_lookup_batch(
+                map.as_fd().as_raw_fd(),
+                if started {
+                    (&mut cursor as *mut u64).cast()
+                } else {
+                    std::ptr::null_mut()
+                },
+                (&mut next as *mut u64).cast(),
+                keys.as_mut_ptr().cast(),
+                values.as_mut_ptr().cast(),
+                &mut count,
+                &opts,
+            )
+        };
+        let err = (ret != 0).then(std::io::Error::last_os_error);
+        let errno = err.as_ref().and_then(|e| e.raw_os_error());
+        match errno {
+            // A bucket holds more entries than the buffer: retry it bigger.
+            Some(libc::ENOSPC) if batch < map.max_entries().max(BATCH) * 2 => {
+                batch *= 2;
+                continue;
+            }
+            Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524 /* ENOTSUPP */) if !started => {
+                return Ok(None)
+            }
+            None | Some(libc::ENOENT) => {}
+            Some(_) => {
+                return Err(err.unwrap())
+                    .with_context(|| format!("reading BPF map {}", map.name().to_string_lossy()))
+            }
+        }
+        for i in 0..count as usize {
+            out.push((
+                keys[i * key_len..(i + 1) * key_len].to_vec(),
+                values[i * value_len..(i + 1) * value_len].to_vec(),
+            ));
+        }
+        // ENOENT: that was the last batch.
+        if errno == Some(libc::ENOENT) {
+            return Ok(Some(out));
+        }
+        cursor = next;
+        started = true;
+    }
+}
+
+/// Every key of a hash map, listed before the caller deletes any (deleting
+/// during a get-next-key walk restarts it). Batched where the kernel can.
+pub fn keys<M: MapCore>(map: &M) -> Result<Vec<Vec<u8>>> {
+    let len = if map.map_type().is_percpu() {
+        percpu_value_len(map)?.1
+    } else {
+        map.value_size() as usize
+    };
+    Ok(match lookup_all_batched(map, len)? {
+        Some(entries) => entries.into_iter().map(|(k, _)| k).collect(),
+        None => map.keys().collect(),
+    })
+}
+
+/// Bytes the kernel uses per value of a per-CPU map: one 8-byte-aligned
+/// value per possible CPU.
+fn percpu_value_len<M: MapCore>(map: &M) -> Result<(usize, usize)> {
+    let aligned = (map.value_size() as usize).div_ceil(8) * 8;
+    Ok((aligned, aligned * libbpf_rs::num_possible_cpus()?))
+}
+
+/// Splits one per-CPU value into its CPUs' values.
+fn split_per_cpu<M: MapCore>(map: &M, bytes: &[u8], aligned: usize) -> Vec<Vec<u8>> {
+    bytes
+        .chunks_exact(aligned)
+        .map(|c| c[..map.value_size() as usize].to_vec())
+        .collect()
+}
 
 /// Reads every entry of a per-CPU hash map, summing each value over CPUs.
 /// Entries deleted between listing and lookup are skipped.
@@ -18,6 +121,18 @@ where
     K: plain::Plain + Default + Copy,
     V: plain::Plain + Default + Copy + AddAssign,
 {
+    let (aligned, len) = percpu_value_len(map)?;
+    if let Some(entries) = lookup_all_batched(map, len)? {
+        return Ok(entries
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    from_bytes::<K>(&k),
+                    sum_per_cpu::<V>(&split_per_cpu(map, &v, aligned)),
+                )
+            })
+            .collect());
+    }
     let mut out = Vec::new();
     for key in map.keys() {
         let Some(per_cpu) = map
@@ -50,6 +165,12 @@ where
     K: plain::Plain + Default + Copy + Eq + Hash,
     V: plain::Plain + Default + Copy,
 {
+    if let Some(entries) = lookup_all_batched(map, map.value_size() as usize)? {
+        return Ok(entries
+            .into_iter()
+            .map(|(k, v)| (from_bytes::<K>(&k), from_bytes::<V>(&v)))
+            .collect());
+    }
     let mut out = HashMap::new();
     for key in map.keys() {
         if let Some(v) = map.lookup(&key, MapFlags::ANY)? {
@@ -101,4 +222,38 @@ pub fn read_stack<M: MapCore>(map: &M, id: u32) -> Result<Option<Vec<u64>>> {
             .take_while(|&a| a != 0)
             .collect(),
     ))
+}
+
+/// Deletes one entry of a per-CPU hash map and returns its value at the
+/// moment of deletion, summed over CPUs: read and delete are one syscall,
+/// so no event that lands in between is lost. `None` if the key was gone.
+pub fn take_percpu<V, M>(map: &M, key: &[u8]) -> Result<Option<V>>
+where
+    M: MapCore,
+    V: plain::Plain + Default + Copy + AddAssign,
+{
+    // libbpf-rs's lookup_and_delete sizes its buffer for one CPU; the
+    // kernel writes one 8-byte-aligned value per possible CPU.
+    let (aligned, len) = percpu_value_len(map)?;
+    let mut buf = vec![0u8; len];
+    let ret = unsafe {
+        libbpf_sys::bpf_map_lookup_and_delete_elem(
+            map.as_fd().as_raw_fd(),
+            key.as_ptr().cast(),
+            buf.as_mut_ptr().cast(),
+        )
+    };
+    if ret != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.kind() == std::io::ErrorKind::NotFound {
+            return Ok(None);
+        }
+        return Err(err).with_context(|| {
+            format!(
+                "deleting an entry of BPF map {}",
+                map.name().to_string_lossy()
+            )
+        });
+    }
+    Ok(Some(sum_per_cpu(&split_per_cpu(map, &buf, aligned))))
 }

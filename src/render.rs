@@ -123,7 +123,8 @@ pub fn header(r: &Report) -> String {
     s
 }
 
-/// A table in the house style: first column left, the rest right-aligned.
+/// A table in the style of every kheap table: plain UTF-8 borders, numbers
+/// right-aligned, no colours (so no escape codes in logs).
 pub fn new_table(headers: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_preset(UTF8_FULL_CONDENSED)

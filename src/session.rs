@@ -1,19 +1,23 @@
 //! Loading the BPF object and attaching it. Links are RAII: dropping the
 //! session (on any exit path, errors included) detaches everything.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
 
-use crate::bpf::{c_str, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
+use crate::bpf::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 use crate::features::{self, KernelBtf, Tracefs};
 use crate::maps;
 use crate::model::CacheId;
 use crate::report::{EventCounters, SiteKey, Snapshot};
+use crate::top::delta::IdleKeys;
+use crate::top::overhead::ProgRunTime;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum AttachMode {
@@ -70,6 +74,8 @@ impl Default for Config {
 pub struct Session {
     skel: KheapSkel<'static>,
     links: Vec<Link>,
+    /// File descriptors of the attached programs (owned by `skel`).
+    attached_progs: Vec<RawFd>,
     /// Hook → how it is attached ("kmalloc: tp_btf").
     pub attached: Vec<String>,
     /// Hooks not attached, with the reason.
@@ -77,6 +83,10 @@ pub struct Session {
     /// Every stack captured: the kernel counts events under their stack
     /// only, and sites are summed from stacks here.
     exact_stacks: bool,
+    /// Stack traces already read, by id. An id keeps its frames until kheap
+    /// deletes it (without BPF_F_REUSE_STACKID a colliding stack is dropped,
+    /// not stored over it), so a refreshing view reads each stack once.
+    stack_cache: RefCell<HashMap<i64, Vec<u64>>>,
     // Held so a tracefs kheap mounted itself stays mounted while attached.
     _tracefs: Option<Tracefs>,
 }
@@ -197,24 +207,29 @@ impl Session {
         let mut session = Session {
             skel,
             links: Vec::new(),
+            attached_progs: Vec::new(),
             attached,
             skipped,
             exact_stacks: cfg.stack_sample_every == 1,
+            stack_cache: RefCell::default(),
             _tracefs: tracefs,
         };
         for &pid in &cfg.pids {
             session.add_pid(pid)?;
         }
         for tp in enabled {
-            let link = session
+            let (link, fd) = session
                 .attach_one(tp, mech)
                 .with_context(|| format!("attaching to kmem:{tp}"))?;
             session.links.push(link);
+            session.attached_progs.push(fd);
         }
         Ok(session)
     }
 
-    fn attach_one(&self, tp: &str, mech: Mechanism) -> Result<Link> {
+    /// Attaches one hook's program; returns its link and program fd (for
+    /// run-time statistics).
+    fn attach_one(&self, tp: &str, mech: Mechanism) -> Result<(Link, RawFd)> {
         let name = program_name(tp, mech);
         let prog = self
             .skel
@@ -222,7 +237,8 @@ impl Session {
             .progs_mut()
             .find(|p| p.name() == name.as_str())
             .with_context(|| format!("program {name} is missing from the BPF object"))?;
-        Ok(prog.attach()?)
+        let fd = prog.as_fd().as_raw_fd();
+        Ok((prog.attach()?, fd))
     }
 
     /// Adds a process (tgid) to the set whose allocations are counted.
@@ -258,23 +274,33 @@ impl Session {
         Ok(sites.iter().map(|(_, v)| v.count).sum::<u64>() + stacks)
     }
 
+    fn cache_names(&self) -> Result<HashMap<u64, String>> {
+        Ok(
+            maps::read_hash::<u64, types::cache_name, _>(&self.skel.maps.cache_names)?
+                .into_iter()
+                .map(|(k, v)| (k, c_str(&v.name)))
+                .collect(),
+        )
+    }
+
     /// Reads and merges every map.
     pub fn snapshot(&self) -> Result<Snapshot> {
         let m = &self.skel.maps;
-        let names: HashMap<u64, String> =
-            maps::read_hash::<u64, types::cache_name, _>(&m.cache_names)?
-                .into_iter()
-                .map(|(k, v)| (k, c_str(&v.name)))
-                .collect();
+        let names = self.cache_names()?;
         let mut snap = Snapshot::default();
+        // Two kernel caches can share a name: their entries are merged.
         for (k, v) in maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)? {
-            snap.sites.insert(site_key(&k, &names), v.into());
+            *snap.sites.entry(site_key(&k, &names)).or_default() += v.into();
         }
+        let mut stack_cache = self.stack_cache.borrow_mut();
         for (k, v) in maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(&m.stacks)?
         {
             let id = k.stack_id;
             if let std::collections::hash_map::Entry::Vacant(e) = snap.stack_frames.entry(id) {
-                if let Some(frames) = maps::read_stack(&m.stack_traces, id as u32)? {
+                if let Some(frames) = stack_cache.get(&id) {
+                    e.insert(frames.clone());
+                } else if let Some(frames) = maps::read_stack(&m.stack_traces, id as u32)? {
+                    stack_cache.insert(id, frames.clone());
                     e.insert(frames);
                 }
             }
@@ -282,7 +308,7 @@ impl Session {
             if self.exact_stacks {
                 *snap.sites.entry(site.clone()).or_default() += v.into();
             }
-            snap.stacks.insert((site, id), v.into());
+            *snap.stacks.entry((site, id)).or_default() += v.into();
         }
         let comms: HashMap<u32, String> =
             maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?
@@ -314,6 +340,118 @@ impl Session {
         };
         Ok(snap)
     }
+
+    /// Deletes the given idle keys from the maps, with the stack traces only
+    /// they used and the names of deleted processes. Returns the deleted
+    /// entries' values at deletion (read and deleted in one syscall), so the
+    /// caller can account for events that arrived after its last read.
+    pub fn remove_idle(&self, idle: &IdleKeys) -> Result<Snapshot> {
+        let mut removed = Snapshot::default();
+        if idle.is_empty() {
+            return Ok(removed);
+        }
+        let m = &self.skel.maps;
+        let names = self.cache_names()?;
+
+        let sites: HashSet<&SiteKey> = idle.sites.iter().collect();
+        for raw in maps::keys(&m.sites)? {
+            let k = site_key(&from_bytes::<types::site_key>(&raw), &names);
+            if sites.contains(&k) {
+                if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.sites, &raw)? {
+                    *removed.sites.entry(k).or_default() += v.into();
+                }
+            }
+        }
+
+        let stacks: HashSet<&(SiteKey, i64)> = idle.stacks.iter().collect();
+        let mut still_used = HashSet::new();
+        for raw in maps::keys(&m.stacks)? {
+            let sk = from_bytes::<types::stack_key>(&raw);
+            let k = (site_key(&sk.site, &names), sk.stack_id);
+            if !stacks.contains(&k) {
+                still_used.insert(sk.stack_id);
+                continue;
+            }
+            if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.stacks, &raw)? {
+                *removed.stacks.entry(k).or_default() += v.into();
+            }
+        }
+        let unused: HashSet<i64> = removed
+            .stacks
+            .keys()
+            .map(|(_, id)| *id)
+            .filter(|id| !still_used.contains(id))
+            .collect();
+        for id in unused {
+            if let Some(frames) = maps::read_stack(&m.stack_traces, id as u32)? {
+                removed.stack_frames.insert(id, frames);
+            }
+            // Already gone is fine: the kernel may reuse ids on collision.
+            let _ = m.stack_traces.delete(&(id as u32).to_ne_bytes());
+            self.stack_cache.borrow_mut().remove(&id);
+        }
+
+        for &pid in &idle.procs {
+            let key = pid.to_ne_bytes();
+            if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.procs, &key)? {
+                let comm = m
+                    .proc_comms
+                    .lookup(&key, MapFlags::ANY)?
+                    .map(|b| c_str(&from_bytes::<types::proc_info>(&b).comm))
+                    .unwrap_or_default();
+                let _ = m.proc_comms.delete(&key);
+                removed.procs.insert(pid, (comm, v.into()));
+            }
+        }
+
+        let caches: HashSet<&CacheId> = idle.caches.iter().collect();
+        for raw in maps::keys(&m.cache_frees)? {
+            let id = cache_id(from_bytes::<u64>(&raw), 0, false, &names);
+            if caches.contains(&id) {
+                if let Some(v) = maps::take_percpu::<types::cache_frees, _>(&m.cache_frees, &raw)? {
+                    *removed.cache_frees.entry(id).or_default() += v.frees;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Run time and run count of the attached programs, summed. They only
+    /// advance while BPF run-time statistics are enabled
+    /// (`enable_run_time_stats`).
+    pub fn run_time(&self) -> Result<ProgRunTime> {
+        let mut total = ProgRunTime::default();
+        for &fd in &self.attached_progs {
+            let mut info = libbpf_sys::bpf_prog_info::default();
+            let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
+            let ret = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut info, &mut len) };
+            if ret != 0 {
+                bail!(
+                    "reading BPF program info: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+            total.run_time_ns += info.run_time_ns;
+            total.run_cnt += info.run_cnt;
+            total.recursion_misses += info.recursion_misses;
+        }
+        Ok(total)
+    }
+}
+
+/// Turns on the kernel's BPF run-time statistics (run_time_ns, run_cnt per
+/// program) for as long as the returned descriptor is open. They cost a
+/// little on every program run, so they are enabled only while needed.
+pub fn enable_run_time_stats() -> Result<OwnedFd> {
+    let fd = unsafe { libbpf_sys::bpf_enable_stats(libbpf_sys::BPF_STATS_RUN_TIME) };
+    if fd < 0 {
+        bail!(
+            "enabling BPF run-time statistics: {}",
+            std::io::Error::from_raw_os_error(-fd)
+        );
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 fn configure(open: &mut OpenKheapSkel<'static>, cfg: &Config, kbtf: &KernelBtf) -> Result<()> {

@@ -44,6 +44,42 @@ pub trait Symbolize {
     fn symbolize(&self, addrs: &[u64]) -> Vec<Frame>;
 }
 
+/// Remembers every address it resolved: kernel text does not move, and a
+/// refreshing view asks for the same addresses every interval.
+pub struct CachingSymbols<S> {
+    inner: S,
+    cache: std::cell::RefCell<std::collections::HashMap<u64, Frame>>,
+}
+
+impl<S: Symbolize> CachingSymbols<S> {
+    pub fn new(inner: S) -> CachingSymbols<S> {
+        CachingSymbols {
+            inner,
+            cache: Default::default(),
+        }
+    }
+}
+
+impl<S: Symbolize> Symbolize for CachingSymbols<S> {
+    fn symbolize(&self, addrs: &[u64]) -> Vec<Frame> {
+        let mut cache = self.cache.borrow_mut();
+        let missing: Vec<u64> = addrs
+            .iter()
+            .copied()
+            .filter(|a| !cache.contains_key(a))
+            .collect();
+        if !missing.is_empty() {
+            for (a, f) in missing.iter().zip(self.inner.symbolize(&missing)) {
+                cache.insert(*a, f);
+            }
+        }
+        addrs
+            .iter()
+            .map(|a| cache.get(a).cloned().unwrap_or_else(|| Frame::unknown(*a)))
+            .collect()
+    }
+}
+
 /// Kernel symbols from a kallsyms file (the running kernel's by default).
 pub struct KernelSymbols {
     symbolizer: Symbolizer,
@@ -279,6 +315,23 @@ mod tests {
         assert_eq!(label_frame(&stack).unwrap().name(), "__kmalloc_noprof");
         assert!(label_frame(&[]).is_none());
         assert_eq!(Frame::unknown(0x10).display(), "0x10");
+    }
+
+    #[test]
+    fn caching_symbols_ask_once_per_address() {
+        struct Counting(std::cell::Cell<usize>);
+        impl Symbolize for Counting {
+            fn symbolize(&self, addrs: &[u64]) -> Vec<Frame> {
+                self.0.set(self.0.get() + addrs.len());
+                addrs.iter().map(|&a| frame("f", a)).collect()
+            }
+        }
+        let c = CachingSymbols::new(Counting(std::cell::Cell::new(0)));
+        assert_eq!(c.symbolize(&[1, 2]).len(), 2);
+        let again = c.symbolize(&[2, 1, 3]);
+        assert_eq!(again[0].offset, 2);
+        assert_eq!(again[2].offset, 3);
+        assert_eq!(c.inner.0.get(), 3, "1 and 2 were cached");
     }
 
     #[test]

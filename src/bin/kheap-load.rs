@@ -13,12 +13,17 @@
 //!   kheap-load malloc COUNT SIZE            COUNT pairs of malloc(SIZE) and
 //!       free() through the C library (for `kheap malloc`). Prints CPU ns
 //!       per pair.
+//!   kheap-load writev-rate RATE SECS [wait] the same call, paced at RATE
+//!       calls per second for SECS seconds (catching up if it falls behind).
+//!       Prints the calls made, the time taken and the rate achieved. With
+//!       `wait`, starts only after reading a line from stdin (so a tracer
+//!       can be attached to its PID first).
 
 use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | kheap-load fds COUNT PER_SEC [HOLD_SECS] | kheap-load writev COUNT | kheap-load malloc COUNT SIZE"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE"
     );
     std::process::exit(2);
 }
@@ -44,6 +49,13 @@ fn main() {
         ),
         Some("writev") => writev(arg(&args, 2)),
         Some("malloc") => malloc_free(arg(&args, 2), arg(&args, 3)),
+        Some("writev-rate") => {
+            if args.get(4).is_some_and(|a| a == "wait") {
+                let mut line = String::new();
+                let _ = std::io::stdin().read_line(&mut line);
+            }
+            writev_rate(arg(&args, 2), arg(&args, 3))
+        }
         _ => usage(),
     }
 }
@@ -140,6 +152,38 @@ fn fds(count: usize, per_sec: f64, hold_secs: Option<f64>) {
     eprintln!("closed {count} eventfds");
 }
 
+/// /dev/null opened for writing, closed when dropped.
+struct DevNull(i32);
+
+impl DevNull {
+    fn open() -> DevNull {
+        let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
+        if fd < 0 {
+            fail("open /dev/null");
+        }
+        DevNull(fd)
+    }
+
+    /// One writev(2) of 9 one-byte iovecs: more than UIO_FASTIOV (8), so
+    /// the kernel must kmalloc the iovec array.
+    fn writev9(&self) {
+        let byte = [0u8; 1];
+        let iov = [libc::iovec {
+            iov_base: byte.as_ptr() as *mut _,
+            iov_len: 1,
+        }; 9];
+        if unsafe { libc::writev(self.0, iov.as_ptr(), iov.len() as i32) } != 9 {
+            fail("writev");
+        }
+    }
+}
+
+impl Drop for DevNull {
+    fn drop(&mut self) {
+        unsafe { libc::close(self.0) };
+    }
+}
+
 /// CPU time (user + system) this thread has used.
 fn cpu_time_ns() -> u128 {
     let mut ts = libc::timespec {
@@ -151,29 +195,40 @@ fn cpu_time_ns() -> u128 {
 }
 
 fn writev(count: u64) {
-    let fd = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
-    if fd < 0 {
-        fail("open /dev/null");
-    }
-    let byte = [0u8; 1];
-    // More than UIO_FASTIOV (8) iovecs: the kernel must kmalloc the array.
-    let iov: Vec<libc::iovec> = (0..9)
-        .map(|_| libc::iovec {
-            iov_base: byte.as_ptr() as *mut _,
-            iov_len: 1,
-        })
-        .collect();
+    let null = DevNull::open();
     // CPU time, not wall time: time the loop spends preempted by other
     // work on a busy machine must not count as tracing overhead.
     let start = cpu_time_ns();
     for _ in 0..count {
-        if unsafe { libc::writev(fd, iov.as_ptr(), iov.len() as i32) } != 9 {
-            fail("writev");
-        }
+        null.writev9();
     }
     let ns = (cpu_time_ns() - start) as f64 / count.max(1) as f64;
-    unsafe { libc::close(fd) };
     println!("{count} writev calls, {ns:.1} ns per call");
+}
+
+fn writev_rate(rate: u64, secs: f64) {
+    let null = DevNull::open();
+    let start = Instant::now();
+    let mut done = 0u64;
+    loop {
+        let elapsed = start.elapsed().as_secs_f64();
+        if elapsed >= secs {
+            break;
+        }
+        // Calls due by now: a late tick catches up, so the rate holds on
+        // average even when the CPU is busy.
+        let due = (elapsed * rate as f64) as u64;
+        while done < due {
+            null.writev9();
+            done += 1;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    println!(
+        "{done} writev calls in {elapsed:.3} s, {:.1} per second",
+        done as f64 / elapsed
+    );
 }
 
 fn malloc_free(count: u64, size: usize) {

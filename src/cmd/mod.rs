@@ -6,3 +6,4 @@ pub mod leaks;
 pub mod malloc;
 pub mod record;
 pub mod slab;
+pub mod top;

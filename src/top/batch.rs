@@ -1,0 +1,170 @@
+//! Batch mode: one plain-text table (no escape codes) or one JSON object per
+//! interval, for logs and CI. Pure string building.
+
+use crate::render::{new_table, GroupBy};
+use crate::report::{Counts, Report};
+use crate::top::view::{self, cells, headers, Interval, ObjectSizes, TopSort, ViewOptions};
+
+/// One interval as text: the header, then the table of the top `limit` rows.
+pub fn text(iv: &Interval, v: &ViewOptions, sizes: &ObjectSizes, limit: usize) -> String {
+    let mut rows = view::rows(&iv.report, v.by, sizes);
+    view::sort_rows(&mut rows, v.sort);
+    let total = rows.len();
+    rows.truncate(limit);
+    let mut out = view::header_lines(iv, v, rows.len(), total).join("\n");
+    out.push('\n');
+    let mut t = new_table(&headers(v.by));
+    // Cache lists and command names read better left-aligned; the cache
+    // view's second column is a number (frees/s).
+    if v.by != GroupBy::Cache {
+        if let Some(c) = t.column_mut(1) {
+            c.set_cell_alignment(comfy_table::CellAlignment::Left);
+        }
+    }
+    for r in &rows {
+        t.add_row(cells(r, v.by, iv.interval_s));
+    }
+    if rows.is_empty() {
+        out.push_str("(no allocations in this interval)\n");
+    } else {
+        out.push_str(&t.to_string());
+        out.push('\n');
+    }
+    out
+}
+
+/// One interval as a single line of JSON: the fields of `kheap record`'s
+/// report (counts over the interval) plus time, interval_s, aged_out and
+/// overhead. Lists are sorted by `sort` and cut to `limit` if given.
+pub fn json(iv: &Interval, sort: TopSort, limit: Option<usize>) -> String {
+    let mut iv = iv.clone();
+    sort_report(&mut iv.report, sort, limit);
+    serde_json::to_string(&iv).expect("an interval always serializes") + "\n"
+}
+
+fn counts_value(c: &Counts, sort: TopSort) -> f64 {
+    match sort {
+        TopSort::Count => c.count as f64,
+        TopSort::Req => c.bytes_req as f64,
+        TopSort::Waste => c.waste_bytes as f64,
+        TopSort::WastePct => c.waste_pct,
+        TopSort::Avg => c.avg_size,
+        // Net is a per-cache view column; JSON lists sort by bytes instead.
+        TopSort::Bytes | TopSort::Net => c.bytes_alloc as f64,
+    }
+}
+
+fn sort_cut<T>(
+    rows: &mut Vec<T>,
+    counts: impl Fn(&T) -> &Counts,
+    sort: TopSort,
+    limit: Option<usize>,
+) {
+    rows.sort_by(|a, b| counts_value(counts(b), sort).total_cmp(&counts_value(counts(a), sort)));
+    if let Some(n) = limit {
+        rows.truncate(n);
+    }
+}
+
+pub fn sort_report(r: &mut Report, sort: TopSort, limit: Option<usize>) {
+    sort_cut(&mut r.sites, |r| &r.counts, sort, limit);
+    sort_cut(&mut r.stacks, |r| &r.counts, sort, limit);
+    sort_cut(&mut r.caches, |r| &r.counts, sort, limit);
+    sort_cut(&mut r.processes, |r| &r.counts, sort, limit);
+}
+
+/// Whether a view can be shown with the data being collected.
+pub fn by_supported(by: GroupBy, with_processes: bool) -> bool {
+    by != GroupBy::Process || with_processes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::{fixture_symbols, sample_snapshot};
+    use crate::report::{build, BuildOptions, RunInfo};
+
+    fn interval() -> Interval {
+        Interval {
+            time: "2026-11-29T17:30:01Z".into(),
+            interval_s: 1.0,
+            aged_out: 0,
+            overhead: Default::default(),
+            report: build(
+                &sample_snapshot(),
+                &fixture_symbols(),
+                BuildOptions {
+                    stack_sample_every: 10,
+                    duration_s: 1.0,
+                    run: RunInfo::default(),
+                },
+            ),
+        }
+    }
+
+    fn opts(by: GroupBy, sort: TopSort) -> ViewOptions {
+        ViewOptions {
+            by,
+            sort,
+            paused: false,
+        }
+    }
+
+    #[test]
+    fn text_is_plain_with_a_timestamped_header() {
+        let t = text(
+            &interval(),
+            &opts(GroupBy::Site, TopSort::Bytes),
+            &ObjectSizes::default(),
+            1,
+        );
+        assert!(!t.contains('\x1b'), "no escape codes: {t:?}");
+        assert!(t.starts_with("kheap top  2026-11-29T17:30:01Z"), "{t}");
+        assert!(t.contains("load_msg+0x10"), "{t}");
+        assert!(!t.contains("simple_xattr_alloc"), "cut to one row: {t}");
+        assert!(t.contains("rows: 1 of 2 (1 hidden)"), "{t}");
+        assert!(t.contains("allocs/s") && t.contains("net/s"), "{t}");
+    }
+
+    #[test]
+    fn empty_intervals_say_so() {
+        let mut iv = interval();
+        iv.report = Report::default();
+        let t = text(
+            &iv,
+            &opts(GroupBy::Cache, TopSort::Bytes),
+            &ObjectSizes::default(),
+            20,
+        );
+        assert!(t.contains("(no allocations in this interval)"), "{t}");
+    }
+
+    #[test]
+    fn json_is_one_line_with_record_fields() {
+        let j = json(&interval(), TopSort::Count, Some(1));
+        assert_eq!(j.lines().count(), 1);
+        let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(v["time"], "2026-11-29T17:30:01Z");
+        assert_eq!(v["interval_s"], 1.0);
+        assert!(v["overhead"]["bpf_cpu_pct"].is_number());
+        assert_eq!(v["sites"].as_array().unwrap().len(), 1);
+        assert_eq!(v["sites"][0]["function"], "load_msg");
+        assert_eq!(v["sites"][0]["count"], 1000);
+        assert_eq!(v["totals"]["allocs"], 1300);
+        assert!(v["lost"]["map_full"].is_u64());
+        let back: Interval = serde_json::from_str(&j).unwrap();
+        assert_eq!(back.report.sites[0].counts.count, 1000);
+    }
+
+    #[test]
+    fn sort_report_orders_each_list() {
+        let mut r = interval().report;
+        sort_report(&mut r, TopSort::Count, None);
+        assert!(r
+            .stacks
+            .windows(2)
+            .all(|w| w[0].counts.count >= w[1].counts.count));
+        assert!(by_supported(GroupBy::Cache, false));
+        assert!(!by_supported(GroupBy::Process, false));
+    }
+}

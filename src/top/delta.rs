@@ -1,0 +1,455 @@
+//! Per-interval deltas from cumulative map reads, and the bookkeeping that
+//! lets idle map entries be deleted without losing or double-counting an
+//! event. Pure: snapshots in, snapshots out.
+//!
+//! The BPF maps only ever grow their counters, so an interval is the current
+//! read minus the previous one, key by key. Three things complicate that:
+//! - a key seen for the first time counts from zero;
+//! - a counter that went backwards means its entry was deleted and recreated
+//!   behind our back: the current value is all new;
+//! - entries kheap deletes itself (aged out) are read in the same syscall
+//!   that deletes them; whatever they gained since the last read is carried
+//!   into the next interval.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+use crate::model::{AllocStats, CacheId};
+use crate::report::{EventCounters, SiteKey, Snapshot};
+
+/// A cumulative counter value of one map entry.
+pub trait Counter: Clone + Default {
+    /// Whether `self` is smaller than `earlier`: the entry was reset.
+    fn went_backwards(&self, earlier: &Self) -> bool;
+    /// `self - earlier`, for a value that did not go backwards.
+    fn minus(&self, earlier: &Self) -> Self;
+    fn plus(&mut self, other: &Self);
+    fn is_zero(&self) -> bool;
+}
+
+impl Counter for AllocStats {
+    fn went_backwards(&self, earlier: &Self) -> bool {
+        self.count < earlier.count
+            || self.bytes_req < earlier.bytes_req
+            || self.bytes_alloc < earlier.bytes_alloc
+    }
+    fn minus(&self, earlier: &Self) -> Self {
+        *self - *earlier
+    }
+    fn plus(&mut self, other: &Self) {
+        *self += *other;
+    }
+    fn is_zero(&self) -> bool {
+        self.count == 0
+    }
+}
+
+impl Counter for u64 {
+    fn went_backwards(&self, earlier: &Self) -> bool {
+        self < earlier
+    }
+    fn minus(&self, earlier: &Self) -> Self {
+        self - earlier
+    }
+    fn plus(&mut self, other: &Self) {
+        *self += other;
+    }
+    fn is_zero(&self) -> bool {
+        *self == 0
+    }
+}
+
+/// Per-process values carry the command name along with the counters.
+impl Counter for (String, AllocStats) {
+    fn went_backwards(&self, earlier: &Self) -> bool {
+        self.1.went_backwards(&earlier.1)
+    }
+    fn minus(&self, earlier: &Self) -> Self {
+        (self.0.clone(), self.1 - earlier.1)
+    }
+    fn plus(&mut self, other: &Self) {
+        if self.0.is_empty() {
+            self.0 = other.0.clone();
+        }
+        self.1 += other.1;
+    }
+    fn is_zero(&self) -> bool {
+        self.1.count == 0
+    }
+}
+
+/// What changed between two reads of one cumulative counter.
+pub fn counter_delta<V: Counter>(cur: &V, prev: Option<&V>) -> V {
+    match prev {
+        Some(p) if !cur.went_backwards(p) => cur.minus(p),
+        // New, or reset since the last read: everything in it is new.
+        _ => cur.clone(),
+    }
+}
+
+/// Interval deltas of one map: non-zero entries only, plus what was carried
+/// over from deleted entries.
+fn map_delta<K: Clone + Eq + Hash, V: Counter>(
+    cur: &HashMap<K, V>,
+    prev: &HashMap<K, V>,
+    carry: &mut HashMap<K, V>,
+) -> HashMap<K, V> {
+    let mut out = HashMap::new();
+    for (k, v) in cur {
+        let d = counter_delta(v, prev.get(k));
+        if !d.is_zero() {
+            out.insert(k.clone(), d);
+        }
+    }
+    for (k, c) in carry.drain() {
+        if !c.is_zero() {
+            out.entry(k).or_default().plus(&c);
+        }
+    }
+    out
+}
+
+fn events_delta(cur: &EventCounters, prev: &EventCounters) -> EventCounters {
+    let d = |c: u64, p: u64| counter_delta(&c, Some(&p));
+    EventCounters {
+        frees: d(cur.frees, prev.frees),
+        frees_null: d(cur.frees_null, prev.frees_null),
+        alloc_failed: d(cur.alloc_failed, prev.alloc_failed),
+        stack_samples: d(cur.stack_samples, prev.stack_samples),
+        lost_stack_collision: d(cur.lost_stack_collision, prev.lost_stack_collision),
+        lost_stack_other: d(cur.lost_stack_other, prev.lost_stack_other),
+        map_full_sites: d(cur.map_full_sites, prev.map_full_sites),
+        map_full_stacks: d(cur.map_full_stacks, prev.map_full_stacks),
+        map_full_procs: d(cur.map_full_procs, prev.map_full_procs),
+        map_full_caches: d(cur.map_full_caches, prev.map_full_caches),
+    }
+}
+
+/// Keys of the BPF maps that saw no event for a while, to be deleted so the
+/// maps do not fill up over a long run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IdleKeys {
+    pub sites: Vec<SiteKey>,
+    pub stacks: Vec<(SiteKey, i64)>,
+    pub procs: Vec<u32>,
+    pub caches: Vec<CacheId>,
+}
+
+impl IdleKeys {
+    pub fn len(&self) -> usize {
+        self.sites.len() + self.stacks.len() + self.procs.len() + self.caches.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Consecutive idle intervals of each key of one map.
+#[derive(Clone, Debug)]
+struct IdleCount<K>(HashMap<K, u32>);
+
+impl<K> Default for IdleCount<K> {
+    fn default() -> Self {
+        IdleCount(HashMap::new())
+    }
+}
+
+impl<K: Clone + Eq + Hash> IdleCount<K> {
+    /// Counts one more idle interval for keys present but unchanged; keys
+    /// that moved restart at zero, keys gone from the map are dropped.
+    fn observe<V>(&mut self, present: &HashMap<K, V>, active: &HashMap<K, V>) {
+        self.0.retain(|k, _| present.contains_key(k));
+        for k in present.keys() {
+            let n = self.0.entry(k.clone()).or_insert(0);
+            *n = if active.contains_key(k) { 0 } else { *n + 1 };
+        }
+    }
+    fn at_least(&self, intervals: u32) -> Vec<K> {
+        self.0
+            .iter()
+            .filter(|(_, &n)| n >= intervals)
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+    fn forget(&mut self, k: &K) {
+        self.0.remove(k);
+    }
+}
+
+/// Turns successive cumulative snapshots into per-interval snapshots.
+#[derive(Default)]
+pub struct Tracker {
+    prev: Snapshot,
+    carry: Snapshot,
+    idle_sites: IdleCount<SiteKey>,
+    idle_stacks: IdleCount<(SiteKey, i64)>,
+    idle_procs: IdleCount<u32>,
+    idle_caches: IdleCount<CacheId>,
+    /// Stack frames of carried stacks (their ids may be gone from the map).
+    carried_frames: HashMap<i64, Vec<u64>>,
+}
+
+impl Tracker {
+    pub fn new() -> Tracker {
+        Tracker::default()
+    }
+
+    /// The events between the previous read and `cur`, which becomes the
+    /// new baseline.
+    pub fn interval(&mut self, cur: Snapshot) -> Snapshot {
+        let sites = map_delta(&cur.sites, &self.prev.sites, &mut self.carry.sites);
+        let stacks = map_delta(&cur.stacks, &self.prev.stacks, &mut self.carry.stacks);
+        let procs = map_delta(&cur.procs, &self.prev.procs, &mut self.carry.procs);
+        let cache_frees = map_delta(
+            &cur.cache_frees,
+            &self.prev.cache_frees,
+            &mut self.carry.cache_frees,
+        );
+        let events = events_delta(&cur.events, &self.prev.events);
+
+        self.idle_sites.observe(&cur.sites, &sites);
+        self.idle_stacks.observe(&cur.stacks, &stacks);
+        self.idle_procs.observe(&cur.procs, &procs);
+        self.idle_caches.observe(&cur.cache_frees, &cache_frees);
+
+        let mut stack_frames = HashMap::new();
+        for (_, id) in stacks.keys() {
+            let frames = cur
+                .stack_frames
+                .get(id)
+                .or_else(|| self.carried_frames.get(id));
+            if let Some(f) = frames {
+                stack_frames.insert(*id, f.clone());
+            }
+        }
+        self.carried_frames.clear();
+        self.prev = cur;
+        Snapshot {
+            sites,
+            stacks,
+            stack_frames,
+            procs,
+            cache_frees,
+            events,
+            leaks: None,
+        }
+    }
+
+    /// Keys that have been idle for at least `intervals` reads in a row.
+    pub fn idle_keys(&self, intervals: u32) -> IdleKeys {
+        IdleKeys {
+            sites: self.idle_sites.at_least(intervals),
+            stacks: self.idle_stacks.at_least(intervals),
+            procs: self.idle_procs.at_least(intervals),
+            caches: self.idle_caches.at_least(intervals),
+        }
+    }
+
+    /// Takes note of entries deleted from the maps, with their values at
+    /// deletion: whatever they gained since the last read is reported in the
+    /// next interval, and they no longer serve as a baseline.
+    pub fn forget(&mut self, removed: &Snapshot) {
+        fn carry_over<K: Clone + Eq + Hash, V: Counter>(
+            removed: &HashMap<K, V>,
+            prev: &mut HashMap<K, V>,
+            carry: &mut HashMap<K, V>,
+            idle: &mut IdleCount<K>,
+        ) {
+            for (k, v) in removed {
+                let gained = counter_delta(v, prev.remove(k).as_ref());
+                if !gained.is_zero() {
+                    carry.entry(k.clone()).or_default().plus(&gained);
+                }
+                idle.forget(k);
+            }
+        }
+        carry_over(
+            &removed.sites,
+            &mut self.prev.sites,
+            &mut self.carry.sites,
+            &mut self.idle_sites,
+        );
+        carry_over(
+            &removed.stacks,
+            &mut self.prev.stacks,
+            &mut self.carry.stacks,
+            &mut self.idle_stacks,
+        );
+        carry_over(
+            &removed.procs,
+            &mut self.prev.procs,
+            &mut self.carry.procs,
+            &mut self.idle_procs,
+        );
+        carry_over(
+            &removed.cache_frees,
+            &mut self.prev.cache_frees,
+            &mut self.carry.cache_frees,
+            &mut self.idle_caches,
+        );
+        for (id, frames) in &removed.stack_frames {
+            self.carried_frames.insert(*id, frames.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Hist;
+
+    fn stats(count: u64, size: u64) -> AllocStats {
+        let mut h = Hist::default();
+        h.0[Hist::bucket_of(size)] = count;
+        AllocStats {
+            count,
+            bytes_req: count * size,
+            bytes_alloc: count * size.next_power_of_two(),
+            hist: h,
+        }
+    }
+
+    fn key(site: u64) -> SiteKey {
+        SiteKey {
+            call_site: site,
+            cache: CacheId::Kmalloc {
+                size: 192,
+                accounted: false,
+            },
+        }
+    }
+
+    fn snap(sites: &[(u64, u64)]) -> Snapshot {
+        let mut s = Snapshot::default();
+        for &(site, count) in sites {
+            s.sites.insert(key(site), stats(count, 144));
+        }
+        s
+    }
+
+    #[test]
+    fn deltas_subtract_the_previous_read() {
+        let mut t = Tracker::new();
+        let d1 = t.interval(snap(&[(1, 100), (2, 5)]));
+        assert_eq!(d1.sites[&key(1)].count, 100, "first read counts from zero");
+        let d2 = t.interval(snap(&[(1, 250), (2, 5)]));
+        assert_eq!(d2.sites[&key(1)], stats(150, 144));
+        assert_eq!(d2.sites[&key(1)].hist.0[Hist::bucket_of(144)], 150);
+        assert!(!d2.sites.contains_key(&key(2)), "idle keys have no row");
+    }
+
+    #[test]
+    fn keys_that_appear_and_disappear() {
+        let mut t = Tracker::new();
+        t.interval(snap(&[(1, 10)]));
+        let d = t.interval(snap(&[(1, 10), (3, 7)]));
+        assert_eq!(d.sites.len(), 1);
+        assert_eq!(d.sites[&key(3)].count, 7);
+        // Key 1 vanished (deleted by someone else): no row, no negative.
+        let d = t.interval(snap(&[(3, 9)]));
+        assert_eq!(d.sites.len(), 1);
+        assert_eq!(d.sites[&key(3)].count, 2);
+        // It comes back from zero: all of it is new.
+        let d = t.interval(snap(&[(1, 4), (3, 9)]));
+        assert_eq!(d.sites[&key(1)].count, 4);
+    }
+
+    #[test]
+    fn a_counter_that_went_backwards_was_reset() {
+        let mut t = Tracker::new();
+        t.interval(snap(&[(1, 1000)]));
+        let d = t.interval(snap(&[(1, 30)]));
+        assert_eq!(d.sites[&key(1)].count, 30, "not 0, not a wrapped u64");
+        let mut prev = EventCounters {
+            frees: 500,
+            ..Default::default()
+        };
+        let cur = EventCounters {
+            frees: 20,
+            ..Default::default()
+        };
+        assert_eq!(events_delta(&cur, &prev).frees, 20);
+        prev.frees = 5;
+        assert_eq!(events_delta(&cur, &prev).frees, 15);
+    }
+
+    #[test]
+    fn idle_keys_age_out_without_losing_events() {
+        let mut t = Tracker::new();
+        t.interval(snap(&[(1, 10), (2, 50)]));
+        t.interval(snap(&[(1, 10), (2, 60)]));
+        assert!(t.idle_keys(2).is_empty());
+        t.interval(snap(&[(1, 10), (2, 70)]));
+        assert_eq!(t.idle_keys(2).sites, vec![key(1)]);
+        assert_eq!(t.idle_keys(2).len(), 1);
+        // Deleted with 3 more events than the last read saw: they show up
+        // in the next interval even though the key is gone from the map.
+        let mut removed = Snapshot::default();
+        removed.sites.insert(key(1), stats(13, 144));
+        t.forget(&removed);
+        assert!(
+            t.idle_keys(1).sites.is_empty(),
+            "forgotten keys are not idle"
+        );
+        let d = t.interval(snap(&[(2, 80)]));
+        assert_eq!(d.sites[&key(1)].count, 3);
+        assert_eq!(d.sites[&key(2)].count, 10);
+        // Recreated by the kernel after deletion: counts from zero again,
+        // nothing carried twice.
+        let d = t.interval(snap(&[(1, 2), (2, 80)]));
+        assert_eq!(d.sites[&key(1)].count, 2);
+        assert_eq!(d.sites.len(), 1);
+    }
+
+    #[test]
+    fn removed_entries_that_gained_nothing_carry_nothing() {
+        let mut t = Tracker::new();
+        t.interval(snap(&[(1, 10)]));
+        let mut removed = Snapshot::default();
+        removed.sites.insert(key(1), stats(10, 144));
+        t.forget(&removed);
+        let d = t.interval(Snapshot::default());
+        assert!(d.sites.is_empty());
+    }
+
+    #[test]
+    fn stacks_procs_and_cache_frees_are_deltas_too() {
+        let mut t = Tracker::new();
+        let mut a = Snapshot::default();
+        a.stacks.insert((key(1), 7), stats(2, 144));
+        a.stack_frames.insert(7, vec![0x10, 0x20]);
+        a.procs.insert(42, ("cc1".into(), stats(5, 64)));
+        a.cache_frees.insert(CacheId::Named("dentry".into()), 100);
+        a.events.frees = 100;
+        a.events.lost_stack_collision = 1;
+        t.interval(a.clone());
+        let mut b = a.clone();
+        b.stacks.insert((key(1), 7), stats(5, 144));
+        b.procs.insert(42, ("cc1".into(), stats(9, 64)));
+        b.cache_frees.insert(CacheId::Named("dentry".into()), 160);
+        b.events.frees = 190;
+        let d = t.interval(b);
+        assert_eq!(d.stacks[&(key(1), 7)].count, 3);
+        assert_eq!(d.stack_frames[&7], vec![0x10, 0x20]);
+        assert_eq!(d.procs[&42], ("cc1".to_string(), stats(4, 64)));
+        assert_eq!(d.cache_frees[&CacheId::Named("dentry".into())], 60);
+        assert_eq!(d.events.frees, 90);
+        assert_eq!(d.events.lost_stack_collision, 0);
+    }
+
+    #[test]
+    fn carried_stacks_keep_their_frames() {
+        let mut t = Tracker::new();
+        let mut a = Snapshot::default();
+        a.stacks.insert((key(1), 7), stats(2, 144));
+        a.stack_frames.insert(7, vec![0x10]);
+        t.interval(a);
+        let mut removed = Snapshot::default();
+        removed.stacks.insert((key(1), 7), stats(3, 144));
+        removed.stack_frames.insert(7, vec![0x10]);
+        t.forget(&removed);
+        let d = t.interval(Snapshot::default());
+        assert_eq!(d.stacks[&(key(1), 7)].count, 1);
+        assert_eq!(d.stack_frames[&7], vec![0x10]);
+    }
+}

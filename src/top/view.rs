@@ -1,0 +1,578 @@
+//! What one interval of `kheap top` shows: rows per site, stack, cache or
+//! process with per-second rates, their sorting, the header, and the cell
+//! formatting shared by the full-screen view and batch mode. Pure.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{human_count, human_size, pct};
+use crate::render::GroupBy;
+use crate::report::{Counts, Report};
+use crate::top::overhead::Overhead;
+
+/// Columns `kheap top` can sort by (all per second except the ratios).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum TopSort {
+    /// Bytes allocated per second (what the slab allocator handed out)
+    Bytes,
+    /// Allocations per second
+    Count,
+    /// Bytes requested per second
+    Req,
+    /// Bytes lost to size-class rounding per second
+    Waste,
+    /// Waste as a share of the allocated bytes
+    WastePct,
+    /// Average requested size
+    Avg,
+    /// Net bytes per second (allocated minus freed; caches with attributable frees)
+    Net,
+}
+
+impl TopSort {
+    const ALL: [TopSort; 7] = [
+        TopSort::Bytes,
+        TopSort::Count,
+        TopSort::Req,
+        TopSort::Waste,
+        TopSort::WastePct,
+        TopSort::Avg,
+        TopSort::Net,
+    ];
+
+    /// The next sort column, for the sort key.
+    pub fn next(self) -> TopSort {
+        let i = Self::ALL.iter().position(|&s| s == self).unwrap_or(0);
+        Self::ALL[(i + 1) % Self::ALL.len()]
+    }
+
+    /// The header of the column this sorts by.
+    pub fn column(self) -> &'static str {
+        match self {
+            TopSort::Bytes => "alloc/s",
+            TopSort::Count => "allocs/s",
+            TopSort::Req => "req/s",
+            TopSort::Waste => "waste/s",
+            TopSort::WastePct => "waste%",
+            TopSort::Avg => "avg",
+            TopSort::Net => "net/s",
+        }
+    }
+}
+
+/// The next grouping, for the view key. The process view needs per-process
+/// counting in the kernel, so it is only offered when that is on.
+pub fn next_group(by: GroupBy, with_processes: bool) -> GroupBy {
+    match by {
+        GroupBy::Site => GroupBy::Stack,
+        GroupBy::Stack => GroupBy::Cache,
+        GroupBy::Cache if with_processes => GroupBy::Process,
+        _ => GroupBy::Site,
+    }
+}
+
+pub fn group_name(by: GroupBy) -> &'static str {
+    match by {
+        GroupBy::Site => "site",
+        GroupBy::Stack => "stack",
+        GroupBy::Cache => "cache",
+        GroupBy::Process => "process",
+    }
+}
+
+/// One row of one interval.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TopRow {
+    /// What identifies the row across intervals (two sites can share a
+    /// label): call site and caches, stack frames, cache name, or PID.
+    pub key: String,
+    /// Site location, stack label, cache name, or PID.
+    pub name: String,
+    /// Caches of a site or stack, frees/s of a cache, comm of a process.
+    pub detail: String,
+    /// Counts over the interval (not per second).
+    pub counts: Counts,
+    /// Allocated minus freed bytes over the interval, where frees can be
+    /// attributed (dedicated caches, through kmem_cache_free's cache).
+    pub net_bytes: Option<i64>,
+    /// Stacks to show when the row is expanded, innermost frame first.
+    pub stacks: Vec<Vec<String>>,
+    /// Whether the counts are scaled from sampled stacks.
+    pub estimated: bool,
+}
+
+/// Object sizes of caches, remembered across intervals: a cache that only
+/// frees in an interval still has a known size.
+#[derive(Clone, Debug, Default)]
+pub struct ObjectSizes(HashMap<String, u64>);
+
+impl ObjectSizes {
+    pub fn learn(&mut self, report: &Report) {
+        for c in &report.caches {
+            if let Some(size) = c.counts.bytes_alloc.checked_div(c.counts.count) {
+                self.0.insert(c.name.clone(), size);
+            }
+        }
+    }
+    pub fn get(&self, cache: &str) -> Option<u64> {
+        self.0.get(cache).copied()
+    }
+}
+
+/// Frees of kmalloc memory go through kfree(), whose event names no cache:
+/// only dedicated caches have attributable frees.
+pub fn frees_attributable(cache: &str) -> bool {
+    !cache.starts_with("kmalloc-")
+}
+
+/// The first `n` items and how many more: "bio-120,bio-184 +3".
+pub fn short_list(items: &[String], n: usize) -> String {
+    let mut s = items.iter().take(n).cloned().collect::<Vec<_>>().join(",");
+    if items.len() > n {
+        let _ = write!(s, " +{}", items.len() - n);
+    }
+    s
+}
+
+/// The rows of one grouping of an interval report.
+pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
+    match by {
+        GroupBy::Site => report
+            .sites
+            .iter()
+            .map(|s| TopRow {
+                key: format!("{} {}", s.call_site, s.caches.join(",")),
+                name: s.location.clone(),
+                detail: short_list(&s.caches, 2),
+                counts: s.counts.clone(),
+                net_bytes: None,
+                // The site's sampled stacks: those passing through its call
+                // site into one of its caches.
+                stacks: report
+                    .stacks
+                    .iter()
+                    .filter(|st| st.frames.contains(&s.call_site) && s.caches.contains(&st.cache))
+                    .map(|st| st.frames.clone())
+                    .collect(),
+                estimated: false,
+            })
+            .collect(),
+        GroupBy::Stack => report
+            .stacks
+            .iter()
+            .map(|s| TopRow {
+                key: format!("{} {}", s.frames.join(";"), s.cache),
+                name: s.function.clone(),
+                detail: s.cache.clone(),
+                counts: s.counts.clone(),
+                net_bytes: None,
+                stacks: vec![s.frames.clone()],
+                estimated: s.estimated,
+            })
+            .collect(),
+        GroupBy::Cache => report
+            .caches
+            .iter()
+            .map(|c| {
+                let net = if frees_attributable(&c.name) {
+                    sizes
+                        .get(&c.name)
+                        .map(|size| (c.counts.count as i64 - c.frees as i64) * size as i64)
+                } else {
+                    None
+                };
+                TopRow {
+                    key: c.name.clone(),
+                    name: c.name.clone(),
+                    detail: if frees_attributable(&c.name) {
+                        c.frees.to_string()
+                    } else {
+                        "-".into()
+                    },
+                    counts: c.counts.clone(),
+                    net_bytes: net,
+                    stacks: Vec::new(),
+                    estimated: false,
+                }
+            })
+            .collect(),
+        GroupBy::Process => report
+            .processes
+            .iter()
+            .map(|p| TopRow {
+                key: p.pid.to_string(),
+                name: p.pid.to_string(),
+                detail: p.comm.clone(),
+                counts: p.counts.clone(),
+                net_bytes: None,
+                stacks: Vec::new(),
+                estimated: false,
+            })
+            .collect(),
+    }
+}
+
+fn sort_value(r: &TopRow, by: TopSort) -> f64 {
+    let c = &r.counts;
+    match by {
+        TopSort::Bytes => c.bytes_alloc as f64,
+        TopSort::Count => c.count as f64,
+        TopSort::Req => c.bytes_req as f64,
+        TopSort::Waste => c.waste_bytes as f64,
+        TopSort::WastePct => c.waste_pct,
+        TopSort::Avg => c.avg_size,
+        // Rows without attributable frees sort below every known value.
+        TopSort::Net => r.net_bytes.map_or(f64::NEG_INFINITY, |n| n as f64),
+    }
+}
+
+/// Heaviest first; ties by name so the order is stable between refreshes.
+pub fn sort_rows(rows: &mut [TopRow], by: TopSort) {
+    rows.sort_by(|a, b| {
+        sort_value(b, by)
+            .total_cmp(&sort_value(a, by))
+            .then_with(|| a.name.cmp(&b.name))
+    });
+}
+
+/// Column headers: two identifying columns, then the rates.
+pub fn headers(by: GroupBy) -> Vec<&'static str> {
+    let first: [&str; 2] = match by {
+        GroupBy::Site => ["site", "cache"],
+        GroupBy::Stack => ["stack", "cache"],
+        GroupBy::Cache => ["cache", "frees/s"],
+        GroupBy::Process => ["pid", "comm"],
+    };
+    first.into_iter().chain(RATE_HEADERS).collect()
+}
+
+pub const RATE_HEADERS: [&str; 7] = [
+    "allocs/s", "req/s", "alloc/s", "waste/s", "waste%", "avg", "net/s",
+];
+
+/// A per-second rate over an interval.
+pub fn per_sec(v: u64, interval_s: f64) -> f64 {
+    if interval_s > 0.0 {
+        v as f64 / interval_s
+    } else {
+        0.0
+    }
+}
+
+/// Bytes per second in binary units, signed: "+1.5M", "-300K", "0".
+pub fn signed_size(v: f64) -> String {
+    let mag = human_size(v.abs().round() as u64);
+    if v.round() > 0.0 {
+        format!("+{mag}")
+    } else if v.round() < 0.0 {
+        format!("-{mag}")
+    } else {
+        mag
+    }
+}
+
+/// The formatted cells of one row, matching `headers`.
+pub fn cells(r: &TopRow, by: GroupBy, interval_s: f64) -> Vec<String> {
+    let c = &r.counts;
+    let rate = |v: u64| per_sec(v, interval_s);
+    let est = if r.estimated { "~" } else { "" };
+    let detail = match by {
+        GroupBy::Cache => match r.detail.parse::<u64>() {
+            Ok(frees) => human_count(rate(frees).round() as u64),
+            Err(_) => r.detail.clone(),
+        },
+        _ => r.detail.clone(),
+    };
+    vec![
+        r.name.clone(),
+        detail,
+        format!("{est}{}", human_count(rate(c.count).round() as u64)),
+        format!("{est}{}", human_size(rate(c.bytes_req).round() as u64)),
+        format!("{est}{}", human_size(rate(c.bytes_alloc).round() as u64)),
+        format!("{est}{}", human_size(rate(c.waste_bytes).round() as u64)),
+        format!("{:.1}%", c.waste_pct),
+        format!("{:.0}", c.avg_size),
+        match r.net_bytes {
+            Some(n) => signed_size(n as f64 / interval_s.max(f64::MIN_POSITIVE)),
+            None => "-".into(),
+        },
+    ]
+}
+
+/// One interval as read and reported, with how it was read.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Interval {
+    /// Wall-clock end of the interval, UTC, RFC 3339.
+    pub time: String,
+    /// Measured length of the interval: the time between the two map reads.
+    pub interval_s: f64,
+    /// Idle map entries deleted after this interval (their counts are kept).
+    pub aged_out: u64,
+    pub overhead: Overhead,
+    /// Counts over the interval, with the same fields as `kheap record`.
+    #[serde(flatten)]
+    pub report: Report,
+}
+
+/// What the user chose to see.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ViewOptions {
+    pub by: GroupBy,
+    pub sort: TopSort,
+    pub paused: bool,
+}
+
+/// The header above the rows.
+pub fn header_lines(iv: &Interval, v: &ViewOptions, shown: usize, total: usize) -> Vec<String> {
+    let r = &iv.report;
+    let s = iv.interval_s;
+    let t = &r.totals;
+    let mut lines = Vec::new();
+    lines.push(format!(
+        "kheap top  {}  interval {:.2}s  view: {}  sort: {}{}",
+        iv.time,
+        s,
+        group_name(v.by),
+        v.sort.column(),
+        if v.paused { "  [PAUSED]" } else { "" }
+    ));
+    lines.push(format!(
+        "events: {} allocs/s, {} frees/s; {}/s requested, {}/s allocated, {}/s wasted ({:.1}%)",
+        human_count(per_sec(t.allocs, s).round() as u64),
+        human_count(per_sec(t.frees, s).round() as u64),
+        human_size(per_sec(t.bytes_req, s).round() as u64),
+        human_size(per_sec(t.bytes_alloc, s).round() as u64),
+        human_size(per_sec(t.waste_bytes, s).round() as u64),
+        pct(t.waste_bytes, t.bytes_alloc),
+    ));
+    let sampling = match r.sampling.stack_sample_every {
+        0 => "no stacks".to_string(),
+        1 => "every stack (exact)".to_string(),
+        n => format!(
+            "stacks sampled 1 in {n} ({} this interval; stack rows are estimates)",
+            r.sampling.stack_samples
+        ),
+    };
+    lines.push(format!(
+        "sampling: {sampling}; lost: {} stacks, {} map-full drops{}; aged out: {} idle keys",
+        r.lost.stacks,
+        r.lost.map_full,
+        if t.failed_allocs > 0 {
+            format!(", {} failed allocs", t.failed_allocs)
+        } else {
+            String::new()
+        },
+        iv.aged_out
+    ));
+    let o = &iv.overhead;
+    let bpf = if o.bpf_stats {
+        format!(
+            "BPF {:.1}% of a CPU ({:.0} ns x {} runs/s{})",
+            o.bpf_cpu_pct,
+            o.bpf_ns_per_run,
+            human_count(per_sec(o.bpf_runs, s).round() as u64),
+            if o.bpf_recursion_misses > 0 {
+                format!(", {} missed by recursion", o.bpf_recursion_misses)
+            } else {
+                String::new()
+            }
+        )
+    } else {
+        "BPF run time unknown (statistics could not be enabled)".to_string()
+    };
+    lines.push(format!(
+        "overhead: {bpf}; kheap {:.1}% CPU, {} RSS",
+        o.self_cpu_pct,
+        human_size(o.self_max_rss_bytes)
+    ));
+    let mut rows = format!("rows: {shown} of {total}");
+    if total > shown {
+        let _ = write!(rows, " ({} hidden)", total - shown);
+    }
+    lines.push(rows);
+    lines
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::{fixture_symbols, sample_snapshot};
+    use crate::report::{build, BuildOptions, RunInfo};
+
+    fn report() -> Report {
+        build(
+            &sample_snapshot(),
+            &fixture_symbols(),
+            BuildOptions {
+                stack_sample_every: 10,
+                duration_s: 2.0,
+                run: RunInfo::default(),
+            },
+        )
+    }
+
+    fn row(name: &str, count: u64, bytes: u64, net: Option<i64>) -> TopRow {
+        TopRow {
+            name: name.into(),
+            counts: Counts {
+                count,
+                bytes_alloc: bytes,
+                ..Default::default()
+            },
+            net_bytes: net,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn rows_sort_by_the_chosen_column_with_stable_ties() {
+        let mut r = vec![
+            row("b", 10, 100, Some(-5)),
+            row("a", 10, 300, None),
+            row("c", 20, 100, Some(7)),
+        ];
+        sort_rows(&mut r, TopSort::Bytes);
+        assert_eq!(r[0].name, "a");
+        assert_eq!((r[1].name.as_str(), r[2].name.as_str()), ("b", "c"));
+        sort_rows(&mut r, TopSort::Count);
+        assert_eq!(r[0].name, "c");
+        assert_eq!(r[1].name, "a", "tie on count broken by name");
+        sort_rows(&mut r, TopSort::Net);
+        let names: Vec<&str> = r.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["c", "b", "a"], "unknown net sorts last");
+    }
+
+    #[test]
+    fn sort_and_view_keys_cycle() {
+        let mut s = TopSort::Bytes;
+        for _ in 0..7 {
+            s = s.next();
+        }
+        assert_eq!(s, TopSort::Bytes);
+        assert_eq!(TopSort::Bytes.next(), TopSort::Count);
+        assert_eq!(next_group(GroupBy::Cache, false), GroupBy::Site);
+        assert_eq!(next_group(GroupBy::Cache, true), GroupBy::Process);
+        assert_eq!(next_group(GroupBy::Process, true), GroupBy::Site);
+    }
+
+    #[test]
+    fn cells_are_per_second_rates() {
+        let mut r = row("load_msg+0x41", 2000, 2000 * 4096, None);
+        r.counts.bytes_req = 2000 * 2148;
+        r.counts.waste_bytes = 2000 * (4096 - 2148);
+        r.counts.waste_pct = 47.56;
+        r.counts.avg_size = 2148.0;
+        r.detail = "kmalloc-4k".into();
+        let c = cells(&r, GroupBy::Site, 2.0);
+        assert_eq!(c.len(), headers(GroupBy::Site).len());
+        assert_eq!(
+            c,
+            [
+                "load_msg+0x41",
+                "kmalloc-4k",
+                "1.0k",
+                "2.0M",
+                "3.9M",
+                "1.9M",
+                "47.6%",
+                "2148",
+                "-"
+            ]
+        );
+        r.estimated = true;
+        assert_eq!(cells(&r, GroupBy::Stack, 2.0)[2], "~1.0k");
+    }
+
+    #[test]
+    fn long_cache_lists_are_shortened() {
+        let l = |v: &[&str]| short_list(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>(), 2);
+        assert_eq!(l(&["a"]), "a");
+        assert_eq!(l(&["a", "b"]), "a,b");
+        assert_eq!(l(&["a", "b", "c", "d"]), "a,b +2");
+    }
+
+    #[test]
+    fn signed_sizes() {
+        assert_eq!(signed_size(1536.0), "+1.5K");
+        assert_eq!(signed_size(-300.0 * 1024.0), "-300K");
+        assert_eq!(signed_size(0.2), "0");
+    }
+
+    #[test]
+    fn cache_rows_have_frees_and_net_where_attributable() {
+        let mut rep = report();
+        rep.caches.push(crate::report::CacheRow {
+            name: "dentry".into(),
+            frees: 30,
+            counts: Counts {
+                count: 10,
+                bytes_req: 10 * 192,
+                bytes_alloc: 10 * 192,
+                ..Default::default()
+            },
+            retention: None,
+        });
+        let mut sizes = ObjectSizes::default();
+        sizes.learn(&rep);
+        let rows = rows(&rep, GroupBy::Cache, &sizes);
+        let dentry = rows.iter().find(|r| r.name == "dentry").unwrap();
+        assert_eq!(dentry.net_bytes, Some(-20 * 192));
+        let c = cells(dentry, GroupBy::Cache, 2.0);
+        assert_eq!(c[1], "15", "frees per second");
+        assert_eq!(c[8], "-1.9K");
+        let km = rows.iter().find(|r| r.name == "kmalloc-cg-4k").unwrap();
+        assert_eq!(km.net_bytes, None, "kfree names no cache");
+        assert_eq!(cells(km, GroupBy::Cache, 2.0)[1], "-");
+    }
+
+    #[test]
+    fn site_rows_carry_their_sampled_stacks() {
+        let rep = report();
+        let rows = rows(&rep, GroupBy::Site, &ObjectSizes::default());
+        let msg = rows.iter().find(|r| r.name == "load_msg+0x10").unwrap();
+        assert_eq!(msg.stacks.len(), 1);
+        assert_eq!(msg.stacks[0][0], "__kmalloc_noprof+0x10");
+        let kv = rows
+            .iter()
+            .find(|r| r.name == "simple_xattr_alloc+0x10")
+            .unwrap();
+        assert_eq!(kv.stacks.len(), 2);
+    }
+
+    #[test]
+    fn header_says_rates_losses_sampling_and_overhead() {
+        let iv = Interval {
+            time: "2026-11-29T17:30:01Z".into(),
+            interval_s: 2.0,
+            aged_out: 3,
+            overhead: Overhead {
+                bpf_stats: true,
+                bpf_cpu_pct: 1.5,
+                bpf_ns_per_run: 40.0,
+                bpf_runs: 2000,
+                self_cpu_pct: 0.3,
+                self_max_rss_bytes: 12 << 20,
+                ..Default::default()
+            },
+            report: report(),
+        };
+        let v = ViewOptions {
+            by: GroupBy::Site,
+            sort: TopSort::Bytes,
+            paused: true,
+        };
+        let h = header_lines(&iv, &v, 1, 2).join("\n");
+        assert!(h.contains("2026-11-29T17:30:01Z"), "{h}");
+        assert!(h.contains("[PAUSED]"), "{h}");
+        assert!(h.contains("650 allocs/s, 450 frees/s"), "{h}");
+        assert!(h.contains("sampled 1 in 10"), "{h}");
+        assert!(h.contains("lost: 2 stacks, 0 map-full drops"), "{h}");
+        assert!(h.contains("aged out: 3 idle keys"), "{h}");
+        assert!(h.contains("BPF 1.5% of a CPU (40 ns x 1.0k runs/s)"), "{h}");
+        assert!(h.contains("kheap 0.3% CPU, 12.0M RSS"), "{h}");
+        assert!(h.contains("rows: 1 of 2 (1 hidden)"), "{h}");
+    }
+}

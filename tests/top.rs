@@ -1,0 +1,561 @@
+//! `kheap top` against the real kernel: a paced allocation loop whose rate
+//! is known, batch output checked interval by interval, and the full-screen
+//! view driven through a real terminal (tmux).
+
+mod common;
+
+use std::io::Read;
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// The loop's rate: writev(2) calls per second, one 144-byte kmalloc each
+/// in iovec_from_user. Low enough to hold on a busy 2-CPU machine.
+const RATE: u64 = 20_000;
+/// Allowed difference between an interval's rate and the loop's own
+/// measured rate. Interval edges and pacing jitter (the loop catches up in
+/// 2 ms steps) are well inside it; a lost or double-counted interval is not.
+const TOLERANCE: f64 = 0.10;
+
+/// A paced writev loop, killed when dropped (even if the test fails).
+struct Loop(Option<Child>);
+
+impl Loop {
+    fn start(secs: u32) -> Loop {
+        let child = Command::new(LOAD)
+            .args(["writev-rate", &RATE.to_string(), &secs.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("starting kheap-load");
+        Loop(Some(child))
+    }
+    fn pid(&self) -> u32 {
+        self.0.as_ref().unwrap().id()
+    }
+    /// Waits for the loop; returns the rate it measured itself.
+    fn measured_rate(mut self) -> f64 {
+        let mut child = self.0.take().unwrap();
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        assert!(child.wait().unwrap().success());
+        // "N writev calls in S s, R per second"
+        let words: Vec<&str> = out.split_whitespace().collect();
+        let calls: f64 = words[0].parse().unwrap();
+        let secs: f64 = words[4].parse().unwrap();
+        calls / secs
+    }
+}
+
+impl Drop for Loop {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Starts `kheap top ARGS` and waits until it counts (its "tracing" line).
+fn start_top(args: &[&str]) -> Child {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(KHEAP)
+        .arg("top")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    assert!(line.contains("tracing"), "kheap top did not start: {line}");
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    child
+}
+
+fn iovec_site(interval: &Value) -> Option<&Value> {
+    interval["sites"].as_array()?.iter().find(|s| {
+        s["function"]
+            .as_str()
+            .is_some_and(|f| base_name(f) == "iovec_from_user")
+    })
+}
+
+#[test]
+fn batch_json_rates_match_the_loop() {
+    if !require_root("batch_json_rates_match_the_loop") {
+        return;
+    }
+    let load = Loop::start(10);
+    let out = kheap(&[
+        "top",
+        "-b",
+        "-n",
+        "3",
+        "-i",
+        "1",
+        "--format",
+        "json",
+        "-p",
+        &load.pid().to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rate = load.measured_rate();
+    assert!(
+        (rate - RATE as f64).abs() < RATE as f64 * 0.05,
+        "the loop held its pace: {rate}/s"
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let intervals: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line ({e}): {l}")))
+        .collect();
+    assert_eq!(intervals.len(), 3, "one object per interval: {text}");
+    for iv in &intervals {
+        let secs = iv["interval_s"].as_f64().unwrap();
+        assert!((0.9..1.5).contains(&secs), "interval of {secs}s");
+        let site = iovec_site(iv).unwrap_or_else(|| panic!("no iovec_from_user site: {iv}"));
+        let count = u(&site["count"]);
+        let seen = count as f64 / secs;
+        assert!(
+            (seen - rate).abs() <= rate * TOLERANCE,
+            "interval rate {seen:.0}/s vs the loop's {rate:.0}/s"
+        );
+        // Per-interval, not cumulative: exact sizes for exactly these calls.
+        assert_eq!(u(&site["bytes_req"]), count * 144);
+        assert_eq!(u(&site["bytes_alloc"]), count * 192);
+        assert_eq!(site["caches"][0], "kmalloc-192");
+        assert!(iv["time"].as_str().unwrap().ends_with('Z'));
+        assert!(iv["lost"]["map_full"].is_u64());
+        assert!(iv["overhead"]["bpf_stats"].is_boolean());
+        assert_eq!(iv["sampling"]["stack_sample_every"], 1024);
+    }
+    // The -p filter leaves only the loop: every allocation is its own.
+    for iv in &intervals {
+        let site_count = u(&iovec_site(iv).unwrap()["count"]);
+        assert_eq!(u(&iv["totals"]["allocs"]), site_count, "{iv}");
+    }
+}
+
+#[test]
+fn batch_table_is_plain_text_with_timestamps() {
+    if !require_root("batch_table_is_plain_text_with_timestamps") {
+        return;
+    }
+    let load = Loop::start(6);
+    let out = kheap(&[
+        "top",
+        "-b",
+        "-n",
+        "2",
+        "-i",
+        "0.5",
+        "--rows",
+        "5",
+        "-p",
+        &load.pid().to_string(),
+    ]);
+    drop(load);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(!text.contains('\x1b'), "no escape codes: {text:?}");
+    let headings: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("kheap top  20"))
+        .collect();
+    assert_eq!(headings.len(), 2, "{text}");
+    for h in headings {
+        assert!(
+            h.contains("view: site") && h.contains("sort: alloc/s"),
+            "{h}"
+        );
+    }
+    assert_eq!(text.matches("iovec_from_user+0x").count(), 2, "{text}");
+    assert!(text.contains("kmalloc-192"), "{text}");
+    assert!(text.contains("lost: 0 stacks"), "{text}");
+    assert!(text.contains("overhead: "), "{text}");
+}
+
+#[test]
+fn process_view_counts_the_loop_process() {
+    if !require_root("process_view_counts_the_loop_process") {
+        return;
+    }
+    let load = Loop::start(6);
+    let pid = load.pid();
+    let out = kheap(&[
+        "top",
+        "-b",
+        "-n",
+        "2",
+        "-i",
+        "0.5",
+        "--by",
+        "process",
+        "--format",
+        "json",
+        "-p",
+        &pid.to_string(),
+    ]);
+    drop(load);
+    assert!(out.status.success());
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let iv: Value = serde_json::from_str(line).unwrap();
+        let procs = iv["processes"].as_array().unwrap();
+        assert_eq!(procs.len(), 1, "only the filtered process: {procs:?}");
+        assert_eq!(u(&procs[0]["pid"]), pid as u64);
+        assert_eq!(procs[0]["comm"], "kheap-load");
+        // The process and site maps are read one after the other while the
+        // loop runs, so an interval's two counts differ by the calls made in
+        // between (a few dozen at 20k/s); each is exact for its own read.
+        let site = iovec_site(&iv).unwrap();
+        let (p, s) = (u(&procs[0]["count"]) as f64, u(&site["count"]) as f64);
+        assert!((p - s).abs() <= s * 0.02, "process {p} vs site {s}: {iv}");
+    }
+}
+
+#[test]
+fn cache_view_shows_frees_of_dedicated_caches() {
+    if !require_root("cache_view_shows_frees_of_dedicated_caches") {
+        return;
+    }
+    // SysV queues: each msgget/IPC_RMID allocates and frees from caches;
+    // the msg_msg buffers come from kmalloc-4k (no attributable frees).
+    let out = Command::new(KHEAP)
+        .args([
+            "top", "-b", "-n", "2", "-i", "1", "--by", "cache", "--format", "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let st = Command::new(LOAD)
+        .args(["msg", "500", "2100"])
+        .output()
+        .unwrap();
+    assert!(st.status.success());
+    let out = out.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    let caches: Vec<Value> = text
+        .lines()
+        .flat_map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            v["caches"].as_array().unwrap().clone()
+        })
+        .collect();
+    let k4: u64 = caches
+        .iter()
+        .filter(|c| c["name"] == "kmalloc-4k" || c["name"] == "kmalloc-cg-4k")
+        .map(|c| u(&c["count"]))
+        .sum();
+    assert!(
+        k4 >= 500,
+        "the 500 messages are in the 4k kmalloc cache: {caches:?}"
+    );
+    assert!(
+        caches.iter().any(|c| u(&c["frees"]) > 0),
+        "some cache frees were attributed: {caches:?}"
+    );
+}
+
+#[test]
+fn aging_out_idle_keys_loses_and_doubles_nothing() {
+    if !require_root("aging_out_idle_keys_loses_and_doubles_nothing") {
+        return;
+    }
+    // The loop waits on stdin until top counts, runs 1 s, then stops; with
+    // --idle-intervals 1 its site and stacks are deleted from the maps one
+    // idle interval later. Summed over the intervals, top must still see
+    // exactly the loop's calls.
+    let mut load = Command::new(LOAD)
+        .args(["writev-rate", &RATE.to_string(), "1", "wait"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut top = start_top(&[
+        "-b",
+        "-n",
+        "10",
+        "-i",
+        "0.5",
+        "--format",
+        "json",
+        "--idle-intervals",
+        "1",
+        "-p",
+        &load.id().to_string(),
+    ]);
+    {
+        use std::io::Write;
+        load.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    }
+    let mut out = String::new();
+    load.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut out)
+        .unwrap();
+    assert!(load.wait().unwrap().success());
+    let calls: u64 = out.split_whitespace().next().unwrap().parse().unwrap();
+    let mut text = String::new();
+    top.stdout
+        .take()
+        .unwrap()
+        .read_to_string(&mut text)
+        .unwrap();
+    assert!(top.wait().unwrap().success());
+    let intervals: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(intervals.len(), 10);
+    let seen: u64 = intervals
+        .iter()
+        .filter_map(iovec_site)
+        .map(|s| u(&s["count"]))
+        .sum();
+    assert_eq!(seen, calls, "every call counted exactly once: {text}");
+    let aged: u64 = intervals.iter().map(|iv| u(&iv["aged_out"])).sum();
+    assert!(aged >= 1, "the idle site was aged out: {text}");
+    // After the loop stopped and its keys went, intervals are empty.
+    assert_eq!(u(&intervals[9]["totals"]["allocs"]), 0, "{}", intervals[9]);
+}
+
+/// Bad invocations: one line, non-zero exit, nothing attached.
+#[test]
+fn bad_input_gives_one_line_errors() {
+    if !require_root("top bad_input_gives_one_line_errors") {
+        return;
+    }
+    let check = |args: &[&str], expect: &str| {
+        let out = kheap(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(err.contains(expect), "expected '{expect}' in: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+        assert!(out.stdout.is_empty());
+    };
+    // Not a terminal (the test's stdout is a pipe) and no -b.
+    check(&["top"], "needs a terminal");
+    check(
+        &["top", "-b", "-p", "3999999"],
+        "no process with PID 3999999",
+    );
+    check(&["top", "-b", "-n", "0"], "at least one iteration");
+    let out = Command::new(KHEAP)
+        .args(["top", "-b", "-n", "1"])
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("needs root"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let out = kheap(&["top", "-b", "-i", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a positive number of seconds"));
+}
+
+/// A private tmux server with one 200x50 window running a plain shell;
+/// killed when dropped.
+struct Tmux {
+    socket: String,
+}
+
+impl Tmux {
+    fn start(test: &str) -> Tmux {
+        let t = Tmux {
+            socket: format!("kheap-{test}-{}", std::process::id()),
+        };
+        let st = t
+            .cmd(&[
+                "new-session",
+                "-d",
+                "-x",
+                "200",
+                "-y",
+                "50",
+                "-s",
+                "t",
+                "env",
+                "PS1=$ ",
+                "bash",
+                "--norc",
+                "--noprofile",
+            ])
+            .status()
+            .expect("tmux is needed by the tests (scripts/setup installs it)");
+        assert!(st.success());
+        t
+    }
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("tmux");
+        c.args(["-L", &self.socket]).args(args);
+        c
+    }
+    fn send(&self, keys: &[&str]) {
+        let mut args = vec!["send-keys", "-t", "t"];
+        args.extend(keys);
+        assert!(self.cmd(&args).status().unwrap().success());
+    }
+    fn capture(&self) -> String {
+        let out = self
+            .cmd(&["capture-pane", "-p", "-t", "t"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+    fn query(&self, format: &str) -> String {
+        let out = self
+            .cmd(&["display", "-p", "-t", "t", format])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+    /// Waits until the screen satisfies `pred`; panics with the screen if not.
+    fn wait_for(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let screen = self.capture();
+            if pred(&screen) {
+                return screen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}:\n{screen}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    /// The PID of the shell's child (the command running in the pane).
+    fn foreground_child(&self) -> Option<u32> {
+        let shell = self.query("#{pane_pid}");
+        let children =
+            std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).ok()?;
+        children.split_whitespace().next()?.parse().ok()
+    }
+    /// Whether the terminal is back in its normal state: main screen, and
+    /// canonical mode with echo (not raw).
+    fn assert_terminal_restored(&self) {
+        assert_eq!(
+            self.query("#{alternate_on}"),
+            "0",
+            "still on the alternate screen"
+        );
+        self.send(&[
+            "clear; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?\\(icanon\\|echo\\)' | tr '\\n' ' '; echo END",
+            "Enter",
+        ]);
+        let is_output = |l: &str| l.trim_end().ends_with(" END") && !l.contains("stty");
+        let screen = self.wait_for("stty output", |s| s.lines().any(is_output));
+        let line = screen.lines().find(|l| is_output(l)).unwrap();
+        assert!(
+            line.contains("icanon echo") && !line.contains("-icanon") && !line.contains("-echo"),
+            "terminal left in raw mode: {line}"
+        );
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd(&["kill-server"]).status();
+    }
+}
+
+/// Starts `kheap top` in the pane and waits for the loop's site to show.
+fn start_top_in(tmux: &Tmux, load: &Loop) -> u32 {
+    tmux.send(&[&format!("{KHEAP} top -i 0.5 -p {}", load.pid()), "Enter"]);
+    tmux.wait_for("the loop's site on screen", |s| {
+        s.contains("iovec_from_user+0x") && s.contains("kheap top  20")
+    });
+    tmux.foreground_child().expect("kheap top runs in the pane")
+}
+
+#[test]
+fn interactive_keys_sort_expand_and_quit() {
+    if !require_root("interactive_keys_sort_expand_and_quit") {
+        return;
+    }
+    let load = Loop::start(60);
+    let tmux = Tmux::start("keys");
+    let pid = start_top_in(&tmux, &load);
+    let progs = bpf_prog_ids(pid);
+    assert!(progs.len() >= 4, "kheap top holds its programs: {progs:?}");
+    let screen = tmux.capture();
+    assert!(screen.contains("sort: alloc/s"), "{screen}");
+    assert!(screen.contains("q quit"), "{screen}");
+
+    tmux.send(&["s"]);
+    tmux.wait_for("sort by count", |s| s.contains("sort: allocs/s"));
+    tmux.send(&["Enter"]);
+    let screen = tmux.wait_for("the expanded row", |s| {
+        s.contains("requested sizes this interval")
+    });
+    assert!(
+        screen.contains("[128, 256)"),
+        "histogram of 144-byte requests: {screen}"
+    );
+    assert!(screen.contains("iovec_from_user+0x"), "{screen}");
+    tmux.send(&["3"]);
+    tmux.wait_for("the cache view", |s| {
+        s.contains("view: cache") && s.contains("kmalloc-192")
+    });
+    tmux.send(&["Space"]);
+    tmux.wait_for("pause", |s| s.contains("[PAUSED]"));
+    tmux.send(&["Space", "+"]);
+    tmux.wait_for("a longer interval", |s| {
+        s.contains("interval 1.0") && !s.contains("[PAUSED]")
+    });
+
+    tmux.send(&["q"]);
+    tmux.wait_for("the shell prompt", |s| !s.contains("kheap top  20"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        assert!(Instant::now() < deadline, "kheap top did not exit on q");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    tmux.assert_terminal_restored();
+    for id in progs {
+        assert!(!prog_loaded(id), "BPF program {id} still loaded after q");
+    }
+}
+
+#[test]
+fn sigterm_restores_the_terminal_and_detaches() {
+    if !require_root("sigterm_restores_the_terminal_and_detaches") {
+        return;
+    }
+    let load = Loop::start(60);
+    let tmux = Tmux::start("sigterm");
+    let pid = start_top_in(&tmux, &load);
+    let progs = bpf_prog_ids(pid);
+    assert!(!progs.is_empty());
+    unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+    // The last interval is left on the main screen as a report.
+    let screen = tmux.wait_for("the report after SIGTERM", |s| {
+        s.contains("iovec_from_user+0x") && s.trim_end().ends_with('$')
+    });
+    assert!(screen.contains("kheap top  20"), "{screen}");
+    tmux.assert_terminal_restored();
+    for id in progs {
+        assert!(
+            !prog_loaded(id),
+            "BPF program {id} still loaded after SIGTERM"
+        );
+    }
+}
