@@ -3,15 +3,17 @@
 //!
 //! Modules that touch the kernel: `bpf` (skeleton), `session` (load/attach),
 //! `maps` (typed readers), `features` (probing), `target` (processes), and
-//! `malloc::{bpf, session}` for `kheap malloc`, the subcommands' loops in
-//! `cmd`. Everything else, `top`'s deltas, views and key handling included,
-//! is pure and tested without root.
+//! `malloc::{bpf, session}` for `kheap malloc`, `leaks::session` for `kheap
+//! leaks`, the subcommands' loops in `cmd`. Everything else, `top`'s deltas,
+//! views and key handling included, is pure and tested without root.
 
 pub mod bpf;
 pub mod cli;
 pub mod cmd;
+pub mod diff;
 pub mod features;
 pub mod latency;
+pub mod leaks;
 pub mod malloc;
 pub mod maps;
 pub mod model;

@@ -15,6 +15,10 @@ struct Cli {
 enum Command {
     /// Trace kernel heap allocations, then report by site, stack, cache or process
     Record(cmd::record::RecordArgs),
+    /// Trace, then show what is still allocated (retained) vs allocated and freed (transient)
+    Leaks(cmd::leaks::LeaksArgs),
+    /// Compare two kheap JSON reports (snapshots, leaks, record): what grew or shrank
+    Diff(cmd::diff::DiffArgs),
     /// Slab caches: memory, loss, growth, and (with -d) who allocates and wastes
     Slab(kheap::slab::SlabArgs),
     /// Trace malloc, calloc, realloc… of a process or command: who allocates, in what sizes, what is never freed
@@ -34,6 +38,8 @@ fn main() {
     }
     let result = match cli.command {
         Command::Record(a) => cmd::record::run(a),
+        Command::Leaks(a) => cmd::leaks::run(a),
+        Command::Diff(a) => cmd::diff::run(a),
         Command::Slab(a) => cmd::slab::run(a),
         Command::Malloc(a) => cmd::malloc::run(a),
         Command::Top(a) => cmd::top::run(a),

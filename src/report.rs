@@ -5,6 +5,9 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::leaks::live::{LeakInput, Retained, RetainedIndex};
+use crate::leaks::retention::{self, sort_by_retention};
+pub use crate::leaks::retention::{LeakSummary, ProgramMisses, Retention};
 use crate::model::{AllocStats, Bucket, CacheId, Hist};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
@@ -26,6 +29,8 @@ pub struct Snapshot {
     pub procs: HashMap<u32, (String, AllocStats)>,
     pub cache_frees: HashMap<CacheId, u64>,
     pub events: EventCounters,
+    /// Outstanding objects, from `kheap leaks` only.
+    pub leaks: Option<LeakInput>,
 }
 
 /// Counters of events that are not allocations: frees, and everything
@@ -134,7 +139,7 @@ impl Counts {
     }
 }
 
-fn round2(v: f64) -> f64 {
+pub(crate) fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
 
@@ -150,6 +155,8 @@ pub struct SiteRow {
     pub caches: Vec<String>,
     #[serde(flatten)]
     pub counts: Counts,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -161,6 +168,8 @@ pub struct StackRow {
     pub cache: String,
     #[serde(flatten)]
     pub counts: Counts,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -170,6 +179,8 @@ pub struct CacheRow {
     pub frees: u64,
     #[serde(flatten)]
     pub counts: Counts,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -218,6 +229,9 @@ pub struct Report {
     /// With --latency: per-site time inside the allocator.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub latency: Vec<LatencyRow>,
+    /// kheap leaks only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaks: Option<LeakSummary>,
 }
 
 /// Settings the report needs from the run.
@@ -230,13 +244,38 @@ pub struct BuildOptions {
 /// Builds the symbolized report. Sampled stacks are scaled so that the
 /// stacks of a site add up to the site's exact totals.
 pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Report {
+    let retained = snap
+        .leaks
+        .as_ref()
+        .map(|l| retention::retained_index(l, &snap.sites));
+    // With address sampling (kheap leaks --sample N) one object in about N
+    // was traced: every allocation and retention figure is scaled by N.
+    let address_sampled;
+    let snap = match &snap.leaks {
+        Some(l) if l.sample_every > 1 => {
+            address_sampled = retention::scale_for_address_sampling(snap, l.sample_every);
+            &address_sampled
+        }
+        _ => snap,
+    };
     let estimated = opts.stack_sample_every > 1;
     let symbolized = symbolize_all(snap, syms);
     let frames_of = |id: i64| symbolized.stacks.get(&id).map(Vec::as_slice).unwrap_or(&[]);
+    let ret = retained.as_ref().map(|idx| (idx, opts.duration_s));
 
-    let stacks = stack_rows(snap, &frames_of, estimated);
-    let sites = site_rows(snap, &symbolized.call_sites, &frames_of);
-    let caches = cache_rows(snap);
+    let mut stacks = stack_rows(snap, &frames_of, estimated, ret);
+    let mut sites = site_rows(snap, &symbolized.call_sites, &frames_of, ret);
+    let mut caches = cache_rows(snap, ret);
+    if retained.is_some() {
+        sort_by_retention(&mut sites, |r| (&r.retention, &r.counts));
+        sort_by_retention(&mut stacks, |r| (&r.retention, &r.counts));
+        sort_by_retention(&mut caches, |r| (&r.retention, &r.counts));
+    }
+    let leaks = snap
+        .leaks
+        .as_ref()
+        .zip(retained.as_ref())
+        .map(|(l, idx)| retention::leak_summary(l, idx, opts.duration_s));
     let processes = snap
         .procs
         .iter()
@@ -252,12 +291,17 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         all += *s;
     }
     let ev = &snap.events;
+    // The leak tracer counts only untracked frees in the kernel; the frees
+    // of tracked objects are derived per site.
+    let frees = leaks
+        .as_ref()
+        .map_or(ev.frees, |l| l.frees_untracked + l.retention.freed_count);
     Report {
         duration_s: round2(opts.duration_s),
         run: opts.run,
         totals: Totals {
             allocs: all.count,
-            frees: ev.frees,
+            frees,
             bytes_req: all.bytes_req,
             bytes_alloc: all.bytes_alloc,
             waste_bytes: all.waste(),
@@ -284,6 +328,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         caches,
         processes,
         latency: Vec::new(),
+        leaks,
     }
 }
 
@@ -321,15 +366,25 @@ fn symbolize_all(snap: &Snapshot, syms: &dyn Symbolize) -> Symbolized {
     }
 }
 
+/// The retained index of a leaks run, with the run's duration.
+type RetainedRef<'a> = Option<(&'a RetainedIndex, f64)>;
+
 fn stack_rows<'a>(
     snap: &Snapshot,
     frames_of: &dyn Fn(i64) -> &'a [Frame],
     estimated: bool,
+    retained: RetainedRef,
 ) -> Vec<StackRow> {
     // Sampled totals per site, to scale each stack to the exact site numbers.
     let mut sampled: HashMap<&SiteKey, AllocStats> = HashMap::new();
     for ((site, _), s) in &snap.stacks {
         *sampled.entry(site).or_default() += *s;
+    }
+    let mut sampled_retained: HashMap<&SiteKey, Retained> = HashMap::new();
+    if let Some((idx, _)) = retained {
+        for ((site, _), r) in &idx.stacks {
+            *sampled_retained.entry(site).or_default() += *r;
+        }
     }
     let mut rows = Vec::new();
     for ((site, id), s) in &snap.stacks {
@@ -338,6 +393,21 @@ fn stack_rows<'a>(
             _ => *s,
         };
         let frames = frames_of(*id);
+        let retention = retained.map(|(idx, duration_s)| {
+            let mine = idx
+                .stacks
+                .get(&(site.clone(), *id))
+                .copied()
+                .unwrap_or_default();
+            let r = match (estimated, idx.sites.get(site), sampled_retained.get(site)) {
+                (true, Some(exact), Some(sum)) => retention::scale_retained_to(&mine, sum, exact),
+                _ => mine,
+            };
+            let mut ret = Retention::new(&r, duration_s);
+            ret.freed_count = stats.count.saturating_sub(r.count);
+            ret.freed_bytes = stats.bytes_alloc.saturating_sub(r.bytes_alloc);
+            ret
+        });
         rows.push(StackRow {
             function: label_frame(frames)
                 .map(|f| f.name().to_string())
@@ -346,6 +416,7 @@ fn stack_rows<'a>(
             estimated,
             cache: site.cache.name(),
             counts: (&stats).into(),
+            retention,
         });
     }
     rows.sort_by_key(|r| std::cmp::Reverse(r.counts.bytes_alloc));
@@ -419,12 +490,16 @@ fn site_rows<'a>(
     snap: &Snapshot,
     call_sites: &HashMap<u64, Frame>,
     frames_of: &dyn Fn(i64) -> &'a [Frame],
+    retained: RetainedRef,
 ) -> Vec<SiteRow> {
     let labels = label_sites(snap, call_sites, frames_of);
-    let mut by_site: HashMap<u64, (AllocStats, Vec<String>)> = HashMap::new();
+    let mut by_site: HashMap<u64, (AllocStats, Vec<String>, Retained)> = HashMap::new();
     for (key, s) in &snap.sites {
         let e = by_site.entry(key.call_site).or_default();
         e.0 += *s;
+        if let Some(r) = retained.and_then(|(idx, _)| idx.sites.get(key)) {
+            e.2 += *r;
+        }
         let name = key.cache.name();
         if !e.1.contains(&name) {
             e.1.push(name);
@@ -432,7 +507,7 @@ fn site_rows<'a>(
     }
     let mut rows: Vec<SiteRow> = by_site
         .into_iter()
-        .map(|(addr, (stats, mut caches))| {
+        .map(|(addr, (stats, mut caches, ret))| {
             caches.sort();
             let (label, cs) = &labels[&addr];
             SiteRow {
@@ -441,6 +516,7 @@ fn site_rows<'a>(
                 call_site: cs.display(),
                 caches,
                 counts: (&stats).into(),
+                retention: retained.map(|(_, d)| Retention::new(&ret, d)),
             }
         })
         .collect();
@@ -452,7 +528,13 @@ fn is_wrapper(f: &Frame) -> bool {
     f.function.is_none() || crate::symbolize::is_allocator_frame(f.name())
 }
 
-fn cache_rows(snap: &Snapshot) -> Vec<CacheRow> {
+fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
+    let by_cache_retained = retained.map(|(idx, d)| (idx.by_cache(), d));
+    let retention = |cache: &CacheId| {
+        by_cache_retained
+            .as_ref()
+            .map(|(m, d)| Retention::new(&m.get(cache).copied().unwrap_or_default(), *d))
+    };
     let mut by_cache: HashMap<&CacheId, AllocStats> = HashMap::new();
     for (key, s) in &snap.sites {
         *by_cache.entry(&key.cache).or_default() += *s;
@@ -463,6 +545,7 @@ fn cache_rows(snap: &Snapshot) -> Vec<CacheRow> {
             name: cache.name(),
             frees: snap.cache_frees.get(cache).copied().unwrap_or(0),
             counts: (&s).into(),
+            retention: retention(cache),
         })
         .collect();
     // Caches that were only freed from during the run still get a row.
@@ -472,6 +555,7 @@ fn cache_rows(snap: &Snapshot) -> Vec<CacheRow> {
                 name: cache.name(),
                 frees,
                 counts: Counts::default(),
+                retention: retention(cache),
             });
         }
     }
@@ -560,6 +644,143 @@ pub mod tests {
         snap.events.stack_samples = 130;
         snap.events.lost_stack_collision = 2;
         snap
+    }
+
+    /// The sample snapshot as seen by kheap leaks: of the 1000 load_msg
+    /// allocations, 400 are live (40 of them with a sampled stack, 1.5 s
+    /// old); 20 kvmalloc objects are live (10 with stack 2, 10 with stack 3).
+    pub fn leak_snapshot(sample_every: u32) -> Snapshot {
+        use crate::leaks::live::{LiveObject, Unseen};
+        let mut snap = sample_snapshot();
+        let k4 = CacheId::Kmalloc {
+            size: 4096,
+            accounted: true,
+        };
+        let msg = SiteKey {
+            call_site: 0x3010,
+            cache: k4.clone(),
+        };
+        let kv = SiteKey {
+            call_site: 0x2110,
+            cache: k4,
+        };
+        let obj = |site: &SiteKey, stack: Option<i64>, req: u64, age_ms: u64| LiveObject {
+            site: site.clone(),
+            stack_id: stack,
+            bytes_req: req,
+            bytes_alloc: 4096,
+            age_ns: age_ms * 1_000_000,
+            tgid: 7,
+        };
+        let mut live = Vec::new();
+        for i in 0..400 {
+            live.push(obj(&msg, (i < 40).then_some(1), 2148, 1500));
+        }
+        for i in 0..20 {
+            live.push(obj(&kv, Some(2 + (i % 2)), 2100, 10));
+        }
+        let mut leaks = LeakInput {
+            live,
+            sample_every,
+            kind: "leaks".into(),
+            max_objects: 1000,
+            recursion_misses: vec![("kfree".into(), 3), ("kmalloc".into(), 0)],
+            ..Default::default()
+        };
+        leaks.unseen.insert(
+            kv,
+            Unseen {
+                count: 5,
+                bytes_alloc: 5 * 4096,
+            },
+        );
+        leaks.events.frees_untracked = 123;
+        leaks.comms.insert(7, "msgd".into());
+        leaks.events.frees_null = 9;
+        snap.leaks = Some(leaks);
+        snap
+    }
+
+    #[test]
+    fn leaks_rows_carry_outstanding_ages_and_transient_volume() {
+        let r = build(&leak_snapshot(1), &fixture_symbols(), opts(10));
+        assert_eq!(r.sites[0].function, "load_msg", "largest outstanding first");
+        let msg = r.sites[0].retention.as_ref().unwrap();
+        assert_eq!(
+            (msg.outstanding_count, msg.outstanding_bytes),
+            (400, 400 * 4096)
+        );
+        assert_eq!(msg.outstanding_bytes_req, 400 * 2148);
+        assert_eq!((msg.freed_count, msg.freed_bytes), (600, 600 * 4096));
+        assert_eq!(msg.oldest_s, 1.5);
+        assert_eq!(msg.growth_bytes_per_s, 400.0 * 4096.0 / 2.0);
+        assert_eq!(msg.ages.len(), 1);
+        assert_eq!((msg.ages[0].lo_s, msg.ages[0].count), (1.024, 400));
+        let kv = r.sites[1].retention.as_ref().unwrap();
+        assert_eq!(
+            (kv.outstanding_count, kv.freed_unseen, kv.freed_count),
+            (20, 5, 275)
+        );
+
+        // 40 of the 400 live load_msg objects had a stack: scaled to 400.
+        let st = r.stacks.iter().find(|s| s.function == "load_msg").unwrap();
+        let ret = st.retention.as_ref().unwrap();
+        assert_eq!(ret.outstanding_count, 400);
+        assert_eq!(ret.freed_count, 1000 - 400);
+
+        let c = r.caches[0].retention.as_ref().unwrap();
+        assert_eq!(c.outstanding_count, 420);
+        let l = r.leaks.as_ref().unwrap();
+        assert_eq!(l.retention.outstanding_count, 420);
+        assert_eq!(l.frees_untracked, 123);
+        assert_eq!(r.totals.frees, 123 + 600 + 275, "untracked + tracked frees");
+        assert_eq!(l.recursion_misses, 3);
+        assert!(!l.estimated);
+        let v = serde_json::to_value(&r).unwrap();
+        for k in [
+            "outstanding_count",
+            "outstanding_bytes",
+            "ages",
+            "count",
+            "bytes_alloc",
+        ] {
+            assert!(v["sites"][0].get(k).is_some(), "sites[].{k}");
+            assert!(v["stacks"][0].get(k).is_some(), "stacks[].{k}");
+            assert!(v["caches"][0].get(k).is_some(), "caches[].{k}");
+        }
+        let back: Report = serde_json::from_value(v).unwrap();
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn address_sampling_scales_everything_and_says_so() {
+        let r = build(&leak_snapshot(4), &fixture_symbols(), opts(10));
+        let l = r.leaks.as_ref().unwrap();
+        assert!(l.estimated);
+        assert_eq!(l.retention.outstanding_count, 4 * 420);
+        assert_eq!(l.frees_untracked, 4 * 123);
+        let msg = r.sites[0].retention.as_ref().unwrap();
+        assert_eq!(msg.outstanding_count, 1600);
+        assert_eq!(msg.freed_count, 2400);
+        assert_eq!(r.sites[0].counts.count, 4000);
+    }
+
+    #[test]
+    fn min_age_leaves_young_objects_out() {
+        let mut snap = leak_snapshot(1);
+        snap.leaks.as_mut().unwrap().min_age_ns = 1_000_000_000;
+        let r = build(&snap, &fixture_symbols(), opts(10));
+        assert_eq!(r.leaks.as_ref().unwrap().retention.outstanding_count, 400);
+        assert_eq!(r.leaks.as_ref().unwrap().min_age_s, 1.0);
+    }
+
+    #[test]
+    fn record_reports_have_no_retention() {
+        let r = build(&sample_snapshot(), &fixture_symbols(), opts(10));
+        assert!(r.leaks.is_none() && r.sites.iter().all(|s| s.retention.is_none()));
+        let v = serde_json::to_value(&r).unwrap();
+        assert!(v.get("leaks").is_none());
+        assert!(v["sites"][0].get("outstanding_count").is_none());
     }
 
     fn opts(every: u32) -> BuildOptions {

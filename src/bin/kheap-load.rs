@@ -4,6 +4,9 @@
 //!   kheap-load msg COUNT SIZE [HOLD_SECS]   SysV messages: one kmalloc of
 //!       48+SIZE bytes (SIZE <= 4000) each in load_msg (msgsnd), freed by msgrcv after
 //!       HOLD_SECS; the queue is removed on every exit path.
+//!   kheap-load fds COUNT PER_SEC [HOLD_SECS] an fd leak: opens COUNT
+//!       eventfds at PER_SEC per second and keeps them (one struct file and
+//!       one eventfd_ctx each) for HOLD_SECS, then closes them.
 //!   kheap-load writev COUNT                 writev(2) of 9 iovecs to
 //!       /dev/null: exactly one kmalloc (144 bytes, iovec_from_user) and one
 //!       kfree per call. Prints CPU ns per call.
@@ -20,7 +23,7 @@ use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE"
     );
     std::process::exit(2);
 }
@@ -35,6 +38,11 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("msg") => msg(
+            arg(&args, 2),
+            arg(&args, 3),
+            args.get(4).map(|_| arg(&args, 4)),
+        ),
+        Some("fds") => fds(
             arg(&args, 2),
             arg(&args, 3),
             args.get(4).map(|_| arg(&args, 4)),
@@ -114,6 +122,34 @@ fn msg(count: usize, size: usize, hold_secs: Option<f64>) {
         }
     }
     eprintln!("sent and received {count} messages of {size} bytes");
+}
+
+/// A slow leak, as a long-running service with a forgotten close() has.
+fn fds(count: usize, per_sec: f64, hold_secs: Option<f64>) {
+    if per_sec <= 0.0 {
+        usage();
+    }
+    let start = Instant::now();
+    let mut fds = Vec::with_capacity(count);
+    for i in 0..count {
+        let due = Duration::from_secs_f64(i as f64 / per_sec);
+        if let Some(wait) = due.checked_sub(start.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            fail("eventfd");
+        }
+        fds.push(fd);
+    }
+    eprintln!("holding {count} eventfds");
+    if let Some(secs) = hold_secs {
+        std::thread::sleep(Duration::from_secs_f64(secs));
+    }
+    for fd in fds {
+        unsafe { libc::close(fd) };
+    }
+    eprintln!("closed {count} eventfds");
 }
 
 /// /dev/null opened for writing, closed when dropped.

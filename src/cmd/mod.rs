@@ -1,6 +1,8 @@
 //! One module per subcommand.
 
+pub mod diff;
 pub mod doctor;
+pub mod leaks;
 pub mod malloc;
 pub mod record;
 pub mod slab;

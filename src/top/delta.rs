@@ -231,6 +231,7 @@ impl Tracker {
             procs,
             cache_frees,
             events,
+            leaks: None,
         }
     }
 

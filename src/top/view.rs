@@ -513,6 +513,7 @@ mod tests {
                 bytes_alloc: 10 * 192,
                 ..Default::default()
             },
+            retention: None,
         });
         let mut sizes = ObjectSizes::default();
         sizes.learn(&rep);

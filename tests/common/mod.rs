@@ -6,6 +6,8 @@
 use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::{channel, Receiver};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -134,4 +136,77 @@ pub fn spawn_tracing(args: &[&str]) -> Child {
     }
     std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
     child
+}
+
+/// A background process whose stderr lines are collected; interrupted
+/// (SIGINT, so kheap detaches and reports) and reaped when dropped, so a
+/// failing test leaves nothing attached.
+pub struct Background {
+    pub child: Child,
+    lines: Receiver<String>,
+    pub seen: Vec<String>,
+}
+
+impl Background {
+    pub fn spawn(program: &str, args: &[&str]) -> Background {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {program}: {e}"));
+        let stderr = child.stderr.take().unwrap();
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Background {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a stderr line containing `needle`.
+    pub fn wait_for(&mut self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if line.contains(needle) {
+                        return line;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        panic!("no line with {needle:?} on stderr; saw {:#?}", self.seen);
+    }
+
+    pub fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Waits for the process to exit; returns whether it succeeded.
+    pub fn wait(&mut self) -> bool {
+        let status = self.child.wait().expect("waiting for a child");
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
+            self.seen.push(line);
+        }
+        status.success()
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.signal(libc::SIGINT);
+            let _ = self.child.wait();
+        }
+    }
 }

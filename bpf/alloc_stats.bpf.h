@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Helpers for BPF objects that aggregate allocations into struct
+ * alloc_stats (leaks.bpf.c; kheap.bpf.c has its own copies). Include after
+ * vmlinux.h, the libbpf headers and kheap.h (which brings size_bucket()).
+ */
+#ifndef KHEAP_ALLOC_STATS_BPF_H
+#define KHEAP_ALLOC_STATS_BPF_H
+
+#define KHEAP_EEXIST 17
+
+static __always_inline void stats_add(struct alloc_stats *s, __u64 req,
+				      __u64 alloc, __u32 bucket)
+{
+	s->count++;
+	s->bytes_req += req;
+	s->bytes_alloc += alloc;
+	s->hist[hist_index(bucket)]++;
+}
+
+/* A zeroed value to insert new hash entries from (too big for the stack). */
+static struct alloc_stats zero_stats;
+
+/* Adds to an existing entry, or creates it. Returns false if the map is full.
+ * A racing insert on another CPU (-EEXIST) is retried as a lookup. */
+static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
+					 __u64 alloc, __u32 bucket,
+					 bool *created)
+{
+	struct alloc_stats *s = bpf_map_lookup_elem(map, key);
+
+	if (!s) {
+		/* int: 6.1 zero-extends helper errors from 32 bits. */
+		int err =
+			bpf_map_update_elem(map, key, &zero_stats, BPF_NOEXIST);
+		if (err && err != -KHEAP_EEXIST)
+			return false;
+		if (created && !err)
+			*created = true;
+		s = bpf_map_lookup_elem(map, key);
+		if (!s)
+			return false;
+	}
+	stats_add(s, req, alloc, bucket);
+	return true;
+}
+
+/* Whether the current task's command name is `want` (NUL-terminated). */
+static __always_inline bool comm_is(const volatile char *want)
+{
+	char comm[KHEAP_COMM_LEN];
+
+	bpf_get_current_comm(comm, sizeof(comm));
+#pragma unroll
+	for (int i = 0; i < KHEAP_COMM_LEN; i++) {
+		if (comm[i] != want[i])
+			return false;
+		if (comm[i] == 0)
+			return true;
+	}
+	return true;
+}
+
+#endif /* KHEAP_ALLOC_STATS_BPF_H */

@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Reading the classic kmem tracepoint records through CO-RE, for BPF objects
+ * that attach to them (leaks.bpf.c; kheap.bpf.c still has its own copy of
+ * this logic and can move to these helpers). Include after vmlinux.h, the
+ * libbpf headers (bpf_core_read.h) and kheap.h.
+ */
+#ifndef KHEAP_KMEM_CLASSIC_BPF_H
+#define KHEAP_KMEM_CLASSIC_BPF_H
+
+/* Older layout of the kmalloc/kmem_cache_alloc records: before 6.1 both
+ * events shared the kmem_alloc class. */
+struct trace_event_raw_kmem_alloc___pre61 {
+	unsigned long call_site;
+	const void *ptr;
+	size_t bytes_req;
+	size_t bytes_alloc;
+	unsigned long gfp_flags;
+} __attribute__((preserve_access_index));
+
+/* The classic record has no cache pointer; the cache name (6.18 added it as a
+ * __data_loc string) identifies the cache instead, hashed into the key. */
+static __always_inline __u64 name_key(const char *name)
+{
+	__u64 h = 0xcbf29ce484222325ULL; /* FNV-1a */
+	char c[KHEAP_CACHE_NAME_LEN] = {};
+
+	bpf_probe_read_kernel_str(c, sizeof(c), name);
+#pragma unroll
+	for (int i = 0; i < KHEAP_CACHE_NAME_LEN; i++) {
+		if (!c[i])
+			break;
+		h = (h ^ (__u8)c[i]) * 0x100000001b3ULL;
+	}
+	/* never 0, which means "kmalloc" */
+	return h | 1;
+}
+
+/* One allocation event, whichever record layout it came in. */
+struct kmem_alloc_event {
+	__u64 call_site;
+	const void *ptr;
+	__u64 bytes_req;
+	__u64 bytes_alloc;
+	__u64 gfp_flags;
+	/* kmem_cache_alloc only: the cache's name when the record has it
+	 * (6.18+), else NULL. */
+	const char *name;
+};
+
+static __always_inline void read_kmalloc_record(void *ctx,
+						struct kmem_alloc_event *e)
+{
+	if (bpf_core_type_exists(struct trace_event_raw_kmalloc)) {
+		struct trace_event_raw_kmalloc *r = ctx;
+
+		e->call_site = BPF_CORE_READ(r, call_site);
+		e->ptr = BPF_CORE_READ(r, ptr);
+		e->bytes_req = BPF_CORE_READ(r, bytes_req);
+		e->bytes_alloc = BPF_CORE_READ(r, bytes_alloc);
+		e->gfp_flags = BPF_CORE_READ(r, gfp_flags);
+	} else {
+		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
+
+		e->call_site = BPF_CORE_READ(r, call_site);
+		e->ptr = BPF_CORE_READ(r, ptr);
+		e->bytes_req = BPF_CORE_READ(r, bytes_req);
+		e->bytes_alloc = BPF_CORE_READ(r, bytes_alloc);
+		e->gfp_flags = BPF_CORE_READ(r, gfp_flags);
+	}
+	e->name = NULL;
+}
+
+static __always_inline void read_cache_alloc_record(void *ctx,
+						    struct kmem_alloc_event *e)
+{
+	e->name = NULL;
+	e->gfp_flags = 0;
+	if (bpf_core_type_exists(struct trace_event_raw_kmem_cache_alloc)) {
+		struct trace_event_raw_kmem_cache_alloc *r = ctx;
+
+		e->call_site = BPF_CORE_READ(r, call_site);
+		e->ptr = BPF_CORE_READ(r, ptr);
+		e->bytes_req = BPF_CORE_READ(r, bytes_req);
+		e->bytes_alloc = BPF_CORE_READ(r, bytes_alloc);
+		if (bpf_core_field_exists(r->__data_loc_name)) {
+			__u32 loc = BPF_CORE_READ(r, __data_loc_name);
+
+			e->name = (const char *)ctx + (loc & 0xFFFF);
+		}
+	} else {
+		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
+
+		e->call_site = BPF_CORE_READ(r, call_site);
+		e->ptr = BPF_CORE_READ(r, ptr);
+		e->bytes_req = BPF_CORE_READ(r, bytes_req);
+		e->bytes_alloc = BPF_CORE_READ(r, bytes_alloc);
+	}
+}
+
+/* The cache key of a classic kmem_cache_alloc event: its name hashed, or,
+ * without a name, the object size is the best stand-in for a cache. */
+static __always_inline __u64 classic_cache_key(const struct kmem_alloc_event *e)
+{
+	return e->name ? name_key(e->name) : ((e->bytes_alloc << 1) | 1);
+}
+
+/* The cache name of a classic kmem_cache_free record (6.18+), or NULL. */
+static __always_inline const char *
+cache_free_record_name(struct trace_event_raw_kmem_cache_free *r)
+{
+	if (bpf_core_field_exists(r->__data_loc_name)) {
+		__u32 loc = BPF_CORE_READ(r, __data_loc_name);
+
+		return (const char *)r + (loc & 0xFFFF);
+	}
+	return NULL;
+}
+
+#endif /* KHEAP_KMEM_CLASSIC_BPF_H */

@@ -1,0 +1,255 @@
+//! `kheap leaks`: trace like record, then show what is still allocated of
+//! what was allocated while tracing (retained) beside what was allocated
+//! and freed (transient). Snapshots of the outstanding set can be written
+//! while it runs (--snapshot-every, SIGUSR1) and compared with `kheap diff`.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use crate::cli::{check_size_range, parse_sample, parse_secs};
+use crate::cmd::record::{install_stop_handler, wait_for_end, Ended, Targets, TraceArgs};
+use crate::features;
+use crate::leaks::render::{self as leak_render, LeakGroupBy};
+use crate::leaks::session::{LeaksConfig, LeaksSession};
+use crate::render::Format;
+use crate::report::{self, BuildOptions, Report, RunInfo, Snapshot};
+use crate::symbolize::KernelSymbols;
+
+#[derive(Args, Debug)]
+pub struct LeaksArgs {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    /// Only count objects at least this old as outstanding
+    #[arg(long, value_parser = parse_age, default_value = "0", value_name = "SECS")]
+    pub min_age: f64,
+    /// Group rows by
+    #[arg(long, value_enum, default_value_t = LeakGroupBy::Site)]
+    pub by: LeakGroupBy,
+    /// Rows to show (tables default to 20; JSON and folded show all)
+    #[arg(short = 'n', long = "top", value_name = "N")]
+    pub top: Option<usize>,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+    /// Write the report to FILE instead of stdout
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// Write a JSON snapshot of what is outstanding every SECS seconds (also on SIGUSR1)
+    #[arg(long, value_parser = parse_secs, value_name = "SECS")]
+    pub snapshot_every: Option<f64>,
+    /// Where snapshots go (snapshot-001.json, …)
+    #[arg(long, default_value = ".", value_name = "DIR")]
+    pub snapshot_dir: PathBuf,
+    /// Track about one object in N, chosen by a hash of its address (a power of two); totals become estimates
+    #[arg(long, value_parser = parse_sample, default_value = "1", value_name = "N")]
+    pub sample: u32,
+    /// Capture the stack of every allocation (exact per-stack numbers, much costlier)
+    #[arg(long, conflicts_with_all = ["stack_sample", "no_stacks"])]
+    pub exact_stacks: bool,
+    /// Capture the stack of about one allocation in N (a power of two). Sites
+    /// are exact regardless; long-lived objects pile up, so even a sparse
+    /// sample names the stacks that hold memory, and a stack costs ~3 us.
+    #[arg(long, value_parser = parse_sample, default_value = "256", value_name = "N")]
+    pub stack_sample: u32,
+    /// Capture no stacks at all
+    #[arg(long)]
+    pub no_stacks: bool,
+    /// Capacity of the object map (objects tracked at once; ~100 bytes of kernel memory each)
+    #[arg(long, default_value = "262144", value_name = "N")]
+    pub max_objects: u32,
+    /// Capacity of the per-site and per-stack maps
+    #[arg(long, default_value = "8192", value_name = "N")]
+    pub max_entries: u32,
+}
+
+fn parse_age(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("'{s}' is not a number of seconds")),
+    }
+}
+
+static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigusr1(_: libc::c_int) {
+    SNAPSHOT_REQUESTED.store(true, Ordering::SeqCst);
+}
+
+fn install_snapshot_handler() {
+    let handler = on_sigusr1 as extern "C" fn(libc::c_int);
+    unsafe { libc::signal(libc::SIGUSR1, handler as libc::sighandler_t) };
+}
+
+pub fn run(args: LeaksArgs) -> Result<i32> {
+    let t = &args.trace;
+    check_size_range(t.min_size, t.max_size)?;
+    if args.max_objects == 0 || args.max_entries == 0 {
+        bail!("--max-objects and --max-entries must be at least 1");
+    }
+    if args.format == Format::Folded && args.by != LeakGroupBy::Stack {
+        bail!("--format folded shows stacks: use it with --by stack");
+    }
+    features::check_privileges("leaks")?;
+    features::check_btf()?;
+    // Snapshots are taken on the once-a-second tick of the wait loop.
+    if args.snapshot_every.is_some_and(|s| s < 1.0) {
+        bail!("--snapshot-every must be at least 1 second");
+    }
+    // Checked even without --snapshot-every: SIGUSR1 may ask at any time.
+    if !args.snapshot_dir.is_dir() {
+        bail!(
+            "--snapshot-dir {} is not a directory",
+            args.snapshot_dir.display()
+        );
+    }
+    install_stop_handler();
+    install_snapshot_handler();
+
+    let mut targets = Targets::from_args(t)?;
+    let stack_sample_every = match (args.exact_stacks, args.no_stacks) {
+        (true, _) => 1,
+        (_, true) => 0,
+        _ => args.stack_sample,
+    };
+    let cfg = LeaksConfig {
+        min_size: t.min_size,
+        max_size: t.max_size,
+        pids: targets.pids.clone(),
+        follow_children: targets.command.is_some(),
+        comm: t.comm.clone(),
+        sample_every: args.sample,
+        stack_sample_every,
+        max_objects: args.max_objects,
+        max_sites: args.max_entries,
+        attach: t.attach,
+    };
+    let mut session = LeaksSession::start(&cfg)?;
+    eprintln!(
+        "kheap: tracing kernel heap allocations and frees ({}){}",
+        session.attached.join(", "),
+        if t.duration.is_none() && t.command.is_empty() {
+            "; Ctrl-C to stop, SIGUSR1 for a snapshot"
+        } else {
+            ""
+        }
+    );
+    if let Some(cmd) = targets.command.as_mut() {
+        cmd.release()?;
+    }
+    let syms = KernelSymbols::new(None);
+    let filters = targets.filters(t);
+    let run_info = |session: &LeaksSession| RunInfo {
+        kernel: features::kernel_release(),
+        attach: session.attached.clone(),
+        skipped: session.skipped.clone(),
+        filters: filters.clone(),
+        command: (!t.command.is_empty()).then(|| t.command.join(" ")),
+    };
+    let info = run_info(&session);
+    let build = |snap: &mut Snapshot, duration_s: f64, run: RunInfo| {
+        if let Some(l) = snap.leaks.as_mut() {
+            l.min_age_ns = (args.min_age * 1e9) as u64;
+        }
+        report::build(
+            snap,
+            &syms,
+            BuildOptions {
+                stack_sample_every,
+                duration_s,
+                run,
+            },
+        )
+    };
+
+    let start = Instant::now();
+    let mut snapshots = 0u32;
+    let mut next_snapshot = args.snapshot_every;
+    let ended = wait_for_end(t.duration, &mut targets.command, |elapsed| {
+        let secs = elapsed.as_secs_f64();
+        let periodic = next_snapshot.is_some_and(|n| secs >= n);
+        if periodic {
+            next_snapshot = next_snapshot.map(|n| n + args.snapshot_every.unwrap_or(n));
+        }
+        if !(periodic || SNAPSHOT_REQUESTED.swap(false, Ordering::SeqCst)) {
+            return;
+        }
+        snapshots += 1;
+        let path = args
+            .snapshot_dir
+            .join(format!("snapshot-{snapshots:03}.json"));
+        let written = session.snapshot("snapshot").and_then(|mut snap| {
+            let r = build(&mut snap, secs, info.clone());
+            write_json(&r, &path).map(|_| r)
+        });
+        match written {
+            Ok(r) => {
+                let l = r.leaks.as_ref().map(|l| &l.retention);
+                eprintln!(
+                    "kheap: {:.1}s: snapshot {} ({} objects, {} outstanding)",
+                    secs,
+                    path.display(),
+                    l.map_or(0, |l| l.outstanding_count),
+                    crate::model::human_size(l.map_or(0, |l| l.outstanding_bytes)),
+                );
+            }
+            // A full disk must not cost the final report: say so, go on.
+            Err(e) => eprintln!(
+                "kheap: warning: snapshot {} not written: {}",
+                path.display(),
+                format!("{e:#}").replace('\n', " ")
+            ),
+        }
+    });
+    let duration_s = start.elapsed().as_secs_f64();
+    session.detach();
+    let mut exit_code = 0;
+    match ended {
+        Ended::CommandExited(code) if code != 0 => {
+            eprintln!("kheap: the command exited with status {code}");
+            exit_code = code;
+        }
+        Ended::Signal => eprintln!("kheap: stopped by signal; reporting what was traced"),
+        _ => {}
+    }
+    if let Some(cmd) = targets.command.as_mut() {
+        cmd.terminate();
+    }
+    let mut snap = session.snapshot("leaks")?;
+    let info = run_info(&session);
+    drop(session);
+    let report = build(&mut snap, duration_s, info);
+    write_report(report, &args)?;
+    Ok(exit_code)
+}
+
+fn write_json(r: &Report, path: &Path) -> Result<()> {
+    let text = serde_json::to_string_pretty(r)? + "\n";
+    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+}
+
+fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
+    let top = match args.format {
+        Format::Table => Some(args.top.unwrap_or(20)),
+        _ => args.top,
+    };
+    let hidden = leak_render::apply_top(&mut report, args.by, top);
+    let text = match args.format {
+        Format::Table => leak_render::table(&report, args.by, hidden, 3),
+        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
+        Format::Folded => leak_render::folded(&report),
+    };
+    match &args.output {
+        Some(path) => std::fs::write(path, text)
+            .with_context(|| format!("writing the report to {}", path.display()))?,
+        None => {
+            let mut out = std::io::stdout().lock();
+            // A closed pipe (| head) is not an error worth reporting.
+            let _ = out.write_all(text.as_bytes());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,364 @@
+//! Comparing two kheap JSON reports: which sites, stacks or caches grew or
+//! shrank between them. Pure: JSON in, rows out.
+//!
+//! Between two `kheap leaks` snapshots or reports, the measure is what is
+//! outstanding (retained memory). If either side is a `kheap record` report,
+//! which knows nothing of frees, the measure is allocation volume.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use anyhow::{Context, Result};
+use clap::ValueEnum;
+use comfy_table::Cell;
+use serde::{Deserialize, Serialize};
+
+use crate::model::human_size;
+use crate::render::new_table;
+use crate::report::{Counts, Report, Retention};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiffBy {
+    Site,
+    Stack,
+    Cache,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Measure {
+    /// Objects and bytes still allocated (kheap leaks, snapshots).
+    Outstanding,
+    /// Objects and bytes allocated during the run (kheap record).
+    Allocated,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DiffRow {
+    /// Site location, stack (innermost frame first, `;`-joined) or cache.
+    pub name: String,
+    /// The cache(s) of a site or stack.
+    pub cache: String,
+    pub before_count: u64,
+    pub after_count: u64,
+    pub before_bytes: u64,
+    pub after_bytes: u64,
+    pub change_count: i64,
+    pub change_bytes: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Diff {
+    pub measure: Measure,
+    pub grew_bytes: u64,
+    pub shrank_bytes: u64,
+    pub net_bytes: i64,
+    /// Largest growth first, largest shrink last; unchanged rows left out.
+    pub rows: Vec<DiffRow>,
+}
+
+/// Parses a kheap JSON report (record, leaks or snapshot).
+pub fn parse_report(text: &str, what: &str) -> Result<Report> {
+    serde_json::from_str(text).with_context(|| {
+        format!(
+            "{what} is not a kheap JSON report (kheap record/leaks --format json, or a snapshot)"
+        )
+    })
+}
+
+pub fn diff(before: &Report, after: &Report, by: DiffBy) -> Diff {
+    let measure = if before.leaks.is_some() && after.leaks.is_some() {
+        Measure::Outstanding
+    } else {
+        Measure::Allocated
+    };
+    let (b, a) = (keyed(before, by, measure), keyed(after, by, measure));
+    let mut names: Vec<&(String, String)> = b.keys().chain(a.keys()).collect();
+    names.sort();
+    names.dedup();
+    let mut rows: Vec<DiffRow> = names
+        .into_iter()
+        .map(|k| {
+            let (bc, bb) = b.get(k).copied().unwrap_or_default();
+            let (ac, ab) = a.get(k).copied().unwrap_or_default();
+            DiffRow {
+                name: k.0.clone(),
+                cache: k.1.clone(),
+                before_count: bc,
+                after_count: ac,
+                before_bytes: bb,
+                after_bytes: ab,
+                change_count: ac as i64 - bc as i64,
+                change_bytes: ab as i64 - bb as i64,
+            }
+        })
+        .filter(|r| r.change_count != 0 || r.change_bytes != 0)
+        .collect();
+    rows.sort_by(|x, y| {
+        y.change_bytes
+            .cmp(&x.change_bytes)
+            .then(y.change_count.cmp(&x.change_count))
+            .then(x.name.cmp(&y.name))
+    });
+    let grew_bytes = rows.iter().map(|r| r.change_bytes.max(0) as u64).sum();
+    let shrank_bytes = rows.iter().map(|r| (-r.change_bytes).max(0) as u64).sum();
+    Diff {
+        measure,
+        grew_bytes,
+        shrank_bytes,
+        net_bytes: grew_bytes as i64 - shrank_bytes as i64,
+        rows,
+    }
+}
+
+/// (name, cache) → (count, bytes) under the chosen measure. Rows with the
+/// same key (one site seen through different symbol offsets cannot happen;
+/// identical stacks can, after symbolization) are summed.
+fn keyed(r: &Report, by: DiffBy, measure: Measure) -> BTreeMap<(String, String), (u64, u64)> {
+    let value = |ret: &Option<Retention>, c: &Counts| match (measure, ret) {
+        (Measure::Outstanding, Some(ret)) => (ret.outstanding_count, ret.outstanding_bytes),
+        (Measure::Outstanding, None) => (0, 0),
+        (Measure::Allocated, _) => (c.count, c.bytes_alloc),
+    };
+    let mut out: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
+    let mut add = |k: (String, String), (c, b): (u64, u64)| {
+        let e = out.entry(k).or_default();
+        e.0 += c;
+        e.1 += b;
+    };
+    match by {
+        DiffBy::Site => {
+            for s in &r.sites {
+                add(
+                    (s.location.clone(), s.caches.join(",")),
+                    value(&s.retention, &s.counts),
+                )
+            }
+        }
+        DiffBy::Stack => {
+            for s in &r.stacks {
+                add(
+                    (s.frames.join(";"), s.cache.clone()),
+                    value(&s.retention, &s.counts),
+                )
+            }
+        }
+        DiffBy::Cache => {
+            for c in &r.caches {
+                add(
+                    (c.name.clone(), String::new()),
+                    value(&c.retention, &c.counts),
+                )
+            }
+        }
+    }
+    out
+}
+
+fn signed_size(v: i64) -> String {
+    let sign = if v < 0 { "-" } else { "+" };
+    format!("{sign}{}", human_size(v.unsigned_abs()))
+}
+
+/// The diff as a table, `n` rows at most.
+pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
+    let mut out = String::new();
+    let what = match d.measure {
+        Measure::Outstanding => "outstanding (still allocated) memory",
+        Measure::Allocated => "allocation volume (a record report has no frees)",
+    };
+    let _ = writeln!(
+        out,
+        "kheap diff of {what}: {} grew, {} shrank, net {}",
+        human_size(d.grew_bytes),
+        human_size(d.shrank_bytes),
+        signed_size(d.net_bytes)
+    );
+    let first = match by {
+        DiffBy::Site => "site",
+        DiffBy::Stack => "stack (innermost frame)",
+        DiffBy::Cache => "cache",
+    };
+    let mut t = new_table(&[
+        first, "cache", "before", "after", "change", "objects", "change",
+    ]);
+    for r in d.rows.iter().take(n) {
+        let name = match by {
+            DiffBy::Stack => r
+                .name
+                .split(';')
+                .find(|f| !f.starts_with("__kmalloc") && !f.starts_with("kmem_cache_alloc"))
+                .unwrap_or(&r.name)
+                .to_string(),
+            _ => r.name.clone(),
+        };
+        t.add_row(vec![
+            Cell::new(name),
+            Cell::new(&r.cache),
+            Cell::new(human_size(r.before_bytes)),
+            Cell::new(human_size(r.after_bytes)),
+            Cell::new(signed_size(r.change_bytes)),
+            Cell::new(r.after_count),
+            Cell::new(format!("{:+}", r.change_count)),
+        ]);
+    }
+    let _ = writeln!(out, "{t}");
+    if d.rows.len() > n {
+        let _ = writeln!(
+            out,
+            "({} more rows not shown; use -n to see more)",
+            d.rows.len() - n
+        );
+    }
+    if d.rows.is_empty() {
+        let _ = writeln!(out, "(no differences)");
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{CacheRow, LeakSummary, SiteRow, StackRow};
+
+    fn ret(count: u64, bytes: u64) -> Option<Retention> {
+        Some(Retention {
+            outstanding_count: count,
+            outstanding_bytes: bytes,
+            ..Default::default()
+        })
+    }
+
+    fn site(loc: &str, allocs: u64, live: u64) -> SiteRow {
+        SiteRow {
+            function: loc.split('+').next().unwrap().into(),
+            location: loc.into(),
+            call_site: loc.into(),
+            caches: vec!["kmalloc-cg-4k".into()],
+            counts: Counts {
+                count: allocs,
+                bytes_alloc: allocs * 4096,
+                ..Default::default()
+            },
+            retention: ret(live, live * 4096),
+        }
+    }
+
+    fn leaks_report(sites: Vec<SiteRow>) -> Report {
+        Report {
+            leaks: Some(LeakSummary::default()),
+            caches: vec![CacheRow {
+                name: "kmalloc-cg-4k".into(),
+                retention: ret(
+                    sites
+                        .iter()
+                        .map(|s| s.retention.as_ref().unwrap().outstanding_count)
+                        .sum(),
+                    sites
+                        .iter()
+                        .map(|s| s.retention.as_ref().unwrap().outstanding_bytes)
+                        .sum(),
+                ),
+                ..Default::default()
+            }],
+            stacks: vec![StackRow {
+                function: "load_msg".into(),
+                frames: vec!["__kmalloc_noprof+0x1".into(), "load_msg+0x10".into()],
+                cache: "kmalloc-cg-4k".into(),
+                retention: sites[0].retention.clone(),
+                ..Default::default()
+            }],
+            sites,
+            ..Default::default()
+        }
+    }
+
+    /// The same rows as a kheap record report: no retention anywhere.
+    fn as_record(mut r: Report) -> Report {
+        r.leaks = None;
+        r.sites.iter_mut().for_each(|s| s.retention = None);
+        r.stacks.iter_mut().for_each(|s| s.retention = None);
+        r.caches.iter_mut().for_each(|s| s.retention = None);
+        r
+    }
+
+    #[test]
+    fn outstanding_growth_is_sorted_largest_first() {
+        let before = leaks_report(vec![
+            site("load_msg+0x10", 10, 10),
+            site("alloc_pipe_info+0x20", 50, 40),
+            site("seq_open+0x5", 5, 5),
+        ]);
+        let after = leaks_report(vec![
+            site("load_msg+0x10", 1010, 1010),
+            site("alloc_pipe_info+0x20", 60, 10),
+            site("seq_open+0x5", 9, 5),
+            site("new_site+0x1", 2, 2),
+        ]);
+        let d = diff(&before, &after, DiffBy::Site);
+        assert_eq!(d.measure, Measure::Outstanding);
+        let names: Vec<&str> = d.rows.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["load_msg+0x10", "new_site+0x1", "alloc_pipe_info+0x20"]
+        );
+        assert_eq!(d.rows[0].change_bytes, 1000 * 4096);
+        assert_eq!(d.rows[0].change_count, 1000);
+        assert_eq!(d.rows[2].change_bytes, -30 * 4096);
+        assert_eq!(d.grew_bytes, 1002 * 4096);
+        assert_eq!(d.shrank_bytes, 30 * 4096);
+        assert_eq!(d.net_bytes, 972 * 4096);
+        let t = table(&d, DiffBy::Site, 10);
+        assert!(t.contains("outstanding"), "{t}");
+        assert!(t.contains("+3.9M"), "{t}");
+        assert!(t.contains("-120K"), "{t}");
+    }
+
+    #[test]
+    fn stacks_and_caches_are_compared_too() {
+        let before = leaks_report(vec![site("load_msg+0x10", 10, 10)]);
+        let after = leaks_report(vec![site("load_msg+0x10", 30, 30)]);
+        let d = diff(&before, &after, DiffBy::Stack);
+        assert_eq!(d.rows.len(), 1);
+        assert_eq!(d.rows[0].name, "__kmalloc_noprof+0x1;load_msg+0x10");
+        assert_eq!(d.rows[0].change_bytes, 20 * 4096);
+        assert!(table(&d, DiffBy::Stack, 5).contains("load_msg+0x10"));
+        let d = diff(&before, &after, DiffBy::Cache);
+        assert_eq!(d.rows[0].name, "kmalloc-cg-4k");
+        assert_eq!(d.rows[0].change_count, 20);
+    }
+
+    #[test]
+    fn record_reports_compare_allocation_volume() {
+        let before = as_record(leaks_report(vec![site("load_msg+0x10", 10, 0)]));
+        let after = leaks_report(vec![site("load_msg+0x10", 30, 30)]);
+        let d = diff(&before, &after, DiffBy::Site);
+        assert_eq!(d.measure, Measure::Allocated);
+        assert_eq!(d.rows[0].change_count, 20);
+        assert!(table(&d, DiffBy::Site, 5).contains("allocation volume"));
+    }
+
+    #[test]
+    fn record_json_parses_and_bad_json_says_what_it_is() {
+        let rec = as_record(leaks_report(vec![site("load_msg+0x10", 10, 0)]));
+        let json = serde_json::to_string(&rec).unwrap();
+        assert!(!json.contains("outstanding_count"), "{json}");
+        let back = parse_report(&json, "before.json").unwrap();
+        assert!(back.leaks.is_none());
+        assert!(
+            back.sites[0].retention.is_none(),
+            "record rows have no retention"
+        );
+
+        let leaks = leaks_report(vec![site("load_msg+0x10", 10, 7)]);
+        let json = serde_json::to_string(&leaks).unwrap();
+        let back = parse_report(&json, "after.json").unwrap();
+        assert_eq!(
+            back.sites[0].retention.as_ref().unwrap().outstanding_count,
+            7
+        );
+
+        let err = parse_report("{\"x\": 1}", "before.json").unwrap_err();
+        assert!(format!("{err:#}").starts_with("before.json is not a kheap JSON report"));
+    }
+}

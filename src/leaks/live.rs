@@ -1,0 +1,412 @@
+//! Pure retention maths: live objects read from the kernel, folded per site,
+//! stack and cache, with age histograms. No libbpf here, so it is
+//! unit-tested without root.
+
+use std::collections::HashMap;
+use std::ops::AddAssign;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{AllocStats, CacheId};
+use crate::report::SiteKey;
+
+/// One object allocated while tracing and not seen freed (yet).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LiveObject {
+    pub site: SiteKey,
+    /// Allocation stack, if one was captured for it.
+    pub stack_id: Option<i64>,
+    pub bytes_req: u64,
+    pub bytes_alloc: u64,
+    /// Time since the allocation when the snapshot was read.
+    pub age_ns: u64,
+    pub tgid: u32,
+}
+
+/// Ticks to nanoseconds at `hz` ticks per second.
+pub fn jiffies_to_ns(ticks: u64, hz: u64) -> u64 {
+    (ticks as u128 * 1_000_000_000 / hz.max(1) as u128) as u64
+}
+
+/// The kernel tick rate closest to `ticks` counted over `ns` (Linux offers
+/// 100, 250, 300 and 1000).
+pub fn nearest_hz(ticks: u64, ns: u64) -> u64 {
+    let measured = ticks as f64 * 1e9 / ns.max(1) as f64;
+    [100u64, 250, 300, 1000]
+        .into_iter()
+        .min_by(|a, b| {
+            (*a as f64 - measured)
+                .abs()
+                .total_cmp(&(*b as f64 - measured).abs())
+        })
+        .unwrap_or(250)
+}
+
+/// Age buckets: bucket 0 holds ages under 1 ms; bucket `b >= 1` holds
+/// `[2^(b-1), 2^b)` ms (the last one everything older, ~12 days and up).
+pub const AGE_BUCKETS: usize = 32;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgeHist {
+    pub count: [u64; AGE_BUCKETS],
+    pub bytes: [u64; AGE_BUCKETS],
+}
+
+impl Default for AgeHist {
+    fn default() -> Self {
+        AgeHist {
+            count: [0; AGE_BUCKETS],
+            bytes: [0; AGE_BUCKETS],
+        }
+    }
+}
+
+/// One non-empty age bucket as reported: `lo_s <= age < hi_s`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgeBucket {
+    pub lo_s: f64,
+    pub hi_s: f64,
+    pub count: u64,
+    pub bytes: u64,
+}
+
+impl AgeHist {
+    pub fn bucket_of(age_ns: u64) -> usize {
+        let ms = age_ns / 1_000_000;
+        if ms == 0 {
+            return 0;
+        }
+        ((64 - ms.leading_zeros()) as usize).min(AGE_BUCKETS - 1)
+    }
+
+    /// `[lo, hi)` of bucket `b` in seconds; the last bucket's `hi` is
+    /// infinite, reported as `f64::MAX`.
+    pub fn bounds_s(b: usize) -> (f64, f64) {
+        let ms = |v: u64| v as f64 / 1000.0;
+        match b {
+            0 => (0.0, ms(1)),
+            b if b == AGE_BUCKETS - 1 => (ms(1 << (b - 1)), f64::MAX),
+            b => (ms(1 << (b - 1)), ms(1 << b)),
+        }
+    }
+
+    pub fn record(&mut self, age_ns: u64, bytes: u64) {
+        let b = Self::bucket_of(age_ns);
+        self.count[b] += 1;
+        self.bytes[b] += bytes;
+    }
+
+    pub fn buckets(&self) -> Vec<AgeBucket> {
+        (0..AGE_BUCKETS)
+            .filter(|&b| self.count[b] > 0)
+            .map(|b| {
+                let (lo_s, hi_s) = Self::bounds_s(b);
+                AgeBucket {
+                    lo_s,
+                    hi_s,
+                    count: self.count[b],
+                    bytes: self.bytes[b],
+                }
+            })
+            .collect()
+    }
+
+    fn scaled(&self, by_count: f64, by_bytes: f64) -> AgeHist {
+        let mut h = *self;
+        for b in 0..AGE_BUCKETS {
+            h.count[b] = (h.count[b] as f64 * by_count).round() as u64;
+            h.bytes[b] = (h.bytes[b] as f64 * by_bytes).round() as u64;
+        }
+        h
+    }
+}
+
+impl AddAssign for AgeHist {
+    fn add_assign(&mut self, o: AgeHist) {
+        for b in 0..AGE_BUCKETS {
+            self.count[b] += o.count[b];
+            self.bytes[b] += o.bytes[b];
+        }
+    }
+}
+
+/// What is still outstanding of one key, and what was freed of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retained {
+    pub count: u64,
+    pub bytes_req: u64,
+    pub bytes_alloc: u64,
+    pub ages: AgeHist,
+    pub oldest_ns: u64,
+    /// Tracked objects seen freed during the run (transient).
+    pub freed: u64,
+    pub freed_bytes_alloc: u64,
+    /// Tracked objects whose free was not seen (their address was reused).
+    pub freed_unseen: u64,
+}
+
+impl Retained {
+    pub fn add_object(&mut self, o: &LiveObject) {
+        self.count += 1;
+        self.bytes_req += o.bytes_req;
+        self.bytes_alloc += o.bytes_alloc;
+        self.ages.record(o.age_ns, o.bytes_alloc);
+        self.oldest_ns = self.oldest_ns.max(o.age_ns);
+    }
+
+    /// Scales counts by `by_count` and bytes by `by_bytes` (sampled data to
+    /// estimated totals); the oldest age is a fact and stays.
+    pub fn scaled(&self, by_count: f64, by_bytes: f64) -> Retained {
+        let c = |v: u64| (v as f64 * by_count).round() as u64;
+        let b = |v: u64| (v as f64 * by_bytes).round() as u64;
+        Retained {
+            count: c(self.count),
+            bytes_req: b(self.bytes_req),
+            bytes_alloc: b(self.bytes_alloc),
+            ages: self.ages.scaled(by_count, by_bytes),
+            oldest_ns: self.oldest_ns,
+            freed: c(self.freed),
+            freed_bytes_alloc: b(self.freed_bytes_alloc),
+            freed_unseen: c(self.freed_unseen),
+        }
+    }
+}
+
+impl AddAssign for Retained {
+    fn add_assign(&mut self, o: Retained) {
+        self.count += o.count;
+        self.bytes_req += o.bytes_req;
+        self.bytes_alloc += o.bytes_alloc;
+        self.ages += o.ages;
+        self.oldest_ns = self.oldest_ns.max(o.oldest_ns);
+        self.freed += o.freed;
+        self.freed_bytes_alloc += o.freed_bytes_alloc;
+        self.freed_unseen += o.freed_unseen;
+    }
+}
+
+/// Tracked objects of one site whose free no tracepoint showed (their
+/// address was handed out again while tracked), summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Unseen {
+    pub count: u64,
+    pub bytes_alloc: u64,
+}
+
+/// Counters of the leak tracer, summed over CPUs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeakEvents {
+    pub frees_null: u64,
+    pub frees_untracked: u64,
+    pub reused_live: u64,
+    pub map_full_live: u64,
+    pub map_busy: u64,
+}
+
+/// The leak tracer's view at one moment, as input to `report::build`.
+#[derive(Clone, Debug, Default)]
+pub struct LeakInput {
+    pub live: Vec<LiveObject>,
+    pub unseen: HashMap<SiteKey, Unseen>,
+    pub events: LeakEvents,
+    /// 1: every address traced; N: addresses hashed, about one in N traced.
+    pub sample_every: u32,
+    /// Only objects at least this old count as outstanding.
+    pub min_age_ns: u64,
+    pub max_objects: u32,
+    /// (program, misses): events the kernel dropped because a BPF program
+    /// was already running on that CPU.
+    pub recursion_misses: Vec<(String, u64)>,
+    /// "snapshot" (mid-run) or "leaks" (end of run).
+    pub kind: String,
+    /// Command names of the processes (tgid) that allocated live objects,
+    /// read when the snapshot was taken (absent: the process is gone).
+    pub comms: HashMap<u32, String>,
+}
+
+/// Outstanding objects folded per key.
+#[derive(Clone, Debug, Default)]
+pub struct RetainedIndex {
+    pub sites: HashMap<SiteKey, Retained>,
+    pub stacks: HashMap<(SiteKey, i64), Retained>,
+    /// By the process (tgid) that allocated them.
+    pub procs: HashMap<u32, Retained>,
+}
+
+impl RetainedIndex {
+    /// Folds the live objects at least `min_age_ns` old. What each site
+    /// freed is what it allocated (`allocs`, from the kernel's per-site
+    /// totals) minus what is live (of any age) minus what was freed unseen.
+    pub fn build(input: &LeakInput, allocs: &HashMap<SiteKey, AllocStats>) -> RetainedIndex {
+        let mut idx = RetainedIndex::default();
+        let mut live_any_age: HashMap<&SiteKey, (u64, u64)> = HashMap::new();
+        for o in &input.live {
+            let l = live_any_age.entry(&o.site).or_default();
+            l.0 += 1;
+            l.1 += o.bytes_alloc;
+            if o.age_ns < input.min_age_ns {
+                continue;
+            }
+            idx.sites.entry(o.site.clone()).or_default().add_object(o);
+            idx.procs.entry(o.tgid).or_default().add_object(o);
+            if let Some(id) = o.stack_id {
+                idx.stacks
+                    .entry((o.site.clone(), id))
+                    .or_default()
+                    .add_object(o);
+            }
+        }
+        for (site, a) in allocs {
+            let (live, live_bytes) = live_any_age.get(site).copied().unwrap_or_default();
+            let u = input.unseen.get(site).copied().unwrap_or_default();
+            let r = idx.sites.entry(site.clone()).or_default();
+            // Saturating: a snapshot read while running sees the maps at
+            // slightly different instants.
+            r.freed = a.count.saturating_sub(live + u.count);
+            r.freed_bytes_alloc = a.bytes_alloc.saturating_sub(live_bytes + u.bytes_alloc);
+            r.freed_unseen = u.count;
+        }
+        idx
+    }
+
+    /// Per cache, summed over the sites allocating from it.
+    pub fn by_cache(&self) -> HashMap<CacheId, Retained> {
+        let mut out: HashMap<CacheId, Retained> = HashMap::new();
+        for (site, r) in &self.sites {
+            *out.entry(site.cache.clone()).or_default() += *r;
+        }
+        out
+    }
+
+    pub fn total(&self) -> Retained {
+        let mut t = Retained::default();
+        for r in self.sites.values() {
+            t += *r;
+        }
+        t
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn site(call_site: u64) -> SiteKey {
+        SiteKey {
+            call_site,
+            cache: CacheId::Kmalloc {
+                size: 4096,
+                accounted: true,
+            },
+        }
+    }
+
+    fn obj(call_site: u64, stack: Option<i64>, age_ms: u64) -> LiveObject {
+        LiveObject {
+            site: site(call_site),
+            stack_id: stack,
+            bytes_req: 2148,
+            bytes_alloc: 4096,
+            age_ns: age_ms * 1_000_000,
+            tgid: 1,
+        }
+    }
+
+    fn allocated(count: u64) -> AllocStats {
+        AllocStats {
+            count,
+            bytes_req: count * 2148,
+            bytes_alloc: count * 4096,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ticks_become_nanoseconds() {
+        assert_eq!(jiffies_to_ns(250, 250), 1_000_000_000);
+        assert_eq!(jiffies_to_ns(3, 1000), 3_000_000);
+        assert_eq!(nearest_hz(26, 100_000_000), 250);
+        assert_eq!(nearest_hz(99, 100_000_000), 1000);
+        assert_eq!(nearest_hz(29, 100_000_000), 300);
+        assert_eq!(nearest_hz(10, 100_000_000), 100);
+    }
+
+    #[test]
+    fn age_buckets_are_log2_milliseconds() {
+        assert_eq!(AgeHist::bucket_of(0), 0);
+        assert_eq!(AgeHist::bucket_of(999_999), 0);
+        assert_eq!(AgeHist::bucket_of(1_000_000), 1);
+        assert_eq!(AgeHist::bucket_of(1_500_000_000), 11); // 1500 ms in [1024, 2048)
+        assert_eq!(AgeHist::bounds_s(11), (1.024, 2.048));
+        assert_eq!(AgeHist::bucket_of(u64::MAX), AGE_BUCKETS - 1);
+        for ms in [1u64, 3, 999, 1000, 65_000, 1 << 30] {
+            let (lo, hi) = AgeHist::bounds_s(AgeHist::bucket_of(ms * 1_000_000));
+            let s = ms as f64 / 1000.0;
+            assert!(lo <= s && s < hi, "{s}s not in [{lo},{hi})");
+        }
+    }
+
+    #[test]
+    fn index_folds_live_objects_and_frees_per_site_and_stack() {
+        let mut input = LeakInput {
+            live: vec![
+                obj(0x10, Some(7), 1500),
+                obj(0x10, None, 1600),
+                obj(0x20, Some(8), 5),
+            ],
+            ..Default::default()
+        };
+        input.unseen.insert(
+            site(0x10),
+            Unseen {
+                count: 1,
+                bytes_alloc: 4096,
+            },
+        );
+        let allocs = HashMap::from([(site(0x10), allocated(6)), (site(0x20), allocated(1))]);
+        let idx = RetainedIndex::build(&input, &allocs);
+        let a = idx.sites[&site(0x10)];
+        assert_eq!((a.count, a.bytes_alloc, a.bytes_req), (2, 8192, 4296));
+        assert_eq!(
+            (a.freed, a.freed_bytes_alloc, a.freed_unseen),
+            (3, 12288, 1)
+        );
+        assert_eq!(a.oldest_ns, 1_600_000_000);
+        assert_eq!(a.ages.buckets().len(), 1);
+        assert_eq!(a.ages.buckets()[0].count, 2);
+        assert_eq!(a.ages.buckets()[0].bytes, 8192);
+        assert_eq!(idx.stacks[&(site(0x10), 7)].count, 1);
+        assert_eq!(idx.stacks.len(), 2);
+        assert_eq!(idx.procs[&1].count, 3, "all allocated by tgid 1");
+        let t = idx.total();
+        assert_eq!((t.count, t.bytes_alloc), (3, 3 * 4096));
+        assert_eq!(idx.by_cache().len(), 1);
+    }
+
+    #[test]
+    fn min_age_keeps_only_old_objects() {
+        let input = LeakInput {
+            live: vec![obj(0x10, None, 1500), obj(0x10, None, 5)],
+            min_age_ns: 1_000_000_000,
+            ..Default::default()
+        };
+        let allocs = HashMap::from([(site(0x10), allocated(3))]);
+        let idx = RetainedIndex::build(&input, &allocs);
+        assert_eq!(idx.sites[&site(0x10)].count, 1);
+        assert_eq!(
+            idx.sites[&site(0x10)].freed,
+            1,
+            "young objects are not freed"
+        );
+    }
+
+    #[test]
+    fn scaling_multiplies_counts_but_keeps_the_oldest_age() {
+        let mut r = Retained::default();
+        r.add_object(&obj(0x10, None, 1500));
+        let s = r.scaled(4.0, 4.0);
+        assert_eq!((s.count, s.bytes_alloc), (4, 4 * 4096));
+        assert_eq!(s.ages.count[11], 4);
+        assert_eq!(s.oldest_ns, r.oldest_ns);
+    }
+}

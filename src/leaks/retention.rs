@@ -1,0 +1,244 @@
+//! The retention side of a report (kheap leaks): the fields added to site,
+//! stack and cache rows, the run-wide summary, ordering, and the scaling of
+//! sampled data. Pure; `report::build` calls it when a snapshot carries a
+//! `LeakInput`.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::leaks::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
+use crate::model::AllocStats;
+use crate::report::{round2, Counts, SiteKey, Snapshot};
+
+/// What is still allocated of a row (kheap leaks and its snapshots only),
+/// flattened into the row's JSON beside the allocation counts.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Retention {
+    /// Objects allocated while tracing and not freed (at least --min-age old).
+    pub outstanding_count: u64,
+    /// Their allocated bytes (what the slab holds for them).
+    pub outstanding_bytes: u64,
+    #[serde(default)]
+    pub outstanding_bytes_req: u64,
+    /// Age of the oldest outstanding object.
+    #[serde(default)]
+    pub oldest_s: f64,
+    /// Outstanding bytes over the run's duration: net growth per second.
+    #[serde(default)]
+    pub growth_bytes_per_s: f64,
+    /// Tracked objects freed during the run (transient volume). For stacks,
+    /// allocated minus outstanding.
+    #[serde(default)]
+    pub freed_count: u64,
+    #[serde(default)]
+    pub freed_bytes: u64,
+    /// Tracked objects whose free no tracepoint showed (address reused).
+    #[serde(default)]
+    pub freed_unseen: u64,
+    #[serde(default)]
+    pub ages: Vec<AgeBucket>,
+}
+
+impl Retention {
+    pub fn new(r: &Retained, duration_s: f64) -> Retention {
+        Retention {
+            outstanding_count: r.count,
+            outstanding_bytes: r.bytes_alloc,
+            outstanding_bytes_req: r.bytes_req,
+            oldest_s: round3(r.oldest_ns as f64 / 1e9),
+            growth_bytes_per_s: if duration_s > 0.0 {
+                round2(r.bytes_alloc as f64 / duration_s)
+            } else {
+                0.0
+            },
+            freed_count: r.freed,
+            freed_bytes: r.freed_bytes_alloc,
+            freed_unseen: r.freed_unseen,
+            ages: r.ages.buckets(),
+        }
+    }
+}
+
+/// One program's recursion misses.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProgramMisses {
+    pub program: String,
+    pub misses: u64,
+}
+
+/// What the objects one process allocated still hold. The leak tracer keeps
+/// no per-process allocation totals, hence only retention here.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessRetention {
+    pub pid: u32,
+    /// Empty when the process had exited by the time of the snapshot.
+    pub comm: String,
+    #[serde(flatten)]
+    pub retention: Retention,
+}
+
+/// Run-wide retention figures of a kheap leaks report or snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LeakSummary {
+    /// "leaks" (end of run) or "snapshot" (taken while running).
+    pub kind: String,
+    #[serde(flatten)]
+    pub retention: Retention,
+    pub min_age_s: f64,
+    /// 1: every address traced (exact); N: about one address in N, chosen by
+    /// a hash of the address, every number scaled by N (estimates).
+    pub sample_every: u32,
+    pub estimated: bool,
+    /// Frees of objects not tracked (allocated before tracing began, or by
+    /// a process the filters leave out): ignored, so never negative growth.
+    pub frees_untracked: u64,
+    /// kfree(NULL) and friends: nothing to forget.
+    #[serde(default)]
+    pub frees_null: u64,
+    /// Allocations that returned a still-tracked address (a free not seen).
+    pub reused_live: u64,
+    /// Allocations not tracked because the object map was full.
+    pub map_full_objects: u64,
+    pub max_objects: u32,
+    /// Map updates refused because an interrupt hit the tracer mid-update.
+    pub map_busy: u64,
+    /// Events the kernel dropped because a BPF program was already running
+    /// on that CPU (e.g. a kfree in an interrupt during a kfree event).
+    pub recursion_misses: u64,
+    pub recursion_misses_by_program: Vec<ProgramMisses>,
+    /// Free paths that fire no tracepoint: objects freed there look
+    /// outstanding until their address is reused (then freed_unseen).
+    pub unseen_free_paths: Vec<String>,
+    /// Outstanding objects by the process that allocated them, largest
+    /// first (kernel memory is often allocated in one process's context and
+    /// held on behalf of another, or of none).
+    #[serde(default)]
+    pub processes: Vec<ProcessRetention>,
+}
+
+/// Free paths of the kernel that emit no kmem:kfree/kmem_cache_free event.
+/// The first is from the slab code; the second was observed on 6.18, where
+/// maple_node objects (mas_preallocate) come back from the allocator while
+/// still tracked, i.e. were freed unseen.
+pub const UNSEEN_FREE_PATHS: [&str; 2] = [
+    "kmem_cache_free_bulk()/kfree_bulk(), which kvfree_rcu() batches also use",
+    "RCU-deferred and bulk frees of slab sheaves (6.18: maple_node)",
+];
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// The outstanding objects folded per site and stack, from the traced
+/// (unscaled) totals, then scaled as a whole by the address sampling rate.
+pub fn retained_index(l: &LeakInput, sites: &HashMap<SiteKey, AllocStats>) -> RetainedIndex {
+    let idx = RetainedIndex::build(l, sites);
+    let n = l.sample_every.max(1) as f64;
+    RetainedIndex {
+        sites: idx
+            .sites
+            .iter()
+            .map(|(k, r)| (k.clone(), r.scaled(n, n)))
+            .collect(),
+        stacks: idx
+            .stacks
+            .iter()
+            .map(|(k, r)| (k.clone(), r.scaled(n, n)))
+            .collect(),
+        procs: idx
+            .procs
+            .iter()
+            .map(|(k, r)| (*k, r.scaled(n, n)))
+            .collect(),
+    }
+}
+
+/// Largest outstanding first, then oldest, then largest allocation volume.
+pub fn sort_by_retention<T>(rows: &mut [T], key: impl Fn(&T) -> (&Option<Retention>, &Counts)) {
+    rows.sort_by(|a, b| {
+        let (ra, ca) = key(a);
+        let (rb, cb) = key(b);
+        let r = |r: &Option<Retention>| {
+            r.as_ref()
+                .map_or((0, 0.0), |r| (r.outstanding_bytes, r.oldest_s))
+        };
+        let ((ba, oa), (bb, ob)) = (r(ra), r(rb));
+        bb.cmp(&ba)
+            .then(ob.total_cmp(&oa))
+            .then(cb.bytes_alloc.cmp(&ca.bytes_alloc))
+    });
+}
+
+pub fn scale_for_address_sampling(snap: &Snapshot, n: u32) -> Snapshot {
+    let n = n as f64;
+    let mut out = snap.clone();
+    for s in out.sites.values_mut() {
+        *s = s.scaled(n);
+    }
+    for s in out.stacks.values_mut() {
+        *s = s.scaled(n);
+    }
+    out
+}
+
+pub fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> LeakSummary {
+    let n = l.sample_every.max(1);
+    let scale = |v: u64| v * n as u64;
+    LeakSummary {
+        kind: l.kind.clone(),
+        retention: Retention::new(&idx.total(), duration_s),
+        min_age_s: round3(l.min_age_ns as f64 / 1e9),
+        sample_every: n,
+        estimated: n > 1,
+        frees_untracked: scale(l.events.frees_untracked),
+        frees_null: l.events.frees_null,
+        reused_live: scale(l.events.reused_live),
+        map_full_objects: l.events.map_full_live,
+        max_objects: l.max_objects,
+        map_busy: l.events.map_busy,
+        recursion_misses: l.recursion_misses.iter().map(|(_, m)| m).sum(),
+        recursion_misses_by_program: l
+            .recursion_misses
+            .iter()
+            .map(|(p, m)| ProgramMisses {
+                program: p.clone(),
+                misses: *m,
+            })
+            .collect(),
+        unseen_free_paths: UNSEEN_FREE_PATHS.iter().map(|s| s.to_string()).collect(),
+        processes: process_rows(l, idx, duration_s),
+    }
+}
+
+fn process_rows(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Vec<ProcessRetention> {
+    let mut rows: Vec<ProcessRetention> = idx
+        .procs
+        .iter()
+        .map(|(&pid, r)| ProcessRetention {
+            pid,
+            comm: l.comms.get(&pid).cloned().unwrap_or_default(),
+            retention: Retention::new(r, duration_s),
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b.retention
+            .outstanding_bytes
+            .cmp(&a.retention.outstanding_bytes)
+            .then(a.pid.cmp(&b.pid))
+    });
+    rows
+}
+
+/// Scales one stack's sampled retention so the stacks of a site sum to the
+/// site's outstanding totals (which come from every tracked object).
+pub fn scale_retained_to(stack: &Retained, sampled: &Retained, exact: &Retained) -> Retained {
+    let ratio = |e: u64, s: u64| if s == 0 { 0.0 } else { e as f64 / s as f64 };
+    let mut r = stack.scaled(
+        ratio(exact.count, sampled.count),
+        ratio(exact.bytes_alloc, sampled.bytes_alloc),
+    );
+    r.bytes_req =
+        (stack.bytes_req as f64 * ratio(exact.bytes_req, sampled.bytes_req)).round() as u64;
+    r
+}

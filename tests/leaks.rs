@@ -1,0 +1,430 @@
+//! `kheap leaks` and `kheap diff` against the real kernel: SysV messages held
+//! in queues by kheap-load are known outstanding objects (one kmalloc of
+//! 48 + SIZE bytes in load_msg each, 4096 bytes allocated for SIZE 2100),
+//! freed by msgrcv after the hold.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const MSG_ALLOC: u64 = 4096;
+
+fn read_json(path: &Path) -> Value {
+    let text =
+        std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON ({e})", path.display()))
+}
+
+fn load_msg_site(report: &Value) -> Option<&Value> {
+    let sites = rows(report, "sites", "function", "load_msg");
+    assert!(sites.len() <= 1, "{:#}", report["sites"]);
+    sites.first().copied()
+}
+
+/// `kheap leaks --comm kheap-load` in the background, writing its final JSON
+/// report and SIGUSR1 snapshots into `dir`.
+fn start_leaks(dir: &Path, extra: &[&str]) -> Background {
+    let out = dir.join("final.json");
+    let mut args = vec![
+        "leaks",
+        "--comm",
+        "kheap-load",
+        "--format",
+        "json",
+        "-o",
+        out.to_str().unwrap(),
+        "--snapshot-dir",
+        dir.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    let mut k = Background::spawn(KHEAP, &args);
+    k.wait_for("kheap: tracing");
+    k
+}
+
+/// Asks for a snapshot and returns its path once written.
+fn snapshot(k: &mut Background) -> PathBuf {
+    k.signal(libc::SIGUSR1);
+    let line = k.wait_for("snapshot ");
+    let path = line
+        .split_whitespace()
+        .find(|w| w.ends_with(".json"))
+        .unwrap_or_else(|| panic!("no path in {line:?}"));
+    PathBuf::from(path)
+}
+
+#[test]
+fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
+    if !require_root("held_objects_are_outstanding_with_their_age_then_return_to_zero") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = start_leaks(dir.path(), &["--exact-stacks"]);
+    let mut load = Background::spawn(LOAD, &["msg", "500", "2100", "4"]);
+    load.wait_for("holding 500 messages");
+    std::thread::sleep(Duration::from_millis(1300));
+    let snap = read_json(&snapshot(&mut k));
+    assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
+    k.signal(libc::SIGINT);
+    assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
+    let end = read_json(&dir.path().join("final.json"));
+
+    // While held: exactly the 500 messages, allocated 1.3 s or more ago.
+    assert_eq!(snap["leaks"]["kind"], "snapshot");
+    let s = load_msg_site(&snap).unwrap_or_else(|| panic!("{:#}", snap["sites"]));
+    assert_eq!(u(&s["outstanding_count"]), 500);
+    assert_eq!(u(&s["outstanding_bytes"]), 500 * MSG_ALLOC);
+    assert_eq!(u(&s["outstanding_bytes_req"]), 500 * (48 + 2100));
+    assert_eq!(u(&s["count"]), 500);
+    assert_eq!(u(&s["freed_count"]), 0);
+    let oldest = s["oldest_s"].as_f64().unwrap();
+    assert!((1.3..5.0).contains(&oldest), "oldest {oldest}");
+    let ages = s["ages"].as_array().unwrap();
+    assert_eq!(ages.iter().map(|b| u(&b["count"])).sum::<u64>(), 500);
+    assert_eq!(
+        ages.iter().map(|b| u(&b["bytes"])).sum::<u64>(),
+        500 * MSG_ALLOC
+    );
+    for b in ages {
+        assert!(b["lo_s"].as_f64().unwrap() >= 1.024, "too young: {b}");
+    }
+    // The process that allocated them is named, and holds at least them.
+    let procs = snap["leaks"]["processes"].as_array().unwrap();
+    let load = procs
+        .iter()
+        .find(|p| p["comm"] == "kheap-load")
+        .unwrap_or_else(|| panic!("{procs:?}"));
+    assert!(u(&load["outstanding_bytes"]) >= 500 * MSG_ALLOC, "{load}");
+    let stacks = rows(&snap, "stacks", "function", "load_msg");
+    let stacked: u64 = stacks.iter().map(|s| u(&s["outstanding_count"])).sum();
+    let lost = u(&snap["lost"]["stacks"]);
+    assert!(
+        stacked <= 500 && stacked + lost >= 500,
+        "stacks {stacked}, lost {lost}"
+    );
+
+    // After msgrcv: nothing of it outstanding; all of it transient.
+    let s = load_msg_site(&end).unwrap_or_else(|| panic!("{:#}", end["sites"]));
+    assert_eq!(end["leaks"]["kind"], "leaks");
+    assert_eq!(u(&s["outstanding_count"]), 0);
+    assert_eq!(u(&s["outstanding_bytes"]), 0);
+    assert_eq!(u(&s["count"]), 500);
+    assert_eq!(u(&s["freed_count"]), 500);
+    assert_eq!(u(&s["freed_bytes"]), 500 * MSG_ALLOC);
+    assert_eq!(u(&s["freed_unseen"]), 0);
+    // Every attached program reports its recursion misses.
+    let progs = end["leaks"]["recursion_misses_by_program"]
+        .as_array()
+        .unwrap();
+    assert_eq!(progs.len(), 4, "{progs:?}");
+}
+
+#[test]
+fn diff_of_snapshots_shows_the_workload_as_top_grower() {
+    if !require_root("diff_of_snapshots_shows_the_workload_as_top_grower") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = start_leaks(dir.path(), &[]);
+    let before = snapshot(&mut k);
+    let mut load = Background::spawn(LOAD, &["msg", "300", "2100", "3"]);
+    load.wait_for("holding 300 messages");
+    let after = snapshot(&mut k);
+    assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
+    k.signal(libc::SIGINT);
+    assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
+    let end = dir.path().join("final.json");
+
+    let diff = |a: &Path, b: &Path| -> Value {
+        let out = kheap(&[
+            "diff",
+            a.to_str().unwrap(),
+            b.to_str().unwrap(),
+            "--format",
+            "json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let grew = diff(&before, &after);
+    assert_eq!(grew["measure"], "outstanding");
+    let top = &grew["rows"][0];
+    assert!(
+        top["name"].as_str().unwrap().starts_with("load_msg+"),
+        "{:#}",
+        grew["rows"]
+    );
+    assert_eq!(u(&top["change_bytes"]), 300 * MSG_ALLOC);
+    assert_eq!(top["change_count"], 300);
+
+    // Released: the same site is the largest shrink.
+    let shrank = diff(&after, &end);
+    let last = shrank["rows"].as_array().unwrap().last().unwrap().clone();
+    assert!(
+        last["name"].as_str().unwrap().starts_with("load_msg+"),
+        "{last}"
+    );
+    assert_eq!(last["change_bytes"], -(300 * MSG_ALLOC as i64));
+
+    // The table says the same in words.
+    let out = kheap(&["diff", before.to_str().unwrap(), after.to_str().unwrap()]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("load_msg+") && table.contains("+1.2M"),
+        "{table}"
+    );
+}
+
+#[test]
+fn frees_of_objects_allocated_before_tracing_are_not_negative_growth() {
+    if !require_root("frees_of_objects_allocated_before_tracing_are_not_negative_growth") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // The messages exist before kheap starts; kheap sees only their frees.
+    let mut load = Background::spawn(LOAD, &["msg", "400", "2100", "3"]);
+    load.wait_for("holding 400 messages");
+    let mut k = start_leaks(dir.path(), &[]);
+    assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
+    k.signal(libc::SIGINT);
+    assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
+    let end = read_json(&dir.path().join("final.json"));
+
+    if let Some(s) = load_msg_site(&end) {
+        assert_eq!(u(&s["outstanding_count"]), 0, "{s}");
+        assert_eq!(u(&s["freed_count"]), u(&s["count"]), "{s}");
+    }
+    let l = &end["leaks"];
+    assert!(u(&l["frees_untracked"]) >= 400, "{l}");
+    assert!(l["growth_bytes_per_s"].as_f64().unwrap() >= 0.0);
+}
+
+#[test]
+fn address_sampling_keeps_allocation_and_free_together() {
+    if !require_root("address_sampling_keeps_allocation_and_free_together") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = start_leaks(dir.path(), &["--sample", "4"]);
+    let mut load = Background::spawn(LOAD, &["msg", "2000", "2100", "3"]);
+    load.wait_for("holding 2000 messages");
+    let snap = read_json(&snapshot(&mut k));
+    assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
+    k.signal(libc::SIGINT);
+    assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
+    let end = read_json(&dir.path().join("final.json"));
+
+    assert_eq!(snap["leaks"]["estimated"], true);
+    assert_eq!(snap["leaks"]["sample_every"], 4);
+    let s = load_msg_site(&snap).unwrap_or_else(|| panic!("{:#}", snap["sites"]));
+    // About a quarter of the addresses, scaled by 4 (a binomial estimate:
+    // ±25% is beyond 5 standard deviations).
+    let est = u(&s["outstanding_count"]);
+    assert!((1500..=2500).contains(&est), "estimated {est} of 2000");
+    assert_eq!(est % 4, 0, "a count of traced objects times 4");
+    assert_eq!(u(&s["outstanding_bytes"]), est * MSG_ALLOC);
+    // Each traced object's free was traced too: nothing is left over.
+    let s = load_msg_site(&end).unwrap();
+    assert_eq!(u(&s["outstanding_count"]), 0);
+    assert_eq!(u(&s["freed_count"]), u(&s["count"]));
+}
+
+#[test]
+fn a_full_object_map_is_counted_not_hidden() {
+    if !require_root("a_full_object_map_is_counted_not_hidden") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = start_leaks(dir.path(), &["--max-objects", "100"]);
+    let mut load = Background::spawn(LOAD, &["msg", "500", "2100", "3"]);
+    load.wait_for("holding 500 messages");
+    let snap = read_json(&snapshot(&mut k));
+    assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
+    k.signal(libc::SIGINT);
+    assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
+
+    let l = &snap["leaks"];
+    assert_eq!(l["max_objects"], 100);
+    // kheap-load's own start-up allocations may fill the map before the
+    // first message: the site is then absent, and every message counted.
+    let tracked = load_msg_site(&snap).map_or(0, |s| u(&s["outstanding_count"]));
+    assert!(tracked <= 100, "{tracked}");
+    assert!(
+        u(&l["map_full_objects"]) >= 500 - tracked,
+        "{} untracked of 500",
+        l["map_full_objects"]
+    );
+    assert!(u(&snap["leaks"]["outstanding_count"]) <= 100);
+}
+
+#[test]
+fn sigterm_detaches_and_still_reports() {
+    if !require_root("sigterm_detaches_and_still_reports") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = start_leaks(dir.path(), &[]);
+    let ids = bpf_prog_ids(k.child.id());
+    assert_eq!(ids.len(), 5, "four hooks and the clock program: {ids:?}");
+    k.signal(libc::SIGTERM);
+    assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
+    let end = read_json(&dir.path().join("final.json"));
+    assert_eq!(end["leaks"]["kind"], "leaks");
+    for id in ids {
+        assert!(!prog_loaded(id), "program {id} still loaded");
+    }
+}
+
+#[test]
+fn bad_input_is_one_line() {
+    if !require_root("bad_input_is_one_line") {
+        return;
+    }
+    let one_line_error = |args: &[&str], start: &str| {
+        let out = kheap(args);
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with(start), "{err}");
+    };
+    one_line_error(
+        &["leaks", "--max-objects", "0", "-d", "1"],
+        "kheap: --max-objects and --max-entries must be at least 1",
+    );
+    one_line_error(
+        &[
+            "leaks",
+            "--snapshot-every",
+            "1",
+            "--snapshot-dir",
+            "/nonexistent",
+            "-d",
+            "1",
+        ],
+        "kheap: --snapshot-dir /nonexistent is not a directory",
+    );
+    one_line_error(
+        &["leaks", "--snapshot-every", "0.5", "-d", "1"],
+        "kheap: --snapshot-every must be at least 1 second",
+    );
+    one_line_error(
+        &["leaks", "--format", "folded", "-d", "1"],
+        "kheap: --format folded shows stacks: use it with --by stack",
+    );
+
+    let out = kheap(&["diff", "/nonexistent/a.json", "/nonexistent/b.json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("kheap: reading /nonexistent/a.json"),
+        "{err}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let bogus = dir.path().join("x.json");
+    std::fs::write(&bogus, "{\"hello\": 1}").unwrap();
+    let out = kheap(&["diff", bogus.to_str().unwrap(), bogus.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("is not a kheap JSON report"), "{err}");
+}
+
+#[test]
+fn classic_tracepoints_track_the_same_objects() {
+    if !require_root("classic_tracepoints_track_the_same_objects") {
+        return;
+    }
+    // With `-- CMD`: kheap releases the command once attached, and snapshots
+    // every second; the 200 messages are held from ~0 s to ~2.5 s.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out_path = dir.path().join("final.json");
+    let out = kheap(&[
+        "leaks",
+        "--attach",
+        "tracepoint",
+        "--snapshot-every",
+        "1",
+        "--snapshot-dir",
+        d,
+        "--format",
+        "json",
+        "-o",
+        out_path.to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg",
+        "200",
+        "2100",
+        "2.5",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap = read_json(&dir.path().join("snapshot-001.json"));
+    let end = read_json(&out_path);
+    assert!(
+        snap["run"]["attach"][0]
+            .as_str()
+            .unwrap()
+            .ends_with(": tracepoint"),
+        "{}",
+        snap["run"]["attach"]
+    );
+    let s = load_msg_site(&snap).unwrap_or_else(|| panic!("{:#}", snap["sites"]));
+    assert_eq!(u(&s["outstanding_count"]), 200);
+    assert_eq!(u(&s["outstanding_bytes"]), 200 * MSG_ALLOC);
+    let s = load_msg_site(&end).unwrap();
+    assert_eq!(u(&s["outstanding_count"]), 0);
+    assert_eq!(u(&s["freed_count"]), 200);
+}
+
+#[test]
+fn min_age_counts_only_objects_that_old() {
+    if !require_root("min_age_counts_only_objects_that_old") {
+        return;
+    }
+    // Held ~1-2 s when the 1 s snapshot is taken: younger than --min-age 30.
+    let dir = tempfile::tempdir().unwrap();
+    let out = kheap(&[
+        "leaks",
+        "--min-age",
+        "30",
+        "--snapshot-every",
+        "1",
+        "--snapshot-dir",
+        dir.path().to_str().unwrap(),
+        "-o",
+        dir.path().join("final.txt").to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg",
+        "100",
+        "2100",
+        "2",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap = read_json(&dir.path().join("snapshot-001.json"));
+    assert_eq!(snap["leaks"]["min_age_s"], 30.0);
+    let s = load_msg_site(&snap).unwrap_or_else(|| panic!("{:#}", snap["sites"]));
+    assert_eq!(u(&s["count"]), 100, "allocated");
+    assert_eq!(u(&s["outstanding_count"]), 0, "none 30 s old");
+    assert_eq!(u(&s["freed_count"]), 0, "held, so not freed either");
+    let table = std::fs::read_to_string(dir.path().join("final.txt")).unwrap();
+    assert!(table.contains("at least 30.0s old"), "{table}");
+}
