@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * Helpers for BPF objects that aggregate allocations into struct
- * alloc_stats (leaks.bpf.c; kheap.bpf.c has its own copies). Include after
+ * alloc_stats (kheap.bpf.c, leaks.bpf.c). Include after
  * vmlinux.h, the libbpf headers and kheap.h (which brings size_bucket()).
  */
 #ifndef KHEAP_ALLOC_STATS_BPF_H

@@ -17,6 +17,8 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "kheap.h"
+#include "alloc_stats.bpf.h"
+#include "kmem_classic.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -121,19 +123,6 @@ static __always_inline bool sample_now(void)
 	return true;
 }
 
-/* A zeroed value to insert new hash entries from (too big for the stack). */
-static struct alloc_stats zero_stats;
-
-/* Older layout of the kmalloc/kmem_cache_alloc records: before 6.1 both
- * events shared the kmem_alloc class. */
-struct trace_event_raw_kmem_alloc___pre61 {
-	unsigned long call_site;
-	const void *ptr;
-	size_t bytes_req;
-	size_t bytes_alloc;
-	unsigned long gfp_flags;
-} __attribute__((preserve_access_index));
-
 static __always_inline struct counters *counters_get(void)
 {
 	__u32 zero = 0;
@@ -148,59 +137,12 @@ static __always_inline struct counters *counters_get(void)
 			__c->field++;                  \
 	} while (0)
 
-static __always_inline bool comm_matches(void)
-{
-	char comm[KHEAP_COMM_LEN];
-
-	bpf_get_current_comm(comm, sizeof(comm));
-#pragma unroll
-	for (int i = 0; i < KHEAP_COMM_LEN; i++) {
-		if (comm[i] != cfg.comm[i])
-			return false;
-		if (comm[i] == 0)
-			return true;
-	}
-	return true;
-}
-
 static __always_inline bool task_wanted(__u32 tgid)
 {
 	if (cfg.filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid))
 		return false;
-	if (cfg.filter_comm && !comm_matches())
+	if (cfg.filter_comm && !comm_is(cfg.comm))
 		return false;
-	return true;
-}
-
-static __always_inline void stats_add(struct alloc_stats *s, __u64 req,
-				      __u64 alloc, __u32 bucket)
-{
-	s->count++;
-	s->bytes_req += req;
-	s->bytes_alloc += alloc;
-	s->hist[hist_index(bucket)]++;
-}
-
-/* Adds to an existing entry, or creates it. Returns false if the map is full.
- * A racing insert on another CPU (-EEXIST) is retried as a lookup. */
-static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
-					 __u64 alloc, __u32 bucket,
-					 bool *created)
-{
-	struct alloc_stats *s = bpf_map_lookup_elem(map, key);
-
-	if (!s) {
-		long err =
-			bpf_map_update_elem(map, key, &zero_stats, BPF_NOEXIST);
-		if (err && err != -17 /* EEXIST */)
-			return false;
-		if (created && !err)
-			*created = true;
-		s = bpf_map_lookup_elem(map, key);
-		if (!s)
-			return false;
-	}
-	stats_add(s, req, alloc, bucket);
 	return true;
 }
 
@@ -247,14 +189,17 @@ static __always_inline bool record_stack(void *ctx, struct site_key *key,
 	struct stack_key skey = {.site = *key};
 	bool created = false;
 
-	skey.stack_id = bpf_get_stackid(ctx, &stack_traces, 0);
-	if (skey.stack_id < 0) {
-		if (skey.stack_id == -17 /* EEXIST: hash collision */)
+	/* int: ids fit, and errors are 32-bit on every kernel */
+	int id = bpf_get_stackid(ctx, &stack_traces, 0);
+
+	if (id < 0) {
+		if (id == -KHEAP_EEXIST) /* hash collision */
 			COUNT(lost_stack_collision);
 		else
 			COUNT(lost_stack_other);
 		return false;
 	}
+	skey.stack_id = id;
 	if (!upsert_stats(&stacks, &skey, req, alloc, bucket, &created)) {
 		COUNT(map_full_stacks);
 		return false;
@@ -480,73 +425,27 @@ int fork_raw(struct bpf_raw_tracepoint_args *ctx)
 SEC("tracepoint/kmem/kmalloc")
 int kmalloc_tp(void *ctx)
 {
-	if (bpf_core_type_exists(struct trace_event_raw_kmalloc)) {
-		struct trace_event_raw_kmalloc *r = ctx;
+	struct kmem_alloc_event e;
 
-		on_kmalloc(ctx, BPF_CORE_READ(r, call_site),
-			   BPF_CORE_READ(r, ptr), BPF_CORE_READ(r, bytes_req),
-			   BPF_CORE_READ(r, bytes_alloc),
-			   BPF_CORE_READ(r, gfp_flags));
-	} else {
-		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
-
-		on_kmalloc(ctx, BPF_CORE_READ(r, call_site),
-			   BPF_CORE_READ(r, ptr), BPF_CORE_READ(r, bytes_req),
-			   BPF_CORE_READ(r, bytes_alloc),
-			   BPF_CORE_READ(r, gfp_flags));
-	}
+	read_kmalloc_record(ctx, &e);
+	on_kmalloc(ctx, e.call_site, e.ptr, e.bytes_req, e.bytes_alloc,
+		   e.gfp_flags);
 	return 0;
 }
 
-/* The classic record has no cache pointer; the cache name (6.18 added it as a
- * __data_loc string) identifies the cache instead, hashed into the key. */
-static __always_inline __u64 name_key(const char *name)
-{
-	__u64 h = 0xcbf29ce484222325ULL; /* FNV-1a */
-	char c[KHEAP_CACHE_NAME_LEN] = {};
-
-	bpf_probe_read_kernel_str(c, sizeof(c), name);
-#pragma unroll
-	for (int i = 0; i < KHEAP_CACHE_NAME_LEN; i++) {
-		if (!c[i])
-			break;
-		h = (h ^ (__u8)c[i]) * 0x100000001b3ULL;
-	}
-	/* never 0, which means "kmalloc" */
-	return h | 1;
-}
-
+/* The classic record has no cache pointer: the cache's name (a __data_loc
+ * string since 6.18), hashed, or its object size stands in for it. */
 SEC("tracepoint/kmem/kmem_cache_alloc")
 int cache_alloc_tp(void *ctx)
 {
+	struct kmem_alloc_event e;
 	struct site_key key = {};
-	const char *name = NULL;
-	__u64 req, alloc;
-	const void *ptr;
 
-	if (bpf_core_type_exists(struct trace_event_raw_kmem_cache_alloc)) {
-		struct trace_event_raw_kmem_cache_alloc *r = ctx;
-
-		key.call_site = BPF_CORE_READ(r, call_site);
-		ptr = BPF_CORE_READ(r, ptr);
-		req = BPF_CORE_READ(r, bytes_req);
-		alloc = BPF_CORE_READ(r, bytes_alloc);
-		if (bpf_core_field_exists(r->__data_loc_name)) {
-			__u32 loc = BPF_CORE_READ(r, __data_loc_name);
-
-			name = (const char *)ctx + (loc & 0xFFFF);
-		}
-	} else {
-		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
-
-		key.call_site = BPF_CORE_READ(r, call_site);
-		ptr = BPF_CORE_READ(r, ptr);
-		req = BPF_CORE_READ(r, bytes_req);
-		alloc = BPF_CORE_READ(r, bytes_alloc);
-	}
-	/* Without a name, the object size is the best stand-in for a cache. */
-	key.cache = name ? name_key(name) : ((alloc << 1) | 1);
-	record_alloc(ctx, &key, ptr, req, alloc, name, NULL);
+	read_cache_alloc_record(ctx, &e);
+	key.call_site = e.call_site;
+	key.cache = classic_cache_key(&e);
+	record_alloc(ctx, &key, e.ptr, e.bytes_req, e.bytes_alloc, e.name,
+		     NULL);
 	return 0;
 }
 
@@ -560,16 +459,10 @@ int kfree_tp(struct trace_event_raw_kfree *r)
 SEC("tracepoint/kmem/kmem_cache_free")
 int cache_free_tp(struct trace_event_raw_kmem_cache_free *r)
 {
-	const char *name = NULL;
-	__u64 cache = 0;
+	const char *name = cache_free_record_name(r);
 
-	if (bpf_core_field_exists(r->__data_loc_name)) {
-		__u32 loc = BPF_CORE_READ(r, __data_loc_name);
-
-		name = (const char *)r + (loc & 0xFFFF);
-		cache = name_key(name);
-	}
-	record_cache_free(BPF_CORE_READ(r, ptr), cache, name, NULL);
+	record_cache_free(BPF_CORE_READ(r, ptr), name ? name_key(name) : 0,
+			  name, NULL);
 	return 0;
 }
 
