@@ -3,7 +3,6 @@
 //! and freed (transient). Snapshots of the outstanding set can be written
 //! while it runs (--snapshot-every, SIGUSR1) and compared with `kheap diff`.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -232,24 +231,12 @@ fn write_json(r: &Report, path: &Path) -> Result<()> {
 }
 
 fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
-    let top = match args.format {
-        Format::Table => Some(args.top.unwrap_or(20)),
-        _ => args.top,
-    };
+    let top = crate::render::default_top(args.format, args.top);
     let hidden = leak_render::apply_top(&mut report, args.by, top);
     let text = match args.format {
         Format::Table => leak_render::table(&report, args.by, hidden, 3),
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
         Format::Folded => leak_render::folded(&report),
     };
-    match &args.output {
-        Some(path) => std::fs::write(path, text)
-            .with_context(|| format!("writing the report to {}", path.display()))?,
-        None => {
-            let mut out = std::io::stdout().lock();
-            // A closed pipe (| head) is not an error worth reporting.
-            let _ = out.write_all(text.as_bytes());
-        }
-    }
-    Ok(())
+    crate::render::emit(&text, args.output.as_deref())
 }

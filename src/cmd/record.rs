@@ -1,12 +1,12 @@
 //! `kheap record`: trace for a while (or for a command's life), then print
 //! who allocated what.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 
 use crate::cli::{check_size_range, parse_sample, parse_secs, parse_size};
@@ -301,24 +301,12 @@ pub fn run(args: RecordArgs) -> Result<i32> {
 }
 
 fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
-    let top = match args.format {
-        Format::Table => Some(args.top.unwrap_or(20)),
-        _ => args.top,
-    };
+    let top = render::default_top(args.format, args.top);
     let hidden = render::apply_top(&mut report, args.sort, top);
     let text = match args.format {
         Format::Table => render::table(&report, args.by, hidden, 3),
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
         Format::Folded => render::folded(&report),
     };
-    match &args.output {
-        Some(path) => std::fs::write(path, text)
-            .with_context(|| format!("writing the report to {}", path.display()))?,
-        None => {
-            let mut out = std::io::stdout().lock();
-            // A closed pipe (| head) is not an error worth reporting.
-            let _ = out.write_all(text.as_bytes());
-        }
-    }
-    Ok(())
+    render::emit(&text, args.output.as_deref())
 }
