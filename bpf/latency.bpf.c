@@ -98,15 +98,33 @@ static __always_inline void on_exit(void)
 	st->hist[hist_index(size_bucket(delta))]++;
 }
 
+/* The caller of the timed function, from the stack: the frame after the
+ * function's own entry (func+0..15: the kprobe's address, or func+5/+9
+ * where it calls the fentry trampoline). */
+#define CALLER_STACK_DEPTH 8
+
+static __always_inline __u64 caller_from_stack(void *ctx)
+{
+	__u64 frames[CALLER_STACK_DEPTH] = {};
+	__u64 func = bpf_get_func_ip(ctx);
+	long n = bpf_get_stack(ctx, frames, sizeof(frames), 0);
+
+#pragma unroll
+	for (int i = 0; i < CALLER_STACK_DEPTH - 1; i++) {
+		if (i * 8 + 16 <= n && frames[i] - func < 16)
+			return frames[i + 1];
+	}
+	return 0;
+}
+
 /* kprobes: one program, attached to every resolved allocator function. */
 SEC("kprobe")
 int BPF_KPROBE(lat_enter_kprobe)
 {
-	__u64 caller = 0;
-
-	/* at a function's first instruction the return address is at sp */
-	bpf_probe_read_kernel(&caller, sizeof(caller), (void *)PT_REGS_SP(ctx));
-	on_enter(ctx, caller);
+	/* Not the return address at sp: the kretprobe on the same function
+	 * has already replaced it with its trampoline. The unwinder recovers
+	 * the real one. */
+	on_enter(ctx, caller_from_stack(ctx));
 	return 0;
 }
 
@@ -117,39 +135,21 @@ int BPF_KRETPROBE(lat_exit_kretprobe)
 	return 0;
 }
 
-/* From fentry, the caller is found on the stack: the frame after the timed
- * function's own entry (func+5, where it calls the trampoline). */
-#define FENTRY_STACK_DEPTH 8
-
-static __always_inline __u64 fentry_caller(void *ctx)
-{
-	__u64 frames[FENTRY_STACK_DEPTH] = {};
-	__u64 func = bpf_get_func_ip(ctx);
-	long n = bpf_get_stack(ctx, frames, sizeof(frames), 0);
-
-#pragma unroll
-	for (int i = 0; i < FENTRY_STACK_DEPTH - 1; i++) {
-		if (i * 8 + 16 <= n && frames[i] - func < 16)
-			return frames[i + 1];
-	}
-	return 0;
-}
-
 /* fentry/fexit programs bind to one function each at load time; user space
  * retargets these slots to the allocator functions the kernel has (the
  * placeholder names below are replaced before load) and turns off the rest. */
-#define FENTRY_SLOT(n)                             \
-	SEC("fentry/__kmalloc_noprof")             \
-	int BPF_PROG(lat_enter_fentry##n)          \
-	{                                          \
-		on_enter(ctx, fentry_caller(ctx)); \
-		return 0;                          \
-	}                                          \
-	SEC("fexit/__kmalloc_noprof")              \
-	int BPF_PROG(lat_exit_fexit##n)            \
-	{                                          \
-		on_exit();                         \
-		return 0;                          \
+#define FENTRY_SLOT(n)                                 \
+	SEC("fentry/__kmalloc_noprof")                 \
+	int BPF_PROG(lat_enter_fentry##n)              \
+	{                                              \
+		on_enter(ctx, caller_from_stack(ctx)); \
+		return 0;                              \
+	}                                              \
+	SEC("fexit/__kmalloc_noprof")                  \
+	int BPF_PROG(lat_exit_fexit##n)                \
+	{                                              \
+		on_exit();                             \
+		return 0;                              \
 	}
 
 FENTRY_SLOT(0)

@@ -80,6 +80,15 @@ pub fn kallsyms_functions(kallsyms: &str) -> HashSet<String> {
         .collect()
 }
 
+/// Which probes `--latency` uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LatencyProbe {
+    /// fentry/fexit where the kernel allows them, else kprobe/kretprobe
+    Auto,
+    Fentry,
+    Kprobe,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mechanism {
     Fentry,
@@ -105,7 +114,7 @@ pub struct LatencySession {
 impl LatencySession {
     /// Attaches with the best mechanism this kernel allows, or explains in
     /// one line why it allows none.
-    pub fn start() -> Result<LatencySession> {
+    pub fn start(want: LatencyProbe) -> Result<LatencySession> {
         let kallsyms =
             std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
         let resolved = resolve_functions(&kallsyms_functions(&kallsyms));
@@ -114,16 +123,25 @@ impl LatencySession {
                 "no known slab allocator function found in /proc/kallsyms: --latency cannot attach"
             );
         }
+        if want == LatencyProbe::Kprobe {
+            if !features::has_kprobes() {
+                bail!("--latency-probe kprobe: this kernel has no kprobes (CONFIG_KPROBES is off)");
+            }
+            return Self::start_with(&resolved, Mechanism::Kprobe);
+        }
         let fentry_err = match Self::start_with(&resolved, Mechanism::Fentry) {
             Ok(s) => return Ok(s),
             Err(e) => e,
         };
+        let fentry_err = format!("{fentry_err:#}").replace('\n', " ");
+        if want == LatencyProbe::Fentry {
+            bail!("--latency-probe fentry: this kernel refuses fentry ({fentry_err})");
+        }
         if features::has_kprobes() {
             return Self::start_with(&resolved, Mechanism::Kprobe);
         }
         bail!(
-            "this kernel cannot time the allocator: it has no kprobes (CONFIG_KPROBES is off) and refuses fentry ({}); --latency needs one of them",
-            format!("{fentry_err:#}").replace('\n', " ")
+            "this kernel cannot time the allocator: it has no kprobes (CONFIG_KPROBES is off) and refuses fentry ({fentry_err}); --latency needs one of them"
         )
     }
 

@@ -411,3 +411,51 @@ fn latency_is_measured_or_refused_in_one_line() {
         assert!(!path.exists(), "no report on error");
     }
 }
+
+/// The kprobe/kretprobe latency path, forced: measured where the kernel has
+/// kprobes (the 6.1 and 6.12 guests of scripts/vm-test), refused in one line
+/// where it has none (this development kernel).
+#[test]
+fn kprobe_latency_path_is_measured_or_refused() {
+    if !require_root("kprobe_latency_path_is_measured_or_refused") {
+        return;
+    }
+    let kprobes = std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("r.json");
+    let out = kheap(&[
+        "record",
+        "--latency",
+        "--latency-probe",
+        "kprobe",
+        "--format",
+        "json",
+        "-o",
+        path.to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg",
+        "200",
+        "2100",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !kprobes {
+        eprintln!("latency: no kprobes on this kernel; checking the refusal");
+        assert!(!out.status.success());
+        assert!(err.contains("has no kprobes"), "{err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        return;
+    }
+    eprintln!("latency: kprobes present; checking kprobe/kretprobe histograms");
+    assert!(out.status.success(), "{err}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let attach = r["run"]["attach"].to_string();
+    assert!(attach.contains("kprobe/kretprobe"), "{attach}");
+    let rows = rows_of_fn(&r, "latency", "load_msg");
+    let calls: u64 = rows.iter().map(|l| u(&l["count"])).sum();
+    assert_eq!(calls, 200, "{:#}", r["latency"]);
+    // The record rows keep the real call site although kretprobes replace
+    // the return address.
+    assert_msg_site(&r, 200, 2100);
+}

@@ -11,7 +11,7 @@ use clap::Args;
 
 use crate::cli::{check_size_range, parse_sample, parse_secs, parse_size};
 use crate::features;
-use crate::latency::LatencySession;
+use crate::latency::{LatencyProbe, LatencySession};
 use crate::render::{self, Format, GroupBy, SortBy};
 use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::session::{AttachMode, Config, Session};
@@ -74,6 +74,9 @@ pub struct RecordArgs {
     /// (needs fentry or kprobes)
     #[arg(long)]
     pub latency: bool,
+    /// How --latency probes the allocator
+    #[arg(long, value_enum, default_value_t = LatencyProbe::Auto, requires = "latency")]
+    pub latency_probe: LatencyProbe,
     /// Don't trace frees (saves the cost of the kfree/kmem_cache_free events)
     #[arg(long)]
     pub no_frees: bool,
@@ -208,7 +211,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     };
     // Latency first: the record object shares its per-task entry map.
     let mut latency = if args.latency {
-        Some(LatencySession::start()?)
+        Some(LatencySession::start(args.latency_probe)?)
     } else {
         None
     };
