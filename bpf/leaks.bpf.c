@@ -324,6 +324,60 @@ int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
 	return 0;
 }
 
+/* ---- raw_tp: untyped arguments (6.1 and 6.12 refuse the tp_btf reads) ---- */
+
+SEC("raw_tp/kmalloc")
+int kmalloc_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	struct site_key key = {
+		.call_site = ctx->args[0],
+		.kmalloc_size = ctx->args[3],
+		.kmalloc_accounted = !!(ctx->args[4] & cfg.gfp_account_mask),
+	};
+
+	track_alloc(ctx, &key, ctx->args[1], ctx->args[2], ctx->args[3], NULL);
+	return 0;
+}
+
+SEC("raw_tp/kmem_cache_alloc")
+int cache_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	const struct kmem_cache *s = (const void *)ctx->args[2];
+	struct site_key key = {.call_site = ctx->args[0], .cache = (__u64)s};
+
+	track_alloc(ctx, &key, ctx->args[1], BPF_CORE_READ(s, object_size),
+		    BPF_CORE_READ(s, size), BPF_CORE_READ(s, name));
+	return 0;
+}
+
+SEC("raw_tp/kfree")
+int kfree_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	track_free(ctx->args[1]);
+	return 0;
+}
+
+SEC("raw_tp/kmem_cache_free")
+int cache_free_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	track_free(ctx->args[1]);
+	return 0;
+}
+
+SEC("raw_tp/sched_process_fork")
+int fork_raw(struct bpf_raw_tracepoint_args *ctx)
+{
+	const struct task_struct *parent = (const void *)ctx->args[0];
+	const struct task_struct *child = (const void *)ctx->args[1];
+	__u32 parent_tgid = BPF_CORE_READ(parent, tgid);
+	__u32 child_tgid = BPF_CORE_READ(child, tgid);
+	__u8 one = 1;
+
+	if (bpf_map_lookup_elem(&pid_filter, &parent_tgid))
+		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	return 0;
+}
+
 /* ---- classic tracepoints, fields read through CO-RE ---- */
 
 SEC("tracepoint/kmem/kmalloc")

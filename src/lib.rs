@@ -7,6 +7,7 @@
 //! leaks`, the subcommands' loops in `cmd`. Everything else, `top`'s deltas,
 //! views and key handling included, is pure and tested without root.
 
+pub mod attach;
 pub mod bpf;
 pub mod cli;
 pub mod cmd;

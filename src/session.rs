@@ -7,10 +7,10 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use anyhow::{bail, Context, Result};
-use clap::ValueEnum;
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
 
+use crate::attach::{self, program_name, Mechanism};
 use crate::bpf::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 use crate::features::{self, KernelBtf, Tracefs};
 use crate::maps;
@@ -19,17 +19,7 @@ use crate::report::{EventCounters, SiteKey, Snapshot};
 use crate::top::delta::IdleKeys;
 use crate::top::overhead::ProgRunTime;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum AttachMode {
-    /// The cheapest that loads: tp_btf, then raw_tp, then classic
-    Auto,
-    /// BTF-typed raw tracepoints (cheapest; 6.13+ verifiers accept them)
-    Btf,
-    /// Untyped raw tracepoints (as cheap; kernel structs read via CO-RE)
-    Raw,
-    /// Classic tracepoints, record fields read through CO-RE
-    Tracepoint,
-}
+pub use crate::attach::AttachMode;
 
 /// What a run traces and how.
 #[derive(Clone, Debug)]
@@ -91,55 +81,17 @@ pub struct Session {
     _tracefs: Option<Tracefs>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Mechanism {
-    Btf,
-    Raw,
-    Classic,
-}
-
-impl Mechanism {
-    fn name(self) -> &'static str {
-        match self {
-            Mechanism::Btf => "tp_btf",
-            Mechanism::Raw => "raw_tp",
-            Mechanism::Classic => "tracepoint",
-        }
-    }
-}
-
 impl Session {
     /// Opens, configures, loads and attaches. On kernels where the tp_btf
     /// programs fail to load in auto mode, retries with classic tracepoints.
     pub fn start(cfg: &Config) -> Result<Session> {
         features::check_btf()?;
         let kbtf = features::kernel_btf()?;
-        let order: &[Mechanism] = match cfg.attach {
-            AttachMode::Auto => &[Mechanism::Btf, Mechanism::Raw, Mechanism::Classic],
-            AttachMode::Btf => &[Mechanism::Btf],
-            AttachMode::Raw => &[Mechanism::Raw],
-            AttachMode::Tracepoint => &[Mechanism::Classic],
-        };
-        let mut last_err = None;
-        let mut refused = Vec::new();
-        for &mech in order {
-            match Self::start_with(cfg, &kbtf, mech) {
-                Ok(mut s) => {
-                    // Shown in the report header: why a cheaper way was not used.
-                    s.skipped.extend(refused);
-                    return Ok(s);
-                }
-                Err(e) => {
-                    refused.push(format!(
-                        "{}: refused by this kernel ({})",
-                        mech.name(),
-                        format!("{e:#}").replace('\n', " ")
-                    ));
-                    last_err = Some(e);
-                }
-            }
-        }
-        Err(last_err.expect("at least one mechanism was tried"))
+        let (mut session, refused) =
+            attach::start_first(cfg.attach, |mech| Self::start_with(cfg, &kbtf, mech))?;
+        // Shown in the report header: why a cheaper way was not used.
+        session.skipped.extend(refused);
+        Ok(session)
     }
 
     fn start_with(cfg: &Config, kbtf: &KernelBtf, mech: Mechanism) -> Result<Session> {
@@ -151,22 +103,12 @@ impl Session {
             .open(storage)
             .context("opening the BPF object")?;
 
-        let tracefs = match mech {
-            Mechanism::Classic => Some(Tracefs::ensure_mounted()?),
-            Mechanism::Btf | Mechanism::Raw => None,
+        let tracefs = if mech.needs_tracefs() {
+            Some(Tracefs::ensure_mounted()?)
+        } else {
+            None
         };
-        let available = |tp: &str| match mech {
-            // Raw tracepoints exist exactly where BTF names them.
-            Mechanism::Btf | Mechanism::Raw => kbtf.btf_tracepoints.iter().any(|t| t == tp),
-            Mechanism::Classic => {
-                let system = if tp == "sched_process_fork" {
-                    "sched"
-                } else {
-                    "kmem"
-                };
-                tracefs.as_ref().is_some_and(|t| t.has_event(system, tp))
-            }
-        };
+        let available = |tp: &str| mech.has_hook(tp, kbtf, tracefs.as_ref());
 
         configure(&mut open, cfg, kbtf)?;
         let mut wanted: Vec<&str> = features::KMEM_TRACEPOINTS.to_vec();
@@ -500,22 +442,6 @@ const HOOKS: [&str; 5] = [
     "sched_process_fork",
 ];
 
-/// The BPF program (in bpf/kheap.bpf.c) for one hook and mechanism.
-fn program_name(tp: &str, mech: Mechanism) -> String {
-    let base = match tp {
-        "kmem_cache_alloc" => "cache_alloc",
-        "kmem_cache_free" => "cache_free",
-        "sched_process_fork" => "fork",
-        other => other,
-    };
-    let suffix = match mech {
-        Mechanism::Btf => "btf",
-        Mechanism::Raw => "raw",
-        Mechanism::Classic => "tp",
-    };
-    format!("{base}_{suffix}")
-}
-
 fn site_key(k: &types::site_key, names: &HashMap<u64, String>) -> SiteKey {
     SiteKey {
         call_site: k.call_site,
@@ -549,29 +475,6 @@ pub fn cache_id(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn program_names_match_the_bpf_object() {
-        assert_eq!(program_name("kmalloc", Mechanism::Btf), "kmalloc_btf");
-        assert_eq!(
-            program_name("kmem_cache_free", Mechanism::Raw),
-            "cache_free_raw"
-        );
-        assert_eq!(
-            program_name("sched_process_fork", Mechanism::Classic),
-            "fork_tp"
-        );
-        let src = include_str!("../bpf/kheap.bpf.c");
-        for tp in HOOKS {
-            for m in [Mechanism::Btf, Mechanism::Raw, Mechanism::Classic] {
-                let name = program_name(tp, m);
-                assert!(
-                    src.contains(&format!("({name},")) || src.contains(&format!(" {name}(")),
-                    "{name} not defined in kheap.bpf.c"
-                );
-            }
-        }
-    }
 
     #[test]
     fn cache_keys_name_their_cache() {

@@ -339,19 +339,25 @@ fn bad_input_is_one_line() {
 }
 
 #[test]
-fn classic_tracepoints_track_the_same_objects() {
-    if !require_root("classic_tracepoints_track_the_same_objects") {
+fn every_attach_mechanism_tracks_the_same_objects() {
+    if !require_root("every_attach_mechanism_tracks_the_same_objects") {
         return;
     }
-    // With `-- CMD`: kheap releases the command once attached, and snapshots
-    // every second; the 200 messages are held from ~0 s to ~2.5 s.
+    for (mode, shown) in [("tracepoint", ": tracepoint"), ("raw", ": raw_tp")] {
+        held_messages_tracked_with(mode, shown);
+    }
+}
+
+/// With `-- CMD`: kheap releases the command once attached, and snapshots
+/// every second; the 200 messages are held from ~0 s to ~2.5 s.
+fn held_messages_tracked_with(mode: &str, shown: &str) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     let out_path = dir.path().join("final.json");
     let out = kheap(&[
         "leaks",
         "--attach",
-        "tracepoint",
+        mode,
         "--snapshot-every",
         "1",
         "--snapshot-dir",
@@ -369,25 +375,22 @@ fn classic_tracepoints_track_the_same_objects() {
     ]);
     assert!(
         out.status.success(),
-        "{}",
+        "{mode}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let snap = read_json(&dir.path().join("snapshot-001.json"));
     let end = read_json(&out_path);
     assert!(
-        snap["run"]["attach"][0]
-            .as_str()
-            .unwrap()
-            .ends_with(": tracepoint"),
-        "{}",
+        snap["run"]["attach"][0].as_str().unwrap().ends_with(shown),
+        "{mode}: {}",
         snap["run"]["attach"]
     );
-    let s = load_msg_site(&snap).unwrap_or_else(|| panic!("{:#}", snap["sites"]));
-    assert_eq!(u(&s["outstanding_count"]), 200);
-    assert_eq!(u(&s["outstanding_bytes"]), 200 * MSG_ALLOC);
+    let s = load_msg_site(&snap).unwrap_or_else(|| panic!("{mode}: {:#}", snap["sites"]));
+    assert_eq!(u(&s["outstanding_count"]), 200, "{mode}");
+    assert_eq!(u(&s["outstanding_bytes"]), 200 * MSG_ALLOC, "{mode}");
     let s = load_msg_site(&end).unwrap();
-    assert_eq!(u(&s["outstanding_count"]), 0);
-    assert_eq!(u(&s["freed_count"]), 200);
+    assert_eq!(u(&s["outstanding_count"]), 0, "{mode}");
+    assert_eq!(u(&s["freed_count"]), 200, "{mode}");
 }
 
 #[test]

@@ -8,16 +8,17 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, OpenProgramMut, ProgramInput, ProgramMut};
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, ProgramInput, ProgramMut};
 
+use crate::attach::{self, program_name, AttachMode, Mechanism};
 use crate::bpf::leaks::{types, LeaksSkel, LeaksSkelBuilder, OpenLeaksSkel};
 use crate::bpf::{c_str, from_bytes};
 use crate::features::{self, KernelBtf, Tracefs};
 use crate::leaks::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
 use crate::maps;
 use crate::report::{EventCounters, SiteKey, Snapshot};
-use crate::session::{cache_id, AttachMode};
+use crate::session::cache_id;
 
 /// What a leaks run traces and how.
 #[derive(Clone, Debug)]
@@ -80,82 +81,25 @@ pub struct LeaksSession {
     _tracefs: Option<Tracefs>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Mechanism {
-    Btf,
-    Classic,
-}
-
-impl Mechanism {
-    fn name(self) -> &'static str {
-        match self {
-            Mechanism::Btf => "tp_btf",
-            Mechanism::Classic => "tracepoint",
-        }
-    }
-}
-
-fn prog_mut<'a>(
-    open: &'a mut OpenLeaksSkel<'static>,
-    tp: &str,
-    mech: Mechanism,
-) -> &'a mut OpenProgramMut<'static> {
-    let p = &mut open.progs;
-    match (tp, mech) {
-        ("kmalloc", Mechanism::Btf) => &mut p.kmalloc_btf,
-        ("kmem_cache_alloc", Mechanism::Btf) => &mut p.cache_alloc_btf,
-        ("kfree", Mechanism::Btf) => &mut p.kfree_btf,
-        ("kmem_cache_free", Mechanism::Btf) => &mut p.cache_free_btf,
-        ("sched_process_fork", Mechanism::Btf) => &mut p.fork_btf,
-        ("kmalloc", Mechanism::Classic) => &mut p.kmalloc_tp,
-        ("kmem_cache_alloc", Mechanism::Classic) => &mut p.cache_alloc_tp,
-        ("kfree", Mechanism::Classic) => &mut p.kfree_tp,
-        ("kmem_cache_free", Mechanism::Classic) => &mut p.cache_free_tp,
-        _ => &mut p.fork_tp,
-    }
-}
-
 impl LeaksSession {
-    /// Opens, configures, loads and attaches: tp_btf where the kernel's BTF
-    /// has the kmem tracepoints, else (or if those fail to load, in auto
-    /// mode) classic tracepoints.
+    /// Opens, configures, loads and attaches, with the same strategy as
+    /// `record` (tp_btf, then raw_tp, then classic tracepoints).
     pub fn start(cfg: &LeaksConfig) -> Result<LeaksSession> {
         features::check_btf()?;
         let kbtf = features::kernel_btf()?;
-        let btf_ok = features::KMEM_TRACEPOINTS
-            .iter()
-            .all(|tp| kbtf.btf_tracepoints.iter().any(|t| t == tp));
-        if cfg.attach == AttachMode::Btf && !btf_ok {
-            bail!("this kernel's BTF lacks the kmem raw tracepoint types: use --attach tracepoint");
-        }
-        if cfg.attach != AttachMode::Tracepoint && btf_ok {
-            match Self::start_with(cfg, &kbtf, Mechanism::Btf) {
-                Ok(s) => return Ok(s),
-                Err(e) if cfg.attach == AttachMode::Auto => {
-                    eprintln!("kheap: tp_btf programs failed ({e:#}); falling back to classic tracepoints");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Self::start_with(cfg, &kbtf, Mechanism::Classic)
+        let (mut session, refused) =
+            attach::start_first(cfg.attach, |mech| Self::start_with(cfg, &kbtf, mech))?;
+        session.skipped.extend(refused);
+        Ok(session)
     }
 
     fn start_with(cfg: &LeaksConfig, kbtf: &KernelBtf, mech: Mechanism) -> Result<LeaksSession> {
-        let tracefs = match mech {
-            Mechanism::Classic => Some(Tracefs::ensure_mounted()?),
-            Mechanism::Btf => None,
+        let tracefs = if mech.needs_tracefs() {
+            Some(Tracefs::ensure_mounted()?)
+        } else {
+            None
         };
-        let available = |tp: &str| match mech {
-            Mechanism::Btf => kbtf.btf_tracepoints.iter().any(|t| t == tp),
-            Mechanism::Classic => {
-                let system = if tp == "sched_process_fork" {
-                    "sched"
-                } else {
-                    "kmem"
-                };
-                tracefs.as_ref().is_some_and(|t| t.has_event(system, tp))
-            }
-        };
+        let available = |tp: &str| mech.has_hook(tp, kbtf, tracefs.as_ref());
         // Without every free hook, everything would look leaked.
         for tp in features::KMEM_TRACEPOINTS {
             if !available(tp) {
@@ -178,9 +122,11 @@ impl LeaksSession {
             .into_iter()
             .filter(|&tp| tp != "sched_process_fork" || follow)
             .collect();
-        for tp in HOOKS {
-            for m in [Mechanism::Btf, Mechanism::Classic] {
-                prog_mut(&mut open, tp, m).set_autoload(m == mech && enabled.contains(&tp));
+        // Exactly the programs of the chosen mechanism and hooks load.
+        for mut prog in open.open_object_mut().progs_mut() {
+            let name = prog.name().to_string_lossy().into_owned();
+            if name != "clock" {
+                prog.set_autoload(enabled.iter().any(|tp| program_name(tp, mech) == name));
             }
         }
         let skel = open
@@ -203,28 +149,13 @@ impl LeaksSession {
         for tp in enabled {
             let link = session
                 .prog(tp)
+                .with_context(|| format!("no {} program for {tp}", mech.name()))?
                 .attach()
                 .with_context(|| format!("attaching to {tp}"))?;
             session.links.push(link);
             session.attached.push(format!("{tp}: {}", mech.name()));
         }
         Ok(session)
-    }
-
-    fn prog(&self, tp: &str) -> &ProgramMut<'static> {
-        let p = &self.skel.progs;
-        match (tp, self.mech) {
-            ("kmalloc", Mechanism::Btf) => &p.kmalloc_btf,
-            ("kmem_cache_alloc", Mechanism::Btf) => &p.cache_alloc_btf,
-            ("kfree", Mechanism::Btf) => &p.kfree_btf,
-            ("kmem_cache_free", Mechanism::Btf) => &p.cache_free_btf,
-            ("sched_process_fork", Mechanism::Btf) => &p.fork_btf,
-            ("kmalloc", Mechanism::Classic) => &p.kmalloc_tp,
-            ("kmem_cache_alloc", Mechanism::Classic) => &p.cache_alloc_tp,
-            ("kfree", Mechanism::Classic) => &p.kfree_tp,
-            ("kmem_cache_free", Mechanism::Classic) => &p.cache_free_tp,
-            _ => &p.fork_tp,
-        }
     }
 
     /// Reads the kernel's jiffies and CLOCK_MONOTONIC together, by running
@@ -372,13 +303,22 @@ impl LeaksSession {
         Ok(snap)
     }
 
+    /// The loaded program of one hook, for this session's mechanism.
+    fn prog(&self, tp: &str) -> Option<ProgramMut<'_>> {
+        let name = program_name(tp, self.mech);
+        self.skel
+            .object()
+            .progs_mut()
+            .find(|p| p.name() == name.as_str())
+    }
+
     /// Per attached program: events the kernel skipped because a BPF
     /// program was already running on the CPU (bpf_prog_info's
     /// recursion_misses).
     pub fn recursion_misses(&self) -> Vec<(String, u64)> {
         let ours: Vec<(u32, &str)> = HOOKS
             .iter()
-            .filter_map(|tp| prog_id(self.prog(tp)).map(|id| (id, *tp)))
+            .filter_map(|tp| prog_id(&self.prog(tp)?).map(|id| (id, *tp)))
             .collect();
         let mut out: Vec<(String, u64)> =
             ProgInfoIter::with_query_opts(ProgInfoQueryOptions::default())
@@ -408,7 +348,7 @@ fn read_live<M: MapCore>(map: &M) -> Result<Vec<types::live_obj>> {
 }
 
 /// The kernel id of a loaded program, from its fd's fdinfo.
-fn prog_id(prog: &ProgramMut<'static>) -> Option<u32> {
+fn prog_id(prog: &ProgramMut<'_>) -> Option<u32> {
     let fd = prog.as_fd().as_raw_fd();
     let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}")).ok()?;
     info.lines()
