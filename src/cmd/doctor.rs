@@ -4,7 +4,7 @@ use anyhow::Result;
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::Table;
 
-use crate::features::{self, Tracefs, KMEM_TRACEPOINTS};
+use crate::kernel::features::{self, Tracefs, KMEM_TRACEPOINTS};
 
 pub fn run() -> Result<i32> {
     let mut t = Table::new();
@@ -67,11 +67,11 @@ pub fn run() -> Result<i32> {
     }
     row("kprobes", yes_no(features::has_kprobes()));
     if privileged.is_ok() {
-        match crate::latency::LatencySession::probe() {
+        match crate::kernel::latency::LatencySession::probe() {
             Ok((resolved, fentry)) => {
                 let names: Vec<String> = resolved
                     .iter()
-                    .zip(crate::latency::ALLOCATOR_FUNCTIONS)
+                    .zip(crate::kernel::latency::ALLOCATOR_FUNCTIONS)
                     .map(|(r, names)| r.map_or(format!("({} absent)", names[0]), str::to_string))
                     .collect();
                 row("allocator functions", names.join(", "));
@@ -104,7 +104,7 @@ pub fn run() -> Result<i32> {
     // Measured, not inferred: load and attach the record object the way
     // `kheap record` would, then detach at once.
     let mode = if privileged.is_ok() && btf_ok {
-        match crate::session::Session::start(&crate::session::Config::default()) {
+        match crate::kernel::kmem::Session::start(&crate::kernel::kmem::Config::default()) {
             Ok(s) => {
                 let how = s
                     .attached

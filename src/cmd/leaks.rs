@@ -12,9 +12,9 @@ use clap::Args;
 
 use crate::cli::{check_size_range, parse_sample, parse_secs};
 use crate::cmd::record::{install_stop_handler, wait_for_end, Ended, Targets, TraceArgs};
-use crate::features;
+use crate::kernel::features;
+use crate::kernel::leaks::{LeaksConfig, LeaksSession};
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
-use crate::leaks::session::{LeaksConfig, LeaksSession};
 use crate::render::Format;
 use crate::report::{self, BuildOptions, Report, RunInfo, Snapshot};
 use crate::symbolize::KernelSymbols;

@@ -12,12 +12,12 @@ use clap::Args;
 
 use crate::cli::parse_secs;
 use crate::cmd::record::{install_stop_handler, stop_requested};
-use crate::features;
+use crate::kernel::features;
+use crate::kernel::malloc::MallocSession;
 use crate::malloc::probes::{check_elf, libc_of_program};
 use crate::malloc::procmaps;
 use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
 use crate::malloc::report::{self, BuildOptions, MallocReport};
-use crate::malloc::session::MallocSession;
 use crate::malloc::usersyms::{host_path, symbolize_return_addresses, Blaze, Modules};
 use crate::render::Format;
 use crate::report::RunInfo;

@@ -10,11 +10,11 @@ use anyhow::Result;
 use clap::Args;
 
 use crate::cli::{check_size_range, parse_sample, parse_secs, parse_size};
-use crate::features;
-use crate::latency::{LatencyProbe, LatencySession};
+use crate::kernel::features;
+use crate::kernel::kmem::{AttachMode, Config, Session};
+use crate::kernel::latency::{LatencyProbe, LatencySession};
 use crate::render::{self, Format, GroupBy, SortBy};
 use crate::report::{self, BuildOptions, Report, RunInfo};
-use crate::session::{AttachMode, Config, Session};
 use crate::symbolize::KernelSymbols;
 use crate::target::{resolve_pid, HeldCommand};
 
@@ -295,7 +295,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         },
     );
     if let Some(data) = &latency_data {
-        report.latency = crate::latency::rows(data, &syms);
+        report.latency = crate::kernel::latency::rows(data, &syms);
         report.lost.latency_unmatched = data.missed_start;
         report.lost.map_full += data.map_full;
     }

@@ -7,10 +7,10 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::cmd::record::{install_stop_handler, wait_for_end, Ended, Targets};
-use crate::features;
+use crate::kernel::features;
+use crate::kernel::kmem::{Config, Session};
 use crate::model::CacheId;
 use crate::report::{labelled_sites, Snapshot};
-use crate::session::{Config, Session};
 use crate::slab::{self, watch::series, ReportInput, SlabArgs, TracedCache, TracedRun, TracedSite};
 use crate::symbolize::{KernelSymbols, Symbolize};
 

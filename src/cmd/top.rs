@@ -10,10 +10,10 @@ use clap::{Args, ValueEnum};
 
 use crate::cli::{check_size_range, parse_sample, parse_secs, parse_size};
 use crate::cmd::record::{install_stop_handler, stop_requested};
-use crate::features;
+use crate::kernel::features;
+use crate::kernel::kmem::{self as session, AttachMode, Config, Session};
 use crate::render::GroupBy;
 use crate::report::{self, BuildOptions, RunInfo};
-use crate::session::{self, AttachMode, Config, Session};
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
 use crate::target::resolve_pid;
 use crate::top::batch;

@@ -1,14 +1,12 @@
 //! `kheap malloc`: user-space allocations (malloc and its family) of traced
 //! processes, by direct caller and by stack, with outstanding blocks.
 //!
-//! Kernel-facing: `bpf` (skeleton), `session` (load/attach/read). Pure:
+//! Kernel-facing parts live in `crate::kernel::malloc`. Pure here:
 //! `probes` (what to probe where), `procmaps`, `usersyms` (addresses to
 //! symbols via recorded mappings), `report`, `render`.
 
-pub mod bpf;
 pub mod probes;
 pub mod procmaps;
 pub mod render;
 pub mod report;
-pub mod session;
 pub mod usersyms;

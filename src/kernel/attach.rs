@@ -5,7 +5,7 @@
 use anyhow::Result;
 use clap::ValueEnum;
 
-use crate::features::{KernelBtf, Tracefs};
+use crate::kernel::features::{KernelBtf, Tracefs};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum AttachMode {
@@ -124,8 +124,8 @@ mod tests {
             "fork_tp"
         );
         for src in [
-            include_str!("../bpf/kheap.bpf.c"),
-            include_str!("../bpf/leaks.bpf.c"),
+            include_str!("../../bpf/kheap.bpf.c"),
+            include_str!("../../bpf/leaks.bpf.c"),
         ] {
             for tp in [
                 "kmalloc",

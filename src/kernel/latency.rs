@@ -10,8 +10,8 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, OpenObject};
 
-use crate::features;
-use crate::maps;
+use crate::kernel::features;
+use crate::kernel::maps;
 use crate::model::Hist;
 use crate::report::LatencyRow;
 use crate::symbolize::{label_frame, Frame, Symbolize};

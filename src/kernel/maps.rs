@@ -9,7 +9,7 @@ use std::os::fd::AsRawFd;
 use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags};
 
-use crate::bpf::from_bytes;
+use crate::kernel::skel::from_bytes;
 
 /// Entries per BPF_MAP_LOOKUP_BATCH call.
 const BATCH: u32 = 256;

@@ -10,16 +10,16 @@ use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
 
-use crate::attach::{self, program_name, Mechanism};
-use crate::bpf::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
-use crate::features::{self, KernelBtf, Tracefs};
-use crate::maps;
+use crate::kernel::attach::{self, program_name, Mechanism};
+use crate::kernel::features::{self, KernelBtf, Tracefs};
+use crate::kernel::maps;
+use crate::kernel::skel::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 use crate::model::CacheId;
 use crate::report::{EventCounters, SiteKey, Snapshot};
 use crate::top::delta::IdleKeys;
 use crate::top::overhead::ProgRunTime;
 
-pub use crate::attach::AttachMode;
+pub use crate::kernel::attach::AttachMode;
 
 /// What a run traces and how.
 #[derive(Clone, Debug)]

@@ -11,14 +11,14 @@ use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, ProgramInput, ProgramMut};
 
-use crate::attach::{self, program_name, AttachMode, Mechanism};
-use crate::bpf::leaks::{types, LeaksSkel, LeaksSkelBuilder, OpenLeaksSkel};
-use crate::bpf::{c_str, from_bytes};
-use crate::features::{self, KernelBtf, Tracefs};
+use crate::kernel::attach::{self, program_name, AttachMode, Mechanism};
+use crate::kernel::features::{self, KernelBtf, Tracefs};
+use crate::kernel::kmem::cache_id;
+use crate::kernel::maps;
+use crate::kernel::skel::leaks::{types, LeaksSkel, LeaksSkelBuilder, OpenLeaksSkel};
+use crate::kernel::skel::{c_str, from_bytes};
 use crate::leaks::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
-use crate::maps;
 use crate::report::{EventCounters, SiteKey, Snapshot};
-use crate::session::cache_id;
 
 /// What a leaks run traces and how.
 #[derive(Clone, Debug)]

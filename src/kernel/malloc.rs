@@ -11,13 +11,13 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, UprobeOpts};
 
-use super::bpf::{types, MallocSkel, MallocSkelBuilder};
-use super::probes::{self, Layout, Probe};
-use super::procmaps::kernel_dev;
-use super::report::{AllocatorCode, Events, Key, Snapshot};
-use super::usersyms::Vma;
-use crate::bpf::{c_str, from_bytes};
-use crate::maps;
+use crate::kernel::malloc_skel::{types, MallocSkel, MallocSkelBuilder};
+use crate::kernel::maps;
+use crate::kernel::skel::{c_str, from_bytes};
+use crate::malloc::probes::{self, Layout, Probe};
+use crate::malloc::procmaps::kernel_dev;
+use crate::malloc::report::{AllocatorCode, Events, Key, Snapshot};
+use crate::malloc::usersyms::Vma;
 
 /// One library whose allocator functions are probed.
 pub struct ProbedLibrary {
