@@ -22,7 +22,9 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#include "kheap.h"
 #include "malloc.h"
+#include "task_filter.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -63,15 +65,6 @@ struct {
 	__type(key, struct vma_key);
 	__type(value, struct vma_info);
 } vmas SEC(".maps");
-
-/* Processes whose allocations are counted: filled by user space and by the
- * fork hook below. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u32);
-	__type(value, __u8);
-} pid_filter SEC(".maps");
 
 /* execve()s per traced process: user space re-reads the mappings of a
  * process whose count changed (it may map another C library now). */
@@ -114,11 +107,6 @@ static struct malloc_stats zero_stats;
 		if (__c)                                         \
 			__c->field++;                            \
 	} while (0)
-
-static __always_inline bool traced(__u32 tgid)
-{
-	return bpf_map_lookup_elem(&pid_filter, &tgid) != NULL;
-}
 
 /* ---- mappings of stack frames ---- */
 
@@ -210,7 +198,7 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	bool created = false;
 	__u32 bucket;
 
-	if (!traced(key.tgid))
+	if (!pid_traced(key.tgid))
 		return;
 	t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), NULL,
 				 BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -368,7 +356,7 @@ int BPF_UPROBE(free_entry, __u64 ptr)
 	struct live_key lk = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .ptr = ptr};
 
-	if (!traced(lk.tgid))
+	if (!pid_traced(lk.tgid))
 		return 0;
 	if (!ptr) {
 		COUNT(frees_null);
@@ -385,12 +373,7 @@ int BPF_UPROBE(free_entry, __u64 ptr)
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
 {
-	__u32 parent_tgid = parent->tgid, child_tgid = child->tgid;
-	__u8 one = 1;
-
-	if (parent_tgid != child_tgid &&
-	    bpf_map_lookup_elem(&pid_filter, &parent_tgid))
-		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	follow_fork(parent->tgid, child->tgid);
 	return 0;
 }
 
@@ -400,7 +383,7 @@ int BPF_PROG(exec_btf, struct task_struct *p, pid_t old_pid,
 {
 	__u32 tgid = p->tgid, one = 1, *n;
 
-	if (!traced(tgid))
+	if (!pid_traced(tgid))
 		return 0;
 	n = bpf_map_lookup_elem(&execs, &tgid);
 	if (n)
@@ -430,7 +413,7 @@ int BPF_PROG(exit_btf, struct task_struct *p)
 {
 	__u32 tgid = p->tgid;
 
-	if (BPF_CORE_READ(p, signal, live.counter) != 0 || !traced(tgid))
+	if (BPF_CORE_READ(p, signal, live.counter) != 0 || !pid_traced(tgid))
 		return 0;
 	bpf_map_delete_elem(&pid_filter, &tgid);
 	bpf_map_delete_elem(&execs, &tgid);
