@@ -194,10 +194,11 @@ static __always_inline __s64 record_stack(void *ctx, struct site_key *key,
 					  const struct kmem_cache *s)
 {
 	struct stack_key skey = {.site = *key};
+	struct stack_frames *frames;
 	bool created = false;
 	__u64 id = 0;
 
-	switch (store_stack(ctx, &id)) {
+	switch (store_stack(ctx, 0, &id, &frames)) {
 	case STACK_OK:
 		break;
 	case STACK_MAP_FULL:

@@ -7,7 +7,8 @@
  * (64 bits), and kept in a hash map keyed by that hash: two different stacks
  * only collide if their 63-bit hashes are equal (odds ~n^2/2^64, about 1e-11
  * for 16k stacks), and a full map is counted, never confused with another
- * stack. Include after vmlinux.h, the libbpf headers and kheap.h.
+ * stack. Include after vmlinux.h, the libbpf headers and kheap.h (for
+ * struct stack_frames and KHEAP_STACK_DEPTH).
  */
 #ifndef KHEAP_STACK_STORE_BPF_H
 #define KHEAP_STACK_STORE_BPF_H
@@ -35,9 +36,11 @@ enum stack_result {
 	STACK_MAP_FULL,
 };
 
-/* Captures the current kernel stack, stores it if it is new, and sets *id to
- * its hash (> 0). */
-static __always_inline enum stack_result store_stack(void *ctx, __u64 *id)
+/* Captures the current stack (kernel, or user with BPF_F_USER_STACK in
+ * flags), stores it if it is new, and sets *id to its hash (> 0). The frames
+ * stay in *frames (per-CPU scratch) until the next capture on this CPU. */
+static __always_inline enum stack_result
+store_stack(void *ctx, __u64 flags, __u64 *id, struct stack_frames **frames)
 {
 	__u32 zero = 0;
 	struct stack_frames *f = bpf_map_lookup_elem(&stack_scratch, &zero);
@@ -49,7 +52,8 @@ static __always_inline enum stack_result store_stack(void *ctx, __u64 *id)
 		return STACK_NOT_CAPTURED;
 	/* bpf_get_stack zeroes the buffer past the last frame, so equal
 	 * stacks are equal buffers. */
-	len = bpf_get_stack(ctx, f->ip, sizeof(f->ip), 0);
+	*frames = f;
+	len = bpf_get_stack(ctx, f->ip, sizeof(f->ip), flags);
 	if (len <= 0)
 		return STACK_NOT_CAPTURED;
 	for (int i = 0; i < KHEAP_STACK_DEPTH; i++) {

@@ -272,7 +272,7 @@ impl<'obj> MallocSession<'obj> {
             let key = key_of(&k);
             if key.stack_id >= 0 && !snap.stacks.contains_key(&key.stack_id) {
                 if let Some(frames) =
-                    maps::read_stack(&m.stack_traces, &(key.stack_id as u32).to_ne_bytes())?
+                    maps::read_stack(&m.stack_traces, &key.stack_id.to_ne_bytes())?
                 {
                     snap.stacks.insert(key.stack_id, frames);
                 }
