@@ -8,6 +8,7 @@
 
 pub mod cli;
 pub mod cmd;
+pub mod contract;
 pub mod diff;
 pub mod kernel;
 pub mod leaks;

@@ -73,6 +73,8 @@ pub struct Sampling {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Totals {
+    /// Allocations: `count`, as in every row.
+    #[serde(rename = "count")]
     pub allocs: u64,
     pub frees: u64,
     pub bytes_req: u64,
@@ -870,7 +872,7 @@ pub mod tests {
         ] {
             assert!(v.get(k).is_some(), "missing {k}");
         }
-        for k in ["allocs", "frees", "bytes_req", "bytes_alloc"] {
+        for k in ["count", "frees", "bytes_req", "bytes_alloc", "waste_bytes"] {
             assert!(v["totals"].get(k).is_some(), "missing totals.{k}");
         }
         assert!(v["lost"]["stacks"].is_u64() && v["lost"]["map_full"].is_u64());

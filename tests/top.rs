@@ -98,7 +98,7 @@ fn batch_json_rates_match_the_loop() {
     let out = kheap(&[
         "top",
         "-b",
-        "-n",
+        "--iterations",
         "3",
         "-i",
         "1",
@@ -145,7 +145,7 @@ fn batch_json_rates_match_the_loop() {
     // The -p filter leaves only the loop: every allocation is its own.
     for iv in &intervals {
         let site_count = u(&iovec_site(iv).unwrap()["count"]);
-        assert_eq!(u(&iv["totals"]["allocs"]), site_count, "{iv}");
+        assert_eq!(u(&iv["totals"]["count"]), site_count, "{iv}");
     }
 }
 
@@ -158,11 +158,11 @@ fn batch_table_is_plain_text_with_timestamps() {
     let out = kheap(&[
         "top",
         "-b",
-        "-n",
+        "--iterations",
         "2",
         "-i",
         "0.5",
-        "--rows",
+        "-n",
         "5",
         "-p",
         &load.pid().to_string(),
@@ -199,7 +199,7 @@ fn process_view_counts_the_loop_process() {
     let out = kheap(&[
         "top",
         "-b",
-        "-n",
+        "--iterations",
         "2",
         "-i",
         "0.5",
@@ -240,7 +240,16 @@ fn cache_view_shows_frees_of_dedicated_caches() {
     // the msg_msg buffers come from kmalloc-4k (no attributable frees).
     let mut top = Command::new(KHEAP)
         .args([
-            "top", "-b", "-n", "3", "-i", "1", "--by", "cache", "--format", "json",
+            "top",
+            "-b",
+            "--iterations",
+            "3",
+            "-i",
+            "1",
+            "--by",
+            "cache",
+            "--format",
+            "json",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -297,7 +306,7 @@ fn aging_out_idle_keys_loses_and_doubles_nothing() {
         .unwrap();
     let mut top = start_top(&[
         "-b",
-        "-n",
+        "--iterations",
         "10",
         "-i",
         "0.5",
@@ -341,7 +350,7 @@ fn aging_out_idle_keys_loses_and_doubles_nothing() {
     let aged: u64 = intervals.iter().map(|iv| u(&iv["aged_out"])).sum();
     assert!(aged >= 1, "the idle site was aged out: {text}");
     // After the loop stopped and its keys went, intervals are empty.
-    assert_eq!(u(&intervals[9]["totals"]["allocs"]), 0, "{}", intervals[9]);
+    assert_eq!(u(&intervals[9]["totals"]["count"]), 0, "{}", intervals[9]);
 }
 
 /// Bad invocations: one line, non-zero exit, nothing attached.
@@ -364,9 +373,12 @@ fn bad_input_gives_one_line_errors() {
         &["top", "-b", "-p", "3999999"],
         "no process with PID 3999999",
     );
-    check(&["top", "-b", "-n", "0"], "at least one iteration");
+    check(
+        &["top", "-b", "--iterations", "0"],
+        "at least one iteration",
+    );
     let out = Command::new(KHEAP)
-        .args(["top", "-b", "-n", "1"])
+        .args(["top", "-b", "--iterations", "1"])
         .uid(65534)
         .gid(65534)
         .output()

@@ -10,8 +10,9 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 
-use crate::cli::{check_size_range, parse_sample, parse_secs};
-use crate::cmd::record::{install_stop_handler, wait_for_end, Ended, Targets, TraceArgs};
+use crate::cli::{parse_sample, parse_secs, FilterArgs, OutputArgs, StackArgs};
+use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
+use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
@@ -22,22 +23,21 @@ use crate::symbolize::KernelSymbols;
 
 #[derive(Args, Debug)]
 pub struct LeaksArgs {
+    /// Stop after this many seconds (default: until Ctrl-C or the command ends)
+    #[arg(short, long, value_parser = parse_secs, value_name = "SECS")]
+    pub duration: Option<f64>,
     #[command(flatten)]
-    pub trace: TraceArgs,
+    pub filters: FilterArgs,
+    #[command(flatten)]
+    pub stacks: StackArgs,
+    #[command(flatten)]
+    pub output: OutputArgs<Format>,
     /// Only count objects at least this old as outstanding
     #[arg(long, value_parser = parse_age, default_value = "0", value_name = "SECS")]
     pub min_age: f64,
     /// Group rows by
     #[arg(long, value_enum, default_value_t = LeakGroupBy::Site)]
     pub by: LeakGroupBy,
-    /// Rows to show (tables default to 20; JSON and folded show all)
-    #[arg(short = 'n', long = "top", value_name = "N")]
-    pub top: Option<usize>,
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
-    /// Write the report to FILE instead of stdout
-    #[arg(short, long, value_name = "FILE")]
-    pub output: Option<PathBuf>,
     /// Write a JSON snapshot of what is outstanding every SECS seconds (also on SIGUSR1)
     #[arg(long, value_parser = parse_secs, value_name = "SECS")]
     pub snapshot_every: Option<f64>,
@@ -47,23 +47,30 @@ pub struct LeaksArgs {
     /// Track about one object in N, chosen by a hash of its address (a power of two); totals become estimates
     #[arg(long, value_parser = parse_sample, default_value = "1", value_name = "N")]
     pub sample: u32,
-    /// Capture the stack of every allocation (exact per-stack numbers, much costlier)
-    #[arg(long, conflicts_with_all = ["stack_sample", "no_stacks"])]
-    pub exact_stacks: bool,
-    /// Capture the stack of about one allocation in N (a power of two). Sites
-    /// are exact regardless; long-lived objects pile up, so even a sparse
-    /// sample names the stacks that hold memory, and a stack costs ~3 us.
-    #[arg(long, value_parser = parse_sample, default_value = "256", value_name = "N")]
-    pub stack_sample: u32,
-    /// Capture no stacks at all
-    #[arg(long)]
-    pub no_stacks: bool,
     /// Capacity of the object map (objects tracked at once; ~100 bytes of kernel memory each)
     #[arg(long, default_value = "262144", value_name = "N")]
     pub max_objects: u32,
     /// Capacity of the per-site and per-stack maps
     #[arg(long, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
+}
+
+/// Sites are exact regardless; long-lived objects pile up, so even a sparse
+/// sample names the stacks that hold memory, and a stack costs ~3 us.
+pub const DEFAULT_STACK_SAMPLE: u32 = 256;
+
+/// The kernel tracer's settings for this run: record's, plus live objects.
+fn kernel_config(args: &LeaksArgs, targets: &Targets) -> Config {
+    Config {
+        stack_sample_every: args.stacks.sample_every(DEFAULT_STACK_SAMPLE),
+        max_sites: args.max_entries,
+        max_stacks: args.max_entries,
+        live: Some(LiveConfig {
+            sample_every: args.sample,
+            max_objects: args.max_objects,
+        }),
+        ..run::kmem_config(&args.filters, targets)
+    }
 }
 
 fn parse_age(s: &str) -> Result<f64, String> {
@@ -85,12 +92,11 @@ fn install_snapshot_handler() {
 }
 
 pub fn run(args: LeaksArgs) -> Result<i32> {
-    let t = &args.trace;
-    check_size_range(t.min_size, t.max_size)?;
+    args.filters.check()?;
     if args.max_objects == 0 || args.max_entries == 0 {
         bail!("--max-objects and --max-entries must be at least 1");
     }
-    if args.format == Format::Folded && args.by != LeakGroupBy::Stack {
+    if args.output.format == Format::Folded && args.by != LeakGroupBy::Stack {
         bail!("--format folded shows stacks: use it with --by stack");
     }
     features::check_privileges("leaks")?;
@@ -109,51 +115,23 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     install_stop_handler();
     install_snapshot_handler();
 
-    let mut targets = Targets::from_args(t)?;
-    let stack_sample_every = match (args.exact_stacks, args.no_stacks) {
-        (true, _) => 1,
-        (_, true) => 0,
-        _ => args.stack_sample,
-    };
-    let cfg = Config {
-        min_size: t.min_size,
-        max_size: t.max_size,
-        pids: targets.pids.clone(),
-        follow_children: targets.command.is_some(),
-        comm: t.comm.clone(),
-        stack_sample_every,
-        max_sites: args.max_entries,
-        max_stacks: args.max_entries,
-        attach: t.attach,
-        live: Some(LiveConfig {
-            sample_every: args.sample,
-            max_objects: args.max_objects,
-        }),
-        ..Config::default()
-    };
+    let mut targets = Targets::start(&args.filters.targets)?;
+    let cfg = kernel_config(&args, &targets);
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
     eprintln!(
         "kheap: tracing kernel heap allocations and frees ({}){}",
         session.attached.join(", "),
-        if t.duration.is_none() && t.command.is_empty() {
+        if args.duration.is_none() && targets.command.is_none() {
             "; Ctrl-C to stop, SIGUSR1 for a snapshot"
         } else {
             ""
         }
     );
-    if let Some(cmd) = targets.command.as_mut() {
-        cmd.release()?;
-    }
+    targets.release()?;
     let syms = KernelSymbols::new(None);
-    let filters = targets.filters(t);
-    let run_info = |session: &Tracer| RunInfo {
-        kernel: features::kernel_release(),
-        attach: session.attached.clone(),
-        skipped: session.skipped.clone(),
-        filters: filters.clone(),
-        command: (!t.command.is_empty()).then(|| t.command.join(" ")),
-    };
+    let run_info =
+        |session: &Tracer| run::run_info(&session.attached, &session.skipped, &args.filters);
     let info = run_info(&session);
     let build = |snap: &mut Snapshot, kind: &str, duration_s: f64, run: RunInfo| {
         if let Some(l) = snap.leaks.as_mut() {
@@ -164,7 +142,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             snap,
             &syms,
             BuildOptions {
-                stack_sample_every,
+                stack_sample_every: cfg.stack_sample_every,
                 duration_s,
                 run,
             },
@@ -174,7 +152,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let start = Instant::now();
     let mut snapshots = 0u32;
     let mut next_snapshot = args.snapshot_every;
-    let ended = wait_for_end(t.duration, &mut targets.command, |elapsed| {
+    let ended = wait_for_end(args.duration, &mut targets, |elapsed| {
         let secs = elapsed.as_secs_f64();
         let periodic = next_snapshot.is_some_and(|n| secs >= n);
         if periodic {
@@ -212,18 +190,8 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     });
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
-    let mut exit_code = 0;
-    match ended {
-        Ended::CommandExited(code) if code != 0 => {
-            eprintln!("kheap: the command exited with status {code}");
-            exit_code = code;
-        }
-        Ended::Signal => eprintln!("kheap: stopped by signal; reporting what was traced"),
-        _ => {}
-    }
-    if let Some(cmd) = targets.command.as_mut() {
-        cmd.terminate();
-    }
+    let exit_code = ended.report();
+    targets.terminate();
     let mut snap = session.snapshot()?;
     let info = run_info(&session);
     drop(session);
@@ -233,17 +201,17 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
 }
 
 fn write_json(r: &Report, path: &Path) -> Result<()> {
-    let text = serde_json::to_string_pretty(r)? + "\n";
+    let text = contract::pretty(Kind::Leaks, r);
     std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
 }
 
 fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
-    let top = crate::render::default_top(args.format, args.top);
-    let hidden = leak_render::apply_top(&mut report, args.by, top);
-    let text = match args.format {
+    let out = &args.output;
+    let hidden = leak_render::apply_top(&mut report, args.by, out.rows());
+    let text = match out.format {
         Format::Table => leak_render::table(&report, args.by, hidden, 3),
-        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
+        Format::Json => contract::pretty(Kind::Leaks, &report),
         Format::Folded => leak_render::folded(&report),
     };
-    crate::render::emit(&text, args.output.as_deref())
+    crate::render::emit(&text, out.output())
 }

@@ -3,15 +3,15 @@
 //! what was never freed.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cli::parse_secs;
-use crate::cmd::record::{install_stop_handler, stop_requested};
+use crate::cli::{parse_secs, OutputArgs, TargetArgs};
+use crate::cmd::run::{install_stop_handler, stop_requested};
+use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
 use crate::kernel::storage::ObjectStorage;
@@ -26,31 +26,27 @@ use crate::target::{find_program, resolve_pid, HeldCommand};
 
 #[derive(Args, Debug)]
 pub struct MallocArgs {
-    /// Trace this running process (and the children it forks from now on)
-    #[arg(short, long = "pid", value_name = "PID")]
-    pub pids: Vec<u32>,
-    /// Probe this allocator library instead of the C library the target
-    /// maps (jemalloc, tcmalloc, mimalloc export the same names)
-    #[arg(long, value_name = "PATH")]
-    pub lib: Option<PathBuf>,
     /// Stop after this many seconds (default: until Ctrl-C, or until the
     /// command or the processes end)
     #[arg(short, long, value_parser = parse_secs, value_name = "SECS")]
     pub duration: Option<f64>,
+    /// The processes to trace (with the children they fork from now on).
+    /// The kernel-side filters of the other subcommands (--comm, sizes,
+    /// --attach) have no counterpart in user space probes.
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    #[command(flatten)]
+    pub output: OutputArgs<Format>,
+    /// Probe this allocator library instead of the C library the target
+    /// maps (jemalloc, tcmalloc, mimalloc export the same names)
+    #[arg(long, value_name = "PATH")]
+    pub lib: Option<PathBuf>,
     /// Group rows by direct caller (site) or by whole user stack
     #[arg(long, value_enum, default_value_t = MallocGroupBy::Site)]
     pub by: MallocGroupBy,
     /// Order rows by
     #[arg(long, value_enum, default_value_t = MallocSortBy::Bytes)]
     pub sort: MallocSortBy,
-    /// Rows to show (tables default to 20; JSON and folded show all)
-    #[arg(short = 'n', long = "top", value_name = "N")]
-    pub top: Option<usize>,
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
-    /// Write the report to FILE instead of stdout
-    #[arg(short, long, value_name = "FILE")]
-    pub output: Option<PathBuf>,
     /// Track every block to its free: report what is still allocated at the
     /// end, per site and stack (adds a return probe to each call)
     #[arg(long)]
@@ -59,9 +55,6 @@ pub struct MallocArgs {
     /// kernel must single-step it (for scripts/bench-malloc)
     #[arg(long, hide = true)]
     pub probes_at_entry: bool,
-    /// Command to run and trace, with its children, until it exits
-    #[arg(last = true, value_name = "CMD")]
-    pub command: Vec<String>,
 }
 
 /// How often the list of traced processes is checked: new processes and
@@ -92,7 +85,7 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
             libs.push(libc);
         }
     }
-    if let Some(prog) = args.command.first() {
+    if let Some(prog) = args.targets.command.first() {
         let path = find_program(prog)?;
         let libc = libc_of_program(&path)?;
         if !libs.contains(&libc) {
@@ -120,7 +113,7 @@ fn alive(pid: u32) -> bool {
 }
 
 pub fn run(args: MallocArgs) -> Result<i32> {
-    if args.pids.is_empty() && args.command.is_empty() {
+    if args.targets.pids.is_empty() && args.targets.command.is_empty() {
         bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...]");
     }
     if args.sort == MallocSortBy::Outstanding && !args.outstanding {
@@ -131,7 +124,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     install_stop_handler();
 
     let mut user_pids = Vec::new();
-    for &p in &args.pids {
+    for &p in &args.targets.pids {
         user_pids.push(resolve_pid(p)?);
     }
     let mut pids = user_pids.clone();
@@ -144,11 +137,11 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         modules.add_file(l);
     }
     // Held between fork and exec until the probes are attached.
-    let mut command = if args.command.is_empty() {
+    let mut command = if args.targets.command.is_empty() {
         None
     } else {
-        let held = HeldCommand::spawn(&args.command)?;
-        modules.add_file(&find_program(&args.command[0])?);
+        let held = HeldCommand::spawn(&args.targets.command)?;
+        modules.add_file(&find_program(&args.targets.command[0])?);
         pids.push(held.pid);
         Some(held)
     };
@@ -161,7 +154,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     }
     eprintln!(
         "kheap: tracing malloc in {} (probes on {}){}",
-        describe_targets(&user_pids, &args.command),
+        describe_targets(&user_pids, &args.targets.command),
         libs.iter()
             .map(|l| l.display().to_string())
             .collect::<Vec<_>>()
@@ -237,12 +230,13 @@ pub fn run(args: MallocArgs) -> Result<i32> {
                 kernel: features::kernel_release(),
                 attach: vec!["uprobes".into()],
                 skipped: Vec::new(),
-                filters: vec![describe_targets(&user_pids, &args.command)],
-                command: (!args.command.is_empty()).then(|| args.command.join(" ")),
+                filters: vec![describe_targets(&user_pids, &args.targets.command)],
+                command: (!args.targets.command.is_empty()).then(|| args.targets.command.join(" ")),
             },
             probes: session.libraries.iter().map(|l| l.describe()).collect(),
             func_names: session.func_names(),
             allocator_code: session.allocator_code(),
+            comms: scanner.comms,
         },
     );
     drop(session);
@@ -264,6 +258,9 @@ fn describe_targets(pids: &[u32], command: &[String]) -> String {
 struct Scanner {
     /// When each process was last read, and its exec count then.
     seen: HashMap<u32, (Instant, u32)>,
+    /// Each process's command name when last read (after an exec, the new
+    /// program's).
+    comms: HashMap<u32, String>,
 }
 
 /// Known processes are re-read this often (for libraries they load later);
@@ -293,6 +290,9 @@ impl Scanner {
             let Some(maps) = procmaps::read(pid) else {
                 continue;
             };
+            if let Ok(c) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+                self.comms.insert(pid, c.trim().to_string());
+            }
             modules.add_maps(pid, &maps);
             if !probe_new_libraries {
                 continue;
@@ -315,22 +315,12 @@ impl Scanner {
 }
 
 fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
-    let top = match args.format {
-        Format::Table => Some(args.top.unwrap_or(20)),
-        _ => args.top,
-    };
-    let hidden = render::apply_top(&mut report, args.sort, top);
-    let text = match args.format {
+    let out = &args.output;
+    let hidden = render::apply_top(&mut report, args.sort, out.rows());
+    let text = match out.format {
         Format::Table => render::table(&report, args.by, hidden),
-        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
+        Format::Json => contract::pretty(Kind::Malloc, &report),
         Format::Folded => render::folded(&report),
     };
-    match &args.output {
-        Some(path) => std::fs::write(path, text)
-            .with_context(|| format!("writing the report to {}", path.display()))?,
-        None => {
-            let _ = std::io::stdout().lock().write_all(text.as_bytes());
-        }
-    }
-    Ok(())
+    crate::render::emit(&text, out.output())
 }

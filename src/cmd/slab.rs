@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use crate::cmd::record::{install_stop_handler, wait_for_end, Ended, Targets};
+use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, Tracer};
 use crate::kernel::storage::ObjectStorage;
@@ -15,27 +15,33 @@ use crate::report::{labelled_sites, Snapshot};
 use crate::slab::{self, watch::series, ReportInput, SlabArgs, TracedCache, TracedRun, TracedSite};
 use crate::symbolize::{KernelSymbols, Symbolize};
 
+/// Stacks of one allocation in this many unless a flag says otherwise;
+/// they only name the callers of wrappers, so a sparse sample does.
+pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
+
+/// The kernel tracer's settings for a traced slab run.
+fn kernel_config(args: &SlabArgs, targets: &Targets) -> Config {
+    Config {
+        stack_sample_every: args.stacks.sample_every(DEFAULT_STACK_SAMPLE),
+        ..run::kmem_config(&args.filters, targets)
+    }
+}
+
 pub fn run(args: SlabArgs) -> Result<i32> {
-    let traced = (args.duration.is_some() || !args.command.is_empty() || !args.pids.is_empty())
-        && args.watch.is_none()
-        && !args.no_trace;
-    if !traced {
+    if !args.traced()? {
         slab::run_static(&args)?;
         return Ok(0);
     }
     if let Some(d) = args.duration {
         crate::cli::parse_secs(&d.to_string()).map_err(anyhow::Error::msg)?;
     }
+    args.filters.check()?;
     let first = args.read_static()?; // says plainly when slabinfo is root-only
     features::check_privileges("slab")?;
     install_stop_handler();
 
-    let mut targets = Targets::new(&args.pids, &args.command)?;
-    let cfg = Config {
-        follow_children: targets.command.is_some(),
-        pids: targets.pids.clone(),
-        ..Config::default()
-    };
+    let mut targets = Targets::start(&args.filters.targets)?;
+    let cfg = kernel_config(&args, &targets);
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
     eprintln!(
@@ -47,15 +53,13 @@ pub fn run(args: SlabArgs) -> Result<i32> {
         },
         session.attached.join(", ")
     );
-    if let Some(cmd) = targets.command.as_mut() {
-        cmd.release()?;
-    }
+    targets.release()?;
     let start = Instant::now();
     let mut samples = vec![(0.0, first)];
     // About ten static reads over the run tell steady growth from a blip.
     let every = (args.duration.unwrap_or(10.0) / 10.0).max(1.0);
     let mut next = every;
-    let ended = wait_for_end(args.duration, &mut targets.command, |elapsed| {
+    let ended = wait_for_end(args.duration, &mut targets, |elapsed| {
         if elapsed.as_secs_f64() >= next {
             next += every;
             if let Ok(s) = args.read_static() {
@@ -64,17 +68,12 @@ pub fn run(args: SlabArgs) -> Result<i32> {
         }
     });
     session.detach();
-    if let Some(cmd) = targets.command.as_mut() {
-        cmd.terminate();
-    }
+    targets.terminate();
     let elapsed = start.elapsed().as_secs_f64();
     let snap = session.snapshot()?;
     drop(session);
     samples.push((elapsed, args.read_static()?));
-    let exit_code = match ended {
-        Ended::CommandExited(code) => code,
-        _ => 0,
-    };
+    let exit_code = ended.report();
 
     let traced = traced_run(&snap, &KernelSymbols::new(None), elapsed);
     let series = series(&samples);

@@ -6,17 +6,16 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 
-use crate::cli::{check_size_range, parse_sample, parse_secs, parse_size};
-use crate::cmd::record::{install_stop_handler, stop_requested};
+use crate::cli::{parse_secs, FilterArgs, OutputArgs, StackArgs, TableOrJson};
+use crate::cmd::run::{self, install_stop_handler, stop_requested, Ended, Sink, Targets};
 use crate::kernel::features;
-use crate::kernel::kmem::{self as session, AttachMode, Config, Tracer};
+use crate::kernel::kmem::{self as session, Config, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::render::GroupBy;
 use crate::report::{self, BuildOptions, RunInfo};
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
-use crate::target::resolve_pid;
 use crate::top::batch;
 use crate::top::clock::rfc3339_utc;
 use crate::top::delta::Tracker;
@@ -24,55 +23,32 @@ use crate::top::overhead::{self_usage, Overhead, ProgRunTime, SelfUsage};
 use crate::top::tui::{self, Action, App, Input, Screen};
 use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum TopFormat {
-    /// Plain-text tables, one per interval (no escape codes)
-    Table,
-    /// One JSON object per interval, one per line (implies --batch)
-    Json,
-}
-
 #[derive(Args, Debug)]
 pub struct TopArgs {
     /// Seconds between refreshes
     #[arg(short, long, value_parser = parse_secs, default_value = "1", value_name = "SECS")]
     pub interval: f64,
+    #[command(flatten)]
+    pub filters: FilterArgs,
+    #[command(flatten)]
+    pub stacks: StackArgs,
+    /// Batch output: --format json prints one JSON object per interval, one
+    /// per line; -n cuts each list (JSON) or table (default 20); -o writes
+    /// to FILE. Either of --format json and -o implies --batch.
+    #[command(flatten)]
+    pub output: OutputArgs<TableOrJson>,
     /// Group rows by
     #[arg(long, value_enum, default_value_t = GroupBy::Site)]
     pub by: GroupBy,
     /// Order rows by
     #[arg(long, value_enum, default_value_t = TopSort::Bytes)]
     pub sort: TopSort,
-    /// Only count allocations made by this process (repeatable)
-    #[arg(short, long = "pid", value_name = "PID")]
-    pub pids: Vec<u32>,
-    /// Only count allocations made by tasks with this command name
-    #[arg(long, value_name = "NAME")]
-    pub comm: Option<String>,
-    /// Ignore allocations smaller than this (bytes, or with k/M suffix)
-    #[arg(long, value_parser = parse_size, default_value = "0", value_name = "N")]
-    pub min_size: u64,
-    /// Ignore allocations larger than this
-    #[arg(long, value_parser = parse_size, value_name = "N")]
-    pub max_size: Option<u64>,
-    /// Rows per interval (batch tables default to 20, JSON to all; the screen shows what fits)
-    #[arg(long, value_name = "N")]
-    pub rows: Option<usize>,
     /// Batch mode: print plain text (or JSON) per interval instead of a full-screen view
     #[arg(short, long)]
     pub batch: bool,
-    /// Stop after this many intervals (default: until q, Ctrl-C or SIGTERM)
-    #[arg(short = 'n', long, value_name = "ITERATIONS")]
+    /// Stop after this many intervals (default: until q, Ctrl-C, SIGTERM or the command ends)
+    #[arg(long, value_name = "N")]
     pub iterations: Option<u64>,
-    /// Output format of batch mode
-    #[arg(long, value_enum, default_value_t = TopFormat::Table)]
-    pub format: TopFormat,
-    /// Capture the stack of about one allocation in N (a power of two; 1: every one)
-    #[arg(long, value_parser = parse_sample, default_value = "1024", value_name = "N")]
-    pub stack_sample: u32,
-    /// Capture no stacks (cheapest; no stack view)
-    #[arg(long)]
-    pub no_stacks: bool,
     /// Delete map entries that saw no event for this many intervals, so the
     /// maps do not fill over a long run (0: never); shown as "aged out"
     #[arg(long, default_value = "10", value_name = "N")]
@@ -80,18 +56,30 @@ pub struct TopArgs {
     /// Capacity of the per-site and per-stack maps
     #[arg(long, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
-    /// How to attach to the kmem tracepoints
-    #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
-    pub attach: AttachMode,
+}
+
+/// Stacks of one allocation in this many unless a flag says otherwise.
+pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
+
+/// The kernel tracer's settings for this run.
+fn kernel_config(args: &TopArgs, targets: &Targets) -> Config {
+    Config {
+        stack_sample_every: args.stacks.sample_every(DEFAULT_STACK_SAMPLE),
+        by_process: args.by == GroupBy::Process,
+        max_sites: args.max_entries,
+        max_stacks: args.max_entries,
+        trace_frees: true,
+        ..run::kmem_config(&args.filters, targets)
+    }
 }
 
 pub fn run(mut args: TopArgs) -> Result<i32> {
-    check_size_range(args.min_size, args.max_size)?;
-    if args.format == TopFormat::Json {
+    args.filters.check()?;
+    if args.output.format == TableOrJson::Json || args.output.output.is_some() {
         args.batch = true;
     }
     if args.iterations == Some(0) {
-        bail!("-n 0: nothing to show; give at least one iteration");
+        bail!("--iterations 0: nothing to show; give at least one iteration");
     }
     let on_terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
     if !args.batch && !on_terminal {
@@ -99,26 +87,12 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     }
     features::check_privileges("top")?;
     features::check_btf()?;
+    // Created before anything is attached: a path that cannot be written
+    // is said at once, not after the first interval.
+    let sink = Sink::create(args.output.output())?;
     install_stop_handler();
-    let mut pids = Vec::new();
-    for &p in &args.pids {
-        pids.push(resolve_pid(p)?);
-    }
-    let stack_sample_every = if args.no_stacks { 0 } else { args.stack_sample };
-    let cfg = Config {
-        min_size: args.min_size,
-        max_size: args.max_size,
-        stack_sample_every,
-        pids,
-        follow_children: false,
-        comm: args.comm.clone(),
-        by_process: args.by == GroupBy::Process,
-        attach: args.attach,
-        max_sites: args.max_entries,
-        max_stacks: args.max_entries,
-        trace_frees: true,
-        ..Config::default()
-    };
+    let mut targets = Targets::start(&args.filters.targets)?;
+    let cfg = kernel_config(&args, &targets);
     let mut storage = ObjectStorage::default();
     let session = Tracer::start(&cfg, &mut storage, None)?;
     // Run-time statistics cost a little per program run, for everyone:
@@ -130,20 +104,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
             None
         }
     };
-    let mut filters = Vec::new();
-    if !args.pids.is_empty() {
-        filters.push(format!("pid {:?}", args.pids));
-    }
-    if let Some(c) = &args.comm {
-        filters.push(format!("comm {c}"));
-    }
-    let run = RunInfo {
-        kernel: features::kernel_release(),
-        attach: session.attached.clone(),
-        skipped: session.skipped.clone(),
-        filters,
-        command: None,
-    };
+    let run = run::run_info(&session.attached, &session.skipped, &args.filters);
     let syms = CachingSymbols::new(KernelSymbols::new(None));
     // The first lookup loads kallsyms; do it now, not inside an interval.
     let _ = syms.symbolize(&[0]);
@@ -160,25 +121,31 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         "kheap: tracing kernel heap allocations ({})",
         session.attached.join(", ")
     );
+    // The command runs from here: its allocations are all in intervals.
+    targets.release()?;
     let mut top = Top {
         run_time,
         session,
         tracker,
         syms,
         sizes: ObjectSizes::default(),
-        stack_sample_every,
+        stack_sample_every: cfg.stack_sample_every,
         idle_intervals: args.idle_intervals,
         run,
         last_read,
         usage,
+        targets,
+        ended: None,
     };
     let result = if args.batch {
-        batch_loop(&mut top, &args)
+        batch_loop(&mut top, &args, sink)
     } else {
         screen_loop(&mut top, &args)
     };
     drop(stats);
-    result.map(|()| 0)
+    top.targets.terminate();
+    result?;
+    Ok(top.ended.as_ref().map_or(0, Ended::report))
 }
 
 /// The reading side: the session and what is kept between reads.
@@ -194,9 +161,25 @@ struct Top<'obj> {
     /// None when BPF statistics are off.
     run_time: Option<ProgRunTime>,
     usage: SelfUsage,
+    /// The processes traced; with `-- CMD`, top ends when the command does.
+    targets: Targets,
+    /// Set when the command exited (or a signal came).
+    ended: Option<Ended>,
 }
 
 impl Top<'_> {
+    /// Whether the run is over: a signal, or the traced command exited.
+    fn should_stop(&mut self) -> bool {
+        if self.ended.is_none() {
+            if stop_requested() {
+                self.ended = Some(Ended::Signal);
+            } else if let Some(code) = self.targets.command_exited() {
+                self.ended = Some(Ended::CommandExited(code));
+            }
+        }
+        self.ended.is_some()
+    }
+
     /// Reads the maps and turns what changed since the last read into one
     /// interval; then deletes entries idle for too long.
     fn read_interval(&mut self) -> Result<Interval> {
@@ -257,18 +240,18 @@ fn next_deadline(last: Instant, interval_s: f64) -> Instant {
     (last + Duration::from_secs_f64(interval_s)).max(Instant::now())
 }
 
-fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
+fn batch_loop(top: &mut Top, args: &TopArgs, mut sink: Sink) -> Result<()> {
     let view = ViewOptions {
         by: args.by,
         sort: args.sort,
         paused: false,
     };
-    let limit = args.rows.unwrap_or(20);
+    let rows = args.output.rows();
     let mut deadline = next_deadline(top.last_read, args.interval);
     let mut done = 0;
     loop {
         while Instant::now() < deadline {
-            if stop_requested() {
+            if top.should_stop() {
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -277,21 +260,17 @@ fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         }
         let iv = top.read_interval()?;
         deadline = next_deadline(deadline, args.interval);
-        let text = match args.format {
-            TopFormat::Json => batch::json(&iv, args.sort, args.rows),
-            TopFormat::Table => batch::text(&iv, &view, &top.sizes, limit) + "\n",
+        let text = match args.output.format {
+            TableOrJson::Json => batch::json(&iv, args.sort, rows),
+            TableOrJson::Table => {
+                batch::text(&iv, &view, &top.sizes, rows.unwrap_or(usize::MAX)) + "\n"
+            }
         };
-        let mut out = std::io::stdout().lock();
-        // A closed pipe (| head) ends the run quietly.
-        if out
-            .write_all(text.as_bytes())
-            .and_then(|()| out.flush())
-            .is_err()
-        {
+        if !sink.write(&text)? {
             return Ok(());
         }
         done += 1;
-        if args.iterations.is_some_and(|n| done >= n) || stop_requested() {
+        if args.iterations.is_some_and(|n| done >= n) || top.should_stop() {
             return Ok(());
         }
     }
@@ -333,7 +312,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
     let mut done = 0;
     let mut redraw = true;
     loop {
-        if stop_requested() {
+        if top.should_stop() {
             break;
         }
         if !app.view.paused && Instant::now() >= deadline {
@@ -343,7 +322,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
             redraw = true;
         }
         if redraw {
-            let (shown, total) = screen_rows(current.as_ref(), &app, top, args.rows);
+            let (shown, total) = screen_rows(current.as_ref(), &app, top, args.output.top);
             rows = shown;
             app.follow(&rows);
             screen
@@ -376,7 +355,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
     // still ends with a report.
     if stop_requested() {
         if let Some(iv) = &current {
-            let text = batch::text(iv, &app.view, &top.sizes, args.rows.unwrap_or(20));
+            let text = batch::text(iv, &app.view, &top.sizes, args.output.rows().unwrap_or(20));
             let _ = std::io::stdout().write_all(text.as_bytes());
         }
     }

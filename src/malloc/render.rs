@@ -87,7 +87,7 @@ pub fn header(r: &MallocReport) -> String {
         s,
         "lost: {} stacks (rows keep the direct caller), {} calls not counted (map full){}{}",
         l.stacks,
-        l.map_full,
+        l.map_full_sites,
         if t.outstanding.is_some() {
             format!(", {} blocks not tracked (map full)", l.map_full_live)
         } else {

@@ -2,7 +2,7 @@
 //! `--watch`. The traced run is wired in by the caller, which hands its
 //! [`TracedRun`](super::traced::TracedRun) to [`print_report`].
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -14,13 +14,9 @@ use super::slabinfo::PROC_SLABINFO;
 use super::snapshot::{read_static, StaticSnapshot};
 use super::sysfs::SYS_KERNEL_SLAB;
 use super::watch::{diff, series};
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
-    #[default]
-    Table,
-    Json,
-}
+use crate::cli::{FilterArgs, OutputArgs, StackArgs, TableOrJson};
+use crate::cmd::run::Sink;
+use crate::render::emit;
 
 /// Which slab caches hold memory, how fast they grow, and what they waste.
 #[derive(Clone, Debug, clap::Args)]
@@ -29,24 +25,22 @@ pub struct SlabArgs {
     /// tracing) and report growth over the run
     #[arg(short = 'd', long = "duration", value_name = "SECS")]
     pub duration: Option<f64>,
+    /// Traced mode (with -d, -p, -- CMD or any filter): who allocates into
+    /// each cache and what rounding wastes
+    #[command(flatten)]
+    pub filters: FilterArgs,
+    /// Stacks name the callers of allocation wrappers (kvmalloc, kmemdup…)
+    #[command(flatten)]
+    pub stacks: StackArgs,
+    #[command(flatten)]
+    pub output: OutputArgs<TableOrJson>,
     /// Order of the rows
     #[arg(long, value_enum, default_value_t = SortKey::Size)]
     pub sort: SortKey,
-    /// Show at most ROWS caches
-    #[arg(short = 'n', long = "rows", value_name = "ROWS", default_value_t = 20)]
-    pub rows: usize,
-    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
-    pub format: OutputFormat,
     /// Re-read every SECS seconds and show per-cache changes, like slabtop
     /// with deltas (until interrupted, or for -d SECS)
     #[arg(long, value_name = "SECS")]
     pub watch: Option<f64>,
-    /// Trace only allocations made by this process (repeatable)
-    #[arg(short = 'p', long = "pid", value_name = "PID")]
-    pub pids: Vec<u32>,
-    /// Run this command and trace its allocations until it exits
-    #[arg(last = true, value_name = "CMD")]
-    pub command: Vec<String>,
     /// With -d, only sample /proc/slabinfo; don't trace allocations
     #[arg(long)]
     pub no_trace: bool,
@@ -59,6 +53,21 @@ pub struct SlabArgs {
 }
 
 impl SlabArgs {
+    /// Whether this run traces allocations: any tracing option says so,
+    /// -d alone too unless --no-trace; --watch never does.
+    pub fn traced(&self) -> Result<bool> {
+        let tracing_options = self.filters.any() || self.stacks.any();
+        if tracing_options && (self.watch.is_some() || self.no_trace) {
+            let with = if self.no_trace {
+                "--no-trace"
+            } else {
+                "--watch"
+            };
+            bail!("-p, -- CMD, --comm, --min-size, --max-size, --attach and the stack options select traced allocations: they don't go with {with}");
+        }
+        Ok((tracing_options || self.duration.is_some()) && self.watch.is_none() && !self.no_trace)
+    }
+
     /// One static read from the configured sources.
     pub fn read_static(&self) -> Result<StaticSnapshot> {
         read_static(&self.slabinfo_path, &self.sysfs_path)
@@ -67,15 +76,13 @@ impl SlabArgs {
 
 /// Formats and prints a report built from `input`.
 pub fn print_report(args: &SlabArgs, input: ReportInput) -> Result<()> {
-    let report = build_report(input, args.sort, args.rows);
-    let text = match args.format {
-        OutputFormat::Table => report_table(&report),
-        OutputFormat::Json => report_json(&report) + "\n",
+    let rows = args.output.rows().unwrap_or(usize::MAX);
+    let report = build_report(input, args.sort, rows);
+    let text = match args.output.format {
+        TableOrJson::Table => report_table(&report),
+        TableOrJson::Json => report_json(&report),
     };
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()?;
-    Ok(())
+    emit(&text, args.output.output())
 }
 
 /// The untraced command: one read, sampling over `-d`, or `--watch`.
@@ -123,7 +130,11 @@ pub fn run_static(args: &SlabArgs) -> Result<()> {
 
 fn watch(args: &SlabArgs, secs: f64) -> Result<()> {
     let start = Instant::now();
-    let clear = args.format == OutputFormat::Table && std::io::stdout().is_terminal();
+    let mut sink = Sink::create(args.output.output())?;
+    let rows = args.output.rows().unwrap_or(usize::MAX);
+    let clear = args.output.format == TableOrJson::Table
+        && args.output.output.is_none()
+        && std::io::stdout().is_terminal();
     let mut prev = args.read_static()?;
     let mut prev_at = Instant::now();
     loop {
@@ -138,25 +149,23 @@ fn watch(args: &SlabArgs, secs: f64) -> Result<()> {
         let now = Instant::now();
         let elapsed = now.duration_since(prev_at).as_secs_f64();
         let deltas = diff(&prev, &cur);
-        let text = match args.format {
-            OutputFormat::Table => {
+        let text = match args.output.format {
+            TableOrJson::Table => {
                 let mut t = String::new();
                 if clear {
                     t.push_str("\x1b[2J\x1b[H");
                 }
-                t.push_str(&watch_table(&deltas, elapsed, args.rows));
+                t.push_str(&watch_table(&deltas, elapsed, rows));
                 for n in &cur.notes {
                     t.push_str(&format!("note: {n}\n"));
                 }
                 t
             }
-            OutputFormat::Json => {
-                watch_json(&deltas, start.elapsed().as_secs_f64(), elapsed, args.rows) + "\n"
-            }
+            TableOrJson::Json => watch_json(&deltas, start.elapsed().as_secs_f64(), elapsed, rows),
         };
-        let mut out = std::io::stdout().lock();
-        out.write_all(text.as_bytes())?;
-        out.flush()?;
+        if !sink.write(&text)? {
+            return Ok(());
+        }
         prev = cur;
         prev_at = now;
     }

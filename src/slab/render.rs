@@ -10,10 +10,20 @@ use serde::Serialize;
 use super::hints::Hint;
 use super::report::{CacheRow, SiteWaste, SlabReport};
 use super::watch::{CacheDelta, Presence};
+use crate::contract::{self, Kind};
 use crate::model::{human_count, human_size, pct};
+
+/// What a slab JSON document holds: the report, or one `--watch` frame.
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Mode {
+    Report,
+    Watch,
+}
 
 #[derive(Serialize)]
 struct JsonReport<'a> {
+    mode: Mode,
     duration_s: Option<f64>,
     sysfs: bool,
     total_memory_bytes: u64,
@@ -37,7 +47,8 @@ struct JsonCache {
     memory_bytes: Option<u64>,
     partial_bytes: Option<u64>,
     loss_bytes: Option<u64>,
-    allocs: Option<u64>,
+    /// Traced allocations: `count`, as in every kind.
+    count: Option<u64>,
     frees: Option<u64>,
     bytes_req: Option<u64>,
     bytes_alloc: Option<u64>,
@@ -74,7 +85,7 @@ impl From<&CacheRow> for JsonCache {
             memory_bytes: s.map(|s| s.memory_bytes),
             partial_bytes: s.and_then(|s| s.partial_bytes),
             loss_bytes: s.map(|s| s.loss_bytes),
-            allocs: t.map(|t| t.allocs),
+            count: t.map(|t| t.allocs),
             frees: t.map(|t| t.frees),
             bytes_req: t.map(|t| t.bytes_req),
             bytes_alloc: t.map(|t| t.bytes_alloc),
@@ -94,6 +105,7 @@ impl From<&CacheRow> for JsonCache {
 
 pub fn report_json(report: &SlabReport) -> String {
     let json = JsonReport {
+        mode: Mode::Report,
         duration_s: report.duration_s,
         sysfs: report.sysfs,
         total_memory_bytes: report.total_memory,
@@ -101,7 +113,7 @@ pub fn report_json(report: &SlabReport) -> String {
         hints: &report.hints,
         notes: &report.notes,
     };
-    serde_json::to_string_pretty(&json).expect("report serialises")
+    contract::pretty(Kind::Slab, &json)
 }
 
 fn new_table(header: &[&str]) -> Table {
@@ -270,6 +282,7 @@ pub fn watch_table(deltas: &[CacheDelta], secs: f64, rows: usize) -> String {
 
 #[derive(Serialize)]
 struct JsonWatchFrame {
+    mode: Mode,
     elapsed_s: f64,
     interval_s: f64,
     delta_memory_bytes: i64,
@@ -290,6 +303,7 @@ struct JsonDelta {
 /// One `--watch` frame as a single JSON line (JSON Lines, one per read).
 pub fn watch_json(deltas: &[CacheDelta], elapsed_s: f64, interval_s: f64, rows: usize) -> String {
     let frame = JsonWatchFrame {
+        mode: Mode::Watch,
         elapsed_s,
         interval_s,
         delta_memory_bytes: deltas.iter().map(CacheDelta::delta_memory).sum(),
@@ -307,7 +321,7 @@ pub fn watch_json(deltas: &[CacheDelta], elapsed_s: f64, interval_s: f64, rows: 
             })
             .collect(),
     };
-    serde_json::to_string(&frame).expect("frame serialises")
+    contract::line(Kind::Slab, &frame)
 }
 
 #[cfg(test)]
@@ -376,7 +390,7 @@ mod tests {
             "object_size",
             "active_objs",
             "num_objs",
-            "allocs",
+            "count",
             "frees",
             "bytes_req",
             "bytes_alloc",
@@ -395,6 +409,7 @@ mod tests {
         }
         assert_eq!(hint["kind"], "boundary");
         assert_eq!(v["duration_s"], 2.0);
+        assert_eq!((&v["kind"], &v["mode"]), (&"slab".into(), &"report".into()));
     }
 
     #[test]
@@ -413,7 +428,7 @@ mod tests {
             1,
         );
         let v: serde_json::Value = serde_json::from_str(&report_json(&r)).unwrap();
-        assert!(v["caches"][0]["allocs"].is_null());
+        assert!(v["caches"][0]["count"].is_null());
         assert!(v["caches"][0]["object_size"].is_u64());
         assert_eq!(v["hints"], serde_json::json!([]));
     }
@@ -457,6 +472,7 @@ mod tests {
         assert!(text.contains("change over 2.0 s: -4.0K"), "{text}");
         assert!(text.contains("+2.0K"), "{text}");
         let v: serde_json::Value = serde_json::from_str(&watch_json(&d, 4.0, 2.0, 1)).unwrap();
+        assert_eq!((&v["kind"], &v["mode"]), (&"slab".into(), &"watch".into()));
         assert_eq!(v["delta_memory_bytes"], -4096);
         assert_eq!(v["caches"].as_array().unwrap().len(), 1);
         assert_eq!(v["caches"][0]["presence"], "appeared");

@@ -32,6 +32,8 @@ pub enum SortKey {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SiteWaste {
     pub function: String,
+    /// Allocations: `count`, as in every kind.
+    #[serde(rename = "count")]
     pub allocs: u64,
     pub waste_bytes: u64,
 }

@@ -1,6 +1,7 @@
 //! Batch mode: one plain-text table (no escape codes) or one JSON object per
 //! interval, for logs and CI. Pure string building.
 
+use crate::contract::{self, Kind};
 use crate::render::{new_table, GroupBy};
 use crate::report::{Counts, Report};
 use crate::top::view::{self, cells, headers, Interval, ObjectSizes, TopSort, ViewOptions};
@@ -33,13 +34,14 @@ pub fn text(iv: &Interval, v: &ViewOptions, sizes: &ObjectSizes, limit: usize) -
     out
 }
 
-/// One interval as a single line of JSON: the fields of `kheap record`'s
-/// report (counts over the interval) plus time, interval_s, aged_out and
-/// overhead. Lists are sorted by `sort` and cut to `limit` if given.
+/// One interval as a single line of JSON (kind "top"): the fields of
+/// `kheap record`'s report (counts over the interval) plus time,
+/// interval_s, aged_out and overhead. Lists are sorted by `sort` and cut to
+/// `limit` if given.
 pub fn json(iv: &Interval, sort: TopSort, limit: Option<usize>) -> String {
     let mut iv = iv.clone();
     sort_report(&mut iv.report, sort, limit);
-    serde_json::to_string(&iv).expect("an interval always serializes") + "\n"
+    contract::line(Kind::Top, &iv)
 }
 
 fn counts_value(c: &Counts, sort: TopSort) -> f64 {
@@ -144,13 +146,15 @@ mod tests {
         let j = json(&interval(), TopSort::Count, Some(1));
         assert_eq!(j.lines().count(), 1);
         let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(v["kind"], "top");
+        assert_eq!(v["schema_version"], 1);
         assert_eq!(v["time"], "2026-11-29T17:30:01Z");
         assert_eq!(v["interval_s"], 1.0);
         assert!(v["overhead"]["bpf_cpu_pct"].is_number());
         assert_eq!(v["sites"].as_array().unwrap().len(), 1);
         assert_eq!(v["sites"][0]["function"], "load_msg");
         assert_eq!(v["sites"][0]["count"], 1000);
-        assert_eq!(v["totals"]["allocs"], 1300);
+        assert_eq!(v["totals"]["count"], 1300);
         assert!(v["lost"]["map_full"].is_u64());
         let back: Interval = serde_json::from_str(&j).unwrap();
         assert_eq!(back.report.sites[0].counts.count, 1000);
