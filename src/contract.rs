@@ -140,4 +140,134 @@ mod tests {
             assert!(!e.contains('\n'), "{e}");
         }
     }
+
+    /// The pure renderers' JSON of constructed reports follows the schema
+    /// of its kind: record, leaks (report and snapshot), malloc (with and
+    /// without --outstanding), a top interval and a diff. Slab's are
+    /// checked beside its renderer.
+    mod schemas {
+        use super::super::*;
+        use crate::diff::{self, DiffBy};
+        use crate::report::tests::{fixture_symbols, leak_snapshot, sample_snapshot};
+        use crate::report::{build, BuildOptions, Report, RunInfo};
+        use crate::schema_check::{assert_valid, schema_errors};
+
+        fn parsed(text: &str) -> serde_json::Value {
+            serde_json::from_str(text).unwrap()
+        }
+
+        fn kmem(snap: &crate::report::Snapshot, every: u32) -> Report {
+            build(
+                snap,
+                &fixture_symbols(),
+                BuildOptions {
+                    stack_sample_every: every,
+                    duration_s: 2.0,
+                    run: RunInfo {
+                        command: Some("kheap-load msg".into()),
+                        ..Default::default()
+                    },
+                },
+            )
+        }
+
+        #[test]
+        fn record_and_leaks() {
+            let mut rec = kmem(&sample_snapshot(), 10);
+            let mut with_procs = sample_snapshot();
+            with_procs.procs.insert(
+                7,
+                ("msgd".into(), *with_procs.sites.values().next().unwrap()),
+            );
+            rec.processes = kmem(&with_procs, 10).processes;
+            assert_eq!(rec.processes.len(), 1);
+            assert_valid(&parsed(&pretty(Kind::Record, &rec)));
+
+            let mut snap = leak_snapshot(4);
+            let leaks = kmem(&snap, 1);
+            assert!(!leaks.leaks.as_ref().unwrap().processes.is_empty());
+            assert_valid(&parsed(&pretty(Kind::Leaks, &leaks)));
+            snap.leaks.as_mut().unwrap().kind = "snapshot".into();
+            let v = parsed(&pretty(Kind::Leaks, &kmem(&snap, 256)));
+            assert_eq!(v["leaks"]["snapshot"], true);
+            assert_valid(&v);
+            // A record report is not a leaks report, nor the other way.
+            assert!(!schema_errors(&parsed(&pretty(Kind::Leaks, &rec))).is_empty());
+            assert!(!schema_errors(&parsed(&pretty(Kind::Record, &leaks))).is_empty());
+        }
+
+        #[test]
+        fn a_renamed_field_fails() {
+            let v = parsed(&pretty(Kind::Record, &kmem(&sample_snapshot(), 10)));
+            let renamed = |path: &[&str], from: &str, to: &str| {
+                let mut v = v.clone();
+                let mut o = &mut v;
+                for p in path {
+                    o = match p.parse::<usize>() {
+                        Ok(i) => &mut o[i],
+                        Err(_) => &mut o[*p],
+                    };
+                }
+                let m = o.as_object_mut().unwrap();
+                let x = m.remove(from).unwrap();
+                m.insert(to.into(), x);
+                v
+            };
+            for (path, from, to) in [
+                (&[][..], "duration_s", "duration"),
+                (&["totals"][..], "count", "allocs"),
+                (&["lost"][..], "map_full", "full"),
+                (&["sites", "0"][..], "bytes_req", "bytes"),
+                (&["sites", "0", "hist", "0"][..], "lo", "low"),
+                (&["stacks", "0"][..], "frames", "stack"),
+                (&["caches", "0"][..], "name", "cache"),
+            ] {
+                let errors = schema_errors(&renamed(path, from, to));
+                assert!(!errors.is_empty(), "{path:?}.{from} renamed to {to} passed");
+            }
+        }
+
+        #[test]
+        fn malloc() {
+            use crate::malloc::report::{build, tests};
+            let (mut snap, frames) = tests::sample();
+            let v = parsed(&pretty(Kind::Malloc, &build(&snap, &frames, tests::opts())));
+            assert!(v["sites"][0].get("outstanding_count").is_some());
+            assert_valid(&v);
+            snap.live = None;
+            let v = parsed(&pretty(Kind::Malloc, &build(&snap, &frames, tests::opts())));
+            assert!(v["totals"].get("outstanding_count").is_none());
+            assert_valid(&v);
+        }
+
+        #[test]
+        fn top_interval() {
+            use crate::top::view::{Interval, TopSort};
+            let iv = Interval {
+                time: "2026-11-30T21:00:00Z".into(),
+                interval_s: 1.0,
+                aged_out: 3,
+                overhead: Default::default(),
+                report: kmem(&sample_snapshot(), 1024),
+            };
+            let line = crate::top::batch::json(&iv, TopSort::Bytes, Some(1));
+            assert_eq!(line.lines().count(), 1);
+            assert_valid(&parsed(&line));
+        }
+
+        #[test]
+        fn diff_of_each_comparable_kind() {
+            for kind in [Kind::Record, Kind::Leaks] {
+                let before = kmem(&sample_snapshot(), 10);
+                let after = match kind {
+                    Kind::Leaks => kmem(&leak_snapshot(1), 10),
+                    _ => kmem(&sample_snapshot(), 1),
+                };
+                for by in [DiffBy::Site, DiffBy::Stack, DiffBy::Cache] {
+                    let d = diff::diff(kind, &before, &after, by);
+                    assert_valid(&parsed(&pretty(Kind::Diff, &d)));
+                }
+            }
+        }
+    }
 }

@@ -20,3 +20,8 @@ pub mod slab;
 pub mod symbolize;
 pub mod target;
 pub mod top;
+
+/// The JSON contract's validator, shared with the root tests.
+#[cfg(test)]
+#[path = "../tests/common/schema.rs"]
+pub(crate) mod schema_check;

@@ -172,6 +172,17 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     let start = Instant::now();
     let mut exit_code = 0;
     let mut scanner = Scanner::default();
+    if let Some(c) = &command {
+        // Until it execs, the held child is a copy of kheap: name it after
+        // the program, as the kernel will (comm is 15 bytes at most).
+        let prog = std::path::Path::new(&args.targets.command[0]);
+        let name = prog
+            .file_name()
+            .unwrap_or(prog.as_os_str())
+            .to_string_lossy();
+        scanner.comms.insert(c.pid, name.chars().take(15).collect());
+        scanner.held = Some(c.pid);
+    }
     let mut next_scan = Instant::now();
     loop {
         if Instant::now() >= next_scan {
@@ -261,6 +272,8 @@ struct Scanner {
     /// Each process's command name when last read (after an exec, the new
     /// program's).
     comms: HashMap<u32, String>,
+    /// The command kheap started: its name is read once it has exec'd.
+    held: Option<u32>,
 }
 
 /// Known processes are re-read this often (for libraries they load later);
@@ -290,7 +303,11 @@ impl Scanner {
             let Some(maps) = procmaps::read(pid) else {
                 continue;
             };
-            if let Ok(c) = std::fs::read_to_string(format!("/proc/{pid}/comm")) {
+            let not_yet_execd = self.held == Some(pid) && exec == 0;
+            if let (false, Ok(c)) = (
+                not_yet_execd,
+                std::fs::read_to_string(format!("/proc/{pid}/comm")),
+            ) {
                 self.comms.insert(pid, c.trim().to_string());
             }
             modules.add_maps(pid, &maps);

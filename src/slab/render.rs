@@ -478,4 +478,27 @@ mod tests {
         assert_eq!(v["caches"][0]["presence"], "appeared");
         assert_eq!(v["caches"][0]["delta_objs"], 10);
     }
+
+    #[test]
+    fn json_follows_the_schema() {
+        use crate::schema_check::assert_valid;
+        let parsed = |t: String| serde_json::from_str::<serde_json::Value>(&t).unwrap();
+        assert_valid(&parsed(report_json(&traced_report())));
+        let snap = build_static(
+            parse_slabinfo(include_str!("../../tests/fixtures/slabinfo-6.18.txt")).unwrap(),
+            None,
+            4096,
+        );
+        let r = build_report(
+            ReportInput {
+                after: Some(&snap),
+                ..Default::default()
+            },
+            SortKey::Size,
+            usize::MAX,
+        );
+        assert_valid(&parsed(report_json(&r)));
+        let d = super::super::watch::diff(&snap, &snap);
+        assert_valid(&parsed(watch_json(&d, 4.0, 2.0, usize::MAX)));
+    }
 }
