@@ -16,7 +16,7 @@ const MSG_ALLOC: u64 = 4096;
 fn read_json(path: &Path) -> Value {
     let text =
         std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON ({e})", path.display()))
+    parse_valid(&text)
 }
 
 fn load_msg_site(report: &Value) -> Option<&Value> {
@@ -135,7 +135,8 @@ fn every_live_object_is_read_back() {
         "leaks", "-d", "3", "--format", "json", "--", LOAD, "fds", "15000", "1000000", "10",
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert!(out.status.success(), "{stderr}");
+    let r = parse_valid(&String::from_utf8_lossy(&out.stdout));
     // One 64-byte eventfd_ctx per eventfd, each still held.
     let site = rows_of_fn(&r, "sites", "do_eventfd");
     let site = site
@@ -187,7 +188,7 @@ fn diff_of_snapshots_shows_the_workload_as_top_grower() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        serde_json::from_slice(&out.stdout).unwrap()
+        parse_valid(&String::from_utf8_lossy(&out.stdout))
     };
     let grew = diff(&before, &after);
     assert_eq!(grew["measure"], "outstanding");

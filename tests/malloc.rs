@@ -69,7 +69,7 @@ fn malloc_json(args: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = std::fs::read_to_string(&path).expect("kheap wrote no report");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("invalid JSON ({e}): {text}"))
+    parse_valid(&text)
 }
 
 /// The rows of one allocator function called from one function, summed:
@@ -396,7 +396,7 @@ fn running_process_by_pid_until_it_exits() {
         rest.contains("exited; reporting what was recorded"),
         "{rest}"
     );
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let r = parse_valid(&std::fs::read_to_string(&report).unwrap());
     assert_workload_rows(&r, true);
 }
 

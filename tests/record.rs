@@ -381,8 +381,7 @@ fn latency_is_measured_or_refused_in_one_line() {
     ]);
     if out.status.success() {
         eprintln!("latency: this kernel allows fentry or kprobes; checking the histograms");
-        let r: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let r: serde_json::Value = parse_valid(&std::fs::read_to_string(&path).unwrap());
         let rows = rows_of_fn(&r, "latency", "load_msg");
         assert!(
             !rows.is_empty(),
@@ -452,8 +451,7 @@ fn kprobe_latency_path_is_measured_or_refused() {
     }
     eprintln!("latency: kprobes present; checking kprobe/kretprobe histograms");
     assert!(out.status.success(), "{err}");
-    let r: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let r: serde_json::Value = parse_valid(&std::fs::read_to_string(&path).unwrap());
     let attach = r["run"]["attach"].to_string();
     assert!(attach.contains("kprobe/kretprobe"), "{attach}");
     let rows = rows_of_fn(&r, "latency", "load_msg");

@@ -118,10 +118,7 @@ fn batch_json_rates_match_the_loop() {
         "the loop held its pace: {rate}/s"
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    let intervals: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line ({e}): {l}")))
-        .collect();
+    let intervals: Vec<Value> = text.lines().map(parse_valid).collect();
     assert_eq!(intervals.len(), 3, "one object per interval: {text}");
     for iv in &intervals {
         let secs = iv["interval_s"].as_f64().unwrap();
@@ -213,7 +210,7 @@ fn process_view_counts_the_loop_process() {
     drop(load);
     assert!(out.status.success());
     for line in String::from_utf8(out.stdout).unwrap().lines() {
-        let iv: Value = serde_json::from_str(line).unwrap();
+        let iv: Value = parse_valid(line);
         let procs = iv["processes"].as_array().unwrap();
         assert_eq!(procs.len(), 1, "only the filtered process: {procs:?}");
         assert_eq!(u(&procs[0]["pid"]), pid as u64);
@@ -270,7 +267,7 @@ fn cache_view_shows_frees_of_dedicated_caches() {
     let caches: Vec<Value> = text
         .lines()
         .flat_map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
+            let v: Value = parse_valid(l);
             v["caches"].as_array().unwrap().clone()
         })
         .collect();
@@ -336,10 +333,7 @@ fn aging_out_idle_keys_loses_and_doubles_nothing() {
         .read_to_string(&mut text)
         .unwrap();
     assert!(top.wait().unwrap().success());
-    let intervals: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let intervals: Vec<Value> = text.lines().map(parse_valid).collect();
     assert_eq!(intervals.len(), 10);
     let seen: u64 = intervals
         .iter()

@@ -250,9 +250,16 @@ fn batch_loop(top: &mut Top, args: &TopArgs, mut sink: Sink) -> Result<()> {
     let mut deadline = next_deadline(top.last_read, args.interval);
     let mut done = 0;
     loop {
+        // Set when the traced command has exited: what it allocated since
+        // the last read goes into one last, shorter interval.
+        let mut last = false;
         while Instant::now() < deadline {
             if top.should_stop() {
-                return Ok(());
+                if !matches!(top.ended, Some(Ended::CommandExited(_))) {
+                    return Ok(());
+                }
+                last = true;
+                break;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             // Wakes up to see a stop request; rarely, to cost next to nothing.
@@ -270,7 +277,7 @@ fn batch_loop(top: &mut Top, args: &TopArgs, mut sink: Sink) -> Result<()> {
             return Ok(());
         }
         done += 1;
-        if args.iterations.is_some_and(|n| done >= n) || top.should_stop() {
+        if last || args.iterations.is_some_and(|n| done >= n) {
             return Ok(());
         }
     }

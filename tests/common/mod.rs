@@ -50,7 +50,16 @@ pub fn record_json(args: &[&str], load_args: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = std::fs::read_to_string(&path).expect("kheap wrote no report");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("kheap wrote invalid JSON ({e}): {text}"))
+    parse_valid(&text)
+}
+
+/// Parses one kheap JSON document (a report, or one line of a stream) and
+/// checks it against the schema of its kind (schema/).
+pub fn parse_valid(text: &str) -> Value {
+    let v: Value = serde_json::from_str(text)
+        .unwrap_or_else(|e| panic!("kheap wrote invalid JSON ({e}): {text}"));
+    schema::assert_valid(&v);
+    v
 }
 
 /// A kernel function's name without the compiler's clone suffixes
