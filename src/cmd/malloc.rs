@@ -30,9 +30,10 @@ pub struct MallocArgs {
     /// command or the processes end)
     #[arg(short, long, value_parser = parse_secs, value_name = "SECS")]
     pub duration: Option<f64>,
-    /// The processes to trace (with the children they fork from now on).
-    /// The kernel-side filters of the other subcommands (--comm, sizes,
-    /// --attach) have no counterpart in user space probes.
+    // The processes to trace (with the children they fork from now on).
+    // The kernel-side filters of the other subcommands (--comm, sizes,
+    // --attach) and the stack options have no counterpart here: the probes
+    // are in user space and always capture the stack.
     #[command(flatten)]
     pub targets: TargetArgs,
     #[command(flatten)]

@@ -32,9 +32,8 @@ pub struct TopArgs {
     pub filters: FilterArgs,
     #[command(flatten)]
     pub stacks: StackArgs,
-    /// Batch output: --format json prints one JSON object per interval, one
-    /// per line; -n cuts each list (JSON) or table (default 20); -o writes
-    /// to FILE. Either of --format json and -o implies --batch.
+    // Batch output: --format json prints one JSON object per interval, one
+    // per line; -n cuts each list (JSON) or table (default 20).
     #[command(flatten)]
     pub output: OutputArgs<TableOrJson>,
     /// Group rows by
@@ -43,7 +42,8 @@ pub struct TopArgs {
     /// Order rows by
     #[arg(long, value_enum, default_value_t = TopSort::Bytes)]
     pub sort: TopSort,
-    /// Batch mode: print plain text (or JSON) per interval instead of a full-screen view
+    /// Batch mode: print plain text (or JSON) per interval instead of a
+    /// full-screen view (implied by --format json and by -o)
     #[arg(short, long)]
     pub batch: bool,
     /// Stop after this many intervals (default: until q, Ctrl-C, SIGTERM or the command ends)
@@ -113,7 +113,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     let mut tracker = Tracker::new();
     tracker.interval(session.snapshot()?);
     let last_read = Instant::now();
-    let run_time = stats.as_ref().and_then(|_| Some(session.run_time()));
+    let run_time = stats.as_ref().map(|_| session.run_time());
     let usage = self_usage();
     // Said once counting has begun: every event after this line is in an
     // interval.

@@ -25,11 +25,11 @@ pub struct SlabArgs {
     /// tracing) and report growth over the run
     #[arg(short = 'd', long = "duration", value_name = "SECS")]
     pub duration: Option<f64>,
-    /// Traced mode (with -d, -p, -- CMD or any filter): who allocates into
-    /// each cache and what rounding wastes
+    // Traced mode (with -d, -p, -- CMD or any filter): who allocates into
+    // each cache and what rounding wastes.
     #[command(flatten)]
     pub filters: FilterArgs,
-    /// Stacks name the callers of allocation wrappers (kvmalloc, kmemdup…)
+    // Stacks name the callers of allocation wrappers (kvmalloc, kmemdup…).
     #[command(flatten)]
     pub stacks: StackArgs,
     #[command(flatten)]
