@@ -59,9 +59,7 @@ fn snapshot(k: &mut Background) -> PathBuf {
 
 #[test]
 fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
-    if !require_root("held_objects_are_outstanding_with_their_age_then_return_to_zero") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--exact-stacks"]);
     let mut load = Background::spawn(LOAD, &["msg", "500", "2100", "4"]);
@@ -125,9 +123,7 @@ fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
 
 #[test]
 fn diff_of_snapshots_shows_the_workload_as_top_grower() {
-    if !require_root("diff_of_snapshots_shows_the_workload_as_top_grower") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &[]);
     let before = snapshot(&mut k);
@@ -185,9 +181,7 @@ fn diff_of_snapshots_shows_the_workload_as_top_grower() {
 
 #[test]
 fn frees_of_objects_allocated_before_tracing_are_not_negative_growth() {
-    if !require_root("frees_of_objects_allocated_before_tracing_are_not_negative_growth") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     // The messages exist before kheap starts; kheap sees only their frees.
     let mut load = Background::spawn(LOAD, &["msg", "400", "2100", "3"]);
@@ -209,9 +203,7 @@ fn frees_of_objects_allocated_before_tracing_are_not_negative_growth() {
 
 #[test]
 fn address_sampling_keeps_allocation_and_free_together() {
-    if !require_root("address_sampling_keeps_allocation_and_free_together") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--sample", "4"]);
     let mut load = Background::spawn(LOAD, &["msg", "2000", "2100", "3"]);
@@ -239,9 +231,7 @@ fn address_sampling_keeps_allocation_and_free_together() {
 
 #[test]
 fn a_full_object_map_is_counted_not_hidden() {
-    if !require_root("a_full_object_map_is_counted_not_hidden") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--max-objects", "100"]);
     let mut load = Background::spawn(LOAD, &["msg", "500", "2100", "3"]);
@@ -267,9 +257,7 @@ fn a_full_object_map_is_counted_not_hidden() {
 
 #[test]
 fn sigterm_detaches_and_still_reports() {
-    if !require_root("sigterm_detaches_and_still_reports") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &[]);
     let ids = bpf_prog_ids(k.child.id());
@@ -285,9 +273,7 @@ fn sigterm_detaches_and_still_reports() {
 
 #[test]
 fn bad_input_is_one_line() {
-    if !require_root("bad_input_is_one_line") {
-        return;
-    }
+    require_root();
     let one_line_error = |args: &[&str], start: &str| {
         let out = kheap(args);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
@@ -340,9 +326,7 @@ fn bad_input_is_one_line() {
 
 #[test]
 fn every_attach_mechanism_tracks_the_same_objects() {
-    if !require_root("every_attach_mechanism_tracks_the_same_objects") {
-        return;
-    }
+    require_root();
     for (mode, shown) in [("tracepoint", ": tracepoint"), ("raw", ": raw_tp")] {
         held_messages_tracked_with(mode, shown);
     }
@@ -395,9 +379,7 @@ fn held_messages_tracked_with(mode: &str, shown: &str) {
 
 #[test]
 fn min_age_counts_only_objects_that_old() {
-    if !require_root("min_age_counts_only_objects_that_old") {
-        return;
-    }
+    require_root();
     // Held ~1-2 s when the 1 s snapshot is taken: younger than --min-age 30.
     let dir = tempfile::tempdir().unwrap();
     let out = kheap(&[
