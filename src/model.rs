@@ -220,7 +220,7 @@ impl CacheId {
 
 /// kmalloc cache names use "k" for multiples of 1024 (kmalloc-4k, kmalloc-96).
 pub fn kmalloc_size_name(size: u64) -> String {
-    if size >= 1024 && size % 1024 == 0 {
+    if size >= 1024 && size.is_multiple_of(1024) {
         format!("{}k", size / 1024)
     } else {
         size.to_string()
