@@ -9,9 +9,6 @@ use anyhow::{bail, Result};
 use libbpf_rs::btf::types::{Enum, Typedef};
 use libbpf_rs::btf::Btf;
 
-/// The kmem tracepoints kheap attaches to.
-pub const KMEM_TRACEPOINTS: [&str; 4] = ["kmalloc", "kmem_cache_alloc", "kfree", "kmem_cache_free"];
-
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
@@ -72,7 +69,8 @@ pub fn kernel_btf() -> Result<KernelBtf> {
     let btf = Btf::from_path(&path)
         .map_err(|e| anyhow::anyhow!("reading kernel BTF from {}: {e}", path.display()))?;
     let mut btf_tracepoints = Vec::new();
-    for tp in KMEM_TRACEPOINTS.iter().chain(&["sched_process_fork"]) {
+    for hook in &crate::kernel::attach::HOOKS {
+        let tp = hook.tracepoint;
         if btf
             .type_by_name::<Typedef>(&format!("btf_trace_{tp}"))
             .is_some()
