@@ -23,26 +23,12 @@ mod skel {
 }
 use skel::{types, LatencySkel, LatencySkelBuilder, OpenLatencySkel};
 
-unsafe impl plain::Plain for types::lat_key {}
-unsafe impl plain::Plain for types::lat_stats {}
-unsafe impl plain::Plain for types::lat_counters {}
-
-impl std::ops::AddAssign for types::lat_stats {
-    fn add_assign(&mut self, o: Self) {
-        self.count += o.count;
-        self.total_ns += o.total_ns;
-        for (a, b) in self.hist.iter_mut().zip(o.hist) {
-            *a += b;
-        }
-    }
-}
-
-impl std::ops::AddAssign for types::lat_counters {
-    fn add_assign(&mut self, o: Self) {
-        self.missed_start += o.missed_start;
-        self.map_full += o.map_full;
-    }
-}
+plain_types!(types::lat_key, types::lat_stats, types::lat_counters);
+impl_sum!(types::lat_stats { count, total_ns; hist });
+impl_sum!(types::lat_counters {
+    missed_start,
+    map_full
+});
 
 /// Allocator entry points, each with its names across kernel versions
 /// (newest first). One fentry/fexit slot pair in the BPF object per entry.
