@@ -132,12 +132,11 @@ impl<'obj> Tracer<'obj> {
         storage: &'obj mut ObjectStorage,
         lat_starts: Option<BorrowedFd<'_>>,
     ) -> Result<Tracer<'obj>> {
-        features::check_btf()?;
         let kbtf = features::kernel_btf()?;
         let mut slots = storage.slots();
         let (mut tracer, refused) = attach::start_first(cfg.attach, |mech| {
             let slot = slots.next().context("no object storage left")?;
-            Self::start_with(cfg, &kbtf, mech, slot, lat_starts)
+            Self::start_with(cfg, kbtf, mech, slot, lat_starts)
         })?;
         // Shown in the report header: why a cheaper way was not used.
         tracer.skipped.extend(refused);
