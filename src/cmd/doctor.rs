@@ -72,7 +72,7 @@ pub fn run() -> Result<i32> {
             Ok((resolved, fentry)) => {
                 let names: Vec<String> = resolved
                     .iter()
-                    .zip(crate::kernel::latency::ALLOCATOR_FUNCTIONS)
+                    .zip(crate::latency::ALLOCATOR_FUNCTIONS)
                     .map(|(r, names)| r.map_or(format!("({} absent)", names[0]), str::to_string))
                     .collect();
                 row("allocator functions", names.join(", "));
