@@ -135,7 +135,16 @@ fn raise_fd_limit(want: usize) {
         fail("getrlimit");
     }
     let want = want as libc::rlim_t;
-    if lim.rlim_cur < want {
+    if lim.rlim_cur >= want {
+        return;
+    }
+    // Root may raise the hard limit too (a fresh VM's is 4096); others get
+    // as far as their hard limit.
+    let raised = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: lim.rlim_max.max(want),
+    };
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
         lim.rlim_cur = want.min(lim.rlim_max);
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
             fail("setrlimit");
