@@ -4,7 +4,8 @@ use anyhow::Result;
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::Table;
 
-use crate::kernel::features::{self, Tracefs, KMEM_TRACEPOINTS};
+use crate::kernel::attach::kmem_hooks;
+use crate::kernel::features::{self, Tracefs};
 
 pub fn run() -> Result<i32> {
     let mut t = Table::new();
@@ -52,7 +53,7 @@ pub fn run() -> Result<i32> {
             Err(e) => e.clone(),
         },
     );
-    for tp in KMEM_TRACEPOINTS {
+    for tp in kmem_hooks().map(|h| h.tracepoint) {
         let classic = tracefs
             .as_ref()
             .map(|t| t.has_event("kmem", tp))
@@ -71,7 +72,7 @@ pub fn run() -> Result<i32> {
             Ok((resolved, fentry)) => {
                 let names: Vec<String> = resolved
                     .iter()
-                    .zip(crate::kernel::latency::ALLOCATOR_FUNCTIONS)
+                    .zip(crate::latency::ALLOCATOR_FUNCTIONS)
                     .map(|(r, names)| r.map_or(format!("({} absent)", names[0]), str::to_string))
                     .collect();
                 row("allocator functions", names.join(", "));
