@@ -13,9 +13,9 @@ use clap::ValueEnum;
 use comfy_table::Cell;
 use serde::{Deserialize, Serialize};
 
-use crate::model::human_size;
+use crate::model::{human_size, Counts};
 use crate::render::new_table;
-use crate::report::{Counts, Report, Retention};
+use crate::report::{Report, Retention};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DiffBy {

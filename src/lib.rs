@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cmd;
 pub mod diff;
 pub mod kernel;
+mod layers;
 pub mod leaks;
 pub mod malloc;
 pub mod model;

@@ -1,5 +1,13 @@
-//! Pure aggregation: size histograms, allocation statistics and waste maths.
-//! Nothing here touches the kernel or libbpf, so it is unit-tested without root.
+//! The model: pure types and maths that every other layer builds on. Size
+//! histograms, allocation statistics, waste, cache and site identities, the
+//! counts every report row carries, and human-readable units. `snapshot`
+//! holds what is read from the kernel, `live` the leak tracer's live
+//! objects. Nothing here touches the kernel or libbpf, so it is unit-tested
+//! without root; nothing here imports from the layers above (report,
+//! render, cmd) or from the kernel layer.
+
+pub mod live;
+pub mod snapshot;
 
 use std::ops::{AddAssign, Sub};
 
@@ -218,6 +226,13 @@ impl CacheId {
     }
 }
 
+/// One call site allocating from one cache: the kernel's aggregation key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SiteKey {
+    pub call_site: u64,
+    pub cache: CacheId,
+}
+
 /// kmalloc cache names use "k" for multiples of 1024 (kmalloc-4k, kmalloc-96).
 pub fn kmalloc_size_name(size: u64) -> String {
     if size >= 1024 && size % 1024 == 0 {
@@ -225,6 +240,65 @@ pub fn kmalloc_size_name(size: u64) -> String {
     } else {
         size.to_string()
     }
+}
+
+/// Counts shared by every row kind, flattened into each JSON entry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counts {
+    pub count: u64,
+    pub bytes_req: u64,
+    pub bytes_alloc: u64,
+    #[serde(default)]
+    pub waste_bytes: u64,
+    #[serde(default)]
+    pub waste_pct: f64,
+    #[serde(default)]
+    pub avg_size: f64,
+    #[serde(default)]
+    pub hist: Vec<Bucket>,
+}
+
+impl From<&AllocStats> for Counts {
+    fn from(s: &AllocStats) -> Counts {
+        Counts {
+            count: s.count,
+            bytes_req: s.bytes_req,
+            bytes_alloc: s.bytes_alloc,
+            waste_bytes: s.waste(),
+            waste_pct: round2(s.waste_pct()),
+            avg_size: round2(s.avg_req()),
+            hist: s.hist.buckets(),
+        }
+    }
+}
+
+impl Counts {
+    pub fn stats(&self) -> AllocStats {
+        AllocStats {
+            count: self.count,
+            bytes_req: self.bytes_req,
+            bytes_alloc: self.bytes_alloc,
+            hist: Hist::from_buckets(&self.hist),
+        }
+    }
+}
+
+/// Time inside the allocator for one call site through one allocator
+/// function (`--latency`). `hist` buckets are nanoseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencyRow {
+    pub function: String,
+    pub call_site: String,
+    pub allocator: String,
+    pub count: u64,
+    pub avg_ns: f64,
+    pub total_ns: u64,
+    pub hist: Vec<Bucket>,
+}
+
+/// Two decimals, for ratios and rates in JSON.
+pub fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
 }
 
 /// Bytes in binary units, for table cells: 512, 1.5K, 2.0M, 3.1G.

@@ -7,8 +7,8 @@ use clap::ValueEnum;
 use comfy_table::presets::UTF8_FULL_CONDENSED;
 use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 
-use crate::model::{human_count, human_size, Bucket};
-use crate::report::{Counts, Report};
+use crate::model::{human_count, human_size, Bucket, Counts};
+use crate::report::Report;
 
 /// Writes a rendered report to FILE, or to stdout when there is none. A
 /// closed stdout pipe (`| head`) is not an error worth reporting.

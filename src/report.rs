@@ -5,58 +5,15 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::leaks::live::{LeakInput, Retained, RetainedIndex};
 use crate::leaks::retention::{self, sort_by_retention};
 pub use crate::leaks::retention::{LeakSummary, ProgramMisses, Retention};
-use crate::model::{AllocStats, Bucket, CacheId, Hist};
+use crate::model::live::{Retained, RetainedIndex};
+use crate::model::{round2, AllocStats, CacheId};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
-/// One call site allocating from one cache: the kernel's aggregation key.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SiteKey {
-    pub call_site: u64,
-    pub cache: CacheId,
-}
-
-/// Everything read from the kernel at the end of a run (or an interval),
-/// summed over CPUs, before symbolization.
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    pub sites: HashMap<SiteKey, AllocStats>,
-    /// Sampled (or, in exact mode, all) stacks of each site.
-    pub stacks: HashMap<(SiteKey, i64), AllocStats>,
-    pub stack_frames: HashMap<i64, Vec<u64>>,
-    pub procs: HashMap<u32, (String, AllocStats)>,
-    pub cache_frees: HashMap<CacheId, u64>,
-    pub events: EventCounters,
-    /// Outstanding objects, from `kheap leaks` only.
-    pub leaks: Option<LeakInput>,
-}
-
-/// Counters of events that are not allocations: frees, and everything
-/// dropped or sampled on the way.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EventCounters {
-    pub frees: u64,
-    pub frees_null: u64,
-    pub alloc_failed: u64,
-    pub stack_samples: u64,
-    pub lost_stack_collision: u64,
-    pub lost_stack_other: u64,
-    pub map_full_sites: u64,
-    pub map_full_stacks: u64,
-    pub map_full_procs: u64,
-    pub map_full_caches: u64,
-}
-
-impl EventCounters {
-    pub fn lost_stacks(&self) -> u64 {
-        self.lost_stack_collision + self.lost_stack_other
-    }
-    pub fn map_full(&self) -> u64 {
-        self.map_full_sites + self.map_full_stacks + self.map_full_procs + self.map_full_caches
-    }
-}
+// Kept at their old paths until every branch imports them from the model.
+pub use crate::model::snapshot::{EventCounters, Snapshot};
+pub use crate::model::{Counts, LatencyRow, SiteKey};
 
 /// How stacks were captured in this run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -96,51 +53,6 @@ pub struct Lost {
     /// mid-call, or an entry record lost to a full map).
     #[serde(default)]
     pub latency_unmatched: u64,
-}
-
-/// Counts shared by every row kind, flattened into each JSON entry.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Counts {
-    pub count: u64,
-    pub bytes_req: u64,
-    pub bytes_alloc: u64,
-    #[serde(default)]
-    pub waste_bytes: u64,
-    #[serde(default)]
-    pub waste_pct: f64,
-    #[serde(default)]
-    pub avg_size: f64,
-    #[serde(default)]
-    pub hist: Vec<Bucket>,
-}
-
-impl From<&AllocStats> for Counts {
-    fn from(s: &AllocStats) -> Counts {
-        Counts {
-            count: s.count,
-            bytes_req: s.bytes_req,
-            bytes_alloc: s.bytes_alloc,
-            waste_bytes: s.waste(),
-            waste_pct: round2(s.waste_pct()),
-            avg_size: round2(s.avg_req()),
-            hist: s.hist.buckets(),
-        }
-    }
-}
-
-impl Counts {
-    pub fn stats(&self) -> AllocStats {
-        AllocStats {
-            count: self.count,
-            bytes_req: self.bytes_req,
-            bytes_alloc: self.bytes_alloc,
-            hist: Hist::from_buckets(&self.hist),
-        }
-    }
-}
-
-pub(crate) fn round2(v: f64) -> f64 {
-    (v * 100.0).round() / 100.0
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -199,19 +111,6 @@ pub struct RunInfo {
     pub skipped: Vec<String>,
     pub filters: Vec<String>,
     pub command: Option<String>,
-}
-
-/// Time inside the allocator for one call site through one allocator
-/// function (`--latency`). `hist` buckets are nanoseconds.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct LatencyRow {
-    pub function: String,
-    pub call_site: String,
-    pub allocator: String,
-    pub count: u64,
-    pub avg_ns: f64,
-    pub total_ns: u64,
-    pub hist: Vec<Bucket>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -566,6 +465,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
 #[cfg(test)]
 pub mod tests {
     use super::*;
+    use crate::model::Hist;
 
     /// A symbolizer over a fixed table, for tests: (start, name), sorted.
     pub struct FixtureSymbols(pub Vec<(u64, &'static str)>);
@@ -650,7 +550,7 @@ pub mod tests {
     /// allocations, 400 are live (40 of them with a sampled stack, 1.5 s
     /// old); 20 kvmalloc objects are live (10 with stack 2, 10 with stack 3).
     pub fn leak_snapshot(sample_every: u32) -> Snapshot {
-        use crate::leaks::live::{LiveObject, Unseen};
+        use crate::model::live::{LeakInput, LiveObject, Unseen};
         let mut snap = sample_snapshot();
         let k4 = CacheId::Kmalloc {
             size: 4096,

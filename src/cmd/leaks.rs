@@ -15,8 +15,9 @@ use crate::cmd::record::{install_stop_handler, wait_for_end, Ended, Targets, Tra
 use crate::kernel::features;
 use crate::kernel::leaks::{LeaksConfig, LeaksSession};
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
+use crate::model::snapshot::Snapshot;
 use crate::render::Format;
-use crate::report::{self, BuildOptions, Report, RunInfo, Snapshot};
+use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::symbolize::KernelSymbols;
 
 #[derive(Args, Debug)]

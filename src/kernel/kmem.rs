@@ -14,10 +14,8 @@ use crate::kernel::attach::{self, program_name, Mechanism};
 use crate::kernel::features::{self, KernelBtf, Tracefs};
 use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
-use crate::model::CacheId;
-use crate::report::{EventCounters, SiteKey, Snapshot};
-use crate::top::delta::IdleKeys;
-use crate::top::overhead::ProgRunTime;
+use crate::model::snapshot::{EventCounters, IdleKeys, ProgRunTime, Snapshot};
+use crate::model::{CacheId, SiteKey};
 
 pub use crate::kernel::attach::AttachMode;
 

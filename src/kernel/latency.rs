@@ -13,7 +13,7 @@ use libbpf_rs::{Link, OpenObject};
 use crate::kernel::features;
 use crate::kernel::maps;
 use crate::model::Hist;
-use crate::report::LatencyRow;
+use crate::model::LatencyRow;
 use crate::symbolize::{label_frame, Frame, Symbolize};
 
 #[allow(clippy::all, dead_code, unused_imports, non_camel_case_types)]

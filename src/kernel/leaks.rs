@@ -17,8 +17,9 @@ use crate::kernel::kmem::cache_id;
 use crate::kernel::maps;
 use crate::kernel::skel::leaks::{types, LeaksSkel, LeaksSkelBuilder, OpenLeaksSkel};
 use crate::kernel::skel::{c_str, from_bytes};
-use crate::leaks::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
-use crate::report::{EventCounters, SiteKey, Snapshot};
+use crate::model::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
+use crate::model::snapshot::{EventCounters, Snapshot};
+use crate::model::SiteKey;
 
 /// What a leaks run traces and how.
 #[derive(Clone, Debug)]

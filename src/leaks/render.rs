@@ -7,11 +7,11 @@ use std::fmt::Write as _;
 use clap::ValueEnum;
 use comfy_table::Cell;
 
-use crate::leaks::live::AgeBucket;
 use crate::leaks::retention::{sort_by_retention, Retention};
-use crate::model::{human_count, human_size};
+use crate::model::live::AgeBucket;
+use crate::model::{human_count, human_size, Counts};
 use crate::render;
-use crate::report::{Counts, Report};
+use crate::report::Report;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LeakGroupBy {

@@ -1,8 +1,9 @@
 //! Batch mode: one plain-text table (no escape codes) or one JSON object per
 //! interval, for logs and CI. Pure string building.
 
+use crate::model::Counts;
 use crate::render::{new_table, GroupBy};
-use crate::report::{Counts, Report};
+use crate::report::Report;
 use crate::top::view::{self, cells, headers, Interval, ObjectSizes, TopSort, ViewOptions};
 
 /// One interval as text: the header, then the table of the top `limit` rows.

@@ -14,8 +14,11 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use crate::model::{AllocStats, CacheId};
-use crate::report::{EventCounters, SiteKey, Snapshot};
+use crate::model::snapshot::{EventCounters, Snapshot};
+use crate::model::{AllocStats, CacheId, SiteKey};
+
+// At its old path until every branch imports it from the model.
+pub use crate::model::snapshot::IdleKeys;
 
 /// A cumulative counter value of one map entry.
 pub trait Counter: Clone + Default {
@@ -122,25 +125,6 @@ fn events_delta(cur: &EventCounters, prev: &EventCounters) -> EventCounters {
         map_full_stacks: d(cur.map_full_stacks, prev.map_full_stacks),
         map_full_procs: d(cur.map_full_procs, prev.map_full_procs),
         map_full_caches: d(cur.map_full_caches, prev.map_full_caches),
-    }
-}
-
-/// Keys of the BPF maps that saw no event for a while, to be deleted so the
-/// maps do not fill up over a long run.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct IdleKeys {
-    pub sites: Vec<SiteKey>,
-    pub stacks: Vec<(SiteKey, i64)>,
-    pub procs: Vec<u32>,
-    pub caches: Vec<CacheId>,
-}
-
-impl IdleKeys {
-    pub fn len(&self) -> usize {
-        self.sites.len() + self.stacks.len() + self.procs.len() + self.caches.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

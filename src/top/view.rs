@@ -8,9 +8,9 @@ use std::fmt::Write as _;
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{human_count, human_size, pct};
+use crate::model::{human_count, human_size, pct, Counts};
 use crate::render::GroupBy;
-use crate::report::{Counts, Report};
+use crate::report::Report;
 use crate::top::overhead::Overhead;
 
 /// Columns `kheap top` can sort by (all per second except the ratios).
