@@ -13,8 +13,8 @@ use clap::ValueEnum;
 use comfy_table::Cell;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{human_size, Counts};
-use crate::render::new_table;
+use crate::model::{human_size, signed_size, Counts};
+use crate::render::table::{hidden_note, new_table};
 use crate::report::{Report, Retention};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -155,13 +155,8 @@ fn keyed(r: &Report, by: DiffBy, measure: Measure) -> BTreeMap<(String, String),
     out
 }
 
-fn signed_size(v: i64) -> String {
-    let sign = if v < 0 { "-" } else { "+" };
-    format!("{sign}{}", human_size(v.unsigned_abs()))
-}
-
-/// The diff as a table, `n` rows at most.
-pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
+/// The diff as a table, `n` rows at most, fitted to `width` columns.
+pub fn table(d: &Diff, by: DiffBy, n: usize, width: Option<u16>) -> String {
     let mut out = String::new();
     let what = match d.measure {
         Measure::Outstanding => "outstanding (still allocated) memory",
@@ -179,9 +174,13 @@ pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
         DiffBy::Stack => "stack (innermost frame)",
         DiffBy::Cache => "cache",
     };
-    let mut t = new_table(&[
-        first, "cache", "before", "after", "change", "objects", "change",
-    ]);
+    let mut t = new_table(
+        &[
+            first, "cache", "before", "after", "change", "objects", "change",
+        ],
+        &[1],
+        width,
+    );
     for r in d.rows.iter().take(n) {
         let name = match by {
             DiffBy::Stack => r
@@ -203,13 +202,7 @@ pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
         ]);
     }
     let _ = writeln!(out, "{t}");
-    if d.rows.len() > n {
-        let _ = writeln!(
-            out,
-            "({} more rows not shown; use -n to see more)",
-            d.rows.len() - n
-        );
-    }
+    out.push_str(&hidden_note(d.rows.len().saturating_sub(n)));
     if d.rows.is_empty() {
         let _ = writeln!(out, "(no differences)");
     }
@@ -308,7 +301,7 @@ mod tests {
         assert_eq!(d.grew_bytes, 1002 * 4096);
         assert_eq!(d.shrank_bytes, 30 * 4096);
         assert_eq!(d.net_bytes, 972 * 4096);
-        let t = table(&d, DiffBy::Site, 10);
+        let t = table(&d, DiffBy::Site, 10, None);
         assert!(t.contains("outstanding"), "{t}");
         assert!(t.contains("+3.9M"), "{t}");
         assert!(t.contains("-120K"), "{t}");
@@ -322,7 +315,7 @@ mod tests {
         assert_eq!(d.rows.len(), 1);
         assert_eq!(d.rows[0].name, "__kmalloc_noprof+0x1;load_msg+0x10");
         assert_eq!(d.rows[0].change_bytes, 20 * 4096);
-        assert!(table(&d, DiffBy::Stack, 5).contains("load_msg+0x10"));
+        assert!(table(&d, DiffBy::Stack, 5, None).contains("load_msg+0x10"));
         let d = diff(&before, &after, DiffBy::Cache);
         assert_eq!(d.rows[0].name, "kmalloc-cg-4k");
         assert_eq!(d.rows[0].change_count, 20);
@@ -335,7 +328,7 @@ mod tests {
         let d = diff(&before, &after, DiffBy::Site);
         assert_eq!(d.measure, Measure::Allocated);
         assert_eq!(d.rows[0].change_count, 20);
-        assert!(table(&d, DiffBy::Site, 5).contains("allocation volume"));
+        assert!(table(&d, DiffBy::Site, 5, None).contains("allocation volume"));
     }
 
     #[test]

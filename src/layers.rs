@@ -222,9 +222,9 @@ mod tests {
                     n += 7;
                 }
                 Some((n, base))
-            } else if rest.starts_with("use ") {
+            } else if let Some(used) = rest.strip_prefix("use ") {
                 // `use child::…` in a module with that child.
-                let after = rest[4..].trim_start();
+                let after = used.trim_start();
                 let len = after.find(|c: char| !is_ident(c)).unwrap_or(0);
                 let child = format!(
                     "{}{}{}",
@@ -233,7 +233,7 @@ mod tests {
                     &after[..len]
                 );
                 (len > 0 && after[len..].starts_with("::") && known.contains_key(&child))
-                    .then(|| (4 + (rest.len() - 4 - after.len()), me.clone()))
+                    .then(|| (rest.len() - after.len(), me.clone()))
             } else {
                 None
             };

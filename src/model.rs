@@ -319,6 +319,24 @@ pub fn human_size(bytes: u64) -> String {
     }
 }
 
+/// A change in bytes, signed, in binary units: "+1.5M", "-300K", "0".
+pub fn signed_size(v: i64) -> String {
+    signed(v, human_size)
+}
+
+/// A change in a count, signed, with SI suffixes: "+1.2k", "-3", "0".
+pub fn signed_count(v: i64) -> String {
+    signed(v, human_count)
+}
+
+fn signed(v: i64, magnitude: fn(u64) -> String) -> String {
+    match v {
+        0 => "0".into(),
+        v if v > 0 => format!("+{}", magnitude(v as u64)),
+        v => format!("-{}", magnitude(v.unsigned_abs())),
+    }
+}
+
 /// Counts with SI suffixes, for table cells: 999, 1.2k, 3.4M.
 pub fn human_count(n: u64) -> String {
     const UNITS: [&str; 4] = ["", "k", "M", "G"];
@@ -423,5 +441,15 @@ mod tests {
         assert_eq!(human_size(300 << 20), "300M");
         assert_eq!(human_count(1234), "1.2k");
         assert_eq!(human_count(12), "12");
+    }
+
+    #[test]
+    fn signed_units() {
+        assert_eq!(signed_size(1536), "+1.5K");
+        assert_eq!(signed_size(-300 * 1024), "-300K");
+        assert_eq!(signed_size(0), "0");
+        assert_eq!(signed_size(i64::MIN), "-8388608T", "no overflow");
+        assert_eq!(signed_count(-1234), "-1.2k");
+        assert_eq!(signed_count(7), "+7");
     }
 }

@@ -1,14 +1,20 @@
-//! Rendering a report: tables (comfy-table), bpftrace-style histograms,
-//! folded stacks and JSON. Pure string building.
+//! Rendering a report: tables, bpftrace-style histograms, folded stacks
+//! and JSON. Pure string building. The pieces every report kind shares
+//! live in the submodules: `table` (the one table style, fitted to the
+//! terminal), `hist` (the one histogram drawer), `top_n` (cutting rows).
+
+pub mod hist;
+pub mod table;
+pub mod top_n;
 
 use std::fmt::Write as _;
 
 use clap::ValueEnum;
-use comfy_table::presets::UTF8_FULL_CONDENSED;
-use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
+use comfy_table::Cell;
 
-use crate::model::{human_count, human_size, Bucket, Counts};
+use crate::model::{human_count, human_size, Counts};
 use crate::report::Report;
+use table::{hidden_note, new_table};
 
 /// Writes a rendered report to FILE, or to stdout when there is none. A
 /// closed stdout pipe (`| head`) is not an error worth reporting.
@@ -76,26 +82,24 @@ pub fn top_rows<T>(
     n: Option<usize>,
 ) -> usize {
     rows.sort_by_key(|r| std::cmp::Reverse(sort_key(counts(r), by)));
-    match n {
-        Some(n) if rows.len() > n => {
-            let hidden = rows.len() - n;
-            rows.truncate(n);
-            hidden
-        }
-        _ => 0,
-    }
+    top_n::keep(rows, n)
 }
 
-/// Applies sort and top-N to every row list of the report; returns how many
-/// rows of the grouping that is shown were cut.
-pub fn apply_top(report: &mut Report, by: SortBy, n: Option<usize>) -> usize {
+/// Applies sort and top-N to every row list of the report (JSON keeps them
+/// all); returns how many rows of the grouping shown, `by`, were cut.
+pub fn apply_top(report: &mut Report, by: GroupBy, sort: SortBy, n: Option<usize>) -> usize {
     let hidden = [
-        top_rows(&mut report.sites, |r| &r.counts, by, n),
-        top_rows(&mut report.stacks, |r| &r.counts, by, n),
-        top_rows(&mut report.caches, |r| &r.counts, by, n),
-        top_rows(&mut report.processes, |r| &r.counts, by, n),
+        top_rows(&mut report.sites, |r| &r.counts, sort, n),
+        top_rows(&mut report.stacks, |r| &r.counts, sort, n),
+        top_rows(&mut report.caches, |r| &r.counts, sort, n),
+        top_rows(&mut report.processes, |r| &r.counts, sort, n),
     ];
-    hidden.into_iter().max().unwrap_or(0)
+    match by {
+        GroupBy::Site => hidden[0],
+        GroupBy::Stack => hidden[1],
+        GroupBy::Cache => hidden[2],
+        GroupBy::Process => hidden[3],
+    }
 }
 
 /// The one-paragraph header above every table.
@@ -147,21 +151,6 @@ pub fn header(r: &Report) -> String {
     s
 }
 
-/// A table in the style of every kheap table: plain UTF-8 borders, numbers
-/// right-aligned, no colours (so no escape codes in logs).
-pub fn new_table(headers: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED)
-        .set_content_arrangement(ContentArrangement::Disabled)
-        .set_header(headers.iter().map(Cell::new));
-    for i in 1..headers.len() {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-    t
-}
-
 fn count_cells(c: &Counts) -> Vec<Cell> {
     vec![
         Cell::new(c.count),
@@ -179,13 +168,19 @@ fn headers_with(first: &[&'static str]) -> Vec<&'static str> {
     first.iter().copied().chain(COUNT_HEADERS).collect()
 }
 
-/// The report as tables, grouped as asked.
-pub fn table(r: &Report, by: GroupBy, hidden: usize, stack_details: usize) -> String {
+/// The report as tables, grouped as asked, fitted to `width` columns.
+pub fn table(
+    r: &Report,
+    by: GroupBy,
+    hidden: usize,
+    stack_details: usize,
+    width: Option<u16>,
+) -> String {
     let mut out = header(r);
     out.push('\n');
     match by {
         GroupBy::Site => {
-            let mut t = new_table(&headers_with(&["site", "cache"]));
+            let mut t = new_table(&headers_with(&["site", "cache"]), &[1], width);
             for row in &r.sites {
                 let mut cells = vec![Cell::new(&row.location), Cell::new(cache_list(&row.caches))];
                 cells.extend(count_cells(&row.counts));
@@ -194,12 +189,12 @@ pub fn table(r: &Report, by: GroupBy, hidden: usize, stack_details: usize) -> St
             let _ = writeln!(out, "{t}");
             if stack_details > 0 && !r.stacks.is_empty() {
                 let _ = writeln!(out, "\nTop stacks:");
-                out.push_str(&stack_details_text(r, stack_details));
+                out.push_str(&stack_details_text(r, stack_details, width));
             }
         }
-        GroupBy::Stack => out.push_str(&stack_details_text(r, r.stacks.len())),
+        GroupBy::Stack => out.push_str(&stack_details_text(r, r.stacks.len(), width)),
         GroupBy::Cache => {
-            let mut t = new_table(&headers_with(&["cache", "frees"]));
+            let mut t = new_table(&headers_with(&["cache", "frees"]), &[], width);
             for row in &r.caches {
                 let mut cells = vec![Cell::new(&row.name), Cell::new(row.frees)];
                 cells.extend(count_cells(&row.counts));
@@ -208,7 +203,7 @@ pub fn table(r: &Report, by: GroupBy, hidden: usize, stack_details: usize) -> St
             let _ = writeln!(out, "{t}");
         }
         GroupBy::Process => {
-            let mut t = new_table(&headers_with(&["pid", "comm"]));
+            let mut t = new_table(&headers_with(&["pid", "comm"]), &[1], width);
             for row in &r.processes {
                 let mut cells = vec![Cell::new(row.pid), Cell::new(&row.comm)];
                 cells.extend(count_cells(&row.counts));
@@ -220,20 +215,22 @@ pub fn table(r: &Report, by: GroupBy, hidden: usize, stack_details: usize) -> St
             let _ = writeln!(out, "{t}");
         }
     }
-    if hidden > 0 {
-        let _ = writeln!(out, "({hidden} more rows not shown; use -n to see more)");
-    }
+    out.push_str(&hidden_note(hidden));
     if !r.latency.is_empty() {
-        out.push_str(&latency_text(r));
+        out.push_str(&latency_text(r, width));
     }
     out
 }
 
 /// Time inside the allocator per call site, with the slowest site's
 /// histogram (nanoseconds).
-fn latency_text(r: &Report) -> String {
+fn latency_text(r: &Report, width: Option<u16>) -> String {
     let mut out = String::from("\nAllocator latency (time inside the allocator, per call site):\n");
-    let mut t = new_table(&["site", "allocator", "calls", "avg ns", "total"]);
+    let mut t = new_table(
+        &["site", "allocator", "calls", "avg ns", "total"],
+        &[1],
+        width,
+    );
     for row in r.latency.iter().take(20) {
         t.add_row(vec![
             Cell::new(if row.call_site.is_empty() {
@@ -250,7 +247,7 @@ fn latency_text(r: &Report) -> String {
     let _ = writeln!(out, "{t}");
     if let Some(top) = r.latency.first() {
         let _ = writeln!(out, "{} via {} (ns):", top.function, top.allocator);
-        out.push_str(&histogram(&top.hist, "    "));
+        out.push_str(&hist::log2(&top.hist, "    ", width));
     }
     out
 }
@@ -265,7 +262,7 @@ fn cache_list(caches: &[String]) -> String {
     }
 }
 
-fn stack_details_text(r: &Report, n: usize) -> String {
+fn stack_details_text(r: &Report, n: usize, width: Option<u16>) -> String {
     let mut out = String::new();
     for (i, s) in r.stacks.iter().take(n).enumerate() {
         let est = if s.estimated { "~" } else { "" };
@@ -284,43 +281,23 @@ fn stack_details_text(r: &Report, n: usize) -> String {
             s.counts.waste_pct,
             s.cache
         );
-        for f in &s.frames {
-            let _ = writeln!(out, "    {f}");
-        }
-        out.push_str(&histogram(&s.counts.hist, "    "));
-        out.push('\n');
+        out.push_str(&stack_body(
+            &s.frames,
+            &hist::log2(&s.counts.hist, "    ", width),
+        ));
     }
     out
 }
 
-fn bucket_label(v: u64) -> String {
-    match v {
-        u64::MAX => "...".into(),
-        v if v >= 1 << 30 && v % (1 << 30) == 0 => format!("{}G", v >> 30),
-        v if v >= 1 << 20 && v % (1 << 20) == 0 => format!("{}M", v >> 20),
-        v if v >= 1 << 10 && v % (1 << 10) == 0 => format!("{}K", v >> 10),
-        v => v.to_string(),
-    }
-}
-
-/// A log2 histogram drawn like bpftrace's `hist()`.
-pub fn histogram(buckets: &[Bucket], indent: &str) -> String {
-    const WIDTH: u64 = 52;
+/// Under a stack's title line: its frames, then its histogram, indented,
+/// and a blank line.
+pub fn stack_body(frames: &[String], histogram: &str) -> String {
     let mut out = String::new();
-    let Some(max) = buckets.iter().map(|b| b.count).max() else {
-        return out;
-    };
-    for b in buckets {
-        let range = format!("[{}, {})", bucket_label(b.lo), bucket_label(b.hi));
-        let bar = (b.count * WIDTH).div_ceil(max.max(1)) as usize;
-        let _ = writeln!(
-            out,
-            "{indent}{range:<18} {:>10} |{:<width$}|",
-            b.count,
-            "@".repeat(bar),
-            width = WIDTH as usize
-        );
+    for f in frames {
+        let _ = writeln!(out, "    {f}");
     }
+    out.push_str(histogram);
+    out.push('\n');
     out
 }
 
@@ -362,36 +339,9 @@ mod tests {
     }
 
     #[test]
-    fn histogram_looks_like_bpftrace() {
-        let h = histogram(
-            &[
-                Bucket {
-                    lo: 2048,
-                    hi: 4096,
-                    count: 100,
-                },
-                Bucket {
-                    lo: 4096,
-                    hi: 8192,
-                    count: 50,
-                },
-            ],
-            "",
-        );
-        let lines: Vec<&str> = h.lines().collect();
-        assert_eq!(lines.len(), 2);
-        assert!(lines[0].starts_with("[2K, 4K)"), "{h}");
-        assert!(lines[0].contains(&format!("|{}|", "@".repeat(52))), "{h}");
-        assert!(
-            lines[1].contains(&format!("|{}{}|", "@".repeat(26), " ".repeat(26))),
-            "{h}"
-        );
-    }
-
-    #[test]
     fn site_table_has_label_counts_and_waste() {
         let r = report();
-        let t = table(&r, GroupBy::Site, 0, 1);
+        let t = table(&r, GroupBy::Site, 0, 1, None);
         assert!(t.contains("load_msg+0x10"), "{t}");
         assert!(t.contains("kmalloc-cg-4k"), "{t}");
         assert!(t.contains("47.6%"), "{t}");
@@ -404,13 +354,34 @@ mod tests {
     }
 
     #[test]
-    fn top_n_cuts_and_counts_hidden_rows() {
+    fn top_n_counts_the_hidden_rows_of_the_grouping_shown() {
+        // Two sites, three stacks, one cache: with -n 1, the site table
+        // hides one row, the stack view two, the cache table none.
         let mut r = report();
-        let hidden = apply_top(&mut r, SortBy::Count, Some(1));
-        assert_eq!(r.sites.len(), 1);
-        assert_eq!(hidden, 2, "three stacks, one kept");
-        let t = table(&r, GroupBy::Cache, hidden, 0);
-        assert!(t.contains("2 more rows"), "{t}");
+        assert_eq!(apply_top(&mut r, GroupBy::Site, SortBy::Count, Some(1)), 1);
+        assert_eq!((r.sites.len(), r.stacks.len()), (1, 1));
+        let t = table(&r, GroupBy::Site, 1, 0, None);
+        assert!(t.contains("(1 more rows not shown"), "{t}");
+        let mut r = report();
+        assert_eq!(apply_top(&mut r, GroupBy::Stack, SortBy::Count, Some(1)), 2);
+        let mut r = report();
+        let hidden = apply_top(&mut r, GroupBy::Cache, SortBy::Count, Some(1));
+        assert_eq!(hidden, 0, "the one cache is shown");
+        let t = table(&r, GroupBy::Cache, hidden, 0, None);
+        assert!(!t.contains("more rows"), "{t}");
+    }
+
+    #[test]
+    fn tables_fit_a_narrow_terminal() {
+        let r = report();
+        let t = table(&r, GroupBy::Site, 0, 1, Some(80));
+        let too_wide: Vec<&str> = t
+            .lines()
+            .filter(|l| l.starts_with(['┌', '│', '├', '└']) || l.starts_with("    "))
+            .filter(|l| l.chars().count() > 80)
+            .collect();
+        assert!(too_wide.is_empty(), "{too_wide:#?}\n{t}");
+        assert!(t.contains("load_msg+0x10"), "{t}");
     }
 
     #[test]

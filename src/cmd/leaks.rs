@@ -235,7 +235,13 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
     let top = crate::render::default_top(args.format, args.top);
     let hidden = leak_render::apply_top(&mut report, args.by, top);
     let text = match args.format {
-        Format::Table => leak_render::table(&report, args.by, hidden, 3),
+        Format::Table => leak_render::table(
+            &report,
+            args.by,
+            hidden,
+            3,
+            crate::render::table::output_width(args.output.as_deref()),
+        ),
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
         Format::Folded => leak_render::folded(&report),
     };

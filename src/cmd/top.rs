@@ -12,6 +12,7 @@ use crate::cli::{check_size_range, parse_sample, parse_secs, parse_size};
 use crate::cmd::record::{install_stop_handler, stop_requested};
 use crate::kernel::features;
 use crate::kernel::kmem::{self as session, AttachMode, Config, Session};
+use crate::render::table::output_width;
 use crate::render::GroupBy;
 use crate::report::{self, BuildOptions, RunInfo};
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
@@ -277,7 +278,9 @@ fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         deadline = next_deadline(deadline, args.interval);
         let text = match args.format {
             TopFormat::Json => batch::json(&iv, args.sort, args.rows),
-            TopFormat::Table => batch::text(&iv, &view, &top.sizes, limit) + "\n",
+            TopFormat::Table => {
+                batch::text(&iv, &view, &top.sizes, limit, output_width(None)) + "\n"
+            }
         };
         let mut out = std::io::stdout().lock();
         // A closed pipe (| head) ends the run quietly.
@@ -374,7 +377,8 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
     // still ends with a report.
     if stop_requested() {
         if let Some(iv) = &current {
-            let text = batch::text(iv, &app.view, &top.sizes, args.rows.unwrap_or(20));
+            let limit = args.rows.unwrap_or(20);
+            let text = batch::text(iv, &app.view, &top.sizes, limit, output_width(None));
             let _ = std::io::stdout().write_all(text.as_bytes());
         }
     }

@@ -10,7 +10,9 @@ use comfy_table::Cell;
 use crate::leaks::retention::{sort_by_retention, Retention};
 use crate::model::live::AgeBucket;
 use crate::model::{human_count, human_size, Counts};
-use crate::render;
+use crate::render::hist::{self, HistLine};
+use crate::render::table::{hidden_note, new_table};
+use crate::render::{self, top_n};
 use crate::report::Report;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -28,24 +30,16 @@ pub fn apply_top(r: &mut Report, by: LeakGroupBy, n: Option<usize>) -> usize {
     sort_by_retention(&mut r.sites, |r| (&r.retention, &r.counts));
     sort_by_retention(&mut r.stacks, |r| (&r.retention, &r.counts));
     sort_by_retention(&mut r.caches, |r| (&r.retention, &r.counts));
-    let cut = |len: &mut usize| match n {
-        Some(n) if *len > n => {
-            let hidden = *len - n;
-            *len = n;
-            hidden
-        }
-        _ => 0,
-    };
-    let procs = r.leaks.as_mut().map(|l| &mut l.processes);
-    let mut d = procs.as_ref().map_or(0, |p| p.len());
-    let (mut a, mut b, mut c) = (r.sites.len(), r.stacks.len(), r.caches.len());
-    let hidden = [cut(&mut a), cut(&mut b), cut(&mut c), cut(&mut d)];
-    if let Some(p) = procs {
-        p.truncate(d);
-    }
-    r.sites.truncate(a);
-    r.stacks.truncate(b);
-    r.caches.truncate(c);
+    let processes = r
+        .leaks
+        .as_mut()
+        .map_or(0, |l| top_n::keep(&mut l.processes, n));
+    let hidden = [
+        top_n::keep(&mut r.sites, n),
+        top_n::keep(&mut r.stacks, n),
+        top_n::keep(&mut r.caches, n),
+        processes,
+    ];
     match by {
         LeakGroupBy::Site => hidden[0],
         LeakGroupBy::Stack => hidden[1],
@@ -159,13 +153,20 @@ fn headers_with(first: &[&'static str]) -> Vec<&'static str> {
     first.iter().copied().chain(RETENTION_HEADERS).collect()
 }
 
-/// The report as tables: retained first, transient beside it.
-pub fn table(r: &Report, by: LeakGroupBy, hidden: usize, details: usize) -> String {
+/// The report as tables: retained first, transient beside it, fitted to
+/// `width` columns.
+pub fn table(
+    r: &Report,
+    by: LeakGroupBy,
+    hidden: usize,
+    details: usize,
+    width: Option<u16>,
+) -> String {
     let mut out = leak_header(r);
     out.push('\n');
     match by {
         LeakGroupBy::Site => {
-            let mut t = render::new_table(&headers_with(&["site", "cache"]));
+            let mut t = new_table(&headers_with(&["site", "cache"]), &[1], width);
             for row in &r.sites {
                 let mut cells = vec![Cell::new(&row.location), Cell::new(row.caches.join(","))];
                 cells.extend(retention_cells(&row.retention, &row.counts));
@@ -183,18 +184,21 @@ pub fn table(r: &Report, by: LeakGroupBy, hidden: usize, details: usize) -> Stri
                 let _ = writeln!(out, "\nAges of what the top sites hold:");
                 for (s, ret) in held {
                     let _ = writeln!(out, "{} ({} objects)", s.location, ret.outstanding_count);
-                    out.push_str(&age_histogram(&ret.ages, "    "));
+                    out.push_str(&age_histogram(&ret.ages, "    ", width));
                 }
             }
             if details > 0 && !r.stacks.is_empty() {
                 let _ = writeln!(out, "\nTop stacks:");
-                out.push_str(&stack_details(r, details));
+                out.push_str(&stack_details(r, details, width));
             }
         }
-        LeakGroupBy::Stack => out.push_str(&stack_details(r, r.stacks.len())),
+        LeakGroupBy::Stack => out.push_str(&stack_details(r, r.stacks.len(), width)),
         LeakGroupBy::Process => {
-            let mut t =
-                render::new_table(&["pid", "comm", "live", "live bytes", "oldest", "growth"]);
+            let mut t = new_table(
+                &["pid", "comm", "live", "live bytes", "oldest", "growth"],
+                &[1],
+                width,
+            );
             for p in r.leaks.iter().flat_map(|l| &l.processes) {
                 let ret = &p.retention;
                 t.add_row(vec![
@@ -216,7 +220,7 @@ pub fn table(r: &Report, by: LeakGroupBy, hidden: usize, details: usize) -> Stri
             );
         }
         LeakGroupBy::Cache => {
-            let mut t = render::new_table(&headers_with(&["cache"]));
+            let mut t = new_table(&headers_with(&["cache"]), &[], width);
             for row in &r.caches {
                 let mut cells = vec![Cell::new(&row.name)];
                 cells.extend(retention_cells(&row.retention, &row.counts));
@@ -225,13 +229,11 @@ pub fn table(r: &Report, by: LeakGroupBy, hidden: usize, details: usize) -> Stri
             let _ = writeln!(out, "{t}");
         }
     }
-    if hidden > 0 {
-        let _ = writeln!(out, "({hidden} more rows not shown; use -n to see more)");
-    }
+    out.push_str(&hidden_note(hidden));
     out
 }
 
-fn stack_details(r: &Report, n: usize) -> String {
+fn stack_details(r: &Report, n: usize, width: Option<u16>) -> String {
     let mut out = String::new();
     for (i, s) in r.stacks.iter().take(n).enumerate() {
         let ret = s.retention.clone().unwrap_or_default();
@@ -248,11 +250,10 @@ fn stack_details(r: &Report, n: usize) -> String {
             ret.freed_count,
             s.cache
         );
-        for f in &s.frames {
-            let _ = writeln!(out, "    {f}");
-        }
-        out.push_str(&age_histogram(&ret.ages, "    "));
-        out.push('\n');
+        out.push_str(&render::stack_body(
+            &s.frames,
+            &age_histogram(&ret.ages, "    ", width),
+        ));
     }
     out
 }
@@ -268,25 +269,16 @@ fn age_label(s: f64) -> String {
 }
 
 /// Ages drawn like bpftrace's `hist()`: objects per bucket, with bytes.
-pub fn age_histogram(buckets: &[AgeBucket], indent: &str) -> String {
-    const WIDTH: u64 = 40;
-    let mut out = String::new();
-    let Some(max) = buckets.iter().map(|b| b.count).max() else {
-        return out;
-    };
-    for b in buckets {
-        let range = format!("[{}, {})", age_label(b.lo_s), age_label(b.hi_s));
-        let bar = (b.count * WIDTH).div_ceil(max.max(1)) as usize;
-        let _ = writeln!(
-            out,
-            "{indent}{range:<20} {:>8} {:>8} |{:<width$}|",
-            b.count,
-            human_size(b.bytes),
-            "@".repeat(bar),
-            width = WIDTH as usize
-        );
-    }
-    out
+pub fn age_histogram(buckets: &[AgeBucket], indent: &str, width: Option<u16>) -> String {
+    let lines: Vec<HistLine> = buckets
+        .iter()
+        .map(|b| HistLine {
+            range: format!("[{}, {})", age_label(b.lo_s), age_label(b.hi_s)),
+            count: b.count,
+            note: Some(human_size(b.bytes)),
+        })
+        .collect();
+    hist::draw(&lines, indent, width)
 }
 
 /// `outer;…;inner bytes` lines of the stacks still holding memory, weighted
@@ -341,7 +333,7 @@ mod tests {
     #[test]
     fn site_table_puts_retained_beside_transient() {
         let r = report(1);
-        let t = table(&r, LeakGroupBy::Site, 0, 1);
+        let t = table(&r, LeakGroupBy::Site, 0, 1, None);
         assert!(t.contains("outstanding: 420 objects, 1.6M"), "{t}");
         assert!(t.contains("transient: 875 objects"), "{t}");
         assert!(t.contains("ignored frees: 123 of untracked objects"), "{t}");
@@ -362,7 +354,7 @@ mod tests {
 
     #[test]
     fn sampled_reports_say_they_are_estimates() {
-        let t = table(&report(4), LeakGroupBy::Cache, 0, 0);
+        let t = table(&report(4), LeakGroupBy::Cache, 0, 0, None);
         assert!(t.contains("about 1 address in 4 tracked"), "{t}");
         assert!(t.contains("outstanding: ~1.7k objects"), "{t}");
         assert!(t.contains("kmalloc-cg-4k"), "{t}");
@@ -376,7 +368,7 @@ mod tests {
         assert_eq!((procs[0].pid, procs[0].comm.as_str()), (7, "msgd"));
         assert_eq!(procs[0].retention.outstanding_count, 420);
         let hidden = apply_top(&mut r, LeakGroupBy::Process, Some(5));
-        let t = table(&r, LeakGroupBy::Process, hidden, 0);
+        let t = table(&r, LeakGroupBy::Process, hidden, 0, None);
         let row = t
             .lines()
             .find(|l| l.contains("msgd"))

@@ -4,13 +4,13 @@
 //! fields of a cache absent from /proc/slabinfo, traced fields when nothing
 //! was traced), never a misleading 0.
 
-use comfy_table::{presets, CellAlignment, Table};
 use serde::Serialize;
 
 use super::hints::Hint;
 use super::report::{CacheRow, SiteWaste, SlabReport};
 use super::watch::{CacheDelta, Presence};
-use crate::model::{human_count, human_size, pct};
+use crate::model::{human_count, human_size, pct, signed_count, signed_size};
+use crate::render::table::new_table;
 
 #[derive(Serialize)]
 struct JsonReport<'a> {
@@ -104,53 +104,26 @@ pub fn report_json(report: &SlabReport) -> String {
     serde_json::to_string_pretty(&json).expect("report serialises")
 }
 
-fn new_table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(presets::NOTHING);
-    t.set_header(header.to_vec());
-    // Every column but the first (name) and any trailing text is numeric.
-    for i in 1..header.len() {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-    t
-}
-
-fn signed_size(v: i64) -> String {
-    match v {
-        0 => "0".into(),
-        v if v > 0 => format!("+{}", human_size(v as u64)),
-        v => format!("-{}", human_size(v.unsigned_abs())),
-    }
-}
-
-fn signed_count(v: i64) -> String {
-    match v {
-        0 => "0".into(),
-        v if v > 0 => format!("+{}", human_count(v as u64)),
-        v => format!("-{}", human_count(v.unsigned_abs())),
-    }
-}
-
-pub fn report_table(report: &SlabReport) -> String {
+/// The report as a table fitted to `width` columns, with hints and notes.
+pub fn report_table(report: &SlabReport, width: Option<u16>) -> String {
     let traced = report.caches.iter().any(|c| c.traced.is_some());
     let growth = report.caches.iter().any(|c| c.growth.is_some());
     let mut header = vec![
-        "CACHE", "ACTIVE", "TOTAL", "OBJSIZE", "OBJ/SLAB", "PAGES", "MEMORY", "PARTIAL", "LOSS",
+        "cache", "active", "total", "objsize", "obj/slab", "pages", "memory", "partial", "loss",
     ];
     if growth {
-        header.push("GROWTH");
+        header.push("growth");
     }
     if traced {
-        header.extend(["ALLOC/S", "FREE/S", "NET", "WASTE", "TOP SITE"]);
+        header.extend(["alloc/s", "free/s", "net", "waste", "top site"]);
     }
-    let mut table = new_table(&header);
-    if traced {
-        if let Some(c) = table.column_mut(header.len() - 1) {
-            c.set_cell_alignment(CellAlignment::Left);
-        }
-    }
+    // The top site is text, like the cache name.
+    let text = if traced {
+        vec![header.len() - 1]
+    } else {
+        vec![]
+    };
+    let mut table = new_table(&header, &text, width);
     let dash = || "-".to_string();
     for row in &report.caches {
         let mut cells: Vec<String> = Vec::with_capacity(header.len());
@@ -233,14 +206,16 @@ pub fn report_table(report: &SlabReport) -> String {
     out
 }
 
-/// One `--watch` frame: changes since the previous read over `secs`.
-pub fn watch_table(deltas: &[CacheDelta], secs: f64, rows: usize) -> String {
-    let mut table = new_table(&[
-        "CACHE", "ACTIVE", "ΔOBJS", "MEMORY", "ΔMEMORY", "ΔMEM/S", "",
-    ]);
-    if let Some(c) = table.column_mut(6) {
-        c.set_cell_alignment(CellAlignment::Left);
-    }
+/// One `--watch` frame: changes since the previous read over `secs`,
+/// fitted to `width` columns.
+pub fn watch_table(deltas: &[CacheDelta], secs: f64, rows: usize, width: Option<u16>) -> String {
+    let mut table = new_table(
+        &[
+            "cache", "active", "Δobjs", "memory", "Δmemory", "Δmem/s", "",
+        ],
+        &[6],
+        width,
+    );
     let total: i64 = deltas.iter().map(CacheDelta::delta_memory).sum();
     for d in deltas.iter().take(rows) {
         let rate = if secs > 0.0 {
@@ -420,8 +395,8 @@ mod tests {
 
     #[test]
     fn table_mentions_hints_and_traced_columns() {
-        let text = report_table(&traced_report());
-        assert!(text.contains("ALLOC/S"), "{text}");
+        let text = report_table(&traced_report(), None);
+        assert!(text.contains("alloc/s"), "{text}");
         assert!(text.contains("kmalloc-96"), "{text}");
         assert!(text.contains("160 (17%)"), "{text}");
         assert!(text.contains("hints:\n  - t"), "{text}");
@@ -449,7 +424,7 @@ mod tests {
                 memory_after: 0,
             },
         ];
-        let text = watch_table(&d, 2.0, 10);
+        let text = watch_table(&d, 2.0, 10, None);
         assert!(
             text.contains("new cache") && text.contains("cache destroyed"),
             "{text}"

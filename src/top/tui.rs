@@ -16,7 +16,7 @@ use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, TableState};
 use ratatui::{Frame, Terminal};
 
 use crate::model::human_size;
-use crate::render::{histogram, GroupBy};
+use crate::render::{hist, GroupBy};
 use crate::top::view::{
     cells, header_lines, headers, next_group, per_sec, Interval, TopRow, ViewOptions,
 };
@@ -259,7 +259,7 @@ fn draw_detail(f: &mut Frame, area: Rect, row: Option<&TopRow>, interval_s: f64)
             )));
             lines.push(Line::from("requested sizes this interval:"));
             lines.extend(
-                histogram(&c.hist, "  ")
+                hist::log2(&c.hist, "  ", Some(area.width))
                     .lines()
                     .map(|l| Line::from(l.to_string())),
             );

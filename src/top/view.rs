@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{human_count, human_size, pct, Counts};
+use crate::model::{human_count, human_size, pct, signed_size, Counts};
 use crate::render::GroupBy;
 use crate::report::Report;
 use crate::top::overhead::Overhead;
@@ -262,18 +262,6 @@ pub fn per_sec(v: u64, interval_s: f64) -> f64 {
     }
 }
 
-/// Bytes per second in binary units, signed: "+1.5M", "-300K", "0".
-pub fn signed_size(v: f64) -> String {
-    let mag = human_size(v.abs().round() as u64);
-    if v.round() > 0.0 {
-        format!("+{mag}")
-    } else if v.round() < 0.0 {
-        format!("-{mag}")
-    } else {
-        mag
-    }
-}
-
 /// The formatted cells of one row, matching `headers`.
 pub fn cells(r: &TopRow, by: GroupBy, interval_s: f64) -> Vec<String> {
     let c = &r.counts;
@@ -296,7 +284,7 @@ pub fn cells(r: &TopRow, by: GroupBy, interval_s: f64) -> Vec<String> {
         format!("{:.1}%", c.waste_pct),
         format!("{:.0}", c.avg_size),
         match r.net_bytes {
-            Some(n) => signed_size(n as f64 / interval_s.max(f64::MIN_POSITIVE)),
+            Some(n) => signed_size((n as f64 / interval_s.max(f64::MIN_POSITIVE)).round() as i64),
             None => "-".into(),
         },
     ]
@@ -492,13 +480,6 @@ mod tests {
         assert_eq!(l(&["a"]), "a");
         assert_eq!(l(&["a", "b"]), "a,b");
         assert_eq!(l(&["a", "b", "c", "d"]), "a,b +2");
-    }
-
-    #[test]
-    fn signed_sizes() {
-        assert_eq!(signed_size(1536.0), "+1.5K");
-        assert_eq!(signed_size(-300.0 * 1024.0), "-300K");
-        assert_eq!(signed_size(0.2), "0");
     }
 
     #[test]
