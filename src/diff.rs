@@ -213,6 +213,7 @@ pub fn table(d: &Diff, by: DiffBy, n: usize, width: Option<u16>) -> String {
 mod tests {
     use super::*;
     use crate::report::{CacheRow, LeakSummary, SiteRow, StackRow};
+    use crate::testing::assert_contains;
 
     fn ret(count: u64, bytes: u64) -> Option<Retention> {
         Some(Retention {
@@ -302,9 +303,7 @@ mod tests {
         assert_eq!(d.shrank_bytes, 30 * 4096);
         assert_eq!(d.net_bytes, 972 * 4096);
         let t = table(&d, DiffBy::Site, 10, None);
-        assert!(t.contains("outstanding"), "{t}");
-        assert!(t.contains("+3.9M"), "{t}");
-        assert!(t.contains("-120K"), "{t}");
+        assert_contains(&t, &["outstanding", "+3.9M", "-120K"]);
     }
 
     #[test]

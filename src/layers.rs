@@ -42,6 +42,7 @@ mod tests {
         ("render::*", Render),
         ("diff", Render),
         ("layers", Base),
+        ("testing", Model),
         ("leaks", Cmd),
         ("leaks::retention", Report),
         ("leaks::render", Render),

@@ -19,4 +19,6 @@ pub mod report;
 pub mod slab;
 pub mod symbolize;
 pub mod target;
+#[cfg(test)]
+mod testing;
 pub mod top;

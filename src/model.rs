@@ -301,21 +301,24 @@ pub fn round2(v: f64) -> f64 {
     (v * 100.0).round() / 100.0
 }
 
-/// Bytes in binary units, for table cells: 512, 1.5K, 2.0M, 3.1G.
-pub fn human_size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["", "K", "M", "G", "T"];
-    let mut v = bytes as f64;
+/// `n` divided by `base` until it is under `base` (or the units run out),
+/// with the unit it ends in.
+fn in_units(n: u64, base: f64, units: &[&'static str]) -> (f64, &'static str) {
+    let mut v = n as f64;
     let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
+    while v >= base && u < units.len() - 1 {
+        v /= base;
         u += 1;
     }
-    if u == 0 {
-        format!("{bytes}")
-    } else if v >= 100.0 {
-        format!("{v:.0}{}", UNITS[u])
-    } else {
-        format!("{v:.1}{}", UNITS[u])
+    (v, units[u])
+}
+
+/// Bytes in binary units, for table cells: 512, 1.5K, 2.0M, 3.1G.
+pub fn human_size(bytes: u64) -> String {
+    match in_units(bytes, 1024.0, &["", "K", "M", "G", "T"]) {
+        (_, "") => format!("{bytes}"),
+        (v, unit) if v >= 100.0 => format!("{v:.0}{unit}"),
+        (v, unit) => format!("{v:.1}{unit}"),
     }
 }
 
@@ -339,17 +342,9 @@ fn signed(v: i64, magnitude: fn(u64) -> String) -> String {
 
 /// Counts with SI suffixes, for table cells: 999, 1.2k, 3.4M.
 pub fn human_count(n: u64) -> String {
-    const UNITS: [&str; 4] = ["", "k", "M", "G"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1000.0 && u < UNITS.len() - 1 {
-        v /= 1000.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n}")
-    } else {
-        format!("{v:.1}{}", UNITS[u])
+    match in_units(n, 1000.0, &["", "k", "M", "G"]) {
+        (_, "") => format!("{n}"),
+        (v, unit) => format!("{v:.1}{unit}"),
     }
 }
 

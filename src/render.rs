@@ -14,7 +14,7 @@ use comfy_table::Cell;
 
 use crate::model::{human_count, human_size, Counts};
 use crate::report::Report;
-use table::{hidden_note, new_table};
+use table::{hidden_note, new_table, table_text};
 
 /// Writes a rendered report to FILE, or to stdout when there is none. A
 /// closed stdout pipe (`| head`) is not an error worth reporting.
@@ -151,6 +151,11 @@ pub fn header(r: &Report) -> String {
     s
 }
 
+/// A row's naming cells, then its counts.
+fn with_counts<const N: usize>(names: [Cell; N], c: &Counts) -> Vec<Cell> {
+    names.into_iter().chain(count_cells(c)).collect()
+}
+
 fn count_cells(c: &Counts) -> Vec<Cell> {
     vec![
         Cell::new(c.count),
@@ -180,13 +185,19 @@ pub fn table(
     out.push('\n');
     match by {
         GroupBy::Site => {
-            let mut t = new_table(&headers_with(&["site", "cache"]), &[1], width);
-            for row in &r.sites {
-                let mut cells = vec![Cell::new(&row.location), Cell::new(cache_list(&row.caches))];
-                cells.extend(count_cells(&row.counts));
-                t.add_row(cells);
-            }
-            let _ = writeln!(out, "{t}");
+            let rows = r.sites.iter().map(|row| {
+                let names = [
+                    Cell::new(&row.location),
+                    Cell::new(short_list(&row.caches, 2)),
+                ];
+                with_counts(names, &row.counts)
+            });
+            out.push_str(&table_text(
+                &headers_with(&["site", "cache"]),
+                &[1],
+                rows,
+                width,
+            ));
             if stack_details > 0 && !r.stacks.is_empty() {
                 let _ = writeln!(out, "\nTop stacks:");
                 out.push_str(&stack_details_text(r, stack_details, width));
@@ -194,25 +205,31 @@ pub fn table(
         }
         GroupBy::Stack => out.push_str(&stack_details_text(r, r.stacks.len(), width)),
         GroupBy::Cache => {
-            let mut t = new_table(&headers_with(&["cache", "frees"]), &[], width);
-            for row in &r.caches {
-                let mut cells = vec![Cell::new(&row.name), Cell::new(row.frees)];
-                cells.extend(count_cells(&row.counts));
-                t.add_row(cells);
-            }
-            let _ = writeln!(out, "{t}");
+            let rows = r
+                .caches
+                .iter()
+                .map(|row| with_counts([Cell::new(&row.name), Cell::new(row.frees)], &row.counts));
+            out.push_str(&table_text(
+                &headers_with(&["cache", "frees"]),
+                &[],
+                rows,
+                width,
+            ));
         }
         GroupBy::Process => {
-            let mut t = new_table(&headers_with(&["pid", "comm"]), &[1], width);
-            for row in &r.processes {
-                let mut cells = vec![Cell::new(row.pid), Cell::new(&row.comm)];
-                cells.extend(count_cells(&row.counts));
-                t.add_row(cells);
-            }
             if r.processes.is_empty() {
                 let _ = writeln!(out, "(no per-process data)");
             }
-            let _ = writeln!(out, "{t}");
+            let rows = r
+                .processes
+                .iter()
+                .map(|row| with_counts([Cell::new(row.pid), Cell::new(&row.comm)], &row.counts));
+            out.push_str(&table_text(
+                &headers_with(&["pid", "comm"]),
+                &[1],
+                rows,
+                width,
+            ));
         }
     }
     out.push_str(&hidden_note(hidden));
@@ -252,14 +269,14 @@ fn latency_text(r: &Report, width: Option<u16>) -> String {
     out
 }
 
-/// A site's caches, the first two by name: a table cell, not a list.
-fn cache_list(caches: &[String]) -> String {
-    match caches {
-        [] => String::new(),
-        [a] => a.clone(),
-        [a, b] => format!("{a},{b}"),
-        [a, b, rest @ ..] => format!("{a},{b} +{}", rest.len()),
+/// The first `n` items and how many more, for a table cell rather than a
+/// list: "bio-120,bio-184 +3".
+pub fn short_list(items: &[String], n: usize) -> String {
+    let mut s = items.iter().take(n).cloned().collect::<Vec<_>>().join(",");
+    if items.len() > n {
+        let _ = write!(s, " +{}", items.len() - n);
     }
+    s
 }
 
 fn stack_details_text(r: &Report, n: usize, width: Option<u16>) -> String {
@@ -319,33 +336,21 @@ fn strip_offset(frame: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{fixture_symbols, sample_snapshot};
-    use crate::report::{build, BuildOptions, RunInfo};
+    use crate::report::tests::{report_of, sample_snapshot};
+    use crate::testing::assert_contains;
 
     fn report() -> Report {
-        build(
-            &sample_snapshot(),
-            &fixture_symbols(),
-            BuildOptions {
-                stack_sample_every: 10,
-                duration_s: 2.0,
-                run: RunInfo {
-                    kernel: "6.18.0".into(),
-                    attach: vec!["kmalloc: tp_btf".into()],
-                    ..Default::default()
-                },
-            },
-        )
+        report_of(&sample_snapshot(), 10, 2.0)
     }
 
     #[test]
     fn site_table_has_label_counts_and_waste() {
         let r = report();
         let t = table(&r, GroupBy::Site, 0, 1, None);
-        assert!(t.contains("load_msg+0x10"), "{t}");
-        assert!(t.contains("kmalloc-cg-4k"), "{t}");
-        assert!(t.contains("47.6%"), "{t}");
-        assert!(t.contains("sampled 1 in 10"), "{t}");
+        assert_contains(
+            &t,
+            &["load_msg+0x10", "kmalloc-cg-4k", "47.6%", "sampled 1 in 10"],
+        );
         assert!(
             t.contains("Top stacks:") && t.contains("#1 load_msg"),
             "{t}"
@@ -382,6 +387,15 @@ mod tests {
             .collect();
         assert!(too_wide.is_empty(), "{too_wide:#?}\n{t}");
         assert!(t.contains("load_msg+0x10"), "{t}");
+    }
+
+    #[test]
+    fn long_cache_lists_are_shortened() {
+        let l = |v: &[&str]| short_list(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>(), 2);
+        assert_eq!(l(&[]), "");
+        assert_eq!(l(&["a"]), "a");
+        assert_eq!(l(&["a", "b"]), "a,b");
+        assert_eq!(l(&["a", "b", "c", "d"]), "a,b +2");
     }
 
     #[test]

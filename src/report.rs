@@ -466,6 +466,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
 pub mod tests {
     use super::*;
     use crate::model::Hist;
+    use crate::testing::assert_keys;
 
     /// A symbolizer over a fixed table, for tests: (start, name), sorted.
     pub struct FixtureSymbols(pub Vec<(u64, &'static str)>);
@@ -486,6 +487,24 @@ pub mod tests {
                 )
                 .collect()
         }
+    }
+
+    /// `snap` built with the fixture symbols, stacks sampled 1 in `every`,
+    /// over `duration_s`.
+    pub fn report_of(snap: &Snapshot, every: u32, duration_s: f64) -> Report {
+        build(
+            snap,
+            &fixture_symbols(),
+            BuildOptions {
+                stack_sample_every: every,
+                duration_s,
+                run: RunInfo {
+                    kernel: "6.18.0".into(),
+                    attach: vec!["kmalloc: tp_btf".into()],
+                    ..Default::default()
+                },
+            },
+        )
     }
 
     pub fn fixture_symbols() -> FixtureSymbols {
@@ -513,19 +532,22 @@ pub mod tests {
         s
     }
 
+    const KMALLOC_CG_4K: CacheId = CacheId::Kmalloc {
+        size: 4096,
+        accounted: true,
+    };
+
+    /// The two sites of the sample: load_msg, and kvmalloc's call site.
+    fn msg_and_kv() -> (SiteKey, SiteKey) {
+        let site = |call_site| SiteKey {
+            call_site,
+            cache: KMALLOC_CG_4K,
+        };
+        (site(0x3010), site(0x2110))
+    }
+
     pub fn sample_snapshot() -> Snapshot {
-        let kmalloc4k = CacheId::Kmalloc {
-            size: 4096,
-            accounted: true,
-        };
-        let msg = SiteKey {
-            call_site: 0x3010,
-            cache: kmalloc4k.clone(),
-        };
-        let kv = SiteKey {
-            call_site: 0x2110,
-            cache: kmalloc4k.clone(),
-        };
+        let (msg, kv) = msg_and_kv();
         let mut snap = Snapshot::default();
         snap.sites.insert(msg.clone(), stats(1000, 2148, 4096));
         snap.sites.insert(kv.clone(), stats(300, 2100, 4096));
@@ -539,7 +561,7 @@ pub mod tests {
             .insert(2, vec![0x1010, 0x2010, 0x2110, 0x4010]);
         snap.stack_frames
             .insert(3, vec![0x1010, 0x2010, 0x2110, 0x4110, 0x4210]);
-        snap.cache_frees.insert(kmalloc4k, 700);
+        snap.cache_frees.insert(KMALLOC_CG_4K, 700);
         snap.events.frees = 900;
         snap.events.stack_samples = 130;
         snap.events.lost_stack_collision = 2;
@@ -552,18 +574,7 @@ pub mod tests {
     pub fn leak_snapshot(sample_every: u32) -> Snapshot {
         use crate::model::live::{LeakInput, LiveObject, Unseen};
         let mut snap = sample_snapshot();
-        let k4 = CacheId::Kmalloc {
-            size: 4096,
-            accounted: true,
-        };
-        let msg = SiteKey {
-            call_site: 0x3010,
-            cache: k4.clone(),
-        };
-        let kv = SiteKey {
-            call_site: 0x2110,
-            cache: k4,
-        };
+        let (msg, kv) = msg_and_kv();
         let obj = |site: &SiteKey, stack: Option<i64>, req: u64, age_ms: u64| LiveObject {
             site: site.clone(),
             stack_id: stack,
@@ -637,16 +648,10 @@ pub mod tests {
         assert_eq!(l.recursion_misses, 3);
         assert!(!l.estimated);
         let v = serde_json::to_value(&r).unwrap();
-        for k in [
-            "outstanding_count",
-            "outstanding_bytes",
-            "ages",
-            "count",
-            "bytes_alloc",
-        ] {
-            assert!(v["sites"][0].get(k).is_some(), "sites[].{k}");
-            assert!(v["stacks"][0].get(k).is_some(), "stacks[].{k}");
-            assert!(v["caches"][0].get(k).is_some(), "caches[].{k}");
+        #[rustfmt::skip]
+        let keys = ["outstanding_count", "outstanding_bytes", "ages", "count", "bytes_alloc"];
+        for rows in ["sites", "stacks", "caches"] {
+            assert_keys(&v[rows][0], rows, &keys);
         }
         let back: Report = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
@@ -759,42 +764,25 @@ pub mod tests {
     fn json_has_the_documented_fields() {
         let r = build(&sample_snapshot(), &fixture_symbols(), opts(10));
         let v = serde_json::to_value(&r).unwrap();
-        for k in [
-            "duration_s",
-            "totals",
-            "lost",
-            "sampling",
-            "sites",
-            "stacks",
-            "caches",
-        ] {
-            assert!(v.get(k).is_some(), "missing {k}");
-        }
-        for k in ["allocs", "frees", "bytes_req", "bytes_alloc"] {
-            assert!(v["totals"].get(k).is_some(), "missing totals.{k}");
-        }
+        #[rustfmt::skip]
+        assert_keys(&v, "the report", &[
+            "duration_s", "totals", "lost", "sampling", "sites", "stacks", "caches",
+        ]);
+        let totals = ["allocs", "frees", "bytes_req", "bytes_alloc"];
+        assert_keys(&v["totals"], "totals", &totals);
         assert!(v["lost"]["stacks"].is_u64() && v["lost"]["map_full"].is_u64());
         let site = &v["sites"][0];
-        for k in ["function", "count", "bytes_req", "bytes_alloc", "hist"] {
-            assert!(site.get(k).is_some(), "missing sites[].{k}");
-        }
+        let counts = ["count", "bytes_req", "bytes_alloc"];
+        assert_keys(site, "sites[]", &["function", "hist"]);
+        assert_keys(site, "sites[]", &counts);
         assert_eq!(site["hist"][0]["lo"], 2048);
         assert_eq!(site["hist"][0]["hi"], 4096);
         assert_eq!(site["hist"][0]["count"], 1000);
         let stack = &v["stacks"][0];
-        for k in [
-            "frames",
-            "count",
-            "bytes_req",
-            "bytes_alloc",
-            "estimated",
-            "hist",
-        ] {
-            assert!(stack.get(k).is_some(), "missing stacks[].{k}");
-        }
-        for k in ["name", "count", "bytes_req", "bytes_alloc"] {
-            assert!(v["caches"][0].get(k).is_some(), "missing caches[].{k}");
-        }
+        assert_keys(stack, "stacks[]", &["frames", "estimated", "hist"]);
+        assert_keys(stack, "stacks[]", &counts);
+        assert_keys(&v["caches"][0], "caches[]", &["name"]);
+        assert_keys(&v["caches"][0], "caches[]", &counts);
         let back: Report = serde_json::from_value(v).unwrap();
         assert_eq!(back.sites[0].counts.count, 1000);
     }

@@ -11,8 +11,8 @@ use crate::leaks::retention::{sort_by_retention, Retention};
 use crate::model::live::AgeBucket;
 use crate::model::{human_count, human_size, Counts};
 use crate::render::hist::{self, HistLine};
-use crate::render::table::{hidden_note, new_table};
-use crate::render::{self, top_n};
+use crate::render::table::{hidden_note, table_text};
+use crate::render::{self, short_list, top_n};
 use crate::report::Report;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -124,18 +124,26 @@ pub fn leak_header(r: &Report) -> String {
     s
 }
 
-fn retention_cells(ret: &Option<Retention>, counts: &Counts) -> Vec<Cell> {
+/// A row's naming cells, then what it holds and what it allocated.
+fn with_retention<const N: usize>(
+    names: [Cell; N],
+    ret: &Option<Retention>,
+    counts: &Counts,
+) -> Vec<Cell> {
     let r = ret.clone().unwrap_or_default();
-    vec![
-        Cell::new(r.outstanding_count),
-        Cell::new(human_size(r.outstanding_bytes)),
-        Cell::new(human_age(r.oldest_s)),
-        Cell::new(counts.count),
-        Cell::new(human_size(counts.bytes_alloc)),
-        Cell::new(r.freed_count),
-        Cell::new(r.freed_unseen),
-        Cell::new(format!("{}/s", human_size(r.growth_bytes_per_s as u64))),
-    ]
+    names
+        .into_iter()
+        .chain([
+            Cell::new(r.outstanding_count),
+            Cell::new(human_size(r.outstanding_bytes)),
+            Cell::new(human_age(r.oldest_s)),
+            Cell::new(counts.count),
+            Cell::new(human_size(counts.bytes_alloc)),
+            Cell::new(r.freed_count),
+            Cell::new(r.freed_unseen),
+            Cell::new(format!("{}/s", human_size(r.growth_bytes_per_s as u64))),
+        ])
+        .collect()
 }
 
 const RETENTION_HEADERS: [&str; 8] = [
@@ -166,13 +174,19 @@ pub fn table(
     out.push('\n');
     match by {
         LeakGroupBy::Site => {
-            let mut t = new_table(&headers_with(&["site", "cache"]), &[1], width);
-            for row in &r.sites {
-                let mut cells = vec![Cell::new(&row.location), Cell::new(row.caches.join(","))];
-                cells.extend(retention_cells(&row.retention, &row.counts));
-                t.add_row(cells);
-            }
-            let _ = writeln!(out, "{t}");
+            let rows = r.sites.iter().map(|row| {
+                let names = [
+                    Cell::new(&row.location),
+                    Cell::new(short_list(&row.caches, 2)),
+                ];
+                with_retention(names, &row.retention, &row.counts)
+            });
+            out.push_str(&table_text(
+                &headers_with(&["site", "cache"]),
+                &[1],
+                rows,
+                width,
+            ));
             let held: Vec<_> = r
                 .sites
                 .iter()
@@ -194,14 +208,9 @@ pub fn table(
         }
         LeakGroupBy::Stack => out.push_str(&stack_details(r, r.stacks.len(), width)),
         LeakGroupBy::Process => {
-            let mut t = new_table(
-                &["pid", "comm", "live", "live bytes", "oldest", "growth"],
-                &[1],
-                width,
-            );
-            for p in r.leaks.iter().flat_map(|l| &l.processes) {
+            let rows = r.leaks.iter().flat_map(|l| &l.processes).map(|p| {
                 let ret = &p.retention;
-                t.add_row(vec![
+                vec![
                     Cell::new(p.pid),
                     Cell::new(if p.comm.is_empty() {
                         "(exited)"
@@ -212,21 +221,18 @@ pub fn table(
                     Cell::new(human_size(ret.outstanding_bytes)),
                     Cell::new(human_age(ret.oldest_s)),
                     Cell::new(format!("{}/s", human_size(ret.growth_bytes_per_s as u64))),
-                ]);
-            }
-            let _ = writeln!(
-                out,
-                "Outstanding objects by the process that allocated them:\n{t}"
-            );
+                ]
+            });
+            let headers = ["pid", "comm", "live", "live bytes", "oldest", "growth"];
+            out.push_str("Outstanding objects by the process that allocated them:\n");
+            out.push_str(&table_text(&headers, &[1], rows, width));
         }
         LeakGroupBy::Cache => {
-            let mut t = new_table(&headers_with(&["cache"]), &[], width);
-            for row in &r.caches {
-                let mut cells = vec![Cell::new(&row.name)];
-                cells.extend(retention_cells(&row.retention, &row.counts));
-                t.add_row(cells);
-            }
-            let _ = writeln!(out, "{t}");
+            let rows = r
+                .caches
+                .iter()
+                .map(|row| with_retention([Cell::new(&row.name)], &row.retention, &row.counts));
+            out.push_str(&table_text(&headers_with(&["cache"]), &[], rows, width));
         }
     }
     out.push_str(&hidden_note(hidden));
@@ -304,22 +310,11 @@ pub fn folded(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{fixture_symbols, leak_snapshot};
-    use crate::report::{build, BuildOptions, RunInfo};
+    use crate::report::tests::{leak_snapshot, report_of};
+    use crate::testing::assert_contains;
 
     fn report(sample_every: u32) -> Report {
-        build(
-            &leak_snapshot(sample_every),
-            &fixture_symbols(),
-            BuildOptions {
-                stack_sample_every: 10,
-                duration_s: 2.0,
-                run: RunInfo {
-                    kernel: "6.18.0".into(),
-                    ..Default::default()
-                },
-            },
-        )
+        report_of(&leak_snapshot(sample_every), 10, 2.0)
     }
 
     #[test]
@@ -334,11 +329,16 @@ mod tests {
     fn site_table_puts_retained_beside_transient() {
         let r = report(1);
         let t = table(&r, LeakGroupBy::Site, 0, 1, None);
-        assert!(t.contains("outstanding: 420 objects, 1.6M"), "{t}");
-        assert!(t.contains("transient: 875 objects"), "{t}");
-        assert!(t.contains("ignored frees: 123 of untracked objects"), "{t}");
-        assert!(t.contains(", 9 of NULL"), "{t}");
-        assert!(t.contains("3 events dropped by BPF recursion"), "{t}");
+        assert_contains(
+            &t,
+            &[
+                "outstanding: 420 objects, 1.6M",
+                "transient: 875 objects",
+                "ignored frees: 123 of untracked objects",
+                ", 9 of NULL",
+                "3 events dropped by BPF recursion",
+            ],
+        );
         assert!(
             t.contains("invisible free paths: kmem_cache_free_bulk"),
             "{t}"
@@ -347,17 +347,24 @@ mod tests {
         for cell in ["400", "1.6M", "1.5s", "1000", "600"] {
             assert!(row.contains(cell), "{cell} missing in {row}");
         }
-        assert!(t.contains("Ages of what the top sites hold:"), "{t}");
-        assert!(t.contains("[1.024s, 2.048s)"), "{t}");
+        assert_contains(
+            &t,
+            &["Ages of what the top sites hold:", "[1.024s, 2.048s)"],
+        );
         assert!(!t.contains("sampling: about"), "{t}");
     }
 
     #[test]
     fn sampled_reports_say_they_are_estimates() {
         let t = table(&report(4), LeakGroupBy::Cache, 0, 0, None);
-        assert!(t.contains("about 1 address in 4 tracked"), "{t}");
-        assert!(t.contains("outstanding: ~1.7k objects"), "{t}");
-        assert!(t.contains("kmalloc-cg-4k"), "{t}");
+        assert_contains(
+            &t,
+            &[
+                "about 1 address in 4 tracked",
+                "outstanding: ~1.7k objects",
+                "kmalloc-cg-4k",
+            ],
+        );
     }
 
     #[test]

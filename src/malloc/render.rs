@@ -221,6 +221,7 @@ fn function_part(frame: &str) -> String {
 mod tests {
     use super::*;
     use crate::malloc::report::{build, tests::opts, tests::sample};
+    use crate::testing::assert_contains;
 
     fn report() -> MallocReport {
         let (snap, frames) = sample();
@@ -231,20 +232,30 @@ mod tests {
     fn site_table_names_function_caller_and_outstanding() {
         let r = report();
         let t = table(&r, MallocGroupBy::Site, 0, None);
-        assert!(t.contains("do_malloc+0x10"), "{t}");
-        assert!(t.contains("live bytes"), "{t}");
-        assert!(t.contains("outstanding at the end: 3 blocks"), "{t}");
-        assert!(t.contains("lost: 7 stacks"), "{t}");
-        assert!(t.contains("probes: libc.so.6: malloc, calloc"), "{t}");
+        assert_contains(
+            &t,
+            &[
+                "do_malloc+0x10",
+                "live bytes",
+                "outstanding at the end: 3 blocks",
+                "lost: 7 stacks",
+                "probes: libc.so.6: malloc, calloc",
+            ],
+        );
     }
 
     #[test]
     fn stack_details_have_frames_and_histogram() {
         let r = report();
         let t = table(&r, MallocGroupBy::Stack, 0, None);
-        assert!(t.contains("malloc from do_malloc: 15 calls"), "{t}");
-        assert!(t.contains("    main+0x20\n"), "{t}");
-        assert!(t.contains("[64, 128)"), "{t}");
+        assert_contains(
+            &t,
+            &[
+                "malloc from do_malloc: 15 calls",
+                "    main+0x20\n",
+                "[64, 128)",
+            ],
+        );
     }
 
     #[test]

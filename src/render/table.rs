@@ -52,6 +52,21 @@ pub fn new_table(headers: &[&str], text: &[usize], width: Option<u16>) -> Table 
     t
 }
 
+/// A whole table as text (with its newline): `rows` under `headers`, laid
+/// out as `new_table` says.
+pub fn table_text(
+    headers: &[&str],
+    text: &[usize],
+    rows: impl IntoIterator<Item = Vec<Cell>>,
+    width: Option<u16>,
+) -> String {
+    let mut t = new_table(headers, text, width);
+    for r in rows {
+        t.add_row(r);
+    }
+    format!("{t}\n")
+}
+
 /// The line under a table whose rows were cut to `-n`.
 pub fn hidden_note(hidden: usize) -> String {
     if hidden == 0 {

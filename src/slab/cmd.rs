@@ -93,13 +93,7 @@ pub fn run_static(args: &SlabArgs) -> Result<()> {
     }
     let Some(total) = args.duration else {
         let snap = args.read_static()?;
-        return print_report(
-            args,
-            ReportInput {
-                after: Some(&snap),
-                ..Default::default()
-            },
-        );
+        return print_report(args, ReportInput::of(&snap));
     };
     // Sample about ten times so steady growth can be told from a blip.
     let interval = (total / 10.0).clamp(0.2, 10.0);

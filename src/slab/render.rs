@@ -288,23 +288,15 @@ pub fn watch_json(deltas: &[CacheDelta], elapsed_s: f64, interval_s: f64, rows: 
 #[cfg(test)]
 mod tests {
     use super::super::hints::{Hint, HintKind};
+    use super::super::report::tests::fixture;
     use super::super::report::{build_report, ReportInput, SortKey};
-    use super::super::slabinfo::parse_slabinfo;
-    use super::super::snapshot::build_static;
     use super::super::traced::{TracedCache, TracedRun, TracedSite};
     use super::*;
-    use crate::model::{AllocStats, CacheId};
+    use crate::testing::{assert_contains, assert_keys, kmalloc, stats};
 
     fn traced_report() -> SlabReport {
-        let snap = build_static(
-            parse_slabinfo(include_str!("../../tests/fixtures/slabinfo-6.18.txt")).unwrap(),
-            None,
-            4096,
-        );
-        let k = CacheId::Kmalloc {
-            size: 96,
-            accounted: false,
-        };
+        let snap = fixture();
+        let k = kmalloc(96);
         let mut c = TracedCache::new(k.clone());
         c.allocs = 10;
         c.bytes_req = 800;
@@ -315,19 +307,13 @@ mod tests {
             sites: vec![TracedSite {
                 function: "f".into(),
                 cache: k,
-                stats: AllocStats {
-                    count: 10,
-                    bytes_req: 800,
-                    bytes_alloc: 960,
-                    ..Default::default()
-                },
+                stats: stats(10, 800, 960),
             }],
         };
         let mut r = build_report(
             ReportInput {
-                after: Some(&snap),
                 traced: Some(&run),
-                ..Default::default()
+                ..ReportInput::of(&snap)
             },
             SortKey::Rate,
             3,
@@ -346,47 +332,29 @@ mod tests {
     fn json_has_the_documented_field_names() {
         let v: serde_json::Value = serde_json::from_str(&report_json(&traced_report())).unwrap();
         let cache = &v["caches"][0];
-        for field in [
-            "name",
-            "object_size",
-            "active_objs",
-            "num_objs",
-            "allocs",
-            "frees",
-            "bytes_req",
-            "bytes_alloc",
-            "waste_bytes",
-            "top_sites",
-        ] {
-            assert!(cache.get(field).is_some(), "caches[].{field} missing");
-        }
+        #[rustfmt::skip]
+        assert_keys(cache, "caches[]", &[
+            "name", "object_size", "active_objs", "num_objs", "allocs", "frees",
+            "bytes_req", "bytes_alloc", "waste_bytes", "top_sites",
+        ]);
         assert_eq!(cache["name"], "kmalloc-96");
         assert_eq!(cache["waste_bytes"], 160);
         assert_eq!(cache["top_sites"][0]["function"], "f");
         assert_eq!(cache["top_sites"][0]["waste_bytes"], 160);
         let hint = &v["hints"][0];
-        for field in ["kind", "site", "cache", "saving_bytes", "text"] {
-            assert!(hint.get(field).is_some(), "hints[].{field} missing");
-        }
+        assert_keys(
+            hint,
+            "hints[]",
+            &["kind", "site", "cache", "saving_bytes", "text"],
+        );
         assert_eq!(hint["kind"], "boundary");
         assert_eq!(v["duration_s"], 2.0);
     }
 
     #[test]
     fn static_json_leaves_traced_fields_null() {
-        let snap = build_static(
-            parse_slabinfo(include_str!("../../tests/fixtures/slabinfo-6.18.txt")).unwrap(),
-            None,
-            4096,
-        );
-        let r = build_report(
-            ReportInput {
-                after: Some(&snap),
-                ..Default::default()
-            },
-            SortKey::Size,
-            1,
-        );
+        let snap = fixture();
+        let r = build_report(ReportInput::of(&snap), SortKey::Size, 1);
         let v: serde_json::Value = serde_json::from_str(&report_json(&r)).unwrap();
         assert!(v["caches"][0]["allocs"].is_null());
         assert!(v["caches"][0]["object_size"].is_u64());
@@ -396,10 +364,10 @@ mod tests {
     #[test]
     fn table_mentions_hints_and_traced_columns() {
         let text = report_table(&traced_report(), None);
-        assert!(text.contains("alloc/s"), "{text}");
-        assert!(text.contains("kmalloc-96"), "{text}");
-        assert!(text.contains("160 (17%)"), "{text}");
-        assert!(text.contains("hints:\n  - t"), "{text}");
+        assert_contains(
+            &text,
+            &["alloc/s", "kmalloc-96", "160 (17%)", "hints:\n  - t"],
+        );
     }
 
     #[test]
@@ -429,8 +397,7 @@ mod tests {
             text.contains("new cache") && text.contains("cache destroyed"),
             "{text}"
         );
-        assert!(text.contains("change over 2.0 s: -4.0K"), "{text}");
-        assert!(text.contains("+2.0K"), "{text}");
+        assert_contains(&text, &["change over 2.0 s: -4.0K", "+2.0K"]);
         let v: serde_json::Value = serde_json::from_str(&watch_json(&d, 4.0, 2.0, 1)).unwrap();
         assert_eq!(v["delta_memory_bytes"], -4096);
         assert_eq!(v["caches"].as_array().unwrap().len(), 1);

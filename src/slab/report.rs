@@ -111,6 +111,16 @@ pub struct ReportInput<'a> {
     pub series: &'a [CacheSeries],
 }
 
+impl<'a> ReportInput<'a> {
+    /// The input of a report on one static read.
+    pub fn of(after: &'a StaticSnapshot) -> ReportInput<'a> {
+        ReportInput {
+            after: Some(after),
+            ..Default::default()
+        }
+    }
+}
+
 pub fn build_report(input: ReportInput, sort: SortKey, rows: usize) -> SlabReport {
     let empty = StaticSnapshot::default();
     let after = input.after.unwrap_or(&empty);
@@ -269,28 +279,23 @@ fn figures(
 }
 
 #[cfg(test)]
-mod tests {
+pub mod tests {
     use super::super::slabinfo::parse_slabinfo;
     use super::super::snapshot::build_static;
     use super::super::traced::TracedSite;
     use super::*;
-    use crate::model::{AllocStats, CacheId, Hist};
+    use crate::model::{AllocStats, Hist};
+    use crate::testing::kmalloc;
 
     const FIXTURE: &str = include_str!("../../tests/fixtures/slabinfo-6.18.txt");
 
-    fn fixture() -> StaticSnapshot {
+    /// The static read of a 6.18 machine's /proc/slabinfo.
+    pub fn fixture() -> StaticSnapshot {
         build_static(parse_slabinfo(FIXTURE).unwrap(), None, 4096)
     }
 
     fn sample_run() -> TracedRun {
-        let k4 = CacheId::Kmalloc {
-            size: 4096,
-            accounted: false,
-        };
-        let big = CacheId::Kmalloc {
-            size: 32768,
-            accounted: false,
-        };
+        let (k4, big) = (kmalloc(4096), kmalloc(32768));
         let mut c4 = TracedCache::new(k4.clone());
         c4.allocs = 10_000;
         c4.frees = 9_000;
@@ -333,14 +338,7 @@ mod tests {
     #[test]
     fn static_report_sorts_and_cuts() {
         let snap = fixture();
-        let r = build_report(
-            ReportInput {
-                after: Some(&snap),
-                ..Default::default()
-            },
-            SortKey::Size,
-            5,
-        );
+        let r = build_report(ReportInput::of(&snap), SortKey::Size, 5);
         assert_eq!(r.caches.len(), 5);
         let mem: Vec<u64> = r
             .caches
@@ -350,14 +348,7 @@ mod tests {
         assert!(mem.windows(2).all(|w| w[0] >= w[1]));
         assert!(r.hints.is_empty());
         assert_eq!(r.total_memory, snap.total_memory());
-        let r = build_report(
-            ReportInput {
-                after: Some(&snap),
-                ..Default::default()
-            },
-            SortKey::Rate,
-            5,
-        );
+        let r = build_report(ReportInput::of(&snap), SortKey::Rate, 5);
         assert!(r.notes.iter().any(|n| n.contains("sorted by size")));
     }
 
@@ -367,9 +358,8 @@ mod tests {
         let run = sample_run();
         let r = build_report(
             ReportInput {
-                after: Some(&snap),
                 traced: Some(&run),
-                ..Default::default()
+                ..ReportInput::of(&snap)
             },
             SortKey::Waste,
             usize::MAX,
@@ -414,8 +404,7 @@ mod tests {
         let r = build_report(
             ReportInput {
                 before: Some(&before),
-                after: Some(&after),
-                ..Default::default()
+                ..ReportInput::of(&after)
             },
             SortKey::Growth,
             usize::MAX,

@@ -84,8 +84,7 @@ pub fn by_supported(by: GroupBy, with_processes: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{fixture_symbols, sample_snapshot};
-    use crate::report::{build, BuildOptions, RunInfo};
+    use crate::report::tests::{report_of, sample_snapshot};
 
     fn interval() -> Interval {
         Interval {
@@ -93,15 +92,7 @@ mod tests {
             interval_s: 1.0,
             aged_out: 0,
             overhead: Default::default(),
-            report: build(
-                &sample_snapshot(),
-                &fixture_symbols(),
-                BuildOptions {
-                    stack_sample_every: 10,
-                    duration_s: 1.0,
-                    run: RunInfo::default(),
-                },
-            ),
+            report: report_of(&sample_snapshot(), 10, 1.0),
         }
     }
 

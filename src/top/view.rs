@@ -9,7 +9,7 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{human_count, human_size, pct, signed_size, Counts};
-use crate::render::GroupBy;
+use crate::render::{short_list, GroupBy};
 use crate::report::Report;
 use crate::top::overhead::Overhead;
 
@@ -126,15 +126,6 @@ impl ObjectSizes {
 /// only dedicated caches have attributable frees.
 pub fn frees_attributable(cache: &str) -> bool {
     !cache.starts_with("kmalloc-")
-}
-
-/// The first `n` items and how many more: "bio-120,bio-184 +3".
-pub fn short_list(items: &[String], n: usize) -> String {
-    let mut s = items.iter().take(n).cloned().collect::<Vec<_>>().join(",");
-    if items.len() > n {
-        let _ = write!(s, " +{}", items.len() - n);
-    }
-    s
 }
 
 /// The rows of one grouping of an interval report.
@@ -387,19 +378,11 @@ pub fn header_lines(iv: &Interval, v: &ViewOptions, shown: usize, total: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{fixture_symbols, sample_snapshot};
-    use crate::report::{build, BuildOptions, RunInfo};
+    use crate::report::tests::{report_of, sample_snapshot};
+    use crate::testing::assert_contains;
 
     fn report() -> Report {
-        build(
-            &sample_snapshot(),
-            &fixture_symbols(),
-            BuildOptions {
-                stack_sample_every: 10,
-                duration_s: 2.0,
-                run: RunInfo::default(),
-            },
-        )
+        report_of(&sample_snapshot(), 10, 2.0)
     }
 
     fn row(name: &str, count: u64, bytes: u64, net: Option<i64>) -> TopRow {
@@ -475,14 +458,6 @@ mod tests {
     }
 
     #[test]
-    fn long_cache_lists_are_shortened() {
-        let l = |v: &[&str]| short_list(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>(), 2);
-        assert_eq!(l(&["a"]), "a");
-        assert_eq!(l(&["a", "b"]), "a,b");
-        assert_eq!(l(&["a", "b", "c", "d"]), "a,b +2");
-    }
-
-    #[test]
     fn cache_rows_have_frees_and_net_where_attributable() {
         let mut rep = report();
         rep.caches.push(crate::report::CacheRow {
@@ -546,14 +521,19 @@ mod tests {
             paused: true,
         };
         let h = header_lines(&iv, &v, 1, 2).join("\n");
-        assert!(h.contains("2026-11-29T17:30:01Z"), "{h}");
-        assert!(h.contains("[PAUSED]"), "{h}");
-        assert!(h.contains("650 allocs/s, 450 frees/s"), "{h}");
-        assert!(h.contains("sampled 1 in 10"), "{h}");
-        assert!(h.contains("lost: 2 stacks, 0 map-full drops"), "{h}");
-        assert!(h.contains("aged out: 3 idle keys"), "{h}");
-        assert!(h.contains("BPF 1.5% of a CPU (40 ns x 1.0k runs/s)"), "{h}");
-        assert!(h.contains("kheap 0.3% CPU, 12.0M RSS"), "{h}");
-        assert!(h.contains("rows: 1 of 2 (1 hidden)"), "{h}");
+        assert_contains(
+            &h,
+            &[
+                "2026-11-29T17:30:01Z",
+                "[PAUSED]",
+                "650 allocs/s, 450 frees/s",
+                "sampled 1 in 10",
+                "lost: 2 stacks, 0 map-full drops",
+                "aged out: 3 idle keys",
+                "BPF 1.5% of a CPU (40 ns x 1.0k runs/s)",
+                "kheap 0.3% CPU, 12.0M RSS",
+                "rows: 1 of 2 (1 hidden)",
+            ],
+        );
     }
 }
