@@ -169,10 +169,6 @@ fn count_cells(c: &Counts) -> Vec<Cell> {
 
 const COUNT_HEADERS: [&str; 6] = ["count", "req", "alloc", "waste", "waste%", "avg"];
 
-fn headers_with(first: &[&'static str]) -> Vec<&'static str> {
-    first.iter().copied().chain(COUNT_HEADERS).collect()
-}
-
 /// The report as tables, grouped as asked, fitted to `width` columns.
 pub fn table(
     r: &Report,
@@ -193,7 +189,7 @@ pub fn table(
                 with_counts(names, &row.counts)
             });
             out.push_str(&table_text(
-                &headers_with(&["site", "cache"]),
+                (&["site", "cache"], &COUNT_HEADERS),
                 &[1],
                 rows,
                 width,
@@ -210,7 +206,7 @@ pub fn table(
                 .iter()
                 .map(|row| with_counts([Cell::new(&row.name), Cell::new(row.frees)], &row.counts));
             out.push_str(&table_text(
-                &headers_with(&["cache", "frees"]),
+                (&["cache", "frees"], &COUNT_HEADERS),
                 &[],
                 rows,
                 width,
@@ -225,7 +221,7 @@ pub fn table(
                 .iter()
                 .map(|row| with_counts([Cell::new(row.pid), Cell::new(&row.comm)], &row.counts));
             out.push_str(&table_text(
-                &headers_with(&["pid", "comm"]),
+                (&["pid", "comm"], &COUNT_HEADERS),
                 &[1],
                 rows,
                 width,
@@ -337,7 +333,7 @@ fn strip_offset(frame: &str) -> &str {
 mod tests {
     use super::*;
     use crate::report::tests::{report_of, sample_snapshot};
-    use crate::testing::assert_contains;
+    use crate::testing::{assert_contains, assert_line};
 
     fn report() -> Report {
         report_of(&sample_snapshot(), 10, 2.0)
@@ -401,10 +397,6 @@ mod tests {
     #[test]
     fn folded_lines_are_callers_first() {
         let f = folded(&report());
-        assert!(
-            f.lines()
-                .any(|l| l == "do_msgsnd;load_msg;__kmalloc_noprof 1000"),
-            "{f}"
-        );
+        assert_line(&f, "do_msgsnd;load_msg;__kmalloc_noprof 1000");
     }
 }

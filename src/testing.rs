@@ -9,6 +9,15 @@ pub fn assert_contains(text: &str, needles: &[&str]) {
     assert!(missing.is_empty(), "missing {missing:?} in:\n{text}");
 }
 
+/// Fails, showing the whole text, unless one of its lines is `line`.
+#[track_caller]
+pub fn assert_line(text: &str, line: &str) {
+    assert!(
+        text.lines().any(|l| l == line),
+        "no line {line:?} in:\n{text}"
+    );
+}
+
 /// Fails, naming what is missing, unless the JSON object `v` (called
 /// `what`) has every one of `keys`.
 #[track_caller]

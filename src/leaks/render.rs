@@ -157,10 +157,6 @@ const RETENTION_HEADERS: [&str; 8] = [
     "growth",
 ];
 
-fn headers_with(first: &[&'static str]) -> Vec<&'static str> {
-    first.iter().copied().chain(RETENTION_HEADERS).collect()
-}
-
 /// The report as tables: retained first, transient beside it, fitted to
 /// `width` columns.
 pub fn table(
@@ -182,7 +178,7 @@ pub fn table(
                 with_retention(names, &row.retention, &row.counts)
             });
             out.push_str(&table_text(
-                &headers_with(&["site", "cache"]),
+                (&["site", "cache"], &RETENTION_HEADERS),
                 &[1],
                 rows,
                 width,
@@ -225,14 +221,19 @@ pub fn table(
             });
             let headers = ["pid", "comm", "live", "live bytes", "oldest", "growth"];
             out.push_str("Outstanding objects by the process that allocated them:\n");
-            out.push_str(&table_text(&headers, &[1], rows, width));
+            out.push_str(&table_text((&headers, &[]), &[1], rows, width));
         }
         LeakGroupBy::Cache => {
             let rows = r
                 .caches
                 .iter()
                 .map(|row| with_retention([Cell::new(&row.name)], &row.retention, &row.counts));
-            out.push_str(&table_text(&headers_with(&["cache"]), &[], rows, width));
+            out.push_str(&table_text(
+                (&["cache"], &RETENTION_HEADERS),
+                &[],
+                rows,
+                width,
+            ));
         }
     }
     out.push_str(&hidden_note(hidden));
@@ -311,7 +312,7 @@ pub fn folded(r: &Report) -> String {
 mod tests {
     use super::*;
     use crate::report::tests::{leak_snapshot, report_of};
-    use crate::testing::assert_contains;
+    use crate::testing::{assert_contains, assert_line};
 
     fn report(sample_every: u32) -> Report {
         report_of(&leak_snapshot(sample_every), 10, 2.0)
@@ -389,10 +390,9 @@ mod tests {
         assert_eq!(apply_top(&mut r, LeakGroupBy::Stack, Some(2)), 1);
         assert_eq!(r.stacks.len(), 2);
         let f = folded(&r);
-        assert!(
-            f.lines()
-                .any(|l| l == format!("do_msgsnd;load_msg;__kmalloc_noprof {}", 400 * 4096)),
-            "{f}"
+        assert_line(
+            &f,
+            &format!("do_msgsnd;load_msg;__kmalloc_noprof {}", 400 * 4096),
         );
     }
 }

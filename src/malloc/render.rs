@@ -221,7 +221,7 @@ fn function_part(frame: &str) -> String {
 mod tests {
     use super::*;
     use crate::malloc::report::{build, tests::opts, tests::sample};
-    use crate::testing::assert_contains;
+    use crate::testing::{assert_contains, assert_line};
 
     fn report() -> MallocReport {
         let (snap, frames) = sample();
@@ -229,33 +229,17 @@ mod tests {
     }
 
     #[test]
-    fn site_table_names_function_caller_and_outstanding() {
+    fn sites_name_function_caller_and_outstanding_stacks_their_frames() {
         let r = report();
-        let t = table(&r, MallocGroupBy::Site, 0, None);
-        assert_contains(
-            &t,
-            &[
-                "do_malloc+0x10",
-                "live bytes",
-                "outstanding at the end: 3 blocks",
-                "lost: 7 stacks",
-                "probes: libc.so.6: malloc, calloc",
-            ],
-        );
-    }
-
-    #[test]
-    fn stack_details_have_frames_and_histogram() {
-        let r = report();
-        let t = table(&r, MallocGroupBy::Stack, 0, None);
-        assert_contains(
-            &t,
-            &[
-                "malloc from do_malloc: 15 calls",
-                "    main+0x20\n",
-                "[64, 128)",
-            ],
-        );
+        #[rustfmt::skip]
+        assert_contains(&table(&r, MallocGroupBy::Site, 0, None), &[
+            "do_malloc+0x10", "live bytes", "outstanding at the end: 3 blocks",
+            "lost: 7 stacks", "probes: libc.so.6: malloc, calloc",
+        ]);
+        #[rustfmt::skip]
+        assert_contains(&table(&r, MallocGroupBy::Stack, 0, None), &[
+            "malloc from do_malloc: 15 calls", "    main+0x20\n", "[64, 128)",
+        ]);
     }
 
     #[test]
@@ -280,11 +264,7 @@ mod tests {
     #[test]
     fn folded_lines_end_in_the_allocator() {
         let f = folded(&report());
-        assert!(
-            f.lines()
-                .any(|l| l == "__libc_start_call_main;main;do_malloc;malloc 15"),
-            "{f}"
-        );
+        assert_line(&f, "__libc_start_call_main;main;do_malloc;malloc 15");
         assert_eq!(function_part("libfoo.so+0x1234"), "libfoo.so+0x1234");
         assert_eq!(function_part("f+0x10 (w.c:3)"), "f");
     }

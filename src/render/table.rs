@@ -52,15 +52,17 @@ pub fn new_table(headers: &[&str], text: &[usize], width: Option<u16>) -> Table 
     t
 }
 
-/// A whole table as text (with its newline): `rows` under `headers`, laid
-/// out as `new_table` says.
+/// A whole table as text (with its newline): `rows` under the headers of
+/// their naming columns, then of their value columns, laid out as
+/// `new_table` says.
 pub fn table_text(
-    headers: &[&str],
+    (names, values): (&[&str], &[&str]),
     text: &[usize],
     rows: impl IntoIterator<Item = Vec<Cell>>,
     width: Option<u16>,
 ) -> String {
-    let mut t = new_table(headers, text, width);
+    let headers: Vec<&str> = names.iter().chain(values).copied().collect();
+    let mut t = new_table(&headers, text, width);
     for r in rows {
         t.add_row(r);
     }
