@@ -13,7 +13,7 @@ use clap::ValueEnum;
 use comfy_table::Cell;
 
 use crate::model::{human_count, human_size, Counts};
-use crate::report::Report;
+use crate::report::{Report, SiteRow};
 use table::{hidden_note, new_table, table_text};
 
 /// Writes a rendered report to FILE, or to stdout when there is none. A
@@ -151,6 +151,14 @@ pub fn header(r: &Report) -> String {
     s
 }
 
+/// The naming cells of a site row: where, and from which caches.
+pub fn site_names(row: &SiteRow) -> [Cell; 2] {
+    [
+        Cell::new(&row.location),
+        Cell::new(short_list(&row.caches, 2)),
+    ]
+}
+
 /// A row's naming cells, then its counts.
 fn with_counts<const N: usize>(names: [Cell; N], c: &Counts) -> Vec<Cell> {
     names.into_iter().chain(count_cells(c)).collect()
@@ -181,13 +189,10 @@ pub fn table(
     out.push('\n');
     match by {
         GroupBy::Site => {
-            let rows = r.sites.iter().map(|row| {
-                let names = [
-                    Cell::new(&row.location),
-                    Cell::new(short_list(&row.caches, 2)),
-                ];
-                with_counts(names, &row.counts)
-            });
+            let rows = r
+                .sites
+                .iter()
+                .map(|row| with_counts(site_names(row), &row.counts));
             out.push_str(&table_text(
                 (&["site", "cache"], &COUNT_HEADERS),
                 &[1],

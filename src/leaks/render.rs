@@ -12,7 +12,7 @@ use crate::model::live::AgeBucket;
 use crate::model::{human_count, human_size, Counts};
 use crate::render::hist::{self, HistLine};
 use crate::render::table::{hidden_note, table_text};
-use crate::render::{self, short_list, top_n};
+use crate::render::{self, top_n};
 use crate::report::Report;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -170,13 +170,10 @@ pub fn table(
     out.push('\n');
     match by {
         LeakGroupBy::Site => {
-            let rows = r.sites.iter().map(|row| {
-                let names = [
-                    Cell::new(&row.location),
-                    Cell::new(short_list(&row.caches, 2)),
-                ];
-                with_retention(names, &row.retention, &row.counts)
-            });
+            let rows = r
+                .sites
+                .iter()
+                .map(|row| with_retention(render::site_names(row), &row.retention, &row.counts));
             out.push_str(&table_text(
                 (&["site", "cache"], &RETENTION_HEADERS),
                 &[1],
