@@ -14,15 +14,9 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include "kheap.h"
+#include "lat_starts.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, KHEAP_LAT_STARTS);
-	__type(key, __u64);
-	__type(value, struct lat_start);
-} lat_starts SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);

@@ -101,7 +101,13 @@ pub fn run() -> Result<i32> {
     // Measured, not inferred: load and attach the record object the way
     // `kheap record` would, then detach at once.
     let mode = if privileged.is_ok() && btf_ok {
-        match crate::kernel::kmem::Session::start(&crate::kernel::kmem::Config::default()) {
+        let mut storage = crate::kernel::storage::ObjectStorage::default();
+        let started = crate::kernel::kmem::Tracer::start(
+            &crate::kernel::kmem::Config::default(),
+            &mut storage,
+            None,
+        );
+        let mode = match started {
             Ok(s) => {
                 let how = s
                     .attached
@@ -114,7 +120,8 @@ pub fn run() -> Result<i32> {
                 m
             }
             Err(e) => format!("nothing: {}", format!("{e:#}").replace('\n', " ")),
-        }
+        };
+        mode
     } else {
         "unknown (needs root and BTF to try)".to_string()
     };

@@ -13,7 +13,8 @@ use clap::Args;
 use crate::cli::{check_size_range, parse_sample, parse_secs};
 use crate::cmd::record::{install_stop_handler, wait_for_end, Ended, Targets, TraceArgs};
 use crate::kernel::features;
-use crate::kernel::leaks::{LeaksConfig, LeaksSession};
+use crate::kernel::kmem::{Config, LiveConfig, Tracer};
+use crate::kernel::storage::ObjectStorage;
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
 use crate::model::snapshot::Snapshot;
 use crate::render::Format;
@@ -115,19 +116,24 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         (_, true) => 0,
         _ => args.stack_sample,
     };
-    let cfg = LeaksConfig {
+    let cfg = Config {
         min_size: t.min_size,
         max_size: t.max_size,
         pids: targets.pids.clone(),
         follow_children: targets.command.is_some(),
         comm: t.comm.clone(),
-        sample_every: args.sample,
         stack_sample_every,
-        max_objects: args.max_objects,
         max_sites: args.max_entries,
+        max_stacks: args.max_entries,
         attach: t.attach,
+        live: Some(LiveConfig {
+            sample_every: args.sample,
+            max_objects: args.max_objects,
+        }),
+        ..Config::default()
     };
-    let mut session = LeaksSession::start(&cfg)?;
+    let mut storage = ObjectStorage::default();
+    let mut session = Tracer::start(&cfg, &mut storage, None)?;
     eprintln!(
         "kheap: tracing kernel heap allocations and frees ({}){}",
         session.attached.join(", "),
@@ -142,7 +148,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     }
     let syms = KernelSymbols::new(None);
     let filters = targets.filters(t);
-    let run_info = |session: &LeaksSession| RunInfo {
+    let run_info = |session: &Tracer| RunInfo {
         kernel: features::kernel_release(),
         attach: session.attached.clone(),
         skipped: session.skipped.clone(),
@@ -150,9 +156,10 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         command: (!t.command.is_empty()).then(|| t.command.join(" ")),
     };
     let info = run_info(&session);
-    let build = |snap: &mut Snapshot, duration_s: f64, run: RunInfo| {
+    let build = |snap: &mut Snapshot, kind: &str, duration_s: f64, run: RunInfo| {
         if let Some(l) = snap.leaks.as_mut() {
             l.min_age_ns = (args.min_age * 1e9) as u64;
+            l.kind = kind.to_string();
         }
         report::build(
             snap,
@@ -181,8 +188,8 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         let path = args
             .snapshot_dir
             .join(format!("snapshot-{snapshots:03}.json"));
-        let written = session.snapshot("snapshot").and_then(|mut snap| {
-            let r = build(&mut snap, secs, info.clone());
+        let written = session.snapshot().and_then(|mut snap| {
+            let r = build(&mut snap, "snapshot", secs, info.clone());
             write_json(&r, &path).map(|_| r)
         });
         match written {
@@ -218,10 +225,10 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     if let Some(cmd) = targets.command.as_mut() {
         cmd.terminate();
     }
-    let mut snap = session.snapshot("leaks")?;
+    let mut snap = session.snapshot()?;
     let info = run_info(&session);
     drop(session);
-    let report = build(&mut snap, duration_s, info);
+    let report = build(&mut snap, "leaks", duration_s, info);
     write_report(report, &args)?;
     Ok(exit_code)
 }

@@ -13,6 +13,7 @@ use crate::cli::parse_secs;
 use crate::cmd::record::{install_stop_handler, stop_requested};
 use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
+use crate::kernel::storage::ObjectStorage;
 use crate::malloc::probes::{check_elf, libc_of_program};
 use crate::malloc::procmaps;
 use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
@@ -151,7 +152,9 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         Some(held)
     };
 
-    let mut session = MallocSession::start(&pids, args.outstanding, args.probes_at_entry)?;
+    let mut storage = ObjectStorage::default();
+    let mut session =
+        MallocSession::start(&mut storage, &pids, args.outstanding, args.probes_at_entry)?;
     for l in &libs {
         session.probe_library(l)?;
     }

@@ -11,8 +11,9 @@ use clap::Args;
 
 use crate::cli::{check_size_range, parse_sample, parse_secs, parse_size};
 use crate::kernel::features;
-use crate::kernel::kmem::{AttachMode, Config, Session};
+use crate::kernel::kmem::{AttachMode, Config, Tracer};
 use crate::kernel::latency::{LatencyProbe, LatencySession};
+use crate::kernel::storage::ObjectStorage;
 use crate::render::{self, Format, GroupBy, SortBy};
 use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::symbolize::KernelSymbols;
@@ -207,21 +208,20 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         max_sites: args.max_entries,
         max_stacks: args.max_entries,
         trace_frees: !args.no_frees,
-        latency_starts: None,
+        ..Config::default()
     };
     // Latency first: the record object shares its per-task entry map.
+    let mut latency_storage = ObjectStorage::default();
     let mut latency = if args.latency {
-        Some(LatencySession::start(args.latency_probe)?)
+        Some(LatencySession::start(
+            &mut latency_storage,
+            args.latency_probe,
+        )?)
     } else {
         None
     };
-    let cfg = Config {
-        latency_starts: latency
-            .as_ref()
-            .map(|l| std::os::fd::AsRawFd::as_raw_fd(&l.starts_map())),
-        ..cfg
-    };
-    let mut session = Session::start(&cfg)?;
+    let mut storage = ObjectStorage::default();
+    let mut session = Tracer::start(&cfg, &mut storage, latency.as_ref().map(|l| l.starts_map()))?;
     if let Some(l) = &latency {
         session.attached.push(format!(
             "latency: {} on {}",

@@ -8,7 +8,8 @@ use anyhow::Result;
 
 use crate::cmd::record::{install_stop_handler, wait_for_end, Ended, Targets};
 use crate::kernel::features;
-use crate::kernel::kmem::{Config, Session};
+use crate::kernel::kmem::{Config, Tracer};
+use crate::kernel::storage::ObjectStorage;
 use crate::model::snapshot::Snapshot;
 use crate::model::CacheId;
 use crate::report::labelled_sites;
@@ -36,7 +37,8 @@ pub fn run(args: SlabArgs) -> Result<i32> {
         pids: targets.pids.clone(),
         ..Config::default()
     };
-    let mut session = Session::start(&cfg)?;
+    let mut storage = ObjectStorage::default();
+    let mut session = Tracer::start(&cfg, &mut storage, None)?;
     eprintln!(
         "kheap: tracing slab allocations {}({})",
         match (args.duration, &targets.command) {

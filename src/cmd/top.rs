@@ -11,7 +11,9 @@ use clap::{Args, ValueEnum};
 use crate::cli::{check_size_range, parse_sample, parse_secs, parse_size};
 use crate::cmd::record::{install_stop_handler, stop_requested};
 use crate::kernel::features;
-use crate::kernel::kmem::{self as session, AttachMode, Config, Session};
+use crate::kernel::kmem::{self as session, AttachMode, Config, Tracer};
+use crate::kernel::storage::ObjectStorage;
+use crate::model::snapshot::ProgRunTime;
 use crate::render::table::output_width;
 use crate::render::GroupBy;
 use crate::report::{self, BuildOptions, RunInfo};
@@ -20,7 +22,7 @@ use crate::target::resolve_pid;
 use crate::top::batch;
 use crate::top::clock::rfc3339_utc;
 use crate::top::delta::Tracker;
-use crate::top::overhead::{self_usage, Overhead, ProgRunTime, SelfUsage};
+use crate::top::overhead::{self_usage, Overhead, SelfUsage};
 use crate::top::tui::{self, Action, App, Input, Screen};
 use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions};
 
@@ -117,9 +119,10 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         max_sites: args.max_entries,
         max_stacks: args.max_entries,
         trace_frees: true,
-        latency_starts: None,
+        ..Config::default()
     };
-    let session = Session::start(&cfg)?;
+    let mut storage = ObjectStorage::default();
+    let session = Tracer::start(&cfg, &mut storage, None)?;
     // Run-time statistics cost a little per program run, for everyone:
     // they are on only while top runs (closing the descriptor ends them).
     let stats = match session::enable_run_time_stats() {
@@ -151,7 +154,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     let mut tracker = Tracker::new();
     tracker.interval(session.snapshot()?);
     let last_read = Instant::now();
-    let run_time = stats.as_ref().and_then(|_| session.run_time().ok());
+    let run_time = stats.as_ref().and_then(|_| Some(session.run_time()));
     let usage = self_usage();
     // Said once counting has begun: every event after this line is in an
     // interval.
@@ -181,8 +184,8 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
 }
 
 /// The reading side: the session and what is kept between reads.
-struct Top {
-    session: Session,
+struct Top<'obj> {
+    session: Tracer<'obj>,
     tracker: Tracker,
     syms: CachingSymbols<KernelSymbols>,
     sizes: ObjectSizes,
@@ -195,7 +198,7 @@ struct Top {
     usage: SelfUsage,
 }
 
-impl Top {
+impl Top<'_> {
     /// Reads the maps and turns what changed since the last read into one
     /// interval; then deletes entries idle for too long.
     fn read_interval(&mut self) -> Result<Interval> {
@@ -205,7 +208,7 @@ impl Top {
         let now = Instant::now();
         let time = rfc3339_utc(SystemTime::now());
         let run_time = match self.run_time {
-            Some(_) => self.session.run_time().ok(),
+            Some(_) => Some(self.session.run_time()),
             None => None,
         };
         let usage = self_usage();

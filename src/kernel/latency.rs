@@ -12,6 +12,7 @@ use libbpf_rs::{Link, OpenObject};
 
 use crate::kernel::features;
 use crate::kernel::maps;
+use crate::kernel::storage::ObjectStorage;
 use crate::model::Hist;
 use crate::model::LatencyRow;
 use crate::symbolize::{label_frame, Frame, Symbolize};
@@ -104,17 +105,22 @@ impl Mechanism {
     }
 }
 
-pub struct LatencySession {
-    skel: LatencySkel<'static>,
+pub struct LatencySession<'obj> {
+    skel: LatencySkel<'obj>,
     links: Vec<Link>,
     pub mechanism: Mechanism,
     pub functions: Vec<&'static str>,
 }
 
-impl LatencySession {
+impl<'obj> LatencySession<'obj> {
     /// Attaches with the best mechanism this kernel allows, or explains in
     /// one line why it allows none.
-    pub fn start(want: LatencyProbe) -> Result<LatencySession> {
+    pub fn start(
+        storage: &'obj mut ObjectStorage,
+        want: LatencyProbe,
+    ) -> Result<LatencySession<'obj>> {
+        let mut slots = storage.slots();
+        let mut slot = || slots.next().context("no object storage left");
         let kallsyms =
             std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
         let resolved = resolve_functions(&kallsyms_functions(&kallsyms));
@@ -127,9 +133,9 @@ impl LatencySession {
             if !features::has_kprobes() {
                 bail!("--latency-probe kprobe: this kernel has no kprobes (CONFIG_KPROBES is off)");
             }
-            return Self::start_with(&resolved, Mechanism::Kprobe);
+            return Self::start_with(slot()?, &resolved, Mechanism::Kprobe);
         }
-        let fentry_err = match Self::start_with(&resolved, Mechanism::Fentry) {
+        let fentry_err = match Self::start_with(slot()?, &resolved, Mechanism::Fentry) {
             Ok(s) => return Ok(s),
             Err(e) => e,
         };
@@ -138,7 +144,7 @@ impl LatencySession {
             bail!("--latency-probe fentry: this kernel refuses fentry ({fentry_err})");
         }
         if features::has_kprobes() {
-            return Self::start_with(&resolved, Mechanism::Kprobe);
+            return Self::start_with(slot()?, &resolved, Mechanism::Kprobe);
         }
         bail!(
             "this kernel cannot time the allocator: it has no kprobes (CONFIG_KPROBES is off) and refuses fentry ({fentry_err}); --latency needs one of them"
@@ -148,19 +154,22 @@ impl LatencySession {
     /// For `kheap doctor`: the resolved allocator functions, and whether
     /// fentry programs load on this kernel (tried, then dropped at once).
     pub fn probe() -> Result<(Vec<Option<&'static str>>, Result<()>)> {
+        let mut storage = ObjectStorage::default();
+        let slot = storage.slots().next().context("no object storage left")?;
         let kallsyms =
             std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
         let resolved = resolve_functions(&kallsyms_functions(&kallsyms));
-        let fentry = Self::start_with(&resolved, Mechanism::Fentry).map(drop);
+        let fentry = LatencySession::start_with(slot, &resolved, Mechanism::Fentry).map(drop);
         Ok((resolved, fentry))
     }
 
-    fn start_with(resolved: &[Option<&'static str>], mech: Mechanism) -> Result<LatencySession> {
-        // As in session.rs: the skeleton borrows its storage for its life.
-        let storage: &'static mut MaybeUninit<OpenObject> =
-            Box::leak(Box::new(MaybeUninit::uninit()));
+    fn start_with(
+        slot: &'obj mut MaybeUninit<OpenObject>,
+        resolved: &[Option<&'static str>],
+        mech: Mechanism,
+    ) -> Result<LatencySession<'obj>> {
         let mut open = LatencySkelBuilder::default()
-            .open(storage)
+            .open(slot)
             .context("opening the latency BPF object")?;
         let functions: Vec<&'static str> = resolved.iter().flatten().copied().collect();
         configure(&mut open, resolved, mech)?;
@@ -239,7 +248,7 @@ impl LatencySession {
 }
 
 fn configure(
-    open: &mut OpenLatencySkel<'static>,
+    open: &mut OpenLatencySkel<'_>,
     resolved: &[Option<&'static str>],
     mech: Mechanism,
 ) -> Result<()> {
@@ -267,12 +276,12 @@ fn configure(
     Ok(())
 }
 
-type Slot<'a> = (
-    &'a libbpf_rs::ProgramMut<'static>,
-    &'a libbpf_rs::ProgramMut<'static>,
+type Slot<'a, 'obj> = (
+    &'a libbpf_rs::ProgramMut<'obj>,
+    &'a libbpf_rs::ProgramMut<'obj>,
 );
 
-fn fentry_slots<'a>(skel: &'a LatencySkel<'static>) -> [Slot<'a>; 6] {
+fn fentry_slots<'a, 'obj>(skel: &'a LatencySkel<'obj>) -> [Slot<'a, 'obj>; 6] {
     let p = &skel.progs;
     [
         (&p.lat_enter_fentry0, &p.lat_exit_fexit0),
