@@ -14,7 +14,7 @@ use comfy_table::Cell;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{human_size, signed_size, Counts};
-use crate::render::table::{hidden_note, new_table};
+use crate::render::table::{hidden_note, new_table, render};
 use crate::report::{Report, Retention};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -201,7 +201,7 @@ pub fn table(d: &Diff, by: DiffBy, n: usize, width: Option<u16>) -> String {
             Cell::new(format!("{:+}", r.change_count)),
         ]);
     }
-    let _ = writeln!(out, "{t}");
+    let _ = writeln!(out, "{}", render(t));
     out.push_str(&hidden_note(d.rows.len().saturating_sub(n)));
     if d.rows.is_empty() {
         let _ = writeln!(out, "(no differences)");

@@ -85,8 +85,8 @@ pub fn top_rows<T>(
     top_n::keep(rows, n)
 }
 
-/// Applies sort and top-N to every row list of the report (JSON keeps them
-/// all); returns how many rows of the grouping shown, `by`, were cut.
+/// Sorts every row list of the report and cuts each to `n` (JSON carries
+/// every list); returns how many rows of the grouping shown, `by`, were cut.
 pub fn apply_top(report: &mut Report, by: GroupBy, sort: SortBy, n: Option<usize>) -> usize {
     let hidden = [
         top_rows(&mut report.sites, |r| &r.counts, sort, n),
@@ -262,7 +262,7 @@ fn latency_text(r: &Report, width: Option<u16>) -> String {
             Cell::new(format!("{:.2} ms", row.total_ns as f64 / 1e6)),
         ]);
     }
-    let _ = writeln!(out, "{t}");
+    let _ = writeln!(out, "{}", table::render(t));
     if let Some(top) = r.latency.first() {
         let _ = writeln!(out, "{} via {} (ns):", top.function, top.allocator);
         out.push_str(&hist::log2(&top.hist, "    ", width));

@@ -3,7 +3,7 @@
 use anyhow::Result;
 
 use crate::kernel::features::{self, Tracefs, KMEM_TRACEPOINTS};
-use crate::render::table::{new_table, output_width};
+use crate::render::table::{new_table, output_width, render};
 
 pub fn run() -> Result<i32> {
     let mut t = new_table(&["feature", "status"], &[1], output_width(None));
@@ -126,6 +126,6 @@ pub fn run() -> Result<i32> {
         "unknown (needs root and BTF to try)".to_string()
     };
     row("kheap record attaches with", mode);
-    println!("{t}");
+    println!("{}", render(t));
     Ok(0)
 }

@@ -8,7 +8,7 @@ use comfy_table::Cell;
 
 use super::report::{MallocReport, MallocRow};
 use crate::model::{human_count, human_size};
-use crate::render::table::{hidden_note, new_table};
+use crate::render::table::{self, hidden_note, new_table};
 use crate::render::{hist, stack_body, top_n};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -167,7 +167,7 @@ pub fn table(r: &MallocReport, by: MallocGroupBy, hidden: usize, width: Option<u
                 cells.extend(outstanding_cells(row));
                 t.add_row(cells);
             }
-            let _ = writeln!(out, "{t}");
+            let _ = writeln!(out, "{}", table::render(t));
         }
         MallocGroupBy::Stack => {
             for (i, s) in r.stacks.iter().enumerate() {

@@ -11,7 +11,12 @@ use std::io::IsTerminal;
 use std::path::Path;
 
 use comfy_table::presets::UTF8_FULL_CONDENSED;
-use comfy_table::{Cell, CellAlignment, ColumnConstraint, ContentArrangement, Table};
+use comfy_table::{Cell, CellAlignment, ColumnConstraint, ContentArrangement, Table, Width};
+
+/// Fitted to a width, a naming column keeps at least this many characters
+/// a line (or its content's, if narrower): a table that cannot fit that
+/// way grows past the width rather than cutting names into slivers.
+const MIN_TEXT: u16 = 12;
 
 /// The columns tables may take: `Some` on a terminal, `None` (no limit)
 /// for files and pipes.
@@ -66,7 +71,41 @@ pub fn table_text(
     for r in rows {
         t.add_row(r);
     }
-    format!("{t}\n")
+    render(t) + "\n"
+}
+
+/// The table as text. Fitted to a width, naming columns wrap no narrower
+/// than `MIN_TEXT`; number columns never split a number (nor a word of
+/// their header, though "live bytes" may take two lines).
+pub fn render(mut t: Table) -> String {
+    if !matches!(t.content_arrangement(), ContentArrangement::Dynamic) {
+        return t.to_string();
+    }
+    let chars = |s: &str| s.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    let mut numbers = vec![0; t.column_count()];
+    for row in t.row_iter() {
+        for (w, cell) in numbers.iter_mut().zip(row.cell_iter()) {
+            *w = (*w).max(chars(&cell.content()));
+        }
+    }
+    if let Some(header) = t.header() {
+        for (w, cell) in numbers.iter_mut().zip(header.cell_iter()) {
+            let word = cell.content().split(' ').map(chars).max().unwrap_or(0);
+            *w = (*w).max(word);
+        }
+    }
+    let texts = t.column_max_content_widths();
+    for ((c, number), text) in t.column_iter_mut().zip(numbers).zip(texts) {
+        let least = match c.constraint() {
+            // new_table marks number columns.
+            Some(ColumnConstraint::ContentWidth) => number as u16,
+            _ => text.min(MIN_TEXT),
+        };
+        // The boundary counts the cell's padding too.
+        let least = least + c.padding_width();
+        c.set_constraint(ColumnConstraint::LowerBoundary(Width::Fixed(least)));
+    }
+    t.to_string()
 }
 
 /// The line under a table whose rows were cut to `-n`.
@@ -104,6 +143,44 @@ mod tests {
             "{narrow}"
         );
         assert!(narrow.lines().count() > 5, "long names wrap: {narrow}");
+    }
+
+    #[test]
+    fn names_do_not_shrink_to_slivers() {
+        let headers: Vec<String> = (0..12).map(|i| format!("number{i}")).collect();
+        let mut headers: Vec<&str> = headers.iter().map(String::as_str).collect();
+        headers.insert(0, "site");
+        let mut row = vec!["alloc_pipe_info+0x2d more"];
+        row.extend(std::iter::repeat_n("123456", 12));
+        let mut t = new_table(&headers, &[], Some(80));
+        t.add_row(row);
+        let text = render(t);
+        let first = text.lines().nth(3).unwrap();
+        assert!(
+            first.contains("│ alloc_pipe_i ┆"),
+            "12 characters a line: {text}"
+        );
+    }
+
+    #[test]
+    fn number_headers_wrap_at_spaces_numbers_never() {
+        let mut t = new_table(&["cache", "live bytes", "alloc bytes"], &[], Some(30));
+        t.add_row(vec!["dentry", "1.5M", "12.0M"]);
+        let text = render(t);
+        assert!(text.lines().all(|l| l.chars().count() <= 30), "{text}");
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[1].contains("live ┆") && lines[1].ends_with("alloc │"),
+            "{text}"
+        );
+        assert!(
+            lines[2].contains("bytes ┆") && lines[2].ends_with("bytes │"),
+            "{text}"
+        );
+        assert!(
+            lines[4].contains("1.5M ┆") && lines[4].ends_with("12.0M │"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use super::hints::Hint;
 use super::report::{CacheRow, SiteWaste, SlabReport};
 use super::watch::{CacheDelta, Presence};
 use crate::model::{human_count, human_size, pct, signed_count, signed_size};
-use crate::render::table::new_table;
+use crate::render::table::{new_table, render};
 
 #[derive(Serialize)]
 struct JsonReport<'a> {
@@ -187,6 +187,7 @@ pub fn report_table(report: &SlabReport, width: Option<u16>) -> String {
         table.add_row(cells);
     }
 
+    let table = render(table);
     let mut out = format!(
         "slab memory {} in all caches{}\n{table}\n",
         human_size(report.total_memory),
@@ -237,6 +238,7 @@ pub fn watch_table(deltas: &[CacheDelta], secs: f64, rows: usize, width: Option<
             },
         ]);
     }
+    let table = render(table);
     format!(
         "slab memory change over {secs:.1} s: {}\n{table}\n",
         signed_size(total)

@@ -2,7 +2,7 @@
 //! interval, for logs and CI. Pure string building.
 
 use crate::model::Counts;
-use crate::render::table::new_table;
+use crate::render::table::{self, new_table};
 use crate::render::{top_n, GroupBy};
 use crate::report::Report;
 use crate::top::view::{self, cells, headers, Interval, ObjectSizes, TopSort, ViewOptions};
@@ -32,7 +32,7 @@ pub fn text(
     if rows.is_empty() {
         out.push_str("(no allocations in this interval)\n");
     } else {
-        out.push_str(&t.to_string());
+        out.push_str(&table::render(t));
         out.push('\n');
     }
     out
