@@ -289,6 +289,11 @@ pub mod tests {
 
     const FIXTURE: &str = include_str!("../../tests/fixtures/slabinfo-6.18.txt");
 
+    /// The report with every row.
+    fn every_row(input: ReportInput, sort: SortKey) -> SlabReport {
+        build_report(input, sort, usize::MAX)
+    }
+
     /// The static read of a 6.18 machine's /proc/slabinfo.
     pub fn fixture() -> StaticSnapshot {
         build_static(parse_slabinfo(FIXTURE).unwrap(), None, 4096)
@@ -356,13 +361,12 @@ pub mod tests {
     fn traced_caches_join_rows_by_slabinfo_name() {
         let snap = fixture();
         let run = sample_run();
-        let r = build_report(
+        let r = every_row(
             ReportInput {
                 traced: Some(&run),
                 ..ReportInput::of(&snap)
             },
             SortKey::Waste,
-            usize::MAX,
         );
         let k4 = &r.caches[0];
         assert_eq!(k4.name, "kmalloc-4k");
@@ -401,13 +405,12 @@ pub mod tests {
             .find(|c| c.name == "dentry")
             .unwrap();
         dentry.memory_bytes += 1 << 20;
-        let r = build_report(
+        let r = every_row(
             ReportInput {
                 before: Some(&before),
                 ..ReportInput::of(&after)
             },
             SortKey::Growth,
-            usize::MAX,
         );
         assert_eq!(r.caches[0].name, "dentry");
         assert_eq!(r.caches[0].growth_bytes(), 1 << 20);
