@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cmd;
 pub mod diff;
 pub mod kernel;
+pub mod latency;
 mod layers;
 pub mod leaks;
 pub mod malloc;

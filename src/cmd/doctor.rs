@@ -2,7 +2,8 @@
 
 use anyhow::Result;
 
-use crate::kernel::features::{self, Tracefs, KMEM_TRACEPOINTS};
+use crate::kernel::attach::kmem_hooks;
+use crate::kernel::features::{self, Tracefs};
 use crate::render::table::{new_table, output_width, render};
 
 pub fn run() -> Result<i32> {
@@ -49,7 +50,7 @@ pub fn run() -> Result<i32> {
             Err(e) => e.clone(),
         },
     );
-    for tp in KMEM_TRACEPOINTS {
+    for tp in kmem_hooks().map(|h| h.tracepoint) {
         let classic = tracefs
             .as_ref()
             .map(|t| t.has_event("kmem", tp))
@@ -68,7 +69,7 @@ pub fn run() -> Result<i32> {
             Ok((resolved, fentry)) => {
                 let names: Vec<String> = resolved
                     .iter()
-                    .zip(crate::kernel::latency::ALLOCATOR_FUNCTIONS)
+                    .zip(crate::latency::ALLOCATOR_FUNCTIONS)
                     .map(|(r, names)| r.map_or(format!("({} absent)", names[0]), str::to_string))
                     .collect();
                 row("allocator functions", names.join(", "));

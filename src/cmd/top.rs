@@ -154,7 +154,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     let mut tracker = Tracker::new();
     tracker.interval(session.snapshot()?);
     let last_read = Instant::now();
-    let run_time = stats.as_ref().and_then(|_| Some(session.run_time()));
+    let run_time = stats.as_ref().map(|_| session.run_time());
     let usage = self_usage();
     // Said once counting has begun: every event after this line is in an
     // interval.
