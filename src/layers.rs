@@ -40,7 +40,7 @@ mod tests {
         ("model::*", Model),
         // The kernel's latency readings and the rows made of them.
         ("latency", Model),
-        ("report", Report),
+        ("report::*", Report),
         ("render::*", Render),
         ("diff", Render),
         ("layers", Base),

@@ -1,11 +1,11 @@
 //! Rendering a report: tables, bpftrace-style histograms, folded stacks
 //! and JSON. Pure string building. The pieces every report kind shares
 //! live in the submodules: `table` (the one table style, fitted to the
-//! terminal), `hist` (the one histogram drawer), `top_n` (cutting rows).
+//! terminal) and `hist` (the one histogram drawer); rows are cut to `-n` by
+//! `report::top_n`.
 
 pub mod hist;
 pub mod table;
-pub mod top_n;
 
 use std::fmt::Write as _;
 
@@ -13,7 +13,7 @@ use clap::ValueEnum;
 use comfy_table::Cell;
 
 use crate::model::{human_count, human_size, Counts};
-use crate::report::{Report, SiteRow};
+use crate::report::{top_n, Report, SiteRow};
 use table::{hidden_note, new_table, table_text};
 
 /// Writes a rendered report to FILE, or to stdout when there is none. A

@@ -1,6 +1,8 @@
 //! From merged map contents to a symbolized report: per site, per stack, per
 //! cache and per process. Pure: no kernel access, tested with fixtures.
 
+pub mod top_n;
+
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};

@@ -10,10 +10,10 @@ use comfy_table::Cell;
 use crate::leaks::retention::{sort_by_retention, Retention};
 use crate::model::live::AgeBucket;
 use crate::model::{human_count, human_size, Counts};
+use crate::render;
 use crate::render::hist::{self, HistLine};
 use crate::render::table::{hidden_note, table_text};
-use crate::render::{self, top_n};
-use crate::report::Report;
+use crate::report::{top_n, Report};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LeakGroupBy {

@@ -9,7 +9,8 @@ use comfy_table::Cell;
 use super::report::{MallocReport, MallocRow};
 use crate::model::{human_count, human_size};
 use crate::render::table::{self, hidden_note, new_table};
-use crate::render::{hist, stack_body, top_n};
+use crate::render::{hist, stack_body};
+use crate::report::top_n;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum MallocGroupBy {

@@ -10,7 +10,7 @@ use super::hints::Hint;
 use super::report::{CacheRow, SiteWaste, SlabReport};
 use super::watch::{CacheDelta, Presence};
 use crate::model::{human_count, human_size, pct, signed_count, signed_size};
-use crate::render::table::{new_table, render};
+use crate::render::table::{hidden_note, new_table, render};
 
 #[derive(Serialize)]
 struct JsonReport<'a> {
@@ -195,6 +195,7 @@ pub fn report_table(report: &SlabReport, width: Option<u16>) -> String {
             .duration_s
             .map_or_else(String::new, |d| format!(", traced for {d:.1} s")),
     );
+    out.push_str(&hidden_note(report.hidden));
     if !report.hints.is_empty() {
         out.push_str("\nhints:\n");
         for h in &report.hints {
@@ -240,8 +241,9 @@ pub fn watch_table(deltas: &[CacheDelta], secs: f64, rows: usize, width: Option<
     }
     let table = render(table);
     format!(
-        "slab memory change over {secs:.1} s: {}\n{table}\n",
-        signed_size(total)
+        "slab memory change over {secs:.1} s: {}\n{table}\n{}",
+        signed_size(total),
+        hidden_note(deltas.len().saturating_sub(rows)),
     )
 }
 
@@ -364,6 +366,16 @@ mod tests {
     }
 
     #[test]
+    fn table_says_how_many_caches_it_left_out() {
+        let r = build_report(ReportInput::of(&fixture()), SortKey::Size, 3);
+        let text = report_table(&r, None);
+        assert!(
+            text.contains(&format!("({} more rows not shown", r.hidden)) && r.hidden > 0,
+            "{text}"
+        );
+    }
+
+    #[test]
     fn table_mentions_hints_and_traced_columns() {
         let text = report_table(&traced_report(), None);
         assert_contains(
@@ -400,6 +412,12 @@ mod tests {
             "{text}"
         );
         assert_contains(&text, &["change over 2.0 s: -4.0K", "+2.0K"]);
+        assert!(!text.contains("more rows"), "{text}");
+        let one = watch_table(&d, 2.0, 1, None);
+        assert!(
+            one.contains("(1 more rows not shown") && !one.contains("old"),
+            "{one}"
+        );
         let v: serde_json::Value = serde_json::from_str(&watch_json(&d, 4.0, 2.0, 1)).unwrap();
         assert_eq!(v["delta_memory_bytes"], -4096);
         assert_eq!(v["caches"].as_array().unwrap().len(), 1);

@@ -10,6 +10,7 @@ use super::loss::per_second;
 use super::snapshot::{StaticCache, StaticSnapshot};
 use super::traced::{TracedCache, TracedRun};
 use super::watch::{diff, CacheDelta};
+use crate::report::top_n;
 
 /// Sites listed per cache.
 pub const TOP_SITES: usize = 5;
@@ -95,6 +96,8 @@ pub struct SlabReport {
     /// Slab memory over all caches, before cutting to `rows`.
     pub total_memory: u64,
     pub caches: Vec<CacheRow>,
+    /// Cache rows cut by `rows`.
+    pub hidden: usize,
     pub hints: Vec<Hint>,
     pub notes: Vec<String>,
 }
@@ -171,7 +174,7 @@ pub fn build_report(input: ReportInput, sort: SortKey, rows: usize) -> SlabRepor
             .cmp(&a.sort_value(effective))
             .then_with(|| a.name.cmp(&b.name))
     });
-    caches.truncate(rows);
+    let hidden = top_n::keep(&mut caches, Some(rows));
 
     let hints = match input.traced {
         Some(run) => {
@@ -192,6 +195,7 @@ pub fn build_report(input: ReportInput, sort: SortKey, rows: usize) -> SlabRepor
         sysfs: after.sysfs,
         total_memory: after.total_memory(),
         caches,
+        hidden,
         hints,
         notes,
     }
@@ -345,6 +349,7 @@ pub mod tests {
         let snap = fixture();
         let r = build_report(ReportInput::of(&snap), SortKey::Size, 5);
         assert_eq!(r.caches.len(), 5);
+        assert_eq!(r.hidden, snap.caches.len() - 5);
         let mem: Vec<u64> = r
             .caches
             .iter()

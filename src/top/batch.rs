@@ -3,7 +3,8 @@
 
 use crate::model::Counts;
 use crate::render::table::{self, new_table};
-use crate::render::{top_n, GroupBy};
+use crate::render::GroupBy;
+use crate::report::top_n;
 use crate::report::Report;
 use crate::top::view::{self, cells, headers, Interval, ObjectSizes, TopSort, ViewOptions};
 

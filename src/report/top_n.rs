@@ -1,5 +1,6 @@
 //! Cutting sorted rows to `-n`: the one place that decides how many rows a
-//! report keeps and how many it says it hid.
+//! report keeps and how many it says it hid (record, leaks, malloc, slab,
+//! top; diff counts what its table leaves out).
 
 /// Keeps the first `n` rows (all of them when `n` is None); returns how
 /// many were cut.
