@@ -14,6 +14,7 @@ use comfy_table::Cell;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{human_size, signed_size, Counts};
+use crate::render::short_list;
 use crate::render::table::{hidden_note, new_table, render};
 use crate::report::{Report, Retention};
 
@@ -155,6 +156,15 @@ fn keyed(r: &Report, by: DiffBy, measure: Measure) -> BTreeMap<(String, String),
     out
 }
 
+/// The caches of a row, as listed in its `cache` field.
+fn caches(joined: &str) -> Vec<String> {
+    joined
+        .split(',')
+        .filter(|c| !c.is_empty())
+        .map(String::from)
+        .collect()
+}
+
 /// The diff as a table, `n` rows at most, fitted to `width` columns.
 pub fn table(d: &Diff, by: DiffBy, n: usize, width: Option<u16>) -> String {
     let mut out = String::new();
@@ -193,7 +203,7 @@ pub fn table(d: &Diff, by: DiffBy, n: usize, width: Option<u16>) -> String {
         };
         t.add_row(vec![
             Cell::new(name),
-            Cell::new(&r.cache),
+            Cell::new(short_list(&caches(&r.cache), 2)),
             Cell::new(human_size(r.before_bytes)),
             Cell::new(human_size(r.after_bytes)),
             Cell::new(signed_size(r.change_bytes)),
@@ -304,6 +314,12 @@ mod tests {
         assert_eq!(d.net_bytes, 972 * 4096);
         let t = table(&d, DiffBy::Site, 10, None);
         assert_contains(&t, &["outstanding", "+3.9M", "-120K"]);
+    }
+
+    #[test]
+    fn long_cache_lists_are_shortened_in_the_table() {
+        assert_eq!(short_list(&caches("a,b,c"), 2), "a,b +1");
+        assert!(caches("").is_empty());
     }
 
     #[test]
