@@ -131,11 +131,14 @@ fn every_live_object_is_read_back() {
     if !require_root("every_live_object_is_read_back") {
         return;
     }
-    let out = kheap(&[
-        "leaks", "-d", "3", "--format", "json", "--", LOAD, "fds", "15000", "1000000", "10",
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let r: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = start_leaks(dir.path(), &[]);
+    let mut load = Background::spawn(LOAD, &["fds", "15000", "1000000", "4"]);
+    load.wait_for("holding 15000 eventfds");
+    let r = read_json(&snapshot(&mut k));
+    assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
+    k.signal(libc::SIGINT);
+    assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
     // One 64-byte eventfd_ctx per eventfd, each still held.
     let site = rows_of_fn(&r, "sites", "do_eventfd");
     let site = site
