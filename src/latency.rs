@@ -4,8 +4,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::model::Hist;
-use crate::report::LatencyRow;
+use crate::model::{Hist, LatencyRow};
 use crate::symbolize::{label_frame, Frame, Symbolize};
 
 /// Allocator entry points, each with its names across kernel versions

@@ -11,6 +11,7 @@ pub mod cmd;
 pub mod diff;
 pub mod kernel;
 pub mod latency;
+mod layers;
 pub mod leaks;
 pub mod malloc;
 pub mod model;
@@ -19,4 +20,6 @@ pub mod report;
 pub mod slab;
 pub mod symbolize;
 pub mod target;
+#[cfg(test)]
+mod testing;
 pub mod top;

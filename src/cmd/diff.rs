@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 
 use crate::diff::{self, DiffBy};
+use crate::render::table::output_width;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum DiffFormat {
@@ -40,7 +41,7 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     let (before, after) = (read(&args.before)?, read(&args.after)?);
     let d = diff::diff(&before, &after, args.by);
     let text = match args.format {
-        DiffFormat::Table => diff::table(&d, args.by, args.top),
+        DiffFormat::Table => diff::table(&d, args.by, args.top, output_width(None)),
         DiffFormat::Json => serde_json::to_string_pretty(&d)? + "\n",
     };
     let _ = std::io::stdout().lock().write_all(text.as_bytes());

@@ -1,16 +1,13 @@
 //! `kheap doctor`: what this kernel offers and how kheap will attach.
 
 use anyhow::Result;
-use comfy_table::presets::UTF8_FULL_CONDENSED;
-use comfy_table::Table;
 
 use crate::kernel::attach::kmem_hooks;
 use crate::kernel::features::{self, Tracefs};
+use crate::render::table::{new_table, output_width, render};
 
 pub fn run() -> Result<i32> {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED)
-        .set_header(vec!["feature", "status"]);
+    let mut t = new_table(&["feature", "status"], &[1], output_width(None));
     let mut row = |k: &str, v: String| {
         t.add_row(vec![k.to_string(), v]);
     };
@@ -130,6 +127,6 @@ pub fn run() -> Result<i32> {
         "unknown (needs root and BTF to try)".to_string()
     };
     row("kheap record attaches with", mode);
-    println!("{t}");
+    println!("{}", render(t));
     Ok(0)
 }

@@ -16,8 +16,9 @@ use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
+use crate::model::snapshot::Snapshot;
 use crate::render::Format;
-use crate::report::{self, BuildOptions, Report, RunInfo, Snapshot};
+use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::symbolize::KernelSymbols;
 
 #[derive(Args, Debug)]
@@ -241,7 +242,13 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
     let top = crate::render::default_top(args.format, args.top);
     let hidden = leak_render::apply_top(&mut report, args.by, top);
     let text = match args.format {
-        Format::Table => leak_render::table(&report, args.by, hidden, 3),
+        Format::Table => leak_render::table(
+            &report,
+            args.by,
+            hidden,
+            3,
+            crate::render::table::output_width(args.output.as_deref()),
+        ),
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
         Format::Folded => leak_render::folded(&report),
     };

@@ -3,11 +3,10 @@
 //! what was never freed.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 
 use crate::cli::parse_secs;
@@ -315,22 +314,13 @@ impl Scanner {
 }
 
 fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
-    let top = match args.format {
-        Format::Table => Some(args.top.unwrap_or(20)),
-        _ => args.top,
-    };
-    let hidden = render::apply_top(&mut report, args.sort, top);
+    let top = crate::render::default_top(args.format, args.top);
+    let hidden = render::apply_top(&mut report, args.by, args.sort, top);
+    let width = crate::render::table::output_width(args.output.as_deref());
     let text = match args.format {
-        Format::Table => render::table(&report, args.by, hidden),
+        Format::Table => render::table(&report, args.by, hidden, width),
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
         Format::Folded => render::folded(&report),
     };
-    match &args.output {
-        Some(path) => std::fs::write(path, text)
-            .with_context(|| format!("writing the report to {}", path.display()))?,
-        None => {
-            let _ = std::io::stdout().lock().write_all(text.as_bytes());
-        }
-    }
-    Ok(())
+    crate::render::emit(&text, args.output.as_deref())
 }

@@ -305,9 +305,10 @@ pub fn run(args: RecordArgs) -> Result<i32> {
 
 fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
     let top = render::default_top(args.format, args.top);
-    let hidden = render::apply_top(&mut report, args.sort, top);
+    let hidden = render::apply_top(&mut report, args.by, args.sort, top);
+    let width = render::table::output_width(args.output.as_deref());
     let text = match args.format {
-        Format::Table => render::table(&report, args.by, hidden, 3),
+        Format::Table => render::table(&report, args.by, hidden, 3, width),
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
         Format::Folded => render::folded(&report),
     };

@@ -13,6 +13,8 @@ use crate::cmd::record::{install_stop_handler, stop_requested};
 use crate::kernel::features;
 use crate::kernel::kmem::{self as session, AttachMode, Config, Tracer};
 use crate::kernel::storage::ObjectStorage;
+use crate::model::snapshot::ProgRunTime;
+use crate::render::table::output_width;
 use crate::render::GroupBy;
 use crate::report::{self, BuildOptions, RunInfo};
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
@@ -20,7 +22,7 @@ use crate::target::resolve_pid;
 use crate::top::batch;
 use crate::top::clock::rfc3339_utc;
 use crate::top::delta::Tracker;
-use crate::top::overhead::{self_usage, Overhead, ProgRunTime, SelfUsage};
+use crate::top::overhead::{self_usage, Overhead, SelfUsage};
 use crate::top::tui::{self, Action, App, Input, Screen};
 use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions};
 
@@ -279,7 +281,9 @@ fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         deadline = next_deadline(deadline, args.interval);
         let text = match args.format {
             TopFormat::Json => batch::json(&iv, args.sort, args.rows),
-            TopFormat::Table => batch::text(&iv, &view, &top.sizes, limit) + "\n",
+            TopFormat::Table => {
+                batch::text(&iv, &view, &top.sizes, limit, output_width(None)) + "\n"
+            }
         };
         let mut out = std::io::stdout().lock();
         // A closed pipe (| head) ends the run quietly.
@@ -376,7 +380,8 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
     // still ends with a report.
     if stop_requested() {
         if let Some(iv) = &current {
-            let text = batch::text(iv, &app.view, &top.sizes, args.rows.unwrap_or(20));
+            let limit = args.rows.unwrap_or(20);
+            let text = batch::text(iv, &app.view, &top.sizes, limit, output_width(None));
             let _ = std::io::stdout().write_all(text.as_bytes());
         }
     }

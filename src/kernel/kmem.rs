@@ -20,11 +20,9 @@ use crate::kernel::features::{self, KernelBtf, Tracefs};
 use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 use crate::kernel::storage::ObjectStorage;
-use crate::leaks::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
-use crate::model::CacheId;
-use crate::report::{EventCounters, SiteKey, Snapshot};
-use crate::top::delta::IdleKeys;
-use crate::top::overhead::ProgRunTime;
+use crate::model::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
+use crate::model::snapshot::{EventCounters, IdleKeys, ProgRunTime, Snapshot};
+use crate::model::{CacheId, SiteKey};
 
 pub use crate::kernel::attach::AttachMode;
 

@@ -14,6 +14,7 @@ use super::slabinfo::PROC_SLABINFO;
 use super::snapshot::{read_static, StaticSnapshot};
 use super::sysfs::SYS_KERNEL_SLAB;
 use super::watch::{diff, series};
+use crate::render::table::output_width;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
@@ -69,7 +70,7 @@ impl SlabArgs {
 pub fn print_report(args: &SlabArgs, input: ReportInput) -> Result<()> {
     let report = build_report(input, args.sort, args.rows);
     let text = match args.format {
-        OutputFormat::Table => report_table(&report),
+        OutputFormat::Table => report_table(&report, output_width(None)),
         OutputFormat::Json => report_json(&report) + "\n",
     };
     let mut out = std::io::stdout().lock();
@@ -92,13 +93,7 @@ pub fn run_static(args: &SlabArgs) -> Result<()> {
     }
     let Some(total) = args.duration else {
         let snap = args.read_static()?;
-        return print_report(
-            args,
-            ReportInput {
-                after: Some(&snap),
-                ..Default::default()
-            },
-        );
+        return print_report(args, ReportInput::of(&snap));
     };
     // Sample about ten times so steady growth can be told from a blip.
     let interval = (total / 10.0).clamp(0.2, 10.0);
@@ -144,7 +139,12 @@ fn watch(args: &SlabArgs, secs: f64) -> Result<()> {
                 if clear {
                     t.push_str("\x1b[2J\x1b[H");
                 }
-                t.push_str(&watch_table(&deltas, elapsed, args.rows));
+                t.push_str(&watch_table(
+                    &deltas,
+                    elapsed,
+                    args.rows,
+                    output_width(None),
+                ));
                 for n in &cur.notes {
                     t.push_str(&format!("note: {n}\n"));
                 }
