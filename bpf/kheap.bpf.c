@@ -26,6 +26,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#include "maps.bpf.h"
 #include "kheap.h"
 #include "lat_starts.bpf.h"
 #include "alloc_stats.bpf.h"
@@ -40,86 +41,36 @@ const volatile struct kheap_config cfg = {};
 /* Written by the `clock` program, which user space runs on demand. */
 struct clock_sample clock_now = {};
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 8192);
-	__type(key, struct site_key);
-	__type(value, struct alloc_stats);
-} sites SEC(".maps");
+KHEAP_PERCPU_HASH(sites, struct site_key, struct alloc_stats, 8192);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 8192);
-	__type(key, struct stack_key);
-	__type(value, struct alloc_stats);
-} stacks SEC(".maps");
+KHEAP_PERCPU_HASH(stacks, struct stack_key, struct alloc_stats, 8192);
 
 /* Per process (tgid); only updated when the report is grouped by process. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, struct alloc_stats);
-} procs SEC(".maps");
+KHEAP_PERCPU_HASH(procs, __u32, struct alloc_stats, 4096);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, struct proc_info);
-} proc_comms SEC(".maps");
+KHEAP_HASH(proc_comms, __u32, struct proc_info, 4096);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 2048);
-	__type(key, __u64);
-	__type(value, struct cache_frees);
-} cache_frees SEC(".maps");
+KHEAP_PERCPU_HASH(cache_frees, __u64, struct cache_frees, 2048);
 
 /* Written once per cache, when a cache is first seen, off the hot path. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 2048);
-	__type(key, __u64);
-	__type(value, struct cache_name);
-} cache_names SEC(".maps");
+KHEAP_HASH(cache_names, __u64, struct cache_name, 2048);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct counters);
-} counters SEC(".maps");
+KHEAP_PERCPU_SLOT(counters, struct counters);
 
 /* Per-CPU countdown to the next sampled stack. Refilled with a random gap
  * of 1..2N (mean ~N): a helper call once per sample instead of per event,
  * and random gaps keep periodic allocation patterns from aliasing. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} sample_countdown SEC(".maps");
+KHEAP_PERCPU_SLOT(sample_countdown, __u32);
 
 /* leaks: live objects by address. Sized from user space (1 entry unless
  * cfg.track_live). Preallocated: with BPF_F_NO_PREALLOC, element allocation
  * itself runs kmalloc, which recurses into these programs (measured:
  * recursion misses and 5x slower kmem_cache_alloc events). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 262144);
-	__type(key, __u64);
-	__type(value, struct live_obj);
-} live SEC(".maps");
+KHEAP_HASH(live, __u64, struct live_obj, 262144);
 
 /* leaks: same keys as `sites`; only on the rare path of an address reused
  * while tracked. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 8192);
-	__type(key, struct site_key);
-	__type(value, struct site_unseen);
-} unseen SEC(".maps");
+KHEAP_PERCPU_HASH(unseen, struct site_key, struct site_unseen, 8192);
 
 static const struct site_unseen zero_unseen;
 

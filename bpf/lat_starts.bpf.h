@@ -8,11 +8,6 @@
 #ifndef KHEAP_LAT_STARTS_BPF_H
 #define KHEAP_LAT_STARTS_BPF_H
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, KHEAP_LAT_STARTS);
-	__type(key, __u64);
-	__type(value, struct lat_start);
-} lat_starts SEC(".maps");
+KHEAP_HASH(lat_starts, __u64, struct lat_start, KHEAP_LAT_STARTS);
 
 #endif /* KHEAP_LAT_STARTS_BPF_H */

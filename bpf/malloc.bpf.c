@@ -22,6 +22,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#include "maps.bpf.h"
 #include "kheap.h"
 #include "malloc.h"
 #include "task_filter.bpf.h"
@@ -31,20 +32,10 @@ char LICENSE[] SEC("license") = "GPL";
 
 const volatile struct malloc_config cfg = {};
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct malloc_key);
-	__type(value, struct malloc_stats);
-} sites SEC(".maps");
+KHEAP_PERCPU_HASH(sites, struct malloc_key, struct malloc_stats, 16384);
 
 /* Blocks allocated while tracing and not freed yet (cfg.track_live). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 262144);
-	__type(key, struct live_key);
-	__type(value, struct live_alloc);
-} live SEC(".maps");
+KHEAP_HASH(live, struct live_key, struct live_alloc, 262144);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
@@ -53,35 +44,15 @@ struct {
 	__type(value, struct thread_state);
 } threads SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct vma_key);
-	__type(value, struct vma_info);
-} vmas SEC(".maps");
+KHEAP_HASH(vmas, struct vma_key, struct vma_info, 16384);
 
 /* execve()s per traced process: user space re-reads the mappings of a
  * process whose count changed (it may map another C library now). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u32);
-	__type(value, __u32);
-} execs SEC(".maps");
+KHEAP_HASH(execs, __u32, __u32, 8192);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, struct file_id);
-	__type(value, struct exec_path);
-} exec_paths SEC(".maps");
+KHEAP_HASH(exec_paths, struct file_id, struct exec_path, 1024);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct malloc_counters);
-} counters SEC(".maps");
+KHEAP_PERCPU_SLOT(counters, struct malloc_counters);
 
 static struct malloc_stats zero_stats;
 

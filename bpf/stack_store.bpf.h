@@ -7,28 +7,18 @@
  * (64 bits), and kept in a hash map keyed by that hash: two different stacks
  * only collide if their 63-bit hashes are equal (odds ~n^2/2^64, about 1e-11
  * for 16k stacks), and a full map is counted, never confused with another
- * stack. Include after vmlinux.h, the libbpf headers and kheap.h (for
- * struct stack_frames and KHEAP_STACK_DEPTH).
+ * stack. Include after vmlinux.h, the libbpf headers, maps.bpf.h and kheap.h
+ * (for struct stack_frames and KHEAP_STACK_DEPTH).
  */
 #ifndef KHEAP_STACK_STORE_BPF_H
 #define KHEAP_STACK_STORE_BPF_H
 
 /* Resized from user space before load (twice the stacks kept: idle stacks
  * are deleted by `kheap top`, and a stack is stored before its counts). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64);
-	__type(value, struct stack_frames);
-} stack_traces SEC(".maps");
+KHEAP_HASH(stack_traces, __u64, struct stack_frames, 16384);
 
 /* One stack being captured (too big for the BPF stack). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct stack_frames);
-} stack_scratch SEC(".maps");
+KHEAP_PERCPU_SLOT(stack_scratch, struct stack_frames);
 
 enum stack_result {
 	STACK_OK,

@@ -10,12 +10,7 @@
 
 /* Processes (tgids) whose events are counted when a PID filter is on: filled
  * by user space and by follow_fork(). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u32);
-	__type(value, __u8);
-} pid_filter SEC(".maps");
+KHEAP_HASH(pid_filter, __u32, __u8, 8192);
 
 static __always_inline bool pid_traced(__u32 tgid)
 {

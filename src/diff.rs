@@ -15,9 +15,10 @@ use comfy_table::Cell;
 use serde::{Deserialize, Serialize};
 
 use crate::contract::{self, Kind};
-use crate::model::human_size;
-use crate::render::new_table;
-use crate::report::{Counts, Report, Retention};
+use crate::model::{human_size, signed_size, Counts};
+use crate::render::short_list;
+use crate::render::table::{hidden_note, new_table, render};
+use crate::report::{Report, Retention};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -194,13 +195,17 @@ fn keyed(r: &Report, by: DiffBy, measure: Measure) -> BTreeMap<(String, String),
     out
 }
 
-fn signed_size(v: i64) -> String {
-    let sign = if v < 0 { "-" } else { "+" };
-    format!("{sign}{}", human_size(v.unsigned_abs()))
+/// The caches of a row, as listed in its `cache` field.
+fn caches(joined: &str) -> Vec<String> {
+    joined
+        .split(',')
+        .filter(|c| !c.is_empty())
+        .map(String::from)
+        .collect()
 }
 
-/// The diff as a table, `n` rows at most.
-pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
+/// The diff as a table, `n` rows at most, fitted to `width` columns.
+pub fn table(d: &Diff, by: DiffBy, n: usize, width: Option<u16>) -> String {
     let mut out = String::new();
     let what = match d.measure {
         Measure::Outstanding => "outstanding (still allocated) memory",
@@ -218,9 +223,13 @@ pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
         DiffBy::Stack => "stack (innermost frame)",
         DiffBy::Cache => "cache",
     };
-    let mut t = new_table(&[
-        first, "cache", "before", "after", "change", "objects", "change",
-    ]);
+    let mut t = new_table(
+        &[
+            first, "cache", "before", "after", "change", "objects", "change",
+        ],
+        &[1],
+        width,
+    );
     for r in d.rows.iter().take(n) {
         let name = match by {
             DiffBy::Stack => r
@@ -233,7 +242,7 @@ pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
         };
         t.add_row(vec![
             Cell::new(name),
-            Cell::new(&r.cache),
+            Cell::new(short_list(&caches(&r.cache), 2)),
             Cell::new(human_size(r.before_bytes)),
             Cell::new(human_size(r.after_bytes)),
             Cell::new(signed_size(r.change_bytes)),
@@ -241,14 +250,8 @@ pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
             Cell::new(format!("{:+}", r.change_count)),
         ]);
     }
-    let _ = writeln!(out, "{t}");
-    if d.rows.len() > n {
-        let _ = writeln!(
-            out,
-            "({} more rows not shown; use -n to see more)",
-            d.rows.len() - n
-        );
-    }
+    let _ = writeln!(out, "{}", render(t));
+    out.push_str(&hidden_note(d.rows.len().saturating_sub(n)));
     if d.rows.is_empty() {
         let _ = writeln!(out, "(no differences)");
     }
@@ -259,6 +262,7 @@ pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
 mod tests {
     use super::*;
     use crate::report::{CacheRow, LeakSummary, SiteRow, StackRow};
+    use crate::testing::assert_contains;
 
     fn ret(count: u64, bytes: u64) -> Option<Retention> {
         Some(Retention {
@@ -347,10 +351,14 @@ mod tests {
         assert_eq!(d.grew_bytes, 1002 * 4096);
         assert_eq!(d.shrank_bytes, 30 * 4096);
         assert_eq!(d.net_bytes, 972 * 4096);
-        let t = table(&d, DiffBy::Site, 10);
-        assert!(t.contains("outstanding"), "{t}");
-        assert!(t.contains("+3.9M"), "{t}");
-        assert!(t.contains("-120K"), "{t}");
+        let t = table(&d, DiffBy::Site, 10, None);
+        assert_contains(&t, &["outstanding", "+3.9M", "-120K"]);
+    }
+
+    #[test]
+    fn long_cache_lists_are_shortened_in_the_table() {
+        assert_eq!(short_list(&caches("a,b,c"), 2), "a,b +1");
+        assert!(caches("").is_empty());
     }
 
     #[test]
@@ -361,7 +369,7 @@ mod tests {
         assert_eq!(d.rows.len(), 1);
         assert_eq!(d.rows[0].name, "__kmalloc_noprof+0x1;load_msg+0x10");
         assert_eq!(d.rows[0].change_bytes, 20 * 4096);
-        assert!(table(&d, DiffBy::Stack, 5).contains("load_msg+0x10"));
+        assert!(table(&d, DiffBy::Stack, 5, None).contains("load_msg+0x10"));
         let d = diff(Kind::Leaks, &before, &after, DiffBy::Cache);
         assert_eq!(d.rows[0].name, "kmalloc-cg-4k");
         assert_eq!(d.rows[0].change_count, 20);
@@ -374,7 +382,7 @@ mod tests {
         let d = diff(Kind::Record, &before, &after, DiffBy::Site);
         assert_eq!((d.compared, d.measure), (Kind::Record, Measure::Allocated));
         assert_eq!(d.rows[0].change_count, 20);
-        assert!(table(&d, DiffBy::Site, 5).contains("allocation volume"));
+        assert!(table(&d, DiffBy::Site, 5, None).contains("allocation volume"));
     }
 
     #[test]

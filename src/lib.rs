@@ -11,6 +11,8 @@ pub mod cmd;
 pub mod contract;
 pub mod diff;
 pub mod kernel;
+pub mod latency;
+mod layers;
 pub mod leaks;
 pub mod malloc;
 pub mod model;
@@ -19,6 +21,8 @@ pub mod report;
 pub mod slab;
 pub mod symbolize;
 pub mod target;
+#[cfg(test)]
+mod testing;
 pub mod top;
 
 /// The JSON contract's validator, shared with the root tests.

@@ -59,9 +59,7 @@ fn snapshot(k: &mut Background) -> PathBuf {
 
 #[test]
 fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
-    if !require_root("held_objects_are_outstanding_with_their_age_then_return_to_zero") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--exact-stacks"]);
     let mut load = Background::spawn(LOAD, &["msg", "500", "2100", "4"]);
@@ -128,15 +126,15 @@ fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
 /// held eventfds as live, and the rest as freed).
 #[test]
 fn every_live_object_is_read_back() {
-    if !require_root("every_live_object_is_read_back") {
-        return;
-    }
-    let out = kheap(&[
-        "leaks", "-d", "3", "--format", "json", "--", LOAD, "fds", "15000", "1000000", "10",
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let r = parse_valid(&String::from_utf8_lossy(&out.stdout));
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = start_leaks(dir.path(), &[]);
+    let mut load = Background::spawn(LOAD, &["fds", "15000", "1000000", "4"]);
+    load.wait_for("holding 15000 eventfds");
+    let r = read_json(&snapshot(&mut k));
+    assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
+    k.signal(libc::SIGINT);
+    assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
     // One 64-byte eventfd_ctx per eventfd, each still held.
     let site = rows_of_fn(&r, "sites", "do_eventfd");
     let site = site
@@ -161,9 +159,7 @@ fn every_live_object_is_read_back() {
 
 #[test]
 fn diff_of_snapshots_shows_the_workload_as_top_grower() {
-    if !require_root("diff_of_snapshots_shows_the_workload_as_top_grower") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &[]);
     let before = snapshot(&mut k);
@@ -221,9 +217,7 @@ fn diff_of_snapshots_shows_the_workload_as_top_grower() {
 
 #[test]
 fn frees_of_objects_allocated_before_tracing_are_not_negative_growth() {
-    if !require_root("frees_of_objects_allocated_before_tracing_are_not_negative_growth") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     // The messages exist before kheap starts; kheap sees only their frees.
     let mut load = Background::spawn(LOAD, &["msg", "400", "2100", "3"]);
@@ -245,9 +239,7 @@ fn frees_of_objects_allocated_before_tracing_are_not_negative_growth() {
 
 #[test]
 fn address_sampling_keeps_allocation_and_free_together() {
-    if !require_root("address_sampling_keeps_allocation_and_free_together") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--sample", "4"]);
     let mut load = Background::spawn(LOAD, &["msg", "2000", "2100", "3"]);
@@ -275,9 +267,7 @@ fn address_sampling_keeps_allocation_and_free_together() {
 
 #[test]
 fn a_full_object_map_is_counted_not_hidden() {
-    if !require_root("a_full_object_map_is_counted_not_hidden") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--max-objects", "100"]);
     let mut load = Background::spawn(LOAD, &["msg", "500", "2100", "3"]);
@@ -303,9 +293,7 @@ fn a_full_object_map_is_counted_not_hidden() {
 
 #[test]
 fn sigterm_detaches_and_still_reports() {
-    if !require_root("sigterm_detaches_and_still_reports") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &[]);
     let ids = bpf_prog_ids(k.child.id());
@@ -321,9 +309,7 @@ fn sigterm_detaches_and_still_reports() {
 
 #[test]
 fn bad_input_is_one_line() {
-    if !require_root("bad_input_is_one_line") {
-        return;
-    }
+    require_root();
     let one_line_error = |args: &[&str], start: &str| {
         let out = kheap(args);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
@@ -376,9 +362,7 @@ fn bad_input_is_one_line() {
 
 #[test]
 fn every_attach_mechanism_tracks_the_same_objects() {
-    if !require_root("every_attach_mechanism_tracks_the_same_objects") {
-        return;
-    }
+    require_root();
     for (mode, shown) in [("tracepoint", ": tracepoint"), ("raw", ": raw_tp")] {
         held_messages_tracked_with(mode, shown);
     }
@@ -431,9 +415,7 @@ fn held_messages_tracked_with(mode: &str, shown: &str) {
 
 #[test]
 fn min_age_counts_only_objects_that_old() {
-    if !require_root("min_age_counts_only_objects_that_old") {
-        return;
-    }
+    require_root();
     // Held ~1-2 s when the 1 s snapshot is taken: younger than --min-age 30.
     let dir = tempfile::tempdir().unwrap();
     let out = kheap(&[

@@ -209,9 +209,7 @@ fn cases_include(allocator: &str, function: &str) -> bool {
 
 #[test]
 fn command_rows_name_each_direct_caller_exactly() {
-    if !require_root("command_rows_name_each_direct_caller_exactly") {
-        return;
-    }
+    require_root();
     let w = Workload::build(&[]);
     let r = malloc_json(&["--outstanding", "--", w.path()]);
     assert_workload_rows(&r, true);
@@ -229,9 +227,7 @@ fn command_rows_name_each_direct_caller_exactly() {
 
 #[test]
 fn pid_and_command_sharing_a_library_count_once() {
-    if !require_root("pid_and_command_sharing_a_library_count_once") {
-        return;
-    }
+    require_root();
     // The sleeper's maps name the C library /usr/lib/…, the command's loader
     // may say /lib/…: one file, probed once.
     let w = Workload::build(&[]);
@@ -252,9 +248,7 @@ fn pid_and_command_sharing_a_library_count_once() {
 
 #[test]
 fn counts_are_the_same_without_return_probes() {
-    if !require_root("counts_are_the_same_without_return_probes") {
-        return;
-    }
+    require_root();
     let w = Workload::build(&[]);
     let r = malloc_json(&["--", w.path()]);
     assert_workload_rows(&r, false);
@@ -263,9 +257,7 @@ fn counts_are_the_same_without_return_probes() {
 
 #[test]
 fn stacks_start_at_the_direct_caller() {
-    if !require_root("stacks_start_at_the_direct_caller") {
-        return;
-    }
+    require_root();
     let w = Workload::build(&[]);
     let r = malloc_json(&["--by", "stack", "--", w.path()]);
     let stacks: Vec<&Value> = r["stacks"]
@@ -294,9 +286,7 @@ fn stacks_start_at_the_direct_caller() {
 
 #[test]
 fn threads_and_forked_and_execed_children_are_traced() {
-    if !require_root("threads_and_forked_and_execed_children_are_traced") {
-        return;
-    }
+    require_root();
     let w = Workload::build(&[]);
     let r = malloc_json(&["--outstanding", "--", w.path(), "fork"]);
     assert_workload_rows(&r, true);
@@ -349,9 +339,7 @@ impl Drop for Waiting {
 
 #[test]
 fn running_process_by_pid_until_it_exits() {
-    if !require_root("running_process_by_pid_until_it_exits") {
-        return;
-    }
+    require_root();
     let w = Workload::build(&[]);
     let mut waiting = Waiting {
         child: Command::new(&w.exe)
@@ -402,9 +390,7 @@ fn running_process_by_pid_until_it_exits() {
 
 #[test]
 fn ctrl_c_prints_the_report_and_detaches() {
-    if !require_root("malloc: ctrl_c_prints_the_report_and_detaches") {
-        return;
-    }
+    require_root();
     let w = Workload::build(&[]);
     let mut target = Waiting {
         child: Command::new(&w.exe)
@@ -475,9 +461,7 @@ fn executable(dir: &Path, name: &str, content: &[u8]) -> String {
 
 #[test]
 fn bad_input_gives_one_line_errors() {
-    if !require_root("malloc: bad_input_gives_one_line_errors") {
-        return;
-    }
+    require_root();
     assert_one_line_error(&kheap(&["malloc"]), "give -p PID or -- COMMAND");
     assert_one_line_error(
         &kheap(&["malloc", "-p", "3999999"]),
@@ -529,9 +513,7 @@ fn bad_input_gives_one_line_errors() {
 
 #[test]
 fn static_program_with_lib_pointing_at_itself() {
-    if !require_root("static_program_with_lib_pointing_at_itself") {
-        return;
-    }
+    require_root();
     // --lib names the file that holds the allocator: here the program.
     let st = Workload::build(&["-static"]);
     let r = malloc_json(&["--lib", st.path(), "--", st.path()]);
@@ -543,9 +525,7 @@ fn static_program_with_lib_pointing_at_itself() {
 
 #[test]
 fn lib_points_the_probes_at_another_allocator() {
-    if !require_root("lib_points_the_probes_at_another_allocator") {
-        return;
-    }
+    require_root();
     let w = Workload::build(&[]);
     let src = w.dir.path().join("bump_alloc.c");
     std::fs::write(&src, include_str!("data/bump_alloc.c")).unwrap();
@@ -608,9 +588,7 @@ fn lib_points_the_probes_at_another_allocator() {
 
 #[test]
 fn table_and_folded_output() {
-    if !require_root("malloc: table_and_folded_output") {
-        return;
-    }
+    require_root();
     let w = Workload::build(&[]);
     let out = kheap(&["malloc", "--outstanding", "--", w.path()]);
     let text = String::from_utf8_lossy(&out.stdout);

@@ -41,9 +41,7 @@ fn load_msg_count(report: &Value, list: &str) -> u64 {
 
 #[test]
 fn top_batch_json_to_a_file_covers_a_command_to_its_end() {
-    if !require_root("top_batch_json_to_a_file_covers_a_command_to_its_end") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("top.jsonl");
     // No --iterations: top ends when the command does, and its last
@@ -73,9 +71,7 @@ fn top_batch_json_to_a_file_covers_a_command_to_its_end() {
 
 #[test]
 fn slab_static_and_watch_json_follow_the_schema() {
-    if !require_root("slab_static_and_watch_json_follow_the_schema") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("slab.json");
     run_ok(&["slab", "--format", "json", "-o", path.to_str().unwrap()]);
@@ -113,9 +109,7 @@ fn slab_static_and_watch_json_follow_the_schema() {
 
 #[test]
 fn slab_traced_filters_select_the_allocations() {
-    if !require_root("slab_traced_filters_select_the_allocations") {
-        return;
-    }
+    require_root();
     // 300 messages of 2100 bytes: 300 kmallocs of 2148 bytes in load_msg.
     let site_count = |filter: &[&str]| -> u64 {
         let mut args = vec!["slab", "--format", "json"];
@@ -138,9 +132,7 @@ fn slab_traced_filters_select_the_allocations() {
 
 #[test]
 fn diff_compares_record_reports_and_refuses_mixed_kinds() {
-    if !require_root("diff_compares_record_reports_and_refuses_mixed_kinds") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let report = |sub: &str, count: &str| {
         let path = dir.path().join(format!("{sub}-{count}.json"));

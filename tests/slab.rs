@@ -10,9 +10,7 @@ use common::*;
 
 #[test]
 fn waste_just_above_a_size_class_is_exact_and_hinted() {
-    if !require_root("waste_just_above_a_size_class_is_exact_and_hinted") {
-        return;
-    }
+    require_root();
     // 2000 messages of 2100 bytes: 2000 kmallocs of 2148 bytes in load_msg,
     // rounded up to 4096. Only the command's allocations are traced.
     let out = kheap(&[
@@ -65,9 +63,7 @@ fn waste_just_above_a_size_class_is_exact_and_hinted() {
 
 #[test]
 fn slabinfo_needs_root_and_says_so() {
-    if !require_root("slabinfo_needs_root_and_says_so") {
-        return;
-    }
+    require_root();
     use std::os::unix::process::CommandExt;
     let out = Command::new(KHEAP)
         .arg("slab")

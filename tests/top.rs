@@ -91,9 +91,7 @@ fn iovec_site(interval: &Value) -> Option<&Value> {
 
 #[test]
 fn batch_json_rates_match_the_loop() {
-    if !require_root("batch_json_rates_match_the_loop") {
-        return;
-    }
+    require_root();
     let load = Loop::start(10);
     let out = kheap(&[
         "top",
@@ -148,9 +146,7 @@ fn batch_json_rates_match_the_loop() {
 
 #[test]
 fn batch_table_is_plain_text_with_timestamps() {
-    if !require_root("batch_table_is_plain_text_with_timestamps") {
-        return;
-    }
+    require_root();
     let load = Loop::start(6);
     let out = kheap(&[
         "top",
@@ -188,9 +184,7 @@ fn batch_table_is_plain_text_with_timestamps() {
 
 #[test]
 fn process_view_counts_the_loop_process() {
-    if !require_root("process_view_counts_the_loop_process") {
-        return;
-    }
+    require_root();
     let load = Loop::start(6);
     let pid = load.pid();
     let out = kheap(&[
@@ -230,9 +224,7 @@ fn process_view_counts_the_loop_process() {
 
 #[test]
 fn cache_view_shows_frees_of_dedicated_caches() {
-    if !require_root("cache_view_shows_frees_of_dedicated_caches") {
-        return;
-    }
+    require_root();
     // SysV queues: each msgget/IPC_RMID allocates and frees from caches;
     // the msg_msg buffers come from kmalloc-4k (no attributable frees).
     let mut top = Command::new(KHEAP)
@@ -288,9 +280,7 @@ fn cache_view_shows_frees_of_dedicated_caches() {
 
 #[test]
 fn aging_out_idle_keys_loses_and_doubles_nothing() {
-    if !require_root("aging_out_idle_keys_loses_and_doubles_nothing") {
-        return;
-    }
+    require_root();
     // The loop waits on stdin until top counts, runs 1 s, then stops; with
     // --idle-intervals 1 its site and stacks are deleted from the maps one
     // idle interval later. Summed over the intervals, top must still see
@@ -350,9 +340,7 @@ fn aging_out_idle_keys_loses_and_doubles_nothing() {
 /// Bad invocations: one line, non-zero exit, nothing attached.
 #[test]
 fn bad_input_gives_one_line_errors() {
-    if !require_root("top bad_input_gives_one_line_errors") {
-        return;
-    }
+    require_root();
     let check = |args: &[&str], expect: &str| {
         let out = kheap(args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -502,9 +490,7 @@ fn start_top_in(tmux: &Tmux, load: &Loop) -> u32 {
 
 #[test]
 fn interactive_keys_sort_expand_and_quit() {
-    if !require_root("interactive_keys_sort_expand_and_quit") {
-        return;
-    }
+    require_root();
     let load = Loop::start(60);
     let tmux = Tmux::start("keys");
     let pid = start_top_in(&tmux, &load);
@@ -551,9 +537,7 @@ fn interactive_keys_sort_expand_and_quit() {
 
 #[test]
 fn sigterm_restores_the_terminal_and_detaches() {
-    if !require_root("sigterm_restores_the_terminal_and_detaches") {
-        return;
-    }
+    require_root();
     let load = Loop::start(60);
     let tmux = Tmux::start("sigterm");
     let pid = start_top_in(&tmux, &load);

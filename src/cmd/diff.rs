@@ -10,6 +10,7 @@ use crate::cli::{OutputArgs, TableOrJson};
 use crate::contract::{self, Kind};
 use crate::diff::{self, DiffBy};
 use crate::render::emit;
+use crate::render::table::output_width;
 
 #[derive(Args, Debug)]
 pub struct DiffArgs {
@@ -36,7 +37,12 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     let mut d = diff::diff(kind, &before, &after, args.by);
     let out = &args.output;
     let text = match out.format {
-        TableOrJson::Table => diff::table(&d, args.by, out.rows().unwrap_or(usize::MAX)),
+        TableOrJson::Table => diff::table(
+            &d,
+            args.by,
+            out.rows().unwrap_or(usize::MAX),
+            output_width(out.output()),
+        ),
         TableOrJson::Json => {
             if let Some(n) = out.rows() {
                 d.rows.truncate(n);

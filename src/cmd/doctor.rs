@@ -1,15 +1,13 @@
 //! `kheap doctor`: what this kernel offers and how kheap will attach.
 
 use anyhow::Result;
-use comfy_table::presets::UTF8_FULL_CONDENSED;
-use comfy_table::Table;
 
-use crate::kernel::features::{self, Tracefs, KMEM_TRACEPOINTS};
+use crate::kernel::attach::kmem_hooks;
+use crate::kernel::features::{self, Tracefs};
+use crate::render::table::{new_table, output_width, render};
 
 pub fn run() -> Result<i32> {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED)
-        .set_header(vec!["feature", "status"]);
+    let mut t = new_table(&["feature", "status"], &[1], output_width(None));
     let mut row = |k: &str, v: String| {
         t.add_row(vec![k.to_string(), v]);
     };
@@ -52,7 +50,7 @@ pub fn run() -> Result<i32> {
             Err(e) => e.clone(),
         },
     );
-    for tp in KMEM_TRACEPOINTS {
+    for tp in kmem_hooks().map(|h| h.tracepoint) {
         let classic = tracefs
             .as_ref()
             .map(|t| t.has_event("kmem", tp))
@@ -71,7 +69,7 @@ pub fn run() -> Result<i32> {
             Ok((resolved, fentry)) => {
                 let names: Vec<String> = resolved
                     .iter()
-                    .zip(crate::kernel::latency::ALLOCATOR_FUNCTIONS)
+                    .zip(crate::latency::ALLOCATOR_FUNCTIONS)
                     .map(|(r, names)| r.map_or(format!("({} absent)", names[0]), str::to_string))
                     .collect();
                 row("allocator functions", names.join(", "));
@@ -129,6 +127,6 @@ pub fn run() -> Result<i32> {
         "unknown (needs root and BTF to try)".to_string()
     };
     row("kheap record attaches with", mode);
-    println!("{t}");
+    println!("{}", render(t));
     Ok(0)
 }

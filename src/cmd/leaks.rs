@@ -17,8 +17,9 @@ use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
+use crate::model::snapshot::Snapshot;
 use crate::render::Format;
-use crate::report::{self, BuildOptions, Report, RunInfo, Snapshot};
+use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::symbolize::KernelSymbols;
 
 #[derive(Args, Debug)]
@@ -209,7 +210,13 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
     let out = &args.output;
     let hidden = leak_render::apply_top(&mut report, args.by, out.rows());
     let text = match out.format {
-        Format::Table => leak_render::table(&report, args.by, hidden, 3),
+        Format::Table => leak_render::table(
+            &report,
+            args.by,
+            hidden,
+            3,
+            crate::render::table::output_width(out.output()),
+        ),
         Format::Json => contract::pretty(Kind::Leaks, &report),
         Format::Folded => leak_render::folded(&report),
     };

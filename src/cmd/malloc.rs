@@ -334,9 +334,10 @@ impl Scanner {
 
 fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
     let out = &args.output;
-    let hidden = render::apply_top(&mut report, args.sort, out.rows());
+    let hidden = render::apply_top(&mut report, args.by, args.sort, out.rows());
+    let width = crate::render::table::output_width(out.output());
     let text = match out.format {
-        Format::Table => render::table(&report, args.by, hidden),
+        Format::Table => render::table(&report, args.by, hidden, width),
         Format::Json => contract::pretty(Kind::Malloc, &report),
         Format::Folded => render::folded(&report),
     };

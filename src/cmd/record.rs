@@ -140,7 +140,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         },
     );
     if let Some(data) = &latency_data {
-        report.latency = crate::kernel::latency::rows(data, &syms);
+        report.latency = crate::latency::rows(data, &syms);
         report.lost.latency_unmatched = data.missed_start;
         report.lost.map_full += data.map_full;
     }
@@ -150,9 +150,10 @@ pub fn run(args: RecordArgs) -> Result<i32> {
 
 fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
     let out = &args.output;
-    let hidden = render::apply_top(&mut report, args.sort, out.rows());
+    let hidden = render::apply_top(&mut report, args.by, args.sort, out.rows());
+    let width = render::table::output_width(out.output());
     let text = match out.format {
-        Format::Table => render::table(&report, args.by, hidden, 3),
+        Format::Table => render::table(&report, args.by, hidden, 3, width),
         Format::Json => contract::pretty(Kind::Record, &report),
         Format::Folded => render::folded(&report),
     };

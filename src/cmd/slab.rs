@@ -10,8 +10,9 @@ use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, Tracer};
 use crate::kernel::storage::ObjectStorage;
+use crate::model::snapshot::Snapshot;
 use crate::model::CacheId;
-use crate::report::{labelled_sites, Snapshot};
+use crate::report::labelled_sites;
 use crate::slab::{self, watch::series, ReportInput, SlabArgs, TracedCache, TracedRun, TracedSite};
 use crate::symbolize::{KernelSymbols, Symbolize};
 

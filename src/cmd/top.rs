@@ -13,13 +13,15 @@ use crate::cmd::run::{self, install_stop_handler, stop_requested, Ended, Sink, T
 use crate::kernel::features;
 use crate::kernel::kmem::{self as session, Config, Tracer};
 use crate::kernel::storage::ObjectStorage;
+use crate::model::snapshot::ProgRunTime;
+use crate::render::table::output_width;
 use crate::render::GroupBy;
 use crate::report::{self, BuildOptions, RunInfo};
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
 use crate::top::batch;
 use crate::top::clock::rfc3339_utc;
 use crate::top::delta::Tracker;
-use crate::top::overhead::{self_usage, Overhead, ProgRunTime, SelfUsage};
+use crate::top::overhead::{self_usage, Overhead, SelfUsage};
 use crate::top::tui::{self, Action, App, Input, Screen};
 use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions};
 
@@ -270,7 +272,8 @@ fn batch_loop(top: &mut Top, args: &TopArgs, mut sink: Sink) -> Result<()> {
         let text = match args.output.format {
             TableOrJson::Json => batch::json(&iv, args.sort, rows),
             TableOrJson::Table => {
-                batch::text(&iv, &view, &top.sizes, rows.unwrap_or(usize::MAX)) + "\n"
+                let width = output_width(args.output.output());
+                batch::text(&iv, &view, &top.sizes, rows.unwrap_or(usize::MAX), width) + "\n"
             }
         };
         if !sink.write(&text)? {
@@ -362,7 +365,8 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
     // still ends with a report.
     if stop_requested() {
         if let Some(iv) = &current {
-            let text = batch::text(iv, &app.view, &top.sizes, args.output.rows().unwrap_or(20));
+            let limit = args.output.rows().unwrap_or(20);
+            let text = batch::text(iv, &app.view, &top.sizes, limit, output_width(None));
             let _ = std::io::stdout().write_all(text.as_bytes());
         }
     }

@@ -15,16 +15,14 @@ use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, Program, ProgramInput, ProgramMut};
 
-use crate::kernel::attach::{self, program_name, Mechanism};
+use crate::kernel::attach::{self, Hook, Mechanism, Role, HOOKS};
 use crate::kernel::features::{self, KernelBtf, Tracefs};
 use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 use crate::kernel::storage::ObjectStorage;
-use crate::leaks::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
-use crate::model::CacheId;
-use crate::report::{EventCounters, SiteKey, Snapshot};
-use crate::top::delta::IdleKeys;
-use crate::top::overhead::ProgRunTime;
+use crate::model::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
+use crate::model::snapshot::{EventCounters, IdleKeys, ProgRunTime, Snapshot};
+use crate::model::{CacheId, SiteKey};
 
 pub use crate::kernel::attach::AttachMode;
 
@@ -100,21 +98,13 @@ impl Config {
     }
 }
 
-/// The hooks, in attach order: frees before allocations, so that no tracked
-/// object's free can be missed at start.
-const HOOKS: [&str; 5] = [
-    "kfree",
-    "kmem_cache_free",
-    "sched_process_fork",
-    "kmalloc",
-    "kmem_cache_alloc",
-];
-
 pub struct Tracer<'obj> {
     skel: KheapSkel<'obj>,
     links: Vec<Link>,
     cfg: Config,
     mech: Mechanism,
+    /// The hooks attached.
+    hooks: Vec<&'static Hook>,
     /// Hook → how it is attached ("kmalloc: tp_btf").
     pub attached: Vec<String>,
     /// Hooks not attached, with the reason.
@@ -140,12 +130,11 @@ impl<'obj> Tracer<'obj> {
         storage: &'obj mut ObjectStorage,
         lat_starts: Option<BorrowedFd<'_>>,
     ) -> Result<Tracer<'obj>> {
-        features::check_btf()?;
         let kbtf = features::kernel_btf()?;
         let mut slots = storage.slots();
         let (mut tracer, refused) = attach::start_first(cfg.attach, |mech| {
             let slot = slots.next().context("no object storage left")?;
-            Self::start_with(cfg, &kbtf, mech, slot, lat_starts)
+            Self::start_with(cfg, kbtf, mech, slot, lat_starts)
         })?;
         // Shown in the report header: why a cheaper way was not used.
         tracer.skipped.extend(refused);
@@ -164,32 +153,32 @@ impl<'obj> Tracer<'obj> {
         } else {
             None
         };
-        let available = |tp: &str| mech.has_hook(tp, kbtf, tracefs.as_ref());
         let trace_frees = cfg.trace_frees || cfg.live.is_some();
         let mut skipped = Vec::new();
-        let mut enabled = Vec::new();
-        for tp in HOOKS {
-            let wanted = match tp {
-                "kfree" | "kmem_cache_free" => trace_frees,
-                "sched_process_fork" => cfg.follow_children,
-                _ => true,
+        let mut enabled: Vec<&'static Hook> = Vec::new();
+        for hook in &HOOKS {
+            let wanted = match hook.role {
+                Role::Alloc => true,
+                Role::Free => trace_frees,
+                Role::Fork => cfg.follow_children,
             };
             if !wanted {
                 continue;
             }
-            if available(tp) {
-                enabled.push(tp);
-            } else if cfg.live.is_some() && tp != "sched_process_fork" {
+            let tp = hook.tracepoint;
+            if mech.has_hook(hook, kbtf, tracefs.as_ref()) {
+                enabled.push(hook);
+            } else if cfg.live.is_some() && hook.role != Role::Fork {
                 // Without every free hook, everything would look leaked.
                 bail!("kheap leaks needs the kmem:{tp} tracepoint, which this kernel lacks");
             } else {
                 skipped.push(format!("{tp}: not available on this kernel"));
             }
         }
-        if !enabled.contains(&"kmalloc") && !enabled.contains(&"kmem_cache_alloc") {
+        if !enabled.iter().any(|h| h.role == Role::Alloc) {
             bail!("this kernel has neither the kmem:kmalloc nor the kmem:kmem_cache_alloc tracepoint: nothing to trace");
         }
-        if cfg.follow_children && !enabled.contains(&"sched_process_fork") {
+        if cfg.follow_children && !enabled.iter().any(|h| h.role == Role::Fork) {
             eprintln!("kheap: warning: sched_process_fork is not available; children of the command are not followed");
         }
 
@@ -204,7 +193,7 @@ impl<'obj> Tracer<'obj> {
             let on = if name == "clock" {
                 cfg.live.is_some()
             } else {
-                enabled.iter().any(|tp| program_name(tp, mech) == name)
+                enabled.iter().any(|h| h.program(mech) == name)
             };
             prog.set_autoload(on);
         }
@@ -216,6 +205,7 @@ impl<'obj> Tracer<'obj> {
             links: Vec::new(),
             cfg: cfg.clone(),
             mech,
+            hooks: Vec::new(),
             attached: Vec::new(),
             skipped,
             stack_cache: RefCell::default(),
@@ -228,21 +218,23 @@ impl<'obj> Tracer<'obj> {
         for &pid in &cfg.pids {
             tracer.add_pid(pid)?;
         }
-        for tp in enabled {
+        for hook in enabled {
+            let tp = hook.tracepoint;
             let link = tracer
-                .program(tp)
+                .program(hook)
                 .with_context(|| format!("no {} program for {tp}", mech.name()))?
                 .attach()
                 .with_context(|| format!("attaching to {tp}"))?;
             tracer.links.push(link);
+            tracer.hooks.push(hook);
             tracer.attached.push(format!("{tp}: {}", mech.name()));
         }
         Ok(tracer)
     }
 
     /// The loaded program of one hook, for this tracer's mechanism.
-    fn program(&self, tp: &str) -> Option<&ProgramMut<'obj>> {
-        let name = program_name(tp, self.mech);
+    fn program(&self, hook: &Hook) -> Option<&ProgramMut<'obj>> {
+        let name = hook.program(self.mech);
         let p = &self.skel.progs;
         let all = [
             &p.kmalloc_btf,
@@ -337,9 +329,9 @@ impl<'obj> Tracer<'obj> {
         for (k, v) in maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(&m.stacks)?
         {
             let id = k.stack_id;
-            if !snap.stack_frames.contains_key(&id) {
+            if let std::collections::hash_map::Entry::Vacant(e) = snap.stack_frames.entry(id) {
                 if let Some(frames) = self.stack_frames(id)? {
-                    snap.stack_frames.insert(id, frames);
+                    e.insert(frames);
                 }
             }
             let site = key(&k.site);
@@ -568,16 +560,12 @@ impl<'obj> Tracer<'obj> {
     /// CPU), from the kernel's program info. Run time and count only advance
     /// while BPF run-time statistics are enabled (`enable_run_time_stats`).
     pub fn program_stats(&self) -> Vec<(String, ProgRunTime)> {
-        let ours: Vec<(u32, &str)> = HOOKS
+        let ours: Vec<(u32, &str)> = self
+            .hooks
             .iter()
-            .filter(|tp| {
-                self.attached
-                    .iter()
-                    .any(|a| a.starts_with(&format!("{tp}:")))
-            })
-            .filter_map(|tp| {
-                let id = Program::id_from_fd(self.program(tp)?.as_fd()).ok()?;
-                Some((id, *tp))
+            .filter_map(|h| {
+                let id = Program::id_from_fd(self.program(h)?.as_fd()).ok()?;
+                Some((id, h.tracepoint))
             })
             .collect();
         let mut out: Vec<(String, ProgRunTime)> =

@@ -14,9 +14,9 @@ use crate::kernel::malloc_skel::{types, MallocSkel, MallocSkelBuilder};
 use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes};
 use crate::kernel::storage::ObjectStorage;
+use crate::malloc::model::{AllocatorCode, Events, Key, Snapshot};
 use crate::malloc::probes::{self, Layout, Probe};
 use crate::malloc::procmaps::kernel_dev;
-use crate::malloc::report::{AllocatorCode, Events, Key, Snapshot};
 use crate::malloc::usersyms::Vma;
 
 /// One library whose allocator functions are probed.

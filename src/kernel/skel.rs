@@ -11,11 +11,17 @@ pub use skel::{KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 
 use crate::model::HIST_BUCKETS;
 
-// The kheap.h types are plain old data: every bit pattern is valid.
-unsafe impl plain::Plain for types::alloc_stats {}
-unsafe impl plain::Plain for types::site_key {}
-unsafe impl plain::Plain for types::stack_key {}
-unsafe impl plain::Plain for types::cache_name {}
+plain_types!(
+    types::alloc_stats,
+    types::site_key,
+    types::stack_key,
+    types::cache_name,
+    types::cache_frees,
+    types::proc_info,
+    types::counters,
+    types::live_obj,
+    types::site_unseen,
+);
 
 impl From<types::alloc_stats> for crate::model::AllocStats {
     fn from(s: types::alloc_stats) -> Self {
@@ -28,21 +34,24 @@ impl From<types::alloc_stats> for crate::model::AllocStats {
     }
 }
 
-impl std::ops::AddAssign for types::alloc_stats {
-    fn add_assign(&mut self, o: Self) {
-        self.count += o.count;
-        self.bytes_req += o.bytes_req;
-        self.bytes_alloc += o.bytes_alloc;
-        for (a, b) in self.hist.iter_mut().zip(o.hist) {
-            *a += b;
-        }
-    }
-}
-unsafe impl plain::Plain for types::cache_frees {}
-unsafe impl plain::Plain for types::proc_info {}
-unsafe impl plain::Plain for types::counters {}
-unsafe impl plain::Plain for types::live_obj {}
-unsafe impl plain::Plain for types::site_unseen {}
+impl_sum!(types::alloc_stats { count, bytes_req, bytes_alloc; hist });
+impl_sum!(types::cache_frees { frees });
+impl_sum!(types::site_unseen { count, bytes_alloc });
+impl_sum!(types::counters {
+    frees,
+    frees_null,
+    frees_untracked,
+    stack_samples,
+    lost_stack_other,
+    map_full_sites,
+    map_full_stacks,
+    map_full_procs,
+    map_full_caches,
+    alloc_failed,
+    reused_live,
+    map_full_live,
+    map_busy,
+});
 
 // The histogram width is defined once, in bpf/kheap.h: three counters, then
 // the buckets.
@@ -53,37 +62,6 @@ pub fn from_bytes<T: plain::Plain + Default + Copy>(bytes: &[u8]) -> T {
     let mut v = T::default();
     plain::copy_from_bytes(&mut v, bytes).expect("map value shorter than its BTF type");
     v
-}
-
-impl std::ops::AddAssign for types::counters {
-    fn add_assign(&mut self, o: Self) {
-        self.frees += o.frees;
-        self.frees_null += o.frees_null;
-        self.frees_untracked += o.frees_untracked;
-        self.stack_samples += o.stack_samples;
-        self.lost_stack_other += o.lost_stack_other;
-        self.map_full_sites += o.map_full_sites;
-        self.map_full_stacks += o.map_full_stacks;
-        self.map_full_procs += o.map_full_procs;
-        self.map_full_caches += o.map_full_caches;
-        self.alloc_failed += o.alloc_failed;
-        self.reused_live += o.reused_live;
-        self.map_full_live += o.map_full_live;
-        self.map_busy += o.map_busy;
-    }
-}
-
-impl std::ops::AddAssign for types::site_unseen {
-    fn add_assign(&mut self, o: Self) {
-        self.count += o.count;
-        self.bytes_alloc += o.bytes_alloc;
-    }
-}
-
-impl std::ops::AddAssign for types::cache_frees {
-    fn add_assign(&mut self, o: Self) {
-        self.frees += o.frees;
-    }
 }
 
 /// A NUL-terminated C string from a fixed-size array.

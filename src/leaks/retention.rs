@@ -7,9 +7,9 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::leaks::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
-use crate::model::AllocStats;
-use crate::report::{round2, Counts, SiteKey, Snapshot};
+use crate::model::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
+use crate::model::snapshot::Snapshot;
+use crate::model::{round2, AllocStats, Counts, SiteKey};
 
 /// What is still allocated of a row (kheap leaks and its snapshots only),
 /// flattened into the row's JSON beside the allocation counts.

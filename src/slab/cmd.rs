@@ -17,6 +17,7 @@ use super::watch::{diff, series};
 use crate::cli::{FilterArgs, OutputArgs, StackArgs, TableOrJson};
 use crate::cmd::run::Sink;
 use crate::render::emit;
+use crate::render::table::output_width;
 
 /// Which slab caches hold memory, how fast they grow, and what they waste.
 #[derive(Clone, Debug, clap::Args)]
@@ -79,7 +80,7 @@ pub fn print_report(args: &SlabArgs, input: ReportInput) -> Result<()> {
     let rows = args.output.rows().unwrap_or(usize::MAX);
     let report = build_report(input, args.sort, rows);
     let text = match args.output.format {
-        TableOrJson::Table => report_table(&report),
+        TableOrJson::Table => report_table(&report, output_width(args.output.output())),
         TableOrJson::Json => report_json(&report),
     };
     emit(&text, args.output.output())
@@ -99,13 +100,7 @@ pub fn run_static(args: &SlabArgs) -> Result<()> {
     }
     let Some(total) = args.duration else {
         let snap = args.read_static()?;
-        return print_report(
-            args,
-            ReportInput {
-                after: Some(&snap),
-                ..Default::default()
-            },
-        );
+        return print_report(args, ReportInput::of(&snap));
     };
     // Sample about ten times so steady growth can be told from a blip.
     let interval = (total / 10.0).clamp(0.2, 10.0);
@@ -155,7 +150,12 @@ fn watch(args: &SlabArgs, secs: f64) -> Result<()> {
                 if clear {
                     t.push_str("\x1b[2J\x1b[H");
                 }
-                t.push_str(&watch_table(&deltas, elapsed, rows));
+                t.push_str(&watch_table(
+                    &deltas,
+                    elapsed,
+                    rows,
+                    output_width(args.output.output()),
+                ));
                 for n in &cur.notes {
                     t.push_str(&format!("note: {n}\n"));
                 }

@@ -410,6 +410,7 @@ pub fn traced_growth_hint(cache: &TracedCache, duration_s: f64) -> Option<Hint> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::{assert_contains, kmalloc};
 
     fn no_sizes(_: &str) -> Option<u64> {
         None
@@ -428,13 +429,6 @@ mod tests {
                 bytes_alloc: obj * count,
                 hist,
             },
-        }
-    }
-
-    fn kmalloc(size: u64) -> CacheId {
-        CacheId::Kmalloc {
-            size,
-            accounted: false,
         }
     }
 
@@ -531,10 +525,11 @@ mod tests {
         // 50k/s of 50-byte requests in kmalloc-64.
         let site = uniform("skb_ext_add", kmalloc(64), 64, 50, 500_000);
         let h = pooling_hint(&site, 10.0).expect("hint");
-        assert_eq!(h.kind, HintKind::Pooling);
-        assert_eq!(h.saving_bytes, 500_000 * (64 - 56));
-        assert!(h.text.contains("also save 3.8M"), "{}", h.text);
-        assert!(h.text.contains("50.0k/s"), "{}", h.text);
+        assert_eq!(
+            (h.kind, h.saving_bytes),
+            (HintKind::Pooling, 500_000 * (64 - 56))
+        );
+        assert_contains(&h.text, &["also save 3.8M", "50.0k/s"]);
         // Same volume spread over 100 s is 5k/s: no hint.
         assert!(pooling_hint(&site, 100.0).is_none());
         // Unknown duration: no rate, no hint.
@@ -545,8 +540,8 @@ mod tests {
     fn large_allocations_in_a_hot_path() {
         let site = uniform("big_buf", kmalloc(8192), 8192, 6000, 20_000);
         let h = large_hot_hint(&site, 10.0).expect("hint");
-        assert_eq!(h.kind, HintKind::LargeHot);
-        assert_eq!(h.saving_bytes, 20_000 * (8192 - 6000));
+        let saving = 20_000 * (8192 - 6000);
+        assert_eq!((h.kind, h.saving_bytes), (HintKind::LargeHot, saving));
         assert!(large_hot_hint(&uniform("s", kmalloc(64), 64, 40, 20_000), 10.0).is_none());
     }
 
