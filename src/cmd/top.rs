@@ -147,7 +147,11 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     drop(stats);
     top.targets.terminate();
     result?;
-    Ok(top.ended.as_ref().map_or(0, Ended::report))
+    // A signal is how top usually ends: only a failed command is news.
+    Ok(match &top.ended {
+        Some(ended @ Ended::CommandExited(_)) => ended.report(),
+        _ => 0,
+    })
 }
 
 /// The reading side: the session and what is kept between reads.
@@ -361,9 +365,13 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         }
     }
     drop(screen);
-    // After a signal, leave the last interval on the main screen: the run
-    // still ends with a report.
-    if stop_requested() {
+    // After a signal, or once the traced command has exited (its last
+    // allocations read into a last interval), leave the last interval on
+    // the main screen: the run still ends with a report.
+    if matches!(top.ended, Some(Ended::CommandExited(_))) {
+        current = Some(top.read_interval()?);
+    }
+    if top.ended.is_some() {
         if let Some(iv) = &current {
             let limit = args.output.rows().unwrap_or(20);
             let text = batch::text(iv, &app.view, &top.sizes, limit, output_width(None));
