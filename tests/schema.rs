@@ -63,7 +63,7 @@ fn top_batch_json_to_a_file_covers_a_command_to_its_end() {
     ]);
     assert!(stdout.is_empty(), "-o: nothing on stdout: {stdout}");
     let intervals = read_lines(&path);
-    assert!(intervals.len() >= 2, "{} intervals", intervals.len());
+    assert!(!intervals.is_empty(), "no interval written");
     let msgs: u64 = intervals.iter().map(|iv| load_msg_count(iv, "sites")).sum();
     assert_eq!(msgs, 300, "every message of the command, once");
     assert!(intervals.iter().all(|iv| iv["kind"] == "top"));
