@@ -1,11 +1,11 @@
-//! The hook table and the attach strategy of the kmem tracer: which
-//! tracepoints it hooks and in which order, which mechanisms to try, whether
-//! a hook exists for one, and what its program is called.
+//! The attach strategy of the kmem tracer: which mechanisms to try, in which
+//! order, and whether a hook (`kernel::hooks`) exists for one.
 
 use anyhow::Result;
 use clap::ValueEnum;
 
 use crate::kernel::features::{KernelBtf, Tracefs};
+pub use crate::kernel::hooks::{kmem_hooks, Hook, Role, HOOKS};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum AttachMode {
@@ -19,84 +19,22 @@ pub enum AttachMode {
     Tracepoint,
 }
 
-/// What a hook's events are.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Role {
-    Alloc,
-    Free,
-    /// A process forked: its child is followed when the parent is traced.
-    Fork,
-}
-
-/// One tracepoint the kmem object hooks.
-#[derive(Clone, Copy, Debug)]
-pub struct Hook {
-    pub tracepoint: &'static str,
-    /// Its tracefs event system.
-    pub system: &'static str,
-    pub role: Role,
-    /// The program name without its mechanism suffix (bpf/kheap.bpf.c).
-    program: &'static str,
-}
-
-impl Hook {
-    /// The BPF program of this hook for one mechanism: `kmalloc_btf`,
-    /// `cache_alloc_raw`, `fork_tp`…
-    pub fn program(&self, mech: Mechanism) -> String {
-        let suffix = match mech {
-            Mechanism::Btf => "btf",
-            Mechanism::Raw => "raw",
-            Mechanism::Classic => "tp",
-        };
-        format!("{}_{suffix}", self.program)
-    }
-}
-
-/// Every hook, in attach order: frees before allocations, so that no
-/// tracked object's free can be missed at start.
-pub const HOOKS: [Hook; 5] = [
-    Hook {
-        tracepoint: "kfree",
-        system: "kmem",
-        role: Role::Free,
-        program: "kfree",
-    },
-    Hook {
-        tracepoint: "kmem_cache_free",
-        system: "kmem",
-        role: Role::Free,
-        program: "cache_free",
-    },
-    Hook {
-        tracepoint: "sched_process_fork",
-        system: "sched",
-        role: Role::Fork,
-        program: "fork",
-    },
-    Hook {
-        tracepoint: "kmalloc",
-        system: "kmem",
-        role: Role::Alloc,
-        program: "kmalloc",
-    },
-    Hook {
-        tracepoint: "kmem_cache_alloc",
-        system: "kmem",
-        role: Role::Alloc,
-        program: "cache_alloc",
-    },
-];
-
-/// The kmem tracepoints (allocations and frees), in attach order.
-pub fn kmem_hooks() -> impl Iterator<Item = &'static Hook> {
-    HOOKS.iter().filter(|h| h.system == "kmem")
-}
-
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Mechanism {
     Btf,
     Raw,
     Classic,
+}
+
+impl Hook {
+    /// The BPF program of this hook for one mechanism.
+    pub fn program(&self, mech: Mechanism) -> String {
+        self.program_with_suffix(match mech {
+            Mechanism::Btf => "btf",
+            Mechanism::Raw => "raw",
+            Mechanism::Classic => "tp",
+        })
+    }
 }
 
 impl Mechanism {

@@ -105,7 +105,7 @@ fn read_kernel_btf() -> Result<KernelBtf> {
     let btf = Btf::from_path(&path)
         .map_err(|e| anyhow::anyhow!("reading kernel BTF from {}: {e}", path.display()))?;
     let mut btf_tracepoints = Vec::new();
-    for hook in &crate::kernel::attach::HOOKS {
+    for hook in &crate::kernel::hooks::HOOKS {
         let tp = hook.tracepoint;
         if btf
             .type_by_name::<Typedef>(&format!("btf_trace_{tp}"))

@@ -29,6 +29,7 @@ macro_rules! impl_sum {
 
 pub mod attach;
 pub mod features;
+pub mod hooks;
 pub mod kmem;
 pub mod latency;
 pub mod malloc;
