@@ -25,14 +25,41 @@ fn load_msg_site(report: &Value) -> Option<&Value> {
     sites.first().copied()
 }
 
-/// `kheap leaks --comm kheap-load` in the background, writing its final JSON
-/// report and SIGUSR1 snapshots into `dir`.
+/// A private copy of kheap-load whose command name no other process has, so
+/// `--comm` selects this test run's load and nothing else on a shared
+/// machine (another developer's or a soak's kheap-load included).
+fn private_load() -> &'static (PathBuf, String) {
+    static COPY: std::sync::OnceLock<(PathBuf, String)> = std::sync::OnceLock::new();
+    COPY.get_or_init(|| {
+        let comm = format!("kl-{}", std::process::id());
+        let dir = std::env::temp_dir().join(format!("kheap-test-{comm}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(&comm);
+        std::fs::copy(LOAD, &path).unwrap();
+        // Removed when the test binary exits.
+        extern "C" fn remove_copy() {
+            if let Some((path, _)) = COPY.get() {
+                let _ = std::fs::remove_dir_all(path.parent().unwrap());
+            }
+        }
+        unsafe { libc::atexit(remove_copy) };
+        (path, comm)
+    })
+}
+
+/// Starts the private kheap-load with `args`.
+fn spawn_load(args: &[&str]) -> Background {
+    Background::spawn(private_load().0.to_str().unwrap(), args)
+}
+
+/// `kheap leaks --comm <the private kheap-load>` in the background, writing
+/// its final JSON report and SIGUSR1 snapshots into `dir`.
 fn start_leaks(dir: &Path, extra: &[&str]) -> Background {
     let out = dir.join("final.json");
     let mut args = vec![
         "leaks",
         "--comm",
-        "kheap-load",
+        &private_load().1,
         "--format",
         "json",
         "-o",
@@ -62,7 +89,7 @@ fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--exact-stacks"]);
-    let mut load = Background::spawn(LOAD, &["msg", "500", "2100", "4"]);
+    let mut load = spawn_load(&["msg", "500", "2100", "4"]);
     load.wait_for("holding 500 messages");
     std::thread::sleep(Duration::from_millis(1300));
     let snap = read_json(&snapshot(&mut k));
@@ -94,7 +121,7 @@ fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
     let procs = snap["leaks"]["processes"].as_array().unwrap();
     let load = procs
         .iter()
-        .find(|p| p["comm"] == "kheap-load")
+        .find(|p| p["comm"] == private_load().1.as_str())
         .unwrap_or_else(|| panic!("{procs:?}"));
     assert!(u(&load["outstanding_bytes"]) >= 500 * MSG_ALLOC, "{load}");
     let stacks = rows(&snap, "stacks", "function", "load_msg");
@@ -129,7 +156,7 @@ fn every_live_object_is_read_back() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &[]);
-    let mut load = Background::spawn(LOAD, &["fds", "15000", "1000000", "4"]);
+    let mut load = spawn_load(&["fds", "15000", "1000000", "4"]);
     load.wait_for("holding 15000 eventfds");
     let r = read_json(&snapshot(&mut k));
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
@@ -163,7 +190,7 @@ fn diff_of_snapshots_shows_the_workload_as_top_grower() {
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &[]);
     let before = snapshot(&mut k);
-    let mut load = Background::spawn(LOAD, &["msg", "300", "2100", "3"]);
+    let mut load = spawn_load(&["msg", "300", "2100", "3"]);
     load.wait_for("holding 300 messages");
     let after = snapshot(&mut k);
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
@@ -220,7 +247,7 @@ fn frees_of_objects_allocated_before_tracing_are_not_negative_growth() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     // The messages exist before kheap starts; kheap sees only their frees.
-    let mut load = Background::spawn(LOAD, &["msg", "400", "2100", "3"]);
+    let mut load = spawn_load(&["msg", "400", "2100", "3"]);
     load.wait_for("holding 400 messages");
     let mut k = start_leaks(dir.path(), &[]);
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
@@ -242,7 +269,7 @@ fn address_sampling_keeps_allocation_and_free_together() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--sample", "4"]);
-    let mut load = Background::spawn(LOAD, &["msg", "2000", "2100", "3"]);
+    let mut load = spawn_load(&["msg", "2000", "2100", "3"]);
     load.wait_for("holding 2000 messages");
     let snap = read_json(&snapshot(&mut k));
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
@@ -270,7 +297,7 @@ fn a_full_object_map_is_counted_not_hidden() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--max-objects", "100"]);
-    let mut load = Background::spawn(LOAD, &["msg", "500", "2100", "3"]);
+    let mut load = spawn_load(&["msg", "500", "2100", "3"]);
     load.wait_for("holding 500 messages");
     let snap = read_json(&snapshot(&mut k));
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
