@@ -10,21 +10,6 @@ use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
 use crate::model::{human_count, human_size, Bucket};
 use crate::report::{Counts, Report};
 
-/// Writes a rendered report to FILE, or to stdout when there is none. A
-/// closed stdout pipe (`| head`) is not an error worth reporting.
-pub fn emit(text: &str, output: Option<&std::path::Path>) -> anyhow::Result<()> {
-    use anyhow::Context;
-    use std::io::Write;
-    match output {
-        Some(path) => std::fs::write(path, text)
-            .with_context(|| format!("writing the report to {}", path.display())),
-        None => {
-            let _ = std::io::stdout().lock().write_all(text.as_bytes());
-            Ok(())
-        }
-    }
-}
-
 /// Table rows default to 20; JSON and folded output show every row unless
 /// `-n` says otherwise.
 pub fn default_top(format: Format, top: Option<usize>) -> Option<usize> {

@@ -5,13 +5,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cli::{check_size_range, parse_sample, parse_secs};
-use crate::cmd::record::{install_stop_handler, wait_for_end, Ended, Targets, TraceArgs};
+use crate::cli::{
+    check_size_range, parse_duration, parse_map_entries, parse_sample, parse_tracked_objects,
+};
+use crate::cmd::record::{install_stop_handler, wait_for_end, Targets, TraceArgs};
 use crate::kernel::features;
 use crate::kernel::leaks::{LeaksConfig, LeaksSession};
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
@@ -38,8 +40,8 @@ pub struct LeaksArgs {
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// Write a JSON snapshot of what is outstanding every SECS seconds (also on SIGUSR1)
-    #[arg(long, value_parser = parse_secs, value_name = "SECS")]
-    pub snapshot_every: Option<f64>,
+    #[arg(long, value_parser = parse_duration, value_name = "SECS")]
+    pub snapshot_every: Option<Duration>,
     /// Where snapshots go (snapshot-001.json, …)
     #[arg(long, default_value = ".", value_name = "DIR")]
     pub snapshot_dir: PathBuf,
@@ -58,10 +60,10 @@ pub struct LeaksArgs {
     #[arg(long)]
     pub no_stacks: bool,
     /// Capacity of the object map (objects tracked at once; ~100 bytes of kernel memory each)
-    #[arg(long, default_value = "262144", value_name = "N")]
+    #[arg(long, value_parser = parse_tracked_objects, default_value = "262144", value_name = "N")]
     pub max_objects: u32,
     /// Capacity of the per-site and per-stack maps
-    #[arg(long, default_value = "8192", value_name = "N")]
+    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
 }
 
@@ -95,15 +97,16 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     features::check_privileges("leaks")?;
     features::check_btf()?;
     // Snapshots are taken on the once-a-second tick of the wait loop.
-    if args.snapshot_every.is_some_and(|s| s < 1.0) {
+    if args
+        .snapshot_every
+        .is_some_and(|s| s < Duration::from_secs(1))
+    {
         bail!("--snapshot-every must be at least 1 second");
     }
     // Checked even without --snapshot-every: SIGUSR1 may ask at any time.
-    if !args.snapshot_dir.is_dir() {
-        bail!(
-            "--snapshot-dir {} is not a directory",
-            args.snapshot_dir.display()
-        );
+    crate::output::check_dir_writable(&args.snapshot_dir, "--snapshot-dir")?;
+    if let Some(path) = &args.output {
+        crate::output::check_writable(path, "-o")?;
     }
     install_stop_handler();
     install_snapshot_handler();
@@ -167,9 +170,9 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let start = Instant::now();
     let mut snapshots = 0u32;
     let mut next_snapshot = args.snapshot_every;
-    let ended = wait_for_end(t.duration, &mut targets.command, |elapsed| {
+    let ended = wait_for_end(t.duration, &mut targets, |elapsed| {
         let secs = elapsed.as_secs_f64();
-        let periodic = next_snapshot.is_some_and(|n| secs >= n);
+        let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
         if periodic {
             next_snapshot = next_snapshot.map(|n| n + args.snapshot_every.unwrap_or(n));
         }
@@ -205,15 +208,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     });
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
-    let mut exit_code = 0;
-    match ended {
-        Ended::CommandExited(code) if code != 0 => {
-            eprintln!("kheap: the command exited with status {code}");
-            exit_code = code;
-        }
-        Ended::Signal => eprintln!("kheap: stopped by signal; reporting what was traced"),
-        _ => {}
-    }
+    let exit_code = ended.explain();
     if let Some(cmd) = targets.command.as_mut() {
         cmd.terminate();
     }
@@ -227,7 +222,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
 
 fn write_json(r: &Report, path: &Path) -> Result<()> {
     let text = serde_json::to_string_pretty(r)? + "\n";
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+    crate::output::write_atomic(path, &text)
 }
 
 fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
@@ -238,5 +233,5 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
         Format::Folded => leak_render::folded(&report),
     };
-    crate::render::emit(&text, args.output.as_deref())
+    crate::output::emit(&text, args.output.as_deref())
 }

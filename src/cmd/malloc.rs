@@ -3,14 +3,13 @@
 //! what was never freed.
 
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cli::parse_secs;
+use crate::cli::{parse_duration, parse_tracked_objects};
 use crate::cmd::record::{install_stop_handler, stop_requested};
 use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
@@ -34,8 +33,8 @@ pub struct MallocArgs {
     pub lib: Option<PathBuf>,
     /// Stop after this many seconds (default: until Ctrl-C, or until the
     /// command or the processes end)
-    #[arg(short, long, value_parser = parse_secs, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
+    pub duration: Option<Duration>,
     /// Group rows by direct caller (site) or by whole user stack
     #[arg(long, value_enum, default_value_t = MallocGroupBy::Site)]
     pub by: MallocGroupBy,
@@ -54,6 +53,14 @@ pub struct MallocArgs {
     /// end, per site and stack (adds a return probe to each call)
     #[arg(long)]
     pub outstanding: bool,
+    /// With --outstanding: how many live blocks can be tracked at once
+    /// (about 60 bytes of kernel memory each; blocks beyond are counted as
+    /// not tracked)
+    #[arg(long, value_parser = parse_tracked_objects, default_value = "262144", value_name = "N", requires = "outstanding")]
+    pub max_outstanding: u32,
+    /// Leave the command and what it started running when kheap stops
+    #[arg(long)]
+    pub keep_running: bool,
     /// Put every probe on its function's first instruction, even where the
     /// kernel must single-step it (for scripts/bench-malloc)
     #[arg(long, hide = true)]
@@ -107,17 +114,6 @@ fn comm(pid: u32) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// Whether a process still runs: a zombie (exited, not yet reaped by its
-/// parent) allocates no more.
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        // The state follows the parenthesised command name.
-        s.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
-    })
-}
-
 pub fn run(args: MallocArgs) -> Result<i32> {
     if args.pids.is_empty() && args.command.is_empty() {
         bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...]");
@@ -127,6 +123,9 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     }
     features::check_privileges("malloc")?;
     features::check_btf()?;
+    if let Some(path) = &args.output {
+        crate::output::check_writable(path, "-o")?;
+    }
     install_stop_handler();
 
     let mut user_pids = Vec::new();
@@ -146,13 +145,21 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     let mut command = if args.command.is_empty() {
         None
     } else {
-        let held = HeldCommand::spawn(&args.command)?;
+        let mut held = HeldCommand::spawn(&args.command)?;
+        if args.keep_running {
+            held.keep_running();
+        }
         modules.add_file(&find_program(&args.command[0])?);
         pids.push(held.pid);
         Some(held)
     };
 
-    let mut session = MallocSession::start(&pids, args.outstanding, args.probes_at_entry)?;
+    let mut session = MallocSession::start(
+        &pids,
+        args.outstanding,
+        args.max_outstanding,
+        args.probes_at_entry,
+    )?;
     for l in &libs {
         session.probe_library(l)?;
     }
@@ -193,14 +200,11 @@ pub fn run(args: MallocArgs) -> Result<i32> {
             }
             break;
         }
-        if command.is_none() && !user_pids.iter().any(|&p| alive(p)) {
+        if command.is_none() && crate::tree::all_exited(&user_pids) {
             eprintln!("kheap: the traced process exited; reporting what was recorded");
             break;
         }
-        if args
-            .duration
-            .is_some_and(|d| start.elapsed().as_secs_f64() >= d)
-        {
+        if args.duration.is_some_and(|d| start.elapsed() >= d) {
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -322,12 +326,5 @@ fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
         Format::Folded => render::folded(&report),
     };
-    match &args.output {
-        Some(path) => std::fs::write(path, text)
-            .with_context(|| format!("writing the report to {}", path.display()))?,
-        None => {
-            let _ = std::io::stdout().lock().write_all(text.as_bytes());
-        }
-    }
-    Ok(())
+    crate::output::emit(&text, args.output.as_deref())
 }

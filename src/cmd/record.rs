@@ -3,13 +3,14 @@
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
 
-use crate::cli::{check_size_range, parse_sample, parse_secs, parse_size};
+use crate::cli::{
+    check_size_range, parse_comm, parse_duration, parse_map_entries, parse_sample, parse_size,
+};
 use crate::kernel::features;
 use crate::kernel::kmem::{AttachMode, Config, Session};
 use crate::kernel::latency::{LatencyProbe, LatencySession};
@@ -21,13 +22,13 @@ use crate::target::{resolve_pid, HeldCommand};
 #[derive(Args, Debug, Clone)]
 pub struct TraceArgs {
     /// Stop after this many seconds (default: until Ctrl-C or the command ends)
-    #[arg(short, long, value_parser = parse_secs, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
+    pub duration: Option<Duration>,
     /// Only count allocations made by this process (repeatable)
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
     /// Only count allocations made by tasks with this command name
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_parser = parse_comm, value_name = "NAME")]
     pub comm: Option<String>,
     /// Ignore allocations smaller than this (bytes, or with k/M suffix)
     #[arg(long, value_parser = parse_size, default_value = "0", value_name = "N")]
@@ -38,6 +39,10 @@ pub struct TraceArgs {
     /// How to attach to the kmem tracepoints
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     pub attach: AttachMode,
+    /// Leave the command and what it started running when kheap stops
+    /// (by default they end with the run)
+    #[arg(long)]
+    pub keep_running: bool,
     /// Command to run and trace (with its children) until it exits
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -81,32 +86,34 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_frees: bool,
     /// Capacity of the per-site and per-stack maps
-    #[arg(long, default_value = "8192", value_name = "N")]
+    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-/// Ctrl-C, SIGTERM and SIGHUP end the recording; the report is still printed.
-pub fn install_stop_handler() {
-    // Fails only if a handler is already installed, which is then ours.
-    let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
-}
-
-pub fn stop_requested() -> bool {
-    STOP.load(Ordering::SeqCst)
-}
+pub use crate::signals::{install_stop_handler, stop_requested};
 
 /// The processes a run is about: validated PIDs and, with `-- CMD`, the
 /// held command.
 pub struct Targets {
     pub pids: Vec<u32>,
+    /// The processes given with -p: the run ends when all have exited.
+    pub user_pids: Vec<u32>,
     pub command: Option<HeldCommand>,
 }
 
 impl Targets {
     pub fn from_args(t: &TraceArgs) -> Result<Targets> {
-        Self::new(&t.pids, &t.command)
+        let mut targets = Self::new(&t.pids, &t.command)?;
+        if t.keep_running {
+            targets.keep_running();
+        }
+        Ok(targets)
+    }
+
+    pub fn keep_running(&mut self) {
+        if let Some(c) = self.command.as_mut() {
+            c.keep_running();
+        }
     }
 
     /// Validates the PIDs and starts the command, held until `release`.
@@ -115,6 +122,7 @@ impl Targets {
         for &p in user_pids {
             pids.push(resolve_pid(p)?);
         }
+        let user_pids = pids.clone();
         let command = if command.is_empty() {
             None
         } else {
@@ -122,7 +130,11 @@ impl Targets {
             pids.push(held.pid);
             Some(held)
         };
-        Ok(Targets { pids, command })
+        Ok(Targets {
+            pids,
+            user_pids,
+            command,
+        })
     }
 
     pub fn filters(&self, t: &TraceArgs) -> Vec<String> {
@@ -152,13 +164,37 @@ pub enum Ended {
     Duration,
     Signal,
     CommandExited(i32),
+    /// Every process given with -p exited.
+    PidsExited,
 }
 
-/// Waits until the duration passes, the command exits or a signal arrives,
-/// calling `tick` about once a second.
+impl Ended {
+    /// Says why the run ended when that is worth a line; the exit code of
+    /// kheap (the command's, if it failed).
+    pub fn explain(&self) -> i32 {
+        match self {
+            Ended::CommandExited(code) if *code != 0 => {
+                eprintln!("kheap: the command exited with status {code}");
+                *code
+            }
+            Ended::Signal => {
+                eprintln!("kheap: stopped by signal; reporting what was recorded");
+                0
+            }
+            Ended::PidsExited => {
+                eprintln!("kheap: every traced process (-p) exited; reporting what was recorded");
+                0
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// Waits until the duration passes, the command or every -p process exits
+/// or a signal arrives, calling `tick` about once a second.
 pub fn wait_for_end(
-    duration: Option<f64>,
-    command: &mut Option<HeldCommand>,
+    duration: Option<Duration>,
+    targets: &mut Targets,
     mut tick: impl FnMut(Duration),
 ) -> Ended {
     let start = Instant::now();
@@ -167,11 +203,14 @@ pub fn wait_for_end(
         if stop_requested() {
             return Ended::Signal;
         }
-        if let Some(code) = command.as_mut().and_then(|c| c.try_wait()) {
+        if let Some(code) = targets.command.as_mut().and_then(|c| c.try_wait()) {
             return Ended::CommandExited(code);
         }
+        if targets.command.is_none() && crate::tree::all_exited(&targets.user_pids) {
+            return Ended::PidsExited;
+        }
         let elapsed = start.elapsed();
-        if duration.is_some_and(|d| elapsed.as_secs_f64() >= d) {
+        if duration.is_some_and(|d| elapsed >= d) {
             return Ended::Duration;
         }
         if elapsed >= next_tick {
@@ -187,6 +226,9 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     check_size_range(t.min_size, t.max_size)?;
     features::check_privileges("record")?;
     features::check_btf()?;
+    if let Some(path) = &args.output {
+        crate::output::check_writable(path, "-o")?;
+    }
     install_stop_handler();
 
     let mut targets = Targets::from_args(t)?;
@@ -243,7 +285,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         cmd.release()?;
     }
     let start = Instant::now();
-    let ended = wait_for_end(t.duration, &mut targets.command, |elapsed| {
+    let ended = wait_for_end(t.duration, &mut targets, |elapsed| {
         if interactive {
             let allocs = session.allocations_so_far().unwrap_or(0);
             eprint!(
@@ -261,15 +303,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     if interactive {
         eprintln!();
     }
-    let mut exit_code = 0;
-    match ended {
-        Ended::CommandExited(code) if code != 0 => {
-            eprintln!("kheap: the command exited with status {code}");
-            exit_code = code;
-        }
-        Ended::Signal => eprintln!("kheap: stopped by signal; reporting what was recorded"),
-        _ => {}
-    }
+    let exit_code = ended.explain();
     if let Some(cmd) = targets.command.as_mut() {
         cmd.terminate();
     }
@@ -311,5 +345,5 @@ fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
         Format::Json => serde_json::to_string_pretty(&report)? + "\n",
         Format::Folded => render::folded(&report),
     };
-    render::emit(&text, args.output.as_deref())
+    crate::output::emit(&text, args.output.as_deref())
 }

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 
-use crate::cli::{check_size_range, parse_sample, parse_secs, parse_size};
+use crate::cli::{
+    check_size_range, parse_comm, parse_duration, parse_map_entries, parse_sample, parse_size,
+};
 use crate::cmd::record::{install_stop_handler, stop_requested};
 use crate::kernel::features;
 use crate::kernel::kmem::{self as session, AttachMode, Config, Session};
@@ -34,8 +36,8 @@ pub enum TopFormat {
 #[derive(Args, Debug)]
 pub struct TopArgs {
     /// Seconds between refreshes
-    #[arg(short, long, value_parser = parse_secs, default_value = "1", value_name = "SECS")]
-    pub interval: f64,
+    #[arg(short, long, value_parser = parse_duration, default_value = "1", value_name = "SECS")]
+    pub interval: Duration,
     /// Group rows by
     #[arg(long, value_enum, default_value_t = GroupBy::Site)]
     pub by: GroupBy,
@@ -46,7 +48,7 @@ pub struct TopArgs {
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
     /// Only count allocations made by tasks with this command name
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_parser = parse_comm, value_name = "NAME")]
     pub comm: Option<String>,
     /// Ignore allocations smaller than this (bytes, or with k/M suffix)
     #[arg(long, value_parser = parse_size, default_value = "0", value_name = "N")]
@@ -77,7 +79,7 @@ pub struct TopArgs {
     #[arg(long, default_value = "10", value_name = "N")]
     pub idle_intervals: u32,
     /// Capacity of the per-site and per-stack maps
-    #[arg(long, default_value = "8192", value_name = "N")]
+    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
     /// How to attach to the kmem tracepoints
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
@@ -104,6 +106,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         pids.push(resolve_pid(p)?);
     }
     let stack_sample_every = if args.no_stacks { 0 } else { args.stack_sample };
+    let watched = pids.clone();
     let cfg = Config {
         min_size: args.min_size,
         max_size: args.max_size,
@@ -169,6 +172,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         run,
         last_read,
         usage,
+        watched,
     };
     let result = if args.batch {
         batch_loop(&mut top, &args)
@@ -192,9 +196,23 @@ struct Top {
     /// None when BPF statistics are off.
     run_time: Option<ProgRunTime>,
     usage: SelfUsage,
+    /// The -p processes: top ends when all have exited.
+    watched: Vec<u32>,
 }
 
 impl Top {
+    /// A signal, or every -p process gone.
+    fn should_stop(&self) -> bool {
+        if stop_requested() {
+            return true;
+        }
+        if crate::tree::all_exited(&self.watched) {
+            eprintln!("kheap: every traced process (-p) exited");
+            return true;
+        }
+        false
+    }
+
     /// Reads the maps and turns what changed since the last read into one
     /// interval; then deletes entries idle for too long.
     fn read_interval(&mut self) -> Result<Interval> {
@@ -252,7 +270,11 @@ impl Top {
 /// The next read time: one interval after the last, or now if that passed
 /// (a slow read or a pause must not cause a burst of catch-up reads).
 fn next_deadline(last: Instant, interval_s: f64) -> Instant {
-    (last + Duration::from_secs_f64(interval_s)).max(Instant::now())
+    // interval_s comes from parse_duration or the screen's fixed steps.
+    let interval = Duration::try_from_secs_f64(interval_s).unwrap_or(crate::cli::MAX_DURATION);
+    last.checked_add(interval.min(crate::cli::MAX_DURATION))
+        .unwrap_or(last)
+        .max(Instant::now())
 }
 
 fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
@@ -262,11 +284,11 @@ fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         paused: false,
     };
     let limit = args.rows.unwrap_or(20);
-    let mut deadline = next_deadline(top.last_read, args.interval);
+    let mut deadline = next_deadline(top.last_read, args.interval.as_secs_f64());
     let mut done = 0;
     loop {
         while Instant::now() < deadline {
-            if stop_requested() {
+            if top.should_stop() {
                 return Ok(());
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -274,7 +296,7 @@ fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
             std::thread::sleep(left.min(Duration::from_millis(100)));
         }
         let iv = top.read_interval()?;
-        deadline = next_deadline(deadline, args.interval);
+        deadline = next_deadline(deadline, args.interval.as_secs_f64());
         let text = match args.format {
             TopFormat::Json => batch::json(&iv, args.sort, args.rows),
             TopFormat::Table => batch::text(&iv, &view, &top.sizes, limit) + "\n",
@@ -289,7 +311,7 @@ fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
             return Ok(());
         }
         done += 1;
-        if args.iterations.is_some_and(|n| done >= n) || stop_requested() {
+        if args.iterations.is_some_and(|n| done >= n) || top.should_stop() {
             return Ok(());
         }
     }
@@ -322,7 +344,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
             sort: args.sort,
             paused: false,
         },
-        args.interval,
+        args.interval.as_secs_f64(),
         args.by == GroupBy::Process,
     );
     let mut current: Option<Interval> = None;
@@ -331,7 +353,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
     let mut done = 0;
     let mut redraw = true;
     loop {
-        if stop_requested() {
+        if top.should_stop() {
             break;
         }
         if !app.view.paused && Instant::now() >= deadline {

@@ -6,7 +6,9 @@ use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
+
+use crate::signals::sleep_unless_stopped;
 
 use super::render::{report_json, report_table, watch_json, watch_table};
 use super::report::{build_report, ReportInput, SortKey};
@@ -27,8 +29,8 @@ pub enum OutputFormat {
 pub struct SlabArgs {
     /// Run for SECS seconds (tracing, or sampling the static state when not
     /// tracing) and report growth over the run
-    #[arg(short = 'd', long = "duration", value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(short = 'd', long = "duration", value_parser = crate::cli::parse_duration, value_name = "SECS")]
+    pub duration: Option<Duration>,
     /// Order of the rows
     #[arg(long, value_enum, default_value_t = SortKey::Size)]
     pub sort: SortKey,
@@ -39,11 +41,14 @@ pub struct SlabArgs {
     pub format: OutputFormat,
     /// Re-read every SECS seconds and show per-cache changes, like slabtop
     /// with deltas (until interrupted, or for -d SECS)
-    #[arg(long, value_name = "SECS")]
-    pub watch: Option<f64>,
+    #[arg(long, value_parser = crate::cli::parse_duration, value_name = "SECS")]
+    pub watch: Option<Duration>,
     /// Trace only allocations made by this process (repeatable)
     #[arg(short = 'p', long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
+    /// Leave the command and what it started running when kheap stops
+    #[arg(long)]
+    pub keep_running: bool,
     /// Run this command and trace its allocations until it exits
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -80,15 +85,8 @@ pub fn print_report(args: &SlabArgs, input: ReportInput) -> Result<()> {
 
 /// The untraced command: one read, sampling over `-d`, or `--watch`.
 pub fn run_static(args: &SlabArgs) -> Result<()> {
-    for (flag, v) in [("-d", args.duration), ("--watch", args.watch)] {
-        if let Some(v) = v {
-            if !(v > 0.0 && v.is_finite()) {
-                bail!("{flag} needs a positive number of seconds, not {v}");
-            }
-        }
-    }
-    if let Some(secs) = args.watch {
-        return watch(args, secs);
+    if let Some(every) = args.watch {
+        return watch(args, every);
     }
     let Some(total) = args.duration else {
         let snap = args.read_static()?;
@@ -101,13 +99,17 @@ pub fn run_static(args: &SlabArgs) -> Result<()> {
         );
     };
     // Sample about ten times so steady growth can be told from a blip.
-    let interval = (total / 10.0).clamp(0.2, 10.0);
+    let interval = (total / 10).clamp(Duration::from_millis(200), Duration::from_secs(10));
     let start = Instant::now();
     let mut samples = vec![(0.0, args.read_static()?)];
-    while start.elapsed().as_secs_f64() < total {
-        let left = total - start.elapsed().as_secs_f64();
-        std::thread::sleep(Duration::from_secs_f64(interval.min(left.max(0.0))));
+    // A signal ends the sampling early; the report covers what was sampled.
+    while start.elapsed() < total {
+        let left = total.saturating_sub(start.elapsed());
+        let go_on = sleep_unless_stopped(interval.min(left));
         samples.push((start.elapsed().as_secs_f64(), args.read_static()?));
+        if !go_on {
+            break;
+        }
     }
     let series = series(&samples);
     print_report(
@@ -121,19 +123,18 @@ pub fn run_static(args: &SlabArgs) -> Result<()> {
     )
 }
 
-fn watch(args: &SlabArgs, secs: f64) -> Result<()> {
+fn watch(args: &SlabArgs, every: Duration) -> Result<()> {
     let start = Instant::now();
     let clear = args.format == OutputFormat::Table && std::io::stdout().is_terminal();
     let mut prev = args.read_static()?;
     let mut prev_at = Instant::now();
     loop {
-        if args
-            .duration
-            .is_some_and(|d| start.elapsed().as_secs_f64() >= d)
-        {
+        if args.duration.is_some_and(|d| start.elapsed() >= d) {
             return Ok(());
         }
-        std::thread::sleep(Duration::from_secs_f64(secs));
+        if !sleep_unless_stopped(every) {
+            return Ok(());
+        }
         let cur = args.read_static()?;
         let now = Instant::now();
         let elapsed = now.duration_since(prev_at).as_secs_f64();
