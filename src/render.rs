@@ -86,10 +86,18 @@ pub fn apply_top(report: &mut Report, by: SortBy, n: Option<usize>) -> usize {
 /// The one-paragraph header above every table.
 pub fn header(r: &Report) -> String {
     let mut s = String::new();
+    // Said first and loudly: the numbers below are missing events.
+    for what in &r.sampling.incomplete {
+        let _ = writeln!(s, "INCOMPLETE: {what}");
+    }
     let _ = writeln!(
         s,
-        "kheap: {:.1}s on {}; {} allocs ({} req, {} alloc, {} wasted = {:.1}%), {} frees",
-        r.duration_s,
+        "kheap: {} on {}; {} allocs ({} req, {} alloc, {} wasted = {:.1}%), {} frees",
+        if r.duration_s < 1.0 {
+            format!("{:.0}ms", r.duration_s * 1000.0)
+        } else {
+            format!("{:.1}s", r.duration_s)
+        },
         r.run.kernel,
         human_count(r.totals.allocs),
         human_size(r.totals.bytes_req),
@@ -105,11 +113,17 @@ pub fn header(r: &Report) -> String {
     if !r.run.filters.is_empty() {
         let _ = writeln!(s, "filters: {}", r.run.filters.join(", "));
     }
+    let exact = match (r.sampling.sites_exact, r.sampling.processes_exact) {
+        (true, true) => "sites, caches and processes are exact",
+        (true, false) => "sites and caches are exact, processes are not",
+        (false, true) => "sites and caches are NOT exact (see INCOMPLETE above)",
+        (false, false) => "sites, caches and processes are NOT exact (see INCOMPLETE above)",
+    };
     let sampling = if r.sampling.stack_sample_every <= 1 {
-        "stacks: every allocation (exact)".to_string()
+        format!("stacks: every allocation; {exact}")
     } else {
         format!(
-            "stacks: sampled 1 in {} (and each site's first; {} captured), per-stack numbers are estimates scaled to exact site totals; sites, caches and processes are exact",
+            "stacks: sampled 1 in {} (and each site's first; {} captured), per-stack numbers are estimates scaled to site totals; {exact}",
             r.sampling.stack_sample_every, r.sampling.stack_samples
         )
     };

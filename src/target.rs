@@ -48,12 +48,36 @@ pub fn find_program(name: &str) -> Result<PathBuf> {
         .ok_or_else(|| anyhow::anyhow!("command not found: '{name}' (not in PATH)"))
 }
 
+/// The name the kernel gives a task that execs `path`: the file's base
+/// name, cut to the 15 bytes a task name holds.
+pub fn comm_after_exec(path: &Path) -> String {
+    let base = path
+        .file_name()
+        .map_or_else(Vec::new, |n| n.as_bytes().to_vec());
+    String::from_utf8_lossy(&base[..base.len().min(15)]).into_owned()
+}
+
+/// Rows counted for the command's PID before its exec carry kheap's own
+/// name (it was a fork of kheap then): name them after the command.
+pub fn name_command_process(
+    procs: &mut std::collections::HashMap<u32, (String, crate::model::AllocStats)>,
+    command: &HeldCommand,
+) {
+    if let Some((comm, _)) = procs.get_mut(&command.pid) {
+        if comm == "kheap" {
+            *comm = command.name_after_exec.clone();
+        }
+    }
+}
+
 /// A forked child waiting for `release()` before it execs the command.
 /// Dropping it unreleased kills the child: a run that fails to attach never
 /// lets the command run untraced. Once released, the command and all it
 /// forks end with the run (see [`crate::tree`]) unless `keep_running`.
 pub struct HeldCommand {
     pub pid: u32,
+    /// The task name the command gets at exec (the kernel's comm).
+    pub name_after_exec: String,
     go: Option<std::os::fd::OwnedFd>,
     exited: Option<i32>,
     keep_running: bool,
@@ -71,6 +95,7 @@ impl HeldCommand {
             bail!("no command given after --");
         };
         let path = find_program(prog)?;
+        let name_after_exec = comm_after_exec(&path);
         // Everything the child needs is prepared before fork: after fork
         // only async-signal-safe calls are allowed.
         let c_path = CString::new(path.as_os_str().as_bytes())?;
@@ -117,6 +142,7 @@ impl HeldCommand {
                 };
                 Ok(HeldCommand {
                     pid: pid as u32,
+                    name_after_exec,
                     go: Some(go),
                     exited: None,
                     keep_running: false,
@@ -265,6 +291,24 @@ mod tests {
         }
         assert_eq!(code, Some(0));
         assert!(marker.exists());
+    }
+
+    #[test]
+    fn the_command_is_named_as_the_kernel_names_it_at_exec() {
+        assert_eq!(comm_after_exec(Path::new("/usr/bin/sh")), "sh");
+        assert_eq!(
+            comm_after_exec(Path::new("/x/a-very-long-program-name")),
+            "a-very-long-pro"
+        );
+        let held = HeldCommand::spawn(&["sh".into(), "-c".into(), "true".into()]).unwrap();
+        assert_eq!(held.name_after_exec, "sh");
+        let mut procs = std::collections::HashMap::new();
+        procs.insert(held.pid, ("kheap".to_string(), Default::default()));
+        procs.insert(1, ("kheap".to_string(), Default::default()));
+        name_command_process(&mut procs, &held);
+        assert_eq!(procs[&held.pid].0, "sh");
+        // Only the command's own PID: another kheap stays kheap.
+        assert_eq!(procs[&1].0, "kheap");
     }
 
     #[test]

@@ -130,6 +130,9 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         attach: t.attach,
     };
     let mut session = LeaksSession::start(&cfg)?;
+    // The traced time runs from attach to detach: the command may well be
+    // done while the symbols below load.
+    let start = Instant::now();
     eprintln!(
         "kheap: tracing kernel heap allocations and frees ({}){}",
         session.attached.join(", "),
@@ -167,11 +170,10 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         )
     };
 
-    let start = Instant::now();
     let mut snapshots = 0u32;
     let mut next_snapshot = args.snapshot_every;
     let ended = wait_for_end(t.duration, &mut targets, |elapsed| {
-        let secs = elapsed.as_secs_f64();
+        let secs = start.elapsed().as_secs_f64();
         let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
         if periodic {
             next_snapshot = next_snapshot.map(|n| n + args.snapshot_every.unwrap_or(n));

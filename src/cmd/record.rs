@@ -307,7 +307,10 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     if let Some(cmd) = targets.command.as_mut() {
         cmd.terminate();
     }
-    let snap = session.snapshot()?;
+    let mut snap = session.snapshot()?;
+    if let Some(cmd) = &targets.command {
+        crate::target::name_command_process(&mut snap.procs, cmd);
+    }
     let run = RunInfo {
         kernel: features::kernel_release(),
         attach: session.attached.clone(),

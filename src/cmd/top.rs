@@ -287,9 +287,13 @@ fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
     let mut deadline = next_deadline(top.last_read, args.interval.as_secs_f64());
     let mut done = 0;
     loop {
+        // A stop mid-interval still prints that (shorter) interval: the
+        // run ends with what it measured, as record's does.
+        let mut stopping = false;
         while Instant::now() < deadline {
             if top.should_stop() {
-                return Ok(());
+                stopping = true;
+                break;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             // Wakes up to see a stop request; rarely, to cost next to nothing.
@@ -311,7 +315,7 @@ fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
             return Ok(());
         }
         done += 1;
-        if args.iterations.is_some_and(|n| done >= n) || top.should_stop() {
+        if stopping || args.iterations.is_some_and(|n| done >= n) || top.should_stop() {
             return Ok(());
         }
     }
