@@ -380,7 +380,7 @@ pub fn pooling_hint(site: &TracedSite, duration_s: f64, held: Option<Held>) -> O
         .zip(held)
         .map(|(size, h)| held_words(Some(h), size.saturating_sub(right_size(s))));
     let (saving, extra) = match claim {
-        Some((saving, words)) if saving > 0 => (
+        Some((saving, words)) if saving >= MIN_SAVING_BYTES => (
             saving,
             format!(", and a right-sized cache would also mean {words}"),
         ),
@@ -665,17 +665,25 @@ mod tests {
         // 50k/s of 50-byte requests in kmalloc-64.
         let site = uniform("skb_ext_add", kmalloc(64), 64, 50, 500_000);
         let held = Held {
-            avg_objects: 1000.0,
-            peak_objects: 2000.0,
+            avg_objects: 10_000.0,
+            peak_objects: 20_000.0,
         };
         let h = pooling_hint(&site, 10.0, Some(held)).expect("hint");
         assert_eq!(h.kind, HintKind::Pooling);
-        assert_eq!(h.saving_bytes, 1000 * (64 - 56));
+        assert_eq!(h.saving_bytes, 10_000 * (64 - 56));
         assert!(
-            h.text.contains("7.8K less memory held on average"),
+            h.text.contains("78.1K less memory held on average"),
             "{}",
             h.text
         );
+        // A few hundred bytes held are not worth a word.
+        let few = Held {
+            avg_objects: 10.0,
+            peak_objects: 20.0,
+        };
+        let h = pooling_hint(&site, 10.0, Some(few)).unwrap();
+        assert_eq!(h.saving_bytes, 0);
+        assert!(!h.text.contains("less memory"), "{}", h.text);
         assert!(h.text.contains("50.0k/s"), "{}", h.text);
         // Without samples of the cache, no saving is claimed.
         assert_eq!(pooling_hint(&site, 10.0, None).unwrap().saving_bytes, 0);
