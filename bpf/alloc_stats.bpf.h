@@ -1,13 +1,11 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * Helpers for BPF objects that aggregate allocations into struct
- * alloc_stats (kheap.bpf.c, leaks.bpf.c). Include after
+ * alloc_stats (kheap.bpf.c). Include after
  * vmlinux.h, the libbpf headers and kheap.h (which brings size_bucket()).
  */
 #ifndef KHEAP_ALLOC_STATS_BPF_H
 #define KHEAP_ALLOC_STATS_BPF_H
-
-#define KHEAP_EEXIST 17
 
 static __always_inline void stats_add(struct alloc_stats *s, __u64 req,
 				      __u64 alloc, __u32 bucket)
@@ -42,22 +40,6 @@ static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
 			return false;
 	}
 	stats_add(s, req, alloc, bucket);
-	return true;
-}
-
-/* Whether the current task's command name is `want` (NUL-terminated). */
-static __always_inline bool comm_is(const volatile char *want)
-{
-	char comm[KHEAP_COMM_LEN];
-
-	bpf_get_current_comm(comm, sizeof(comm));
-#pragma unroll
-	for (int i = 0; i < KHEAP_COMM_LEN; i++) {
-		if (comm[i] != want[i])
-			return false;
-		if (comm[i] == 0)
-			return true;
-	}
 	return true;
 }
 

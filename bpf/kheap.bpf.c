@@ -1,127 +1,78 @@
 // SPDX-License-Identifier: GPL-2.0
 /*
- * kheap: kernel heap allocations aggregated in the kernel.
+ * kheap: kernel heap allocations aggregated in the kernel. One object serves
+ * every kmem subcommand; user space picks the mode before load (cfg, read-only
+ * data, so the verifier drops what a run does not use):
  *
- * Every traced allocation updates one per-CPU hash entry keyed by
- * (call site, cache): exact counts, requested and allocated bytes and a log2
- * histogram of requested sizes. Kernel stacks are costly (~1.75 us each on an
- * ORC kernel), so by default only a random sample of events captures one;
- * user space scales the sampled stacks to the exact per-site totals.
+ * - record, top, slab: every traced allocation updates one per-CPU hash entry
+ *   keyed by (call site, cache): exact counts, requested and allocated bytes
+ *   and a log2 histogram of requested sizes. Kernel stacks are costly (2-4 us
+ *   each on an ORC kernel), so by default only a random sample of events
+ *   captures one; user space scales the sampled stacks to the exact per-site
+ *   totals. Frees are counted per cache.
+ * - leaks (cfg.track_live): every traced allocation is also remembered by
+ *   address in `live` (a plain hash: the free may run on another CPU) with
+ *   its site, stack, sizes, time and process; every free of a remembered
+ *   address forgets it, in one map operation (the free path is the hot path
+ *   of a leak tracer). User space walks `live` for what is outstanding and
+ *   derives what was freed as allocated - outstanding - unseen.
  *
- * Each hook exists twice: as tp_btf (typed arguments, cheapest) and as a
- * classic tracepoint read through CO-RE (for kernels or configurations
- * without BTF-typed raw tracepoints). User space enables one set per run.
+ * Each hook exists three times: tp_btf (typed arguments, cheapest), raw_tp
+ * (as cheap; 6.1 and 6.12 verifiers reject tp_btf reads of kmalloc's
+ * `const void *ptr`) and a classic tracepoint read through CO-RE. User space
+ * loads one set per run (src/kernel/attach.rs).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#include "maps.bpf.h"
 #include "kheap.h"
+#include "lat_starts.bpf.h"
 #include "alloc_stats.bpf.h"
 #include "kmem_classic.bpf.h"
+#include "stack_store.bpf.h"
+#include "task_filter.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
 const volatile struct kheap_config cfg = {};
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 8192);
-	__type(key, struct site_key);
-	__type(value, struct alloc_stats);
-} sites SEC(".maps");
+/* Written by the `clock` program, which user space runs on demand. */
+struct clock_sample clock_now = {};
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 8192);
-	__type(key, struct stack_key);
-	__type(value, struct alloc_stats);
-} stacks SEC(".maps");
+KHEAP_PERCPU_HASH(sites, struct site_key, struct alloc_stats, 8192);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, 8192);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, KHEAP_STACK_DEPTH * sizeof(__u64));
-} stack_traces SEC(".maps");
+KHEAP_PERCPU_HASH(stacks, struct stack_key, struct alloc_stats, 8192);
 
 /* Per process (tgid); only updated when the report is grouped by process. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, struct alloc_stats);
-} procs SEC(".maps");
+KHEAP_PERCPU_HASH(procs, __u32, struct alloc_stats, 4096);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, struct proc_info);
-} proc_comms SEC(".maps");
+KHEAP_HASH(proc_comms, __u32, struct proc_info, 4096);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 2048);
-	__type(key, __u64);
-	__type(value, struct cache_frees);
-} cache_frees SEC(".maps");
+KHEAP_PERCPU_HASH(cache_frees, __u64, struct cache_frees, 2048);
 
 /* Written once per cache, when a cache is first seen, off the hot path. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 2048);
-	__type(key, __u64);
-	__type(value, struct cache_name);
-} cache_names SEC(".maps");
+KHEAP_HASH(cache_names, __u64, struct cache_name, 2048);
 
-/* Processes whose allocations are counted when cfg.filter_pids is set. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u32);
-	__type(value, __u8);
-} pid_filter SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct counters);
-} counters SEC(".maps");
-
-/* The latency object's per-task entry records (fd reused from it). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, KHEAP_LAT_STARTS);
-	__type(key, __u64);
-	__type(value, struct lat_start);
-} lat_starts SEC(".maps");
+KHEAP_PERCPU_SLOT(counters, struct counters);
 
 /* Per-CPU countdown to the next sampled stack. Refilled with a random gap
  * of 1..2N (mean ~N): a helper call once per sample instead of per event,
  * and random gaps keep periodic allocation patterns from aliasing. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} sample_countdown SEC(".maps");
+KHEAP_PERCPU_SLOT(sample_countdown, __u32);
 
-static __always_inline bool sample_now(void)
-{
-	__u32 zero = 0;
-	__u32 *left = bpf_map_lookup_elem(&sample_countdown, &zero);
+/* leaks: live objects by address. Sized from user space (1 entry unless
+ * cfg.track_live). Preallocated: with BPF_F_NO_PREALLOC, element allocation
+ * itself runs kmalloc, which recurses into these programs (measured:
+ * recursion misses and 5x slower kmem_cache_alloc events). */
+KHEAP_HASH(live, __u64, struct live_obj, 262144);
 
-	if (!left)
-		return false;
-	if (*left > 1) {
-		(*left)--;
-		return false;
-	}
-	*left = (bpf_get_prandom_u32() & (2 * cfg.stack_sample_mask + 1)) + 1;
-	return true;
-}
+/* leaks: same keys as `sites`; only on the rare path of an address reused
+ * while tracked. */
+KHEAP_PERCPU_HASH(unseen, struct site_key, struct site_unseen, 8192);
+
+static const struct site_unseen zero_unseen;
 
 static __always_inline struct counters *counters_get(void)
 {
@@ -137,12 +88,18 @@ static __always_inline struct counters *counters_get(void)
 			__c->field++;                  \
 	} while (0)
 
-static __always_inline bool task_wanted(__u32 tgid)
+static __always_inline bool sample_now(void)
 {
-	if (cfg.filter_pids && !bpf_map_lookup_elem(&pid_filter, &tgid))
+	__u32 zero = 0;
+	__u32 *left = bpf_map_lookup_elem(&sample_countdown, &zero);
+
+	if (!left)
 		return false;
-	if (cfg.filter_comm && !comm_is(cfg.comm))
+	if (*left > 1) {
+		(*left)--;
 		return false;
+	}
+	*left = (bpf_get_prandom_u32() & (2 * cfg.stack_sample_mask + 1)) + 1;
 	return true;
 }
 
@@ -179,71 +136,137 @@ static __always_inline void count_process(__u32 tgid, __u64 req, __u64 alloc,
 	}
 }
 
-/* Captures the kernel stack and counts the event under it. Returns false if
- * the stack or its entry could not be recorded (counted as lost). */
-static __always_inline bool record_stack(void *ctx, struct site_key *key,
-					 __u64 req, __u64 alloc, __u32 bucket,
-					 const char *name,
-					 const struct kmem_cache *s)
+/* Captures the kernel stack and counts the event under it. Returns the
+ * stack's id, or 0 if the stack or its entry could not be recorded (counted
+ * as lost). */
+static __always_inline __s64 record_stack(void *ctx, struct site_key *key,
+					  __u64 req, __u64 alloc, __u32 bucket,
+					  const char *name,
+					  const struct kmem_cache *s)
 {
 	struct stack_key skey = {.site = *key};
+	struct stack_frames *frames;
 	bool created = false;
+	__u64 id = 0;
 
-	/* int: ids fit, and errors are 32-bit on every kernel */
-	int id = bpf_get_stackid(ctx, &stack_traces, 0);
-
-	if (id < 0) {
-		if (id == -KHEAP_EEXIST) /* hash collision */
-			COUNT(lost_stack_collision);
-		else
-			COUNT(lost_stack_other);
-		return false;
+	switch (store_stack(ctx, 0, &id, &frames)) {
+	case STACK_OK:
+		break;
+	case STACK_MAP_FULL:
+		COUNT(map_full_stacks);
+		return 0;
+	default:
+		COUNT(lost_stack_other);
+		return 0;
 	}
 	skey.stack_id = id;
 	if (!upsert_stats(&stacks, &skey, req, alloc, bucket, &created)) {
 		COUNT(map_full_stacks);
-		return false;
+		return 0;
 	}
 	COUNT(stack_samples);
 	if (created && (name || s))
 		remember_cache_name(key->cache, name, s);
-	return true;
+	return id;
 }
 
-/* The common path of every allocation event. `name` is only read when the
- * (site, cache) pair is new, so the cost stays off the hot path. */
-static __always_inline void record_alloc(void *ctx, struct site_key *key,
-					 const void *ptr, __u64 req,
-					 __u64 alloc, const char *name,
-					 const struct kmem_cache *s)
+/* Fibonacci hashing: allocations are aligned, so the low bits of an address
+ * are mostly zero; the high bits of the product mix all of them. */
+static __always_inline bool ptr_traced(__u64 ptr)
+{
+	if (!cfg.ptr_sample_mask)
+		return true;
+	return (((ptr * 0x9E3779B97F4A7C15ULL) >> 40) & cfg.ptr_sample_mask) ==
+	       0;
+}
+
+static __always_inline void count_update_error(int err)
+{
+	if (err == -KHEAP_E2BIG)
+		COUNT(map_full_live);
+	else
+		COUNT(map_busy);
+}
+
+/* Accounts a tracked object whose free no tracepoint showed. */
+static __always_inline void add_unseen(const struct live_obj *o)
+{
+	struct site_unseen *u = bpf_map_lookup_elem(&unseen, &o->site);
+
+	if (!u) {
+		bpf_map_update_elem(&unseen, &o->site, &zero_unseen,
+				    BPF_NOEXIST);
+		u = bpf_map_lookup_elem(&unseen, &o->site);
+		if (!u) {
+			COUNT(map_full_sites);
+			return;
+		}
+	}
+	u->count++;
+	u->bytes_alloc += o->bytes_alloc;
+}
+
+/* leaks: remembers the object by address, then counts it under its site. */
+static __always_inline void track_alloc(void *ctx, struct site_key *key,
+					__u64 ptr, __u64 req, __u64 alloc,
+					__u32 tgid, const char *name,
+					const struct kmem_cache *s)
+{
+	struct live_obj obj = {.site = *key};
+	bool created = false;
+	__u32 bucket;
+	int err; /* int: 6.1 zero-extends helper errors from 32 bits */
+
+	if (!ptr_traced(ptr))
+		return;
+	bucket = size_bucket(req);
+	if (cfg.capture_stacks && (!cfg.stack_sample_mask || sample_now()))
+		obj.stack_id =
+			record_stack(ctx, key, req, alloc, bucket, NULL, NULL);
+	obj.bytes_req = req;
+	obj.bytes_alloc = alloc;
+	/* Jiffies, not bpf_ktime_get_ns(): measured 60-70 ns cheaper per
+	 * allocation on a KVM guest, and a tick is fine for ages. */
+	obj.ts = bpf_jiffies64();
+	obj.tgid = tgid;
+	err = bpf_map_update_elem(&live, &ptr, &obj, BPF_NOEXIST);
+	if (err == -KHEAP_EEXIST) {
+		/* The allocator handed out an address we still track: its
+		 * free was invisible. Account the old object as freed unseen
+		 * and track the new one. */
+		struct live_obj *old = bpf_map_lookup_elem(&live, &ptr);
+
+		if (old) {
+			struct live_obj prev = *old;
+
+			add_unseen(&prev);
+		}
+		COUNT(reused_live);
+		err = bpf_map_update_elem(&live, &ptr, &obj, BPF_ANY);
+	}
+	if (err) {
+		count_update_error(err);
+		return;
+	}
+	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
+		/* Keep the two views consistent: untrack what is uncounted. */
+		bpf_map_delete_elem(&live, &ptr);
+		COUNT(map_full_sites);
+		return;
+	}
+	if (created)
+		remember_cache_name(key->cache, name, s);
+}
+
+/* record/top/slab: counts the event under its site (and stack). */
+static __always_inline void count_alloc(void *ctx, struct site_key *key,
+					__u64 req, __u64 alloc, __u32 tgid,
+					const char *name,
+					const struct kmem_cache *s)
 {
 	bool created = false;
-	__u32 bucket, tgid = 0;
+	__u32 bucket = size_bucket(req);
 
-	/* With --latency, exit probes hide the real return address. */
-	if (cfg.latency_active) {
-		__u64 tid = bpf_get_current_pid_tgid();
-		struct lat_start *ls = bpf_map_lookup_elem(&lat_starts, &tid);
-
-		if (ls && ls->call_site)
-			key->call_site = ls->call_site;
-	}
-
-	/* cfg is constant after load: with no filter and no per-process view
-	 * the verifier drops this block entirely. */
-	if (cfg.filter_pids || cfg.filter_comm || cfg.by_process) {
-		tgid = bpf_get_current_pid_tgid() >> 32;
-		if (!task_wanted(tgid))
-			return;
-	}
-	if (req < cfg.min_size || (cfg.max_size && req > cfg.max_size))
-		return;
-	if (!ptr) {
-		COUNT(alloc_failed);
-		return;
-	}
-
-	bucket = size_bucket(req);
 	if (cfg.by_process)
 		count_process(tgid, req, alloc, bucket);
 
@@ -269,14 +292,80 @@ static __always_inline void record_alloc(void *ctx, struct site_key *key,
 		record_stack(ctx, key, req, alloc, bucket, NULL, NULL);
 }
 
-static __always_inline void record_cache_free(const void *ptr, __u64 cache,
-					      const char *name,
-					      const struct kmem_cache *s)
+/* The common path of every allocation event. `name` is only read when the
+ * (site, cache) pair is new, so the cost stays off the hot path. */
+static __always_inline void on_alloc(void *ctx, struct site_key *key,
+				     const void *ptr, __u64 req, __u64 alloc,
+				     const char *name,
+				     const struct kmem_cache *s)
+{
+	__u32 tgid = 0;
+
+	/* With --latency, exit probes hide the real return address. */
+	if (cfg.latency_active) {
+		__u64 tid = bpf_get_current_pid_tgid();
+		struct lat_start *ls = bpf_map_lookup_elem(&lat_starts, &tid);
+
+		if (ls && ls->call_site)
+			key->call_site = ls->call_site;
+	}
+
+	/* cfg is constant after load: without filters, a per-process view or
+	 * live objects the verifier drops this block entirely. */
+	if (filter_active(&cfg.filter) || cfg.by_process || cfg.track_live) {
+		tgid = bpf_get_current_pid_tgid() >> 32;
+		if (!task_passes(&cfg.filter, tgid))
+			return;
+	}
+	if (req < cfg.min_size || (cfg.max_size && req > cfg.max_size))
+		return;
+	if (!ptr) {
+		COUNT(alloc_failed);
+		return;
+	}
+	if (cfg.track_live)
+		track_alloc(ctx, key, (__u64)ptr, req, alloc, tgid, name, s);
+	else
+		count_alloc(ctx, key, req, alloc, tgid, name, s);
+}
+
+/* leaks: forgets a freed object. Any task may free it. */
+static __always_inline void track_free(__u64 ptr)
+{
+	int err; /* see track_alloc */
+
+	if (!ptr) {
+		COUNT(frees_null);
+		return;
+	}
+	if (!ptr_traced(ptr))
+		return;
+	/* With a process filter most frees are of objects never tracked: a
+	 * lockless lookup rejects them cheaper than a failed delete, which
+	 * takes the bucket lock (71 vs 87 ns per untracked free, measured).
+	 * Without a filter most frees are of tracked objects, and the lookup
+	 * would only add to them. */
+	if ((cfg.filter.pids || cfg.filter.comm_set) &&
+	    !bpf_map_lookup_elem(&live, &ptr)) {
+		COUNT(frees_untracked);
+		return;
+	}
+	err = bpf_map_delete_elem(&live, &ptr);
+	if (err == -KHEAP_ENOENT)
+		COUNT(frees_untracked);
+	else if (err)
+		COUNT(map_busy);
+}
+
+/* record/top/slab: frees per cache. */
+static __always_inline void count_free(const void *ptr, __u64 cache,
+				       const char *name,
+				       const struct kmem_cache *s)
 {
 	struct cache_frees *f;
 
-	if ((cfg.filter_pids || cfg.filter_comm) &&
-	    !task_wanted(bpf_get_current_pid_tgid() >> 32))
+	if (filter_active(&cfg.filter) &&
+	    !task_passes(&cfg.filter, bpf_get_current_pid_tgid() >> 32))
 		return;
 	if (!ptr) {
 		COUNT(frees_null);
@@ -298,25 +387,30 @@ static __always_inline void record_cache_free(const void *ptr, __u64 cache,
 		COUNT(map_full_caches);
 }
 
-static __always_inline bool gfp_accounted(__u64 gfp_flags)
+static __always_inline void on_free(const void *ptr, __u64 cache,
+				    const char *name,
+				    const struct kmem_cache *s)
 {
-	/* __GFP_ACCOUNT's bit lives in an anonymous enum (6.10+) or a macro
-	 * (older), neither reachable through CO-RE: user space reads it from
-	 * the kernel's BTF. */
-	return gfp_flags & cfg.gfp_account_mask;
+	if (cfg.track_live)
+		track_free((__u64)ptr);
+	else
+		count_free(ptr, cache, name, s);
 }
 
 static __always_inline void on_kmalloc(void *ctx, __u64 call_site,
 				       const void *ptr, __u64 req, __u64 alloc,
 				       __u64 gfp_flags)
 {
+	/* __GFP_ACCOUNT's bit lives in an anonymous enum (6.10+) or a macro
+	 * (older), neither reachable through CO-RE: user space reads it from
+	 * the kernel's BTF. */
 	struct site_key key = {
 		.call_site = call_site,
 		.kmalloc_size = alloc,
-		.kmalloc_accounted = gfp_accounted(gfp_flags),
+		.kmalloc_accounted = !!(gfp_flags & cfg.gfp_account_mask),
 	};
 
-	record_alloc(ctx, &key, ptr, req, alloc, NULL, NULL);
+	on_alloc(ctx, &key, ptr, req, alloc, NULL, NULL);
 }
 
 /* ---- tp_btf: typed raw tracepoint arguments ---- */
@@ -335,14 +429,14 @@ int BPF_PROG(cache_alloc_btf, unsigned long call_site, const void *ptr,
 {
 	struct site_key key = {.call_site = call_site, .cache = (__u64)s};
 
-	record_alloc(ctx, &key, ptr, s->object_size, s->size, s->name, NULL);
+	on_alloc(ctx, &key, ptr, s->object_size, s->size, s->name, NULL);
 	return 0;
 }
 
 SEC("tp_btf/kfree")
 int BPF_PROG(kfree_btf, unsigned long call_site, const void *ptr)
 {
-	record_cache_free(ptr, 0, NULL, NULL);
+	on_free(ptr, 0, NULL, NULL);
 	return 0;
 }
 
@@ -350,7 +444,7 @@ SEC("tp_btf/kmem_cache_free")
 int BPF_PROG(cache_free_btf, unsigned long call_site, const void *ptr,
 	     struct kmem_cache *s)
 {
-	record_cache_free(ptr, (__u64)s, s->name, NULL);
+	on_free(ptr, (__u64)s, s->name, NULL);
 	return 0;
 }
 
@@ -358,18 +452,11 @@ int BPF_PROG(cache_free_btf, unsigned long call_site, const void *ptr,
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
 {
-	__u32 parent_tgid = parent->tgid, child_tgid = child->tgid;
-	__u8 one = 1;
-
-	if (bpf_map_lookup_elem(&pid_filter, &parent_tgid))
-		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	follow_fork(parent->tgid, child->tgid);
 	return 0;
 }
 
-/* ---- raw_tp: untyped raw tracepoint arguments ----
- * As cheap as tp_btf, but without the verifier's BTF checks on the
- * arguments: 6.1 and 6.12 reject tp_btf reads of kmalloc's `const void *ptr`
- * ("arg1 type UNKNOWN is not a struct"), raw_tp loads there. */
+/* ---- raw_tp: untyped raw tracepoint arguments ---- */
 
 SEC("raw_tp/kmalloc")
 int kmalloc_raw(struct bpf_raw_tracepoint_args *ctx)
@@ -385,24 +472,24 @@ int cache_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 	const struct kmem_cache *s = (const void *)ctx->args[2];
 	struct site_key key = {.call_site = ctx->args[0], .cache = (__u64)s};
 
-	record_alloc(ctx, &key, (const void *)ctx->args[1],
-		     BPF_CORE_READ(s, object_size), BPF_CORE_READ(s, size),
-		     NULL, s);
+	on_alloc(ctx, &key, (const void *)ctx->args[1],
+		 BPF_CORE_READ(s, object_size), BPF_CORE_READ(s, size), NULL,
+		 s);
 	return 0;
 }
 
 SEC("raw_tp/kfree")
 int kfree_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	record_cache_free((const void *)ctx->args[1], 0, NULL, NULL);
+	on_free((const void *)ctx->args[1], 0, NULL, NULL);
 	return 0;
 }
 
 SEC("raw_tp/kmem_cache_free")
 int cache_free_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	record_cache_free((const void *)ctx->args[1], ctx->args[2], NULL,
-			  (const void *)ctx->args[2]);
+	on_free((const void *)ctx->args[1], ctx->args[2], NULL,
+		(const void *)ctx->args[2]);
 	return 0;
 }
 
@@ -411,12 +498,8 @@ int fork_raw(struct bpf_raw_tracepoint_args *ctx)
 {
 	const struct task_struct *parent = (const void *)ctx->args[0];
 	const struct task_struct *child = (const void *)ctx->args[1];
-	__u32 parent_tgid = BPF_CORE_READ(parent, tgid);
-	__u32 child_tgid = BPF_CORE_READ(child, tgid);
-	__u8 one = 1;
 
-	if (bpf_map_lookup_elem(&pid_filter, &parent_tgid))
-		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	follow_fork(BPF_CORE_READ(parent, tgid), BPF_CORE_READ(child, tgid));
 	return 0;
 }
 
@@ -444,15 +527,14 @@ int cache_alloc_tp(void *ctx)
 	read_cache_alloc_record(ctx, &e);
 	key.call_site = e.call_site;
 	key.cache = classic_cache_key(&e);
-	record_alloc(ctx, &key, e.ptr, e.bytes_req, e.bytes_alloc, e.name,
-		     NULL);
+	on_alloc(ctx, &key, e.ptr, e.bytes_req, e.bytes_alloc, e.name, NULL);
 	return 0;
 }
 
 SEC("tracepoint/kmem/kfree")
 int kfree_tp(struct trace_event_raw_kfree *r)
 {
-	record_cache_free(BPF_CORE_READ(r, ptr), 0, NULL, NULL);
+	on_free(BPF_CORE_READ(r, ptr), 0, NULL, NULL);
 	return 0;
 }
 
@@ -461,19 +543,26 @@ int cache_free_tp(struct trace_event_raw_kmem_cache_free *r)
 {
 	const char *name = cache_free_record_name(r);
 
-	record_cache_free(BPF_CORE_READ(r, ptr), name ? name_key(name) : 0,
-			  name, NULL);
+	on_free(BPF_CORE_READ(r, ptr), name ? name_key(name) : 0, name, NULL);
 	return 0;
 }
 
+/* The classic record has thread ids, not tgids: a fork from a process's main
+ * thread is followed (its tid is the tgid); a new thread adds its own tid,
+ * which no tgid lookup ever matches. */
 SEC("tracepoint/sched/sched_process_fork")
 int fork_tp(struct trace_event_raw_sched_process_fork *r)
 {
-	__u32 parent = BPF_CORE_READ(r, parent_pid);
-	__u32 child = BPF_CORE_READ(r, child_pid);
-	__u8 one = 1;
+	follow_fork(BPF_CORE_READ(r, parent_pid), BPF_CORE_READ(r, child_pid));
+	return 0;
+}
 
-	if (bpf_map_lookup_elem(&pid_filter, &parent))
-		bpf_map_update_elem(&pid_filter, &child, &one, BPF_ANY);
+/* Run by user space (BPF_PROG_RUN) when it reads live objects: the jiffies
+ * now, to turn the jiffies stamps of objects into ages. */
+SEC("syscall")
+int clock(void *ctx)
+{
+	clock_now.jiffies = bpf_jiffies64();
+	clock_now.ns = bpf_ktime_get_ns();
 	return 0;
 }

@@ -17,6 +17,11 @@
 #define KHEAP_COMM_LEN	     16
 #define KHEAP_CACHE_NAME_LEN 32
 
+/* errno values compared in BPF (helpers return them negated) */
+#define KHEAP_ENOENT 2
+#define KHEAP_E2BIG  7
+#define KHEAP_EEXIST 17
+
 /* Exact counters of one aggregation key, summed over CPUs in user space. */
 struct alloc_stats {
 	__u64 count;
@@ -38,7 +43,13 @@ struct site_key {
 
 struct stack_key {
 	struct site_key site;
+	/* hash of the frames (stack_store.bpf.h), > 0 */
 	__s64 stack_id;
+};
+
+/* One kernel stack, innermost frame first, zero-filled past the last. */
+struct stack_frames {
+	__u64 ip[KHEAP_STACK_DEPTH];
 };
 
 struct cache_frees {
@@ -58,30 +69,84 @@ struct proc_info {
 struct counters {
 	__u64 frees;
 	__u64 frees_null;
+	/* leaks: frees of objects not tracked (allocated before tracing, or
+	 * never tracked because a map was full) */
+	__u64 frees_untracked;
 	__u64 stack_samples;
-	__u64 lost_stack_collision;
 	__u64 lost_stack_other;
 	__u64 map_full_sites;
 	__u64 map_full_stacks;
 	__u64 map_full_procs;
 	__u64 map_full_caches;
 	__u64 alloc_failed;
+	/* leaks: an allocation returned an address that was still tracked */
+	__u64 reused_live;
+	__u64 map_full_live;
+	/* leaks: a map update refused because its bucket lock was held on
+	 * this CPU (an interrupt hit the tracer while it updated the map) */
+	__u64 map_busy;
+};
+
+/* One object allocated while tracking outstanding memory and not yet seen
+ * freed, keyed by its address: one per live object, so kept small. */
+struct live_obj {
+	struct site_key site;
+	__s64 stack_id; /* 0: no stack sampled */
+	/* u32 is enough: kmalloc() and slab objects are far below 4 GiB. */
+	__u32 bytes_req;
+	__u32 bytes_alloc;
+	__u32 tgid;
+	__u32 _pad;
+	/* jiffies64 at the allocation (see struct clock_sample) */
+	__u64 ts;
+};
+
+/* Tracked objects of a site whose address the allocator handed out again
+ * while still tracked: their free happened on a path without a tracepoint
+ * (kfree_bulk, kvfree_rcu batches) or was dropped (BPF recursion). Frees
+ * that were seen are not summed in the kernel: user space derives them as
+ * allocated - outstanding - unseen, which keeps the free path to one map
+ * operation. */
+struct site_unseen {
+	__u64 count;
+	__u64 bytes_alloc;
+};
+
+/* The kernel's tick counter and CLOCK_MONOTONIC read together. Two samples
+ * give the tick rate: CONFIG_HZ is not readable everywhere (libbpf refuses
+ * a __kconfig extern when the kernel config file is missing, as on Debian
+ * 6.1 without /boot). */
+struct clock_sample {
+	__u64 jiffies;
+	__u64 ns;
+};
+
+/* Which tasks are counted (task_filter.bpf.h). */
+struct task_filter {
+	/* kheap's own process: its map reads allocate in the kernel */
+	__u32 ignore_tgid;
+	__u8 pids;     /* only processes in pid_filter */
+	__u8 comm_set; /* only tasks named comm */
+	char comm[KHEAP_COMM_LEN];
 };
 
 /* Settings user space fixes before load (read-only data, so the verifier
- * prunes the branches a run does not use). */
+ * prunes the branches a run does not use). One object serves record, top,
+ * slab and leaks: track_live is the leaks mode. */
 struct kheap_config {
 	__u64 min_size;
 	__u64 max_size; /* 0: no upper bound */
 	__u64 gfp_account_mask;
-	__u32 stack_sample_mask; /* N-1 for about one stack in N; 0: every
-				    event */
-	__u8 filter_pids;
-	__u8 filter_comm;
-	__u8 by_process;
+	struct task_filter filter;
+	/* N-1 for about one stack in N; 0: every event */
+	__u32 stack_sample_mask;
+	/* leaks: track an object when hash(address) & mask == 0, so its
+	 * allocation and its free are both traced or both skipped; 0: all */
+	__u32 ptr_sample_mask;
 	__u8 capture_stacks;
+	__u8 by_process;
 	__u8 latency_active; /* lat_starts is shared with the latency object */
-	char comm[KHEAP_COMM_LEN];
+	__u8 track_live;     /* remember every object until its free */
 };
 
 /* --latency: time inside the allocator entry points, per call site. */

@@ -1,9 +1,8 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
- * Reading the classic kmem tracepoint records through CO-RE, for BPF objects
- * that attach to them (leaks.bpf.c; kheap.bpf.c still has its own copy of
- * this logic and can move to these helpers). Include after vmlinux.h, the
- * libbpf headers (bpf_core_read.h) and kheap.h.
+ * Reading the classic kmem tracepoint records through CO-RE: the one place
+ * that knows their layouts across kernel versions (kheap.bpf.c). Include
+ * after vmlinux.h, the libbpf headers (bpf_core_read.h) and kheap.h.
  */
 #ifndef KHEAP_KMEM_CLASSIC_BPF_H
 #define KHEAP_KMEM_CLASSIC_BPF_H

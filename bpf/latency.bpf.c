@@ -13,30 +13,15 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include "maps.bpf.h"
 #include "kheap.h"
+#include "lat_starts.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, KHEAP_LAT_STARTS);
-	__type(key, __u64);
-	__type(value, struct lat_start);
-} lat_starts SEC(".maps");
+KHEAP_PERCPU_HASH(latencies, struct lat_key, struct lat_stats, 8192);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 8192);
-	__type(key, struct lat_key);
-	__type(value, struct lat_stats);
-} latencies SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct lat_counters);
-} lat_counters SEC(".maps");
+KHEAP_PERCPU_SLOT(lat_counters, struct lat_counters);
 
 static struct lat_stats zero_lat;
 

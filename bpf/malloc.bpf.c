@@ -22,33 +22,20 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#include "maps.bpf.h"
+#include "kheap.h"
 #include "malloc.h"
+#include "task_filter.bpf.h"
+#include "stack_store.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
 const volatile struct malloc_config cfg = {};
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct malloc_key);
-	__type(value, struct malloc_stats);
-} sites SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_STACK_TRACE);
-	__uint(max_entries, 16384);
-	__uint(key_size, sizeof(__u32));
-	__uint(value_size, MALLOC_STACK_DEPTH * sizeof(__u64));
-} stack_traces SEC(".maps");
+KHEAP_PERCPU_HASH(sites, struct malloc_key, struct malloc_stats, 16384);
 
 /* Blocks allocated while tracing and not freed yet (cfg.track_live). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 262144);
-	__type(key, struct live_key);
-	__type(value, struct live_alloc);
-} live SEC(".maps");
+KHEAP_HASH(live, struct live_key, struct live_alloc, 262144);
 
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
@@ -57,52 +44,15 @@ struct {
 	__type(value, struct thread_state);
 } threads SEC(".maps");
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct vma_key);
-	__type(value, struct vma_info);
-} vmas SEC(".maps");
-
-/* Processes whose allocations are counted: filled by user space and by the
- * fork hook below. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u32);
-	__type(value, __u8);
-} pid_filter SEC(".maps");
+KHEAP_HASH(vmas, struct vma_key, struct vma_info, 16384);
 
 /* execve()s per traced process: user space re-reads the mappings of a
  * process whose count changed (it may map another C library now). */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u32);
-	__type(value, __u32);
-} execs SEC(".maps");
+KHEAP_HASH(execs, __u32, __u32, 8192);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, struct file_id);
-	__type(value, struct exec_path);
-} exec_paths SEC(".maps");
+KHEAP_HASH(exec_paths, struct file_id, struct exec_path, 1024);
 
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct malloc_counters);
-} counters SEC(".maps");
-
-/* Scratch space for one user stack (too big for the BPF stack). */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64[MALLOC_STACK_DEPTH]);
-} stack_buf SEC(".maps");
+KHEAP_PERCPU_SLOT(counters, struct malloc_counters);
 
 static struct malloc_stats zero_stats;
 
@@ -114,11 +64,6 @@ static struct malloc_stats zero_stats;
 		if (__c)                                         \
 			__c->field++;                            \
 	} while (0)
-
-static __always_inline bool traced(__u32 tgid)
-{
-	return bpf_map_lookup_elem(&pid_filter, &tgid) != NULL;
-}
 
 /* ---- mappings of stack frames ---- */
 
@@ -181,20 +126,15 @@ static long record_frame(__u64 i, struct vma_walk *w)
 	return 0;
 }
 
-/* Called once per new key: remembers the mapping of every frame, so that
- * addresses can be turned into file offsets even after the process exits. */
-static __always_inline void record_stack_vmas(void *ctx, __u64 mm, __u64 caller)
+/* Called once per new key, with the key's stack just captured (frames[0]
+ * unused): remembers the mapping of every frame, so that addresses can be
+ * turned into file offsets even after the process exits. */
+static __always_inline void record_stack_vmas(struct stack_frames *frames,
+					      __u64 mm, __u64 caller)
 {
-	__u32 zero = 0;
-	__u64 *frames = bpf_map_lookup_elem(&stack_buf, &zero);
 	struct vma_walk w = {.mm = mm, .caller = caller};
 
-	if (!frames)
-		return;
-	if (bpf_get_stack(ctx, frames, MALLOC_STACK_DEPTH * sizeof(__u64),
-			  BPF_F_USER_STACK) < 0)
-		frames[1] = 0;
-	w.frames = frames;
+	w.frames = frames->ip;
 	bpf_loop(MALLOC_STACK_DEPTH, record_frame, &w, 0);
 }
 
@@ -205,12 +145,15 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 {
 	__u64 sp = PT_REGS_SP(ctx);
 	struct malloc_key key = {.tgid = bpf_get_current_pid_tgid() >> 32};
+	struct stack_frames *frames = NULL;
 	struct thread_state *t;
 	struct malloc_stats *s;
 	bool created = false;
+	enum stack_result stack;
+	__u64 stack_id = 0;
 	__u32 bucket;
 
-	if (!traced(key.tgid))
+	if (!pid_traced(key.tgid))
 		return;
 	t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), NULL,
 				 BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -239,8 +182,10 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	t->last_ret = key.caller;
 	t->last_func = key.func;
 
-	key.stack_id = bpf_get_stackid(ctx, &stack_traces, BPF_F_USER_STACK);
-	if (key.stack_id < 0)
+	/* A stack not kept (map full, or not captured) is counted as lost. */
+	stack = store_stack(ctx, BPF_F_USER_STACK, &stack_id, &frames);
+	key.stack_id = stack == STACK_OK ? (__s64)stack_id : -1;
+	if (stack != STACK_OK)
 		COUNT(lost_stacks);
 
 	s = bpf_map_lookup_elem(&sites, &key);
@@ -260,8 +205,12 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	s->count++;
 	s->bytes += size;
 	s->hist[hist_index(bucket)]++;
-	if (created)
-		record_stack_vmas(ctx, key.mm, key.caller);
+	if (created && frames) {
+		/* the frames of a failed capture are stale: keep none */
+		if (stack == STACK_NOT_CAPTURED)
+			frames->ip[1] = 0;
+		record_stack_vmas(frames, key.mm, key.caller);
+	}
 
 	if (cfg.track_live) {
 		t->pending.key = key;
@@ -368,7 +317,7 @@ int BPF_UPROBE(free_entry, __u64 ptr)
 	struct live_key lk = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .ptr = ptr};
 
-	if (!traced(lk.tgid))
+	if (!pid_traced(lk.tgid))
 		return 0;
 	if (!ptr) {
 		COUNT(frees_null);
@@ -385,12 +334,7 @@ int BPF_UPROBE(free_entry, __u64 ptr)
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
 {
-	__u32 parent_tgid = parent->tgid, child_tgid = child->tgid;
-	__u8 one = 1;
-
-	if (parent_tgid != child_tgid &&
-	    bpf_map_lookup_elem(&pid_filter, &parent_tgid))
-		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+	follow_fork(parent->tgid, child->tgid);
 	return 0;
 }
 
@@ -400,7 +344,7 @@ int BPF_PROG(exec_btf, struct task_struct *p, pid_t old_pid,
 {
 	__u32 tgid = p->tgid, one = 1, *n;
 
-	if (!traced(tgid))
+	if (!pid_traced(tgid))
 		return 0;
 	n = bpf_map_lookup_elem(&execs, &tgid);
 	if (n)
@@ -430,7 +374,7 @@ int BPF_PROG(exit_btf, struct task_struct *p)
 {
 	__u32 tgid = p->tgid;
 
-	if (BPF_CORE_READ(p, signal, live.counter) != 0 || !traced(tgid))
+	if (BPF_CORE_READ(p, signal, live.counter) != 0 || !pid_traced(tgid))
 		return 0;
 	bpf_map_delete_elem(&pid_filter, &tgid);
 	bpf_map_delete_elem(&execs, &tgid);

@@ -1,23 +1,27 @@
 //! Comparing two kheap JSON reports: which sites, stacks or caches grew or
 //! shrank between them. Pure: JSON in, rows out.
 //!
-//! Between two `kheap leaks` snapshots or reports, the measure is what is
-//! outstanding (retained memory). If either side is a `kheap record` report,
-//! which knows nothing of frees, the measure is allocation volume.
+//! Both reports are of one kind, told by their `"kind"` field. Between two
+//! `kheap leaks` snapshots or reports, the measure is what is outstanding
+//! (retained memory); between two `kheap record` reports, which know
+//! nothing of frees, it is allocation volume.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::ValueEnum;
 use comfy_table::Cell;
 use serde::{Deserialize, Serialize};
 
-use crate::model::human_size;
-use crate::render::new_table;
-use crate::report::{Counts, Report, Retention};
+use crate::contract::{self, Kind};
+use crate::model::{human_size, signed_size, Counts};
+use crate::render::short_list;
+use crate::render::table::{hidden_note, new_table, render};
+use crate::report::{Report, Retention};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum DiffBy {
     Site,
     Stack,
@@ -49,6 +53,10 @@ pub struct DiffRow {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Diff {
+    /// The kind of the two reports compared (record or leaks).
+    pub compared: Kind,
+    /// What the rows are: sites, stacks or caches.
+    pub by: DiffBy,
     pub measure: Measure,
     pub grew_bytes: u64,
     pub shrank_bytes: u64,
@@ -57,21 +65,51 @@ pub struct Diff {
     pub rows: Vec<DiffRow>,
 }
 
-/// Parses a kheap JSON report (record, leaks or snapshot).
-pub fn parse_report(text: &str, what: &str) -> Result<Report> {
-    serde_json::from_str(text).with_context(|| {
-        format!(
-            "{what} is not a kheap JSON report (kheap record/leaks --format json, or a snapshot)"
-        )
-    })
+impl Measure {
+    /// What a kind of report can be compared on.
+    pub fn of(kind: Kind) -> Option<Measure> {
+        match kind {
+            Kind::Leaks => Some(Measure::Outstanding),
+            Kind::Record => Some(Measure::Allocated),
+            _ => None,
+        }
+    }
 }
 
-pub fn diff(before: &Report, after: &Report, by: DiffBy) -> Diff {
-    let measure = if before.leaks.is_some() && after.leaks.is_some() {
-        Measure::Outstanding
-    } else {
-        Measure::Allocated
-    };
+/// Parses a kheap JSON report `what` (a file name, for messages): a record
+/// or leaks report, or a leaks snapshot. Returns its kind too.
+pub fn parse_report(text: &str, what: &str) -> Result<(Kind, Report)> {
+    let (kind, value) = contract::read(text, what)?;
+    if Measure::of(kind).is_none() {
+        bail!(
+            "{what} is a kheap {} report: kheap diff compares record or leaks reports (and leaks snapshots)",
+            kind.name()
+        );
+    }
+    let report = serde_json::from_value(value)
+        .with_context(|| format!("{what} is not a valid kheap {} report", kind.name()))?;
+    Ok((kind, report))
+}
+
+/// Parses the two reports to compare; both must be of one kind.
+pub fn parse_pair(before: (&str, &str), after: (&str, &str)) -> Result<(Kind, Report, Report)> {
+    let (bk, b) = parse_report(before.0, before.1)?;
+    let (ak, a) = parse_report(after.0, after.1)?;
+    if bk != ak {
+        bail!(
+            "{} is a {} report and {} a {} report: kheap diff compares two reports of one kind",
+            before.1,
+            bk.name(),
+            after.1,
+            ak.name()
+        );
+    }
+    Ok((bk, b, a))
+}
+
+/// Compares two reports of kind `kind` (record or leaks) per `by`.
+pub fn diff(kind: Kind, before: &Report, after: &Report, by: DiffBy) -> Diff {
+    let measure = Measure::of(kind).unwrap_or(Measure::Allocated);
     let (b, a) = (keyed(before, by, measure), keyed(after, by, measure));
     let mut names: Vec<&(String, String)> = b.keys().chain(a.keys()).collect();
     names.sort();
@@ -103,6 +141,8 @@ pub fn diff(before: &Report, after: &Report, by: DiffBy) -> Diff {
     let grew_bytes = rows.iter().map(|r| r.change_bytes.max(0) as u64).sum();
     let shrank_bytes = rows.iter().map(|r| (-r.change_bytes).max(0) as u64).sum();
     Diff {
+        compared: kind,
+        by,
         measure,
         grew_bytes,
         shrank_bytes,
@@ -155,13 +195,17 @@ fn keyed(r: &Report, by: DiffBy, measure: Measure) -> BTreeMap<(String, String),
     out
 }
 
-fn signed_size(v: i64) -> String {
-    let sign = if v < 0 { "-" } else { "+" };
-    format!("{sign}{}", human_size(v.unsigned_abs()))
+/// The caches of a row, as listed in its `cache` field.
+fn caches(joined: &str) -> Vec<String> {
+    joined
+        .split(',')
+        .filter(|c| !c.is_empty())
+        .map(String::from)
+        .collect()
 }
 
-/// The diff as a table, `n` rows at most.
-pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
+/// The diff as a table, `n` rows at most, fitted to `width` columns.
+pub fn table(d: &Diff, by: DiffBy, n: usize, width: Option<u16>) -> String {
     let mut out = String::new();
     let what = match d.measure {
         Measure::Outstanding => "outstanding (still allocated) memory",
@@ -179,9 +223,13 @@ pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
         DiffBy::Stack => "stack (innermost frame)",
         DiffBy::Cache => "cache",
     };
-    let mut t = new_table(&[
-        first, "cache", "before", "after", "change", "objects", "change",
-    ]);
+    let mut t = new_table(
+        &[
+            first, "cache", "before", "after", "change", "objects", "change",
+        ],
+        &[1],
+        width,
+    );
     for r in d.rows.iter().take(n) {
         let name = match by {
             DiffBy::Stack => r
@@ -194,7 +242,7 @@ pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
         };
         t.add_row(vec![
             Cell::new(name),
-            Cell::new(&r.cache),
+            Cell::new(short_list(&caches(&r.cache), 2)),
             Cell::new(human_size(r.before_bytes)),
             Cell::new(human_size(r.after_bytes)),
             Cell::new(signed_size(r.change_bytes)),
@@ -202,14 +250,8 @@ pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
             Cell::new(format!("{:+}", r.change_count)),
         ]);
     }
-    let _ = writeln!(out, "{t}");
-    if d.rows.len() > n {
-        let _ = writeln!(
-            out,
-            "({} more rows not shown; use -n to see more)",
-            d.rows.len() - n
-        );
-    }
+    let _ = writeln!(out, "{}", render(t));
+    out.push_str(&hidden_note(d.rows.len().saturating_sub(n)));
     if d.rows.is_empty() {
         let _ = writeln!(out, "(no differences)");
     }
@@ -220,6 +262,7 @@ pub fn table(d: &Diff, by: DiffBy, n: usize) -> String {
 mod tests {
     use super::*;
     use crate::report::{CacheRow, LeakSummary, SiteRow, StackRow};
+    use crate::testing::assert_contains;
 
     fn ret(count: u64, bytes: u64) -> Option<Retention> {
         Some(Retention {
@@ -295,7 +338,7 @@ mod tests {
             site("seq_open+0x5", 9, 5),
             site("new_site+0x1", 2, 2),
         ]);
-        let d = diff(&before, &after, DiffBy::Site);
+        let d = diff(Kind::Leaks, &before, &after, DiffBy::Site);
         assert_eq!(d.measure, Measure::Outstanding);
         let names: Vec<&str> = d.rows.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(
@@ -308,22 +351,26 @@ mod tests {
         assert_eq!(d.grew_bytes, 1002 * 4096);
         assert_eq!(d.shrank_bytes, 30 * 4096);
         assert_eq!(d.net_bytes, 972 * 4096);
-        let t = table(&d, DiffBy::Site, 10);
-        assert!(t.contains("outstanding"), "{t}");
-        assert!(t.contains("+3.9M"), "{t}");
-        assert!(t.contains("-120K"), "{t}");
+        let t = table(&d, DiffBy::Site, 10, None);
+        assert_contains(&t, &["outstanding", "+3.9M", "-120K"]);
+    }
+
+    #[test]
+    fn long_cache_lists_are_shortened_in_the_table() {
+        assert_eq!(short_list(&caches("a,b,c"), 2), "a,b +1");
+        assert!(caches("").is_empty());
     }
 
     #[test]
     fn stacks_and_caches_are_compared_too() {
         let before = leaks_report(vec![site("load_msg+0x10", 10, 10)]);
         let after = leaks_report(vec![site("load_msg+0x10", 30, 30)]);
-        let d = diff(&before, &after, DiffBy::Stack);
+        let d = diff(Kind::Leaks, &before, &after, DiffBy::Stack);
         assert_eq!(d.rows.len(), 1);
         assert_eq!(d.rows[0].name, "__kmalloc_noprof+0x1;load_msg+0x10");
         assert_eq!(d.rows[0].change_bytes, 20 * 4096);
-        assert!(table(&d, DiffBy::Stack, 5).contains("load_msg+0x10"));
-        let d = diff(&before, &after, DiffBy::Cache);
+        assert!(table(&d, DiffBy::Stack, 5, None).contains("load_msg+0x10"));
+        let d = diff(Kind::Leaks, &before, &after, DiffBy::Cache);
         assert_eq!(d.rows[0].name, "kmalloc-cg-4k");
         assert_eq!(d.rows[0].change_count, 20);
     }
@@ -331,34 +378,52 @@ mod tests {
     #[test]
     fn record_reports_compare_allocation_volume() {
         let before = as_record(leaks_report(vec![site("load_msg+0x10", 10, 0)]));
-        let after = leaks_report(vec![site("load_msg+0x10", 30, 30)]);
-        let d = diff(&before, &after, DiffBy::Site);
-        assert_eq!(d.measure, Measure::Allocated);
+        let after = as_record(leaks_report(vec![site("load_msg+0x10", 30, 30)]));
+        let d = diff(Kind::Record, &before, &after, DiffBy::Site);
+        assert_eq!((d.compared, d.measure), (Kind::Record, Measure::Allocated));
         assert_eq!(d.rows[0].change_count, 20);
-        assert!(table(&d, DiffBy::Site, 5).contains("allocation volume"));
+        assert!(table(&d, DiffBy::Site, 5, None).contains("allocation volume"));
     }
 
     #[test]
-    fn record_json_parses_and_bad_json_says_what_it_is() {
+    fn reports_are_read_by_kind_and_kinds_must_match() {
         let rec = as_record(leaks_report(vec![site("load_msg+0x10", 10, 0)]));
-        let json = serde_json::to_string(&rec).unwrap();
-        assert!(!json.contains("outstanding_count"), "{json}");
-        let back = parse_report(&json, "before.json").unwrap();
-        assert!(back.leaks.is_none());
+        let rec_json = contract::pretty(Kind::Record, &rec);
+        assert!(!rec_json.contains("outstanding_count"), "{rec_json}");
+        let (kind, back) = parse_report(&rec_json, "before.json").unwrap();
+        assert_eq!(kind, Kind::Record);
         assert!(
             back.sites[0].retention.is_none(),
             "record rows have no retention"
         );
 
         let leaks = leaks_report(vec![site("load_msg+0x10", 10, 7)]);
-        let json = serde_json::to_string(&leaks).unwrap();
-        let back = parse_report(&json, "after.json").unwrap();
+        let leaks_json = contract::pretty(Kind::Leaks, &leaks);
+        let (kind, back) = parse_report(&leaks_json, "after.json").unwrap();
+        assert_eq!(kind, Kind::Leaks);
         assert_eq!(
             back.sites[0].retention.as_ref().unwrap().outstanding_count,
             7
         );
 
-        let err = parse_report("{\"x\": 1}", "before.json").unwrap_err();
-        assert!(format!("{err:#}").starts_with("before.json is not a kheap JSON report"));
+        let err = |r: Result<(Kind, Report, Report)>| format!("{:#}", r.unwrap_err());
+        let mixed = err(parse_pair(
+            (&rec_json, "before.json"),
+            (&leaks_json, "after.json"),
+        ));
+        assert_eq!(
+            mixed,
+            "before.json is a record report and after.json a leaks report: kheap diff compares two reports of one kind"
+        );
+        let untagged = serde_json::to_string(&leaks).unwrap();
+        assert!(
+            err(parse_pair((&untagged, "a.json"), (&leaks_json, "b.json")))
+                .starts_with("a.json is not a kheap JSON report")
+        );
+        let slab = contract::pretty(Kind::Slab, &serde_json::json!({"caches": []}));
+        assert!(err(parse_pair((&slab, "s.json"), (&slab, "t.json")))
+            .contains("s.json is a kheap slab report: kheap diff compares record or leaks"));
+        let (kind, _, _) = parse_pair((&leaks_json, "a"), (&leaks_json, "b")).unwrap();
+        assert_eq!(kind, Kind::Leaks);
     }
 }

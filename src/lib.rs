@@ -8,8 +8,11 @@
 
 pub mod cli;
 pub mod cmd;
+pub mod contract;
 pub mod diff;
 pub mod kernel;
+pub mod latency;
+mod layers;
 pub mod leaks;
 pub mod malloc;
 pub mod model;
@@ -20,5 +23,12 @@ pub mod signals;
 pub mod slab;
 pub mod symbolize;
 pub mod target;
+#[cfg(test)]
+mod testing;
 pub mod top;
 pub mod tree;
+
+/// The JSON contract's validator, shared with the root tests.
+#[cfg(test)]
+#[path = "../tests/common/schema.rs"]
+pub(crate) mod schema_check;

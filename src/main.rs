@@ -17,7 +17,7 @@ enum Command {
     Record(cmd::record::RecordArgs),
     /// Trace, then show what is still allocated (retained) vs allocated and freed (transient)
     Leaks(cmd::leaks::LeaksArgs),
-    /// Compare two kheap JSON reports (snapshots, leaks, record): what grew or shrank
+    /// Compare two kheap JSON reports of one kind (record, or leaks and its snapshots): what grew or shrank
     Diff(cmd::diff::DiffArgs),
     /// Slab caches: memory, loss, growth, and (with -d) who allocates and wastes
     Slab(kheap::slab::SlabArgs),

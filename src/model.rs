@@ -1,5 +1,13 @@
-//! Pure aggregation: size histograms, allocation statistics and waste maths.
-//! Nothing here touches the kernel or libbpf, so it is unit-tested without root.
+//! The model: pure types and maths that every other layer builds on. Size
+//! histograms, allocation statistics, waste, cache and site identities, the
+//! counts every report row carries, and human-readable units. `snapshot`
+//! holds what is read from the kernel, `live` the leak tracer's live
+//! objects. Nothing here touches the kernel or libbpf, so it is unit-tested
+//! without root; nothing here imports from the layers above (report,
+//! render, cmd) or from the kernel layer.
+
+pub mod live;
+pub mod snapshot;
 
 use std::ops::{AddAssign, Sub};
 
@@ -218,46 +226,125 @@ impl CacheId {
     }
 }
 
+/// One call site allocating from one cache: the kernel's aggregation key.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SiteKey {
+    pub call_site: u64,
+    pub cache: CacheId,
+}
+
 /// kmalloc cache names use "k" for multiples of 1024 (kmalloc-4k, kmalloc-96).
 pub fn kmalloc_size_name(size: u64) -> String {
-    if size >= 1024 && size % 1024 == 0 {
+    if size >= 1024 && size.is_multiple_of(1024) {
         format!("{}k", size / 1024)
     } else {
         size.to_string()
     }
 }
 
-/// Bytes in binary units, for table cells: 512, 1.5K, 2.0M, 3.1G.
-pub fn human_size(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["", "K", "M", "G", "T"];
-    let mut v = bytes as f64;
+/// Counts shared by every row kind, flattened into each JSON entry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Counts {
+    pub count: u64,
+    pub bytes_req: u64,
+    pub bytes_alloc: u64,
+    #[serde(default)]
+    pub waste_bytes: u64,
+    #[serde(default)]
+    pub waste_pct: f64,
+    #[serde(default)]
+    pub avg_size: f64,
+    #[serde(default)]
+    pub hist: Vec<Bucket>,
+}
+
+impl From<&AllocStats> for Counts {
+    fn from(s: &AllocStats) -> Counts {
+        Counts {
+            count: s.count,
+            bytes_req: s.bytes_req,
+            bytes_alloc: s.bytes_alloc,
+            waste_bytes: s.waste(),
+            waste_pct: round2(s.waste_pct()),
+            avg_size: round2(s.avg_req()),
+            hist: s.hist.buckets(),
+        }
+    }
+}
+
+impl Counts {
+    pub fn stats(&self) -> AllocStats {
+        AllocStats {
+            count: self.count,
+            bytes_req: self.bytes_req,
+            bytes_alloc: self.bytes_alloc,
+            hist: Hist::from_buckets(&self.hist),
+        }
+    }
+}
+
+/// Time inside the allocator for one call site through one allocator
+/// function (`--latency`). `hist` buckets are nanoseconds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LatencyRow {
+    pub function: String,
+    pub call_site: String,
+    pub allocator: String,
+    pub count: u64,
+    pub avg_ns: f64,
+    pub total_ns: u64,
+    pub hist: Vec<Bucket>,
+}
+
+/// Two decimals, for ratios and rates in JSON.
+pub fn round2(v: f64) -> f64 {
+    (v * 100.0).round() / 100.0
+}
+
+/// `n` divided by `base` until it is under `base` (or the units run out),
+/// with the unit it ends in.
+fn in_units(n: u64, base: f64, units: &[&'static str]) -> (f64, &'static str) {
+    let mut v = n as f64;
     let mut u = 0;
-    while v >= 1024.0 && u < UNITS.len() - 1 {
-        v /= 1024.0;
+    while v >= base && u < units.len() - 1 {
+        v /= base;
         u += 1;
     }
-    if u == 0 {
-        format!("{bytes}")
-    } else if v >= 100.0 {
-        format!("{v:.0}{}", UNITS[u])
-    } else {
-        format!("{v:.1}{}", UNITS[u])
+    (v, units[u])
+}
+
+/// Bytes in binary units, for table cells: 512, 1.5K, 2.0M, 3.1G.
+pub fn human_size(bytes: u64) -> String {
+    match in_units(bytes, 1024.0, &["", "K", "M", "G", "T"]) {
+        (_, "") => format!("{bytes}"),
+        (v, unit) if v >= 100.0 => format!("{v:.0}{unit}"),
+        (v, unit) => format!("{v:.1}{unit}"),
+    }
+}
+
+/// A change in bytes, signed, in binary units: "+1.5M", "-300K", "0".
+pub fn signed_size(v: i64) -> String {
+    signed(v, human_size)
+}
+
+/// A change in a count, signed, with SI suffixes: "+1.2k", "-3", "0".
+pub fn signed_count(v: i64) -> String {
+    signed(v, human_count)
+}
+
+fn signed(v: i64, magnitude: fn(u64) -> String) -> String {
+    match v {
+        0 => "0".into(),
+        v if v > 0 => format!("+{}", magnitude(v as u64)),
+        v => format!("-{}", magnitude(v.unsigned_abs())),
     }
 }
 
 /// Counts with SI suffixes, for table cells: 999, 1.2k, 3.4M.
 pub fn human_count(n: u64) -> String {
-    const UNITS: [&str; 4] = ["", "k", "M", "G"];
-    let mut v = n as f64;
-    let mut u = 0;
-    while v >= 1000.0 && u < UNITS.len() - 1 {
-        v /= 1000.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{n}")
-    } else {
-        format!("{v:.1}{}", UNITS[u])
+    match in_units(n, 1000.0, &["", "k", "M", "G"]) {
+        (_, "") => format!("{n}"),
+        (v, unit) => format!("{v:.1}{unit}"),
     }
 }
 
@@ -349,5 +436,15 @@ mod tests {
         assert_eq!(human_size(300 << 20), "300M");
         assert_eq!(human_count(1234), "1.2k");
         assert_eq!(human_count(12), "12");
+    }
+
+    #[test]
+    fn signed_units() {
+        assert_eq!(signed_size(1536), "+1.5K");
+        assert_eq!(signed_size(-300 * 1024), "-300K");
+        assert_eq!(signed_size(0), "0");
+        assert_eq!(signed_size(i64::MIN), "-8388608T", "no overflow");
+        assert_eq!(signed_count(-1234), "-1.2k");
+        assert_eq!(signed_count(7), "+7");
     }
 }

@@ -1,23 +1,20 @@
-//! Rendering a report: tables (comfy-table), bpftrace-style histograms,
-//! folded stacks and JSON. Pure string building.
+//! Rendering a report: tables, bpftrace-style histograms, folded stacks
+//! and JSON. Pure string building. The pieces every report kind shares
+//! live in the submodules: `table` (the one table style, fitted to the
+//! terminal) and `hist` (the one histogram drawer); rows are cut to `-n` by
+//! `report::top_n`.
+
+pub mod hist;
+pub mod table;
 
 use std::fmt::Write as _;
 
 use clap::ValueEnum;
-use comfy_table::presets::UTF8_FULL_CONDENSED;
-use comfy_table::{Cell, CellAlignment, ContentArrangement, Table};
+use comfy_table::Cell;
 
-use crate::model::{human_count, human_size, Bucket};
-use crate::report::{Counts, Report};
-
-/// Table rows default to 20; JSON and folded output show every row unless
-/// `-n` says otherwise.
-pub fn default_top(format: Format, top: Option<usize>) -> Option<usize> {
-    match format {
-        Format::Table => Some(top.unwrap_or(20)),
-        _ => top,
-    }
-}
+use crate::model::{human_count, human_size, Counts};
+use crate::report::{top_n, Report, SiteRow};
+use table::{hidden_note, new_table, table_text};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum GroupBy {
@@ -61,26 +58,24 @@ pub fn top_rows<T>(
     n: Option<usize>,
 ) -> usize {
     rows.sort_by_key(|r| std::cmp::Reverse(sort_key(counts(r), by)));
-    match n {
-        Some(n) if rows.len() > n => {
-            let hidden = rows.len() - n;
-            rows.truncate(n);
-            hidden
-        }
-        _ => 0,
-    }
+    top_n::keep(rows, n)
 }
 
-/// Applies sort and top-N to every row list of the report; returns how many
-/// rows of the grouping that is shown were cut.
-pub fn apply_top(report: &mut Report, by: SortBy, n: Option<usize>) -> usize {
+/// Sorts every row list of the report and cuts each to `n` (JSON carries
+/// every list); returns how many rows of the grouping shown, `by`, were cut.
+pub fn apply_top(report: &mut Report, by: GroupBy, sort: SortBy, n: Option<usize>) -> usize {
     let hidden = [
-        top_rows(&mut report.sites, |r| &r.counts, by, n),
-        top_rows(&mut report.stacks, |r| &r.counts, by, n),
-        top_rows(&mut report.caches, |r| &r.counts, by, n),
-        top_rows(&mut report.processes, |r| &r.counts, by, n),
+        top_rows(&mut report.sites, |r| &r.counts, sort, n),
+        top_rows(&mut report.stacks, |r| &r.counts, sort, n),
+        top_rows(&mut report.caches, |r| &r.counts, sort, n),
+        top_rows(&mut report.processes, |r| &r.counts, sort, n),
     ];
-    hidden.into_iter().max().unwrap_or(0)
+    match by {
+        GroupBy::Site => hidden[0],
+        GroupBy::Stack => hidden[1],
+        GroupBy::Cache => hidden[2],
+        GroupBy::Process => hidden[3],
+    }
 }
 
 /// The one-paragraph header above every table.
@@ -146,19 +141,17 @@ pub fn header(r: &Report) -> String {
     s
 }
 
-/// A table in the style of every kheap table: plain UTF-8 borders, numbers
-/// right-aligned, no colours (so no escape codes in logs).
-pub fn new_table(headers: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED)
-        .set_content_arrangement(ContentArrangement::Disabled)
-        .set_header(headers.iter().map(Cell::new));
-    for i in 1..headers.len() {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-    t
+/// The naming cells of a site row: where, and from which caches.
+pub fn site_names(row: &SiteRow) -> [Cell; 2] {
+    [
+        Cell::new(&row.location),
+        Cell::new(short_list(&row.caches, 2)),
+    ]
+}
+
+/// A row's naming cells, then its counts.
+fn with_counts<const N: usize>(names: [Cell; N], c: &Counts) -> Vec<Cell> {
+    names.into_iter().chain(count_cells(c)).collect()
 }
 
 fn count_cells(c: &Counts) -> Vec<Cell> {
@@ -174,65 +167,78 @@ fn count_cells(c: &Counts) -> Vec<Cell> {
 
 const COUNT_HEADERS: [&str; 6] = ["count", "req", "alloc", "waste", "waste%", "avg"];
 
-fn headers_with(first: &[&'static str]) -> Vec<&'static str> {
-    first.iter().copied().chain(COUNT_HEADERS).collect()
-}
-
-/// The report as tables, grouped as asked.
-pub fn table(r: &Report, by: GroupBy, hidden: usize, stack_details: usize) -> String {
+/// The report as tables, grouped as asked, fitted to `width` columns.
+pub fn table(
+    r: &Report,
+    by: GroupBy,
+    hidden: usize,
+    stack_details: usize,
+    width: Option<u16>,
+) -> String {
     let mut out = header(r);
     out.push('\n');
     match by {
         GroupBy::Site => {
-            let mut t = new_table(&headers_with(&["site", "cache"]));
-            for row in &r.sites {
-                let mut cells = vec![Cell::new(&row.location), Cell::new(cache_list(&row.caches))];
-                cells.extend(count_cells(&row.counts));
-                t.add_row(cells);
-            }
-            let _ = writeln!(out, "{t}");
+            let rows = r
+                .sites
+                .iter()
+                .map(|row| with_counts(site_names(row), &row.counts));
+            out.push_str(&table_text(
+                (&["site", "cache"], &COUNT_HEADERS),
+                &[1],
+                rows,
+                width,
+            ));
             if stack_details > 0 && !r.stacks.is_empty() {
                 let _ = writeln!(out, "\nTop stacks:");
-                out.push_str(&stack_details_text(r, stack_details));
+                out.push_str(&stack_details_text(r, stack_details, width));
             }
         }
-        GroupBy::Stack => out.push_str(&stack_details_text(r, r.stacks.len())),
+        GroupBy::Stack => out.push_str(&stack_details_text(r, r.stacks.len(), width)),
         GroupBy::Cache => {
-            let mut t = new_table(&headers_with(&["cache", "frees"]));
-            for row in &r.caches {
-                let mut cells = vec![Cell::new(&row.name), Cell::new(row.frees)];
-                cells.extend(count_cells(&row.counts));
-                t.add_row(cells);
-            }
-            let _ = writeln!(out, "{t}");
+            let rows = r
+                .caches
+                .iter()
+                .map(|row| with_counts([Cell::new(&row.name), Cell::new(row.frees)], &row.counts));
+            out.push_str(&table_text(
+                (&["cache", "frees"], &COUNT_HEADERS),
+                &[],
+                rows,
+                width,
+            ));
         }
         GroupBy::Process => {
-            let mut t = new_table(&headers_with(&["pid", "comm"]));
-            for row in &r.processes {
-                let mut cells = vec![Cell::new(row.pid), Cell::new(&row.comm)];
-                cells.extend(count_cells(&row.counts));
-                t.add_row(cells);
-            }
             if r.processes.is_empty() {
                 let _ = writeln!(out, "(no per-process data)");
             }
-            let _ = writeln!(out, "{t}");
+            let rows = r
+                .processes
+                .iter()
+                .map(|row| with_counts([Cell::new(row.pid), Cell::new(&row.comm)], &row.counts));
+            out.push_str(&table_text(
+                (&["pid", "comm"], &COUNT_HEADERS),
+                &[1],
+                rows,
+                width,
+            ));
         }
     }
-    if hidden > 0 {
-        let _ = writeln!(out, "({hidden} more rows not shown; use -n to see more)");
-    }
+    out.push_str(&hidden_note(hidden));
     if !r.latency.is_empty() {
-        out.push_str(&latency_text(r));
+        out.push_str(&latency_text(r, width));
     }
     out
 }
 
 /// Time inside the allocator per call site, with the slowest site's
 /// histogram (nanoseconds).
-fn latency_text(r: &Report) -> String {
+fn latency_text(r: &Report, width: Option<u16>) -> String {
     let mut out = String::from("\nAllocator latency (time inside the allocator, per call site):\n");
-    let mut t = new_table(&["site", "allocator", "calls", "avg ns", "total"]);
+    let mut t = new_table(
+        &["site", "allocator", "calls", "avg ns", "total"],
+        &[1],
+        width,
+    );
     for row in r.latency.iter().take(20) {
         t.add_row(vec![
             Cell::new(if row.call_site.is_empty() {
@@ -246,25 +252,25 @@ fn latency_text(r: &Report) -> String {
             Cell::new(format!("{:.2} ms", row.total_ns as f64 / 1e6)),
         ]);
     }
-    let _ = writeln!(out, "{t}");
+    let _ = writeln!(out, "{}", table::render(t));
     if let Some(top) = r.latency.first() {
         let _ = writeln!(out, "{} via {} (ns):", top.function, top.allocator);
-        out.push_str(&histogram(&top.hist, "    "));
+        out.push_str(&hist::log2(&top.hist, "    ", width));
     }
     out
 }
 
-/// A site's caches, the first two by name: a table cell, not a list.
-fn cache_list(caches: &[String]) -> String {
-    match caches {
-        [] => String::new(),
-        [a] => a.clone(),
-        [a, b] => format!("{a},{b}"),
-        [a, b, rest @ ..] => format!("{a},{b} +{}", rest.len()),
+/// The first `n` items and how many more, for a table cell rather than a
+/// list: "bio-120,bio-184 +3".
+pub fn short_list(items: &[String], n: usize) -> String {
+    let mut s = items.iter().take(n).cloned().collect::<Vec<_>>().join(",");
+    if items.len() > n {
+        let _ = write!(s, " +{}", items.len() - n);
     }
+    s
 }
 
-fn stack_details_text(r: &Report, n: usize) -> String {
+fn stack_details_text(r: &Report, n: usize, width: Option<u16>) -> String {
     let mut out = String::new();
     for (i, s) in r.stacks.iter().take(n).enumerate() {
         let est = if s.estimated { "~" } else { "" };
@@ -283,43 +289,23 @@ fn stack_details_text(r: &Report, n: usize) -> String {
             s.counts.waste_pct,
             s.cache
         );
-        for f in &s.frames {
-            let _ = writeln!(out, "    {f}");
-        }
-        out.push_str(&histogram(&s.counts.hist, "    "));
-        out.push('\n');
+        out.push_str(&stack_body(
+            &s.frames,
+            &hist::log2(&s.counts.hist, "    ", width),
+        ));
     }
     out
 }
 
-fn bucket_label(v: u64) -> String {
-    match v {
-        u64::MAX => "...".into(),
-        v if v >= 1 << 30 && v % (1 << 30) == 0 => format!("{}G", v >> 30),
-        v if v >= 1 << 20 && v % (1 << 20) == 0 => format!("{}M", v >> 20),
-        v if v >= 1 << 10 && v % (1 << 10) == 0 => format!("{}K", v >> 10),
-        v => v.to_string(),
-    }
-}
-
-/// A log2 histogram drawn like bpftrace's `hist()`.
-pub fn histogram(buckets: &[Bucket], indent: &str) -> String {
-    const WIDTH: u64 = 52;
+/// Under a stack's title line: its frames, then its histogram, indented,
+/// and a blank line.
+pub fn stack_body(frames: &[String], histogram: &str) -> String {
     let mut out = String::new();
-    let Some(max) = buckets.iter().map(|b| b.count).max() else {
-        return out;
-    };
-    for b in buckets {
-        let range = format!("[{}, {})", bucket_label(b.lo), bucket_label(b.hi));
-        let bar = (b.count * WIDTH).div_ceil(max.max(1)) as usize;
-        let _ = writeln!(
-            out,
-            "{indent}{range:<18} {:>10} |{:<width$}|",
-            b.count,
-            "@".repeat(bar),
-            width = WIDTH as usize
-        );
+    for f in frames {
+        let _ = writeln!(out, "    {f}");
     }
+    out.push_str(histogram);
+    out.push('\n');
     out
 }
 
@@ -341,60 +327,21 @@ fn strip_offset(frame: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{fixture_symbols, sample_snapshot};
-    use crate::report::{build, BuildOptions, RunInfo};
+    use crate::report::tests::{report_of, sample_snapshot};
+    use crate::testing::{assert_contains, assert_line};
 
     fn report() -> Report {
-        build(
-            &sample_snapshot(),
-            &fixture_symbols(),
-            BuildOptions {
-                stack_sample_every: 10,
-                duration_s: 2.0,
-                run: RunInfo {
-                    kernel: "6.18.0".into(),
-                    attach: vec!["kmalloc: tp_btf".into()],
-                    ..Default::default()
-                },
-            },
-        )
-    }
-
-    #[test]
-    fn histogram_looks_like_bpftrace() {
-        let h = histogram(
-            &[
-                Bucket {
-                    lo: 2048,
-                    hi: 4096,
-                    count: 100,
-                },
-                Bucket {
-                    lo: 4096,
-                    hi: 8192,
-                    count: 50,
-                },
-            ],
-            "",
-        );
-        let lines: Vec<&str> = h.lines().collect();
-        assert_eq!(lines.len(), 2);
-        assert!(lines[0].starts_with("[2K, 4K)"), "{h}");
-        assert!(lines[0].contains(&format!("|{}|", "@".repeat(52))), "{h}");
-        assert!(
-            lines[1].contains(&format!("|{}{}|", "@".repeat(26), " ".repeat(26))),
-            "{h}"
-        );
+        report_of(&sample_snapshot(), 10, 2.0)
     }
 
     #[test]
     fn site_table_has_label_counts_and_waste() {
         let r = report();
-        let t = table(&r, GroupBy::Site, 0, 1);
-        assert!(t.contains("load_msg+0x10"), "{t}");
-        assert!(t.contains("kmalloc-cg-4k"), "{t}");
-        assert!(t.contains("47.6%"), "{t}");
-        assert!(t.contains("sampled 1 in 10"), "{t}");
+        let t = table(&r, GroupBy::Site, 0, 1, None);
+        assert_contains(
+            &t,
+            &["load_msg+0x10", "kmalloc-cg-4k", "47.6%", "sampled 1 in 10"],
+        );
         assert!(
             t.contains("Top stacks:") && t.contains("#1 load_msg"),
             "{t}"
@@ -403,22 +350,48 @@ mod tests {
     }
 
     #[test]
-    fn top_n_cuts_and_counts_hidden_rows() {
+    fn top_n_counts_the_hidden_rows_of_the_grouping_shown() {
+        // Two sites, three stacks, one cache: with -n 1, the site table
+        // hides one row, the stack view two, the cache table none.
         let mut r = report();
-        let hidden = apply_top(&mut r, SortBy::Count, Some(1));
-        assert_eq!(r.sites.len(), 1);
-        assert_eq!(hidden, 2, "three stacks, one kept");
-        let t = table(&r, GroupBy::Cache, hidden, 0);
-        assert!(t.contains("2 more rows"), "{t}");
+        assert_eq!(apply_top(&mut r, GroupBy::Site, SortBy::Count, Some(1)), 1);
+        assert_eq!((r.sites.len(), r.stacks.len()), (1, 1));
+        let t = table(&r, GroupBy::Site, 1, 0, None);
+        assert!(t.contains("(1 more rows not shown"), "{t}");
+        let mut r = report();
+        assert_eq!(apply_top(&mut r, GroupBy::Stack, SortBy::Count, Some(1)), 2);
+        let mut r = report();
+        let hidden = apply_top(&mut r, GroupBy::Cache, SortBy::Count, Some(1));
+        assert_eq!(hidden, 0, "the one cache is shown");
+        let t = table(&r, GroupBy::Cache, hidden, 0, None);
+        assert!(!t.contains("more rows"), "{t}");
+    }
+
+    #[test]
+    fn tables_fit_a_narrow_terminal() {
+        let r = report();
+        let t = table(&r, GroupBy::Site, 0, 1, Some(80));
+        let too_wide: Vec<&str> = t
+            .lines()
+            .filter(|l| l.starts_with(['┌', '│', '├', '└']) || l.starts_with("    "))
+            .filter(|l| l.chars().count() > 80)
+            .collect();
+        assert!(too_wide.is_empty(), "{too_wide:#?}\n{t}");
+        assert!(t.contains("load_msg+0x10"), "{t}");
+    }
+
+    #[test]
+    fn long_cache_lists_are_shortened() {
+        let l = |v: &[&str]| short_list(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>(), 2);
+        assert_eq!(l(&[]), "");
+        assert_eq!(l(&["a"]), "a");
+        assert_eq!(l(&["a", "b"]), "a,b");
+        assert_eq!(l(&["a", "b", "c", "d"]), "a,b +2");
     }
 
     #[test]
     fn folded_lines_are_callers_first() {
         let f = folded(&report());
-        assert!(
-            f.lines()
-                .any(|l| l == "do_msgsnd;load_msg;__kmalloc_noprof 1000"),
-            "{f}"
-        );
+        assert_line(&f, "do_msgsnd;load_msg;__kmalloc_noprof 1000");
     }
 }

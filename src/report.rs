@@ -1,62 +1,21 @@
 //! From merged map contents to a symbolized report: per site, per stack, per
 //! cache and per process. Pure: no kernel access, tested with fixtures.
 
+pub mod top_n;
+
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::leaks::live::{LeakInput, Retained, RetainedIndex};
 use crate::leaks::retention::{self, sort_by_retention};
 pub use crate::leaks::retention::{LeakSummary, ProgramMisses, Retention};
-use crate::model::{AllocStats, Bucket, CacheId, Hist};
+use crate::model::live::{Retained, RetainedIndex};
+use crate::model::{AllocStats, CacheId};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
-/// One call site allocating from one cache: the kernel's aggregation key.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct SiteKey {
-    pub call_site: u64,
-    pub cache: CacheId,
-}
-
-/// Everything read from the kernel at the end of a run (or an interval),
-/// summed over CPUs, before symbolization.
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    pub sites: HashMap<SiteKey, AllocStats>,
-    /// Sampled (or, in exact mode, all) stacks of each site.
-    pub stacks: HashMap<(SiteKey, i64), AllocStats>,
-    pub stack_frames: HashMap<i64, Vec<u64>>,
-    pub procs: HashMap<u32, (String, AllocStats)>,
-    pub cache_frees: HashMap<CacheId, u64>,
-    pub events: EventCounters,
-    /// Outstanding objects, from `kheap leaks` only.
-    pub leaks: Option<LeakInput>,
-}
-
-/// Counters of events that are not allocations: frees, and everything
-/// dropped or sampled on the way.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EventCounters {
-    pub frees: u64,
-    pub frees_null: u64,
-    pub alloc_failed: u64,
-    pub stack_samples: u64,
-    pub lost_stack_collision: u64,
-    pub lost_stack_other: u64,
-    pub map_full_sites: u64,
-    pub map_full_stacks: u64,
-    pub map_full_procs: u64,
-    pub map_full_caches: u64,
-}
-
-impl EventCounters {
-    pub fn lost_stacks(&self) -> u64 {
-        self.lost_stack_collision + self.lost_stack_other
-    }
-    pub fn map_full(&self) -> u64 {
-        self.map_full_sites + self.map_full_stacks + self.map_full_procs + self.map_full_caches
-    }
-}
+// Kept at their old paths until every branch imports them from the model.
+pub use crate::model::snapshot::{EventCounters, Snapshot};
+pub use crate::model::{Counts, LatencyRow, SiteKey};
 
 /// How stacks were captured in this run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -121,6 +80,8 @@ pub fn incompleteness(ev: &EventCounters, leaks: Option<&LeakSummary>) -> Vec<St
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Totals {
+    /// Allocations: `count`, as in every row.
+    #[serde(rename = "count")]
     pub allocs: u64,
     pub frees: u64,
     pub bytes_req: u64,
@@ -144,51 +105,6 @@ pub struct Lost {
     /// mid-call, or an entry record lost to a full map).
     #[serde(default)]
     pub latency_unmatched: u64,
-}
-
-/// Counts shared by every row kind, flattened into each JSON entry.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Counts {
-    pub count: u64,
-    pub bytes_req: u64,
-    pub bytes_alloc: u64,
-    #[serde(default)]
-    pub waste_bytes: u64,
-    #[serde(default)]
-    pub waste_pct: f64,
-    #[serde(default)]
-    pub avg_size: f64,
-    #[serde(default)]
-    pub hist: Vec<Bucket>,
-}
-
-impl From<&AllocStats> for Counts {
-    fn from(s: &AllocStats) -> Counts {
-        Counts {
-            count: s.count,
-            bytes_req: s.bytes_req,
-            bytes_alloc: s.bytes_alloc,
-            waste_bytes: s.waste(),
-            waste_pct: round2(s.waste_pct()),
-            avg_size: round2(s.avg_req()),
-            hist: s.hist.buckets(),
-        }
-    }
-}
-
-impl Counts {
-    pub fn stats(&self) -> AllocStats {
-        AllocStats {
-            count: self.count,
-            bytes_req: self.bytes_req,
-            bytes_alloc: self.bytes_alloc,
-            hist: Hist::from_buckets(&self.hist),
-        }
-    }
-}
-
-pub(crate) fn round2(v: f64) -> f64 {
-    (v * 100.0).round() / 100.0
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -247,19 +163,6 @@ pub struct RunInfo {
     pub skipped: Vec<String>,
     pub filters: Vec<String>,
     pub command: Option<String>,
-}
-
-/// Time inside the allocator for one call site through one allocator
-/// function (`--latency`). `hist` buckets are nanoseconds.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct LatencyRow {
-    pub function: String,
-    pub call_site: String,
-    pub allocator: String,
-    pub count: u64,
-    pub avg_ns: f64,
-    pub total_ns: u64,
-    pub hist: Vec<Bucket>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -617,6 +520,8 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
 #[cfg(test)]
 pub mod tests {
     use super::*;
+    use crate::model::Hist;
+    use crate::testing::assert_keys;
 
     /// A symbolizer over a fixed table, for tests: (start, name), sorted.
     pub struct FixtureSymbols(pub Vec<(u64, &'static str)>);
@@ -637,6 +542,24 @@ pub mod tests {
                 )
                 .collect()
         }
+    }
+
+    /// `snap` built with the fixture symbols, stacks sampled 1 in `every`,
+    /// over `duration_s`.
+    pub fn report_of(snap: &Snapshot, every: u32, duration_s: f64) -> Report {
+        build(
+            snap,
+            &fixture_symbols(),
+            BuildOptions {
+                stack_sample_every: every,
+                duration_s,
+                run: RunInfo {
+                    kernel: "6.18.0".into(),
+                    attach: vec!["kmalloc: tp_btf".into()],
+                    ..Default::default()
+                },
+            },
+        )
     }
 
     pub fn fixture_symbols() -> FixtureSymbols {
@@ -664,19 +587,22 @@ pub mod tests {
         s
     }
 
+    const KMALLOC_CG_4K: CacheId = CacheId::Kmalloc {
+        size: 4096,
+        accounted: true,
+    };
+
+    /// The two sites of the sample: load_msg, and kvmalloc's call site.
+    fn msg_and_kv() -> (SiteKey, SiteKey) {
+        let site = |call_site| SiteKey {
+            call_site,
+            cache: KMALLOC_CG_4K,
+        };
+        (site(0x3010), site(0x2110))
+    }
+
     pub fn sample_snapshot() -> Snapshot {
-        let kmalloc4k = CacheId::Kmalloc {
-            size: 4096,
-            accounted: true,
-        };
-        let msg = SiteKey {
-            call_site: 0x3010,
-            cache: kmalloc4k.clone(),
-        };
-        let kv = SiteKey {
-            call_site: 0x2110,
-            cache: kmalloc4k.clone(),
-        };
+        let (msg, kv) = msg_and_kv();
         let mut snap = Snapshot::default();
         snap.sites.insert(msg.clone(), stats(1000, 2148, 4096));
         snap.sites.insert(kv.clone(), stats(300, 2100, 4096));
@@ -690,7 +616,7 @@ pub mod tests {
             .insert(2, vec![0x1010, 0x2010, 0x2110, 0x4010]);
         snap.stack_frames
             .insert(3, vec![0x1010, 0x2010, 0x2110, 0x4110, 0x4210]);
-        snap.cache_frees.insert(kmalloc4k, 700);
+        snap.cache_frees.insert(KMALLOC_CG_4K, 700);
         snap.events.frees = 900;
         snap.events.stack_samples = 130;
         snap.events.lost_stack_collision = 2;
@@ -701,20 +627,9 @@ pub mod tests {
     /// allocations, 400 are live (40 of them with a sampled stack, 1.5 s
     /// old); 20 kvmalloc objects are live (10 with stack 2, 10 with stack 3).
     pub fn leak_snapshot(sample_every: u32) -> Snapshot {
-        use crate::leaks::live::{LiveObject, Unseen};
+        use crate::model::live::{LeakInput, LiveObject, Unseen};
         let mut snap = sample_snapshot();
-        let k4 = CacheId::Kmalloc {
-            size: 4096,
-            accounted: true,
-        };
-        let msg = SiteKey {
-            call_site: 0x3010,
-            cache: k4.clone(),
-        };
-        let kv = SiteKey {
-            call_site: 0x2110,
-            cache: k4,
-        };
+        let (msg, kv) = msg_and_kv();
         let obj = |site: &SiteKey, stack: Option<i64>, req: u64, age_ms: u64| LiveObject {
             site: site.clone(),
             stack_id: stack,
@@ -788,16 +703,10 @@ pub mod tests {
         assert_eq!(l.recursion_misses, 3);
         assert!(!l.estimated);
         let v = serde_json::to_value(&r).unwrap();
-        for k in [
-            "outstanding_count",
-            "outstanding_bytes",
-            "ages",
-            "count",
-            "bytes_alloc",
-        ] {
-            assert!(v["sites"][0].get(k).is_some(), "sites[].{k}");
-            assert!(v["stacks"][0].get(k).is_some(), "stacks[].{k}");
-            assert!(v["caches"][0].get(k).is_some(), "caches[].{k}");
+        #[rustfmt::skip]
+        let keys = ["outstanding_count", "outstanding_bytes", "ages", "count", "bytes_alloc"];
+        for rows in ["sites", "stacks", "caches"] {
+            assert_keys(&v[rows][0], rows, &keys);
         }
         let back: Report = serde_json::from_value(v).unwrap();
         assert_eq!(back, r);
@@ -939,42 +848,25 @@ pub mod tests {
     fn json_has_the_documented_fields() {
         let r = build(&sample_snapshot(), &fixture_symbols(), opts(10));
         let v = serde_json::to_value(&r).unwrap();
-        for k in [
-            "duration_s",
-            "totals",
-            "lost",
-            "sampling",
-            "sites",
-            "stacks",
-            "caches",
-        ] {
-            assert!(v.get(k).is_some(), "missing {k}");
-        }
-        for k in ["allocs", "frees", "bytes_req", "bytes_alloc"] {
-            assert!(v["totals"].get(k).is_some(), "missing totals.{k}");
-        }
+        #[rustfmt::skip]
+        assert_keys(&v, "the report", &[
+            "duration_s", "totals", "lost", "sampling", "sites", "stacks", "caches",
+        ]);
+        let totals = ["count", "frees", "bytes_req", "bytes_alloc", "waste_bytes"];
+        assert_keys(&v["totals"], "totals", &totals);
         assert!(v["lost"]["stacks"].is_u64() && v["lost"]["map_full"].is_u64());
         let site = &v["sites"][0];
-        for k in ["function", "count", "bytes_req", "bytes_alloc", "hist"] {
-            assert!(site.get(k).is_some(), "missing sites[].{k}");
-        }
+        let counts = ["count", "bytes_req", "bytes_alloc"];
+        assert_keys(site, "sites[]", &["function", "hist"]);
+        assert_keys(site, "sites[]", &counts);
         assert_eq!(site["hist"][0]["lo"], 2048);
         assert_eq!(site["hist"][0]["hi"], 4096);
         assert_eq!(site["hist"][0]["count"], 1000);
         let stack = &v["stacks"][0];
-        for k in [
-            "frames",
-            "count",
-            "bytes_req",
-            "bytes_alloc",
-            "estimated",
-            "hist",
-        ] {
-            assert!(stack.get(k).is_some(), "missing stacks[].{k}");
-        }
-        for k in ["name", "count", "bytes_req", "bytes_alloc"] {
-            assert!(v["caches"][0].get(k).is_some(), "missing caches[].{k}");
-        }
+        assert_keys(stack, "stacks[]", &["frames", "estimated", "hist"]);
+        assert_keys(stack, "stacks[]", &counts);
+        assert_keys(&v["caches"][0], "caches[]", &["name"]);
+        assert_keys(&v["caches"][0], "caches[]", &counts);
         let back: Report = serde_json::from_value(v).unwrap();
         assert_eq!(back.sites[0].counts.count, 1000);
     }

@@ -57,19 +57,6 @@ pub fn comm_after_exec(path: &Path) -> String {
     String::from_utf8_lossy(&base[..base.len().min(15)]).into_owned()
 }
 
-/// Rows counted for the command's PID before its exec carry kheap's own
-/// name (it was a fork of kheap then): name them after the command.
-pub fn name_command_process(
-    procs: &mut std::collections::HashMap<u32, (String, crate::model::AllocStats)>,
-    command: &HeldCommand,
-) {
-    if let Some((comm, _)) = procs.get_mut(&command.pid) {
-        if comm == "kheap" {
-            *comm = command.name_after_exec.clone();
-        }
-    }
-}
-
 /// A forked child waiting for `release()` before it execs the command.
 /// Dropping it unreleased kills the child: a run that fails to attach never
 /// lets the command run untraced. Once released, the command and all it
@@ -302,13 +289,6 @@ mod tests {
         );
         let held = HeldCommand::spawn(&["sh".into(), "-c".into(), "true".into()]).unwrap();
         assert_eq!(held.name_after_exec, "sh");
-        let mut procs = std::collections::HashMap::new();
-        procs.insert(held.pid, ("kheap".to_string(), Default::default()));
-        procs.insert(1, ("kheap".to_string(), Default::default()));
-        name_command_process(&mut procs, &held);
-        assert_eq!(procs[&held.pid].0, "sh");
-        // Only the command's own PID: another kheap stays kheap.
-        assert_eq!(procs[&1].0, "kheap");
     }
 
     #[test]

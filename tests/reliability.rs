@@ -58,9 +58,7 @@ fn gone(arg: &str) -> bool {
 
 #[test]
 fn the_command_tree_ends_with_the_run() {
-    if !require_root("the_command_tree_ends_with_the_run") {
-        return;
-    }
+    require_root();
     let _guard = SleepsGuard(vec!["3131", "3132", "3133"]);
     // The case: -d ends the run while the tree still runs; one
     // child daemonizes (setsid) out of the command's session.
@@ -87,9 +85,7 @@ fn the_command_tree_ends_with_the_run() {
 
 #[test]
 fn the_command_tree_ends_when_kheap_is_killed() {
-    if !require_root("the_command_tree_ends_when_kheap_is_killed") {
-        return;
-    }
+    require_root();
     let _guard = SleepsGuard(vec!["3141", "3142"]);
     let mut child = spawn_tracing(&[
         "record",
@@ -119,9 +115,7 @@ fn the_command_tree_ends_when_kheap_is_killed() {
 
 #[test]
 fn keep_running_leaves_the_tree() {
-    if !require_root("keep_running_leaves_the_tree") {
-        return;
-    }
+    require_root();
     let _guard = SleepsGuard(vec!["3151"]);
     let out = Command::new(KHEAP)
         .args([
@@ -144,9 +138,7 @@ fn keep_running_leaves_the_tree() {
 
 #[test]
 fn a_full_map_makes_the_report_say_it_is_incomplete() {
-    if !require_root("a_full_map_makes_the_report_say_it_is_incomplete") {
-        return;
-    }
+    require_root();
     let r = record_json(&["--max-entries", "4"], &["msg", "1000", "1000"]);
     assert!(u(&r["lost"]["map_full_sites"]) > 0, "{}", r["lost"]);
     assert_eq!(r["sampling"]["sites_exact"], false);
@@ -180,9 +172,7 @@ fn a_full_map_makes_the_report_say_it_is_incomplete() {
 
 #[test]
 fn bad_output_is_refused_before_tracing() {
-    if !require_root("bad_output_is_refused_before_tracing") {
-        return;
-    }
+    require_root();
     for args in [
         &["record", "-o", "/nonexistent/x", "-d", "4"][..],
         &["leaks", "-o", "/nonexistent/x", "-d", "4"],
@@ -199,9 +189,7 @@ fn bad_output_is_refused_before_tracing() {
 
 #[test]
 fn runs_end_when_every_pid_has_exited() {
-    if !require_root("runs_end_when_every_pid_has_exited") {
-        return;
-    }
+    require_root();
     for sub in ["record", "leaks", "top"] {
         let mut target = Command::new("sleep").arg("3").spawn().unwrap();
         let pid = target.id().to_string();
@@ -247,9 +235,7 @@ fn runs_end_when_every_pid_has_exited() {
 
 #[test]
 fn sigusr1_does_not_cost_the_report() {
-    if !require_root("sigusr1_does_not_cost_the_report") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     for sub in ["record", "top"] {
         let path = dir.path().join(format!("{sub}.json"));
@@ -282,9 +268,7 @@ fn sigusr1_does_not_cost_the_report() {
 
 #[test]
 fn slab_sampling_reports_after_a_signal() {
-    if !require_root("slab_sampling_reports_after_a_signal") {
-        return;
-    }
+    require_root();
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
         let child = Command::new(KHEAP)
             .args(["slab", "-d", "10", "--no-trace", "--format", "json"])
@@ -304,9 +288,7 @@ fn slab_sampling_reports_after_a_signal() {
 
 #[test]
 fn the_command_process_is_named_after_exec() {
-    if !require_root("the_command_process_is_named_after_exec") {
-        return;
-    }
+    require_root();
     let r = record_json(&["--by", "process"], &["msg", "100", "100"]);
     let procs = r["processes"].as_array().unwrap();
     assert!(procs.iter().any(|p| p["comm"] == "kheap-load"), "{procs:?}");
@@ -315,9 +297,7 @@ fn the_command_process_is_named_after_exec() {
 
 #[test]
 fn a_short_leaks_run_has_a_real_duration_and_no_absurd_rate() {
-    if !require_root("a_short_leaks_run_has_a_real_duration_and_no_absurd_rate") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("l.json");
     let out = kheap(&[
@@ -349,9 +329,7 @@ fn a_short_leaks_run_has_a_real_duration_and_no_absurd_rate() {
 
 #[test]
 fn malloc_max_outstanding_sizes_the_block_map() {
-    if !require_root("malloc_max_outstanding_sizes_the_block_map") {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.json");
     let json = |max: &str| -> Value {
@@ -387,9 +365,7 @@ fn malloc_max_outstanding_sizes_the_block_map() {
 
 #[test]
 fn doctor_without_root_says_what_it_cannot_tell() {
-    if !require_root("doctor_without_root_says_what_it_cannot_tell") {
-        return;
-    }
+    require_root();
     use std::os::unix::process::CommandExt;
     let out = Command::new(KHEAP)
         .arg("doctor")

@@ -91,14 +91,12 @@ fn iovec_site(interval: &Value) -> Option<&Value> {
 
 #[test]
 fn batch_json_rates_match_the_loop() {
-    if !require_root("batch_json_rates_match_the_loop") {
-        return;
-    }
+    require_root();
     let load = Loop::start(10);
     let out = kheap(&[
         "top",
         "-b",
-        "-n",
+        "--iterations",
         "3",
         "-i",
         "1",
@@ -118,10 +116,7 @@ fn batch_json_rates_match_the_loop() {
         "the loop held its pace: {rate}/s"
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    let intervals: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON line ({e}): {l}")))
-        .collect();
+    let intervals: Vec<Value> = text.lines().map(parse_valid).collect();
     assert_eq!(intervals.len(), 3, "one object per interval: {text}");
     for iv in &intervals {
         let secs = iv["interval_s"].as_f64().unwrap();
@@ -145,24 +140,22 @@ fn batch_json_rates_match_the_loop() {
     // The -p filter leaves only the loop: every allocation is its own.
     for iv in &intervals {
         let site_count = u(&iovec_site(iv).unwrap()["count"]);
-        assert_eq!(u(&iv["totals"]["allocs"]), site_count, "{iv}");
+        assert_eq!(u(&iv["totals"]["count"]), site_count, "{iv}");
     }
 }
 
 #[test]
 fn batch_table_is_plain_text_with_timestamps() {
-    if !require_root("batch_table_is_plain_text_with_timestamps") {
-        return;
-    }
+    require_root();
     let load = Loop::start(6);
     let out = kheap(&[
         "top",
         "-b",
-        "-n",
+        "--iterations",
         "2",
         "-i",
         "0.5",
-        "--rows",
+        "-n",
         "5",
         "-p",
         &load.pid().to_string(),
@@ -191,15 +184,13 @@ fn batch_table_is_plain_text_with_timestamps() {
 
 #[test]
 fn process_view_counts_the_loop_process() {
-    if !require_root("process_view_counts_the_loop_process") {
-        return;
-    }
+    require_root();
     let load = Loop::start(6);
     let pid = load.pid();
     let out = kheap(&[
         "top",
         "-b",
-        "-n",
+        "--iterations",
         "2",
         "-i",
         "0.5",
@@ -213,7 +204,7 @@ fn process_view_counts_the_loop_process() {
     drop(load);
     assert!(out.status.success());
     for line in String::from_utf8(out.stdout).unwrap().lines() {
-        let iv: Value = serde_json::from_str(line).unwrap();
+        let iv: Value = parse_valid(line);
         let procs = iv["processes"].as_array().unwrap();
         assert_eq!(procs.len(), 1, "only the filtered process: {procs:?}");
         assert_eq!(u(&procs[0]["pid"]), pid as u64);
@@ -233,14 +224,21 @@ fn process_view_counts_the_loop_process() {
 
 #[test]
 fn cache_view_shows_frees_of_dedicated_caches() {
-    if !require_root("cache_view_shows_frees_of_dedicated_caches") {
-        return;
-    }
+    require_root();
     // SysV queues: each msgget/IPC_RMID allocates and frees from caches;
     // the msg_msg buffers come from kmalloc-4k (no attributable frees).
     let mut top = Command::new(KHEAP)
         .args([
-            "top", "-b", "-n", "3", "-i", "1", "--by", "cache", "--format", "json",
+            "top",
+            "-b",
+            "--iterations",
+            "3",
+            "-i",
+            "1",
+            "--by",
+            "cache",
+            "--format",
+            "json",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -261,7 +259,7 @@ fn cache_view_shows_frees_of_dedicated_caches() {
     let caches: Vec<Value> = text
         .lines()
         .flat_map(|l| {
-            let v: Value = serde_json::from_str(l).unwrap();
+            let v: Value = parse_valid(l);
             v["caches"].as_array().unwrap().clone()
         })
         .collect();
@@ -282,9 +280,7 @@ fn cache_view_shows_frees_of_dedicated_caches() {
 
 #[test]
 fn aging_out_idle_keys_loses_and_doubles_nothing() {
-    if !require_root("aging_out_idle_keys_loses_and_doubles_nothing") {
-        return;
-    }
+    require_root();
     // The loop waits on stdin until top counts, runs 1 s, then stops; with
     // --idle-intervals 1 its site and stacks are deleted from the maps one
     // idle interval later. Summed over the intervals, top must still see
@@ -297,7 +293,7 @@ fn aging_out_idle_keys_loses_and_doubles_nothing() {
         .unwrap();
     let mut top = start_top(&[
         "-b",
-        "-n",
+        "--iterations",
         "10",
         "-i",
         "0.5",
@@ -327,10 +323,7 @@ fn aging_out_idle_keys_loses_and_doubles_nothing() {
         .read_to_string(&mut text)
         .unwrap();
     assert!(top.wait().unwrap().success());
-    let intervals: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let intervals: Vec<Value> = text.lines().map(parse_valid).collect();
     assert_eq!(intervals.len(), 10);
     let seen: u64 = intervals
         .iter()
@@ -341,15 +334,13 @@ fn aging_out_idle_keys_loses_and_doubles_nothing() {
     let aged: u64 = intervals.iter().map(|iv| u(&iv["aged_out"])).sum();
     assert!(aged >= 1, "the idle site was aged out: {text}");
     // After the loop stopped and its keys went, intervals are empty.
-    assert_eq!(u(&intervals[9]["totals"]["allocs"]), 0, "{}", intervals[9]);
+    assert_eq!(u(&intervals[9]["totals"]["count"]), 0, "{}", intervals[9]);
 }
 
 /// Bad invocations: one line, non-zero exit, nothing attached.
 #[test]
 fn bad_input_gives_one_line_errors() {
-    if !require_root("top bad_input_gives_one_line_errors") {
-        return;
-    }
+    require_root();
     let check = |args: &[&str], expect: &str| {
         let out = kheap(args);
         let err = String::from_utf8_lossy(&out.stderr);
@@ -364,9 +355,12 @@ fn bad_input_gives_one_line_errors() {
         &["top", "-b", "-p", "3999999"],
         "no process with PID 3999999",
     );
-    check(&["top", "-b", "-n", "0"], "at least one iteration");
+    check(
+        &["top", "-b", "--iterations", "0"],
+        "at least one iteration",
+    );
     let out = Command::new(KHEAP)
-        .args(["top", "-b", "-n", "1"])
+        .args(["top", "-b", "--iterations", "1"])
         .uid(65534)
         .gid(65534)
         .output()
@@ -496,9 +490,7 @@ fn start_top_in(tmux: &Tmux, load: &Loop) -> u32 {
 
 #[test]
 fn interactive_keys_sort_expand_and_quit() {
-    if !require_root("interactive_keys_sort_expand_and_quit") {
-        return;
-    }
+    require_root();
     let load = Loop::start(60);
     let tmux = Tmux::start("keys");
     let pid = start_top_in(&tmux, &load);
@@ -545,9 +537,7 @@ fn interactive_keys_sort_expand_and_quit() {
 
 #[test]
 fn sigterm_restores_the_terminal_and_detaches() {
-    if !require_root("sigterm_restores_the_terminal_and_detaches") {
-        return;
-    }
+    require_root();
     let load = Loop::start(60);
     let tmux = Tmux::start("sigterm");
     let pid = start_top_in(&tmux, &load);

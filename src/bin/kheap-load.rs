@@ -124,11 +124,40 @@ fn msg(count: usize, size: usize, hold_secs: Option<f64>) {
     eprintln!("sent and received {count} messages of {size} bytes");
 }
 
+/// Raises the soft limit on open files to `want` (within the hard limit), so
+/// that a leak of thousands of fds runs where the default soft limit is 1024.
+fn raise_fd_limit(want: usize) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        fail("getrlimit");
+    }
+    let want = want as libc::rlim_t;
+    if lim.rlim_cur >= want {
+        return;
+    }
+    // Root may raise the hard limit too (a fresh VM's is 4096); others get
+    // as far as their hard limit.
+    let raised = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: lim.rlim_max.max(want),
+    };
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+        lim.rlim_cur = want.min(lim.rlim_max);
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            fail("setrlimit");
+        }
+    }
+}
+
 /// A slow leak, as a long-running service with a forgotten close() has.
 fn fds(count: usize, per_sec: f64, hold_secs: Option<f64>) {
     if per_sec <= 0.0 {
         usage();
     }
+    raise_fd_limit(count + 64);
     let start = Instant::now();
     let mut fds = Vec::with_capacity(count);
     for i in 0..count {

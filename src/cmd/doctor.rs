@@ -1,10 +1,10 @@
 //! `kheap doctor`: what this kernel offers and how kheap will attach.
 
 use anyhow::Result;
-use comfy_table::presets::UTF8_FULL_CONDENSED;
-use comfy_table::Table;
 
-use crate::kernel::features::{self, Tracefs, KMEM_TRACEPOINTS};
+use crate::kernel::attach::kmem_hooks;
+use crate::kernel::features::{self, Tracefs};
+use crate::render::table::{new_table, output_width, render};
 
 const CANNOT_TELL: &str = "cannot tell without root";
 
@@ -23,9 +23,7 @@ fn unreadable_tracefs(mounts: &str) -> String {
 }
 
 pub fn run() -> Result<i32> {
-    let mut t = Table::new();
-    t.load_preset(UTF8_FULL_CONDENSED)
-        .set_header(vec!["feature", "status"]);
+    let mut t = new_table(&["feature", "status"], &[1], output_width(None));
     let mut row = |k: &str, v: String| {
         t.add_row(vec![k.to_string(), v]);
     };
@@ -68,7 +66,7 @@ pub fn run() -> Result<i32> {
             Err(e) => e.clone(),
         },
     );
-    for tp in KMEM_TRACEPOINTS {
+    for tp in kmem_hooks().map(|h| h.tracepoint) {
         // Without root an unreadable tracefs says nothing about its events.
         let classic = match &tracefs {
             Ok(t) => yes_no(t.has_event("kmem", tp)),
@@ -89,7 +87,7 @@ pub fn run() -> Result<i32> {
             Ok((resolved, fentry)) => {
                 let names: Vec<String> = resolved
                     .iter()
-                    .zip(crate::kernel::latency::ALLOCATOR_FUNCTIONS)
+                    .zip(crate::latency::ALLOCATOR_FUNCTIONS)
                     .map(|(r, names)| r.map_or(format!("({} absent)", names[0]), str::to_string))
                     .collect();
                 row("allocator functions", names.join(", "));
@@ -122,7 +120,13 @@ pub fn run() -> Result<i32> {
     // Measured, not inferred: load and attach the record object the way
     // `kheap record` would, then detach at once.
     let mode = if privileged.is_ok() && btf_ok {
-        match crate::kernel::kmem::Session::start(&crate::kernel::kmem::Config::default()) {
+        let mut storage = crate::kernel::storage::ObjectStorage::default();
+        let started = crate::kernel::kmem::Tracer::start(
+            &crate::kernel::kmem::Config::default(),
+            &mut storage,
+            None,
+        );
+        let mode = match started {
             Ok(s) => {
                 let how = s
                     .attached
@@ -135,12 +139,13 @@ pub fn run() -> Result<i32> {
                 m
             }
             Err(e) => format!("nothing: {}", format!("{e:#}").replace('\n', " ")),
-        }
+        };
+        mode
     } else {
         "unknown (needs root and BTF to try)".to_string()
     };
     row("kheap record attaches with", mode);
-    println!("{t}");
+    println!("{}", render(t));
     Ok(0)
 }
 

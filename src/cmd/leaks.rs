@@ -11,34 +11,37 @@ use anyhow::{bail, Result};
 use clap::Args;
 
 use crate::cli::{
-    check_size_range, parse_duration, parse_map_entries, parse_sample, parse_tracked_objects,
+    parse_duration, parse_map_entries, parse_sample, parse_tracked_objects, FilterArgs, OutputArgs,
+    StackArgs,
 };
-use crate::cmd::record::{install_stop_handler, wait_for_end, Targets, TraceArgs};
+use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
+use crate::contract::{self, Kind};
 use crate::kernel::features;
-use crate::kernel::leaks::{LeaksConfig, LeaksSession};
+use crate::kernel::kmem::{Config, LiveConfig, Tracer};
+use crate::kernel::storage::ObjectStorage;
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
+use crate::model::snapshot::Snapshot;
 use crate::render::Format;
-use crate::report::{self, BuildOptions, Report, RunInfo, Snapshot};
+use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::symbolize::KernelSymbols;
 
 #[derive(Args, Debug)]
 pub struct LeaksArgs {
+    /// Stop after this many seconds (default: until Ctrl-C or the command ends)
+    #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
+    pub duration: Option<Duration>,
     #[command(flatten)]
-    pub trace: TraceArgs,
+    pub filters: FilterArgs,
+    #[command(flatten)]
+    pub stacks: StackArgs,
+    #[command(flatten)]
+    pub output: OutputArgs<Format>,
     /// Only count objects at least this old as outstanding
     #[arg(long, value_parser = parse_age, default_value = "0", value_name = "SECS")]
     pub min_age: f64,
     /// Group rows by
     #[arg(long, value_enum, default_value_t = LeakGroupBy::Site)]
     pub by: LeakGroupBy,
-    /// Rows to show (tables default to 20; JSON and folded show all)
-    #[arg(short = 'n', long = "top", value_name = "N")]
-    pub top: Option<usize>,
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
-    /// Write the report to FILE instead of stdout
-    #[arg(short, long, value_name = "FILE")]
-    pub output: Option<PathBuf>,
     /// Write a JSON snapshot of what is outstanding every SECS seconds (also on SIGUSR1)
     #[arg(long, value_parser = parse_duration, value_name = "SECS")]
     pub snapshot_every: Option<Duration>,
@@ -48,23 +51,30 @@ pub struct LeaksArgs {
     /// Track about one object in N, chosen by a hash of its address (a power of two); totals become estimates
     #[arg(long, value_parser = parse_sample, default_value = "1", value_name = "N")]
     pub sample: u32,
-    /// Capture the stack of every allocation (exact per-stack numbers, much costlier)
-    #[arg(long, conflicts_with_all = ["stack_sample", "no_stacks"])]
-    pub exact_stacks: bool,
-    /// Capture the stack of about one allocation in N (a power of two). Sites
-    /// are exact regardless; long-lived objects pile up, so even a sparse
-    /// sample names the stacks that hold memory, and a stack costs ~3 us.
-    #[arg(long, value_parser = parse_sample, default_value = "256", value_name = "N")]
-    pub stack_sample: u32,
-    /// Capture no stacks at all
-    #[arg(long)]
-    pub no_stacks: bool,
     /// Capacity of the object map (objects tracked at once; ~100 bytes of kernel memory each)
     #[arg(long, value_parser = parse_tracked_objects, default_value = "262144", value_name = "N")]
     pub max_objects: u32,
     /// Capacity of the per-site and per-stack maps
     #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
+}
+
+/// Sites are exact regardless; long-lived objects pile up, so even a sparse
+/// sample names the stacks that hold memory, and a stack costs ~3 us.
+pub const DEFAULT_STACK_SAMPLE: u32 = 256;
+
+/// The kernel tracer's settings for this run: record's, plus live objects.
+fn kernel_config(args: &LeaksArgs, targets: &Targets) -> Config {
+    Config {
+        stack_sample_every: args.stacks.sample_every(DEFAULT_STACK_SAMPLE),
+        max_sites: args.max_entries,
+        max_stacks: args.max_entries,
+        live: Some(LiveConfig {
+            sample_every: args.sample,
+            max_objects: args.max_objects,
+        }),
+        ..run::kmem_config(&args.filters, targets)
+    }
 }
 
 fn parse_age(s: &str) -> Result<f64, String> {
@@ -86,12 +96,8 @@ fn install_snapshot_handler() {
 }
 
 pub fn run(args: LeaksArgs) -> Result<i32> {
-    let t = &args.trace;
-    check_size_range(t.min_size, t.max_size)?;
-    if args.max_objects == 0 || args.max_entries == 0 {
-        bail!("--max-objects and --max-entries must be at least 1");
-    }
-    if args.format == Format::Folded && args.by != LeakGroupBy::Stack {
+    args.filters.check()?;
+    if args.output.format == Format::Folded && args.by != LeakGroupBy::Stack {
         bail!("--format folded shows stacks: use it with --by stack");
     }
     features::check_privileges("leaks")?;
@@ -105,65 +111,43 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     }
     // Checked even without --snapshot-every: SIGUSR1 may ask at any time.
     crate::output::check_dir_writable(&args.snapshot_dir, "--snapshot-dir")?;
-    if let Some(path) = &args.output {
+    if let Some(path) = args.output.output() {
         crate::output::check_writable(path, "-o")?;
     }
     install_stop_handler();
     install_snapshot_handler();
 
-    let mut targets = Targets::from_args(t)?;
-    let stack_sample_every = match (args.exact_stacks, args.no_stacks) {
-        (true, _) => 1,
-        (_, true) => 0,
-        _ => args.stack_sample,
-    };
-    let cfg = LeaksConfig {
-        min_size: t.min_size,
-        max_size: t.max_size,
-        pids: targets.pids.clone(),
-        follow_children: targets.command.is_some(),
-        comm: t.comm.clone(),
-        sample_every: args.sample,
-        stack_sample_every,
-        max_objects: args.max_objects,
-        max_sites: args.max_entries,
-        attach: t.attach,
-    };
-    let mut session = LeaksSession::start(&cfg)?;
+    let mut targets = Targets::start(&args.filters.targets)?;
+    let cfg = kernel_config(&args, &targets);
+    let mut storage = ObjectStorage::default();
+    let mut session = Tracer::start(&cfg, &mut storage, None)?;
     // The traced time runs from attach to detach: the command may well be
     // done while the symbols below load.
     let start = Instant::now();
     eprintln!(
         "kheap: tracing kernel heap allocations and frees ({}){}",
         session.attached.join(", "),
-        if t.duration.is_none() && t.command.is_empty() {
+        if args.duration.is_none() && targets.command.is_none() {
             "; Ctrl-C to stop, SIGUSR1 for a snapshot"
         } else {
             ""
         }
     );
-    if let Some(cmd) = targets.command.as_mut() {
-        cmd.release()?;
-    }
+    targets.release()?;
     let syms = KernelSymbols::new(None);
-    let filters = targets.filters(t);
-    let run_info = |session: &LeaksSession| RunInfo {
-        kernel: features::kernel_release(),
-        attach: session.attached.clone(),
-        skipped: session.skipped.clone(),
-        filters: filters.clone(),
-        command: (!t.command.is_empty()).then(|| t.command.join(" ")),
-    };
+    let run_info =
+        |session: &Tracer| run::run_info(&session.attached, &session.skipped, &args.filters);
     let info = run_info(&session);
-    let build = |snap: &mut Snapshot, duration_s: f64, run: RunInfo| {
+    let build = |snap: &mut Snapshot, kind: &str, duration_s: f64, run: RunInfo| {
         if let Some(l) = snap.leaks.as_mut() {
             l.min_age_ns = (args.min_age * 1e9) as u64;
+            l.kind = kind.to_string();
         }
         report::build(
             snap,
             &syms,
             BuildOptions {
-                stack_sample_every,
+                stack_sample_every: cfg.stack_sample_every,
                 duration_s,
                 run,
             },
@@ -172,7 +156,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
 
     let mut snapshots = 0u32;
     let mut next_snapshot = args.snapshot_every;
-    let ended = wait_for_end(t.duration, &mut targets, |elapsed| {
+    let ended = wait_for_end(args.duration, &mut targets, |elapsed| {
         let secs = start.elapsed().as_secs_f64();
         let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
         if periodic {
@@ -185,8 +169,8 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         let path = args
             .snapshot_dir
             .join(format!("snapshot-{snapshots:03}.json"));
-        let written = session.snapshot("snapshot").and_then(|mut snap| {
-            let r = build(&mut snap, secs, info.clone());
+        let written = session.snapshot().and_then(|mut snap| {
+            let r = build(&mut snap, "snapshot", secs, info.clone());
             write_json(&r, &path).map(|_| r)
         });
         match written {
@@ -210,30 +194,33 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     });
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
-    let exit_code = ended.explain();
-    if let Some(cmd) = targets.command.as_mut() {
-        cmd.terminate();
-    }
-    let mut snap = session.snapshot("leaks")?;
+    let exit_code = ended.report();
+    targets.terminate();
+    let mut snap = session.snapshot()?;
     let info = run_info(&session);
     drop(session);
-    let report = build(&mut snap, duration_s, info);
+    let report = build(&mut snap, "leaks", duration_s, info);
     write_report(report, &args)?;
     Ok(exit_code)
 }
 
 fn write_json(r: &Report, path: &Path) -> Result<()> {
-    let text = serde_json::to_string_pretty(r)? + "\n";
-    crate::output::write_atomic(path, &text)
+    crate::output::write_atomic(path, &contract::pretty(Kind::Leaks, r))
 }
 
 fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
-    let top = crate::render::default_top(args.format, args.top);
-    let hidden = leak_render::apply_top(&mut report, args.by, top);
-    let text = match args.format {
-        Format::Table => leak_render::table(&report, args.by, hidden, 3),
-        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
+    let out = &args.output;
+    let hidden = leak_render::apply_top(&mut report, args.by, out.rows());
+    let text = match out.format {
+        Format::Table => leak_render::table(
+            &report,
+            args.by,
+            hidden,
+            3,
+            crate::render::table::output_width(out.output()),
+        ),
+        Format::Json => contract::pretty(Kind::Leaks, &report),
         Format::Folded => leak_render::folded(&report),
     };
-    crate::output::emit(&text, args.output.as_deref())
+    crate::output::emit(&text, out.output())
 }

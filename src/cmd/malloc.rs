@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cli::{parse_duration, parse_tracked_objects};
-use crate::cmd::record::{install_stop_handler, stop_requested};
+use crate::cli::{parse_duration, parse_tracked_objects, OutputArgs, TargetArgs};
+use crate::cmd::run::{install_stop_handler, stop_requested};
+use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
+use crate::kernel::storage::ObjectStorage;
 use crate::malloc::probes::{check_elf, libc_of_program};
 use crate::malloc::procmaps;
 use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
@@ -24,31 +26,28 @@ use crate::target::{find_program, resolve_pid, HeldCommand};
 
 #[derive(Args, Debug)]
 pub struct MallocArgs {
-    /// Trace this running process (and the children it forks from now on)
-    #[arg(short, long = "pid", value_name = "PID")]
-    pub pids: Vec<u32>,
-    /// Probe this allocator library instead of the C library the target
-    /// maps (jemalloc, tcmalloc, mimalloc export the same names)
-    #[arg(long, value_name = "PATH")]
-    pub lib: Option<PathBuf>,
     /// Stop after this many seconds (default: until Ctrl-C, or until the
     /// command or the processes end)
     #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
     pub duration: Option<Duration>,
+    // The processes to trace (with the children they fork from now on).
+    // The kernel-side filters of the other subcommands (--comm, sizes,
+    // --attach) and the stack options have no counterpart here: the probes
+    // are in user space and always capture the stack.
+    #[command(flatten)]
+    pub targets: TargetArgs,
+    #[command(flatten)]
+    pub output: OutputArgs<Format>,
+    /// Probe this allocator library instead of the C library the target
+    /// maps (jemalloc, tcmalloc, mimalloc export the same names)
+    #[arg(long, value_name = "PATH")]
+    pub lib: Option<PathBuf>,
     /// Group rows by direct caller (site) or by whole user stack
     #[arg(long, value_enum, default_value_t = MallocGroupBy::Site)]
     pub by: MallocGroupBy,
     /// Order rows by
     #[arg(long, value_enum, default_value_t = MallocSortBy::Bytes)]
     pub sort: MallocSortBy,
-    /// Rows to show (tables default to 20; JSON and folded show all)
-    #[arg(short = 'n', long = "top", value_name = "N")]
-    pub top: Option<usize>,
-    #[arg(long, value_enum, default_value_t = Format::Table)]
-    pub format: Format,
-    /// Write the report to FILE instead of stdout
-    #[arg(short, long, value_name = "FILE")]
-    pub output: Option<PathBuf>,
     /// Track every block to its free: report what is still allocated at the
     /// end, per site and stack (adds a return probe to each call)
     #[arg(long)]
@@ -56,18 +55,18 @@ pub struct MallocArgs {
     /// With --outstanding: how many live blocks can be tracked at once
     /// (about 60 bytes of kernel memory each; blocks beyond are counted as
     /// not tracked)
-    #[arg(long, value_parser = parse_tracked_objects, default_value = "262144", value_name = "N", requires = "outstanding")]
+    #[arg(
+        long,
+        value_parser = parse_tracked_objects,
+        default_value = "262144",
+        value_name = "N",
+        requires = "outstanding"
+    )]
     pub max_outstanding: u32,
-    /// Leave the command and what it started running when kheap stops
-    #[arg(long)]
-    pub keep_running: bool,
     /// Put every probe on its function's first instruction, even where the
     /// kernel must single-step it (for scripts/bench-malloc)
     #[arg(long, hide = true)]
     pub probes_at_entry: bool,
-    /// Command to run and trace, with its children, until it exits
-    #[arg(last = true, value_name = "CMD")]
-    pub command: Vec<String>,
 }
 
 /// How often the list of traced processes is checked: new processes and
@@ -98,7 +97,7 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
             libs.push(libc);
         }
     }
-    if let Some(prog) = args.command.first() {
+    if let Some(prog) = args.targets.command.first() {
         let path = find_program(prog)?;
         let libc = libc_of_program(&path)?;
         if !libs.contains(&libc) {
@@ -115,7 +114,7 @@ fn comm(pid: u32) -> String {
 }
 
 pub fn run(args: MallocArgs) -> Result<i32> {
-    if args.pids.is_empty() && args.command.is_empty() {
+    if args.targets.pids.is_empty() && args.targets.command.is_empty() {
         bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...]");
     }
     if args.sort == MallocSortBy::Outstanding && !args.outstanding {
@@ -123,13 +122,13 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     }
     features::check_privileges("malloc")?;
     features::check_btf()?;
-    if let Some(path) = &args.output {
+    if let Some(path) = args.output.output() {
         crate::output::check_writable(path, "-o")?;
     }
     install_stop_handler();
 
     let mut user_pids = Vec::new();
-    for &p in &args.pids {
+    for &p in &args.targets.pids {
         user_pids.push(resolve_pid(p)?);
     }
     let mut pids = user_pids.clone();
@@ -142,19 +141,21 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         modules.add_file(l);
     }
     // Held between fork and exec until the probes are attached.
-    let mut command = if args.command.is_empty() {
+    let mut command = if args.targets.command.is_empty() {
         None
     } else {
-        let mut held = HeldCommand::spawn(&args.command)?;
-        if args.keep_running {
+        let mut held = HeldCommand::spawn(&args.targets.command)?;
+        if args.targets.keep_running {
             held.keep_running();
         }
-        modules.add_file(&find_program(&args.command[0])?);
+        modules.add_file(&find_program(&args.targets.command[0])?);
         pids.push(held.pid);
         Some(held)
     };
 
+    let mut storage = ObjectStorage::default();
     let mut session = MallocSession::start(
+        &mut storage,
         &pids,
         args.outstanding,
         args.max_outstanding,
@@ -165,7 +166,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     }
     eprintln!(
         "kheap: tracing malloc in {} (probes on {}){}",
-        describe_targets(&user_pids, &args.command),
+        describe_targets(&user_pids, &args.targets.command),
         libs.iter()
             .map(|l| l.display().to_string())
             .collect::<Vec<_>>()
@@ -183,6 +184,17 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     let start = Instant::now();
     let mut exit_code = 0;
     let mut scanner = Scanner::default();
+    if let Some(c) = &command {
+        // Until it execs, the held child is a copy of kheap: name it after
+        // the program, as the kernel will (comm is 15 bytes at most).
+        let prog = std::path::Path::new(&args.targets.command[0]);
+        let name = prog
+            .file_name()
+            .unwrap_or(prog.as_os_str())
+            .to_string_lossy();
+        scanner.comms.insert(c.pid, name.chars().take(15).collect());
+        scanner.held = Some(c.pid);
+    }
     let mut next_scan = Instant::now();
     loop {
         if Instant::now() >= next_scan {
@@ -238,12 +250,13 @@ pub fn run(args: MallocArgs) -> Result<i32> {
                 kernel: features::kernel_release(),
                 attach: vec!["uprobes".into()],
                 skipped: Vec::new(),
-                filters: vec![describe_targets(&user_pids, &args.command)],
-                command: (!args.command.is_empty()).then(|| args.command.join(" ")),
+                filters: vec![describe_targets(&user_pids, &args.targets.command)],
+                command: (!args.targets.command.is_empty()).then(|| args.targets.command.join(" ")),
             },
             probes: session.libraries.iter().map(|l| l.describe()).collect(),
             func_names: session.func_names(),
             allocator_code: session.allocator_code(),
+            comms: scanner.comms,
         },
     );
     drop(session);
@@ -265,6 +278,11 @@ fn describe_targets(pids: &[u32], command: &[String]) -> String {
 struct Scanner {
     /// When each process was last read, and its exec count then.
     seen: HashMap<u32, (Instant, u32)>,
+    /// Each process's command name when last read (after an exec, the new
+    /// program's).
+    comms: HashMap<u32, String>,
+    /// The command kheap started: its name is read once it has exec'd.
+    held: Option<u32>,
 }
 
 /// Known processes are re-read this often (for libraries they load later);
@@ -294,6 +312,13 @@ impl Scanner {
             let Some(maps) = procmaps::read(pid) else {
                 continue;
             };
+            let not_yet_execd = self.held == Some(pid) && exec == 0;
+            if let (false, Ok(c)) = (
+                not_yet_execd,
+                std::fs::read_to_string(format!("/proc/{pid}/comm")),
+            ) {
+                self.comms.insert(pid, c.trim().to_string());
+            }
             modules.add_maps(pid, &maps);
             if !probe_new_libraries {
                 continue;
@@ -316,15 +341,13 @@ impl Scanner {
 }
 
 fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
-    let top = match args.format {
-        Format::Table => Some(args.top.unwrap_or(20)),
-        _ => args.top,
-    };
-    let hidden = render::apply_top(&mut report, args.sort, top);
-    let text = match args.format {
-        Format::Table => render::table(&report, args.by, hidden),
-        Format::Json => serde_json::to_string_pretty(&report)? + "\n",
+    let out = &args.output;
+    let hidden = render::apply_top(&mut report, args.by, args.sort, out.rows());
+    let width = crate::render::table::output_width(out.output());
+    let text = match out.format {
+        Format::Table => render::table(&report, args.by, hidden, width),
+        Format::Json => contract::pretty(Kind::Malloc, &report),
         Format::Folded => render::folded(&report),
     };
-    crate::output::emit(&text, args.output.as_deref())
+    crate::output::emit(&text, out.output())
 }

@@ -5,5 +5,6 @@ pub mod doctor;
 pub mod leaks;
 pub mod malloc;
 pub mod record;
+pub mod run;
 pub mod slab;
 pub mod top;

@@ -6,41 +6,42 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use crate::cmd::record::{install_stop_handler, wait_for_end, Ended, Targets};
+use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::kernel::features;
-use crate::kernel::kmem::{Config, Session};
+use crate::kernel::kmem::{Config, Tracer};
+use crate::kernel::storage::ObjectStorage;
+use crate::model::snapshot::Snapshot;
 use crate::model::CacheId;
-use crate::report::{labelled_sites, Snapshot};
+use crate::report::labelled_sites;
 use crate::slab::{self, watch::series, ReportInput, SlabArgs, TracedCache, TracedRun, TracedSite};
 use crate::symbolize::{KernelSymbols, Symbolize};
 
-pub fn run(args: SlabArgs) -> Result<i32> {
-    let traced = (args.duration.is_some() || !args.command.is_empty() || !args.pids.is_empty())
-        && args.watch.is_none()
-        && !args.no_trace;
-    if !traced && args.sort == crate::slab::SortKey::Rate {
-        anyhow::bail!(
-            "--sort rate needs traced allocations: add -d SECS, -p PID or -- CMD (without --no-trace or --watch)"
-        );
+/// Stacks of one allocation in this many unless a flag says otherwise;
+/// they only name the callers of wrappers, so a sparse sample does.
+pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
+
+/// The kernel tracer's settings for a traced slab run.
+fn kernel_config(args: &SlabArgs, targets: &Targets) -> Config {
+    Config {
+        stack_sample_every: args.stacks.sample_every(DEFAULT_STACK_SAMPLE),
+        ..run::kmem_config(&args.filters, targets)
     }
-    if !traced {
+}
+
+pub fn run(args: SlabArgs) -> Result<i32> {
+    if !args.traced()? {
         slab::run_static(&args)?;
         return Ok(0);
     }
+    args.filters.check()?;
     let first = args.read_static()?; // says plainly when slabinfo is root-only
     features::check_privileges("slab")?;
     install_stop_handler();
 
-    let mut targets = Targets::new(&args.pids, &args.command)?;
-    if args.keep_running {
-        targets.keep_running();
-    }
-    let cfg = Config {
-        follow_children: targets.command.is_some(),
-        pids: targets.pids.clone(),
-        ..Config::default()
-    };
-    let mut session = Session::start(&cfg)?;
+    let mut targets = Targets::start(&args.filters.targets)?;
+    let cfg = kernel_config(&args, &targets);
+    let mut storage = ObjectStorage::default();
+    let mut session = Tracer::start(&cfg, &mut storage, None)?;
     eprintln!(
         "kheap: tracing slab allocations {}({})",
         match (args.duration, &targets.command) {
@@ -50,9 +51,7 @@ pub fn run(args: SlabArgs) -> Result<i32> {
         },
         session.attached.join(", ")
     );
-    if let Some(cmd) = targets.command.as_mut() {
-        cmd.release()?;
-    }
+    targets.release()?;
     let start = Instant::now();
     let mut samples = vec![(0.0, first)];
     // About ten static reads over the run tell steady growth from a blip.
@@ -67,17 +66,12 @@ pub fn run(args: SlabArgs) -> Result<i32> {
         }
     });
     session.detach();
-    if let Some(cmd) = targets.command.as_mut() {
-        cmd.terminate();
-    }
+    targets.terminate();
     let elapsed = start.elapsed().as_secs_f64();
     let snap = session.snapshot()?;
     drop(session);
     samples.push((elapsed, args.read_static()?));
-    let exit_code = match ended {
-        Ended::CommandExited(code) => code,
-        _ => 0,
-    };
+    let exit_code = ended.report();
 
     let traced = traced_run(&snap, &KernelSymbols::new(None), elapsed);
     let series = series(&samples);

@@ -6,74 +6,53 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Result};
-use clap::{Args, ValueEnum};
+use clap::Args;
 
 use crate::cli::{
-    check_size_range, parse_comm, parse_duration, parse_map_entries, parse_sample, parse_size,
+    parse_duration, parse_map_entries, FilterArgs, OutputArgs, StackArgs, TableOrJson,
 };
-use crate::cmd::record::{install_stop_handler, stop_requested};
+use crate::cmd::run::{self, install_stop_handler, stop_requested, Ended, Sink, Targets};
 use crate::kernel::features;
-use crate::kernel::kmem::{self as session, AttachMode, Config, Session};
+use crate::kernel::kmem::{self as session, Config, Tracer};
+use crate::kernel::storage::ObjectStorage;
+use crate::model::snapshot::ProgRunTime;
+use crate::render::table::output_width;
 use crate::render::GroupBy;
 use crate::report::{self, BuildOptions, RunInfo};
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
-use crate::target::resolve_pid;
 use crate::top::batch;
 use crate::top::clock::rfc3339_utc;
 use crate::top::delta::Tracker;
-use crate::top::overhead::{self_usage, Overhead, ProgRunTime, SelfUsage};
+use crate::top::overhead::{self_usage, Overhead, SelfUsage};
 use crate::top::tui::{self, Action, App, Input, Screen};
 use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions};
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum TopFormat {
-    /// Plain-text tables, one per interval (no escape codes)
-    Table,
-    /// One JSON object per interval, one per line (implies --batch)
-    Json,
-}
 
 #[derive(Args, Debug)]
 pub struct TopArgs {
     /// Seconds between refreshes
     #[arg(short, long, value_parser = parse_duration, default_value = "1", value_name = "SECS")]
     pub interval: Duration,
+    #[command(flatten)]
+    pub filters: FilterArgs,
+    #[command(flatten)]
+    pub stacks: StackArgs,
+    // Batch output: --format json prints one JSON object per interval, one
+    // per line; -n cuts each list (JSON) or table (default 20).
+    #[command(flatten)]
+    pub output: OutputArgs<TableOrJson>,
     /// Group rows by
     #[arg(long, value_enum, default_value_t = GroupBy::Site)]
     pub by: GroupBy,
     /// Order rows by
     #[arg(long, value_enum, default_value_t = TopSort::Bytes)]
     pub sort: TopSort,
-    /// Only count allocations made by this process (repeatable)
-    #[arg(short, long = "pid", value_name = "PID")]
-    pub pids: Vec<u32>,
-    /// Only count allocations made by tasks with this command name
-    #[arg(long, value_parser = parse_comm, value_name = "NAME")]
-    pub comm: Option<String>,
-    /// Ignore allocations smaller than this (bytes, or with k/M suffix)
-    #[arg(long, value_parser = parse_size, default_value = "0", value_name = "N")]
-    pub min_size: u64,
-    /// Ignore allocations larger than this
-    #[arg(long, value_parser = parse_size, value_name = "N")]
-    pub max_size: Option<u64>,
-    /// Rows per interval (batch tables default to 20, JSON to all; the screen shows what fits)
-    #[arg(long, value_name = "N")]
-    pub rows: Option<usize>,
-    /// Batch mode: print plain text (or JSON) per interval instead of a full-screen view
+    /// Batch mode: print plain text (or JSON) per interval instead of a
+    /// full-screen view (implied by --format json and by -o)
     #[arg(short, long)]
     pub batch: bool,
-    /// Stop after this many intervals (default: until q, Ctrl-C or SIGTERM)
-    #[arg(short = 'n', long, value_name = "ITERATIONS")]
+    /// Stop after this many intervals (default: until q, Ctrl-C, SIGTERM or the command ends)
+    #[arg(long, value_name = "N")]
     pub iterations: Option<u64>,
-    /// Output format of batch mode
-    #[arg(long, value_enum, default_value_t = TopFormat::Table)]
-    pub format: TopFormat,
-    /// Capture the stack of about one allocation in N (a power of two; 1: every one)
-    #[arg(long, value_parser = parse_sample, default_value = "1024", value_name = "N")]
-    pub stack_sample: u32,
-    /// Capture no stacks (cheapest; no stack view)
-    #[arg(long)]
-    pub no_stacks: bool,
     /// Delete map entries that saw no event for this many intervals, so the
     /// maps do not fill over a long run (0: never); shown as "aged out"
     #[arg(long, default_value = "10", value_name = "N")]
@@ -81,18 +60,30 @@ pub struct TopArgs {
     /// Capacity of the per-site and per-stack maps
     #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
-    /// How to attach to the kmem tracepoints
-    #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
-    pub attach: AttachMode,
+}
+
+/// Stacks of one allocation in this many unless a flag says otherwise.
+pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
+
+/// The kernel tracer's settings for this run.
+fn kernel_config(args: &TopArgs, targets: &Targets) -> Config {
+    Config {
+        stack_sample_every: args.stacks.sample_every(DEFAULT_STACK_SAMPLE),
+        by_process: args.by == GroupBy::Process,
+        max_sites: args.max_entries,
+        max_stacks: args.max_entries,
+        trace_frees: true,
+        ..run::kmem_config(&args.filters, targets)
+    }
 }
 
 pub fn run(mut args: TopArgs) -> Result<i32> {
-    check_size_range(args.min_size, args.max_size)?;
-    if args.format == TopFormat::Json {
+    args.filters.check()?;
+    if args.output.format == TableOrJson::Json || args.output.output.is_some() {
         args.batch = true;
     }
     if args.iterations == Some(0) {
-        bail!("-n 0: nothing to show; give at least one iteration");
+        bail!("--iterations 0: nothing to show; give at least one iteration");
     }
     let on_terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
     if !args.batch && !on_terminal {
@@ -100,28 +91,14 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     }
     features::check_privileges("top")?;
     features::check_btf()?;
+    // Created before anything is attached: a path that cannot be written
+    // is said at once, not after the first interval.
+    let sink = Sink::create(args.output.output())?;
     install_stop_handler();
-    let mut pids = Vec::new();
-    for &p in &args.pids {
-        pids.push(resolve_pid(p)?);
-    }
-    let stack_sample_every = if args.no_stacks { 0 } else { args.stack_sample };
-    let watched = pids.clone();
-    let cfg = Config {
-        min_size: args.min_size,
-        max_size: args.max_size,
-        stack_sample_every,
-        pids,
-        follow_children: false,
-        comm: args.comm.clone(),
-        by_process: args.by == GroupBy::Process,
-        attach: args.attach,
-        max_sites: args.max_entries,
-        max_stacks: args.max_entries,
-        trace_frees: true,
-        latency_starts: None,
-    };
-    let session = Session::start(&cfg)?;
+    let mut targets = Targets::start(&args.filters.targets)?;
+    let cfg = kernel_config(&args, &targets);
+    let mut storage = ObjectStorage::default();
+    let session = Tracer::start(&cfg, &mut storage, None)?;
     // Run-time statistics cost a little per program run, for everyone:
     // they are on only while top runs (closing the descriptor ends them).
     let stats = match session::enable_run_time_stats() {
@@ -131,20 +108,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
             None
         }
     };
-    let mut filters = Vec::new();
-    if !args.pids.is_empty() {
-        filters.push(format!("pid {:?}", args.pids));
-    }
-    if let Some(c) = &args.comm {
-        filters.push(format!("comm {c}"));
-    }
-    let run = RunInfo {
-        kernel: features::kernel_release(),
-        attach: session.attached.clone(),
-        skipped: session.skipped.clone(),
-        filters,
-        command: None,
-    };
+    let run = run::run_info(&session.attached, &session.skipped, &args.filters);
     let syms = CachingSymbols::new(KernelSymbols::new(None));
     // The first lookup loads kallsyms; do it now, not inside an interval.
     let _ = syms.symbolize(&[0]);
@@ -153,7 +117,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     let mut tracker = Tracker::new();
     tracker.interval(session.snapshot()?);
     let last_read = Instant::now();
-    let run_time = stats.as_ref().and_then(|_| session.run_time().ok());
+    let run_time = stats.as_ref().map(|_| session.run_time());
     let usage = self_usage();
     // Said once counting has begun: every event after this line is in an
     // interval.
@@ -161,31 +125,40 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         "kheap: tracing kernel heap allocations ({})",
         session.attached.join(", ")
     );
+    // The command runs from here: its allocations are all in intervals.
+    targets.release()?;
     let mut top = Top {
         run_time,
         session,
         tracker,
         syms,
         sizes: ObjectSizes::default(),
-        stack_sample_every,
+        stack_sample_every: cfg.stack_sample_every,
         idle_intervals: args.idle_intervals,
         run,
         last_read,
         usage,
-        watched,
+        targets,
+        ended: None,
     };
     let result = if args.batch {
-        batch_loop(&mut top, &args)
+        batch_loop(&mut top, &args, sink)
     } else {
         screen_loop(&mut top, &args)
     };
     drop(stats);
-    result.map(|()| 0)
+    top.targets.terminate();
+    result?;
+    // A signal is how top usually ends: only a failed command is news.
+    Ok(match &top.ended {
+        Some(ended @ (Ended::CommandExited(_) | Ended::PidsExited)) => ended.report(),
+        _ => 0,
+    })
 }
 
 /// The reading side: the session and what is kept between reads.
-struct Top {
-    session: Session,
+struct Top<'obj> {
+    session: Tracer<'obj>,
     tracker: Tracker,
     syms: CachingSymbols<KernelSymbols>,
     sizes: ObjectSizes,
@@ -196,21 +169,27 @@ struct Top {
     /// None when BPF statistics are off.
     run_time: Option<ProgRunTime>,
     usage: SelfUsage,
-    /// The -p processes: top ends when all have exited.
-    watched: Vec<u32>,
+    /// The processes traced; with `-- CMD`, top ends when the command does.
+    targets: Targets,
+    /// Set when the command exited (or a signal came).
+    ended: Option<Ended>,
 }
 
-impl Top {
-    /// A signal, or every -p process gone.
-    fn should_stop(&self) -> bool {
-        if stop_requested() {
-            return true;
+impl Top<'_> {
+    /// Whether the run is over: a signal, or the traced command exited.
+    fn should_stop(&mut self) -> bool {
+        if self.ended.is_none() {
+            if stop_requested() {
+                self.ended = Some(Ended::Signal);
+            } else if let Some(code) = self.targets.command_exited() {
+                self.ended = Some(Ended::CommandExited(code));
+            } else if self.targets.command.is_none()
+                && crate::tree::all_exited(&self.targets.user_pids)
+            {
+                self.ended = Some(Ended::PidsExited);
+            }
         }
-        if crate::tree::all_exited(&self.watched) {
-            eprintln!("kheap: every traced process (-p) exited");
-            return true;
-        }
-        false
+        self.ended.is_some()
     }
 
     /// Reads the maps and turns what changed since the last read into one
@@ -222,7 +201,7 @@ impl Top {
         let now = Instant::now();
         let time = rfc3339_utc(SystemTime::now());
         let run_time = match self.run_time {
-            Some(_) => self.session.run_time().ok(),
+            Some(_) => Some(self.session.run_time()),
             None => None,
         };
         let usage = self_usage();
@@ -277,22 +256,24 @@ fn next_deadline(last: Instant, interval_s: f64) -> Instant {
         .max(Instant::now())
 }
 
-fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
+fn batch_loop(top: &mut Top, args: &TopArgs, mut sink: Sink) -> Result<()> {
     let view = ViewOptions {
         by: args.by,
         sort: args.sort,
         paused: false,
     };
-    let limit = args.rows.unwrap_or(20);
+    let rows = args.output.rows();
     let mut deadline = next_deadline(top.last_read, args.interval.as_secs_f64());
     let mut done = 0;
     loop {
-        // A stop mid-interval still prints that (shorter) interval: the
-        // run ends with what it measured, as record's does.
-        let mut stopping = false;
+        // Set when the run ends mid-interval (the command or every -p
+        // process exited, or a signal came): what was counted since the
+        // last read goes into one last, shorter interval, so a run always
+        // ends with what it measured.
+        let mut last = false;
         while Instant::now() < deadline {
             if top.should_stop() {
-                stopping = true;
+                last = true;
                 break;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -301,21 +282,18 @@ fn batch_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         }
         let iv = top.read_interval()?;
         deadline = next_deadline(deadline, args.interval.as_secs_f64());
-        let text = match args.format {
-            TopFormat::Json => batch::json(&iv, args.sort, args.rows),
-            TopFormat::Table => batch::text(&iv, &view, &top.sizes, limit) + "\n",
+        let text = match args.output.format {
+            TableOrJson::Json => batch::json(&iv, args.sort, rows),
+            TableOrJson::Table => {
+                let width = output_width(args.output.output());
+                batch::text(&iv, &view, &top.sizes, rows.unwrap_or(usize::MAX), width) + "\n"
+            }
         };
-        let mut out = std::io::stdout().lock();
-        // A closed pipe (| head) ends the run quietly.
-        if out
-            .write_all(text.as_bytes())
-            .and_then(|()| out.flush())
-            .is_err()
-        {
+        if !sink.write(&text)? {
             return Ok(());
         }
         done += 1;
-        if stopping || args.iterations.is_some_and(|n| done >= n) || top.should_stop() {
+        if last || args.iterations.is_some_and(|n| done >= n) {
             return Ok(());
         }
     }
@@ -367,7 +345,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
             redraw = true;
         }
         if redraw {
-            let (shown, total) = screen_rows(current.as_ref(), &app, top, args.rows);
+            let (shown, total) = screen_rows(current.as_ref(), &app, top, args.output.top);
             rows = shown;
             app.follow(&rows);
             screen
@@ -396,11 +374,16 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         }
     }
     drop(screen);
-    // After a signal, leave the last interval on the main screen: the run
-    // still ends with a report.
-    if stop_requested() {
+    // After a signal, or once the traced command has exited (its last
+    // allocations read into a last interval), leave the last interval on
+    // the main screen: the run still ends with a report.
+    if matches!(top.ended, Some(Ended::CommandExited(_))) {
+        current = Some(top.read_interval()?);
+    }
+    if top.ended.is_some() {
         if let Some(iv) = &current {
-            let text = batch::text(iv, &app.view, &top.sizes, args.rows.unwrap_or(20));
+            let limit = args.output.rows().unwrap_or(20);
+            let text = batch::text(iv, &app.view, &top.sizes, limit, output_width(None));
             let _ = std::io::stdout().write_all(text.as_bytes());
         }
     }

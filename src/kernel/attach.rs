@@ -1,11 +1,11 @@
-//! The attach strategy shared by every object on the kmem tracepoints
-//! (record/top/slab and leaks): which mechanisms to try, in which order,
-//! whether a hook exists for one, and what its program is called.
+//! The attach strategy of the kmem tracer: which mechanisms to try, in which
+//! order, and whether a hook (`kernel::hooks`) exists for one.
 
 use anyhow::Result;
 use clap::ValueEnum;
 
 use crate::kernel::features::{KernelBtf, Tracefs};
+pub use crate::kernel::hooks::{kmem_hooks, Hook, Role, HOOKS};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum AttachMode {
@@ -26,6 +26,17 @@ pub enum Mechanism {
     Classic,
 }
 
+impl Hook {
+    /// The BPF program of this hook for one mechanism.
+    pub fn program(&self, mech: Mechanism) -> String {
+        self.program_with_suffix(match mech {
+            Mechanism::Btf => "btf",
+            Mechanism::Raw => "raw",
+            Mechanism::Classic => "tp",
+        })
+    }
+}
+
 impl Mechanism {
     pub fn name(self) -> &'static str {
         match self {
@@ -41,17 +52,14 @@ impl Mechanism {
     }
 
     /// Whether this kernel has the hook for this mechanism.
-    pub fn has_hook(self, tp: &str, kbtf: &KernelBtf, tracefs: Option<&Tracefs>) -> bool {
+    pub fn has_hook(self, hook: &Hook, kbtf: &KernelBtf, tracefs: Option<&Tracefs>) -> bool {
         match self {
             // Raw tracepoints exist exactly where BTF names them.
-            Mechanism::Btf | Mechanism::Raw => kbtf.btf_tracepoints.iter().any(|t| t == tp),
+            Mechanism::Btf | Mechanism::Raw => {
+                kbtf.btf_tracepoints.iter().any(|t| t == hook.tracepoint)
+            }
             Mechanism::Classic => {
-                let system = if tp == "sched_process_fork" {
-                    "sched"
-                } else {
-                    "kmem"
-                };
-                tracefs.is_some_and(|t| t.has_event(system, tp))
+                tracefs.is_some_and(|t| t.has_event(hook.system, hook.tracepoint))
             }
         }
     }
@@ -65,23 +73,6 @@ pub fn order(mode: AttachMode) -> &'static [Mechanism] {
         AttachMode::Raw => &[Mechanism::Raw],
         AttachMode::Tracepoint => &[Mechanism::Classic],
     }
-}
-
-/// The BPF program for one hook and mechanism, as every kmem object names
-/// them: `kmalloc_btf`, `cache_alloc_raw`, `fork_tp`…
-pub fn program_name(tp: &str, mech: Mechanism) -> String {
-    let base = match tp {
-        "kmem_cache_alloc" => "cache_alloc",
-        "kmem_cache_free" => "cache_free",
-        "sched_process_fork" => "fork",
-        other => other,
-    };
-    let suffix = match mech {
-        Mechanism::Btf => "btf",
-        Mechanism::Raw => "raw",
-        Mechanism::Classic => "tp",
-    };
-    format!("{base}_{suffix}")
 }
 
 /// Tries each mechanism of `mode` in turn. Returns the first session that
@@ -113,36 +104,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn program_names_match_every_kmem_object() {
-        assert_eq!(program_name("kmalloc", Mechanism::Btf), "kmalloc_btf");
-        assert_eq!(
-            program_name("kmem_cache_free", Mechanism::Raw),
-            "cache_free_raw"
-        );
-        assert_eq!(
-            program_name("sched_process_fork", Mechanism::Classic),
-            "fork_tp"
-        );
-        for src in [
-            include_str!("../../bpf/kheap.bpf.c"),
-            include_str!("../../bpf/leaks.bpf.c"),
-        ] {
-            for tp in [
-                "kmalloc",
-                "kmem_cache_alloc",
-                "kfree",
-                "kmem_cache_free",
-                "sched_process_fork",
-            ] {
-                for m in [Mechanism::Btf, Mechanism::Raw, Mechanism::Classic] {
-                    let name = program_name(tp, m);
-                    assert!(
-                        src.contains(&format!("({name},")) || src.contains(&format!(" {name}(")),
-                        "{name} not defined"
-                    );
-                }
+    fn every_hook_has_a_program_for_every_mechanism() {
+        let src = include_str!("../../bpf/kheap.bpf.c");
+        assert_eq!(HOOKS[0].program(Mechanism::Btf), "kfree_btf");
+        assert_eq!(HOOKS[4].program(Mechanism::Raw), "cache_alloc_raw");
+        assert_eq!(HOOKS[2].program(Mechanism::Classic), "fork_tp");
+        for hook in &HOOKS {
+            for m in [Mechanism::Btf, Mechanism::Raw, Mechanism::Classic] {
+                let name = hook.program(m);
+                assert!(
+                    src.contains(&format!("({name},")) || src.contains(&format!(" {name}(")),
+                    "{name} not defined"
+                );
             }
         }
+        // Frees are attached before allocations.
+        let first_alloc = HOOKS.iter().position(|h| h.role == Role::Alloc).unwrap();
+        assert!(HOOKS[first_alloc..].iter().all(|h| h.role != Role::Free));
     }
 
     #[test]

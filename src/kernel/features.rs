@@ -1,16 +1,15 @@
 //! What the running kernel offers: privileges, BTF, tracefs, tracepoints,
-//! kprobes, uprobes. Each check answers with a fact or a one-line error that
-//! says what to do.
+//! kprobes, uprobes. The facts are probed once per process into `Features`,
+//! which `kheap doctor` prints and the attach strategy reads; each check
+//! answers with a fact or a one-line error that says what to do.
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use anyhow::{bail, Result};
 use libbpf_rs::btf::types::{Enum, Typedef};
 use libbpf_rs::btf::Btf;
-
-/// The kmem tracepoints kheap attaches to.
-pub const KMEM_TRACEPOINTS: [&str; 4] = ["kmalloc", "kmem_cache_alloc", "kfree", "kmem_cache_free"];
 
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
@@ -44,15 +43,38 @@ fn effective_caps() -> Option<u64> {
     u64::from_str_radix(hex.trim(), 16).ok()
 }
 
-pub fn check_btf() -> Result<()> {
-    let path = btf_path();
-    if !path.exists() {
-        bail!(
-            "this kernel exposes no BTF ({} is missing): kheap needs a kernel built with CONFIG_DEBUG_INFO_BTF=y",
-            path.display()
-        );
+/// What the running kernel offers, probed once per process.
+#[derive(Debug)]
+pub struct Features {
+    /// `uname -r`.
+    pub release: String,
+    /// The kernel's BTF facts, or why there are none (one line).
+    pub btf: std::result::Result<KernelBtf, String>,
+    pub kprobes: bool,
+    pub uprobes: bool,
+}
+
+impl Features {
+    fn probe() -> Features {
+        Features {
+            release: fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown kernel".into()),
+            btf: read_kernel_btf().map_err(|e| format!("{e:#}")),
+            kprobes: Path::new("/sys/bus/event_source/devices/kprobe").exists(),
+            uprobes: Path::new("/sys/bus/event_source/devices/uprobe").exists(),
+        }
     }
-    Ok(())
+}
+
+/// The running kernel's features, probed on first use.
+pub fn kernel() -> &'static Features {
+    static FEATURES: OnceLock<Features> = OnceLock::new();
+    FEATURES.get_or_init(Features::probe)
+}
+
+pub fn check_btf() -> Result<()> {
+    kernel_btf().map(drop)
 }
 
 /// Facts about the kernel that decide how kheap attaches.
@@ -67,12 +89,24 @@ pub struct KernelBtf {
 /// `__GFP_ACCOUNT` on kernels that define it as a macro (before 6.10).
 const GFP_ACCOUNT_FALLBACK: u64 = 0x40_0000;
 
-pub fn kernel_btf() -> Result<KernelBtf> {
+/// The kernel's BTF facts, or a one-line error that says what is missing.
+pub fn kernel_btf() -> Result<&'static KernelBtf> {
+    kernel().btf.as_ref().map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+fn read_kernel_btf() -> Result<KernelBtf> {
     let path = btf_path();
+    if !path.exists() {
+        bail!(
+            "this kernel exposes no BTF ({} is missing): kheap needs a kernel built with CONFIG_DEBUG_INFO_BTF=y",
+            path.display()
+        );
+    }
     let btf = Btf::from_path(&path)
         .map_err(|e| anyhow::anyhow!("reading kernel BTF from {}: {e}", path.display()))?;
     let mut btf_tracepoints = Vec::new();
-    for tp in KMEM_TRACEPOINTS.iter().chain(&["sched_process_fork"]) {
+    for hook in &crate::kernel::hooks::HOOKS {
+        let tp = hook.tracepoint;
         if btf
             .type_by_name::<Typedef>(&format!("btf_trace_{tp}"))
             .is_some()
@@ -95,17 +129,15 @@ pub fn kernel_btf() -> Result<KernelBtf> {
 }
 
 pub fn kernel_release() -> String {
-    fs::read_to_string("/proc/sys/kernel/osrelease")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "unknown kernel".into())
+    kernel().release.clone()
 }
 
 pub fn has_kprobes() -> bool {
-    Path::new("/sys/bus/event_source/devices/kprobe").exists()
+    kernel().kprobes
 }
 
 pub fn has_uprobes() -> bool {
-    Path::new("/sys/bus/event_source/devices/uprobe").exists()
+    kernel().uprobes
 }
 
 const TRACEFS: &str = "/sys/kernel/tracing";

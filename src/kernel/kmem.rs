@@ -1,23 +1,28 @@
-//! Loading the BPF object and attaching it. Links are RAII: dropping the
-//! session (on any exit path, errors included) detaches everything.
+//! The one tracer on the kmem tracepoints: bpf/kheap.bpf.c loaded and
+//! attached for record, top, slab (allocations by site, stack, cache and
+//! process) and leaks (the same, plus every live object by address). The
+//! difference between them is configuration, fixed before load. Links are
+//! RAII: dropping the tracer (on any exit path, errors included) detaches
+//! everything.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject};
+use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, Program, ProgramInput, ProgramMut};
 
-use crate::kernel::attach::{self, program_name, Mechanism};
+use crate::kernel::attach::{self, Hook, Mechanism, Role, HOOKS};
 use crate::kernel::features::{self, KernelBtf, Tracefs};
 use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
-use crate::model::CacheId;
-use crate::report::{EventCounters, SiteKey, Snapshot};
-use crate::top::delta::IdleKeys;
-use crate::top::overhead::ProgRunTime;
+use crate::kernel::storage::ObjectStorage;
+use crate::model::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
+use crate::model::snapshot::{EventCounters, IdleKeys, ProgRunTime, Snapshot};
+use crate::model::{CacheId, SiteKey};
 
 pub use crate::kernel::attach::AttachMode;
 
@@ -36,10 +41,33 @@ pub struct Config {
     pub max_sites: u32,
     pub max_stacks: u32,
     /// Attach the free tracepoints too (frees per cache, net counts).
+    /// Tracking live objects always does.
     pub trace_frees: bool,
-    /// With --latency: the latency object's `lat_starts` map, shared so
-    /// call sites stay right while exit probes hide return addresses.
-    pub latency_starts: Option<std::os::fd::RawFd>,
+    /// Remember every object until its free (`kheap leaks`).
+    pub live: Option<LiveConfig>,
+    /// Count kheap's own allocations too. Off by default: reading the maps
+    /// allocates in the kernel (batch lookups kvmalloc their buffers), and a
+    /// tool should not report its own footprint as the workload's.
+    pub include_self: bool,
+}
+
+/// Settings of live-object tracking.
+#[derive(Clone, Copy, Debug)]
+pub struct LiveConfig {
+    /// 1: every address; N (a power of two): addresses whose hash picks
+    /// about one in N.
+    pub sample_every: u32,
+    /// Capacity of the object map.
+    pub max_objects: u32,
+}
+
+impl Default for LiveConfig {
+    fn default() -> Self {
+        LiveConfig {
+            sample_every: 1,
+            max_objects: 262_144,
+        }
+    }
 }
 
 impl Default for Config {
@@ -56,131 +84,176 @@ impl Default for Config {
             max_sites: 8192,
             max_stacks: 8192,
             trace_frees: true,
-            latency_starts: None,
+            live: None,
+            include_self: false,
         }
     }
 }
 
-pub struct Session {
-    skel: KheapSkel<'static>,
+impl Config {
+    /// Every stack is captured and counted under its stack only; sites are
+    /// summed from stacks in user space (one map update per event).
+    fn sites_from_stacks(&self) -> bool {
+        self.stack_sample_every == 1 && self.live.is_none()
+    }
+}
+
+pub struct Tracer<'obj> {
+    skel: KheapSkel<'obj>,
     links: Vec<Link>,
-    /// File descriptors of the attached programs (owned by `skel`).
-    attached_progs: Vec<RawFd>,
+    cfg: Config,
+    mech: Mechanism,
+    /// The hooks attached.
+    hooks: Vec<&'static Hook>,
     /// Hook → how it is attached ("kmalloc: tp_btf").
     pub attached: Vec<String>,
     /// Hooks not attached, with the reason.
     pub skipped: Vec<String>,
-    /// Every stack captured: the kernel counts events under their stack
-    /// only, and sites are summed from stacks here.
-    exact_stacks: bool,
-    /// Stack traces already read, by id. An id keeps its frames until kheap
-    /// deletes it (without BPF_F_REUSE_STACKID a colliding stack is dropped,
-    /// not stored over it), so a refreshing view reads each stack once.
+    /// Stack traces already read, by id (a hash of their frames: an id
+    /// always means the same frames), so a refreshing view reads each once.
     stack_cache: RefCell<HashMap<i64, Vec<u64>>>,
+    /// The clock when the programs were loaded, to measure the tick rate
+    /// that turns live objects' jiffies into ages.
+    clock0: types::clock_sample,
     // Held so a tracefs kheap mounted itself stays mounted while attached.
     _tracefs: Option<Tracefs>,
 }
 
-impl Session {
-    /// Opens, configures, loads and attaches. On kernels where the tp_btf
-    /// programs fail to load in auto mode, retries with classic tracepoints.
-    pub fn start(cfg: &Config) -> Result<Session> {
-        features::check_btf()?;
+impl<'obj> Tracer<'obj> {
+    /// Opens, configures, loads and attaches with the cheapest mechanism
+    /// the kernel accepts (tp_btf, then raw_tp, then classic tracepoints).
+    /// `lat_starts` is the latency object's per-task map (`--latency`),
+    /// shared so call sites stay right while exit probes hide return
+    /// addresses.
+    pub fn start(
+        cfg: &Config,
+        storage: &'obj mut ObjectStorage,
+        lat_starts: Option<BorrowedFd<'_>>,
+    ) -> Result<Tracer<'obj>> {
         let kbtf = features::kernel_btf()?;
-        let (mut session, refused) =
-            attach::start_first(cfg.attach, |mech| Self::start_with(cfg, &kbtf, mech))?;
+        let mut slots = storage.slots();
+        let (mut tracer, refused) = attach::start_first(cfg.attach, |mech| {
+            let slot = slots.next().context("no object storage left")?;
+            Self::start_with(cfg, kbtf, mech, slot, lat_starts)
+        })?;
         // Shown in the report header: why a cheaper way was not used.
-        session.skipped.extend(refused);
-        Ok(session)
+        tracer.skipped.extend(refused);
+        Ok(tracer)
     }
 
-    fn start_with(cfg: &Config, kbtf: &KernelBtf, mech: Mechanism) -> Result<Session> {
-        // The skeleton borrows its object storage for its whole life; a run
-        // opens at most two, so leaking the storage is the simple, safe owner.
-        let storage: &'static mut MaybeUninit<OpenObject> =
-            Box::leak(Box::new(MaybeUninit::uninit()));
-        let mut open = KheapSkelBuilder::default()
-            .open(storage)
-            .context("opening the BPF object")?;
-
+    fn start_with(
+        cfg: &Config,
+        kbtf: &KernelBtf,
+        mech: Mechanism,
+        slot: &'obj mut MaybeUninit<OpenObject>,
+        lat_starts: Option<BorrowedFd<'_>>,
+    ) -> Result<Tracer<'obj>> {
         let tracefs = if mech.needs_tracefs() {
             Some(Tracefs::ensure_mounted()?)
         } else {
             None
         };
-        let available = |tp: &str| mech.has_hook(tp, kbtf, tracefs.as_ref());
-
-        configure(&mut open, cfg, kbtf)?;
-        let mut wanted: Vec<&str> = features::KMEM_TRACEPOINTS.to_vec();
-        if !cfg.trace_frees {
-            wanted.retain(|tp| !matches!(*tp, "kfree" | "kmem_cache_free"));
-        }
-        if cfg.follow_children {
-            wanted.push("sched_process_fork");
-        }
-        let mut attached = Vec::new();
+        let trace_frees = cfg.trace_frees || cfg.live.is_some();
         let mut skipped = Vec::new();
-        let mut enabled = Vec::new();
-        for tp in HOOKS {
-            if wanted.contains(&tp) && available(tp) {
-                enabled.push(tp);
-                attached.push(format!("{tp}: {}", mech.name()));
-            } else if wanted.contains(&tp) {
+        let mut enabled: Vec<&'static Hook> = Vec::new();
+        for hook in &HOOKS {
+            let wanted = match hook.role {
+                Role::Alloc => true,
+                Role::Free => trace_frees,
+                Role::Fork => cfg.follow_children,
+            };
+            if !wanted {
+                continue;
+            }
+            let tp = hook.tracepoint;
+            if mech.has_hook(hook, kbtf, tracefs.as_ref()) {
+                enabled.push(hook);
+            } else if cfg.live.is_some() && hook.role != Role::Fork {
+                // Without every free hook, everything would look leaked.
+                bail!("kheap leaks needs the kmem:{tp} tracepoint, which this kernel lacks");
+            } else {
                 skipped.push(format!("{tp}: not available on this kernel"));
             }
         }
+        if !enabled.iter().any(|h| h.role == Role::Alloc) {
+            bail!("this kernel has neither the kmem:kmalloc nor the kmem:kmem_cache_alloc tracepoint: nothing to trace");
+        }
+        if cfg.follow_children && !enabled.iter().any(|h| h.role == Role::Fork) {
+            eprintln!("kheap: warning: sched_process_fork is not available; children of the command are not followed");
+        }
+
+        let mut open = KheapSkelBuilder::default()
+            .open(slot)
+            .context("opening the BPF object")?;
+        configure(&mut open, cfg, kbtf, lat_starts)?;
         // Exactly the programs of the chosen mechanism and hooks load; any
         // other program left in the object would fail the whole load.
         for mut prog in open.open_object_mut().progs_mut() {
             let name = prog.name().to_string_lossy().into_owned();
-            let on = enabled.iter().any(|tp| program_name(tp, mech) == name);
+            let on = if name == "clock" {
+                cfg.live.is_some()
+            } else {
+                enabled.iter().any(|h| h.program(mech) == name)
+            };
             prog.set_autoload(on);
         }
-        if !enabled.contains(&"kmalloc") && !enabled.contains(&"kmem_cache_alloc") {
-            bail!("this kernel has neither the kmem:kmalloc nor the kmem:kmem_cache_alloc tracepoint: nothing to trace");
-        }
-        if cfg.follow_children && !enabled.contains(&"sched_process_fork") {
-            eprintln!("kheap: warning: sched_process_fork is not available; children of the command are not followed");
-        }
-
         let skel = open
             .load()
             .context("loading the BPF programs into the kernel")?;
-        let mut session = Session {
+        let mut tracer = Tracer {
             skel,
             links: Vec::new(),
-            attached_progs: Vec::new(),
-            attached,
+            cfg: cfg.clone(),
+            mech,
+            hooks: Vec::new(),
+            attached: Vec::new(),
             skipped,
-            exact_stacks: cfg.stack_sample_every == 1,
             stack_cache: RefCell::default(),
+            clock0: types::clock_sample::default(),
             _tracefs: tracefs,
         };
+        if cfg.live.is_some() {
+            tracer.clock0 = tracer.clock()?;
+        }
         for &pid in &cfg.pids {
-            session.add_pid(pid)?;
+            tracer.add_pid(pid)?;
         }
-        for tp in enabled {
-            let (link, fd) = session
-                .attach_one(tp, mech)
-                .with_context(|| format!("attaching to kmem:{tp}"))?;
-            session.links.push(link);
-            session.attached_progs.push(fd);
+        for hook in enabled {
+            let tp = hook.tracepoint;
+            let link = tracer
+                .program(hook)
+                .with_context(|| format!("no {} program for {tp}", mech.name()))?
+                .attach()
+                .with_context(|| format!("attaching to {tp}"))?;
+            tracer.links.push(link);
+            tracer.hooks.push(hook);
+            tracer.attached.push(format!("{tp}: {}", mech.name()));
         }
-        Ok(session)
+        Ok(tracer)
     }
 
-    /// Attaches one hook's program; returns its link and program fd (for
-    /// run-time statistics).
-    fn attach_one(&self, tp: &str, mech: Mechanism) -> Result<(Link, RawFd)> {
-        let name = program_name(tp, mech);
-        let prog = self
-            .skel
-            .object()
-            .progs_mut()
-            .find(|p| p.name() == name.as_str())
-            .with_context(|| format!("program {name} is missing from the BPF object"))?;
-        let fd = prog.as_fd().as_raw_fd();
-        Ok((prog.attach()?, fd))
+    /// The loaded program of one hook, for this tracer's mechanism.
+    fn program(&self, hook: &Hook) -> Option<&ProgramMut<'obj>> {
+        let name = hook.program(self.mech);
+        let p = &self.skel.progs;
+        let all = [
+            &p.kmalloc_btf,
+            &p.kmalloc_raw,
+            &p.kmalloc_tp,
+            &p.cache_alloc_btf,
+            &p.cache_alloc_raw,
+            &p.cache_alloc_tp,
+            &p.kfree_btf,
+            &p.kfree_raw,
+            &p.kfree_tp,
+            &p.cache_free_btf,
+            &p.cache_free_raw,
+            &p.cache_free_tp,
+            &p.fork_btf,
+            &p.fork_raw,
+            &p.fork_tp,
+        ];
+        all.into_iter().find(|p| p.name() == name.as_str())
     }
 
     /// Adds a process (tgid) to the set whose allocations are counted.
@@ -200,20 +273,18 @@ impl Session {
     /// Allocations counted so far (sites only: cheap enough for a status
     /// line every second).
     pub fn allocations_so_far(&self) -> Result<u64> {
-        let sites = maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(
-            &self.skel.maps.sites,
-        )?;
-        let stacks: u64 = if self.exact_stacks {
-            maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(
-                &self.skel.maps.stacks,
-            )?
-            .iter()
-            .map(|(_, v)| v.count)
-            .sum()
+        let m = &self.skel.maps;
+        fn count<K>(entries: Vec<(K, types::alloc_stats)>) -> u64 {
+            entries.iter().map(|(_, v)| v.count).sum()
+        }
+        // Exact stacks: events are counted under their stack only (and
+        // under the site when the stack was lost).
+        let stacks = if self.cfg.sites_from_stacks() {
+            count(maps::read_percpu_hash::<types::stack_key, _, _>(&m.stacks)?)
         } else {
             0
         };
-        Ok(sites.iter().map(|(_, v)| v.count).sum::<u64>() + stacks)
+        Ok(stacks + count(maps::read_percpu_hash::<types::site_key, _, _>(&m.sites)?))
     }
 
     fn cache_names(&self) -> Result<HashMap<u64, String>> {
@@ -225,41 +296,60 @@ impl Session {
         )
     }
 
-    /// Reads and merges every map.
+    /// The frames of a stack, read once per run.
+    fn stack_frames(&self, id: i64) -> Result<Option<Vec<u64>>> {
+        if let Some(frames) = self.stack_cache.borrow().get(&id) {
+            return Ok(Some(frames.clone()));
+        }
+        let frames = maps::read_stack(&self.skel.maps.stack_traces, &id.to_ne_bytes())?;
+        if let Some(f) = &frames {
+            self.stack_cache.borrow_mut().insert(id, f.clone());
+        }
+        Ok(frames)
+    }
+
+    /// Reads and merges every map; with live-object tracking, also every
+    /// tracked object with its age now.
     pub fn snapshot(&self) -> Result<Snapshot> {
         let m = &self.skel.maps;
         let names = self.cache_names()?;
+        let key = |k: &types::site_key| site_key(k, &names);
+        // Objects first: ages are measured against the clock read right
+        // after, and a free racing the read only makes totals slightly stale.
+        let live = match self.cfg.live {
+            Some(_) => Some(maps::read_hash_values::<types::live_obj, _>(&m.live)?),
+            None => None,
+        };
         let mut snap = Snapshot::default();
         // Two kernel caches can share a name: their entries are merged.
         for (k, v) in maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)? {
-            *snap.sites.entry(site_key(&k, &names)).or_default() += v.into();
+            *snap.sites.entry(key(&k)).or_default() += v.into();
         }
-        let mut stack_cache = self.stack_cache.borrow_mut();
+        let sites_from_stacks = self.cfg.sites_from_stacks();
         for (k, v) in maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(&m.stacks)?
         {
             let id = k.stack_id;
             if let std::collections::hash_map::Entry::Vacant(e) = snap.stack_frames.entry(id) {
-                if let Some(frames) = stack_cache.get(&id) {
-                    e.insert(frames.clone());
-                } else if let Some(frames) = maps::read_stack(&m.stack_traces, id as u32)? {
-                    stack_cache.insert(id, frames.clone());
+                if let Some(frames) = self.stack_frames(id)? {
                     e.insert(frames);
                 }
             }
-            let site = site_key(&k.site, &names);
-            if self.exact_stacks {
+            let site = key(&k.site);
+            if sites_from_stacks {
                 *snap.sites.entry(site.clone()).or_default() += v.into();
             }
             *snap.stacks.entry((site, id)).or_default() += v.into();
         }
-        let comms: HashMap<u32, String> =
-            maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?
-                .into_iter()
-                .map(|(k, v)| (k, c_str(&v.comm)))
-                .collect();
-        for (pid, v) in maps::read_percpu_hash::<u32, types::alloc_stats, _>(&m.procs)? {
-            let comm = comms.get(&pid).cloned().unwrap_or_default();
-            snap.procs.insert(pid, (comm, v.into()));
+        if self.cfg.by_process {
+            let comms: HashMap<u32, String> =
+                maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?
+                    .into_iter()
+                    .map(|(k, v)| (k, c_str(&v.comm)))
+                    .collect();
+            for (pid, v) in maps::read_percpu_hash::<u32, types::alloc_stats, _>(&m.procs)? {
+                let comm = comms.get(&pid).cloned().unwrap_or_default();
+                snap.procs.insert(pid, (comm, v.into()));
+            }
         }
         for (cache, v) in maps::read_percpu_hash::<u64, types::cache_frees, _>(&m.cache_frees)? {
             *snap
@@ -269,18 +359,125 @@ impl Session {
         }
         let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
         snap.events = EventCounters {
-            frees: c.frees,
+            // Leaks: tracked frees are derived from the sites (LeakInput).
+            frees: if self.cfg.live.is_some() {
+                c.frees_untracked
+            } else {
+                c.frees
+            },
             frees_null: c.frees_null,
             alloc_failed: c.alloc_failed,
             stack_samples: c.stack_samples,
-            lost_stack_collision: c.lost_stack_collision,
+            // Stacks are stored by the hash of their frames: no bucket
+            // collisions (bpf/stack_store.bpf.h).
+            lost_stack_collision: 0,
             lost_stack_other: c.lost_stack_other,
             map_full_sites: c.map_full_sites,
             map_full_stacks: c.map_full_stacks,
             map_full_procs: c.map_full_procs,
             map_full_caches: c.map_full_caches,
         };
+        if let (Some(live), Some(lcfg)) = (live, self.cfg.live) {
+            snap.leaks = Some(self.leak_input(live, &c, lcfg, &key)?);
+        }
         Ok(snap)
+    }
+
+    fn leak_input(
+        &self,
+        live: Vec<types::live_obj>,
+        c: &types::counters,
+        lcfg: LiveConfig,
+        key: &dyn Fn(&types::site_key) -> SiteKey,
+    ) -> Result<LeakInput> {
+        let (hz, now) = self.tick_rate(&self.clock()?)?;
+        let mut unseen = HashMap::new();
+        for (k, u) in maps::read_percpu_hash::<types::site_key, types::site_unseen, _>(
+            &self.skel.maps.unseen,
+        )? {
+            unseen.insert(
+                key(&k),
+                Unseen {
+                    count: u.count,
+                    bytes_alloc: u.bytes_alloc,
+                },
+            );
+        }
+        let mut comms = HashMap::new();
+        for o in &live {
+            comms.entry(o.tgid).or_insert_with(|| {
+                std::fs::read_to_string(format!("/proc/{}/comm", o.tgid))
+                    .map(|c| c.trim_end().to_string())
+                    .unwrap_or_default()
+            });
+        }
+        Ok(LeakInput {
+            live: live
+                .iter()
+                .map(|o| LiveObject {
+                    site: key(&o.site),
+                    stack_id: (o.stack_id != 0).then_some(o.stack_id),
+                    bytes_req: o.bytes_req as u64,
+                    bytes_alloc: o.bytes_alloc as u64,
+                    age_ns: jiffies_to_ns(now.jiffies.saturating_sub(o.ts), hz),
+                    tgid: o.tgid,
+                })
+                .collect(),
+            unseen,
+            events: LeakEvents {
+                frees_null: c.frees_null,
+                frees_untracked: c.frees_untracked,
+                reused_live: c.reused_live,
+                map_full_live: c.map_full_live,
+                map_busy: c.map_busy,
+            },
+            sample_every: lcfg.sample_every.max(1),
+            min_age_ns: 0,
+            max_objects: lcfg.max_objects,
+            recursion_misses: self
+                .program_stats()
+                .into_iter()
+                .map(|(tp, s)| (tp, s.recursion_misses))
+                .collect(),
+            kind: "leaks".to_string(),
+            comms,
+        })
+    }
+
+    /// Reads the kernel's jiffies and CLOCK_MONOTONIC together, by running
+    /// the object's `clock` program.
+    fn clock(&self) -> Result<types::clock_sample> {
+        self.skel
+            .progs
+            .clock
+            .test_run(ProgramInput::default())
+            .context("running the BPF clock program")?;
+        let bss = self
+            .skel
+            .maps
+            .bss_data
+            .as_deref()
+            .context("the BPF object has no .bss section")?;
+        // The kernel wrote it behind the compiler's back.
+        Ok(unsafe { std::ptr::read_volatile(&bss.clock_now) })
+    }
+
+    /// Kernel ticks per second, from the jiffies and nanoseconds elapsed
+    /// since the tracer started (at least 200 ms, waited for if need be),
+    /// snapped to the nearest rate Linux offers.
+    fn tick_rate(&self, now: &types::clock_sample) -> Result<(u64, types::clock_sample)> {
+        const MIN_NS: u64 = 200_000_000;
+        let mut now = *now;
+        let elapsed = now.ns.saturating_sub(self.clock0.ns);
+        if elapsed < MIN_NS {
+            std::thread::sleep(std::time::Duration::from_nanos(MIN_NS - elapsed));
+            now = self.clock()?;
+        }
+        let hz = nearest_hz(
+            now.jiffies.saturating_sub(self.clock0.jiffies),
+            now.ns.saturating_sub(self.clock0.ns),
+        );
+        Ok((hz, now))
     }
 
     /// Deletes the given idle keys from the maps, with the stack traces only
@@ -325,11 +522,11 @@ impl Session {
             .filter(|id| !still_used.contains(id))
             .collect();
         for id in unused {
-            if let Some(frames) = maps::read_stack(&m.stack_traces, id as u32)? {
+            if let Some(frames) = self.stack_frames(id)? {
                 removed.stack_frames.insert(id, frames);
             }
-            // Already gone is fine: the kernel may reuse ids on collision.
-            let _ = m.stack_traces.delete(&(id as u32).to_ne_bytes());
+            // Already gone is fine; a stack that recurs is stored again.
+            let _ = m.stack_traces.delete(&id.to_ne_bytes());
             self.stack_cache.borrow_mut().remove(&id);
         }
 
@@ -358,26 +555,47 @@ impl Session {
         Ok(removed)
     }
 
-    /// Run time and run count of the attached programs, summed. They only
-    /// advance while BPF run-time statistics are enabled
-    /// (`enable_run_time_stats`).
-    pub fn run_time(&self) -> Result<ProgRunTime> {
+    /// Per attached hook: run time, run count and recursion misses (events
+    /// the kernel skipped because a BPF program was already running on the
+    /// CPU), from the kernel's program info. Run time and count only advance
+    /// while BPF run-time statistics are enabled (`enable_run_time_stats`).
+    pub fn program_stats(&self) -> Vec<(String, ProgRunTime)> {
+        let ours: Vec<(u32, &str)> = self
+            .hooks
+            .iter()
+            .filter_map(|h| {
+                let id = Program::id_from_fd(self.program(h)?.as_fd()).ok()?;
+                Some((id, h.tracepoint))
+            })
+            .collect();
+        let mut out: Vec<(String, ProgRunTime)> =
+            ProgInfoIter::with_query_opts(ProgInfoQueryOptions::default())
+                .filter_map(|info| {
+                    let (_, tp) = ours.iter().find(|(id, _)| *id == info.id)?;
+                    Some((
+                        tp.to_string(),
+                        ProgRunTime {
+                            run_time_ns: info.run_time_ns,
+                            run_cnt: info.run_cnt,
+                            recursion_misses: info.recursion_misses,
+                        },
+                    ))
+                })
+                .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// The attached programs' run time, run count and recursion misses,
+    /// summed.
+    pub fn run_time(&self) -> ProgRunTime {
         let mut total = ProgRunTime::default();
-        for &fd in &self.attached_progs {
-            let mut info = libbpf_sys::bpf_prog_info::default();
-            let mut len = std::mem::size_of::<libbpf_sys::bpf_prog_info>() as u32;
-            let ret = unsafe { libbpf_sys::bpf_prog_get_info_by_fd(fd, &mut info, &mut len) };
-            if ret != 0 {
-                bail!(
-                    "reading BPF program info: {}",
-                    std::io::Error::last_os_error()
-                );
-            }
-            total.run_time_ns += info.run_time_ns;
-            total.run_cnt += info.run_cnt;
-            total.recursion_misses += info.recursion_misses;
+        for (_, s) in self.program_stats() {
+            total.run_time_ns += s.run_time_ns;
+            total.run_cnt += s.run_cnt;
+            total.recursion_misses += s.recursion_misses;
         }
-        Ok(total)
+        total
     }
 }
 
@@ -396,7 +614,12 @@ pub fn enable_run_time_stats() -> Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn configure(open: &mut OpenKheapSkel<'static>, cfg: &Config, kbtf: &KernelBtf) -> Result<()> {
+fn configure(
+    open: &mut OpenKheapSkel<'_>,
+    cfg: &Config,
+    kbtf: &KernelBtf,
+    lat_starts: Option<BorrowedFd<'_>>,
+) -> Result<()> {
     let rodata = open
         .maps
         .rodata_data
@@ -408,39 +631,49 @@ fn configure(open: &mut OpenKheapSkel<'static>, cfg: &Config, kbtf: &KernelBtf) 
     c.gfp_account_mask = kbtf.gfp_account_mask;
     c.capture_stacks = u8::from(cfg.stack_sample_every > 0);
     c.stack_sample_mask = cfg.stack_sample_every.saturating_sub(1);
-    c.filter_pids = u8::from(!cfg.pids.is_empty());
     c.by_process = u8::from(cfg.by_process);
+    c.filter.pids = u8::from(!cfg.pids.is_empty());
+    if !cfg.include_self {
+        c.filter.ignore_tgid = std::process::id();
+    }
     if let Some(comm) = &cfg.comm {
-        c.filter_comm = 1;
-        for (dst, src) in c.comm.iter_mut().zip(comm.bytes().take(15)) {
+        c.filter.comm_set = 1;
+        for (dst, src) in c.filter.comm.iter_mut().zip(comm.bytes().take(15)) {
             *dst = src as i8;
         }
     }
-    if let Some(fd) = cfg.latency_starts {
+    if let Some(live) = cfg.live {
+        c.track_live = 1;
+        c.ptr_sample_mask = live.sample_every.max(1) - 1;
+    }
+    if let Some(fd) = lat_starts {
         c.latency_active = 1;
-        // Safety: the fd belongs to a LatencySession that outlives the load.
-        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
         open.maps.lat_starts.reuse_fd(fd)?;
     }
     open.maps.sites.set_max_entries(cfg.max_sites)?;
     open.maps.stacks.set_max_entries(cfg.max_stacks)?;
-    // A stack whose hash lands in a bucket another stack holds is lost
-    // (EEXIST, counted) every time it recurs: twice the buckets of the
-    // stacks we keep halves those collisions, for 4 MiB more kernel memory.
+    // Stacks are stored before they are counted, and top deletes idle ones:
+    // room for twice the stacks kept.
     open.maps
         .stack_traces
         .set_max_entries(cfg.max_stacks.saturating_mul(2))?;
+    match cfg.live {
+        Some(live) => {
+            open.maps.live.set_max_entries(live.max_objects)?;
+            open.maps.unseen.set_max_entries(cfg.max_sites)?;
+        }
+        // Maps a mode does not use keep one entry (zero is refused).
+        None => {
+            open.maps.live.set_max_entries(1)?;
+            open.maps.unseen.set_max_entries(1)?;
+        }
+    }
+    if !cfg.by_process {
+        open.maps.procs.set_max_entries(1)?;
+        open.maps.proc_comms.set_max_entries(1)?;
+    }
     Ok(())
 }
-
-/// The tracepoints kheap hooks, in attach order.
-const HOOKS: [&str; 5] = [
-    "kmalloc",
-    "kmem_cache_alloc",
-    "kfree",
-    "kmem_cache_free",
-    "sched_process_fork",
-];
 
 fn site_key(k: &types::site_key, names: &HashMap<u64, String>) -> SiteKey {
     SiteKey {
@@ -499,5 +732,20 @@ mod tests {
             cache_id(0xffff888100042d00, 0, false, &names),
             CacheId::Named("cache@0xffff888100042d00".into())
         );
+    }
+
+    #[test]
+    fn only_exact_record_runs_sum_sites_from_stacks() {
+        let exact = Config {
+            stack_sample_every: 1,
+            ..Config::default()
+        };
+        assert!(exact.sites_from_stacks());
+        assert!(!Config::default().sites_from_stacks());
+        let leaks = Config {
+            live: Some(LiveConfig::default()),
+            ..exact
+        };
+        assert!(!leaks.sites_from_stacks());
     }
 }

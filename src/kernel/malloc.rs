@@ -3,20 +3,20 @@
 //! session (on any error path too) detaches everything.
 
 use std::collections::HashMap;
-use std::mem::MaybeUninit;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, UprobeOpts};
+use libbpf_rs::{Link, MapCore, MapFlags, UprobeOpts};
 
 use crate::kernel::malloc_skel::{types, MallocSkel, MallocSkelBuilder};
 use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes};
+use crate::kernel::storage::ObjectStorage;
+use crate::malloc::model::{AllocatorCode, Events, Key, Snapshot};
 use crate::malloc::probes::{self, Layout, Probe};
 use crate::malloc::procmaps::kernel_dev;
-use crate::malloc::report::{AllocatorCode, Events, Key, Snapshot};
 use crate::malloc::usersyms::Vma;
 
 /// One library whose allocator functions are probed.
@@ -51,15 +51,15 @@ impl ProbedLibrary {
     }
 }
 
-pub struct MallocSession {
-    skel: MallocSkel<'static>,
+pub struct MallocSession<'obj> {
+    skel: MallocSkel<'obj>,
     links: Vec<Link>,
     pub libraries: Vec<ProbedLibrary>,
     track_live: bool,
     probes_at_entry: bool,
 }
 
-impl MallocSession {
+impl<'obj> MallocSession<'obj> {
     /// Loads the programs, fills the PID filter and starts following forks.
     /// No library is probed yet: see `probe_library`.
     /// `probes_at_entry` keeps every probe on its function's first
@@ -67,15 +67,15 @@ impl MallocSession {
     /// `probes::probe_skip` saves).
     /// `max_live` sizes the outstanding-block map (--max-outstanding).
     pub fn start(
+        storage: &'obj mut ObjectStorage,
         pids: &[u32],
         track_live: bool,
         max_live: u32,
         probes_at_entry: bool,
-    ) -> Result<MallocSession> {
-        let storage: &'static mut MaybeUninit<OpenObject> =
-            Box::leak(Box::new(MaybeUninit::uninit()));
+    ) -> Result<MallocSession<'obj>> {
+        let slot = storage.slots().next().context("no object storage left")?;
         let mut open = MallocSkelBuilder::default()
-            .open(storage)
+            .open(slot)
             .context("opening the BPF object")?;
         let rodata = open
             .maps
@@ -271,7 +271,9 @@ impl MallocSession {
         {
             let key = key_of(&k);
             if key.stack_id >= 0 && !snap.stacks.contains_key(&key.stack_id) {
-                if let Some(frames) = maps::read_stack(&m.stack_traces, key.stack_id as u32)? {
+                if let Some(frames) =
+                    maps::read_stack(&m.stack_traces, &key.stack_id.to_ne_bytes())?
+                {
                     snap.stacks.insert(key.stack_id, frames);
                 }
             }

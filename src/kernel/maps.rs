@@ -209,10 +209,31 @@ where
     Ok(sum_per_cpu(&per_cpu))
 }
 
-/// Reads one kernel stack from a stack-trace map: return addresses,
-/// innermost first, up to the first zero.
-pub fn read_stack<M: MapCore>(map: &M, id: u32) -> Result<Option<Vec<u64>>> {
-    let Some(bytes) = map.lookup(&id.to_ne_bytes(), MapFlags::ANY)? else {
+/// Every value of a plain hash map, batched where the kernel can. The batch
+/// reader goes on until the kernel says the map has no more entries, so a
+/// short batch never ends the read early.
+pub fn read_hash_values<V, M>(map: &M) -> Result<Vec<V>>
+where
+    M: MapCore,
+    V: plain::Plain + Default + Copy,
+{
+    if let Some(entries) = lookup_all_batched(map, map.value_size() as usize)? {
+        return Ok(entries.iter().map(|(_, v)| from_bytes::<V>(v)).collect());
+    }
+    let mut out = Vec::new();
+    for key in map.keys() {
+        if let Some(v) = map.lookup(&key, MapFlags::ANY)? {
+            out.push(from_bytes::<V>(&v));
+        }
+    }
+    Ok(out)
+}
+
+/// Reads one stack from a map of stacks (a stack-trace map keyed by id, or
+/// kheap's store keyed by the frames' hash): return addresses, innermost
+/// first, up to the first zero.
+pub fn read_stack<M: MapCore>(map: &M, key: &[u8]) -> Result<Option<Vec<u64>>> {
+    let Some(bytes) = map.lookup(key, MapFlags::ANY)? else {
         return Ok(None);
     };
     Ok(Some(

@@ -1,45 +1,9 @@
-//! The generated BPF skeletons and conversions from their types (generated
-//! from `bpf/kheap.h` and `bpf/leaks.h`) into the pure model types.
+//! The generated skeleton of bpf/kheap.bpf.c and conversions from its types
+//! (generated from `bpf/kheap.h`) into the pure model types.
 
 #[allow(clippy::all, dead_code, unused_imports, non_camel_case_types)]
 mod skel {
     include!(concat!(env!("OUT_DIR"), "/kheap.skel.rs"));
-}
-
-/// The skeleton of bpf/leaks.bpf.c. Its generated types are its own (a
-/// `site_key` here is not `types::site_key`), hence the shared impls below
-/// come from one macro.
-#[allow(clippy::all, dead_code, unused_imports, non_camel_case_types)]
-pub mod leaks {
-    include!(concat!(env!("OUT_DIR"), "/leaks.skel.rs"));
-
-    unsafe impl plain::Plain for types::live_obj {}
-    unsafe impl plain::Plain for types::site_unseen {}
-    unsafe impl plain::Plain for types::leak_counters {}
-    super::alloc_stats_impls!(types);
-
-    impl std::ops::AddAssign for types::site_unseen {
-        fn add_assign(&mut self, o: Self) {
-            self.count += o.count;
-            self.bytes_alloc += o.bytes_alloc;
-        }
-    }
-
-    impl std::ops::AddAssign for types::leak_counters {
-        fn add_assign(&mut self, o: Self) {
-            self.frees_untracked += o.frees_untracked;
-            self.frees_null += o.frees_null;
-            self.alloc_failed += o.alloc_failed;
-            self.reused_live += o.reused_live;
-            self.map_full_live += o.map_full_live;
-            self.map_busy += o.map_busy;
-            self.map_full_sites += o.map_full_sites;
-            self.map_full_stacks += o.map_full_stacks;
-            self.stack_samples += o.stack_samples;
-            self.lost_stack_collision += o.lost_stack_collision;
-            self.lost_stack_other += o.lost_stack_other;
-        }
-    }
 }
 
 pub use skel::types;
@@ -47,45 +11,47 @@ pub use skel::{KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 
 use crate::model::HIST_BUCKETS;
 
-/// Impls for the kheap.h types every skeleton generates: `plain::Plain`
-/// (they are plain old data: every bit pattern is valid), the conversion
-/// into the model's `AllocStats` and per-CPU summing.
-macro_rules! alloc_stats_impls {
-    ($types:ident) => {
-        unsafe impl plain::Plain for $types::alloc_stats {}
-        unsafe impl plain::Plain for $types::site_key {}
-        unsafe impl plain::Plain for $types::stack_key {}
-        unsafe impl plain::Plain for $types::cache_name {}
+plain_types!(
+    types::alloc_stats,
+    types::site_key,
+    types::stack_key,
+    types::cache_name,
+    types::cache_frees,
+    types::proc_info,
+    types::counters,
+    types::live_obj,
+    types::site_unseen,
+);
 
-        impl From<$types::alloc_stats> for $crate::model::AllocStats {
-            fn from(s: $types::alloc_stats) -> Self {
-                $crate::model::AllocStats {
-                    count: s.count,
-                    bytes_req: s.bytes_req,
-                    bytes_alloc: s.bytes_alloc,
-                    hist: $crate::model::Hist(s.hist),
-                }
-            }
+impl From<types::alloc_stats> for crate::model::AllocStats {
+    fn from(s: types::alloc_stats) -> Self {
+        crate::model::AllocStats {
+            count: s.count,
+            bytes_req: s.bytes_req,
+            bytes_alloc: s.bytes_alloc,
+            hist: crate::model::Hist(s.hist),
         }
-
-        impl std::ops::AddAssign for $types::alloc_stats {
-            fn add_assign(&mut self, o: Self) {
-                self.count += o.count;
-                self.bytes_req += o.bytes_req;
-                self.bytes_alloc += o.bytes_alloc;
-                for (a, b) in self.hist.iter_mut().zip(o.hist) {
-                    *a += b;
-                }
-            }
-        }
-    };
+    }
 }
-use alloc_stats_impls;
 
-alloc_stats_impls!(types);
-unsafe impl plain::Plain for types::cache_frees {}
-unsafe impl plain::Plain for types::proc_info {}
-unsafe impl plain::Plain for types::counters {}
+impl_sum!(types::alloc_stats { count, bytes_req, bytes_alloc; hist });
+impl_sum!(types::cache_frees { frees });
+impl_sum!(types::site_unseen { count, bytes_alloc });
+impl_sum!(types::counters {
+    frees,
+    frees_null,
+    frees_untracked,
+    stack_samples,
+    lost_stack_other,
+    map_full_sites,
+    map_full_stacks,
+    map_full_procs,
+    map_full_caches,
+    alloc_failed,
+    reused_live,
+    map_full_live,
+    map_busy,
+});
 
 // The histogram width is defined once, in bpf/kheap.h: three counters, then
 // the buckets.
@@ -96,27 +62,6 @@ pub fn from_bytes<T: plain::Plain + Default + Copy>(bytes: &[u8]) -> T {
     let mut v = T::default();
     plain::copy_from_bytes(&mut v, bytes).expect("map value shorter than its BTF type");
     v
-}
-
-impl std::ops::AddAssign for types::counters {
-    fn add_assign(&mut self, o: Self) {
-        self.frees += o.frees;
-        self.frees_null += o.frees_null;
-        self.stack_samples += o.stack_samples;
-        self.lost_stack_collision += o.lost_stack_collision;
-        self.lost_stack_other += o.lost_stack_other;
-        self.map_full_sites += o.map_full_sites;
-        self.map_full_stacks += o.map_full_stacks;
-        self.map_full_procs += o.map_full_procs;
-        self.map_full_caches += o.map_full_caches;
-        self.alloc_failed += o.alloc_failed;
-    }
-}
-
-impl std::ops::AddAssign for types::cache_frees {
-    fn add_assign(&mut self, o: Self) {
-        self.frees += o.frees;
-    }
 }
 
 /// A NUL-terminated C string from a fixed-size array.

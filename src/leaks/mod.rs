@@ -1,8 +1,10 @@
 //! `kheap leaks`: what is still allocated, by whom, and for how long.
-//! `crate::kernel::leaks` loads the BPF side and reads it; these are pure: `live`
-//! (folding live objects, ages), `retention` (the report's retention fields
-//! and summary), `render` (tables).
+//! `crate::kernel::leaks` loads the BPF side and reads it; these are pure:
+//! `retention` (the report's retention fields and summary), `render`
+//! (tables). The live objects and their folding are model types
+//! (`crate::model::live`).
 
-pub mod live;
+// At its old path until every branch imports it from the model.
+pub use crate::model::live;
 pub mod render;
 pub mod retention;

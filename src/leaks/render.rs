@@ -7,11 +7,13 @@ use std::fmt::Write as _;
 use clap::ValueEnum;
 use comfy_table::Cell;
 
-use crate::leaks::live::AgeBucket;
 use crate::leaks::retention::{sort_by_retention, Retention};
-use crate::model::{human_count, human_size};
+use crate::model::live::AgeBucket;
+use crate::model::{human_count, human_size, Counts};
 use crate::render;
-use crate::report::{Counts, Report};
+use crate::render::hist::{self, HistLine};
+use crate::render::table::{hidden_note, table_text};
+use crate::report::{top_n, Report};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LeakGroupBy {
@@ -28,24 +30,16 @@ pub fn apply_top(r: &mut Report, by: LeakGroupBy, n: Option<usize>) -> usize {
     sort_by_retention(&mut r.sites, |r| (&r.retention, &r.counts));
     sort_by_retention(&mut r.stacks, |r| (&r.retention, &r.counts));
     sort_by_retention(&mut r.caches, |r| (&r.retention, &r.counts));
-    let cut = |len: &mut usize| match n {
-        Some(n) if *len > n => {
-            let hidden = *len - n;
-            *len = n;
-            hidden
-        }
-        _ => 0,
-    };
-    let procs = r.leaks.as_mut().map(|l| &mut l.processes);
-    let mut d = procs.as_ref().map_or(0, |p| p.len());
-    let (mut a, mut b, mut c) = (r.sites.len(), r.stacks.len(), r.caches.len());
-    let hidden = [cut(&mut a), cut(&mut b), cut(&mut c), cut(&mut d)];
-    if let Some(p) = procs {
-        p.truncate(d);
-    }
-    r.sites.truncate(a);
-    r.stacks.truncate(b);
-    r.caches.truncate(c);
+    let processes = r
+        .leaks
+        .as_mut()
+        .map_or(0, |l| top_n::keep(&mut l.processes, n));
+    let hidden = [
+        top_n::keep(&mut r.sites, n),
+        top_n::keep(&mut r.stacks, n),
+        top_n::keep(&mut r.caches, n),
+        processes,
+    ];
     match by {
         LeakGroupBy::Site => hidden[0],
         LeakGroupBy::Stack => hidden[1],
@@ -134,18 +128,26 @@ pub fn leak_header(r: &Report) -> String {
     s
 }
 
-fn retention_cells(ret: &Option<Retention>, counts: &Counts) -> Vec<Cell> {
+/// A row's naming cells, then what it holds and what it allocated.
+fn with_retention<const N: usize>(
+    names: [Cell; N],
+    ret: &Option<Retention>,
+    counts: &Counts,
+) -> Vec<Cell> {
     let r = ret.clone().unwrap_or_default();
-    vec![
-        Cell::new(r.outstanding_count),
-        Cell::new(human_size(r.outstanding_bytes)),
-        Cell::new(human_age(r.oldest_s)),
-        Cell::new(counts.count),
-        Cell::new(human_size(counts.bytes_alloc)),
-        Cell::new(r.freed_count),
-        Cell::new(r.freed_unseen),
-        Cell::new(format!("{}/s", human_size(r.growth_bytes_per_s as u64))),
-    ]
+    names
+        .into_iter()
+        .chain([
+            Cell::new(r.outstanding_count),
+            Cell::new(human_size(r.outstanding_bytes)),
+            Cell::new(human_age(r.oldest_s)),
+            Cell::new(counts.count),
+            Cell::new(human_size(counts.bytes_alloc)),
+            Cell::new(r.freed_count),
+            Cell::new(r.freed_unseen),
+            Cell::new(format!("{}/s", human_size(r.growth_bytes_per_s as u64))),
+        ])
+        .collect()
 }
 
 const RETENTION_HEADERS: [&str; 8] = [
@@ -159,23 +161,29 @@ const RETENTION_HEADERS: [&str; 8] = [
     "growth",
 ];
 
-fn headers_with(first: &[&'static str]) -> Vec<&'static str> {
-    first.iter().copied().chain(RETENTION_HEADERS).collect()
-}
-
-/// The report as tables: retained first, transient beside it.
-pub fn table(r: &Report, by: LeakGroupBy, hidden: usize, details: usize) -> String {
+/// The report as tables: retained first, transient beside it, fitted to
+/// `width` columns.
+pub fn table(
+    r: &Report,
+    by: LeakGroupBy,
+    hidden: usize,
+    details: usize,
+    width: Option<u16>,
+) -> String {
     let mut out = leak_header(r);
     out.push('\n');
     match by {
         LeakGroupBy::Site => {
-            let mut t = render::new_table(&headers_with(&["site", "cache"]));
-            for row in &r.sites {
-                let mut cells = vec![Cell::new(&row.location), Cell::new(row.caches.join(","))];
-                cells.extend(retention_cells(&row.retention, &row.counts));
-                t.add_row(cells);
-            }
-            let _ = writeln!(out, "{t}");
+            let rows = r
+                .sites
+                .iter()
+                .map(|row| with_retention(render::site_names(row), &row.retention, &row.counts));
+            out.push_str(&table_text(
+                (&["site", "cache"], &RETENTION_HEADERS),
+                &[1],
+                rows,
+                width,
+            ));
             let held: Vec<_> = r
                 .sites
                 .iter()
@@ -187,21 +195,19 @@ pub fn table(r: &Report, by: LeakGroupBy, hidden: usize, details: usize) -> Stri
                 let _ = writeln!(out, "\nAges of what the top sites hold:");
                 for (s, ret) in held {
                     let _ = writeln!(out, "{} ({} objects)", s.location, ret.outstanding_count);
-                    out.push_str(&age_histogram(&ret.ages, "    "));
+                    out.push_str(&age_histogram(&ret.ages, "    ", width));
                 }
             }
             if details > 0 && !r.stacks.is_empty() {
                 let _ = writeln!(out, "\nTop stacks:");
-                out.push_str(&stack_details(r, details));
+                out.push_str(&stack_details(r, details, width));
             }
         }
-        LeakGroupBy::Stack => out.push_str(&stack_details(r, r.stacks.len())),
+        LeakGroupBy::Stack => out.push_str(&stack_details(r, r.stacks.len(), width)),
         LeakGroupBy::Process => {
-            let mut t =
-                render::new_table(&["pid", "comm", "live", "live bytes", "oldest", "growth"]);
-            for p in r.leaks.iter().flat_map(|l| &l.processes) {
+            let rows = r.leaks.iter().flat_map(|l| &l.processes).map(|p| {
                 let ret = &p.retention;
-                t.add_row(vec![
+                vec![
                     Cell::new(p.pid),
                     Cell::new(if p.comm.is_empty() {
                         "(exited)"
@@ -212,30 +218,30 @@ pub fn table(r: &Report, by: LeakGroupBy, hidden: usize, details: usize) -> Stri
                     Cell::new(human_size(ret.outstanding_bytes)),
                     Cell::new(human_age(ret.oldest_s)),
                     Cell::new(format!("{}/s", human_size(ret.growth_bytes_per_s as u64))),
-                ]);
-            }
-            let _ = writeln!(
-                out,
-                "Outstanding objects by the process that allocated them:\n{t}"
-            );
+                ]
+            });
+            let headers = ["pid", "comm", "live", "live bytes", "oldest", "growth"];
+            out.push_str("Outstanding objects by the process that allocated them:\n");
+            out.push_str(&table_text((&headers, &[]), &[1], rows, width));
         }
         LeakGroupBy::Cache => {
-            let mut t = render::new_table(&headers_with(&["cache"]));
-            for row in &r.caches {
-                let mut cells = vec![Cell::new(&row.name)];
-                cells.extend(retention_cells(&row.retention, &row.counts));
-                t.add_row(cells);
-            }
-            let _ = writeln!(out, "{t}");
+            let rows = r
+                .caches
+                .iter()
+                .map(|row| with_retention([Cell::new(&row.name)], &row.retention, &row.counts));
+            out.push_str(&table_text(
+                (&["cache"], &RETENTION_HEADERS),
+                &[],
+                rows,
+                width,
+            ));
         }
     }
-    if hidden > 0 {
-        let _ = writeln!(out, "({hidden} more rows not shown; use -n to see more)");
-    }
+    out.push_str(&hidden_note(hidden));
     out
 }
 
-fn stack_details(r: &Report, n: usize) -> String {
+fn stack_details(r: &Report, n: usize, width: Option<u16>) -> String {
     let mut out = String::new();
     for (i, s) in r.stacks.iter().take(n).enumerate() {
         let ret = s.retention.clone().unwrap_or_default();
@@ -252,11 +258,10 @@ fn stack_details(r: &Report, n: usize) -> String {
             ret.freed_count,
             s.cache
         );
-        for f in &s.frames {
-            let _ = writeln!(out, "    {f}");
-        }
-        out.push_str(&age_histogram(&ret.ages, "    "));
-        out.push('\n');
+        out.push_str(&render::stack_body(
+            &s.frames,
+            &age_histogram(&ret.ages, "    ", width),
+        ));
     }
     out
 }
@@ -272,25 +277,16 @@ fn age_label(s: f64) -> String {
 }
 
 /// Ages drawn like bpftrace's `hist()`: objects per bucket, with bytes.
-pub fn age_histogram(buckets: &[AgeBucket], indent: &str) -> String {
-    const WIDTH: u64 = 40;
-    let mut out = String::new();
-    let Some(max) = buckets.iter().map(|b| b.count).max() else {
-        return out;
-    };
-    for b in buckets {
-        let range = format!("[{}, {})", age_label(b.lo_s), age_label(b.hi_s));
-        let bar = (b.count * WIDTH).div_ceil(max.max(1)) as usize;
-        let _ = writeln!(
-            out,
-            "{indent}{range:<20} {:>8} {:>8} |{:<width$}|",
-            b.count,
-            human_size(b.bytes),
-            "@".repeat(bar),
-            width = WIDTH as usize
-        );
-    }
-    out
+pub fn age_histogram(buckets: &[AgeBucket], indent: &str, width: Option<u16>) -> String {
+    let lines: Vec<HistLine> = buckets
+        .iter()
+        .map(|b| HistLine {
+            range: format!("[{}, {})", age_label(b.lo_s), age_label(b.hi_s)),
+            count: b.count,
+            note: Some(human_size(b.bytes)),
+        })
+        .collect();
+    hist::draw(&lines, indent, width)
 }
 
 /// `outer;…;inner bytes` lines of the stacks still holding memory, weighted
@@ -316,22 +312,11 @@ pub fn folded(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{fixture_symbols, leak_snapshot};
-    use crate::report::{build, BuildOptions, RunInfo};
+    use crate::report::tests::{leak_snapshot, report_of};
+    use crate::testing::{assert_contains, assert_line};
 
     fn report(sample_every: u32) -> Report {
-        build(
-            &leak_snapshot(sample_every),
-            &fixture_symbols(),
-            BuildOptions {
-                stack_sample_every: 10,
-                duration_s: 2.0,
-                run: RunInfo {
-                    kernel: "6.18.0".into(),
-                    ..Default::default()
-                },
-            },
-        )
+        report_of(&leak_snapshot(sample_every), 10, 2.0)
     }
 
     #[test]
@@ -345,12 +330,17 @@ mod tests {
     #[test]
     fn site_table_puts_retained_beside_transient() {
         let r = report(1);
-        let t = table(&r, LeakGroupBy::Site, 0, 1);
-        assert!(t.contains("outstanding: 420 objects, 1.6M"), "{t}");
-        assert!(t.contains("transient: 875 objects"), "{t}");
-        assert!(t.contains("ignored frees: 123 of untracked objects"), "{t}");
-        assert!(t.contains(", 9 of NULL"), "{t}");
-        assert!(t.contains("3 events dropped by BPF recursion"), "{t}");
+        let t = table(&r, LeakGroupBy::Site, 0, 1, None);
+        assert_contains(
+            &t,
+            &[
+                "outstanding: 420 objects, 1.6M",
+                "transient: 875 objects",
+                "ignored frees: 123 of untracked objects",
+                ", 9 of NULL",
+                "3 events dropped by BPF recursion",
+            ],
+        );
         assert!(
             t.contains("invisible free paths: kmem_cache_free_bulk"),
             "{t}"
@@ -359,17 +349,24 @@ mod tests {
         for cell in ["400", "1.6M", "1.5s", "1000", "600"] {
             assert!(row.contains(cell), "{cell} missing in {row}");
         }
-        assert!(t.contains("Ages of what the top sites hold:"), "{t}");
-        assert!(t.contains("[1.024s, 2.048s)"), "{t}");
+        assert_contains(
+            &t,
+            &["Ages of what the top sites hold:", "[1.024s, 2.048s)"],
+        );
         assert!(!t.contains("sampling: about"), "{t}");
     }
 
     #[test]
     fn sampled_reports_say_they_are_estimates() {
-        let t = table(&report(4), LeakGroupBy::Cache, 0, 0);
-        assert!(t.contains("about 1 address in 4 tracked"), "{t}");
-        assert!(t.contains("outstanding: ~1.7k objects"), "{t}");
-        assert!(t.contains("kmalloc-cg-4k"), "{t}");
+        let t = table(&report(4), LeakGroupBy::Cache, 0, 0, None);
+        assert_contains(
+            &t,
+            &[
+                "about 1 address in 4 tracked",
+                "outstanding: ~1.7k objects",
+                "kmalloc-cg-4k",
+            ],
+        );
     }
 
     #[test]
@@ -380,7 +377,7 @@ mod tests {
         assert_eq!((procs[0].pid, procs[0].comm.as_str()), (7, "msgd"));
         assert_eq!(procs[0].retention.outstanding_count, 420);
         let hidden = apply_top(&mut r, LeakGroupBy::Process, Some(5));
-        let t = table(&r, LeakGroupBy::Process, hidden, 0);
+        let t = table(&r, LeakGroupBy::Process, hidden, 0, None);
         let row = t
             .lines()
             .find(|l| l.contains("msgd"))
@@ -394,10 +391,9 @@ mod tests {
         assert_eq!(apply_top(&mut r, LeakGroupBy::Stack, Some(2)), 1);
         assert_eq!(r.stacks.len(), 2);
         let f = folded(&r);
-        assert!(
-            f.lines()
-                .any(|l| l == format!("do_msgsnd;load_msg;__kmalloc_noprof {}", 400 * 4096)),
-            "{f}"
+        assert_line(
+            &f,
+            &format!("do_msgsnd;load_msg;__kmalloc_noprof {}", 400 * 4096),
         );
     }
 }

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::leaks::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
-use crate::model::AllocStats;
-use crate::report::{round2, Counts, SiteKey, Snapshot};
+use crate::model::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
+use crate::model::snapshot::Snapshot;
+use crate::model::{round2, AllocStats, Counts, SiteKey};
 
 /// What is still allocated of a row (kheap leaks and its snapshots only),
 /// flattened into the row's JSON beside the allocation counts.
@@ -92,8 +92,9 @@ pub struct ProcessRetention {
 /// Run-wide retention figures of a kheap leaks report or snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LeakSummary {
-    /// "leaks" (end of run) or "snapshot" (taken while running).
-    pub kind: String,
+    /// Whether this is a snapshot taken while running (--snapshot-every,
+    /// SIGUSR1) rather than the end-of-run report.
+    pub snapshot: bool,
     #[serde(flatten)]
     pub retention: Retention,
     pub min_age_s: f64,
@@ -197,7 +198,7 @@ pub fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Leak
     let n = l.sample_every.max(1);
     let scale = |v: u64| v * n as u64;
     LeakSummary {
-        kind: l.kind.clone(),
+        snapshot: l.kind == "snapshot",
         retention: Retention::new(&idx.total(), duration_s),
         min_age_s: round3(l.min_age_ns as f64 / 1e9),
         sample_every: n,

@@ -3,8 +3,10 @@
 //!
 //! Kernel-facing parts live in `crate::kernel::malloc`. Pure here:
 //! `probes` (what to probe where), `procmaps`, `usersyms` (addresses to
-//! symbols via recorded mappings), `report`, `render`.
+//! symbols via recorded mappings), `model` (what the kernel side reads),
+//! `report`, `render`.
 
+pub mod model;
 pub mod probes;
 pub mod procmaps;
 pub mod render;

@@ -8,7 +8,9 @@ use comfy_table::Cell;
 
 use super::report::{MallocReport, MallocRow};
 use crate::model::{human_count, human_size};
-use crate::render::{histogram, new_table};
+use crate::render::table::{self, hidden_note, new_table};
+use crate::render::{hist, stack_body};
+use crate::report::top_n;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum MallocGroupBy {
@@ -37,23 +39,26 @@ fn sort_key(r: &MallocRow, by: MallocSortBy) -> u64 {
 }
 
 /// Sorts both row lists, heaviest first, keeping the top `n`; returns how
-/// many rows of the larger list were cut.
-pub fn apply_top(r: &mut MallocReport, by: MallocSortBy, n: Option<usize>) -> usize {
-    let mut hidden = 0;
-    for rows in [&mut r.sites, &mut r.stacks] {
+/// many rows of the grouping shown, `by`, were cut.
+pub fn apply_top(
+    r: &mut MallocReport,
+    by: MallocGroupBy,
+    sort: MallocSortBy,
+    n: Option<usize>,
+) -> usize {
+    let cut = |rows: &mut Vec<MallocRow>| {
         rows.sort_by(|a, b| {
-            sort_key(b, by)
-                .cmp(&sort_key(a, by))
+            sort_key(b, sort)
+                .cmp(&sort_key(a, sort))
                 .then_with(|| a.location.cmp(&b.location))
         });
-        if let Some(n) = n {
-            if rows.len() > n {
-                hidden = hidden.max(rows.len() - n);
-                rows.truncate(n);
-            }
-        }
+        top_n::keep(rows, n)
+    };
+    let (sites, stacks) = (cut(&mut r.sites), cut(&mut r.stacks));
+    match by {
+        MallocGroupBy::Site => sites,
+        MallocGroupBy::Stack => stacks,
     }
-    hidden
 }
 
 pub fn header(r: &MallocReport) -> String {
@@ -87,7 +92,7 @@ pub fn header(r: &MallocReport) -> String {
         s,
         "lost: {} stacks (rows keep the direct caller), {} calls not counted (map full){}{}",
         l.stacks,
-        l.map_full,
+        l.map_full_sites,
         if t.outstanding.is_some() {
             format!(
                 ", {} blocks not tracked (map full{})",
@@ -147,8 +152,9 @@ fn outstanding_cells(r: &MallocRow) -> Vec<Cell> {
     }
 }
 
-/// The report as a table of sites, or as stack details.
-pub fn table(r: &MallocReport, by: MallocGroupBy, hidden: usize) -> String {
+/// The report as a table of sites, or as stack details, fitted to `width`
+/// columns.
+pub fn table(r: &MallocReport, by: MallocGroupBy, hidden: usize, width: Option<u16>) -> String {
     let mut out = header(r);
     out.push('\n');
     let tracking = r.totals.outstanding.is_some();
@@ -158,7 +164,7 @@ pub fn table(r: &MallocReport, by: MallocGroupBy, hidden: usize) -> String {
             if tracking {
                 headers.extend(["live", "live bytes"]);
             }
-            let mut t = new_table(&headers);
+            let mut t = new_table(&headers, &[1], width);
             for row in &r.sites {
                 let mut cells = vec![
                     Cell::new(&row.allocator),
@@ -170,10 +176,7 @@ pub fn table(r: &MallocReport, by: MallocGroupBy, hidden: usize) -> String {
                 cells.extend(outstanding_cells(row));
                 t.add_row(cells);
             }
-            if let Some(c) = t.column_mut(1) {
-                c.set_cell_alignment(comfy_table::CellAlignment::Left);
-            }
-            let _ = writeln!(out, "{t}");
+            let _ = writeln!(out, "{}", table::render(t));
         }
         MallocGroupBy::Stack => {
             for (i, s) in r.stacks.iter().enumerate() {
@@ -190,17 +193,14 @@ pub fn table(r: &MallocReport, by: MallocGroupBy, hidden: usize) -> String {
                     let _ = write!(out, ", outstanding {} ({})", o.count, human_size(o.bytes));
                 }
                 out.push('\n');
-                for f in &s.frames {
-                    let _ = writeln!(out, "    {f}");
-                }
-                out.push_str(&histogram(&s.counts.hist, "    "));
-                out.push('\n');
+                out.push_str(&stack_body(
+                    &s.frames,
+                    &hist::log2(&s.counts.hist, "    ", width),
+                ));
             }
         }
     }
-    if hidden > 0 {
-        let _ = writeln!(out, "({hidden} more rows not shown; use -n to see more)");
-    }
+    out.push_str(&hidden_note(hidden));
     out
 }
 
@@ -230,6 +230,7 @@ fn function_part(frame: &str) -> String {
 mod tests {
     use super::*;
     use crate::malloc::report::{build, tests::opts, tests::sample};
+    use crate::testing::{assert_contains, assert_line};
 
     fn report() -> MallocReport {
         let (snap, frames) = sample();
@@ -237,44 +238,42 @@ mod tests {
     }
 
     #[test]
-    fn site_table_names_function_caller_and_outstanding() {
+    fn sites_name_function_caller_and_outstanding_stacks_their_frames() {
         let r = report();
-        let t = table(&r, MallocGroupBy::Site, 0);
-        assert!(t.contains("do_malloc+0x10"), "{t}");
-        assert!(t.contains("live bytes"), "{t}");
-        assert!(t.contains("outstanding at the end: 3 blocks"), "{t}");
-        assert!(t.contains("lost: 7 stacks"), "{t}");
-        assert!(t.contains("probes: libc.so.6: malloc, calloc"), "{t}");
-    }
-
-    #[test]
-    fn stack_details_have_frames_and_histogram() {
-        let r = report();
-        let t = table(&r, MallocGroupBy::Stack, 0);
-        assert!(t.contains("malloc from do_malloc: 15 calls"), "{t}");
-        assert!(t.contains("    main+0x20\n"), "{t}");
-        assert!(t.contains("[64, 128)"), "{t}");
+        #[rustfmt::skip]
+        assert_contains(&table(&r, MallocGroupBy::Site, 0, None), &[
+            "do_malloc+0x10", "live bytes", "outstanding at the end: 3 blocks",
+            "lost: 7 stacks", "probes: libc.so.6: malloc, calloc",
+        ]);
+        #[rustfmt::skip]
+        assert_contains(&table(&r, MallocGroupBy::Stack, 0, None), &[
+            "malloc from do_malloc: 15 calls", "    main+0x20\n", "[64, 128)",
+        ]);
     }
 
     #[test]
     fn sorting_by_outstanding_and_top_n() {
         let mut r = report();
-        let hidden = apply_top(&mut r, MallocSortBy::Count, Some(1));
-        assert_eq!(hidden, 1);
+        assert_eq!((r.sites.len(), r.stacks.len()), (2, 2));
+        let hidden = apply_top(&mut r, MallocGroupBy::Site, MallocSortBy::Count, Some(1));
+        assert_eq!(hidden, 1, "one site row cut");
         assert_eq!(r.sites[0].allocator, "malloc", "15 calls beat 7");
+        // The hidden count is the shown grouping's, not the larger list's.
         let mut r = report();
-        apply_top(&mut r, MallocSortBy::Outstanding, None);
+        r.stacks.truncate(1);
+        assert_eq!(
+            apply_top(&mut r, MallocGroupBy::Stack, MallocSortBy::Count, Some(1)),
+            0
+        );
+        let mut r = report();
+        apply_top(&mut r, MallocGroupBy::Site, MallocSortBy::Outstanding, None);
         assert_eq!(r.sites[0].allocator, "calloc");
     }
 
     #[test]
     fn folded_lines_end_in_the_allocator() {
         let f = folded(&report());
-        assert!(
-            f.lines()
-                .any(|l| l == "__libc_start_call_main;main;do_malloc;malloc 15"),
-            "{f}"
-        );
+        assert_line(&f, "__libc_start_call_main;main;do_malloc;malloc 15");
         assert_eq!(function_part("libfoo.so+0x1234"), "libfoo.so+0x1234");
         assert_eq!(function_part("f+0x10 (w.c:3)"), "f");
     }

@@ -6,71 +6,68 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::usersyms::UserFrame;
-use crate::model::AllocStats;
-use crate::report::{Counts, RunInfo};
+use crate::model::{AllocStats, Counts};
+use crate::report::RunInfo;
 
-/// The kernel's aggregation key (see `struct malloc_key`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Key {
-    /// The address space (its mm_struct's address): what addresses are
-    /// relative to.
-    pub mm: u64,
-    pub tgid: u32,
-    pub func: u32,
-    pub caller: u64,
-    pub stack_id: i64,
-}
+// At their old paths until every branch imports them from `malloc::model`.
+pub use super::model::{AllocatorCode, Events, Key, Snapshot};
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Events {
-    pub frees: u64,
-    pub frees_null: u64,
-    pub frees_untracked: u64,
-    pub failed: u64,
-    pub lost_stacks: u64,
-    pub map_full_sites: u64,
-    pub map_full_live: u64,
-    pub map_full_vmas: u64,
-    pub vma_lookup_failed: u64,
-    /// Calls made by the allocator itself while serving another (seen as
-    /// such in the kernel), not counted twice.
-    pub nested: u64,
-    pub no_thread_state: u64,
-}
-
-/// A probed function's code: (kernel device, inode) of its file and its
-/// file offsets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AllocatorCode {
-    pub file: (u32, u64),
-    pub start: u64,
-    pub end: u64,
-}
-
-impl AllocatorCode {
-    pub fn contains(&self, f: &UserFrame) -> bool {
-        f.file == Some(self.file) && self.start <= f.file_offset && f.file_offset < self.end
-    }
-}
-
-/// Everything read from the kernel at the end of a run, before
-/// symbolization.
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    pub sites: HashMap<Key, AllocStats>,
-    /// Blocks not freed by the end, per key: (count, bytes). Present only
-    /// with --outstanding.
-    pub live: Option<HashMap<Key, (u64, u64)>>,
-    /// User stacks by id, innermost first, as walked from the probe: frame 0
-    /// is the allocator function itself.
-    pub stacks: HashMap<i64, Vec<u64>>,
-    pub events: Events,
-}
-
+/// Blocks not freed by the end, flattened into rows and totals under the
+/// names every kind uses.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Outstanding {
+    #[serde(rename = "outstanding_count")]
     pub count: u64,
+    #[serde(rename = "outstanding_bytes")]
     pub bytes: u64,
+}
+
+/// A process a row's calls came from.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Process {
+    pub pid: u32,
+    /// Its command name when last seen (empty if it was never seen alive).
+    pub comm: String,
+}
+
+/// Malloc sees the sizes asked for, not what the allocator rounded them up
+/// to: its rows carry `count`, `bytes_req`, `avg_size` and `hist`, and no
+/// `bytes_alloc` or waste, which would only repeat `bytes_req` and 0.
+mod request_counts {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use crate::model::Bucket;
+    use crate::report::Counts;
+
+    #[derive(Serialize, Deserialize)]
+    struct RequestCounts {
+        count: u64,
+        bytes_req: u64,
+        avg_size: f64,
+        hist: Vec<Bucket>,
+    }
+
+    pub fn serialize<S: Serializer>(c: &Counts, s: S) -> Result<S::Ok, S::Error> {
+        RequestCounts {
+            count: c.count,
+            bytes_req: c.bytes_req,
+            avg_size: c.avg_size,
+            hist: c.hist.clone(),
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Counts, D::Error> {
+        let r = RequestCounts::deserialize(d)?;
+        Ok(Counts {
+            count: r.count,
+            bytes_req: r.bytes_req,
+            bytes_alloc: r.bytes_req,
+            avg_size: r.avg_size,
+            hist: r.hist,
+            ..Default::default()
+        })
+    }
 }
 
 /// One allocator function called from one place (a site: the direct caller)
@@ -86,18 +83,22 @@ pub struct MallocRow {
     /// Stack rows: innermost (the direct caller) first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frames: Vec<String>,
-    /// Processes the row's calls came from.
-    pub pids: Vec<u32>,
-    #[serde(flatten)]
+    /// Processes the row's calls came from, by PID.
+    pub processes: Vec<Process>,
+    #[serde(flatten, with = "request_counts")]
     pub counts: Counts,
     /// With --outstanding: blocks from this row not freed by the end.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(flatten)]
     pub outstanding: Option<Outstanding>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct MallocTotals {
+    /// Calls counted: `count`, as in every row.
+    #[serde(rename = "count")]
     pub allocs: u64,
+    /// Bytes asked for.
+    #[serde(rename = "bytes_req")]
     pub bytes: u64,
     pub frees: u64,
     pub frees_null: u64,
@@ -106,7 +107,7 @@ pub struct MallocTotals {
     /// realloc calls malloc): counted once, as the outer call.
     #[serde(default)]
     pub nested_calls: u64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(flatten)]
     pub outstanding: Option<Outstanding>,
     /// Frees of blocks allocated before tracing began (--outstanding).
     #[serde(default)]
@@ -118,8 +119,11 @@ pub struct MallocLost {
     /// Calls counted whose user stack could not be captured (rows show
     /// the direct caller only).
     pub stacks: u64,
-    /// Calls not counted because the per-site map was full.
+    /// Events not aggregated because a map was full: the sum of the
+    /// map_full_* fields, as in every kind.
     pub map_full: u64,
+    /// Calls not counted because the per-site map was full.
+    pub map_full_sites: u64,
     /// Blocks not tracked as outstanding (map full).
     pub map_full_live: u64,
     /// Calls not counted: the thread's state could not be allocated.
@@ -159,6 +163,8 @@ pub struct BuildOptions {
     pub func_names: Vec<String>,
     /// Calls from here are the allocator's own.
     pub allocator_code: Vec<AllocatorCode>,
+    /// Command names of the traced processes, as last seen.
+    pub comms: HashMap<u32, String>,
 }
 
 /// The frames of a key: the direct caller, then the walked stack past the
@@ -214,14 +220,21 @@ impl Acc {
         }
     }
 
-    fn row(self, allocator: &str) -> MallocRow {
+    fn row(self, allocator: &str, comms: &HashMap<u32, String>) -> MallocRow {
         let first = self.first.unwrap_or_default();
         MallocRow {
             allocator: allocator.to_string(),
             function: first.name(),
             location: first.display(),
             frames: self.frames,
-            pids: self.pids,
+            processes: self
+                .pids
+                .iter()
+                .map(|&pid| Process {
+                    pid,
+                    comm: comms.get(&pid).cloned().unwrap_or_default(),
+                })
+                .collect(),
             counts: (&self.stats).into(),
             outstanding: self.live,
         }
@@ -311,15 +324,16 @@ pub fn build(
         },
         lost: MallocLost {
             stacks: ev.lost_stacks,
-            map_full: ev.map_full_sites,
+            map_full: ev.map_full_sites + ev.map_full_live + ev.map_full_vmas,
+            map_full_sites: ev.map_full_sites,
             map_full_live: ev.map_full_live,
             no_thread_state: ev.no_thread_state,
             map_full_vmas: ev.map_full_vmas,
             vma_lookup_failed: ev.vma_lookup_failed,
         },
         stack_depth: depth,
-        sites: rows(sites, &name_of),
-        stacks: rows(stacks, &name_of),
+        sites: rows(sites, &name_of, &opts.comms),
+        stacks: rows(stacks, &name_of, &opts.comms),
     }
 }
 
@@ -338,10 +352,14 @@ pub fn walked_frames(mut frames: Vec<UserFrame>) -> Vec<UserFrame> {
 }
 
 /// Rows of one grouping, heaviest first (by bytes, then location).
-fn rows<K>(groups: HashMap<(u32, K), Acc>, name_of: &dyn Fn(u32) -> String) -> Vec<MallocRow> {
+fn rows<K>(
+    groups: HashMap<(u32, K), Acc>,
+    name_of: &dyn Fn(u32) -> String,
+    comms: &HashMap<u32, String>,
+) -> Vec<MallocRow> {
     let mut v: Vec<MallocRow> = groups
         .into_iter()
-        .map(|((func, _), acc)| acc.row(&name_of(func)))
+        .map(|((func, _), acc)| acc.row(&name_of(func), comms))
         .collect();
     v.sort_by(|a, b| {
         b.counts
@@ -454,6 +472,7 @@ pub mod tests {
                 start: 0x500,
                 end: 0x600,
             }],
+            comms: HashMap::from([(10, "w10".to_string())]),
         }
     }
 
@@ -474,7 +493,10 @@ pub mod tests {
         assert_eq!(m[0].function, "do_malloc");
         assert_eq!(m[0].location, "do_malloc+0x10");
         assert_eq!(m[0].counts.count, 15);
-        assert_eq!(m[0].pids, vec![10, 11]);
+        let pids: Vec<u32> = m[0].processes.iter().map(|p| p.pid).collect();
+        assert_eq!(pids, vec![10, 11]);
+        assert_eq!(m[0].processes[0].comm, "w10");
+        assert_eq!(m[0].processes[1].comm, "", "never seen alive");
         assert_eq!(
             m[0].outstanding,
             Some(Outstanding {
@@ -541,18 +563,51 @@ pub mod tests {
         let r = build(&snap, &frames, opts());
         assert!(r.sites.iter().all(|s| s.outstanding.is_none()));
         let v = serde_json::to_value(&r).unwrap();
-        assert!(v["sites"][0].get("outstanding").is_none());
+        assert!(v["sites"][0].get("outstanding_count").is_none());
+        assert!(v["totals"].get("outstanding_count").is_none());
         for k in [
             "count",
             "bytes_req",
-            "bytes_alloc",
+            "avg_size",
             "hist",
             "allocator",
             "function",
+            "processes",
         ] {
             assert!(v["sites"][0].get(k).is_some(), "missing {k}");
         }
+        for k in ["bytes_alloc", "waste_bytes", "waste_pct", "pids"] {
+            assert!(v["sites"][0].get(k).is_none(), "malloc has no {k}");
+        }
         let back: MallocReport = serde_json::from_value(v).unwrap();
         assert_eq!(back.sites.len(), r.sites.len());
+    }
+
+    #[test]
+    fn json_uses_the_names_of_every_kind() {
+        let (snap, frames) = sample();
+        let r = build(&snap, &frames, opts());
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["totals"]["count"], 22);
+        assert_eq!(v["totals"]["bytes_req"], 1500 + 7000);
+        assert_eq!(v["totals"]["outstanding_count"], 3);
+        assert_eq!(v["totals"]["outstanding_bytes"], 2100);
+        let m = v["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["allocator"] == "malloc")
+            .unwrap();
+        assert_eq!(
+            (&m["outstanding_count"], &m["outstanding_bytes"]),
+            (&1.into(), &100.into())
+        );
+        assert_eq!(
+            m["processes"][0],
+            serde_json::json!({"pid": 10, "comm": "w10"})
+        );
+        let back: MallocReport = serde_json::from_value(v).unwrap();
+        assert_eq!(back.totals, r.totals);
+        assert_eq!(back.sites[0].outstanding, r.sites[0].outstanding);
     }
 }

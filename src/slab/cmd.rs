@@ -2,13 +2,11 @@
 //! `--watch`. The traced run is wired in by the caller, which hands its
 //! [`TracedRun`](super::traced::TracedRun) to [`print_report`].
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
-
-use crate::signals::sleep_unless_stopped;
+use anyhow::{bail, Result};
 
 use super::render::{report_json, report_table, watch_json, watch_table};
 use super::report::{build_report, ReportInput, SortKey};
@@ -16,13 +14,11 @@ use super::slabinfo::PROC_SLABINFO;
 use super::snapshot::{read_static, StaticSnapshot};
 use super::sysfs::SYS_KERNEL_SLAB;
 use super::watch::{diff, series};
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum OutputFormat {
-    #[default]
-    Table,
-    Json,
-}
+use crate::cli::{FilterArgs, OutputArgs, StackArgs, TableOrJson};
+use crate::cmd::run::Sink;
+use crate::output::emit;
+use crate::render::table::output_width;
+use crate::signals::sleep_unless_stopped;
 
 /// Which slab caches hold memory, how fast they grow, and what they waste.
 #[derive(Clone, Debug, clap::Args)]
@@ -31,27 +27,22 @@ pub struct SlabArgs {
     /// tracing) and report growth over the run
     #[arg(short = 'd', long = "duration", value_parser = crate::cli::parse_duration, value_name = "SECS")]
     pub duration: Option<Duration>,
+    // Traced mode (with -d, -p, -- CMD or any filter): who allocates into
+    // each cache and what rounding wastes.
+    #[command(flatten)]
+    pub filters: FilterArgs,
+    // Stacks name the callers of allocation wrappers (kvmalloc, kmemdup…).
+    #[command(flatten)]
+    pub stacks: StackArgs,
+    #[command(flatten)]
+    pub output: OutputArgs<TableOrJson>,
     /// Order of the rows
     #[arg(long, value_enum, default_value_t = SortKey::Size)]
     pub sort: SortKey,
-    /// Show at most ROWS caches
-    #[arg(short = 'n', long = "rows", value_name = "ROWS", default_value_t = 20)]
-    pub rows: usize,
-    #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
-    pub format: OutputFormat,
     /// Re-read every SECS seconds and show per-cache changes, like slabtop
     /// with deltas (until interrupted, or for -d SECS)
     #[arg(long, value_parser = crate::cli::parse_duration, value_name = "SECS")]
     pub watch: Option<Duration>,
-    /// Trace only allocations made by this process (repeatable)
-    #[arg(short = 'p', long = "pid", value_name = "PID")]
-    pub pids: Vec<u32>,
-    /// Leave the command and what it started running when kheap stops
-    #[arg(long)]
-    pub keep_running: bool,
-    /// Run this command and trace its allocations until it exits
-    #[arg(last = true, value_name = "CMD")]
-    pub command: Vec<String>,
     /// With -d, only sample /proc/slabinfo; don't trace allocations
     #[arg(long)]
     pub no_trace: bool,
@@ -64,6 +55,26 @@ pub struct SlabArgs {
 }
 
 impl SlabArgs {
+    /// Whether this run traces allocations: any tracing option says so,
+    /// -d alone too unless --no-trace; --watch never does.
+    pub fn traced(&self) -> Result<bool> {
+        let tracing_options = self.filters.any() || self.stacks.any();
+        if tracing_options && (self.watch.is_some() || self.no_trace) {
+            let with = if self.no_trace {
+                "--no-trace"
+            } else {
+                "--watch"
+            };
+            bail!("-p, -- CMD, --comm, --min-size, --max-size, --attach and the stack options select traced allocations: they don't go with {with}");
+        }
+        let traced =
+            (tracing_options || self.duration.is_some()) && self.watch.is_none() && !self.no_trace;
+        if !traced && self.sort == SortKey::Rate {
+            bail!("--sort rate needs traced allocations: add -d SECS, -p PID or -- CMD (without --no-trace or --watch)");
+        }
+        Ok(traced)
+    }
+
     /// One static read from the configured sources.
     pub fn read_static(&self) -> Result<StaticSnapshot> {
         read_static(&self.slabinfo_path, &self.sysfs_path)
@@ -72,15 +83,13 @@ impl SlabArgs {
 
 /// Formats and prints a report built from `input`.
 pub fn print_report(args: &SlabArgs, input: ReportInput) -> Result<()> {
-    let report = build_report(input, args.sort, args.rows);
-    let text = match args.format {
-        OutputFormat::Table => report_table(&report),
-        OutputFormat::Json => report_json(&report) + "\n",
+    let rows = args.output.rows().unwrap_or(usize::MAX);
+    let report = build_report(input, args.sort, rows);
+    let text = match args.output.format {
+        TableOrJson::Table => report_table(&report, output_width(args.output.output())),
+        TableOrJson::Json => report_json(&report),
     };
-    let mut out = std::io::stdout().lock();
-    out.write_all(text.as_bytes())?;
-    out.flush()?;
-    Ok(())
+    emit(&text, args.output.output())
 }
 
 /// The untraced command: one read, sampling over `-d`, or `--watch`.
@@ -90,13 +99,7 @@ pub fn run_static(args: &SlabArgs) -> Result<()> {
     }
     let Some(total) = args.duration else {
         let snap = args.read_static()?;
-        return print_report(
-            args,
-            ReportInput {
-                after: Some(&snap),
-                ..Default::default()
-            },
-        );
+        return print_report(args, ReportInput::of(&snap));
     };
     // Sample about ten times so steady growth can be told from a blip.
     let interval = (total / 10).clamp(Duration::from_millis(200), Duration::from_secs(10));
@@ -125,7 +128,11 @@ pub fn run_static(args: &SlabArgs) -> Result<()> {
 
 fn watch(args: &SlabArgs, every: Duration) -> Result<()> {
     let start = Instant::now();
-    let clear = args.format == OutputFormat::Table && std::io::stdout().is_terminal();
+    let mut sink = Sink::create(args.output.output())?;
+    let rows = args.output.rows().unwrap_or(usize::MAX);
+    let clear = args.output.format == TableOrJson::Table
+        && args.output.output.is_none()
+        && std::io::stdout().is_terminal();
     let mut prev = args.read_static()?;
     let mut prev_at = Instant::now();
     loop {
@@ -139,25 +146,28 @@ fn watch(args: &SlabArgs, every: Duration) -> Result<()> {
         let now = Instant::now();
         let elapsed = now.duration_since(prev_at).as_secs_f64();
         let deltas = diff(&prev, &cur);
-        let text = match args.format {
-            OutputFormat::Table => {
+        let text = match args.output.format {
+            TableOrJson::Table => {
                 let mut t = String::new();
                 if clear {
                     t.push_str("\x1b[2J\x1b[H");
                 }
-                t.push_str(&watch_table(&deltas, elapsed, args.rows));
+                t.push_str(&watch_table(
+                    &deltas,
+                    elapsed,
+                    rows,
+                    output_width(args.output.output()),
+                ));
                 for n in &cur.notes {
                     t.push_str(&format!("note: {n}\n"));
                 }
                 t
             }
-            OutputFormat::Json => {
-                watch_json(&deltas, start.elapsed().as_secs_f64(), elapsed, args.rows) + "\n"
-            }
+            TableOrJson::Json => watch_json(&deltas, start.elapsed().as_secs_f64(), elapsed, rows),
         };
-        let mut out = std::io::stdout().lock();
-        out.write_all(text.as_bytes())?;
-        out.flush()?;
+        if !sink.write(&text)? {
+            return Ok(());
+        }
         prev = cur;
         prev_at = now;
     }

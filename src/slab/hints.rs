@@ -497,6 +497,7 @@ pub fn traced_growth_hint(cache: &TracedCache, duration_s: f64) -> Option<Hint> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::kmalloc;
 
     fn no_sizes(_: &str) -> Option<u64> {
         None
@@ -515,13 +516,6 @@ mod tests {
                 bytes_alloc: obj * count,
                 hist,
             },
-        }
-    }
-
-    fn kmalloc(size: u64) -> CacheId {
-        CacheId::Kmalloc {
-            size,
-            accounted: false,
         }
     }
 

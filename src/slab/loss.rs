@@ -67,6 +67,7 @@ pub fn per_second(n: u64, duration_s: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::stats;
 
     #[test]
     fn loss_matches_slabinfo_tool_on_known_numbers() {
@@ -87,21 +88,11 @@ mod tests {
     #[test]
     fn right_sizing_saving_follows_the_documented_formula() {
         // 1000 requests of 2100 bytes served by kmalloc-4k.
-        let s = AllocStats {
-            count: 1000,
-            bytes_req: 2_100_000,
-            bytes_alloc: 4_096_000,
-            ..Default::default()
-        };
+        let s = stats(1000, 2_100_000, 4_096_000);
         assert_eq!(right_size(&s), 2104);
         assert_eq!(right_size_saving(&s), 4_096_000 - 2_104_000);
         // A mean of 100.5 bytes rounds up to 101 and then to 104.
-        let s = AllocStats {
-            count: 2,
-            bytes_req: 201,
-            bytes_alloc: 256,
-            ..Default::default()
-        };
+        let s = stats(2, 201, 256);
         assert_eq!(right_size(&s), 104);
         assert_eq!(right_size_saving(&s), 256 - 208);
         assert_eq!(right_size_saving(&AllocStats::default()), 0);

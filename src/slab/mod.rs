@@ -17,7 +17,7 @@ pub mod sysfs;
 pub mod traced;
 pub mod watch;
 
-pub use cmd::{print_report, run_static, OutputFormat, SlabArgs};
+pub use cmd::{print_report, run_static, SlabArgs};
 pub use hints::{CacheSeries, Hint, HintKind};
 pub use report::{build_report, ReportInput, SlabReport, SortKey};
 pub use snapshot::{read_static, StaticCache, StaticSnapshot};

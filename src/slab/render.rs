@@ -4,16 +4,26 @@
 //! fields of a cache absent from /proc/slabinfo, traced fields when nothing
 //! was traced), never a misleading 0.
 
-use comfy_table::{presets, CellAlignment, Table};
 use serde::Serialize;
 
 use super::hints::Hint;
 use super::report::{CacheRow, SiteWaste, SlabReport};
 use super::watch::{CacheDelta, Presence};
-use crate::model::{human_count, human_size, pct};
+use crate::contract::{self, Kind};
+use crate::model::{human_count, human_size, pct, signed_count, signed_size};
+use crate::render::table::{hidden_note, new_table, render};
+
+/// What a slab JSON document holds: the report, or one `--watch` frame.
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum Mode {
+    Report,
+    Watch,
+}
 
 #[derive(Serialize)]
 struct JsonReport<'a> {
+    mode: Mode,
     duration_s: Option<f64>,
     sysfs: bool,
     total_memory_bytes: u64,
@@ -37,7 +47,8 @@ struct JsonCache {
     memory_bytes: Option<u64>,
     partial_bytes: Option<u64>,
     loss_bytes: Option<u64>,
-    allocs: Option<u64>,
+    /// Traced allocations: `count`, as in every kind.
+    count: Option<u64>,
     frees: Option<u64>,
     bytes_req: Option<u64>,
     bytes_alloc: Option<u64>,
@@ -74,7 +85,7 @@ impl From<&CacheRow> for JsonCache {
             memory_bytes: s.map(|s| s.memory_bytes),
             partial_bytes: s.and_then(|s| s.partial_bytes),
             loss_bytes: s.map(|s| s.loss_bytes),
-            allocs: t.map(|t| t.allocs),
+            count: t.map(|t| t.allocs),
             frees: t.map(|t| t.frees),
             bytes_req: t.map(|t| t.bytes_req),
             bytes_alloc: t.map(|t| t.bytes_alloc),
@@ -94,6 +105,7 @@ impl From<&CacheRow> for JsonCache {
 
 pub fn report_json(report: &SlabReport) -> String {
     let json = JsonReport {
+        mode: Mode::Report,
         duration_s: report.duration_s,
         sysfs: report.sysfs,
         total_memory_bytes: report.total_memory,
@@ -101,56 +113,29 @@ pub fn report_json(report: &SlabReport) -> String {
         hints: &report.hints,
         notes: &report.notes,
     };
-    serde_json::to_string_pretty(&json).expect("report serialises")
+    contract::pretty(Kind::Slab, &json)
 }
 
-fn new_table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(presets::NOTHING);
-    t.set_header(header.to_vec());
-    // Every column but the first (name) and any trailing text is numeric.
-    for i in 1..header.len() {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-    t
-}
-
-fn signed_size(v: i64) -> String {
-    match v {
-        0 => "0".into(),
-        v if v > 0 => format!("+{}", human_size(v as u64)),
-        v => format!("-{}", human_size(v.unsigned_abs())),
-    }
-}
-
-fn signed_count(v: i64) -> String {
-    match v {
-        0 => "0".into(),
-        v if v > 0 => format!("+{}", human_count(v as u64)),
-        v => format!("-{}", human_count(v.unsigned_abs())),
-    }
-}
-
-pub fn report_table(report: &SlabReport) -> String {
+/// The report as a table fitted to `width` columns, with hints and notes.
+pub fn report_table(report: &SlabReport, width: Option<u16>) -> String {
     let traced = report.caches.iter().any(|c| c.traced.is_some());
     let growth = report.caches.iter().any(|c| c.growth.is_some());
     let mut header = vec![
-        "CACHE", "ACTIVE", "TOTAL", "OBJSIZE", "OBJ/SLAB", "PAGES", "MEMORY", "PARTIAL", "LOSS",
+        "cache", "active", "total", "objsize", "obj/slab", "pages", "memory", "partial", "loss",
     ];
     if growth {
-        header.push("GROWTH");
+        header.push("growth");
     }
     if traced {
-        header.extend(["ALLOC/S", "FREE/S", "NET", "WASTE", "TOP SITE"]);
+        header.extend(["alloc/s", "free/s", "net", "waste", "top site"]);
     }
-    let mut table = new_table(&header);
-    if traced {
-        if let Some(c) = table.column_mut(header.len() - 1) {
-            c.set_cell_alignment(CellAlignment::Left);
-        }
-    }
+    // The top site is text, like the cache name.
+    let text = if traced {
+        vec![header.len() - 1]
+    } else {
+        vec![]
+    };
+    let mut table = new_table(&header, &text, width);
     let dash = || "-".to_string();
     for row in &report.caches {
         let mut cells: Vec<String> = Vec::with_capacity(header.len());
@@ -214,6 +199,7 @@ pub fn report_table(report: &SlabReport) -> String {
         table.add_row(cells);
     }
 
+    let table = render(table);
     let mut out = format!(
         "slab memory {} in all caches{}\n{table}\n",
         human_size(report.total_memory),
@@ -221,6 +207,7 @@ pub fn report_table(report: &SlabReport) -> String {
             .duration_s
             .map_or_else(String::new, |d| format!(", traced for {d:.1} s")),
     );
+    out.push_str(&hidden_note(report.hidden));
     if !report.hints.is_empty() {
         out.push_str("\nhints:\n");
         for h in &report.hints {
@@ -233,14 +220,16 @@ pub fn report_table(report: &SlabReport) -> String {
     out
 }
 
-/// One `--watch` frame: changes since the previous read over `secs`.
-pub fn watch_table(deltas: &[CacheDelta], secs: f64, rows: usize) -> String {
-    let mut table = new_table(&[
-        "CACHE", "ACTIVE", "ΔOBJS", "MEMORY", "ΔMEMORY", "ΔMEM/S", "",
-    ]);
-    if let Some(c) = table.column_mut(6) {
-        c.set_cell_alignment(CellAlignment::Left);
-    }
+/// One `--watch` frame: changes since the previous read over `secs`,
+/// fitted to `width` columns.
+pub fn watch_table(deltas: &[CacheDelta], secs: f64, rows: usize, width: Option<u16>) -> String {
+    let mut table = new_table(
+        &[
+            "cache", "active", "Δobjs", "memory", "Δmemory", "Δmem/s", "",
+        ],
+        &[6],
+        width,
+    );
     let total: i64 = deltas.iter().map(CacheDelta::delta_memory).sum();
     for d in deltas.iter().take(rows) {
         let rate = if secs > 0.0 {
@@ -262,14 +251,17 @@ pub fn watch_table(deltas: &[CacheDelta], secs: f64, rows: usize) -> String {
             },
         ]);
     }
+    let table = render(table);
     format!(
-        "slab memory change over {secs:.1} s: {}\n{table}\n",
-        signed_size(total)
+        "slab memory change over {secs:.1} s: {}\n{table}\n{}",
+        signed_size(total),
+        hidden_note(deltas.len().saturating_sub(rows)),
     )
 }
 
 #[derive(Serialize)]
 struct JsonWatchFrame {
+    mode: Mode,
     elapsed_s: f64,
     interval_s: f64,
     delta_memory_bytes: i64,
@@ -290,6 +282,7 @@ struct JsonDelta {
 /// One `--watch` frame as a single JSON line (JSON Lines, one per read).
 pub fn watch_json(deltas: &[CacheDelta], elapsed_s: f64, interval_s: f64, rows: usize) -> String {
     let frame = JsonWatchFrame {
+        mode: Mode::Watch,
         elapsed_s,
         interval_s,
         delta_memory_bytes: deltas.iter().map(CacheDelta::delta_memory).sum(),
@@ -307,29 +300,21 @@ pub fn watch_json(deltas: &[CacheDelta], elapsed_s: f64, interval_s: f64, rows: 
             })
             .collect(),
     };
-    serde_json::to_string(&frame).expect("frame serialises")
+    contract::line(Kind::Slab, &frame)
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::hints::{Hint, HintKind};
+    use super::super::report::tests::fixture;
     use super::super::report::{build_report, ReportInput, SortKey};
-    use super::super::slabinfo::parse_slabinfo;
-    use super::super::snapshot::build_static;
     use super::super::traced::{TracedCache, TracedRun, TracedSite};
     use super::*;
-    use crate::model::{AllocStats, CacheId};
+    use crate::testing::{assert_contains, assert_keys, kmalloc, stats};
 
     fn traced_report() -> SlabReport {
-        let snap = build_static(
-            parse_slabinfo(include_str!("../../tests/fixtures/slabinfo-6.18.txt")).unwrap(),
-            None,
-            4096,
-        );
-        let k = CacheId::Kmalloc {
-            size: 96,
-            accounted: false,
-        };
+        let snap = fixture();
+        let k = kmalloc(96);
         let mut c = TracedCache::new(k.clone());
         c.allocs = 10;
         c.bytes_req = 800;
@@ -340,19 +325,13 @@ mod tests {
             sites: vec![TracedSite {
                 function: "f".into(),
                 cache: k,
-                stats: AllocStats {
-                    count: 10,
-                    bytes_req: 800,
-                    bytes_alloc: 960,
-                    ..Default::default()
-                },
+                stats: stats(10, 800, 960),
             }],
         };
         let mut r = build_report(
             ReportInput {
-                after: Some(&snap),
                 traced: Some(&run),
-                ..Default::default()
+                ..ReportInput::of(&snap)
             },
             SortKey::Rate,
             3,
@@ -371,60 +350,53 @@ mod tests {
     fn json_has_the_documented_field_names() {
         let v: serde_json::Value = serde_json::from_str(&report_json(&traced_report())).unwrap();
         let cache = &v["caches"][0];
-        for field in [
-            "name",
-            "object_size",
-            "active_objs",
-            "num_objs",
-            "allocs",
-            "frees",
-            "bytes_req",
-            "bytes_alloc",
-            "waste_bytes",
-            "top_sites",
-        ] {
-            assert!(cache.get(field).is_some(), "caches[].{field} missing");
-        }
+        #[rustfmt::skip]
+        assert_keys(cache, "caches[]", &[
+            "name", "object_size", "active_objs", "num_objs", "count", "frees",
+            "bytes_req", "bytes_alloc", "waste_bytes", "top_sites",
+        ]);
         assert_eq!(cache["name"], "kmalloc-96");
         assert_eq!(cache["waste_bytes"], 160);
         assert_eq!(cache["top_sites"][0]["function"], "f");
         assert_eq!(cache["top_sites"][0]["waste_bytes"], 160);
         let hint = &v["hints"][0];
-        for field in ["kind", "site", "cache", "saving_bytes", "text"] {
-            assert!(hint.get(field).is_some(), "hints[].{field} missing");
-        }
+        assert_keys(
+            hint,
+            "hints[]",
+            &["kind", "site", "cache", "saving_bytes", "text"],
+        );
         assert_eq!(hint["kind"], "boundary");
         assert_eq!(v["duration_s"], 2.0);
+        assert_eq!((&v["kind"], &v["mode"]), (&"slab".into(), &"report".into()));
     }
 
     #[test]
     fn static_json_leaves_traced_fields_null() {
-        let snap = build_static(
-            parse_slabinfo(include_str!("../../tests/fixtures/slabinfo-6.18.txt")).unwrap(),
-            None,
-            4096,
-        );
-        let r = build_report(
-            ReportInput {
-                after: Some(&snap),
-                ..Default::default()
-            },
-            SortKey::Size,
-            1,
-        );
+        let snap = fixture();
+        let r = build_report(ReportInput::of(&snap), SortKey::Size, 1);
         let v: serde_json::Value = serde_json::from_str(&report_json(&r)).unwrap();
-        assert!(v["caches"][0]["allocs"].is_null());
+        assert!(v["caches"][0]["count"].is_null());
         assert!(v["caches"][0]["object_size"].is_u64());
         assert_eq!(v["hints"], serde_json::json!([]));
     }
 
     #[test]
+    fn table_says_how_many_caches_it_left_out() {
+        let r = build_report(ReportInput::of(&fixture()), SortKey::Size, 3);
+        let text = report_table(&r, None);
+        assert!(
+            text.contains(&format!("({} more rows not shown", r.hidden)) && r.hidden > 0,
+            "{text}"
+        );
+    }
+
+    #[test]
     fn table_mentions_hints_and_traced_columns() {
-        let text = report_table(&traced_report());
-        assert!(text.contains("ALLOC/S"), "{text}");
-        assert!(text.contains("kmalloc-96"), "{text}");
-        assert!(text.contains("160 (17%)"), "{text}");
-        assert!(text.contains("hints:\n  - t"), "{text}");
+        let text = report_table(&traced_report(), None);
+        assert_contains(
+            &text,
+            &["alloc/s", "kmalloc-96", "160 (17%)", "hints:\n  - t"],
+        );
     }
 
     #[test]
@@ -449,17 +421,35 @@ mod tests {
                 memory_after: 0,
             },
         ];
-        let text = watch_table(&d, 2.0, 10);
+        let text = watch_table(&d, 2.0, 10, None);
         assert!(
             text.contains("new cache") && text.contains("cache destroyed"),
             "{text}"
         );
-        assert!(text.contains("change over 2.0 s: -4.0K"), "{text}");
-        assert!(text.contains("+2.0K"), "{text}");
+        assert_contains(&text, &["change over 2.0 s: -4.0K", "+2.0K"]);
+        assert!(!text.contains("more rows"), "{text}");
+        let one = watch_table(&d, 2.0, 1, None);
+        assert!(
+            one.contains("(1 more rows not shown") && !one.contains("old"),
+            "{one}"
+        );
         let v: serde_json::Value = serde_json::from_str(&watch_json(&d, 4.0, 2.0, 1)).unwrap();
+        assert_eq!((&v["kind"], &v["mode"]), (&"slab".into(), &"watch".into()));
         assert_eq!(v["delta_memory_bytes"], -4096);
         assert_eq!(v["caches"].as_array().unwrap().len(), 1);
         assert_eq!(v["caches"][0]["presence"], "appeared");
         assert_eq!(v["caches"][0]["delta_objs"], 10);
+    }
+
+    #[test]
+    fn json_follows_the_schema() {
+        use crate::schema_check::assert_valid;
+        let parsed = |t: String| serde_json::from_str::<serde_json::Value>(&t).unwrap();
+        assert_valid(&parsed(report_json(&traced_report())));
+        let snap = fixture();
+        let r = build_report(ReportInput::of(&snap), SortKey::Size, usize::MAX);
+        assert_valid(&parsed(report_json(&r)));
+        let d = super::super::watch::diff(&snap, &snap);
+        assert_valid(&parsed(watch_json(&d, 4.0, 2.0, usize::MAX)));
     }
 }

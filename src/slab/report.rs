@@ -10,6 +10,7 @@ use super::loss::per_second;
 use super::snapshot::{StaticCache, StaticSnapshot};
 use super::traced::{TracedCache, TracedRun};
 use super::watch::{diff, CacheDelta};
+use crate::report::top_n;
 
 /// Sites listed per cache.
 pub const TOP_SITES: usize = 5;
@@ -32,6 +33,8 @@ pub enum SortKey {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SiteWaste {
     pub function: String,
+    /// Allocations: `count`, as in every kind.
+    #[serde(rename = "count")]
     pub allocs: u64,
     pub waste_bytes: u64,
 }
@@ -95,6 +98,8 @@ pub struct SlabReport {
     /// Slab memory over all caches, before cutting to `rows`.
     pub total_memory: u64,
     pub caches: Vec<CacheRow>,
+    /// Cache rows cut by `rows`.
+    pub hidden: usize,
     pub hints: Vec<Hint>,
     pub notes: Vec<String>,
 }
@@ -109,6 +114,16 @@ pub struct ReportInput<'a> {
     pub traced: Option<&'a TracedRun>,
     /// Samples taken during the run, for steady-growth hints.
     pub series: &'a [CacheSeries],
+}
+
+impl<'a> ReportInput<'a> {
+    /// The input of a report on one static read.
+    pub fn of(after: &'a StaticSnapshot) -> ReportInput<'a> {
+        ReportInput {
+            after: Some(after),
+            ..Default::default()
+        }
+    }
 }
 
 pub fn build_report(input: ReportInput, sort: SortKey, rows: usize) -> SlabReport {
@@ -161,7 +176,7 @@ pub fn build_report(input: ReportInput, sort: SortKey, rows: usize) -> SlabRepor
             .cmp(&a.sort_value(effective))
             .then_with(|| a.name.cmp(&b.name))
     });
-    caches.truncate(rows);
+    let hidden = top_n::keep(&mut caches, Some(rows));
 
     let hints = match input.traced {
         Some(run) => {
@@ -182,6 +197,7 @@ pub fn build_report(input: ReportInput, sort: SortKey, rows: usize) -> SlabRepor
         sysfs: after.sysfs,
         total_memory: after.total_memory(),
         caches,
+        hidden,
         hints,
         notes,
     }
@@ -269,28 +285,28 @@ fn figures(
 }
 
 #[cfg(test)]
-mod tests {
+pub mod tests {
     use super::super::slabinfo::parse_slabinfo;
     use super::super::snapshot::build_static;
     use super::super::traced::TracedSite;
     use super::*;
-    use crate::model::{AllocStats, CacheId, Hist};
+    use crate::model::{AllocStats, Hist};
+    use crate::testing::kmalloc;
 
     const FIXTURE: &str = include_str!("../../tests/fixtures/slabinfo-6.18.txt");
 
-    fn fixture() -> StaticSnapshot {
+    /// The report with every row.
+    fn every_row(input: ReportInput, sort: SortKey) -> SlabReport {
+        build_report(input, sort, usize::MAX)
+    }
+
+    /// The static read of a 6.18 machine's /proc/slabinfo.
+    pub fn fixture() -> StaticSnapshot {
         build_static(parse_slabinfo(FIXTURE).unwrap(), None, 4096)
     }
 
     fn sample_run() -> TracedRun {
-        let k4 = CacheId::Kmalloc {
-            size: 4096,
-            accounted: false,
-        };
-        let big = CacheId::Kmalloc {
-            size: 32768,
-            accounted: false,
-        };
+        let (k4, big) = (kmalloc(4096), kmalloc(32768));
         let mut c4 = TracedCache::new(k4.clone());
         c4.allocs = 10_000;
         c4.frees = 9_000;
@@ -333,15 +349,9 @@ mod tests {
     #[test]
     fn static_report_sorts_and_cuts() {
         let snap = fixture();
-        let r = build_report(
-            ReportInput {
-                after: Some(&snap),
-                ..Default::default()
-            },
-            SortKey::Size,
-            5,
-        );
+        let r = build_report(ReportInput::of(&snap), SortKey::Size, 5);
         assert_eq!(r.caches.len(), 5);
+        assert_eq!(r.hidden, snap.caches.len() - 5);
         let mem: Vec<u64> = r
             .caches
             .iter()
@@ -350,14 +360,7 @@ mod tests {
         assert!(mem.windows(2).all(|w| w[0] >= w[1]));
         assert!(r.hints.is_empty());
         assert_eq!(r.total_memory, snap.total_memory());
-        let r = build_report(
-            ReportInput {
-                after: Some(&snap),
-                ..Default::default()
-            },
-            SortKey::Rate,
-            5,
-        );
+        let r = build_report(ReportInput::of(&snap), SortKey::Rate, 5);
         assert!(r.notes.iter().any(|n| n.contains("sorted by size")));
     }
 
@@ -365,14 +368,12 @@ mod tests {
     fn traced_caches_join_rows_by_slabinfo_name() {
         let snap = fixture();
         let run = sample_run();
-        let r = build_report(
+        let r = every_row(
             ReportInput {
-                after: Some(&snap),
                 traced: Some(&run),
-                ..Default::default()
+                ..ReportInput::of(&snap)
             },
             SortKey::Waste,
-            usize::MAX,
         );
         let k4 = &r.caches[0];
         assert_eq!(k4.name, "kmalloc-4k");
@@ -411,14 +412,12 @@ mod tests {
             .find(|c| c.name == "dentry")
             .unwrap();
         dentry.memory_bytes += 1 << 20;
-        let r = build_report(
+        let r = every_row(
             ReportInput {
                 before: Some(&before),
-                after: Some(&after),
-                ..Default::default()
+                ..ReportInput::of(&after)
             },
             SortKey::Growth,
-            usize::MAX,
         );
         assert_eq!(r.caches[0].name, "dentry");
         assert_eq!(r.caches[0].growth_bytes(), 1 << 20);

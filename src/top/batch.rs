@@ -1,45 +1,53 @@
 //! Batch mode: one plain-text table (no escape codes) or one JSON object per
 //! interval, for logs and CI. Pure string building.
 
-use crate::render::{new_table, GroupBy};
-use crate::report::{Counts, Report};
+use crate::contract::{self, Kind};
+use crate::model::Counts;
+use crate::render::table::{self, new_table};
+use crate::render::GroupBy;
+use crate::report::top_n;
+use crate::report::Report;
 use crate::top::view::{self, cells, headers, Interval, ObjectSizes, TopSort, ViewOptions};
 
-/// One interval as text: the header, then the table of the top `limit` rows.
-pub fn text(iv: &Interval, v: &ViewOptions, sizes: &ObjectSizes, limit: usize) -> String {
+/// One interval as text: the header, then the table of the top `limit`
+/// rows, fitted to `width` columns.
+pub fn text(
+    iv: &Interval,
+    v: &ViewOptions,
+    sizes: &ObjectSizes,
+    limit: usize,
+    width: Option<u16>,
+) -> String {
     let mut rows = view::rows(&iv.report, v.by, sizes);
     view::sort_rows(&mut rows, v.sort);
     let total = rows.len();
-    rows.truncate(limit);
+    top_n::keep(&mut rows, Some(limit));
     let mut out = view::header_lines(iv, v, rows.len(), total).join("\n");
     out.push('\n');
-    let mut t = new_table(&headers(v.by));
-    // Cache lists and command names read better left-aligned; the cache
-    // view's second column is a number (frees/s).
-    if v.by != GroupBy::Cache {
-        if let Some(c) = t.column_mut(1) {
-            c.set_cell_alignment(comfy_table::CellAlignment::Left);
-        }
-    }
+    // Cache lists and command names are text; the cache view's second
+    // column is a number (frees/s).
+    let text: &[usize] = if v.by == GroupBy::Cache { &[] } else { &[1] };
+    let mut t = new_table(&headers(v.by), text, width);
     for r in &rows {
         t.add_row(cells(r, v.by, iv.interval_s));
     }
     if rows.is_empty() {
         out.push_str("(no allocations in this interval)\n");
     } else {
-        out.push_str(&t.to_string());
+        out.push_str(&table::render(t));
         out.push('\n');
     }
     out
 }
 
-/// One interval as a single line of JSON: the fields of `kheap record`'s
-/// report (counts over the interval) plus time, interval_s, aged_out and
-/// overhead. Lists are sorted by `sort` and cut to `limit` if given.
+/// One interval as a single line of JSON (kind "top"): the fields of
+/// `kheap record`'s report (counts over the interval) plus time,
+/// interval_s, aged_out and overhead. Lists are sorted by `sort` and cut to
+/// `limit` if given.
 pub fn json(iv: &Interval, sort: TopSort, limit: Option<usize>) -> String {
     let mut iv = iv.clone();
     sort_report(&mut iv.report, sort, limit);
-    serde_json::to_string(&iv).expect("an interval always serializes") + "\n"
+    contract::line(Kind::Top, &iv)
 }
 
 fn counts_value(c: &Counts, sort: TopSort) -> f64 {
@@ -61,9 +69,7 @@ fn sort_cut<T>(
     limit: Option<usize>,
 ) {
     rows.sort_by(|a, b| counts_value(counts(b), sort).total_cmp(&counts_value(counts(a), sort)));
-    if let Some(n) = limit {
-        rows.truncate(n);
-    }
+    top_n::keep(rows, limit);
 }
 
 pub fn sort_report(r: &mut Report, sort: TopSort, limit: Option<usize>) {
@@ -81,8 +87,7 @@ pub fn by_supported(by: GroupBy, with_processes: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{fixture_symbols, sample_snapshot};
-    use crate::report::{build, BuildOptions, RunInfo};
+    use crate::report::tests::{report_of, sample_snapshot};
 
     fn interval() -> Interval {
         Interval {
@@ -90,15 +95,7 @@ mod tests {
             interval_s: 1.0,
             aged_out: 0,
             overhead: Default::default(),
-            report: build(
-                &sample_snapshot(),
-                &fixture_symbols(),
-                BuildOptions {
-                    stack_sample_every: 10,
-                    duration_s: 1.0,
-                    run: RunInfo::default(),
-                },
-            ),
+            report: report_of(&sample_snapshot(), 10, 1.0),
         }
     }
 
@@ -117,6 +114,7 @@ mod tests {
             &opts(GroupBy::Site, TopSort::Bytes),
             &ObjectSizes::default(),
             1,
+            None,
         );
         assert!(!t.contains('\x1b'), "no escape codes: {t:?}");
         assert!(t.starts_with("kheap top  2026-11-29T17:30:01Z"), "{t}");
@@ -135,6 +133,7 @@ mod tests {
             &opts(GroupBy::Cache, TopSort::Bytes),
             &ObjectSizes::default(),
             20,
+            None,
         );
         assert!(t.contains("(no allocations in this interval)"), "{t}");
     }
@@ -144,13 +143,15 @@ mod tests {
         let j = json(&interval(), TopSort::Count, Some(1));
         assert_eq!(j.lines().count(), 1);
         let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+        assert_eq!(v["kind"], "top");
+        assert_eq!(v["schema_version"], 1);
         assert_eq!(v["time"], "2026-11-29T17:30:01Z");
         assert_eq!(v["interval_s"], 1.0);
         assert!(v["overhead"]["bpf_cpu_pct"].is_number());
         assert_eq!(v["sites"].as_array().unwrap().len(), 1);
         assert_eq!(v["sites"][0]["function"], "load_msg");
         assert_eq!(v["sites"][0]["count"], 1000);
-        assert_eq!(v["totals"]["allocs"], 1300);
+        assert_eq!(v["totals"]["count"], 1300);
         assert!(v["lost"]["map_full"].is_u64());
         let back: Interval = serde_json::from_str(&j).unwrap();
         assert_eq!(back.report.sites[0].counts.count, 1000);

@@ -14,8 +14,11 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use crate::model::{AllocStats, CacheId};
-use crate::report::{EventCounters, SiteKey, Snapshot};
+use crate::model::snapshot::{EventCounters, Snapshot};
+use crate::model::{AllocStats, CacheId, SiteKey};
+
+// At its old path until every branch imports it from the model.
+pub use crate::model::snapshot::IdleKeys;
 
 /// A cumulative counter value of one map entry.
 pub trait Counter: Clone + Default {
@@ -125,25 +128,6 @@ fn events_delta(cur: &EventCounters, prev: &EventCounters) -> EventCounters {
     }
 }
 
-/// Keys of the BPF maps that saw no event for a while, to be deleted so the
-/// maps do not fill up over a long run.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct IdleKeys {
-    pub sites: Vec<SiteKey>,
-    pub stacks: Vec<(SiteKey, i64)>,
-    pub procs: Vec<u32>,
-    pub caches: Vec<CacheId>,
-}
-
-impl IdleKeys {
-    pub fn len(&self) -> usize {
-        self.sites.len() + self.stacks.len() + self.procs.len() + self.caches.len()
-    }
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 /// Consecutive idle intervals of each key of one map.
 #[derive(Clone, Debug)]
 struct IdleCount<K>(HashMap<K, u32>);
@@ -176,15 +160,56 @@ impl<K: Clone + Eq + Hash> IdleCount<K> {
     }
 }
 
+/// The running state of one map: its last read, what its deleted entries
+/// gained since (carried into the next interval), and how long each key
+/// has been idle.
+struct MapTrack<K, V> {
+    prev: HashMap<K, V>,
+    carry: HashMap<K, V>,
+    idle: IdleCount<K>,
+}
+
+impl<K, V> Default for MapTrack<K, V> {
+    fn default() -> Self {
+        MapTrack {
+            prev: HashMap::new(),
+            carry: HashMap::new(),
+            idle: IdleCount::default(),
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash, V: Counter> MapTrack<K, V> {
+    /// The interval's deltas up to `cur`, which becomes the baseline.
+    fn step(&mut self, cur: HashMap<K, V>) -> HashMap<K, V> {
+        let delta = map_delta(&cur, &self.prev, &mut self.carry);
+        self.idle.observe(&cur, &delta);
+        self.prev = cur;
+        delta
+    }
+
+    /// Entries deleted from the map, with their values at deletion:
+    /// whatever they gained since the last read is carried over, and they
+    /// no longer serve as a baseline.
+    fn forget(&mut self, removed: &HashMap<K, V>) {
+        for (k, v) in removed {
+            let gained = counter_delta(v, self.prev.remove(k).as_ref());
+            if !gained.is_zero() {
+                self.carry.entry(k.clone()).or_default().plus(&gained);
+            }
+            self.idle.forget(k);
+        }
+    }
+}
+
 /// Turns successive cumulative snapshots into per-interval snapshots.
 #[derive(Default)]
 pub struct Tracker {
-    prev: Snapshot,
-    carry: Snapshot,
-    idle_sites: IdleCount<SiteKey>,
-    idle_stacks: IdleCount<(SiteKey, i64)>,
-    idle_procs: IdleCount<u32>,
-    idle_caches: IdleCount<CacheId>,
+    sites: MapTrack<SiteKey, AllocStats>,
+    stacks: MapTrack<(SiteKey, i64), AllocStats>,
+    procs: MapTrack<u32, (String, AllocStats)>,
+    caches: MapTrack<CacheId, u64>,
+    prev_events: EventCounters,
     /// Stack frames of carried stacks (their ids may be gone from the map).
     carried_frames: HashMap<i64, Vec<u64>>,
 }
@@ -197,20 +222,12 @@ impl Tracker {
     /// The events between the previous read and `cur`, which becomes the
     /// new baseline.
     pub fn interval(&mut self, cur: Snapshot) -> Snapshot {
-        let sites = map_delta(&cur.sites, &self.prev.sites, &mut self.carry.sites);
-        let stacks = map_delta(&cur.stacks, &self.prev.stacks, &mut self.carry.stacks);
-        let procs = map_delta(&cur.procs, &self.prev.procs, &mut self.carry.procs);
-        let cache_frees = map_delta(
-            &cur.cache_frees,
-            &self.prev.cache_frees,
-            &mut self.carry.cache_frees,
-        );
-        let events = events_delta(&cur.events, &self.prev.events);
-
-        self.idle_sites.observe(&cur.sites, &sites);
-        self.idle_stacks.observe(&cur.stacks, &stacks);
-        self.idle_procs.observe(&cur.procs, &procs);
-        self.idle_caches.observe(&cur.cache_frees, &cache_frees);
+        let events = events_delta(&cur.events, &self.prev_events);
+        self.prev_events = cur.events;
+        let sites = self.sites.step(cur.sites);
+        let stacks = self.stacks.step(cur.stacks);
+        let procs = self.procs.step(cur.procs);
+        let cache_frees = self.caches.step(cur.cache_frees);
 
         let mut stack_frames = HashMap::new();
         for (_, id) in stacks.keys() {
@@ -223,7 +240,6 @@ impl Tracker {
             }
         }
         self.carried_frames.clear();
-        self.prev = cur;
         Snapshot {
             sites,
             stacks,
@@ -238,10 +254,10 @@ impl Tracker {
     /// Keys that have been idle for at least `intervals` reads in a row.
     pub fn idle_keys(&self, intervals: u32) -> IdleKeys {
         IdleKeys {
-            sites: self.idle_sites.at_least(intervals),
-            stacks: self.idle_stacks.at_least(intervals),
-            procs: self.idle_procs.at_least(intervals),
-            caches: self.idle_caches.at_least(intervals),
+            sites: self.sites.idle.at_least(intervals),
+            stacks: self.stacks.idle.at_least(intervals),
+            procs: self.procs.idle.at_least(intervals),
+            caches: self.caches.idle.at_least(intervals),
         }
     }
 
@@ -249,44 +265,10 @@ impl Tracker {
     /// deletion: whatever they gained since the last read is reported in the
     /// next interval, and they no longer serve as a baseline.
     pub fn forget(&mut self, removed: &Snapshot) {
-        fn carry_over<K: Clone + Eq + Hash, V: Counter>(
-            removed: &HashMap<K, V>,
-            prev: &mut HashMap<K, V>,
-            carry: &mut HashMap<K, V>,
-            idle: &mut IdleCount<K>,
-        ) {
-            for (k, v) in removed {
-                let gained = counter_delta(v, prev.remove(k).as_ref());
-                if !gained.is_zero() {
-                    carry.entry(k.clone()).or_default().plus(&gained);
-                }
-                idle.forget(k);
-            }
-        }
-        carry_over(
-            &removed.sites,
-            &mut self.prev.sites,
-            &mut self.carry.sites,
-            &mut self.idle_sites,
-        );
-        carry_over(
-            &removed.stacks,
-            &mut self.prev.stacks,
-            &mut self.carry.stacks,
-            &mut self.idle_stacks,
-        );
-        carry_over(
-            &removed.procs,
-            &mut self.prev.procs,
-            &mut self.carry.procs,
-            &mut self.idle_procs,
-        );
-        carry_over(
-            &removed.cache_frees,
-            &mut self.prev.cache_frees,
-            &mut self.carry.cache_frees,
-            &mut self.idle_caches,
-        );
+        self.sites.forget(&removed.sites);
+        self.stacks.forget(&removed.stacks);
+        self.procs.forget(&removed.procs);
+        self.caches.forget(&removed.cache_frees);
         for (id, frames) in &removed.stack_frames {
             self.carried_frames.insert(*id, frames.clone());
         }

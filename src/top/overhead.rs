@@ -4,15 +4,9 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Cumulative run time and run count of kheap's programs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ProgRunTime {
-    pub run_time_ns: u64,
-    pub run_cnt: u64,
-    /// Runs the kernel skipped because a program was already running on
-    /// that CPU (events lost to recursion).
-    pub recursion_misses: u64,
-}
+use crate::model::round2;
+// At its old path until every branch imports it from the model.
+pub use crate::model::snapshot::ProgRunTime;
 
 /// This process's CPU time (user + system) and peak resident set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -78,10 +72,6 @@ impl Overhead {
         }
         o
     }
-}
-
-fn round2(v: f64) -> f64 {
-    (v * 100.0).round() / 100.0
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, TableState};
 use ratatui::{Frame, Terminal};
 
 use crate::model::human_size;
-use crate::render::{histogram, GroupBy};
+use crate::render::{hist, GroupBy};
 use crate::top::view::{
     cells, header_lines, headers, next_group, per_sec, Interval, TopRow, ViewOptions,
 };
@@ -259,7 +259,7 @@ fn draw_detail(f: &mut Frame, area: Rect, row: Option<&TopRow>, interval_s: f64)
             )));
             lines.push(Line::from("requested sizes this interval:"));
             lines.extend(
-                histogram(&c.hist, "  ")
+                hist::log2(&c.hist, "  ", Some(area.width))
                     .lines()
                     .map(|l| Line::from(l.to_string())),
             );
@@ -343,8 +343,8 @@ pub fn next_input(timeout: Duration) -> Result<Option<Input>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{fixture_symbols, sample_snapshot};
-    use crate::report::{build, BuildOptions, RunInfo};
+    use crate::report::tests::{report_of, sample_snapshot};
+    use crate::testing::assert_contains;
     use crate::top::view::TopSort;
     use crate::top::view::{rows, sort_rows, ObjectSizes};
     use ratatui::backend::TestBackend;
@@ -435,15 +435,7 @@ mod tests {
     }
 
     fn screen_text(a: &App) -> String {
-        let report = build(
-            &sample_snapshot(),
-            &fixture_symbols(),
-            BuildOptions {
-                stack_sample_every: 10,
-                duration_s: 1.0,
-                run: RunInfo::default(),
-            },
-        );
+        let report = report_of(&sample_snapshot(), 10, 1.0);
         let iv = Interval {
             time: "2026-11-29T17:30:01Z".into(),
             interval_s: 1.0,
@@ -470,8 +462,7 @@ mod tests {
     fn draws_header_rows_and_expanded_stack() {
         let mut a = app();
         let s = screen_text(&a);
-        assert!(s.contains("kheap top  2026-11-29T17:30:01Z"), "{s}");
-        assert!(s.contains("alloc/s"), "{s}");
+        assert_contains(&s, &["kheap top  2026-11-29T17:30:01Z", "alloc/s"]);
         let first = s.lines().position(|l| l.contains("load_msg+0x10")).unwrap();
         let second = s
             .lines()
@@ -481,8 +472,7 @@ mod tests {
         assert!(s.contains("q quit"), "{s}");
         a.expanded = true;
         let s = screen_text(&a);
-        assert!(s.contains("stack:"), "{s}");
-        assert!(s.contains("do_msgsnd+0x10"), "{s}");
+        assert_contains(&s, &["stack:", "do_msgsnd+0x10"]);
         assert!(s.contains("[2K, 4K)"), "histogram: {s}");
     }
 }

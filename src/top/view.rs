@@ -8,9 +8,9 @@ use std::fmt::Write as _;
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{human_count, human_size, pct};
-use crate::render::GroupBy;
-use crate::report::{Counts, Report};
+use crate::model::{human_count, human_size, pct, signed_size, Counts};
+use crate::render::{short_list, GroupBy};
+use crate::report::Report;
 use crate::top::overhead::Overhead;
 
 /// Columns `kheap top` can sort by (all per second except the ratios).
@@ -126,15 +126,6 @@ impl ObjectSizes {
 /// only dedicated caches have attributable frees.
 pub fn frees_attributable(cache: &str) -> bool {
     !cache.starts_with("kmalloc-")
-}
-
-/// The first `n` items and how many more: "bio-120,bio-184 +3".
-pub fn short_list(items: &[String], n: usize) -> String {
-    let mut s = items.iter().take(n).cloned().collect::<Vec<_>>().join(",");
-    if items.len() > n {
-        let _ = write!(s, " +{}", items.len() - n);
-    }
-    s
 }
 
 /// The rows of one grouping of an interval report.
@@ -262,18 +253,6 @@ pub fn per_sec(v: u64, interval_s: f64) -> f64 {
     }
 }
 
-/// Bytes per second in binary units, signed: "+1.5M", "-300K", "0".
-pub fn signed_size(v: f64) -> String {
-    let mag = human_size(v.abs().round() as u64);
-    if v.round() > 0.0 {
-        format!("+{mag}")
-    } else if v.round() < 0.0 {
-        format!("-{mag}")
-    } else {
-        mag
-    }
-}
-
 /// The formatted cells of one row, matching `headers`.
 pub fn cells(r: &TopRow, by: GroupBy, interval_s: f64) -> Vec<String> {
     let c = &r.counts;
@@ -296,7 +275,7 @@ pub fn cells(r: &TopRow, by: GroupBy, interval_s: f64) -> Vec<String> {
         format!("{:.1}%", c.waste_pct),
         format!("{:.0}", c.avg_size),
         match r.net_bytes {
-            Some(n) => signed_size(n as f64 / interval_s.max(f64::MIN_POSITIVE)),
+            Some(n) => signed_size((n as f64 / interval_s.max(f64::MIN_POSITIVE)).round() as i64),
             None => "-".into(),
         },
     ]
@@ -399,19 +378,11 @@ pub fn header_lines(iv: &Interval, v: &ViewOptions, shown: usize, total: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{fixture_symbols, sample_snapshot};
-    use crate::report::{build, BuildOptions, RunInfo};
+    use crate::report::tests::{report_of, sample_snapshot};
+    use crate::testing::assert_contains;
 
     fn report() -> Report {
-        build(
-            &sample_snapshot(),
-            &fixture_symbols(),
-            BuildOptions {
-                stack_sample_every: 10,
-                duration_s: 2.0,
-                run: RunInfo::default(),
-            },
-        )
+        report_of(&sample_snapshot(), 10, 2.0)
     }
 
     fn row(name: &str, count: u64, bytes: u64, net: Option<i64>) -> TopRow {
@@ -487,21 +458,6 @@ mod tests {
     }
 
     #[test]
-    fn long_cache_lists_are_shortened() {
-        let l = |v: &[&str]| short_list(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>(), 2);
-        assert_eq!(l(&["a"]), "a");
-        assert_eq!(l(&["a", "b"]), "a,b");
-        assert_eq!(l(&["a", "b", "c", "d"]), "a,b +2");
-    }
-
-    #[test]
-    fn signed_sizes() {
-        assert_eq!(signed_size(1536.0), "+1.5K");
-        assert_eq!(signed_size(-300.0 * 1024.0), "-300K");
-        assert_eq!(signed_size(0.2), "0");
-    }
-
-    #[test]
     fn cache_rows_have_frees_and_net_where_attributable() {
         let mut rep = report();
         rep.caches.push(crate::report::CacheRow {
@@ -565,14 +521,19 @@ mod tests {
             paused: true,
         };
         let h = header_lines(&iv, &v, 1, 2).join("\n");
-        assert!(h.contains("2026-11-29T17:30:01Z"), "{h}");
-        assert!(h.contains("[PAUSED]"), "{h}");
-        assert!(h.contains("650 allocs/s, 450 frees/s"), "{h}");
-        assert!(h.contains("sampled 1 in 10"), "{h}");
-        assert!(h.contains("lost: 2 stacks, 0 map-full drops"), "{h}");
-        assert!(h.contains("aged out: 3 idle keys"), "{h}");
-        assert!(h.contains("BPF 1.5% of a CPU (40 ns x 1.0k runs/s)"), "{h}");
-        assert!(h.contains("kheap 0.3% CPU, 12.0M RSS"), "{h}");
-        assert!(h.contains("rows: 1 of 2 (1 hidden)"), "{h}");
+        assert_contains(
+            &h,
+            &[
+                "2026-11-29T17:30:01Z",
+                "[PAUSED]",
+                "650 allocs/s, 450 frees/s",
+                "sampled 1 in 10",
+                "lost: 2 stacks, 0 map-full drops",
+                "aged out: 3 idle keys",
+                "BPF 1.5% of a CPU (40 ns x 1.0k runs/s)",
+                "kheap 0.3% CPU, 12.0M RSS",
+                "rows: 1 of 2 (1 hidden)",
+            ],
+        );
     }
 }

@@ -3,25 +3,93 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::{channel, Receiver};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod schema;
+
 pub const KHEAP: &str = env!("CARGO_BIN_EXE_kheap");
 pub const LOAD: &str = env!("CARGO_BIN_EXE_kheap-load");
 
-/// These tests load BPF programs. Without root they cannot run; they say so
-/// loudly instead of passing quietly (CI runs them as root).
-pub fn require_root(test: &str) -> bool {
-    if unsafe { libc::geteuid() } == 0 {
-        return true;
+/// These tests load BPF programs into the running kernel, so they need root.
+/// Without it they fail: a test that returned early would count as a pass.
+pub fn require_root() {
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "this test loads BPF programs into the kernel and needs root: run the suite with `sudo scripts/test`"
+    );
+}
+
+/// Says that the test could check only part of what it covers here (e.g.
+/// the kernel has no kprobes, so only the refusal is checked). Written to
+/// the real stderr, past the harness's output capture, so the line shows in
+/// the test run's output even when the test passes.
+pub fn partial_check(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "kheap test: PARTIAL CHECK: {why}");
+}
+
+/// How long a child may take to exit before the test calls it hung.
+pub const HANG_LIMIT: Duration = Duration::from_secs(60);
+
+/// Waits for `child` to exit, for at most `limit`, and collects what it
+/// printed on the pipes still attached. A child still running at the limit
+/// is killed (with its process group when it leads one) and the test fails:
+/// a hang must fail the test, not hang the suite.
+pub fn wait_bounded(mut child: Child, limit: Duration) -> Output {
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as _));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as _));
+    let status = wait_or_kill(&mut child, limit);
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
     }
-    eprintln!("\n*** SKIPPED {test}: needs root to load BPF programs (CI runs it as root) ***\n");
-    false
+}
+
+/// Waits for `child` to exit, for at most `limit`; kills it and fails the
+/// test if it is still running then.
+pub fn wait_or_kill(child: &mut Child, limit: Duration) -> ExitStatus {
+    if let Some(status) = exit_within(child, limit) {
+        return status;
+    }
+    let pid = child.id() as i32;
+    let target = if unsafe { libc::getpgid(pid) } == pid {
+        -pid
+    } else {
+        pid
+    };
+    unsafe { libc::kill(target, libc::SIGKILL) };
+    let _ = child.wait();
+    panic!("process {pid} was still running after {limit:?} (hung?); killed it");
+}
+
+/// The exit status of `child` if it exits within `limit`.
+fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("waiting for a child") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 pub fn kheap(args: &[&str]) -> Output {
@@ -48,7 +116,16 @@ pub fn record_json(args: &[&str], load_args: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = std::fs::read_to_string(&path).expect("kheap wrote no report");
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("kheap wrote invalid JSON ({e}): {text}"))
+    parse_valid(&text)
+}
+
+/// Parses one kheap JSON document (a report, or one line of a stream) and
+/// checks it against the schema of its kind (schema/).
+pub fn parse_valid(text: &str) -> Value {
+    let v: Value = serde_json::from_str(text)
+        .unwrap_or_else(|e| panic!("kheap wrote invalid JSON ({e}): {text}"));
+    schema::assert_valid(&v);
+    v
 }
 
 /// A kernel function's name without the compiler's clone suffixes
@@ -192,9 +269,10 @@ impl Background {
         unsafe { libc::kill(self.child.id() as i32, sig) };
     }
 
-    /// Waits for the process to exit; returns whether it succeeded.
+    /// Waits for the process to exit (killing it and failing the test if it
+    /// is still running after HANG_LIMIT); returns whether it succeeded.
     pub fn wait(&mut self) -> bool {
-        let status = self.child.wait().expect("waiting for a child");
+        let status = wait_or_kill(&mut self.child, HANG_LIMIT);
         while let Ok(line) = self.lines.recv_timeout(Duration::from_millis(200)) {
             self.seen.push(line);
         }
@@ -206,7 +284,12 @@ impl Drop for Background {
     fn drop(&mut self) {
         if let Ok(None) = self.child.try_wait() {
             self.signal(libc::SIGINT);
-            let _ = self.child.wait();
+            // Killed after the limit rather than hanging the suite; no
+            // panic here, the test has already failed or finished.
+            if exit_within(&mut self.child, HANG_LIMIT).is_none() {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+            }
         }
     }
 }

@@ -7,8 +7,7 @@ use std::ops::AddAssign;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{AllocStats, CacheId};
-use crate::report::SiteKey;
+use crate::model::{AllocStats, CacheId, SiteKey};
 
 /// One object allocated while tracing and not seen freed (yet).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,0 +1,26 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * One way to declare a BPF map, so every object declares its maps in one
+ * line each. Sizes given here are defaults: user space resizes most maps
+ * before load.
+ */
+#ifndef KHEAP_MAPS_BPF_H
+#define KHEAP_MAPS_BPF_H
+
+#define KHEAP_MAP(map_type, name, key_type, value_type, entries) \
+	struct {                                                 \
+		__uint(type, map_type);                          \
+		__uint(max_entries, entries);                    \
+		__type(key, key_type);                           \
+		__type(value, value_type);                       \
+	} name SEC(".maps")
+
+#define KHEAP_HASH(name, key_type, value_type, entries) \
+	KHEAP_MAP(BPF_MAP_TYPE_HASH, name, key_type, value_type, entries)
+#define KHEAP_PERCPU_HASH(name, key_type, value_type, entries) \
+	KHEAP_MAP(BPF_MAP_TYPE_PERCPU_HASH, name, key_type, value_type, entries)
+/* A per-CPU array of one slot: counters and scratch space. */
+#define KHEAP_PERCPU_SLOT(name, value_type) \
+	KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, name, __u32, value_type, 1)
+
+#endif /* KHEAP_MAPS_BPF_H */

@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Kernel stacks stored by content. A BPF stack-trace map hashes each stack
+ * into a bucket and refuses (EEXIST) every later capture of a stack whose
+ * bucket another stack holds, for the rest of the run. Here the stack is
+ * copied into per-CPU scratch with bpf_get_stack(), hashed over its frames
+ * (64 bits), and kept in a hash map keyed by that hash: two different stacks
+ * only collide if their 63-bit hashes are equal (odds ~n^2/2^64, about 1e-11
+ * for 16k stacks), and a full map is counted, never confused with another
+ * stack. Include after vmlinux.h, the libbpf headers, maps.bpf.h and kheap.h
+ * (for struct stack_frames and KHEAP_STACK_DEPTH).
+ */
+#ifndef KHEAP_STACK_STORE_BPF_H
+#define KHEAP_STACK_STORE_BPF_H
+
+/* Resized from user space before load (twice the stacks kept: idle stacks
+ * are deleted by `kheap top`, and a stack is stored before its counts). */
+KHEAP_HASH(stack_traces, __u64, struct stack_frames, 16384);
+
+/* One stack being captured (too big for the BPF stack). */
+KHEAP_PERCPU_SLOT(stack_scratch, struct stack_frames);
+
+enum stack_result {
+	STACK_OK,
+	STACK_NOT_CAPTURED, /* bpf_get_stack failed */
+	STACK_MAP_FULL,
+};
+
+/* Captures the current stack (kernel, or user with BPF_F_USER_STACK in
+ * flags), stores it if it is new, and sets *id to its hash (> 0). The frames
+ * stay in *frames (per-CPU scratch) until the next capture on this CPU. */
+static __always_inline enum stack_result
+store_stack(void *ctx, __u64 flags, __u64 *id, struct stack_frames **frames)
+{
+	__u32 zero = 0;
+	struct stack_frames *f = bpf_map_lookup_elem(&stack_scratch, &zero);
+	__u64 h = 0xcbf29ce484222325ULL;
+	long len;
+	int err;
+
+	if (!f)
+		return STACK_NOT_CAPTURED;
+	/* bpf_get_stack zeroes the buffer past the last frame, so equal
+	 * stacks are equal buffers. */
+	*frames = f;
+	len = bpf_get_stack(ctx, f->ip, sizeof(f->ip), flags);
+	if (len <= 0)
+		return STACK_NOT_CAPTURED;
+	for (int i = 0; i < KHEAP_STACK_DEPTH; i++) {
+		if (i * 8 >= len)
+			break;
+		/* multiply-xorshift: every bit of every frame reaches the
+		 * high bits */
+		h = (h ^ f->ip[i]) * 0x9E3779B97F4A7C15ULL;
+		h ^= h >> 29;
+	}
+	/* positive and non-zero: 0 means "no stack" to user space */
+	h &= 0x7FFFFFFFFFFFFFFFULL;
+	if (!h)
+		h = 1;
+	*id = h;
+	if (bpf_map_lookup_elem(&stack_traces, &h))
+		return STACK_OK;
+	/* int: 6.1 zero-extends helper errors from 32 bits */
+	err = bpf_map_update_elem(&stack_traces, &h, f, BPF_NOEXIST);
+	if (err && err != -KHEAP_EEXIST)
+		return STACK_MAP_FULL;
+	return STACK_OK;
+}
+
+#endif /* KHEAP_STACK_STORE_BPF_H */

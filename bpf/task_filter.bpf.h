@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: GPL-2.0 */
+/*
+ * Which tasks a BPF object counts: the PID filter map, the fork follower
+ * that adds children of traced processes, and the command-name match. One
+ * copy for every object (kheap.bpf.c, malloc.bpf.c). Include after vmlinux.h,
+ * the libbpf headers and kheap.h.
+ */
+#ifndef KHEAP_TASK_FILTER_BPF_H
+#define KHEAP_TASK_FILTER_BPF_H
+
+/* Processes (tgids) whose events are counted when a PID filter is on: filled
+ * by user space and by follow_fork(). */
+KHEAP_HASH(pid_filter, __u32, __u8, 8192);
+
+static __always_inline bool pid_traced(__u32 tgid)
+{
+	return bpf_map_lookup_elem(&pid_filter, &tgid) != NULL;
+}
+
+/* A child process of a traced process is traced too. New threads share their
+ * tgid and need nothing. */
+static __always_inline void follow_fork(__u32 parent_tgid, __u32 child_tgid)
+{
+	__u8 one = 1;
+
+	if (parent_tgid != child_tgid && pid_traced(parent_tgid))
+		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
+}
+
+/* Whether the current task's command name is `want` (NUL-terminated). */
+static __always_inline bool comm_is(const volatile char *want)
+{
+	char comm[KHEAP_COMM_LEN];
+
+	bpf_get_current_comm(comm, sizeof(comm));
+#pragma unroll
+	for (int i = 0; i < KHEAP_COMM_LEN; i++) {
+		if (comm[i] != want[i])
+			return false;
+		if (comm[i] == 0)
+			return true;
+	}
+	return true;
+}
+
+/* Whether any part of the filter needs the current tgid. Constant after load,
+ * so the verifier drops the whole check from a run without filters. */
+static __always_inline bool filter_active(const volatile struct task_filter *f)
+{
+	return f->ignore_tgid || f->pids || f->comm_set;
+}
+
+static __always_inline bool task_passes(const volatile struct task_filter *f,
+					__u32 tgid)
+{
+	if (f->ignore_tgid && tgid == f->ignore_tgid)
+		return false;
+	if (f->pids && !pid_traced(tgid))
+		return false;
+	if (f->comm_set && !comm_is(f->comm))
+		return false;
+	return true;
+}
+
+#endif /* KHEAP_TASK_FILTER_BPF_H */

@@ -1,0 +1,229 @@
+//! What every tracing subcommand does around its tracer: the stop handler
+//! (Ctrl-C, SIGTERM, SIGHUP end the run, the report is still printed), the
+//! processes a run is about, and the wait for its end.
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::cli::{FilterArgs, TargetArgs};
+use crate::kernel::features;
+use crate::kernel::kmem::Config;
+use crate::report::RunInfo;
+use crate::target::{resolve_pid, HeldCommand};
+
+pub use crate::signals::{install_stop_handler, stop_requested};
+
+/// The processes a run is about: validated PIDs and, with `-- CMD`, the
+/// held command.
+pub struct Targets {
+    pub pids: Vec<u32>,
+    /// The processes given with -p: the run ends when all have exited.
+    pub user_pids: Vec<u32>,
+    pub command: Option<HeldCommand>,
+}
+
+impl Targets {
+    /// Validates the PIDs and starts the command, held until `release`.
+    pub fn start(t: &TargetArgs) -> Result<Targets> {
+        let mut pids = Vec::new();
+        for &p in &t.pids {
+            pids.push(resolve_pid(p)?);
+        }
+        let user_pids = pids.clone();
+        let command = if t.command.is_empty() {
+            None
+        } else {
+            let mut held = HeldCommand::spawn(&t.command)?;
+            if t.keep_running {
+                held.keep_running();
+            }
+            pids.push(held.pid);
+            Some(held)
+        };
+        Ok(Targets {
+            pids,
+            user_pids,
+            command,
+        })
+    }
+
+    /// Lets the held command exec, once the tracer is attached.
+    pub fn release(&mut self) -> Result<()> {
+        match self.command.as_mut() {
+            Some(cmd) => cmd.release(),
+            None => Ok(()),
+        }
+    }
+
+    /// Ends the command (and what it started) if it still runs.
+    pub fn terminate(&mut self) {
+        if let Some(cmd) = self.command.as_mut() {
+            cmd.terminate();
+        }
+    }
+
+    /// The command's exit status, once it has exited.
+    pub fn command_exited(&mut self) -> Option<i32> {
+        self.command.as_mut().and_then(|c| c.try_wait())
+    }
+}
+
+/// Rows counted for the command's PID before its exec carry kheap's own
+/// name (it was a fork of kheap then): name them after the command.
+pub fn name_command_process(
+    procs: &mut std::collections::HashMap<u32, (String, crate::model::AllocStats)>,
+    command: &HeldCommand,
+) {
+    if let Some((comm, _)) = procs.get_mut(&command.pid) {
+        if comm == "kheap" {
+            *comm = command.name_after_exec.clone();
+        }
+    }
+}
+
+/// Why a recording ended.
+pub enum Ended {
+    Duration,
+    Signal,
+    CommandExited(i32),
+    /// Every process given with -p exited.
+    PidsExited,
+}
+
+impl Ended {
+    /// Says why the run ended when that is news, and returns kheap's exit
+    /// status: the command's, when it failed.
+    pub fn report(&self) -> i32 {
+        match self {
+            Ended::CommandExited(code) if *code != 0 => {
+                eprintln!("kheap: the command exited with status {code}");
+                *code
+            }
+            Ended::Signal => {
+                eprintln!("kheap: stopped by signal; reporting what was recorded");
+                0
+            }
+            Ended::PidsExited => {
+                eprintln!("kheap: every traced process (-p) exited; reporting what was recorded");
+                0
+            }
+            _ => 0,
+        }
+    }
+}
+
+/// Waits until the duration passes, the command or every -p process exits
+/// or a signal arrives, calling `tick` about once a second.
+pub fn wait_for_end(
+    duration: Option<Duration>,
+    targets: &mut Targets,
+    mut tick: impl FnMut(Duration),
+) -> Ended {
+    let start = Instant::now();
+    let mut next_tick = Duration::from_secs(1);
+    loop {
+        if stop_requested() {
+            return Ended::Signal;
+        }
+        if let Some(code) = targets.command_exited() {
+            return Ended::CommandExited(code);
+        }
+        if targets.command.is_none() && crate::tree::all_exited(&targets.user_pids) {
+            return Ended::PidsExited;
+        }
+        let elapsed = start.elapsed();
+        if duration.is_some_and(|d| elapsed >= d) {
+            return Ended::Duration;
+        }
+        if elapsed >= next_tick {
+            tick(elapsed);
+            next_tick += Duration::from_secs(1);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The kmem tracer's settings every subcommand shares: what the filters
+/// and targets say; each subcommand adds its own on top.
+pub fn kmem_config(f: &FilterArgs, targets: &Targets) -> Config {
+    Config {
+        min_size: f.min_size,
+        max_size: f.max_size,
+        pids: targets.pids.clone(),
+        follow_children: targets.command.is_some(),
+        comm: f.comm.clone(),
+        attach: f.attach,
+        ..Config::default()
+    }
+}
+
+/// What the run was, for the report's header and JSON.
+pub fn run_info(attached: &[String], skipped: &[String], f: &FilterArgs) -> RunInfo {
+    RunInfo {
+        kernel: features::kernel_release(),
+        attach: attached.to_vec(),
+        skipped: skipped.to_vec(),
+        filters: f.describe(),
+        command: f.targets.command_line(),
+    }
+}
+
+/// Where a stream of reports goes (top -b, slab --watch): stdout, or a file
+/// created before anything is attached, so a path that cannot be written is
+/// said at once.
+pub enum Sink {
+    Stdout,
+    File(std::fs::File),
+}
+
+impl Sink {
+    pub fn create(path: Option<&Path>) -> Result<Sink> {
+        Ok(match path {
+            Some(p) => Sink::File(
+                std::fs::File::create(p)
+                    .with_context(|| format!("cannot write the output to {}", p.display()))?,
+            ),
+            None => Sink::Stdout,
+        })
+    }
+
+    /// Writes one report. A closed stdout pipe (`| head`) ends the run
+    /// quietly (false); a file that cannot be written is an error.
+    pub fn write(&mut self, text: &str) -> Result<bool> {
+        match self {
+            Sink::Stdout => {
+                let mut out = std::io::stdout().lock();
+                Ok(out
+                    .write_all(text.as_bytes())
+                    .and_then(|()| out.flush())
+                    .is_ok())
+            }
+            Sink::File(f) => {
+                f.write_all(text.as_bytes())
+                    .and_then(|()| f.flush())
+                    .context("writing the output file")?;
+                Ok(true)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_row_is_named_after_exec() {
+        let held = HeldCommand::spawn(&["sh".into(), "-c".into(), "true".into()]).unwrap();
+        let mut procs = std::collections::HashMap::new();
+        procs.insert(held.pid, ("kheap".to_string(), Default::default()));
+        procs.insert(1, ("kheap".to_string(), Default::default()));
+        name_command_process(&mut procs, &held);
+        assert_eq!(procs[&held.pid].0, "sh");
+        // Only the command's own PID: another kheap stays kheap.
+        assert_eq!(procs[&1].0, "kheap");
+    }
+}

@@ -1,0 +1,273 @@
+//! The JSON contract: every JSON document kheap writes (and each line of
+//! `top -b --format json` and `slab --watch --format json`) starts with
+//! `"kind"` and `"schema_version"`, so a reader knows what it holds without
+//! guessing from its fields. The fields that follow are described by
+//! `schema/<kind>.schema.json` and docs/json.md. Pure.
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Bumped when a field is renamed or removed, or changes meaning; adding a
+/// field is not a new version.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// What a JSON document is: the subcommand that wrote it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    Record,
+    Leaks,
+    Top,
+    Slab,
+    Malloc,
+    Diff,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Record => "record",
+            Kind::Leaks => "leaks",
+            Kind::Top => "top",
+            Kind::Slab => "slab",
+            Kind::Malloc => "malloc",
+            Kind::Diff => "diff",
+        }
+    }
+}
+
+/// A body with the contract's two leading fields.
+#[derive(Serialize)]
+struct Tagged<'a, T: Serialize> {
+    kind: Kind,
+    schema_version: u32,
+    #[serde(flatten)]
+    body: &'a T,
+}
+
+fn tagged<T: Serialize>(kind: Kind, body: &T) -> Tagged<'_, T> {
+    Tagged {
+        kind,
+        schema_version: SCHEMA_VERSION,
+        body,
+    }
+}
+
+/// A whole report, indented, with a final newline.
+pub fn pretty<T: Serialize>(kind: Kind, body: &T) -> String {
+    serde_json::to_string_pretty(&tagged(kind, body)).expect("kheap's reports always serialize")
+        + "\n"
+}
+
+/// One record of a stream (JSON Lines): one line, newline included.
+pub fn line<T: Serialize>(kind: Kind, body: &T) -> String {
+    serde_json::to_string(&tagged(kind, body)).expect("kheap's reports always serialize") + "\n"
+}
+
+/// The header of a kheap JSON document.
+#[derive(Deserialize)]
+struct Header {
+    kind: Option<serde_json::Value>,
+    schema_version: Option<serde_json::Value>,
+}
+
+/// Reads a kheap JSON document `what` (a file name, for messages): its kind
+/// and its whole value. Says in one line what is wrong with anything else.
+pub fn read(text: &str, what: &str) -> Result<(Kind, serde_json::Value)> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).with_context(|| format!("{what} is not JSON"))?;
+    let header: Header = serde_json::from_value(value.clone())
+        .with_context(|| format!("{what} is not a kheap JSON report (not a JSON object)"))?;
+    let Some(kind) = header.kind else {
+        bail!(
+            "{what} is not a kheap JSON report: it has no \"kind\" (write one with --format json)"
+        );
+    };
+    let kind: Kind = serde_json::from_value(kind.clone())
+        .map_err(|_| anyhow::anyhow!("{what}: unknown report kind {kind}"))?;
+    match header.schema_version.as_ref().and_then(|v| v.as_u64()) {
+        Some(v) if v == u64::from(SCHEMA_VERSION) => Ok((kind, value)),
+        Some(v) => bail!(
+            "{what} has schema_version {v}; this kheap reads version {SCHEMA_VERSION}: use the kheap that wrote it"
+        ),
+        None => bail!("{what} has no schema_version: it is not a kheap JSON report"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Serialize)]
+    struct Body {
+        duration_s: f64,
+        rows: Vec<u32>,
+    }
+
+    #[test]
+    fn kind_and_version_come_first() {
+        let body = Body {
+            duration_s: 1.5,
+            rows: vec![1, 2],
+        };
+        let text = pretty(Kind::Leaks, &body);
+        assert!(
+            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 1,\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("}\n"));
+        let l = line(Kind::Top, &body);
+        assert!(
+            l.starts_with("{\"kind\":\"top\",\"schema_version\":1,\"duration_s\":1.5"),
+            "{l}"
+        );
+        assert_eq!(l.lines().count(), 1);
+        let (kind, v) = read(&text, "a.json").unwrap();
+        assert_eq!(kind, Kind::Leaks);
+        assert_eq!(v["rows"][1], 2);
+    }
+
+    #[test]
+    fn anything_else_is_refused_in_one_line() {
+        let err = |t: &str| format!("{:#}", read(t, "x.json").unwrap_err());
+        assert!(err("{\"sites\": []}").contains("has no \"kind\""));
+        assert!(err("{\"kind\": \"nope\", \"schema_version\": 1}").contains("unknown report kind"));
+        assert!(err("{\"kind\": \"record\", \"schema_version\": 7}").contains("schema_version 7"));
+        assert!(err("{\"kind\": \"record\"}").contains("no schema_version"));
+        assert!(err("[1]").contains("not a kheap JSON report"));
+        assert!(err("nope").starts_with("x.json is not JSON"));
+        for e in [err("{}"), err("[1]"), err("nope")] {
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    /// The pure renderers' JSON of constructed reports follows the schema
+    /// of its kind: record, leaks (report and snapshot), malloc (with and
+    /// without --outstanding), a top interval and a diff. Slab's are
+    /// checked beside its renderer.
+    mod schemas {
+        use super::super::*;
+        use crate::diff::{self, DiffBy};
+        use crate::report::tests::{fixture_symbols, leak_snapshot, sample_snapshot};
+        use crate::report::{build, BuildOptions, Report, RunInfo};
+        use crate::schema_check::{assert_valid, schema_errors};
+
+        fn parsed(text: &str) -> serde_json::Value {
+            serde_json::from_str(text).unwrap()
+        }
+
+        fn kmem(snap: &crate::report::Snapshot, every: u32) -> Report {
+            build(
+                snap,
+                &fixture_symbols(),
+                BuildOptions {
+                    stack_sample_every: every,
+                    duration_s: 2.0,
+                    run: RunInfo {
+                        command: Some("kheap-load msg".into()),
+                        ..Default::default()
+                    },
+                },
+            )
+        }
+
+        #[test]
+        fn record_and_leaks() {
+            let mut rec = kmem(&sample_snapshot(), 10);
+            let mut with_procs = sample_snapshot();
+            with_procs.procs.insert(
+                7,
+                ("msgd".into(), *with_procs.sites.values().next().unwrap()),
+            );
+            rec.processes = kmem(&with_procs, 10).processes;
+            assert_eq!(rec.processes.len(), 1);
+            assert_valid(&parsed(&pretty(Kind::Record, &rec)));
+
+            let mut snap = leak_snapshot(4);
+            let leaks = kmem(&snap, 1);
+            assert!(!leaks.leaks.as_ref().unwrap().processes.is_empty());
+            assert_valid(&parsed(&pretty(Kind::Leaks, &leaks)));
+            snap.leaks.as_mut().unwrap().kind = "snapshot".into();
+            let v = parsed(&pretty(Kind::Leaks, &kmem(&snap, 256)));
+            assert_eq!(v["leaks"]["snapshot"], true);
+            assert_valid(&v);
+            // A record report is not a leaks report, nor the other way.
+            assert!(!schema_errors(&parsed(&pretty(Kind::Leaks, &rec))).is_empty());
+            assert!(!schema_errors(&parsed(&pretty(Kind::Record, &leaks))).is_empty());
+        }
+
+        #[test]
+        fn a_renamed_field_fails() {
+            let v = parsed(&pretty(Kind::Record, &kmem(&sample_snapshot(), 10)));
+            let renamed = |path: &[&str], from: &str, to: &str| {
+                let mut v = v.clone();
+                let mut o = &mut v;
+                for p in path {
+                    o = match p.parse::<usize>() {
+                        Ok(i) => &mut o[i],
+                        Err(_) => &mut o[*p],
+                    };
+                }
+                let m = o.as_object_mut().unwrap();
+                let x = m.remove(from).unwrap();
+                m.insert(to.into(), x);
+                v
+            };
+            for (path, from, to) in [
+                (&[][..], "duration_s", "duration"),
+                (&["totals"][..], "count", "allocs"),
+                (&["lost"][..], "map_full", "full"),
+                (&["sites", "0"][..], "bytes_req", "bytes"),
+                (&["sites", "0", "hist", "0"][..], "lo", "low"),
+                (&["stacks", "0"][..], "frames", "stack"),
+                (&["caches", "0"][..], "name", "cache"),
+            ] {
+                let errors = schema_errors(&renamed(path, from, to));
+                assert!(!errors.is_empty(), "{path:?}.{from} renamed to {to} passed");
+            }
+        }
+
+        #[test]
+        fn malloc() {
+            use crate::malloc::report::{build, tests};
+            let (mut snap, frames) = tests::sample();
+            let v = parsed(&pretty(Kind::Malloc, &build(&snap, &frames, tests::opts())));
+            assert!(v["sites"][0].get("outstanding_count").is_some());
+            assert_valid(&v);
+            snap.live = None;
+            let v = parsed(&pretty(Kind::Malloc, &build(&snap, &frames, tests::opts())));
+            assert!(v["totals"].get("outstanding_count").is_none());
+            assert_valid(&v);
+        }
+
+        #[test]
+        fn top_interval() {
+            use crate::top::view::{Interval, TopSort};
+            let iv = Interval {
+                time: "2026-11-30T21:00:00Z".into(),
+                interval_s: 1.0,
+                aged_out: 3,
+                overhead: Default::default(),
+                report: kmem(&sample_snapshot(), 1024),
+            };
+            let line = crate::top::batch::json(&iv, TopSort::Bytes, Some(1));
+            assert_eq!(line.lines().count(), 1);
+            assert_valid(&parsed(&line));
+        }
+
+        #[test]
+        fn diff_of_each_comparable_kind() {
+            for kind in [Kind::Record, Kind::Leaks] {
+                let before = kmem(&sample_snapshot(), 10);
+                let after = match kind {
+                    Kind::Leaks => kmem(&leak_snapshot(1), 10),
+                    _ => kmem(&sample_snapshot(), 1),
+                };
+                for by in [DiffBy::Site, DiffBy::Stack, DiffBy::Cache] {
+                    let d = diff::diff(kind, &before, &after, by);
+                    assert_valid(&parsed(&pretty(Kind::Diff, &d)));
+                }
+            }
+        }
+    }
+}

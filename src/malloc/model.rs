@@ -1,0 +1,66 @@
+//! What the malloc tracer reads from the kernel, before symbolization: the
+//! aggregation key, event counters, and the allocator's own code ranges.
+//! Pure types, filled by `crate::kernel::malloc`.
+
+use std::collections::HashMap;
+
+use super::usersyms::UserFrame;
+use crate::model::AllocStats;
+
+/// The kernel's aggregation key (see `struct malloc_key`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Key {
+    /// The address space (its mm_struct's address): what addresses are
+    /// relative to.
+    pub mm: u64,
+    pub tgid: u32,
+    pub func: u32,
+    pub caller: u64,
+    pub stack_id: i64,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Events {
+    pub frees: u64,
+    pub frees_null: u64,
+    pub frees_untracked: u64,
+    pub failed: u64,
+    pub lost_stacks: u64,
+    pub map_full_sites: u64,
+    pub map_full_live: u64,
+    pub map_full_vmas: u64,
+    pub vma_lookup_failed: u64,
+    /// Calls made by the allocator itself while serving another (seen as
+    /// such in the kernel), not counted twice.
+    pub nested: u64,
+    pub no_thread_state: u64,
+}
+
+/// A probed function's code: (kernel device, inode) of its file and its
+/// file offsets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocatorCode {
+    pub file: (u32, u64),
+    pub start: u64,
+    pub end: u64,
+}
+
+impl AllocatorCode {
+    pub fn contains(&self, f: &UserFrame) -> bool {
+        f.file == Some(self.file) && self.start <= f.file_offset && f.file_offset < self.end
+    }
+}
+
+/// Everything read from the kernel at the end of a run, before
+/// symbolization.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub sites: HashMap<Key, AllocStats>,
+    /// Blocks not freed by the end, per key: (count, bytes). Present only
+    /// with --outstanding.
+    pub live: Option<HashMap<Key, (u64, u64)>>,
+    /// User stacks by id, innermost first, as walked from the probe: frame 0
+    /// is the allocator function itself.
+    pub stacks: HashMap<i64, Vec<u64>>,
+    pub events: Events,
+}

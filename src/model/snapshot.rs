@@ -1,0 +1,77 @@
+//! What is read from the kernel's maps, summed over CPUs, before
+//! symbolization: the input of every report, and the keys and counters the
+//! kernel layer is handed back (idle keys to delete, program run times).
+
+use std::collections::HashMap;
+
+use crate::model::live::LeakInput;
+use crate::model::{AllocStats, CacheId, SiteKey};
+
+/// Everything read from the kernel at the end of a run (or an interval),
+/// summed over CPUs, before symbolization.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub sites: HashMap<SiteKey, AllocStats>,
+    /// Sampled (or, in exact mode, all) stacks of each site.
+    pub stacks: HashMap<(SiteKey, i64), AllocStats>,
+    pub stack_frames: HashMap<i64, Vec<u64>>,
+    pub procs: HashMap<u32, (String, AllocStats)>,
+    pub cache_frees: HashMap<CacheId, u64>,
+    pub events: EventCounters,
+    /// Outstanding objects, from `kheap leaks` only.
+    pub leaks: Option<LeakInput>,
+}
+
+/// Counters of events that are not allocations: frees, and everything
+/// dropped or sampled on the way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventCounters {
+    pub frees: u64,
+    pub frees_null: u64,
+    pub alloc_failed: u64,
+    pub stack_samples: u64,
+    pub lost_stack_collision: u64,
+    pub lost_stack_other: u64,
+    pub map_full_sites: u64,
+    pub map_full_stacks: u64,
+    pub map_full_procs: u64,
+    pub map_full_caches: u64,
+}
+
+impl EventCounters {
+    pub fn lost_stacks(&self) -> u64 {
+        self.lost_stack_collision + self.lost_stack_other
+    }
+    pub fn map_full(&self) -> u64 {
+        self.map_full_sites + self.map_full_stacks + self.map_full_procs + self.map_full_caches
+    }
+}
+
+/// Keys of the BPF maps that saw no event for a while, to be deleted so the
+/// maps do not fill up over a long run.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IdleKeys {
+    pub sites: Vec<SiteKey>,
+    pub stacks: Vec<(SiteKey, i64)>,
+    pub procs: Vec<u32>,
+    pub caches: Vec<CacheId>,
+}
+
+impl IdleKeys {
+    pub fn len(&self) -> usize {
+        self.sites.len() + self.stacks.len() + self.procs.len() + self.caches.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Cumulative run time and run count of kheap's programs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProgRunTime {
+    pub run_time_ns: u64,
+    pub run_cnt: u64,
+    /// Runs the kernel skipped because a program was already running on
+    /// that CPU (events lost to recursion).
+    pub recursion_misses: u64,
+}

@@ -1,0 +1,96 @@
+//! The command-line surface, without root: the shared flags are on every
+//! subcommand they belong to, with one spelling, and conflicting flags are
+//! refused before anything is attached.
+
+mod common;
+
+use common::*;
+
+fn help(sub: &str) -> String {
+    let out = kheap(&[sub, "--help"]);
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn output_flags_are_on_every_reporting_subcommand() {
+    for sub in ["record", "leaks", "top", "slab", "malloc", "diff"] {
+        let h = help(sub);
+        for flag in ["-o, --output <FILE>", "-n, --top <N>", "--format <FORMAT>"] {
+            assert!(h.contains(flag), "kheap {sub}: no {flag}");
+        }
+        assert!(h.contains("json"), "kheap {sub}: no --format json");
+        assert!(!h.contains("--rows"), "kheap {sub}: --rows is -n now");
+    }
+}
+
+#[test]
+fn filters_and_stacks_are_where_they_mean_something() {
+    for sub in ["record", "leaks", "top", "slab"] {
+        let h = help(sub);
+        for flag in [
+            "-p, --pid <PID>",
+            "--comm <NAME>",
+            "--min-size <N>",
+            "--max-size <N>",
+            "--attach <ATTACH>",
+            "[-- <CMD>...]",
+            "--exact-stacks",
+            "--stack-sample <N>",
+            "--no-stacks",
+        ] {
+            assert!(h.contains(flag), "kheap {sub}: no {flag}");
+        }
+    }
+    // malloc's probes are in user space: no kernel-side filters or stacks
+    // options that it would ignore.
+    let h = help("malloc");
+    assert!(h.contains("-p, --pid <PID>") && h.contains("[-- <CMD>...]"));
+    for flag in [
+        "--comm",
+        "--min-size",
+        "--attach",
+        "--stack-sample",
+        "--exact-stacks",
+    ] {
+        assert!(!h.contains(flag), "kheap malloc: {flag} would be ignored");
+    }
+}
+
+/// Runs kheap and returns its stderr, asserting it failed.
+fn refused(args: &[&str]) -> String {
+    let out = kheap(args);
+    assert!(!out.status.success(), "kheap {args:?} was accepted");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn conflicting_stack_flags_are_an_error() {
+    for sub in ["record", "leaks", "top", "slab"] {
+        let e = refused(&[sub, "--no-stacks", "--stack-sample", "4"]);
+        assert!(e.contains("cannot be used with"), "kheap {sub}: {e}");
+        let e = refused(&[sub, "--exact-stacks", "--no-stacks"]);
+        assert!(e.contains("cannot be used with"), "kheap {sub}: {e}");
+    }
+    let e = refused(&["record", "--stack-sample", "48"]);
+    assert!(e.contains("not a power of two"), "{e}");
+}
+
+#[test]
+fn slab_refuses_trace_options_it_would_ignore() {
+    for args in [
+        &["slab", "--watch", "1", "--comm", "x"][..],
+        &["slab", "--no-trace", "-d", "1", "-p", "1"][..],
+        &["slab", "--watch", "1", "--no-stacks"][..],
+    ] {
+        let e = refused(args);
+        assert!(e.contains("select traced allocations"), "{args:?}: {e}");
+        assert_eq!(e.lines().count(), 1, "{e}");
+    }
+}
+
+#[test]
+fn top_counts_iterations_with_a_long_flag() {
+    let e = refused(&["top", "-b", "--iterations", "0"]);
+    assert!(e.contains("at least one iteration"), "{e}");
+}
