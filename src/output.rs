@@ -36,6 +36,14 @@ fn temp_beside(path: &Path) -> PathBuf {
 /// `path`: its directory exists and takes a new file (a byte is written and
 /// removed, so a read-only or full file system is caught now).
 pub fn check_writable(path: &Path, flag: &str) -> Result<()> {
+    if fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        // A device or pipe (`-o /dev/null`): written in place.
+        return OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map(drop)
+            .with_context(|| format!("{flag} {}: cannot write there", path.display()));
+    }
     if path.is_dir() {
         bail!("{flag} {} is a directory: give a file name", path.display());
     }
@@ -70,8 +78,26 @@ fn probe_dir(dir: &Path) -> Result<()> {
 }
 
 /// Writes `text` to `path` atomically: readers see the old file or the
-/// whole new one, never a part.
+/// whole new one, never a part. Only a regular file (or a new one) is
+/// replaced: a device, pipe or socket (`-o /dev/null`, `-o /dev/stdout`)
+/// is written in place, and a symbolic link's target is replaced, not the
+/// link.
 pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    let resolved;
+    let path = match fs::canonicalize(path) {
+        Ok(p) => {
+            resolved = p;
+            &resolved
+        }
+        Err(_) => path,
+    };
+    if fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return OpenOptions::new()
+            .write(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .with_context(|| format!("writing {}", path.display()));
+    }
     let tmp = temp_beside(path);
     let written = OpenOptions::new()
         .write(true)
@@ -125,6 +151,26 @@ mod tests {
         assert!(check_dir_writable(dir.path(), "--snapshot-dir").is_ok());
         // Nothing is left by the checks.
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn devices_and_links_are_written_not_replaced() {
+        use std::os::unix::fs::FileTypeExt;
+        check_writable(Path::new("/dev/null"), "-o").unwrap();
+        write_atomic(Path::new("/dev/null"), "report\n").unwrap();
+        let m = fs::metadata("/dev/null").unwrap();
+        assert!(m.file_type().is_char_device(), "/dev/null was replaced");
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("target.json");
+        let link = dir.path().join("link.json");
+        fs::write(&target, "old\n").unwrap();
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        write_atomic(&link, "new\n").unwrap();
+        assert!(fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(fs::read_to_string(&target).unwrap(), "new\n");
     }
 
     #[test]

@@ -205,9 +205,19 @@ pub fn held_by_site(
 
 /// "would hold 1.2M less on average (2.0M at peak; ~300 of its objects
 /// live)", or, with no samples of the cache, what each object would save.
+/// Below `MIN_SAVING_BYTES` (objects that do not stay, or no samples of
+/// the cache, e.g. kmalloc buckets of their own) no saving is claimed: the
+/// per-object figure is what is known.
 fn held_words(held: Option<Held>, per_object: u64) -> (u64, String) {
+    let per_live = || {
+        format!(
+            "{} less per object held (how much memory that saves depends on how many stay \
+             allocated: the cache's samples showed too few to claim a saving; see kheap leaks)",
+            human_size(per_object)
+        )
+    };
     match held {
-        Some(h) => {
+        Some(h) if h.saving(per_object).0 >= MIN_SAVING_BYTES => {
             let (avg, peak) = h.saving(per_object);
             (
                 avg,
@@ -220,10 +230,7 @@ fn held_words(held: Option<Held>, per_object: u64) -> (u64, String) {
                 ),
             )
         }
-        None => (
-            0,
-            format!("{} less per live object", human_size(per_object)),
-        ),
+        _ => (0, per_live()),
     }
 }
 
@@ -252,12 +259,7 @@ pub fn boundary_hint(site: &TracedSite, duration_s: f64, held: Option<Held>) -> 
         avg > prev as f64 && avg - prev as f64 <= (size - prev) as f64 * JUST_ABOVE_FRACTION;
     let per_object = size.saturating_sub(right_size(s));
     let (saving, held_text) = held_words(held, per_object);
-    if share < CLUSTER_SHARE
-        || !avg_in_peak
-        || !just_above
-        || s.waste_pct() < MIN_WASTE_PCT
-        || (held.is_some() && saving < MIN_SAVING_BYTES)
-    {
+    if share < CLUSTER_SHARE || !avg_in_peak || !just_above || s.waste_pct() < MIN_WASTE_PCT {
         return None;
     }
     let cache = site.cache.name();
@@ -497,7 +499,7 @@ pub fn traced_growth_hint(cache: &TracedCache, duration_s: f64) -> Option<Hint> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::kmalloc;
+    use crate::testing::{assert_contains, kmalloc};
 
     fn no_sizes(_: &str) -> Option<u64> {
         None
@@ -535,7 +537,10 @@ mod tests {
             held.avg_objects < 2.0 && held.peak_objects == 5.0,
             "{held:?}"
         );
-        assert!(boundary_hint(&site, 3.0, Some(held)).is_none());
+        let h = boundary_hint(&site, 3.0, Some(held)).unwrap();
+        assert_eq!(h.saving_bytes, 0);
+        assert_contains(&h.text, &["1.9K less per object held", "too few to claim"]);
+        assert!(!h.text.contains("saved"), "{}", h.text);
         // Half the cache's allocations, and the cache held 2000 more
         // objects at the end: 500 on average, 1000 at peak are the site's.
         let mut half = site.clone();
