@@ -11,26 +11,14 @@
 
 char LICENSE[] SEC("license") = "GPL";
 
-SEC("raw_tp/kmalloc")
-int empty_kmalloc(void *ctx)
-{
-	return 0;
-}
+#define EMPTY(prog, tracepoint)    \
+	SEC("raw_tp/" #tracepoint) \
+	int prog(void *ctx)        \
+	{                          \
+		return 0;          \
+	}
 
-SEC("raw_tp/kmem_cache_alloc")
-int empty_cache_alloc(void *ctx)
-{
-	return 0;
-}
-
-SEC("raw_tp/kfree")
-int empty_kfree(void *ctx)
-{
-	return 0;
-}
-
-SEC("raw_tp/kmem_cache_free")
-int empty_cache_free(void *ctx)
-{
-	return 0;
-}
+EMPTY(empty_kmalloc, kmalloc)
+EMPTY(empty_cache_alloc, kmem_cache_alloc)
+EMPTY(empty_kfree, kfree)
+EMPTY(empty_cache_free, kmem_cache_free)

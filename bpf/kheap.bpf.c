@@ -448,14 +448,6 @@ int BPF_PROG(cache_free_btf, unsigned long call_site, const void *ptr,
 	return 0;
 }
 
-/* With `-- CMD`, children of traced processes are traced too. */
-SEC("tp_btf/sched_process_fork")
-int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
-{
-	follow_fork(parent->tgid, child->tgid);
-	return 0;
-}
-
 /* ---- raw_tp: untyped raw tracepoint arguments ---- */
 
 SEC("raw_tp/kmalloc")

@@ -35,6 +35,16 @@ static __always_inline __u64 name_key(const char *name)
 	return h | 1;
 }
 
+/* The fields every allocation record layout has, read through CO-RE from
+ * record r (of whichever flavor) into event e. */
+#define READ_ALLOC_FIELDS(r, e)                                   \
+	do {                                                      \
+		(e)->call_site = BPF_CORE_READ(r, call_site);     \
+		(e)->ptr = BPF_CORE_READ(r, ptr);                 \
+		(e)->bytes_req = BPF_CORE_READ(r, bytes_req);     \
+		(e)->bytes_alloc = BPF_CORE_READ(r, bytes_alloc); \
+	} while (0)
+
 /* One allocation event, whichever record layout it came in. */
 struct kmem_alloc_event {
 	__u64 call_site;
@@ -53,18 +63,12 @@ static __always_inline void read_kmalloc_record(void *ctx,
 	if (bpf_core_type_exists(struct trace_event_raw_kmalloc)) {
 		struct trace_event_raw_kmalloc *r = ctx;
 
-		e->call_site = BPF_CORE_READ(r, call_site);
-		e->ptr = BPF_CORE_READ(r, ptr);
-		e->bytes_req = BPF_CORE_READ(r, bytes_req);
-		e->bytes_alloc = BPF_CORE_READ(r, bytes_alloc);
+		READ_ALLOC_FIELDS(r, e);
 		e->gfp_flags = BPF_CORE_READ(r, gfp_flags);
 	} else {
 		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
 
-		e->call_site = BPF_CORE_READ(r, call_site);
-		e->ptr = BPF_CORE_READ(r, ptr);
-		e->bytes_req = BPF_CORE_READ(r, bytes_req);
-		e->bytes_alloc = BPF_CORE_READ(r, bytes_alloc);
+		READ_ALLOC_FIELDS(r, e);
 		e->gfp_flags = BPF_CORE_READ(r, gfp_flags);
 	}
 	e->name = NULL;
@@ -78,10 +82,7 @@ static __always_inline void read_cache_alloc_record(void *ctx,
 	if (bpf_core_type_exists(struct trace_event_raw_kmem_cache_alloc)) {
 		struct trace_event_raw_kmem_cache_alloc *r = ctx;
 
-		e->call_site = BPF_CORE_READ(r, call_site);
-		e->ptr = BPF_CORE_READ(r, ptr);
-		e->bytes_req = BPF_CORE_READ(r, bytes_req);
-		e->bytes_alloc = BPF_CORE_READ(r, bytes_alloc);
+		READ_ALLOC_FIELDS(r, e);
 		if (bpf_core_field_exists(r->__data_loc_name)) {
 			__u32 loc = BPF_CORE_READ(r, __data_loc_name);
 
@@ -90,10 +91,7 @@ static __always_inline void read_cache_alloc_record(void *ctx,
 	} else {
 		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
 
-		e->call_site = BPF_CORE_READ(r, call_site);
-		e->ptr = BPF_CORE_READ(r, ptr);
-		e->bytes_req = BPF_CORE_READ(r, bytes_req);
-		e->bytes_alloc = BPF_CORE_READ(r, bytes_alloc);
+		READ_ALLOC_FIELDS(r, e);
 	}
 }
 

@@ -329,15 +329,6 @@ int BPF_UPROBE(free_entry, __u64 ptr)
 	return 0;
 }
 
-/* Children of traced processes are traced too. Typed arguments give the
- * tgids (the classic record has thread ids); new threads share the tgid. */
-SEC("tp_btf/sched_process_fork")
-int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
-{
-	follow_fork(parent->tgid, child->tgid);
-	return 0;
-}
-
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(exec_btf, struct task_struct *p, pid_t old_pid,
 	     struct linux_binprm *bprm)

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: GPL-2.0 */
 /*
  * Which tasks a BPF object counts: the PID filter map, the fork follower
- * that adds children of traced processes, and the command-name match. One
- * copy for every object (kheap.bpf.c, malloc.bpf.c). Include after vmlinux.h,
+ * that adds children of traced processes (and its tp_btf program), and the
+ * command-name match. One copy for every object (kheap.bpf.c, malloc.bpf.c).
+ * Include after vmlinux.h,
  * the libbpf headers and kheap.h.
  */
 #ifndef KHEAP_TASK_FILTER_BPF_H
@@ -60,6 +61,15 @@ static __always_inline bool task_passes(const volatile struct task_filter *f,
 	if (f->comm_set && !comm_is(f->comm))
 		return false;
 	return true;
+}
+
+/* The fork follower on typed arguments, which give tgids (the classic
+ * record has thread ids). Every object that follows children loads it. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(fork_btf, struct task_struct *parent, struct task_struct *child)
+{
+	follow_fork(parent->tgid, child->tgid);
+	return 0;
 }
 
 #endif /* KHEAP_TASK_FILTER_BPF_H */

@@ -156,7 +156,7 @@ mod tests {
             serde_json::from_str(text).unwrap()
         }
 
-        fn kmem(snap: &crate::report::Snapshot, every: u32) -> Report {
+        fn kmem(snap: &crate::model::snapshot::Snapshot, every: u32) -> Report {
             build(
                 snap,
                 &fixture_symbols(),

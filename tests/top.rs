@@ -222,6 +222,58 @@ fn process_view_counts_the_loop_process() {
     }
 }
 
+/// kheap's own map reads allocate in the kernel (batch lookups kvmalloc
+/// their buffers); unfiltered, kheap must not report itself as a workload.
+#[test]
+fn kheap_leaves_itself_out() {
+    require_root();
+    let load = Loop::start(6);
+    let top = Command::new(KHEAP)
+        .args([
+            "top",
+            "-b",
+            "--iterations",
+            "4",
+            "-i",
+            "0.5",
+            "--by",
+            "process",
+            "--format",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let own = top.id() as u64;
+    let out = wait_bounded(top, Duration::from_secs(60));
+    drop(load);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(parse_valid)
+        .collect();
+    assert_eq!(lines.len(), 4);
+    let filters = lines[0]["run"]["filters"].to_string();
+    assert!(
+        filters.contains(&format!("not kheap itself (pid {own})")),
+        "{filters}"
+    );
+    let mut others = 0;
+    for iv in &lines {
+        for p in iv["processes"].as_array().unwrap() {
+            assert_ne!(u(&p["pid"]), own, "kheap counted itself: {p}");
+            others += 1;
+        }
+    }
+    assert!(others > 0, "the loop's allocations are counted");
+}
+
 #[test]
 fn cache_view_shows_frees_of_dedicated_caches() {
     require_root();

@@ -160,13 +160,17 @@ pub fn kmem_config(f: &FilterArgs, targets: &Targets) -> Config {
     }
 }
 
-/// What the run was, for the report's header and JSON.
+/// What a kmem run was, for the report's header and JSON.
 pub fn run_info(attached: &[String], skipped: &[String], f: &FilterArgs) -> RunInfo {
+    let mut filters = f.describe();
+    // The kmem tracer leaves kheap's own process out (Config::include_self):
+    // its map reads allocate in the kernel, and that is not the workload.
+    filters.push(format!("not kheap itself (pid {})", std::process::id()));
     RunInfo {
         kernel: features::kernel_release(),
         attach: attached.to_vec(),
         skipped: skipped.to_vec(),
-        filters: f.describe(),
+        filters,
         command: f.targets.command_line(),
     }
 }

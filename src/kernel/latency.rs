@@ -16,10 +16,7 @@ pub use crate::latency::LatencyProbe;
 use crate::latency::{kallsyms_functions, resolve_functions, LatencyData, LatencyEntry};
 use crate::model::Hist;
 
-#[allow(clippy::all, dead_code, unused_imports, non_camel_case_types)]
-mod skel {
-    include!(concat!(env!("OUT_DIR"), "/latency.skel.rs"));
-}
+skeleton!("latency");
 use skel::{types, LatencySkel, LatencySkelBuilder, OpenLatencySkel};
 
 plain_types!(types::lat_key, types::lat_stats, types::lat_counters);

@@ -1,10 +1,7 @@
 //! The generated skeleton of `bpf/malloc.bpf.c` and conversions from its
 //! types (generated from `bpf/malloc.h`) into the pure model types.
 
-#[allow(clippy::all, dead_code, unused_imports, non_camel_case_types)]
-mod skel {
-    include!(concat!(env!("OUT_DIR"), "/malloc.skel.rs"));
-}
+skeleton!("malloc");
 
 pub use skel::types;
 pub use skel::{MallocSkel, MallocSkelBuilder, OpenMallocSkel};

@@ -2,6 +2,17 @@
 //! hooks and the attach strategy, feature probing, typed map readers. Every
 //! other module is pure and builds and tests without root or clang.
 
+/// The skeleton libbpf-cargo generated for `bpf/<name>.bpf.c` (build.rs),
+/// as a private module `skel`.
+macro_rules! skeleton {
+    ($name:literal) => {
+        #[allow(clippy::all, dead_code, unused_imports, non_camel_case_types)]
+        mod skel {
+            include!(concat!(env!("OUT_DIR"), "/", $name, ".skel.rs"));
+        }
+    };
+}
+
 /// Marks generated BPF types as plain old data (every bit pattern is valid),
 /// so map bytes can be read into them with `plain`.
 macro_rules! plain_types {

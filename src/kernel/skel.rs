@@ -1,10 +1,7 @@
 //! The generated skeleton of bpf/kheap.bpf.c and conversions from its types
 //! (generated from `bpf/kheap.h`) into the pure model types.
 
-#[allow(clippy::all, dead_code, unused_imports, non_camel_case_types)]
-mod skel {
-    include!(concat!(env!("OUT_DIR"), "/kheap.skel.rs"));
-}
+skeleton!("kheap");
 
 pub use skel::types;
 pub use skel::{KheapSkel, KheapSkelBuilder, OpenKheapSkel};

@@ -5,6 +5,5 @@
 //! (`crate::model::live`).
 
 // At its old path until every branch imports it from the model.
-pub use crate::model::live;
 pub mod render;
 pub mod retention;

@@ -10,7 +10,7 @@ use crate::model::{AllocStats, Counts};
 use crate::report::RunInfo;
 
 // At their old paths until every branch imports them from `malloc::model`.
-pub use super::model::{AllocatorCode, Events, Key, Snapshot};
+use super::model::{AllocatorCode, Key, Snapshot};
 
 /// Blocks not freed by the end, flattened into rows and totals under the
 /// names every kind uses.
@@ -37,7 +37,7 @@ mod request_counts {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     use crate::model::Bucket;
-    use crate::report::Counts;
+    use crate::model::Counts;
 
     #[derive(Serialize, Deserialize)]
     struct RequestCounts {

@@ -18,7 +18,7 @@ use crate::model::snapshot::{EventCounters, Snapshot};
 use crate::model::{AllocStats, CacheId, SiteKey};
 
 // At its old path until every branch imports it from the model.
-pub use crate::model::snapshot::IdleKeys;
+use crate::model::snapshot::IdleKeys;
 
 /// A cumulative counter value of one map entry.
 pub trait Counter: Clone + Default {

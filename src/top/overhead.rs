@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::round2;
 // At its old path until every branch imports it from the model.
-pub use crate::model::snapshot::ProgRunTime;
+use crate::model::snapshot::ProgRunTime;
 
 /// This process's CPU time (user + system) and peak resident set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
