@@ -14,7 +14,7 @@ use crate::model::{AllocStats, CacheId};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
 // Kept at their old paths until every branch imports them from the model.
-use crate::model::snapshot::Snapshot;
+use crate::model::snapshot::{EventCounters, Snapshot};
 use crate::model::{Counts, LatencyRow, SiteKey};
 
 /// How stacks were captured in this run.
