@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 
@@ -16,6 +18,10 @@ pub struct TargetArgs {
     /// Only trace this process (repeatable)
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
+    /// Leave the command and what it started running when kheap stops
+    /// (by default they end with the run)
+    #[arg(long)]
+    pub keep_running: bool,
     /// Command to run and trace (with its children) until it exits
     #[arg(last = true, value_name = "CMD")]
     pub command: Vec<String>,
@@ -39,7 +45,7 @@ pub struct FilterArgs {
     #[command(flatten)]
     pub targets: TargetArgs,
     /// Only count allocations made by tasks with this command name
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_parser = parse_comm, value_name = "NAME")]
     pub comm: Option<String>,
     /// Ignore allocations smaller than this (bytes, or with k/M suffix)
     #[arg(long, value_parser = parse_size, default_value = "0", value_name = "N")]
@@ -216,11 +222,110 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("'{s}' is not a size: use bytes, or a k/M/G suffix"))
 }
 
-/// Parses a positive duration in seconds (fractions allowed).
-pub fn parse_secs(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
-        _ => Err(format!("'{s}' is not a positive number of seconds")),
+/// The longest duration or interval kheap accepts: longer ones are typos
+/// (`1e19`), and `Instant + Duration` must never overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The shortest: below a millisecond a wait loop would only spin.
+pub const MIN_DURATION: Duration = Duration::from_millis(1);
+
+/// Parses a duration or interval in seconds (fractions allowed), between
+/// [`MIN_DURATION`] and [`MAX_DURATION`]. Every `-d`, `-i`, `--watch` and
+/// `--snapshot-every` goes through here.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let secs = match s.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => v,
+        _ => return Err(format!("'{s}' is not a positive number of seconds")),
+    };
+    if secs > MAX_DURATION.as_secs_f64() {
+        return Err(format!(
+            "'{s}' seconds is too long: at most {} (7 days)",
+            MAX_DURATION.as_secs()
+        ));
+    }
+    let d = Duration::from_secs_f64(secs);
+    if d < MIN_DURATION {
+        return Err(format!("'{s}' seconds is too short: at least 0.001"));
+    }
+    Ok(d)
+}
+
+/// The largest per-site and per-stack map kheap asks for: 2^20 entries is
+/// already about a gigabyte of kernel memory for stacks.
+pub const MAX_MAP_ENTRIES: u32 = 1 << 20;
+/// The largest object map (leaks) or outstanding-block map (malloc).
+pub const MAX_TRACKED_OBJECTS: u32 = 1 << 24;
+
+fn parse_capacity(s: &str, max: u32) -> Result<u32, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if (1..=max as u64).contains(&n) => Ok(n as u32),
+        _ => Err(format!(
+            "'{s}' is not a map size: give a number from 1 to {max}"
+        )),
+    }
+}
+
+/// Parses `--max-entries`: 1 to [`MAX_MAP_ENTRIES`].
+pub fn parse_map_entries(s: &str) -> Result<u32, String> {
+    parse_capacity(s, MAX_MAP_ENTRIES)
+}
+
+/// Parses `--max-objects` and `--max-outstanding`: 1 to [`MAX_TRACKED_OBJECTS`].
+pub fn parse_tracked_objects(s: &str) -> Result<u32, String> {
+    parse_capacity(s, MAX_TRACKED_OBJECTS)
+}
+
+/// The kernel keeps 15 bytes of a task's name (TASK_COMM_LEN - 1).
+const COMM_MAX: usize = 15;
+
+/// Parses `--comm`: a task name the kernel can hold, so that the filter can
+/// match at all.
+pub fn parse_comm(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err(
+            "an empty command name matches nothing: give a task name as in 'ps -o comm'".into(),
+        );
+    }
+    if s.len() > COMM_MAX {
+        return Err(format!(
+            "'{s}' is longer than the {COMM_MAX} bytes the kernel keeps of a task name: use '{}'",
+            truncate_comm(s)
+        ));
+    }
+    Ok(s.to_string())
+}
+
+fn truncate_comm(s: &str) -> &str {
+    let mut end = COMM_MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// A clap error as one line: clap's first line, without its tips (its tip
+/// for a negative number, "use '-- -5'", is wrong in kheap, where `--`
+/// starts the command to trace) and with where to look instead.
+pub fn one_line_error(e: &clap::Error) -> String {
+    let rendered = e.render().to_string();
+    // The message may go on over lines ("required arguments were not
+    // provided:" and their names); usage and tips are left out.
+    let message: Vec<&str> = rendered
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
+        .filter(|l| !l.is_empty() && !l.starts_with("tip:"))
+        .collect();
+    let joined = message.join(" ");
+    let first = joined.strip_prefix("error: ").unwrap_or(&joined);
+    let negative = first.contains("unexpected argument '-")
+        && first
+            .split('\'')
+            .nth(1)
+            .is_some_and(|a| a.trim_start_matches('-').parse::<f64>().is_ok());
+    if negative {
+        format!("{first}: negative numbers are not accepted here (see --help)")
+    } else {
+        format!("{first} (see --help)")
     }
 }
 
@@ -264,7 +369,78 @@ mod tests {
         assert!(check_size_range(10, None).is_ok());
         assert_eq!(parse_sample("64"), Ok(64));
         assert!(parse_sample("48").is_err());
-        assert!(parse_secs("0").is_err());
-        assert_eq!(parse_secs("1.5"), Ok(1.5));
+    }
+
+    #[test]
+    fn durations_are_bounded() {
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("604800"), Ok(MAX_DURATION));
+        for bad in [
+            "0",
+            "-1",
+            "1e300",
+            "1e19",
+            "604801",
+            "inf",
+            "NaN",
+            "",
+            "1s",
+            "0.0000001",
+        ] {
+            let e = parse_duration(bad).unwrap_err();
+            assert!(e.contains(&format!("'{bad}'")), "{bad}: {e}");
+        }
+        // The largest accepted interval can be added to now.
+        let far = std::time::Instant::now().checked_add(parse_duration("604800").unwrap());
+        assert!(far.is_some());
+    }
+
+    #[test]
+    fn map_sizes_are_bounded() {
+        assert_eq!(parse_map_entries("4"), Ok(4));
+        assert_eq!(parse_map_entries("1048576"), Ok(MAX_MAP_ENTRIES));
+        for bad in ["0", "4294967295", "1048577", "-1", "x"] {
+            let e = parse_map_entries(bad).unwrap_err();
+            assert!(e.contains("from 1 to 1048576"), "{bad}: {e}");
+        }
+        assert_eq!(parse_tracked_objects("262144"), Ok(262144));
+        assert!(parse_tracked_objects("0").is_err());
+        assert!(parse_tracked_objects("16777217").is_err());
+    }
+
+    #[test]
+    fn comm_must_be_matchable() {
+        assert_eq!(parse_comm("kheap-load"), Ok("kheap-load".into()));
+        assert!(parse_comm("").unwrap_err().contains("empty"));
+        let e = parse_comm("a-very-long-command-name").unwrap_err();
+        assert!(e.contains("use 'a-very-long-com'"), "{e}");
+    }
+
+    #[derive(clap::Parser, Debug)]
+    struct Demo {
+        #[arg(short, value_parser = parse_duration)]
+        d: Option<Duration>,
+        #[arg(long, requires = "d")]
+        r: bool,
+        #[arg(last = true)]
+        cmd: Vec<String>,
+    }
+
+    #[test]
+    fn clap_errors_are_one_line_without_the_dash_dash_tip() {
+        use clap::Parser;
+        let e = Demo::try_parse_from(["demo", "-5"]).unwrap_err();
+        let line = one_line_error(&e);
+        assert!(!line.contains('\n'), "{line}");
+        assert!(!line.contains("'-- -5'"), "{line}");
+        assert!(line.contains("negative numbers are not accepted"), "{line}");
+        let e = Demo::try_parse_from(["demo", "-d", "1e300"]).unwrap_err();
+        let line = one_line_error(&e);
+        assert!(line.contains("too long"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
+        let e = Demo::try_parse_from(["demo", "--r"]).unwrap_err();
+        let line = one_line_error(&e);
+        assert!(line.contains("not provided: -d"), "{line}");
+        assert!(!line.contains('\n'), "{line}");
     }
 }

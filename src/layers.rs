@@ -37,6 +37,9 @@ mod tests {
         ("kernel::*", Kernel),
         ("symbolize", Base),
         ("target", Base),
+        ("tree", Base),
+        ("signals", Base),
+        ("output", Base),
         ("model::*", Model),
         ("contract", Model),
         // The kernel's latency readings and the rows made of them.

@@ -16,14 +16,17 @@ mod layers;
 pub mod leaks;
 pub mod malloc;
 pub mod model;
+pub mod output;
 pub mod render;
 pub mod report;
+pub mod signals;
 pub mod slab;
 pub mod symbolize;
 pub mod target;
 #[cfg(test)]
 mod testing;
 pub mod top;
+pub mod tree;
 
 /// The JSON contract's validator, shared with the root tests.
 #[cfg(test)]

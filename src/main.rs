@@ -30,7 +30,27 @@ enum Command {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            eprintln!("kheap: {}", kheap::cli::one_line_error(&e));
+            std::process::exit(2);
+        }
+        // --help and --version
+        Err(e) => e.exit(),
+    };
+    // Before anything else: a signal during startup must end the run with
+    // a report, not kill it.
+    if matches!(
+        cli.command,
+        Command::Record(_)
+            | Command::Leaks(_)
+            | Command::Slab(_)
+            | Command::Malloc(_)
+            | Command::Top(_)
+    ) {
+        kheap::signals::install_stop_handler();
+    }
     // libbpf's own log is noise when kheap probes features by trying them
     // (an fentry load refused on purpose); KHEAP_DEBUG=1 shows it.
     if std::env::var_os("KHEAP_DEBUG").is_none() {

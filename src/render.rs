@@ -16,21 +16,6 @@ use crate::model::{human_count, human_size, Counts};
 use crate::report::{top_n, Report, SiteRow};
 use table::{hidden_note, new_table, table_text};
 
-/// Writes a rendered report to FILE, or to stdout when there is none. A
-/// closed stdout pipe (`| head`) is not an error worth reporting.
-pub fn emit(text: &str, output: Option<&std::path::Path>) -> anyhow::Result<()> {
-    use anyhow::Context;
-    use std::io::Write;
-    match output {
-        Some(path) => std::fs::write(path, text)
-            .with_context(|| format!("writing the report to {}", path.display())),
-        None => {
-            let _ = std::io::stdout().lock().write_all(text.as_bytes());
-            Ok(())
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum GroupBy {
     Site,
@@ -96,10 +81,18 @@ pub fn apply_top(report: &mut Report, by: GroupBy, sort: SortBy, n: Option<usize
 /// The one-paragraph header above every table.
 pub fn header(r: &Report) -> String {
     let mut s = String::new();
+    // Said first and loudly: the numbers below are missing events.
+    for what in &r.sampling.incomplete {
+        let _ = writeln!(s, "INCOMPLETE: {what}");
+    }
     let _ = writeln!(
         s,
-        "kheap: {:.1}s on {}; {} allocs ({} req, {} alloc, {} wasted = {:.1}%), {} frees",
-        r.duration_s,
+        "kheap: {} on {}; {} allocs ({} req, {} alloc, {} wasted = {:.1}%), {} frees",
+        if r.duration_s < 1.0 {
+            format!("{:.0}ms", r.duration_s * 1000.0)
+        } else {
+            format!("{:.1}s", r.duration_s)
+        },
         r.run.kernel,
         human_count(r.totals.allocs),
         human_size(r.totals.bytes_req),
@@ -115,11 +108,17 @@ pub fn header(r: &Report) -> String {
     if !r.run.filters.is_empty() {
         let _ = writeln!(s, "filters: {}", r.run.filters.join(", "));
     }
+    let exact = match (r.sampling.sites_exact, r.sampling.processes_exact) {
+        (true, true) => "sites, caches and processes are exact",
+        (true, false) => "sites and caches are exact, processes are not",
+        (false, true) => "sites and caches are NOT exact (see INCOMPLETE above)",
+        (false, false) => "sites, caches and processes are NOT exact (see INCOMPLETE above)",
+    };
     let sampling = if r.sampling.stack_sample_every <= 1 {
-        "stacks: every allocation (exact)".to_string()
+        format!("stacks: every allocation; {exact}")
     } else {
         format!(
-            "stacks: sampled 1 in {} (and each site's first; {} captured), per-stack numbers are estimates scaled to exact site totals; sites, caches and processes are exact",
+            "stacks: sampled 1 in {} (and each site's first; {} captured), per-stack numbers are estimates scaled to site totals; {exact}",
             r.sampling.stack_sample_every, r.sampling.stack_samples
         )
     };

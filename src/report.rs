@@ -10,11 +10,11 @@ use serde::{Deserialize, Serialize};
 use crate::leaks::retention::{self, sort_by_retention};
 pub use crate::leaks::retention::{LeakSummary, ProgramMisses, Retention};
 use crate::model::live::{Retained, RetainedIndex};
-use crate::model::{round2, AllocStats, CacheId};
+use crate::model::{AllocStats, CacheId};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
 // Kept at their old paths until every branch imports them from the model.
-use crate::model::snapshot::Snapshot;
+use crate::model::snapshot::{EventCounters, Snapshot};
 use crate::model::{Counts, LatencyRow, SiteKey};
 
 /// How stacks were captured in this run.
@@ -26,8 +26,56 @@ pub struct Sampling {
     pub stacks_estimated: bool,
     /// Stacks actually captured.
     pub stack_samples: u64,
-    /// Per-site, per-cache and per-process numbers are always exact.
+    /// Per-site and per-cache numbers (and the totals) hold every traced
+    /// allocation: false when the site map was full and events were dropped.
     pub sites_exact: bool,
+    /// Per-process numbers hold every traced allocation.
+    #[serde(default = "yes")]
+    pub processes_exact: bool,
+    /// What this report is missing, one sentence each (empty: nothing).
+    #[serde(default)]
+    pub incomplete: Vec<String>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// What a run's dropped events make incomplete, one sentence each, with
+/// what to do about it. Empty when nothing was dropped.
+pub fn incompleteness(ev: &EventCounters, leaks: Option<&LeakSummary>) -> Vec<String> {
+    let mut out = Vec::new();
+    if ev.map_full_sites > 0 {
+        out.push(format!(
+            "{} allocations not counted (site map full): totals, sites and caches are too low; raise --max-entries",
+            ev.map_full_sites
+        ));
+    }
+    if ev.map_full_procs > 0 {
+        out.push(format!(
+            "{} allocations missing from processes (process map full); raise --max-entries",
+            ev.map_full_procs
+        ));
+    }
+    if ev.map_full_stacks > 0 {
+        out.push(format!(
+            "{} stack samples not kept (stack map full); raise --max-entries",
+            ev.map_full_stacks
+        ));
+    }
+    if ev.map_full_caches > 0 {
+        out.push(format!(
+            "{} frees missing from caches (cache map full); raise --max-entries",
+            ev.map_full_caches
+        ));
+    }
+    if let Some(l) = leaks.filter(|l| l.map_full_objects > 0) {
+        out.push(format!(
+            "{} allocations not tracked (object map full at {}): outstanding and transient are too low; raise --max-objects",
+            l.map_full_objects, l.max_objects
+        ));
+    }
+    out
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -200,7 +248,8 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         .as_ref()
         .map_or(ev.frees, |l| l.frees_untracked + l.retention.freed_count);
     Report {
-        duration_s: round2(opts.duration_s),
+        // Milliseconds: a short run is not "0.0 s".
+        duration_s: (opts.duration_s * 1000.0).round() / 1000.0,
         run: opts.run,
         totals: Totals {
             allocs: all.count,
@@ -224,7 +273,9 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
             stack_sample_every: opts.stack_sample_every,
             stacks_estimated: estimated,
             stack_samples: ev.stack_samples,
-            sites_exact: true,
+            sites_exact: ev.map_full_sites == 0,
+            processes_exact: ev.map_full_procs == 0,
+            incomplete: incompleteness(ev, leaks.as_ref()),
         },
         sites,
         stacks,
@@ -698,6 +749,35 @@ pub mod tests {
             duration_s: 2.0,
             run: RunInfo::default(),
         }
+    }
+
+    #[test]
+    fn dropped_events_make_the_report_say_what_is_incomplete() {
+        let r = build(&sample_snapshot(), &fixture_symbols(), opts(10));
+        assert!(r.sampling.sites_exact && r.sampling.processes_exact);
+        assert!(r.sampling.incomplete.is_empty());
+        assert!(!crate::render::header(&r).contains("INCOMPLETE"));
+
+        let mut snap = sample_snapshot();
+        snap.events.map_full_sites = 1249;
+        snap.events.map_full_procs = 3;
+        let r = build(&snap, &fixture_symbols(), opts(10));
+        assert!(!r.sampling.sites_exact);
+        assert!(!r.sampling.processes_exact);
+        assert_eq!(
+            r.sampling.incomplete.len(),
+            2,
+            "{:?}",
+            r.sampling.incomplete
+        );
+        assert!(r.sampling.incomplete[0].starts_with("1249 allocations not counted"));
+        let h = crate::render::header(&r);
+        assert!(h.starts_with("INCOMPLETE: 1249 allocations"), "{h}");
+        assert!(h.contains("are NOT exact"), "{h}");
+        assert!(!h.contains("are exact"), "{h}");
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["sampling"]["sites_exact"], false);
+        assert_eq!(json["sampling"]["incomplete"].as_array().unwrap().len(), 2);
     }
 
     #[test]

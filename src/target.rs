@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
 
+use crate::tree::TreeCgroup;
+
 /// Resolves a user-given PID (or thread id) to its process (tgid).
 pub fn resolve_pid(pid: u32) -> Result<u32> {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).map_err(|_| {
@@ -46,14 +48,33 @@ pub fn find_program(name: &str) -> Result<PathBuf> {
         .ok_or_else(|| anyhow::anyhow!("command not found: '{name}' (not in PATH)"))
 }
 
+/// The name the kernel gives a task that execs `path`: the file's base
+/// name, cut to the 15 bytes a task name holds.
+pub fn comm_after_exec(path: &Path) -> String {
+    let base = path
+        .file_name()
+        .map_or_else(Vec::new, |n| n.as_bytes().to_vec());
+    String::from_utf8_lossy(&base[..base.len().min(15)]).into_owned()
+}
+
 /// A forked child waiting for `release()` before it execs the command.
 /// Dropping it unreleased kills the child: a run that fails to attach never
-/// lets the command run untraced.
+/// lets the command run untraced. Once released, the command and all it
+/// forks end with the run (see [`crate::tree`]) unless `keep_running`.
 pub struct HeldCommand {
     pub pid: u32,
+    /// The task name the command gets at exec (the kernel's comm).
+    pub name_after_exec: String,
     go: Option<std::os::fd::OwnedFd>,
     exited: Option<i32>,
+    keep_running: bool,
+    tree: Option<TreeCgroup>,
 }
+
+/// The byte that releases the child: whether it keeps PR_SET_PDEATHSIG
+/// (dies with kheap) or clears it (--keep-running).
+const GO_WITH_KHEAP: u8 = 1;
+const GO_ON_ITS_OWN: u8 = 2;
 
 impl HeldCommand {
     pub fn spawn(argv: &[String]) -> Result<HeldCommand> {
@@ -61,6 +82,7 @@ impl HeldCommand {
             bail!("no command given after --");
         };
         let path = find_program(prog)?;
+        let name_after_exec = comm_after_exec(&path);
         // Everything the child needs is prepared before fork: after fork
         // only async-signal-safe calls are allowed.
         let c_path = CString::new(path.as_os_str().as_bytes())?;
@@ -80,6 +102,9 @@ impl HeldCommand {
             -1 => bail!("fork: {}", std::io::Error::last_os_error()),
             0 => unsafe {
                 libc::close(write_end);
+                // Dies with kheap, even by SIGKILL; cleared on release for
+                // --keep-running.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong);
                 let mut byte = 0u8;
                 let n = loop {
                     let n = libc::read(read_end, (&mut byte as *mut u8).cast(), 1);
@@ -91,6 +116,9 @@ impl HeldCommand {
                     // kheap went away without releasing us: never run untraced.
                     libc::_exit(126);
                 }
+                if byte == GO_ON_ITS_OWN {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, 0 as libc::c_ulong);
+                }
                 libc::execv(c_path.as_ptr(), c_argv.as_ptr());
                 libc::_exit(127);
             },
@@ -101,18 +129,35 @@ impl HeldCommand {
                 };
                 Ok(HeldCommand {
                     pid: pid as u32,
+                    name_after_exec,
                     go: Some(go),
                     exited: None,
+                    keep_running: false,
+                    tree: None,
                 })
             }
         }
     }
 
-    /// Lets the child exec the command.
+    /// Leaves the command (and what it forks) running when the run ends
+    /// or kheap dies. Call before `release`.
+    pub fn keep_running(&mut self) {
+        self.keep_running = true;
+    }
+
+    /// Lets the child exec the command; unless it is to keep running, puts
+    /// it first into a cgroup of its own, so its whole tree can be ended.
     pub fn release(&mut self) -> Result<()> {
         if let Some(go) = self.go.take() {
+            let byte = if self.keep_running {
+                GO_ON_ITS_OWN
+            } else {
+                self.tree =
+                    TreeCgroup::create().and_then(|cg| cg.adopt(self.pid).ok().map(|()| cg));
+                GO_WITH_KHEAP
+            };
             let fd = std::os::fd::AsRawFd::as_raw_fd(&go);
-            if unsafe { libc::write(fd, [1u8].as_ptr().cast(), 1) } != 1 {
+            if unsafe { libc::write(fd, [byte].as_ptr().cast(), 1) } != 1 {
                 bail!("releasing the command: {}", std::io::Error::last_os_error());
             }
         }
@@ -135,22 +180,47 @@ impl HeldCommand {
         self.exited
     }
 
-    /// Asks a still-running command to stop and reaps it.
+    /// Ends the command and everything it started (SIGTERM, then SIGKILL
+    /// after a grace period) and reaps it; with `keep_running`, leaves it.
     pub fn terminate(&mut self) {
-        if self.try_wait().is_some() {
+        if self.keep_running || self.go.is_some() {
             return;
         }
-        unsafe { libc::kill(self.pid as i32, libc::SIGTERM) };
-        for _ in 0..50 {
-            if self.try_wait().is_some() {
-                return;
+        if let Some(tree) = self.tree.take() {
+            tree.end(|| {
+                self.try_wait();
+            });
+            drop(tree);
+        } else {
+            // No cgroup: the descendants still linked to the command.
+            let mut pids = crate::tree::descendants(self.pid);
+            if self.try_wait().is_none() {
+                pids.push(self.pid);
             }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+            for &p in &pids {
+                unsafe { libc::kill(p as i32, libc::SIGTERM) };
+            }
+            for _ in 0..50 {
+                if self.try_wait().is_some() && !pids.iter().any(|&p| crate::tree::alive(p)) {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            for &p in &pids {
+                if crate::tree::alive(p) {
+                    unsafe { libc::kill(p as i32, libc::SIGKILL) };
+                }
+            }
         }
-        unsafe { libc::kill(self.pid as i32, libc::SIGKILL) };
-        let mut status = 0;
-        unsafe { libc::waitpid(self.pid as i32, &mut status, 0) };
-        self.exited = Some(128 + libc::SIGKILL);
+        if self.try_wait().is_none() {
+            let mut status = 0;
+            unsafe { libc::waitpid(self.pid as i32, &mut status, 0) };
+            self.exited = Some(if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            });
+        }
     }
 }
 
@@ -161,6 +231,9 @@ impl Drop for HeldCommand {
             self.go = None;
             let mut status = 0;
             unsafe { libc::waitpid(self.pid as i32, &mut status, 0) };
+        } else {
+            // An error path after release: the tree still ends with the run.
+            self.terminate();
         }
     }
 }
@@ -205,6 +278,17 @@ mod tests {
         }
         assert_eq!(code, Some(0));
         assert!(marker.exists());
+    }
+
+    #[test]
+    fn the_command_is_named_as_the_kernel_names_it_at_exec() {
+        assert_eq!(comm_after_exec(Path::new("/usr/bin/sh")), "sh");
+        assert_eq!(
+            comm_after_exec(Path::new("/x/a-very-long-program-name")),
+            "a-very-long-pro"
+        );
+        let held = HeldCommand::spawn(&["sh".into(), "-c".into(), "true".into()]).unwrap();
+        assert_eq!(held.name_after_exec, "sh");
     }
 
     #[test]

@@ -344,9 +344,14 @@ fn bad_input_is_one_line() {
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.starts_with(start), "{err}");
     };
-    one_line_error(
-        &["leaks", "--max-objects", "0", "-d", "1"],
-        "kheap: --max-objects and --max-entries must be at least 1",
+    // Map sizes are checked by the parser: a usage error (exit 2).
+    let out = kheap(&["leaks", "--max-objects", "0", "-d", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("kheap: invalid value '0' for '--max-objects <N>'"),
+        "{err}"
     );
     one_line_error(
         &[

@@ -11,10 +11,11 @@ use common::*;
 #[test]
 fn waste_just_above_a_size_class_is_exact_and_hinted() {
     require_root();
-    // 2000 messages of 2100 bytes: 2000 kmallocs of 2148 bytes in load_msg,
-    // rounded up to 4096. Only the command's allocations are traced.
+    // 2000 messages of 2100 bytes, held 3 s: 2000 kmallocs of 2148 bytes
+    // in load_msg, rounded up to 4096. Only the command's allocations are
+    // traced.
     let out = kheap(&[
-        "slab", "--format", "json", "-n", "500", "--", LOAD, "msg", "2000", "2100",
+        "slab", "--format", "json", "-n", "500", "--", LOAD, "msg", "2000", "2100", "3",
     ]);
     assert!(
         out.status.success(),
@@ -57,8 +58,45 @@ fn waste_just_above_a_size_class_is_exact_and_hinted() {
         .find(|h| h["kind"] == "boundary" && h["site"] == "load_msg")
         .unwrap_or_else(|| panic!("no right-sizing hint for load_msg: {:#}", r["hints"]));
     assert_eq!(hint["cache"], cache);
-    // A 2152-byte (8-aligned 2148) cache instead of 4096-byte objects.
-    assert_eq!(u(&hint["saving_bytes"]), 2000 * (4096 - 2152));
+    // A 2152-byte (8-aligned 2148) cache instead of 4096-byte objects, for
+    // the objects held: on average fewer than the 2000 at the peak (the
+    // cache's own samples say how many, the rest of the system moves them
+    // a little), never the bytes churned.
+    // Where the tracer's cache is not the one slabinfo counts them in
+    // (6.18 puts msg_msg in kmalloc buckets of its own), no saving can be
+    // measured and none is claimed: the per-object figure is given.
+    let saving = u(&hint["saving_bytes"]);
+    let text = hint["text"].as_str().unwrap();
+    assert!(!text.contains("would have saved"), "{text}");
+    if saving > 0 {
+        assert!(text.contains("less memory held on average"), "{text}");
+        assert!(saving <= 2000 * (4096 - 2152) * 2, "{hint:#}");
+    } else {
+        assert!(text.contains("1.9K less per object held"), "{text}");
+    }
+}
+
+#[test]
+fn messages_that_do_not_stay_claim_no_saving() {
+    require_root();
+    // Issue 16: 2000 messages sent and received at once hold almost
+    // nothing; the old hint said a dedicated cache "would have saved"
+    // 2000 x 1944 bytes (3.7M), the bytes churned.
+    let out = kheap(&[
+        "slab", "--format", "json", "-n", "500", "-d", "2", "--", LOAD, "msg", "2000", "2100",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = parse_valid(&String::from_utf8_lossy(&out.stdout));
+    let churned = 2000 * (4096 - 2152);
+    for h in r["hints"].as_array().unwrap() {
+        if h["site"] == "load_msg" {
+            assert!(u(&h["saving_bytes"]) < churned / 10, "{h:#}");
+        }
+    }
 }
 
 #[test]

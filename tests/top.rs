@@ -343,6 +343,9 @@ fn aging_out_idle_keys_loses_and_doubles_nothing() {
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
+    // top ends once every -p process has exited: a sleeping process keeps
+    // it going for the idle intervals after the loop is done.
+    let mut idle = Command::new("sleep").arg("60").spawn().unwrap();
     let mut top = start_top(&[
         "-b",
         "--iterations",
@@ -355,6 +358,8 @@ fn aging_out_idle_keys_loses_and_doubles_nothing() {
         "1",
         "-p",
         &load.id().to_string(),
+        "-p",
+        &idle.id().to_string(),
     ]);
     {
         use std::io::Write;
@@ -375,6 +380,8 @@ fn aging_out_idle_keys_loses_and_doubles_nothing() {
         .read_to_string(&mut text)
         .unwrap();
     assert!(top.wait().unwrap().success());
+    let _ = idle.kill();
+    let _ = idle.wait();
     let intervals: Vec<Value> = text.lines().map(parse_valid).collect();
     assert_eq!(intervals.len(), 10);
     let seen: u64 = intervals

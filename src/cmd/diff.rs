@@ -9,7 +9,7 @@ use clap::Args;
 use crate::cli::{OutputArgs, TableOrJson};
 use crate::contract::{self, Kind};
 use crate::diff::{self, DiffBy};
-use crate::render::emit;
+use crate::output::emit;
 use crate::render::table::output_width;
 
 #[derive(Args, Debug)]

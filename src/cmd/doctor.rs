@@ -6,6 +6,22 @@ use crate::kernel::attach::kmem_hooks;
 use crate::kernel::features::{self, Tracefs};
 use crate::render::table::{new_table, output_width, render};
 
+const CANNOT_TELL: &str = "cannot tell without root";
+
+/// What a non-root doctor can say of a tracefs it cannot read, from the
+/// mount table: mounted or not is a fact; what is inside is not known.
+fn unreadable_tracefs(mounts: &str) -> String {
+    let point = mounts.lines().find_map(|l| {
+        let mut f = l.split_whitespace();
+        let (_, point, fstype) = (f.next()?, f.next()?, f.next()?);
+        (fstype == "tracefs").then(|| point.to_string())
+    });
+    match point {
+        Some(p) => format!("mounted at {p}; its events: {CANNOT_TELL}"),
+        None => "not mounted (kheap mounts it itself when run as root)".to_string(),
+    }
+}
+
 pub fn run() -> Result<i32> {
     let mut t = new_table(&["feature", "status"], &[1], output_width(None));
     let mut row = |k: &str, v: String| {
@@ -36,9 +52,9 @@ pub fn run() -> Result<i32> {
     let tracefs = if privileged.is_ok() {
         Tracefs::ensure_mounted().map_err(|e| e.to_string())
     } else {
-        Tracefs::find()
-            .map(Tracefs::unmounted_view)
-            .ok_or_else(|| "not mounted (kheap mounts it itself when run as root)".to_string())
+        Tracefs::find().map(Tracefs::unmounted_view).ok_or_else(|| {
+            unreadable_tracefs(&std::fs::read_to_string("/proc/self/mounts").unwrap_or_default())
+        })
     };
     row(
         "tracefs",
@@ -51,16 +67,18 @@ pub fn run() -> Result<i32> {
         },
     );
     for tp in kmem_hooks().map(|h| h.tracepoint) {
-        let classic = tracefs
-            .as_ref()
-            .map(|t| t.has_event("kmem", tp))
-            .unwrap_or(false);
+        // Without root an unreadable tracefs says nothing about its events.
+        let classic = match &tracefs {
+            Ok(t) => yes_no(t.has_event("kmem", tp)),
+            Err(_) if privileged.is_err() => CANNOT_TELL.to_string(),
+            Err(_) => yes_no(false),
+        };
         let btf = kbtf
             .as_ref()
             .is_some_and(|k| k.btf_tracepoints.iter().any(|t| t == tp));
         row(
             &format!("kmem:{tp}"),
-            format!("tracepoint: {}, tp_btf: {}", yes_no(classic), yes_no(btf)),
+            format!("tracepoint: {classic}, tp_btf: {}", yes_no(btf)),
         );
     }
     row("kprobes", yes_no(features::has_kprobes()));
@@ -129,4 +147,19 @@ pub fn run() -> Result<i32> {
     row("kheap record attaches with", mode);
     println!("{}", render(t));
     Ok(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_tracefs_is_not_called_missing() {
+        let mounted = "tracefs /sys/kernel/tracing tracefs rw,nosuid 0 0\nproc /proc proc rw 0 0\n";
+        let s = unreadable_tracefs(mounted);
+        assert!(s.starts_with("mounted at /sys/kernel/tracing"), "{s}");
+        assert!(s.contains(CANNOT_TELL), "{s}");
+        let s = unreadable_tracefs("proc /proc proc rw 0 0\n");
+        assert!(s.starts_with("not mounted"), "{s}");
+    }
 }

@@ -5,12 +5,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cli::{parse_sample, parse_secs, FilterArgs, OutputArgs, StackArgs};
+use crate::cli::{
+    parse_duration, parse_map_entries, parse_sample, parse_tracked_objects, FilterArgs, OutputArgs,
+    StackArgs,
+};
 use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
@@ -25,8 +28,8 @@ use crate::symbolize::KernelSymbols;
 #[derive(Args, Debug)]
 pub struct LeaksArgs {
     /// Stop after this many seconds (default: until Ctrl-C or the command ends)
-    #[arg(short, long, value_parser = parse_secs, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
+    pub duration: Option<Duration>,
     #[command(flatten)]
     pub filters: FilterArgs,
     #[command(flatten)]
@@ -40,8 +43,8 @@ pub struct LeaksArgs {
     #[arg(long, value_enum, default_value_t = LeakGroupBy::Site)]
     pub by: LeakGroupBy,
     /// Write a JSON snapshot of what is outstanding every SECS seconds (also on SIGUSR1)
-    #[arg(long, value_parser = parse_secs, value_name = "SECS")]
-    pub snapshot_every: Option<f64>,
+    #[arg(long, value_parser = parse_duration, value_name = "SECS")]
+    pub snapshot_every: Option<Duration>,
     /// Where snapshots go (snapshot-001.json, …)
     #[arg(long, default_value = ".", value_name = "DIR")]
     pub snapshot_dir: PathBuf,
@@ -49,10 +52,10 @@ pub struct LeaksArgs {
     #[arg(long, value_parser = parse_sample, default_value = "1", value_name = "N")]
     pub sample: u32,
     /// Capacity of the object map (objects tracked at once; ~100 bytes of kernel memory each)
-    #[arg(long, default_value = "262144", value_name = "N")]
+    #[arg(long, value_parser = parse_tracked_objects, default_value = "262144", value_name = "N")]
     pub max_objects: u32,
     /// Capacity of the per-site and per-stack maps
-    #[arg(long, default_value = "8192", value_name = "N")]
+    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
 }
 
@@ -94,24 +97,22 @@ fn install_snapshot_handler() {
 
 pub fn run(args: LeaksArgs) -> Result<i32> {
     args.filters.check()?;
-    if args.max_objects == 0 || args.max_entries == 0 {
-        bail!("--max-objects and --max-entries must be at least 1");
-    }
     if args.output.format == Format::Folded && args.by != LeakGroupBy::Stack {
         bail!("--format folded shows stacks: use it with --by stack");
     }
     features::check_privileges("leaks")?;
     features::check_btf()?;
     // Snapshots are taken on the once-a-second tick of the wait loop.
-    if args.snapshot_every.is_some_and(|s| s < 1.0) {
+    if args
+        .snapshot_every
+        .is_some_and(|s| s < Duration::from_secs(1))
+    {
         bail!("--snapshot-every must be at least 1 second");
     }
     // Checked even without --snapshot-every: SIGUSR1 may ask at any time.
-    if !args.snapshot_dir.is_dir() {
-        bail!(
-            "--snapshot-dir {} is not a directory",
-            args.snapshot_dir.display()
-        );
+    crate::output::check_dir_writable(&args.snapshot_dir, "--snapshot-dir")?;
+    if let Some(path) = args.output.output() {
+        crate::output::check_writable(path, "-o")?;
     }
     install_stop_handler();
     install_snapshot_handler();
@@ -120,6 +121,9 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let cfg = kernel_config(&args, &targets);
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
+    // The traced time runs from attach to detach: the command may well be
+    // done while the symbols below load.
+    let start = Instant::now();
     eprintln!(
         "kheap: tracing kernel heap allocations and frees ({}){}",
         session.attached.join(", "),
@@ -150,12 +154,11 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         )
     };
 
-    let start = Instant::now();
     let mut snapshots = 0u32;
     let mut next_snapshot = args.snapshot_every;
     let ended = wait_for_end(args.duration, &mut targets, |elapsed| {
-        let secs = elapsed.as_secs_f64();
-        let periodic = next_snapshot.is_some_and(|n| secs >= n);
+        let secs = start.elapsed().as_secs_f64();
+        let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
         if periodic {
             next_snapshot = next_snapshot.map(|n| n + args.snapshot_every.unwrap_or(n));
         }
@@ -202,8 +205,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
 }
 
 fn write_json(r: &Report, path: &Path) -> Result<()> {
-    let text = contract::pretty(Kind::Leaks, r);
-    std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+    crate::output::write_atomic(path, &contract::pretty(Kind::Leaks, r))
 }
 
 fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
@@ -220,5 +222,5 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
         Format::Json => contract::pretty(Kind::Leaks, &report),
         Format::Folded => leak_render::folded(&report),
     };
-    crate::render::emit(&text, out.output())
+    crate::output::emit(&text, out.output())
 }

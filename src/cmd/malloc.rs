@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cli::{parse_secs, OutputArgs, TargetArgs};
+use crate::cli::{parse_duration, parse_tracked_objects, OutputArgs, TargetArgs};
 use crate::cmd::run::{install_stop_handler, stop_requested};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
@@ -28,8 +28,8 @@ use crate::target::{find_program, resolve_pid, HeldCommand};
 pub struct MallocArgs {
     /// Stop after this many seconds (default: until Ctrl-C, or until the
     /// command or the processes end)
-    #[arg(short, long, value_parser = parse_secs, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
+    pub duration: Option<Duration>,
     // The processes to trace (with the children they fork from now on).
     // The kernel-side filters of the other subcommands (--comm, sizes,
     // --attach) and the stack options have no counterpart here: the probes
@@ -52,6 +52,17 @@ pub struct MallocArgs {
     /// end, per site and stack (adds a return probe to each call)
     #[arg(long)]
     pub outstanding: bool,
+    /// With --outstanding: how many live blocks can be tracked at once
+    /// (about 60 bytes of kernel memory each; blocks beyond are counted as
+    /// not tracked)
+    #[arg(
+        long,
+        value_parser = parse_tracked_objects,
+        default_value = "262144",
+        value_name = "N",
+        requires = "outstanding"
+    )]
+    pub max_outstanding: u32,
     /// Put every probe on its function's first instruction, even where the
     /// kernel must single-step it (for scripts/bench-malloc)
     #[arg(long, hide = true)]
@@ -102,17 +113,6 @@ fn comm(pid: u32) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// Whether a process still runs: a zombie (exited, not yet reaped by its
-/// parent) allocates no more.
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        // The state follows the parenthesised command name.
-        s.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
-    })
-}
-
 pub fn run(args: MallocArgs) -> Result<i32> {
     if args.targets.pids.is_empty() && args.targets.command.is_empty() {
         bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...]");
@@ -122,6 +122,9 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     }
     features::check_privileges("malloc")?;
     features::check_btf()?;
+    if let Some(path) = args.output.output() {
+        crate::output::check_writable(path, "-o")?;
+    }
     install_stop_handler();
 
     let mut user_pids = Vec::new();
@@ -141,15 +144,23 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     let mut command = if args.targets.command.is_empty() {
         None
     } else {
-        let held = HeldCommand::spawn(&args.targets.command)?;
+        let mut held = HeldCommand::spawn(&args.targets.command)?;
+        if args.targets.keep_running {
+            held.keep_running();
+        }
         modules.add_file(&find_program(&args.targets.command[0])?);
         pids.push(held.pid);
         Some(held)
     };
 
     let mut storage = ObjectStorage::default();
-    let mut session =
-        MallocSession::start(&mut storage, &pids, args.outstanding, args.probes_at_entry)?;
+    let mut session = MallocSession::start(
+        &mut storage,
+        &pids,
+        args.outstanding,
+        args.max_outstanding,
+        args.probes_at_entry,
+    )?;
     for l in &libs {
         session.probe_library(l)?;
     }
@@ -201,14 +212,11 @@ pub fn run(args: MallocArgs) -> Result<i32> {
             }
             break;
         }
-        if command.is_none() && !user_pids.iter().any(|&p| alive(p)) {
+        if command.is_none() && crate::tree::all_exited(&user_pids) {
             eprintln!("kheap: the traced process exited; reporting what was recorded");
             break;
         }
-        if args
-            .duration
-            .is_some_and(|d| start.elapsed().as_secs_f64() >= d)
-        {
+        if args.duration.is_some_and(|d| start.elapsed() >= d) {
             break;
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -341,5 +349,5 @@ fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
         Format::Json => contract::pretty(Kind::Malloc, &report),
         Format::Folded => render::folded(&report),
     };
-    crate::render::emit(&text, out.output())
+    crate::output::emit(&text, out.output())
 }

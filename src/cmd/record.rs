@@ -2,12 +2,12 @@
 //! who allocated what.
 
 use std::io::IsTerminal;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
 
-use crate::cli::{parse_secs, FilterArgs, OutputArgs, StackArgs};
+use crate::cli::{parse_duration, parse_map_entries, FilterArgs, OutputArgs, StackArgs};
 use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
@@ -21,8 +21,8 @@ use crate::symbolize::KernelSymbols;
 #[derive(Args, Debug)]
 pub struct RecordArgs {
     /// Stop after this many seconds (default: until Ctrl-C or the command ends)
-    #[arg(short, long, value_parser = parse_secs, value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
+    pub duration: Option<Duration>,
     #[command(flatten)]
     pub filters: FilterArgs,
     #[command(flatten)]
@@ -46,7 +46,7 @@ pub struct RecordArgs {
     #[arg(long)]
     pub no_frees: bool,
     /// Capacity of the per-site and per-stack maps
-    #[arg(long, default_value = "8192", value_name = "N")]
+    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
 }
 
@@ -69,6 +69,9 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     args.filters.check()?;
     features::check_privileges("record")?;
     features::check_btf()?;
+    if let Some(path) = args.output.output() {
+        crate::output::check_writable(path, "-o")?;
+    }
     install_stop_handler();
 
     let mut targets = Targets::start(&args.filters.targets)?;
@@ -124,7 +127,10 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     }
     let exit_code = ended.report();
     targets.terminate();
-    let snap = session.snapshot()?;
+    let mut snap = session.snapshot()?;
+    if let Some(cmd) = &targets.command {
+        run::name_command_process(&mut snap.procs, cmd);
+    }
     let run = run::run_info(&session.attached, &session.skipped, &args.filters);
     drop(session);
     let latency_data = latency.map(|l| l.read()).transpose()?;
@@ -157,5 +163,5 @@ fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
         Format::Json => contract::pretty(Kind::Record, &report),
         Format::Folded => render::folded(&report),
     };
-    render::emit(&text, out.output())
+    crate::output::emit(&text, out.output())
 }

@@ -4,7 +4,6 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -15,22 +14,14 @@ use crate::kernel::kmem::Config;
 use crate::report::RunInfo;
 use crate::target::{resolve_pid, HeldCommand};
 
-static STOP: AtomicBool = AtomicBool::new(false);
-
-/// Ctrl-C, SIGTERM and SIGHUP end the recording; the report is still printed.
-pub fn install_stop_handler() {
-    // Fails only if a handler is already installed, which is then ours.
-    let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
-}
-
-pub fn stop_requested() -> bool {
-    STOP.load(Ordering::SeqCst)
-}
+pub use crate::signals::{install_stop_handler, stop_requested};
 
 /// The processes a run is about: validated PIDs and, with `-- CMD`, the
 /// held command.
 pub struct Targets {
     pub pids: Vec<u32>,
+    /// The processes given with -p: the run ends when all have exited.
+    pub user_pids: Vec<u32>,
     pub command: Option<HeldCommand>,
 }
 
@@ -41,14 +32,22 @@ impl Targets {
         for &p in &t.pids {
             pids.push(resolve_pid(p)?);
         }
+        let user_pids = pids.clone();
         let command = if t.command.is_empty() {
             None
         } else {
-            let held = HeldCommand::spawn(&t.command)?;
+            let mut held = HeldCommand::spawn(&t.command)?;
+            if t.keep_running {
+                held.keep_running();
+            }
             pids.push(held.pid);
             Some(held)
         };
-        Ok(Targets { pids, command })
+        Ok(Targets {
+            pids,
+            user_pids,
+            command,
+        })
     }
 
     /// Lets the held command exec, once the tracer is attached.
@@ -72,11 +71,26 @@ impl Targets {
     }
 }
 
+/// Rows counted for the command's PID before its exec carry kheap's own
+/// name (it was a fork of kheap then): name them after the command.
+pub fn name_command_process(
+    procs: &mut std::collections::HashMap<u32, (String, crate::model::AllocStats)>,
+    command: &HeldCommand,
+) {
+    if let Some((comm, _)) = procs.get_mut(&command.pid) {
+        if comm == "kheap" {
+            *comm = command.name_after_exec.clone();
+        }
+    }
+}
+
 /// Why a recording ended.
 pub enum Ended {
     Duration,
     Signal,
     CommandExited(i32),
+    /// Every process given with -p exited.
+    PidsExited,
 }
 
 impl Ended {
@@ -92,15 +106,19 @@ impl Ended {
                 eprintln!("kheap: stopped by signal; reporting what was recorded");
                 0
             }
+            Ended::PidsExited => {
+                eprintln!("kheap: every traced process (-p) exited; reporting what was recorded");
+                0
+            }
             _ => 0,
         }
     }
 }
 
-/// Waits until the duration passes, the command exits or a signal arrives,
-/// calling `tick` about once a second.
+/// Waits until the duration passes, the command or every -p process exits
+/// or a signal arrives, calling `tick` about once a second.
 pub fn wait_for_end(
-    duration: Option<f64>,
+    duration: Option<Duration>,
     targets: &mut Targets,
     mut tick: impl FnMut(Duration),
 ) -> Ended {
@@ -113,8 +131,11 @@ pub fn wait_for_end(
         if let Some(code) = targets.command_exited() {
             return Ended::CommandExited(code);
         }
+        if targets.command.is_none() && crate::tree::all_exited(&targets.user_pids) {
+            return Ended::PidsExited;
+        }
         let elapsed = start.elapsed();
-        if duration.is_some_and(|d| elapsed.as_secs_f64() >= d) {
+        if duration.is_some_and(|d| elapsed >= d) {
             return Ended::Duration;
         }
         if elapsed >= next_tick {
@@ -191,5 +212,22 @@ impl Sink {
                 Ok(true)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_row_is_named_after_exec() {
+        let held = HeldCommand::spawn(&["sh".into(), "-c".into(), "true".into()]).unwrap();
+        let mut procs = std::collections::HashMap::new();
+        procs.insert(held.pid, ("kheap".to_string(), Default::default()));
+        procs.insert(1, ("kheap".to_string(), Default::default()));
+        name_command_process(&mut procs, &held);
+        assert_eq!(procs[&held.pid].0, "sh");
+        // Only the command's own PID: another kheap stays kheap.
+        assert_eq!(procs[&1].0, "kheap");
     }
 }

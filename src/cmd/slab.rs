@@ -33,9 +33,6 @@ pub fn run(args: SlabArgs) -> Result<i32> {
         slab::run_static(&args)?;
         return Ok(0);
     }
-    if let Some(d) = args.duration {
-        crate::cli::parse_secs(&d.to_string()).map_err(anyhow::Error::msg)?;
-    }
     args.filters.check()?;
     let first = args.read_static()?; // says plainly when slabinfo is root-only
     features::check_privileges("slab")?;
@@ -48,7 +45,7 @@ pub fn run(args: SlabArgs) -> Result<i32> {
     eprintln!(
         "kheap: tracing slab allocations {}({})",
         match (args.duration, &targets.command) {
-            (Some(d), _) => format!("for {d}s "),
+            (Some(d), _) => format!("for {}s ", d.as_secs_f64()),
             (None, Some(_)) => "until the command exits ".to_string(),
             (None, None) => "until Ctrl-C ".to_string(),
         },
@@ -58,7 +55,7 @@ pub fn run(args: SlabArgs) -> Result<i32> {
     let start = Instant::now();
     let mut samples = vec![(0.0, first)];
     // About ten static reads over the run tell steady growth from a blip.
-    let every = (args.duration.unwrap_or(10.0) / 10.0).max(1.0);
+    let every = (args.duration.map_or(10.0, |d| d.as_secs_f64()) / 10.0).max(1.0);
     let mut next = every;
     let ended = wait_for_end(args.duration, &mut targets, |elapsed| {
         if elapsed.as_secs_f64() >= next {

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cli::{parse_secs, FilterArgs, OutputArgs, StackArgs, TableOrJson};
+use crate::cli::{
+    parse_duration, parse_map_entries, FilterArgs, OutputArgs, StackArgs, TableOrJson,
+};
 use crate::cmd::run::{self, install_stop_handler, stop_requested, Ended, Sink, Targets};
 use crate::kernel::features;
 use crate::kernel::kmem::{self as session, Config, Tracer};
@@ -28,8 +30,8 @@ use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions
 #[derive(Args, Debug)]
 pub struct TopArgs {
     /// Seconds between refreshes
-    #[arg(short, long, value_parser = parse_secs, default_value = "1", value_name = "SECS")]
-    pub interval: f64,
+    #[arg(short, long, value_parser = parse_duration, default_value = "1", value_name = "SECS")]
+    pub interval: Duration,
     #[command(flatten)]
     pub filters: FilterArgs,
     #[command(flatten)]
@@ -56,7 +58,7 @@ pub struct TopArgs {
     #[arg(long, default_value = "10", value_name = "N")]
     pub idle_intervals: u32,
     /// Capacity of the per-site and per-stack maps
-    #[arg(long, default_value = "8192", value_name = "N")]
+    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
 }
 
@@ -149,7 +151,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     result?;
     // A signal is how top usually ends: only a failed command is news.
     Ok(match &top.ended {
-        Some(ended @ Ended::CommandExited(_)) => ended.report(),
+        Some(ended @ (Ended::CommandExited(_) | Ended::PidsExited)) => ended.report(),
         _ => 0,
     })
 }
@@ -181,6 +183,10 @@ impl Top<'_> {
                 self.ended = Some(Ended::Signal);
             } else if let Some(code) = self.targets.command_exited() {
                 self.ended = Some(Ended::CommandExited(code));
+            } else if self.targets.command.is_none()
+                && crate::tree::all_exited(&self.targets.user_pids)
+            {
+                self.ended = Some(Ended::PidsExited);
             }
         }
         self.ended.is_some()
@@ -243,7 +249,11 @@ impl Top<'_> {
 /// The next read time: one interval after the last, or now if that passed
 /// (a slow read or a pause must not cause a burst of catch-up reads).
 fn next_deadline(last: Instant, interval_s: f64) -> Instant {
-    (last + Duration::from_secs_f64(interval_s)).max(Instant::now())
+    // interval_s comes from parse_duration or the screen's fixed steps.
+    let interval = Duration::try_from_secs_f64(interval_s).unwrap_or(crate::cli::MAX_DURATION);
+    last.checked_add(interval.min(crate::cli::MAX_DURATION))
+        .unwrap_or(last)
+        .max(Instant::now())
 }
 
 fn batch_loop(top: &mut Top, args: &TopArgs, mut sink: Sink) -> Result<()> {
@@ -253,17 +263,16 @@ fn batch_loop(top: &mut Top, args: &TopArgs, mut sink: Sink) -> Result<()> {
         paused: false,
     };
     let rows = args.output.rows();
-    let mut deadline = next_deadline(top.last_read, args.interval);
+    let mut deadline = next_deadline(top.last_read, args.interval.as_secs_f64());
     let mut done = 0;
     loop {
-        // Set when the traced command has exited: what it allocated since
-        // the last read goes into one last, shorter interval.
+        // Set when the run ends mid-interval (the command or every -p
+        // process exited, or a signal came): what was counted since the
+        // last read goes into one last, shorter interval, so a run always
+        // ends with what it measured.
         let mut last = false;
         while Instant::now() < deadline {
             if top.should_stop() {
-                if !matches!(top.ended, Some(Ended::CommandExited(_))) {
-                    return Ok(());
-                }
                 last = true;
                 break;
             }
@@ -272,7 +281,7 @@ fn batch_loop(top: &mut Top, args: &TopArgs, mut sink: Sink) -> Result<()> {
             std::thread::sleep(left.min(Duration::from_millis(100)));
         }
         let iv = top.read_interval()?;
-        deadline = next_deadline(deadline, args.interval);
+        deadline = next_deadline(deadline, args.interval.as_secs_f64());
         let text = match args.output.format {
             TableOrJson::Json => batch::json(&iv, args.sort, rows),
             TableOrJson::Table => {
@@ -317,7 +326,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
             sort: args.sort,
             paused: false,
         },
-        args.interval,
+        args.interval.as_secs_f64(),
         args.by == GroupBy::Process,
     );
     let mut current: Option<Interval> = None;

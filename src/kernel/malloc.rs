@@ -65,10 +65,12 @@ impl<'obj> MallocSession<'obj> {
     /// `probes_at_entry` keeps every probe on its function's first
     /// instruction (for scripts/bench-malloc, which measures what
     /// `probes::probe_skip` saves).
+    /// `max_live` sizes the outstanding-block map (--max-outstanding).
     pub fn start(
         storage: &'obj mut ObjectStorage,
         pids: &[u32],
         track_live: bool,
+        max_live: u32,
         probes_at_entry: bool,
     ) -> Result<MallocSession<'obj>> {
         let slot = storage.slots().next().context("no object storage left")?;
@@ -81,14 +83,12 @@ impl<'obj> MallocSession<'obj> {
             .as_deref_mut()
             .expect("the BPF object has read-only data");
         rodata.cfg.track_live = track_live as u8;
-        if !track_live {
-            // The block map is preallocated (~15 MiB at full size): keep a
-            // token entry when it is not used.
-            open.maps
-                .live
-                .set_max_entries(1)
-                .context("sizing the outstanding-block map")?;
-        }
+        // The block map is preallocated (~60 bytes a block): keep a token
+        // entry when it is not used.
+        open.maps
+            .live
+            .set_max_entries(if track_live { max_live } else { 1 })
+            .context("sizing the outstanding-block map")?;
         let skel = open
             .load()
             .context("loading the BPF programs into the kernel")?;

@@ -78,13 +78,17 @@ pub fn leak_header(r: &Report) -> String {
     } else {
         String::new()
     };
+    let growth = if r.duration_s >= crate::leaks::retention::MIN_RATE_DURATION_S {
+        format!("growth {est}{}/s", human_size(t.growth_bytes_per_s as u64))
+    } else {
+        "no growth rate (run shorter than 1 s)".to_string()
+    };
     let _ = writeln!(
         s,
-        "outstanding: {est}{} objects, {est}{} allocated while tracing and not freed{min_age} (oldest {}); growth {est}{}/s",
+        "outstanding: {est}{} objects, {est}{} allocated while tracing and not freed{min_age} (oldest {}); {growth}",
         human_count(t.outstanding_count),
         human_size(t.outstanding_bytes),
         human_age(t.oldest_s),
-        human_size(t.growth_bytes_per_s as u64),
     );
     let _ = writeln!(
         s,

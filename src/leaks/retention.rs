@@ -40,14 +40,25 @@ pub struct Retention {
     pub ages: Vec<AgeBucket>,
 }
 
+/// Runs shorter than this get no growth rate: a few KiB held after 2 ms
+/// are not "1.3 GB/s".
+pub const MIN_RATE_DURATION_S: f64 = 1.0;
+
 impl Retention {
+    /// `duration_s` is the traced time up to the read: no object allocated
+    /// while tracing is older (ages are read a little later, after detach).
     pub fn new(r: &Retained, duration_s: f64) -> Retention {
+        let oldest_s = r.oldest_ns as f64 / 1e9;
         Retention {
             outstanding_count: r.count,
             outstanding_bytes: r.bytes_alloc,
             outstanding_bytes_req: r.bytes_req,
-            oldest_s: round3(r.oldest_ns as f64 / 1e9),
-            growth_bytes_per_s: if duration_s > 0.0 {
+            oldest_s: round3(if duration_s > 0.0 {
+                oldest_s.min(duration_s)
+            } else {
+                oldest_s
+            }),
+            growth_bytes_per_s: if duration_s >= MIN_RATE_DURATION_S {
                 round2(r.bytes_alloc as f64 / duration_s)
             } else {
                 0.0

@@ -94,7 +94,15 @@ pub fn header(r: &MallocReport) -> String {
         l.stacks,
         l.map_full_sites,
         if t.outstanding.is_some() {
-            format!(", {} blocks not tracked (map full)", l.map_full_live)
+            format!(
+                ", {} blocks not tracked (map full{})",
+                l.map_full_live,
+                if l.map_full_live > 0 {
+                    "; raise --max-outstanding"
+                } else {
+                    ""
+                }
+            )
         } else {
             String::new()
         },

@@ -16,16 +16,17 @@ use super::sysfs::SYS_KERNEL_SLAB;
 use super::watch::{diff, series};
 use crate::cli::{FilterArgs, OutputArgs, StackArgs, TableOrJson};
 use crate::cmd::run::Sink;
-use crate::render::emit;
+use crate::output::emit;
 use crate::render::table::output_width;
+use crate::signals::sleep_unless_stopped;
 
 /// Which slab caches hold memory, how fast they grow, and what they waste.
 #[derive(Clone, Debug, clap::Args)]
 pub struct SlabArgs {
     /// Run for SECS seconds (tracing, or sampling the static state when not
     /// tracing) and report growth over the run
-    #[arg(short = 'd', long = "duration", value_name = "SECS")]
-    pub duration: Option<f64>,
+    #[arg(short = 'd', long = "duration", value_parser = crate::cli::parse_duration, value_name = "SECS")]
+    pub duration: Option<Duration>,
     // Traced mode (with -d, -p, -- CMD or any filter): who allocates into
     // each cache and what rounding wastes.
     #[command(flatten)]
@@ -40,8 +41,8 @@ pub struct SlabArgs {
     pub sort: SortKey,
     /// Re-read every SECS seconds and show per-cache changes, like slabtop
     /// with deltas (until interrupted, or for -d SECS)
-    #[arg(long, value_name = "SECS")]
-    pub watch: Option<f64>,
+    #[arg(long, value_parser = crate::cli::parse_duration, value_name = "SECS")]
+    pub watch: Option<Duration>,
     /// With -d, only sample /proc/slabinfo; don't trace allocations
     #[arg(long)]
     pub no_trace: bool,
@@ -66,7 +67,12 @@ impl SlabArgs {
             };
             bail!("-p, -- CMD, --comm, --min-size, --max-size, --attach and the stack options select traced allocations: they don't go with {with}");
         }
-        Ok((tracing_options || self.duration.is_some()) && self.watch.is_none() && !self.no_trace)
+        let traced =
+            (tracing_options || self.duration.is_some()) && self.watch.is_none() && !self.no_trace;
+        if !traced && self.sort == SortKey::Rate {
+            bail!("--sort rate needs traced allocations: add -d SECS, -p PID or -- CMD (without --no-trace or --watch)");
+        }
+        Ok(traced)
     }
 
     /// One static read from the configured sources.
@@ -88,28 +94,25 @@ pub fn print_report(args: &SlabArgs, input: ReportInput) -> Result<()> {
 
 /// The untraced command: one read, sampling over `-d`, or `--watch`.
 pub fn run_static(args: &SlabArgs) -> Result<()> {
-    for (flag, v) in [("-d", args.duration), ("--watch", args.watch)] {
-        if let Some(v) = v {
-            if !(v > 0.0 && v.is_finite()) {
-                bail!("{flag} needs a positive number of seconds, not {v}");
-            }
-        }
-    }
-    if let Some(secs) = args.watch {
-        return watch(args, secs);
+    if let Some(every) = args.watch {
+        return watch(args, every);
     }
     let Some(total) = args.duration else {
         let snap = args.read_static()?;
         return print_report(args, ReportInput::of(&snap));
     };
     // Sample about ten times so steady growth can be told from a blip.
-    let interval = (total / 10.0).clamp(0.2, 10.0);
+    let interval = (total / 10).clamp(Duration::from_millis(200), Duration::from_secs(10));
     let start = Instant::now();
     let mut samples = vec![(0.0, args.read_static()?)];
-    while start.elapsed().as_secs_f64() < total {
-        let left = total - start.elapsed().as_secs_f64();
-        std::thread::sleep(Duration::from_secs_f64(interval.min(left.max(0.0))));
+    // A signal ends the sampling early; the report covers what was sampled.
+    while start.elapsed() < total {
+        let left = total.saturating_sub(start.elapsed());
+        let go_on = sleep_unless_stopped(interval.min(left));
         samples.push((start.elapsed().as_secs_f64(), args.read_static()?));
+        if !go_on {
+            break;
+        }
     }
     let series = series(&samples);
     print_report(
@@ -123,7 +126,7 @@ pub fn run_static(args: &SlabArgs) -> Result<()> {
     )
 }
 
-fn watch(args: &SlabArgs, secs: f64) -> Result<()> {
+fn watch(args: &SlabArgs, every: Duration) -> Result<()> {
     let start = Instant::now();
     let mut sink = Sink::create(args.output.output())?;
     let rows = args.output.rows().unwrap_or(usize::MAX);
@@ -133,13 +136,12 @@ fn watch(args: &SlabArgs, secs: f64) -> Result<()> {
     let mut prev = args.read_static()?;
     let mut prev_at = Instant::now();
     loop {
-        if args
-            .duration
-            .is_some_and(|d| start.elapsed().as_secs_f64() >= d)
-        {
+        if args.duration.is_some_and(|d| start.elapsed() >= d) {
             return Ok(());
         }
-        std::thread::sleep(Duration::from_secs_f64(secs));
+        if !sleep_unless_stopped(every) {
+            return Ok(());
+        }
         let cur = args.read_static()?;
         let now = Instant::now();
         let elapsed = now.duration_since(prev_at).as_secs_f64();

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use super::loss::{align8, per_second, right_size, right_size_saving};
+use super::loss::{align8, per_second, right_size};
 use super::traced::{TracedCache, TracedSite};
 use crate::model::{
     human_count, human_size, pct, AllocStats, CacheId, Hist, KMALLOC_MAX_CACHE_SIZE,
@@ -100,10 +100,23 @@ pub fn all_hints(
     sizes: &dyn ObjectSizes,
 ) -> Vec<Hint> {
     let mut hints: Vec<Hint> = Vec::new();
-    hints.extend(sites.iter().filter_map(|s| boundary_hint(s, duration_s)));
+    let held = |s: &TracedSite| held_by_site(s, caches, series);
+    hints.extend(
+        sites
+            .iter()
+            .filter_map(|s| boundary_hint(s, duration_s, held(s))),
+    );
     hints.extend(bimodal_hints(sites, sizes));
-    hints.extend(sites.iter().filter_map(|s| pooling_hint(s, duration_s)));
-    hints.extend(sites.iter().filter_map(|s| large_hot_hint(s, duration_s)));
+    hints.extend(
+        sites
+            .iter()
+            .filter_map(|s| pooling_hint(s, duration_s, held(s))),
+    );
+    hints.extend(
+        sites
+            .iter()
+            .filter_map(|s| large_hot_hint(s, duration_s, held(s))),
+    );
     hints.extend(series.iter().filter_map(series_growth_hint));
     hints.extend(
         caches
@@ -141,6 +154,86 @@ fn peak(hist: &Hist) -> Option<(usize, f64)> {
     (total > 0).then(|| (b, n as f64 / total as f64))
 }
 
+/// Objects a site held over the run: how far the cache's active objects
+/// rose above where they were at the start (average and peak over its
+/// samples), apportioned by the site's share of the cache's traced
+/// allocations. Memory a change would save is memory not held: objects
+/// that stay, not allocations churned (a message that lives microseconds
+/// holds nothing, however many are sent; objects from before the run are
+/// not counted).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Held {
+    pub avg_objects: f64,
+    pub peak_objects: f64,
+}
+
+impl Held {
+    /// (average, peak) bytes not held if each object were `per_object`
+    /// bytes smaller.
+    pub fn saving(&self, per_object: u64) -> (u64, u64) {
+        (
+            (self.avg_objects * per_object as f64).round() as u64,
+            (self.peak_objects * per_object as f64).round() as u64,
+        )
+    }
+}
+
+pub fn held_by_site(
+    site: &TracedSite,
+    caches: &[TracedCache],
+    series: &[CacheSeries],
+) -> Option<Held> {
+    let name = site.cache.name();
+    let points = &series.iter().find(|s| s.cache == name)?.points;
+    let cache_allocs = caches
+        .iter()
+        .find(|c| c.name() == name)
+        .map_or(0, |c| c.allocs);
+    if points.is_empty() || cache_allocs == 0 {
+        return None;
+    }
+    let share = (site.stats.count as f64 / cache_allocs as f64).min(1.0);
+    let start = points[0].1;
+    let above = |p: &(f64, u64)| p.1.saturating_sub(start) as f64;
+    let avg = points.iter().map(above).sum::<f64>() / points.len() as f64;
+    let peak = points.iter().map(above).fold(0.0, f64::max);
+    Some(Held {
+        avg_objects: avg * share,
+        peak_objects: peak * share,
+    })
+}
+
+/// "would hold 1.2M less on average (2.0M at peak; ~300 of its objects
+/// live)", or, with no samples of the cache, what each object would save.
+/// Below `MIN_SAVING_BYTES` (objects that do not stay, or no samples of
+/// the cache, e.g. kmalloc buckets of their own) no saving is claimed: the
+/// per-object figure is what is known.
+fn held_words(held: Option<Held>, per_object: u64) -> (u64, String) {
+    let per_live = || {
+        format!(
+            "{} less per object held (how much memory that saves depends on how many stay \
+             allocated: the cache's samples showed too few to claim a saving; see kheap leaks)",
+            human_size(per_object)
+        )
+    };
+    match held {
+        Some(h) if h.saving(per_object).0 >= MIN_SAVING_BYTES => {
+            let (avg, peak) = h.saving(per_object);
+            (
+                avg,
+                format!(
+                    "{} less memory held on average ({} at peak; ~{:.0} of its objects held on average, \
+                     from the cache's growth over the run and the site's share of its allocations)",
+                    human_size(avg),
+                    human_size(peak),
+                    h.avg_objects
+                ),
+            )
+        }
+        _ => (0, per_live()),
+    }
+}
+
 fn run_words(duration_s: f64) -> String {
     if duration_s > 0.0 {
         format!("over the {duration_s:.1} s run")
@@ -151,7 +244,7 @@ fn run_words(duration_s: f64) -> String {
 
 /// Requests clustering just above a kmalloc class, e.g. 2100 bytes landing
 /// in kmalloc-4k: the cache rounds each up to almost twice the need.
-pub fn boundary_hint(site: &TracedSite, duration_s: f64) -> Option<Hint> {
+pub fn boundary_hint(site: &TracedSite, duration_s: f64, held: Option<Held>) -> Option<Hint> {
     let s = &site.stats;
     let size = kmalloc_size(&site.cache).filter(|&z| z <= KMALLOC_MAX_CACHE_SIZE)?;
     let prev = *KMALLOC_SIZES.iter().rev().find(|&&k| k < size)?;
@@ -164,13 +257,9 @@ pub fn boundary_hint(site: &TracedSite, duration_s: f64) -> Option<Hint> {
     let avg_in_peak = (lo as f64) <= avg && avg < hi as f64;
     let just_above =
         avg > prev as f64 && avg - prev as f64 <= (size - prev) as f64 * JUST_ABOVE_FRACTION;
-    let saving = right_size_saving(s);
-    if share < CLUSTER_SHARE
-        || !avg_in_peak
-        || !just_above
-        || s.waste_pct() < MIN_WASTE_PCT
-        || saving < MIN_SAVING_BYTES
-    {
+    let per_object = size.saturating_sub(right_size(s));
+    let (saving, held_text) = held_words(held, per_object);
+    if share < CLUSTER_SHARE || !avg_in_peak || !just_above || s.waste_pct() < MIN_WASTE_PCT {
         return None;
     }
     let cache = site.cache.name();
@@ -184,15 +273,14 @@ pub fn boundary_hint(site: &TracedSite, duration_s: f64) -> Option<Hint> {
         site: Some(site.function.clone()),
         text: format!(
             "{f}() requests ~{avg:.0} B ({share:.0}% of its {n} allocations in {lo}-{hi} B), \
-             just above {prev_name}, so {cache} wastes {w:.0}% of each object; a dedicated \
-             {r}-byte cache would have saved {sv} {run}",
+             just above {prev_name}, so {cache} wastes {w:.0}% of each object ({run}); a \
+             dedicated {r}-byte cache would mean {held_text}",
             f = site.function,
             share = share * 100.0,
             n = human_count(s.count),
             hi = hi - 1,
             w = s.waste_pct(),
             r = right_size(s),
-            sv = human_size(saving),
             run = run_words(duration_s),
         ),
         cache,
@@ -280,7 +368,7 @@ pub fn bimodal_hints(sites: &[TracedSite], sizes: &dyn ObjectSizes) -> Vec<Hint>
 }
 
 /// Many small allocations at a high rate: a pooling candidate.
-pub fn pooling_hint(site: &TracedSite, duration_s: f64) -> Option<Hint> {
+pub fn pooling_hint(site: &TracedSite, duration_s: f64, held: Option<Held>) -> Option<Hint> {
     let s = &site.stats;
     let rate = per_second(s.count, duration_s);
     let avg = s.avg_req();
@@ -289,21 +377,18 @@ pub fn pooling_hint(site: &TracedSite, duration_s: f64) -> Option<Hint> {
     }
     // The rounding saving is claimed here only when no boundary hint
     // already claims it for the same site, so savings never add up twice.
-    let saving = if kmalloc_size(&site.cache).is_some() && boundary_hint(site, duration_s).is_none()
-    {
-        right_size_saving(s)
-    } else {
-        0
+    let claim = kmalloc_size(&site.cache)
+        .filter(|_| boundary_hint(site, duration_s, held).is_none())
+        .zip(held)
+        .map(|(size, h)| held_words(Some(h), size.saturating_sub(right_size(s))));
+    let (saving, extra) = match claim {
+        Some((saving, words)) if saving >= MIN_SAVING_BYTES => (
+            saving,
+            format!(", and a right-sized cache would also mean {words}"),
+        ),
+        _ => (0, String::new()),
     };
     let cache = site.cache.name();
-    let extra = if saving > 0 {
-        format!(
-            ", and a right-sized cache would also save {} of rounding",
-            human_size(saving)
-        )
-    } else {
-        String::new()
-    };
     Some(Hint {
         kind: HintKind::Pooling,
         site: Some(site.function.clone()),
@@ -322,7 +407,7 @@ pub fn pooling_hint(site: &TracedSite, duration_s: f64) -> Option<Hint> {
 
 /// Large allocations at a high rate: each is an expensive multi-page
 /// allocation (above 8 KiB, straight from the page allocator).
-pub fn large_hot_hint(site: &TracedSite, duration_s: f64) -> Option<Hint> {
+pub fn large_hot_hint(site: &TracedSite, duration_s: f64, held: Option<Held>) -> Option<Hint> {
     let s = &site.stats;
     let rate = per_second(s.count, duration_s);
     let avg = s.avg_req();
@@ -330,7 +415,11 @@ pub fn large_hot_hint(site: &TracedSite, duration_s: f64) -> Option<Hint> {
         return None;
     }
     let cache = site.cache.name();
-    let saving = right_size_saving(s);
+    // What rounding costs in memory held (not in bytes churned).
+    let saving = match (kmalloc_size(&site.cache), held) {
+        (Some(size), Some(h)) => h.saving(size.saturating_sub(right_size(s))).0,
+        _ => 0,
+    };
     Some(Hint {
         kind: HintKind::LargeHot,
         site: Some(site.function.clone()),
@@ -433,14 +522,59 @@ mod tests {
     }
 
     #[test]
+    fn objects_that_do_not_stay_save_nothing() {
+        let site = uniform("load_msg", kmalloc(4096), 4096, 2100, 1_000_000);
+        let mut cache = TracedCache::new(kmalloc(4096));
+        cache.allocs = 1_000_000;
+        // Churned: the cache's active objects do not move.
+        let flat = CacheSeries {
+            cache: "kmalloc-4k".into(),
+            object_size: 4096,
+            points: vec![(0.0, 900), (1.5, 905), (3.0, 900)],
+        };
+        let held = held_by_site(&site, &[cache.clone()], &[flat]).unwrap();
+        assert!(
+            held.avg_objects < 2.0 && held.peak_objects == 5.0,
+            "{held:?}"
+        );
+        let h = boundary_hint(&site, 3.0, Some(held)).unwrap();
+        assert_eq!(h.saving_bytes, 0);
+        assert_contains(&h.text, &["1.9K less per object held", "too few to claim"]);
+        assert!(!h.text.contains("saved"), "{}", h.text);
+        // Half the cache's allocations, and the cache held 2000 more
+        // objects at the end: 500 on average, 1000 at peak are the site's.
+        let mut half = site.clone();
+        half.stats.count = 500_000;
+        let rising = CacheSeries {
+            cache: "kmalloc-4k".into(),
+            object_size: 4096,
+            points: vec![(0.0, 900), (1.0, 900), (2.0, 900), (3.0, 2900)],
+        };
+        let held = held_by_site(&half, &[cache], &[rising]).unwrap();
+        assert_eq!((held.avg_objects, held.peak_objects), (250.0, 1000.0));
+    }
+
+    #[test]
     fn requests_just_above_2k_get_a_right_sizing_hint() {
         let site = uniform("nvme_setup_cmd", kmalloc(4096), 4096, 2100, 10_000);
-        let h = boundary_hint(&site, 10.0).expect("hint");
+        // 100 of its objects live on average, 150 at peak.
+        let held = Held {
+            avg_objects: 100.0,
+            peak_objects: 150.0,
+        };
+        let h = boundary_hint(&site, 10.0, Some(held)).expect("hint");
         assert_eq!(h.kind, HintKind::Boundary);
         assert_eq!(h.cache, "kmalloc-4k");
         assert_eq!(h.site.as_deref(), Some("nvme_setup_cmd"));
-        // 10000 * (4096 - 2104): a 2104-byte (2100 aligned to 8) cache.
-        assert_eq!(h.saving_bytes, 10_000 * (4096 - 2104));
+        // Live objects x (4096 - 2104): a 2104-byte (2100 aligned to 8)
+        // cache; not the 10000 allocations churned.
+        assert_eq!(h.saving_bytes, 100 * (4096 - 2104));
+        assert!(
+            h.text
+                .contains("195K less memory held on average (292K at peak"),
+            "{}",
+            h.text
+        );
         assert!(h.text.contains("wastes 49%"), "{}", h.text);
         assert!(h.text.contains("2104-byte"), "{}", h.text);
         assert!(h.text.contains("kmalloc-2k"), "{}", h.text);
@@ -449,15 +583,20 @@ mod tests {
     #[test]
     fn no_boundary_hint_when_requests_fit_well_or_are_few() {
         // 4000 bytes in kmalloc-4k: barely any waste.
-        assert!(boundary_hint(&uniform("f", kmalloc(4096), 4096, 4000, 10_000), 1.0).is_none());
+        assert!(
+            boundary_hint(&uniform("f", kmalloc(4096), 4096, 4000, 10_000), 1.0, None).is_none()
+        );
         // 3000 bytes: 46% into the gap, not "just above".
-        assert!(boundary_hint(&uniform("f", kmalloc(4096), 4096, 3000, 10_000), 1.0).is_none());
+        assert!(
+            boundary_hint(&uniform("f", kmalloc(4096), 4096, 3000, 10_000), 1.0, None).is_none()
+        );
         // Too few to matter.
-        assert!(boundary_hint(&uniform("f", kmalloc(4096), 4096, 2100, 10), 1.0).is_none());
+        assert!(boundary_hint(&uniform("f", kmalloc(4096), 4096, 2100, 10), 1.0, None).is_none());
         // Named caches are already dedicated.
         assert!(boundary_hint(
             &uniform("f", CacheId::Named("x".into()), 4096, 2100, 10_000),
-            1.0
+            1.0,
+            None
         )
         .is_none());
     }
@@ -469,7 +608,7 @@ mod tests {
         site.stats.hist = Hist::default();
         site.stats.hist.0[Hist::bucket_of(2100)] = 5_000;
         site.stats.hist.0[Hist::bucket_of(500)] = 5_000;
-        assert!(boundary_hint(&site, 1.0).is_none());
+        assert!(boundary_hint(&site, 1.0, None).is_none());
     }
 
     #[test]
@@ -524,25 +663,46 @@ mod tests {
     fn many_small_fast_allocations_suggest_pooling() {
         // 50k/s of 50-byte requests in kmalloc-64.
         let site = uniform("skb_ext_add", kmalloc(64), 64, 50, 500_000);
-        let h = pooling_hint(&site, 10.0).expect("hint");
-        assert_eq!(
-            (h.kind, h.saving_bytes),
-            (HintKind::Pooling, 500_000 * (64 - 56))
+        let held = Held {
+            avg_objects: 10_000.0,
+            peak_objects: 20_000.0,
+        };
+        let h = pooling_hint(&site, 10.0, Some(held)).expect("hint");
+        assert_eq!(h.kind, HintKind::Pooling);
+        assert_eq!(h.saving_bytes, 10_000 * (64 - 56));
+        assert!(
+            h.text.contains("78.1K less memory held on average"),
+            "{}",
+            h.text
         );
-        assert_contains(&h.text, &["also save 3.8M", "50.0k/s"]);
+        // A few hundred bytes held are not worth a word.
+        let few = Held {
+            avg_objects: 10.0,
+            peak_objects: 20.0,
+        };
+        let h = pooling_hint(&site, 10.0, Some(few)).unwrap();
+        assert_eq!(h.saving_bytes, 0);
+        assert!(!h.text.contains("less memory"), "{}", h.text);
+        assert!(h.text.contains("50.0k/s"), "{}", h.text);
+        // Without samples of the cache, no saving is claimed.
+        assert_eq!(pooling_hint(&site, 10.0, None).unwrap().saving_bytes, 0);
         // Same volume spread over 100 s is 5k/s: no hint.
-        assert!(pooling_hint(&site, 100.0).is_none());
+        assert!(pooling_hint(&site, 100.0, None).is_none());
         // Unknown duration: no rate, no hint.
-        assert!(pooling_hint(&site, 0.0).is_none());
+        assert!(pooling_hint(&site, 0.0, None).is_none());
     }
 
     #[test]
     fn large_allocations_in_a_hot_path() {
         let site = uniform("big_buf", kmalloc(8192), 8192, 6000, 20_000);
-        let h = large_hot_hint(&site, 10.0).expect("hint");
-        let saving = 20_000 * (8192 - 6000);
-        assert_eq!((h.kind, h.saving_bytes), (HintKind::LargeHot, saving));
-        assert!(large_hot_hint(&uniform("s", kmalloc(64), 64, 40, 20_000), 10.0).is_none());
+        let held = Held {
+            avg_objects: 10.0,
+            peak_objects: 20.0,
+        };
+        let h = large_hot_hint(&site, 10.0, Some(held)).expect("hint");
+        assert_eq!(h.kind, HintKind::LargeHot);
+        assert_eq!(h.saving_bytes, 10 * (8192 - 6000));
+        assert!(large_hot_hint(&uniform("s", kmalloc(64), 64, 40, 20_000), 10.0, None).is_none());
     }
 
     #[test]
@@ -590,29 +750,48 @@ mod tests {
         let mut c = TracedCache::new(CacheId::Named("dentry".into()));
         c.allocs = 100_000;
         c.bytes_alloc = 100_000 * 192;
-        let series = [CacheSeries {
-            cache: "dentry".into(),
-            object_size: 192,
-            points: vec![(0.0, 0), (1.0, 50_000), (2.0, 100_000)],
-        }];
-        let hints = all_hints(10.0, &sites, &[c], &series, &no_sizes);
+        // Grows by `step` objects a second: `step` held on average.
+        let growing = |cache: &str, size, step: u64| CacheSeries {
+            cache: cache.into(),
+            object_size: size,
+            points: vec![(0.0, 7), (1.0, 7 + step), (2.0, 7 + 2 * step)],
+        };
+        let series = [
+            CacheSeries {
+                cache: "dentry".into(),
+                object_size: 192,
+                points: vec![(0.0, 0), (1.0, 50_000), (2.0, 100_000)],
+            },
+            growing("kmalloc-4k", 4096, 100),
+            growing("kmalloc-64", 64, 5000),
+        ];
+        let traced = |size, allocs| {
+            let mut t = TracedCache::new(kmalloc(size));
+            t.allocs = allocs;
+            t
+        };
+        let caches = [c, traced(4096, 10_000), traced(64, 500_000)];
+        let hints = all_hints(10.0, &sites, &caches, &series, &no_sizes);
         let kinds: Vec<HintKind> = hints.iter().map(|h| h.kind).collect();
-        // 40 bytes into kmalloc-64 is also just above kmalloc-32: the
-        // boundary hint takes the rounding saving, the pooling hint keeps 0.
+        // Savings are memory held: the dentry growth (19.2M) beats the
+        // rounding of 100 live 4k objects. 40 bytes into kmalloc-64 is also
+        // just above kmalloc-32: the boundary hint takes the saving, the
+        // pooling hint keeps 0.
         assert_eq!(
             kinds,
             vec![
-                HintKind::Boundary,
                 HintKind::Growth,
+                HintKind::Boundary,
                 HintKind::Boundary,
                 HintKind::Pooling
             ]
         );
-        assert_eq!(hints[2].saving_bytes, 500_000 * (64 - 40));
+        assert_eq!(hints[1].saving_bytes, 100 * (4096 - 2104));
+        assert_eq!(hints[2].saving_bytes, 5000 * (64 - 40));
         assert_eq!(hints[3].saving_bytes, 0);
         assert!(hints
             .windows(2)
             .all(|w| w[0].saving_bytes >= w[1].saving_bytes));
-        assert!(hints[1].text.contains("every one of 2 intervals"));
+        assert!(hints[0].text.contains("every one of 2 intervals"));
     }
 }

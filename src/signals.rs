@@ -1,0 +1,65 @@
+//! What the signals mean to a kheap run, the same in every subcommand:
+//! SIGINT, SIGTERM and SIGHUP end the run and the report is still written;
+//! SIGUSR1 asks `kheap leaks` for a snapshot and is ignored by the others
+//! (it must never kill a run and lose its report).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+static STOP: AtomicBool = AtomicBool::new(false);
+static INSTALL: Once = Once::new();
+
+/// Installs the stop handler (and ignores SIGUSR1). Called as early as
+/// possible (right after the arguments are parsed), so that a signal during
+/// startup ends the run with a report instead of killing it; later calls do
+/// nothing, so a handler `leaks` installs for SIGUSR1 stays.
+pub fn install_stop_handler() {
+    INSTALL.call_once(|| {
+        // Fails only if a handler is already installed, which is then ours.
+        let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
+        unsafe { libc::signal(libc::SIGUSR1, libc::SIG_IGN) };
+    });
+}
+
+pub fn stop_requested() -> bool {
+    STOP.load(Ordering::SeqCst)
+}
+
+/// Sleeps for `d`, or less if a stop is requested; returns whether the run
+/// should go on.
+pub fn sleep_unless_stopped(d: Duration) -> bool {
+    let end = Instant::now() + d;
+    loop {
+        if stop_requested() {
+            return false;
+        }
+        let left = end.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(50)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // One test: the handler and the flag are process-wide.
+    #[test]
+    fn signals_stop_the_run_and_usr1_is_harmless() {
+        install_stop_handler();
+        assert!(sleep_unless_stopped(Duration::from_millis(10)));
+        // Would kill the test process if it were not ignored.
+        unsafe { libc::raise(libc::SIGUSR1) };
+        assert!(!stop_requested());
+        unsafe { libc::raise(libc::SIGHUP) };
+        let start = Instant::now();
+        while !stop_requested() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(stop_requested());
+        assert!(!sleep_unless_stopped(Duration::from_secs(3600)));
+    }
+}

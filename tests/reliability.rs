@@ -1,0 +1,392 @@
+//! Root tests for issue 16 against the real kernel: what ends a run, what a
+//! run leaves behind, and reports that say when they are incomplete.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// PIDs of `sleep ARG` processes (ARG unique to a test).
+fn sleeps(arg: &str) -> Vec<u32> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let argv: Vec<&[u8]> = argv.split(|&b| b == 0).collect();
+        if argv.len() >= 2 && argv[0].ends_with(b"sleep") && argv[1] == arg.as_bytes() {
+            // A zombie is gone already: only running ones count.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// Kills what a failed test left (only this test's sleeps).
+struct SleepsGuard(Vec<&'static str>);
+
+impl Drop for SleepsGuard {
+    fn drop(&mut self) {
+        for arg in &self.0 {
+            for pid in sleeps(arg) {
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// Waits (without timing anything) for the kernel to reap what was killed.
+fn gone(arg: &str) -> bool {
+    for _ in 0..100 {
+        if sleeps(arg).is_empty() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn the_command_tree_ends_with_the_run() {
+    require_root();
+    let _guard = SleepsGuard(vec!["3131", "3132", "3133"]);
+    // The issue's case: -d ends the run while the tree still runs; one
+    // child daemonizes (setsid) out of the command's session.
+    let out = kheap(&[
+        "record",
+        "-d",
+        "1",
+        "-o",
+        "/dev/null",
+        "--",
+        "sh",
+        "-c",
+        "sleep 3131 & setsid sleep 3132 & sleep 3133; wait",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for arg in ["3131", "3132", "3133"] {
+        assert!(gone(arg), "sleep {arg} outlived the run");
+    }
+}
+
+#[test]
+fn the_command_tree_ends_when_kheap_is_killed() {
+    require_root();
+    let _guard = SleepsGuard(vec!["3141", "3142"]);
+    let mut child = spawn_tracing(&[
+        "record",
+        "-o",
+        "/dev/null",
+        "--",
+        "sh",
+        "-c",
+        "setsid sleep 3141 & sleep 3142; wait",
+    ]);
+    // Both sleeps run before kheap is killed.
+    for _ in 0..200 {
+        if !sleeps("3141").is_empty() && !sleeps("3142").is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!sleeps("3142").is_empty(), "the command did not start");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        gone("3141"),
+        "the daemonized child outlived kheap's SIGKILL"
+    );
+    assert!(gone("3142"), "the command outlived kheap's SIGKILL");
+}
+
+#[test]
+fn keep_running_leaves_the_tree() {
+    require_root();
+    let _guard = SleepsGuard(vec!["3151"]);
+    let out = Command::new(KHEAP)
+        .args([
+            "record",
+            "-d",
+            "1",
+            "--keep-running",
+            "-o",
+            "/dev/null",
+            "--",
+        ])
+        .args(["sh", "-c", "sleep 3151 & wait"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(out.success());
+    assert_eq!(sleeps("3151").len(), 1, "--keep-running ended the tree");
+}
+
+#[test]
+fn a_full_map_makes_the_report_say_it_is_incomplete() {
+    require_root();
+    let r = record_json(&["--max-entries", "4"], &["msg", "1000", "1000"]);
+    assert!(u(&r["lost"]["map_full_sites"]) > 0, "{}", r["lost"]);
+    assert_eq!(r["sampling"]["sites_exact"], false);
+    let incomplete = r["sampling"]["incomplete"].as_array().unwrap();
+    assert!(
+        incomplete[0]
+            .as_str()
+            .unwrap()
+            .contains("not counted (site map full)"),
+        "{incomplete:?}"
+    );
+    // The table's header says so first, and claims no exactness.
+    let out = kheap(&[
+        "record",
+        "--max-entries",
+        "4",
+        "--",
+        LOAD,
+        "msg",
+        "1000",
+        "1000",
+    ]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.starts_with("INCOMPLETE: "), "{table}");
+    assert!(!table.contains("processes are exact"), "{table}");
+    // With room enough, it is exact and says nothing.
+    let r = record_json(&[], &["msg", "1000", "1000"]);
+    assert_eq!(r["sampling"]["sites_exact"], true);
+    assert_eq!(r["sampling"]["incomplete"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn bad_output_is_refused_before_tracing() {
+    require_root();
+    for args in [
+        &["record", "-o", "/nonexistent/x", "-d", "4"][..],
+        &["leaks", "-o", "/nonexistent/x", "-d", "4"],
+        &["malloc", "-o", "/nonexistent/x", "--", "true"],
+    ] {
+        let out = kheap(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("does not exist"), "{err}");
+        assert!(!err.contains("tracing"), "traced before refusing: {err}");
+    }
+}
+
+#[test]
+fn runs_end_when_every_pid_has_exited() {
+    require_root();
+    for sub in ["record", "leaks", "top"] {
+        let mut target = Command::new("sleep").arg("3").spawn().unwrap();
+        let pid = target.id().to_string();
+        let mut args = vec![sub, "-p", &pid];
+        if sub == "top" {
+            args.extend(["-b", "-i", "1", "--format", "json"]);
+        } else {
+            args.extend(["--format", "json"]);
+        }
+        let mut kh = Command::new(KHEAP)
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        target.wait().unwrap();
+        // No -d: only the PID's exit ends the run (a hang fails the test
+        // after a minute rather than forever).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while kh.try_wait().unwrap().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if kh.try_wait().unwrap().is_none() {
+            kh.kill().unwrap();
+            panic!("kheap {sub} -p {pid} went on after the process exited");
+        }
+        let out = kh.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{sub}: {err}");
+        assert!(
+            err.contains("every traced process (-p) exited"),
+            "{sub}: {err}"
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        let first = text.lines().next().unwrap_or("");
+        if sub != "top" {
+            serde_json::from_str::<Value>(&text).unwrap_or_else(|e| panic!("{sub}: {e}: {text}"));
+        } else {
+            serde_json::from_str::<Value>(first).unwrap_or_else(|e| panic!("{e}: {text}"));
+        }
+    }
+}
+
+#[test]
+fn sigusr1_does_not_cost_the_report() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    for sub in ["record", "top"] {
+        let path = dir.path().join(format!("{sub}.json"));
+        let out = std::fs::File::create(&path).unwrap();
+        let mut args = vec![sub, "--format", "json"];
+        if sub == "top" {
+            args.extend(["-b", "-i", "0.2"]);
+        }
+        let mut child = Command::new(KHEAP)
+            .args(&args)
+            .stdout(out)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+        assert!(line.contains("tracing"), "{line}");
+        unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(child.try_wait().unwrap().is_none(), "{sub} died of SIGUSR1");
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        assert!(child.wait().unwrap().success());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let first = text.lines().next().unwrap_or("");
+        let json = if sub == "top" { first } else { &text };
+        serde_json::from_str::<Value>(json).unwrap_or_else(|e| panic!("{sub}: {e}: {text}"));
+    }
+}
+
+#[test]
+fn slab_sampling_reports_after_a_signal() {
+    require_root();
+    for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        let child = Command::new(KHEAP)
+            .args(["slab", "-d", "10", "--no-trace", "--format", "json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        unsafe { libc::kill(child.id() as i32, sig) };
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "signal {sig}: {out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let r: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(!r["caches"].as_array().unwrap().is_empty());
+    }
+}
+
+#[test]
+fn the_command_process_is_named_after_exec() {
+    require_root();
+    let r = record_json(&["--by", "process"], &["msg", "100", "100"]);
+    let procs = r["processes"].as_array().unwrap();
+    assert!(procs.iter().any(|p| p["comm"] == "kheap-load"), "{procs:?}");
+    assert!(!procs.iter().any(|p| p["comm"] == "kheap"), "{procs:?}");
+}
+
+#[test]
+fn a_short_leaks_run_has_a_real_duration_and_no_absurd_rate() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("l.json");
+    let out = kheap(&[
+        "leaks",
+        "--format",
+        "json",
+        "-o",
+        path.to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg",
+        "100",
+        "1000",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let duration = r["duration_s"].as_f64().unwrap();
+    assert!(duration > 0.0, "{duration}");
+    let l = &r["leaks"];
+    assert!(l["oldest_s"].as_f64().unwrap() <= duration, "{l}");
+    if duration < 1.0 {
+        assert_eq!(l["growth_bytes_per_s"].as_f64(), Some(0.0), "{l}");
+    }
+}
+
+#[test]
+fn malloc_max_outstanding_sizes_the_block_map() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.json");
+    let json = |max: &str| -> Value {
+        let out = kheap(&[
+            "malloc",
+            "--outstanding",
+            "--max-outstanding",
+            max,
+            "--format",
+            "json",
+            "-o",
+            path.to_str().unwrap(),
+            "--",
+            LOAD,
+            "malloc",
+            "1000",
+            "64",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+    };
+    // kheap-load malloc keeps its 1000 blocks until it exits: 4 slots are
+    // not enough, 100000 are.
+    let small = json("4");
+    assert!(u(&small["lost"]["map_full_live"]) > 0, "{}", small["lost"]);
+    let large = json("100000");
+    assert_eq!(u(&large["lost"]["map_full_live"]), 0, "{}", large["lost"]);
+}
+
+#[test]
+fn doctor_without_root_says_what_it_cannot_tell() {
+    require_root();
+    use std::os::unix::process::CommandExt;
+    let out = Command::new(KHEAP)
+        .arg("doctor")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mounted = std::fs::read_to_string("/proc/self/mounts")
+        .unwrap()
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some("tracefs"));
+    if mounted {
+        assert!(!text.contains("not mounted"), "{text}");
+    }
+    // Without root, an unreadable tracefs is no evidence of missing events.
+    for line in text.lines().filter(|l| l.contains("kmem:")) {
+        assert!(!line.contains("tracepoint: no"), "{line}");
+    }
+    assert!(
+        text.contains("cannot tell without root") || text.contains("tracepoint: yes"),
+        "{text}"
+    );
+}
