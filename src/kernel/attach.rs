@@ -105,7 +105,12 @@ mod tests {
 
     #[test]
     fn every_hook_has_a_program_for_every_mechanism() {
-        let src = include_str!("../../bpf/kheap.bpf.c");
+        // The kmem object, with the fork follower it shares with malloc.
+        let src = [
+            include_str!("../../bpf/kheap.bpf.c"),
+            include_str!("../../bpf/task_filter.bpf.h"),
+        ]
+        .concat();
         assert_eq!(HOOKS[0].program(Mechanism::Btf), "kfree_btf");
         assert_eq!(HOOKS[4].program(Mechanism::Raw), "cache_alloc_raw");
         assert_eq!(HOOKS[2].program(Mechanism::Classic), "fork_tp");

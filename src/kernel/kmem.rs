@@ -314,10 +314,20 @@ impl<'obj> Tracer<'obj> {
         let m = &self.skel.maps;
         let names = self.cache_names()?;
         let key = |k: &types::site_key| site_key(k, &names);
-        // Objects first: ages are measured against the clock read right
-        // after, and a free racing the read only makes totals slightly stale.
+        // Read while events keep arriving, in the order that keeps every
+        // site adding up (allocated >= outstanding + freed unseen): objects
+        // found freed unseen, then the live objects (and the clock their
+        // ages are measured against), then the allocation totals. An object
+        // whose address comes back between two reads is then counted as
+        // freed, never twice.
         let live = match self.cfg.live {
-            Some(_) => Some(maps::read_hash_values::<types::live_obj, _>(&m.live)?),
+            Some(lcfg) => {
+                let unseen =
+                    maps::read_percpu_hash::<types::site_key, types::site_unseen, _>(&m.unseen)?;
+                let objects = maps::read_hash_values::<types::live_obj, _>(&m.live)?;
+                let now = self.clock()?;
+                Some((lcfg, unseen, objects, now))
+            }
             None => None,
         };
         let mut snap = Snapshot::default();
@@ -377,31 +387,28 @@ impl<'obj> Tracer<'obj> {
             map_full_procs: c.map_full_procs,
             map_full_caches: c.map_full_caches,
         };
-        if let (Some(live), Some(lcfg)) = (live, self.cfg.live) {
-            snap.leaks = Some(self.leak_input(live, &c, lcfg, &key)?);
+        if let Some((lcfg, unseen, objects, now)) = live {
+            snap.leaks = Some(self.leak_input(lcfg, unseen, objects, now, &c, &key)?);
         }
         Ok(snap)
     }
 
     fn leak_input(
         &self,
-        live: Vec<types::live_obj>,
-        c: &types::counters,
         lcfg: LiveConfig,
+        unseen_read: Vec<(types::site_key, types::site_unseen)>,
+        live: Vec<types::live_obj>,
+        now: types::clock_sample,
+        c: &types::counters,
         key: &dyn Fn(&types::site_key) -> SiteKey,
     ) -> Result<LeakInput> {
-        let (hz, now) = self.tick_rate(&self.clock()?)?;
-        let mut unseen = HashMap::new();
-        for (k, u) in maps::read_percpu_hash::<types::site_key, types::site_unseen, _>(
-            &self.skel.maps.unseen,
-        )? {
-            unseen.insert(
-                key(&k),
-                Unseen {
-                    count: u.count,
-                    bytes_alloc: u.bytes_alloc,
-                },
-            );
+        let hz = self.tick_rate(&now)?;
+        let mut unseen: HashMap<SiteKey, Unseen> = HashMap::new();
+        for (k, u) in unseen_read {
+            // Two kernel caches can share a name: their entries are merged.
+            let e = unseen.entry(key(&k)).or_default();
+            e.count += u.count;
+            e.bytes_alloc += u.bytes_alloc;
         }
         let mut comms = HashMap::new();
         for o in &live {
@@ -464,20 +471,20 @@ impl<'obj> Tracer<'obj> {
 
     /// Kernel ticks per second, from the jiffies and nanoseconds elapsed
     /// since the tracer started (at least 200 ms, waited for if need be),
-    /// snapped to the nearest rate Linux offers.
-    fn tick_rate(&self, now: &types::clock_sample) -> Result<(u64, types::clock_sample)> {
+    /// snapped to the nearest rate Linux offers. Ages are measured against
+    /// `now`, not against the later sample a short run waits for.
+    fn tick_rate(&self, now: &types::clock_sample) -> Result<u64> {
         const MIN_NS: u64 = 200_000_000;
-        let mut now = *now;
-        let elapsed = now.ns.saturating_sub(self.clock0.ns);
+        let mut later = *now;
+        let elapsed = later.ns.saturating_sub(self.clock0.ns);
         if elapsed < MIN_NS {
             std::thread::sleep(std::time::Duration::from_nanos(MIN_NS - elapsed));
-            now = self.clock()?;
+            later = self.clock()?;
         }
-        let hz = nearest_hz(
-            now.jiffies.saturating_sub(self.clock0.jiffies),
-            now.ns.saturating_sub(self.clock0.ns),
-        );
-        Ok((hz, now))
+        Ok(nearest_hz(
+            later.jiffies.saturating_sub(self.clock0.jiffies),
+            later.ns.saturating_sub(self.clock0.ns),
+        ))
     }
 
     /// Deletes the given idle keys from the maps, with the stack traces only
