@@ -144,6 +144,27 @@ impl StackArgs {
     }
 }
 
+/// What every subcommand on the kmem tracer takes (record, leaks, top and
+/// slab's traced mode): which allocations, how their stacks are sampled, and
+/// how big the maps are.
+#[derive(Args, Debug, Clone)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub filters: FilterArgs,
+    #[command(flatten)]
+    pub stacks: StackArgs,
+    /// Capacity of the per-site and per-stack maps
+    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
+    pub max_entries: u32,
+}
+
+impl TraceArgs {
+    /// Whether any tracing option was given.
+    pub fn any(&self) -> bool {
+        self.filters.any() || self.stacks.any()
+    }
+}
+
 /// An output format: tables for people, JSON for scripts.
 pub trait OutputFormat: ValueEnum + Clone + Copy + Send + Sync + 'static {
     fn is_table(self) -> bool;

@@ -10,10 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cli::{
-    parse_duration, parse_map_entries, parse_sample, parse_tracked_objects, FilterArgs, OutputArgs,
-    StackArgs,
-};
+use crate::cli::{parse_duration, parse_sample, parse_tracked_objects, OutputArgs, TraceArgs};
 use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
@@ -31,9 +28,7 @@ pub struct LeaksArgs {
     #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
     pub duration: Option<Duration>,
     #[command(flatten)]
-    pub filters: FilterArgs,
-    #[command(flatten)]
-    pub stacks: StackArgs,
+    pub trace: TraceArgs,
     #[command(flatten)]
     pub output: OutputArgs<Format>,
     /// Only count objects at least this old as outstanding
@@ -54,9 +49,6 @@ pub struct LeaksArgs {
     /// Capacity of the object map (objects tracked at once; ~100 bytes of kernel memory each)
     #[arg(long, value_parser = parse_tracked_objects, default_value = "262144", value_name = "N")]
     pub max_objects: u32,
-    /// Capacity of the per-site and per-stack maps
-    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
-    pub max_entries: u32,
 }
 
 /// Sites are exact regardless; long-lived objects pile up, so even a sparse
@@ -66,14 +58,11 @@ pub const DEFAULT_STACK_SAMPLE: u32 = 256;
 /// The kernel tracer's settings for this run: record's, plus live objects.
 fn kernel_config(args: &LeaksArgs, targets: &Targets) -> Config {
     Config {
-        stack_sample_every: args.stacks.sample_every(DEFAULT_STACK_SAMPLE),
-        max_sites: args.max_entries,
-        max_stacks: args.max_entries,
         live: Some(LiveConfig {
             sample_every: args.sample,
             max_objects: args.max_objects,
         }),
-        ..run::kmem_config(&args.filters, targets)
+        ..run::kmem_config(&args.trace, targets, DEFAULT_STACK_SAMPLE)
     }
 }
 
@@ -96,7 +85,7 @@ fn install_snapshot_handler() {
 }
 
 pub fn run(args: LeaksArgs) -> Result<i32> {
-    args.filters.check()?;
+    args.trace.filters.check()?;
     if args.output.format == Format::Folded && args.by != LeakGroupBy::Stack {
         bail!("--format folded shows stacks: use it with --by stack");
     }
@@ -117,7 +106,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     install_stop_handler();
     install_snapshot_handler();
 
-    let mut targets = Targets::start(&args.filters.targets)?;
+    let mut targets = Targets::start(&args.trace.filters.targets)?;
     let cfg = kernel_config(&args, &targets);
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
@@ -136,7 +125,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     targets.release()?;
     let syms = KernelSymbols::new(None);
     let run_info =
-        |session: &Tracer| run::run_info(&session.attached, &session.skipped, &args.filters);
+        |session: &Tracer| run::run_info(&session.attached, &session.skipped, &args.trace.filters);
     let info = run_info(&session);
     let build = |snap: &mut Snapshot, kind: &str, duration_s: f64, run: RunInfo| {
         if let Some(l) = snap.leaks.as_mut() {

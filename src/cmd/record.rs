@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 use clap::Args;
 
-use crate::cli::{parse_duration, parse_map_entries, FilterArgs, OutputArgs, StackArgs};
+use crate::cli::{parse_duration, OutputArgs, TraceArgs};
 use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
@@ -24,9 +24,7 @@ pub struct RecordArgs {
     #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
     pub duration: Option<Duration>,
     #[command(flatten)]
-    pub filters: FilterArgs,
-    #[command(flatten)]
-    pub stacks: StackArgs,
+    pub trace: TraceArgs,
     #[command(flatten)]
     pub output: OutputArgs<Format>,
     /// Group rows by
@@ -45,9 +43,6 @@ pub struct RecordArgs {
     /// Don't trace frees (saves the cost of the kfree/kmem_cache_free events)
     #[arg(long)]
     pub no_frees: bool,
-    /// Capacity of the per-site and per-stack maps
-    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
-    pub max_entries: u32,
 }
 
 /// Stacks of one allocation in this many unless a flag says otherwise.
@@ -56,17 +51,14 @@ pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
 /// The kernel tracer's settings for this run.
 fn kernel_config(args: &RecordArgs, targets: &Targets) -> Config {
     Config {
-        stack_sample_every: args.stacks.sample_every(DEFAULT_STACK_SAMPLE),
         by_process: args.by == GroupBy::Process,
-        max_sites: args.max_entries,
-        max_stacks: args.max_entries,
         trace_frees: !args.no_frees,
-        ..run::kmem_config(&args.filters, targets)
+        ..run::kmem_config(&args.trace, targets, DEFAULT_STACK_SAMPLE)
     }
 }
 
 pub fn run(args: RecordArgs) -> Result<i32> {
-    args.filters.check()?;
+    args.trace.filters.check()?;
     features::check_privileges("record")?;
     features::check_btf()?;
     if let Some(path) = args.output.output() {
@@ -74,7 +66,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     }
     install_stop_handler();
 
-    let mut targets = Targets::start(&args.filters.targets)?;
+    let mut targets = Targets::start(&args.trace.filters.targets)?;
     let cfg = kernel_config(&args, &targets);
     // Latency first: the record object shares its per-task entry map.
     let mut latency_storage = ObjectStorage::default();
@@ -131,7 +123,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     if let Some(cmd) = &targets.command {
         run::name_command_process(&mut snap.procs, cmd);
     }
-    let run = run::run_info(&session.attached, &session.skipped, &args.filters);
+    let run = run::run_info(&session.attached, &session.skipped, &args.trace.filters);
     drop(session);
     let latency_data = latency.map(|l| l.read()).transpose()?;
 

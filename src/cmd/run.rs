@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use crate::cli::{FilterArgs, TargetArgs};
+use crate::cli::{FilterArgs, TargetArgs, TraceArgs};
 use crate::kernel::features;
 use crate::kernel::kmem::Config;
 use crate::report::RunInfo;
@@ -146,9 +146,11 @@ pub fn wait_for_end(
     }
 }
 
-/// The kmem tracer's settings every subcommand shares: what the filters
-/// and targets say; each subcommand adds its own on top.
-pub fn kmem_config(f: &FilterArgs, targets: &Targets) -> Config {
+/// The kmem tracer's settings every subcommand shares: what the filters,
+/// stack flags and map size say (stacks sampled 1 in `default_sample`
+/// unless a flag says otherwise); each subcommand adds its own on top.
+pub fn kmem_config(t: &TraceArgs, targets: &Targets, default_sample: u32) -> Config {
+    let f = &t.filters;
     Config {
         min_size: f.min_size,
         max_size: f.max_size,
@@ -156,6 +158,9 @@ pub fn kmem_config(f: &FilterArgs, targets: &Targets) -> Config {
         follow_children: targets.command.is_some(),
         comm: f.comm.clone(),
         attach: f.attach,
+        stack_sample_every: t.stacks.sample_every(default_sample),
+        max_sites: t.max_entries,
+        max_stacks: t.max_entries,
         ..Config::default()
     }
 }

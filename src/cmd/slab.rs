@@ -8,7 +8,7 @@ use anyhow::Result;
 
 use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::kernel::features;
-use crate::kernel::kmem::{Config, Tracer};
+use crate::kernel::kmem::Tracer;
 use crate::kernel::storage::ObjectStorage;
 use crate::model::snapshot::Snapshot;
 use crate::model::CacheId;
@@ -20,26 +20,18 @@ use crate::symbolize::{KernelSymbols, Symbolize};
 /// they only name the callers of wrappers, so a sparse sample does.
 pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
 
-/// The kernel tracer's settings for a traced slab run.
-fn kernel_config(args: &SlabArgs, targets: &Targets) -> Config {
-    Config {
-        stack_sample_every: args.stacks.sample_every(DEFAULT_STACK_SAMPLE),
-        ..run::kmem_config(&args.filters, targets)
-    }
-}
-
 pub fn run(args: SlabArgs) -> Result<i32> {
     if !args.traced()? {
         slab::run_static(&args)?;
         return Ok(0);
     }
-    args.filters.check()?;
+    args.trace.filters.check()?;
     let first = args.read_static()?; // says plainly when slabinfo is root-only
     features::check_privileges("slab")?;
     install_stop_handler();
 
-    let mut targets = Targets::start(&args.filters.targets)?;
-    let cfg = kernel_config(&args, &targets);
+    let mut targets = Targets::start(&args.trace.filters.targets)?;
+    let cfg = run::kmem_config(&args.trace, &targets, DEFAULT_STACK_SAMPLE);
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
     eprintln!(

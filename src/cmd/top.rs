@@ -8,9 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cli::{
-    parse_duration, parse_map_entries, FilterArgs, OutputArgs, StackArgs, TableOrJson,
-};
+use crate::cli::{parse_duration, OutputArgs, TableOrJson, TraceArgs};
 use crate::cmd::run::{self, install_stop_handler, stop_requested, Ended, Sink, Targets};
 use crate::kernel::features;
 use crate::kernel::kmem::{self as session, Config, Tracer};
@@ -33,9 +31,7 @@ pub struct TopArgs {
     #[arg(short, long, value_parser = parse_duration, default_value = "1", value_name = "SECS")]
     pub interval: Duration,
     #[command(flatten)]
-    pub filters: FilterArgs,
-    #[command(flatten)]
-    pub stacks: StackArgs,
+    pub trace: TraceArgs,
     // Batch output: --format json prints one JSON object per interval, one
     // per line; -n cuts each list (JSON) or table (default 20).
     #[command(flatten)]
@@ -57,9 +53,6 @@ pub struct TopArgs {
     /// maps do not fill over a long run (0: never); shown as "aged out"
     #[arg(long, default_value = "10", value_name = "N")]
     pub idle_intervals: u32,
-    /// Capacity of the per-site and per-stack maps
-    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
-    pub max_entries: u32,
 }
 
 /// Stacks of one allocation in this many unless a flag says otherwise.
@@ -68,17 +61,14 @@ pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
 /// The kernel tracer's settings for this run.
 fn kernel_config(args: &TopArgs, targets: &Targets) -> Config {
     Config {
-        stack_sample_every: args.stacks.sample_every(DEFAULT_STACK_SAMPLE),
         by_process: args.by == GroupBy::Process,
-        max_sites: args.max_entries,
-        max_stacks: args.max_entries,
         trace_frees: true,
-        ..run::kmem_config(&args.filters, targets)
+        ..run::kmem_config(&args.trace, targets, DEFAULT_STACK_SAMPLE)
     }
 }
 
 pub fn run(mut args: TopArgs) -> Result<i32> {
-    args.filters.check()?;
+    args.trace.filters.check()?;
     if args.output.format == TableOrJson::Json || args.output.output.is_some() {
         args.batch = true;
     }
@@ -95,7 +85,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     // is said at once, not after the first interval.
     let sink = Sink::create(args.output.output())?;
     install_stop_handler();
-    let mut targets = Targets::start(&args.filters.targets)?;
+    let mut targets = Targets::start(&args.trace.filters.targets)?;
     let cfg = kernel_config(&args, &targets);
     let mut storage = ObjectStorage::default();
     let session = Tracer::start(&cfg, &mut storage, None)?;
@@ -108,7 +98,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
             None
         }
     };
-    let run = run::run_info(&session.attached, &session.skipped, &args.filters);
+    let run = run::run_info(&session.attached, &session.skipped, &args.trace.filters);
     let syms = CachingSymbols::new(KernelSymbols::new(None));
     // The first lookup loads kallsyms; do it now, not inside an interval.
     let _ = syms.symbolize(&[0]);

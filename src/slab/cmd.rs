@@ -14,7 +14,7 @@ use super::slabinfo::PROC_SLABINFO;
 use super::snapshot::{read_static, StaticSnapshot};
 use super::sysfs::SYS_KERNEL_SLAB;
 use super::watch::{diff, series};
-use crate::cli::{FilterArgs, OutputArgs, StackArgs, TableOrJson};
+use crate::cli::{OutputArgs, TableOrJson, TraceArgs};
 use crate::cmd::run::Sink;
 use crate::output::emit;
 use crate::render::table::output_width;
@@ -30,10 +30,7 @@ pub struct SlabArgs {
     // Traced mode (with -d, -p, -- CMD or any filter): who allocates into
     // each cache and what rounding wastes.
     #[command(flatten)]
-    pub filters: FilterArgs,
-    // Stacks name the callers of allocation wrappers (kvmalloc, kmemdup…).
-    #[command(flatten)]
-    pub stacks: StackArgs,
+    pub trace: TraceArgs,
     #[command(flatten)]
     pub output: OutputArgs<TableOrJson>,
     /// Order of the rows
@@ -58,7 +55,7 @@ impl SlabArgs {
     /// Whether this run traces allocations: any tracing option says so,
     /// -d alone too unless --no-trace; --watch never does.
     pub fn traced(&self) -> Result<bool> {
-        let tracing_options = self.filters.any() || self.stacks.any();
+        let tracing_options = self.trace.any();
         if tracing_options && (self.watch.is_some() || self.no_trace) {
             let with = if self.no_trace {
                 "--no-trace"
