@@ -11,26 +11,19 @@
 
 static __always_inline __u32 size_bucket(__u64 v)
 {
-	__u32 r, shift;
+	__u32 r = 0;
 
 	if (v == 0)
 		return 0;
-	/* floor(log2(v)) without loops, then +1 so that bucket 0 is size 0 */
-	r = (v > 0xFFFFFFFFULL) << 5;
-	v >>= r;
-	shift = (v > 0xFFFF) << 4;
-	v >>= shift;
-	r |= shift;
-	shift = (v > 0xFF) << 3;
-	v >>= shift;
-	r |= shift;
-	shift = (v > 0xF) << 2;
-	v >>= shift;
-	r |= shift;
-	shift = (v > 0x3) << 1;
-	v >>= shift;
-	r |= shift;
-	r |= (v >> 1);
+		/* floor(log2(v)) by halving steps, without branches; then +1 so
+		 * that bucket 0 is size 0 */
+#pragma unroll
+	for (__u32 shift = 32; shift > 0; shift >>= 1) {
+		__u32 step = (v >> shift ? 1 : 0) * shift;
+
+		v >>= step;
+		r += step;
+	}
 	r += 1;
 	return r < KHEAP_HIST_BUCKETS ? r : KHEAP_HIST_BUCKETS - 1;
 }

@@ -44,38 +44,38 @@ fn yes() -> bool {
 /// What a run's dropped events make incomplete, one sentence each, with
 /// what to do about it. Empty when nothing was dropped.
 pub fn incompleteness(ev: &EventCounters, leaks: Option<&LeakSummary>) -> Vec<String> {
-    let mut out = Vec::new();
-    if ev.map_full_sites > 0 {
-        out.push(format!(
-            "{} allocations not counted (site map full): totals, sites and caches are too low; raise --max-entries",
-            ev.map_full_sites
+    let mut dropped = vec![
+        (
+            ev.map_full_sites,
+            "allocations not counted (site map full): totals, sites and caches are too low; raise --max-entries".to_string(),
+        ),
+        (
+            ev.map_full_procs,
+            "allocations missing from processes (process map full); raise --max-entries".into(),
+        ),
+        (
+            ev.map_full_stacks,
+            "stack samples not kept (stack map full); raise --max-entries".into(),
+        ),
+        (
+            ev.map_full_caches,
+            "frees missing from caches (cache map full); raise --max-entries".into(),
+        ),
+    ];
+    if let Some(l) = leaks {
+        dropped.push((
+            l.map_full_objects,
+            format!(
+                "allocations not tracked (object map full at {}): outstanding and transient are too low; raise --max-objects",
+                l.max_objects
+            ),
         ));
     }
-    if ev.map_full_procs > 0 {
-        out.push(format!(
-            "{} allocations missing from processes (process map full); raise --max-entries",
-            ev.map_full_procs
-        ));
-    }
-    if ev.map_full_stacks > 0 {
-        out.push(format!(
-            "{} stack samples not kept (stack map full); raise --max-entries",
-            ev.map_full_stacks
-        ));
-    }
-    if ev.map_full_caches > 0 {
-        out.push(format!(
-            "{} frees missing from caches (cache map full); raise --max-entries",
-            ev.map_full_caches
-        ));
-    }
-    if let Some(l) = leaks.filter(|l| l.map_full_objects > 0) {
-        out.push(format!(
-            "{} allocations not tracked (object map full at {}): outstanding and transient are too low; raise --max-objects",
-            l.map_full_objects, l.max_objects
-        ));
-    }
-    out
+    dropped
+        .into_iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect()
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -113,16 +113,13 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     // The traced time runs from attach to detach: the command may well be
     // done while the symbols below load.
     let start = Instant::now();
-    eprintln!(
-        "kheap: tracing kernel heap allocations and frees ({}){}",
-        session.attached.join(", "),
-        if args.duration.is_none() && targets.command.is_none() {
-            "; Ctrl-C to stop, SIGUSR1 for a snapshot"
-        } else {
-            ""
-        }
-    );
-    targets.release()?;
+    run::start_tracing(
+        "kernel heap allocations and frees",
+        &session.attached,
+        args.duration,
+        &mut targets,
+        "; Ctrl-C to stop, SIGUSR1 for a snapshot",
+    )?;
     let syms = KernelSymbols::new(None);
     let run_info =
         |session: &Tracer| run::run_info(&session.attached, &session.skipped, &args.trace.filters);

@@ -88,16 +88,13 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         ));
     }
     let interactive = std::io::stderr().is_terminal();
-    eprintln!(
-        "kheap: tracing kernel heap allocations ({}){}",
-        session.attached.join(", "),
-        if args.duration.is_none() && targets.command.is_none() {
-            "; Ctrl-C to stop"
-        } else {
-            ""
-        }
-    );
-    targets.release()?;
+    run::start_tracing(
+        "kernel heap allocations",
+        &session.attached,
+        args.duration,
+        &mut targets,
+        "; Ctrl-C to stop",
+    )?;
     let start = Instant::now();
     let ended = wait_for_end(args.duration, &mut targets, |elapsed| {
         if interactive {

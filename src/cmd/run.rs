@@ -165,6 +165,24 @@ pub fn kmem_config(t: &TraceArgs, targets: &Targets, default_sample: u32) -> Con
     }
 }
 
+/// Says on stderr what is traced, with how, and (when nothing else ends the
+/// run) how to stop it; then lets a held command run.
+pub fn start_tracing(
+    what: &str,
+    attached: &[String],
+    duration: Option<Duration>,
+    targets: &mut Targets,
+    how_to_stop: &str,
+) -> Result<()> {
+    let ends_by_itself = duration.is_some() || targets.command.is_some();
+    eprintln!(
+        "kheap: tracing {what} ({}){}",
+        attached.join(", "),
+        if ends_by_itself { "" } else { how_to_stop }
+    );
+    targets.release()
+}
+
 /// What a kmem run was, for the report's header and JSON.
 pub fn run_info(attached: &[String], skipped: &[String], f: &FilterArgs) -> RunInfo {
     let mut filters = f.describe();

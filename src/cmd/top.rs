@@ -111,12 +111,14 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     let usage = self_usage();
     // Said once counting has begun: every event after this line is in an
     // interval.
-    eprintln!(
-        "kheap: tracing kernel heap allocations ({})",
-        session.attached.join(", ")
-    );
     // The command runs from here: its allocations are all in intervals.
-    targets.release()?;
+    run::start_tracing(
+        "kernel heap allocations",
+        &session.attached,
+        None,
+        &mut targets,
+        "",
+    )?;
     let mut top = Top {
         run_time,
         session,
