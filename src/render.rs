@@ -125,9 +125,10 @@ pub fn header(r: &Report) -> String {
     let _ = writeln!(s, "{sampling}");
     let _ = writeln!(
         s,
-        "lost: {} stacks ({} hash collisions), {} events not aggregated (map full){}",
+        // Stacks are stored by content: no bucket collisions to report
+        // (lost.stack_collisions stays in the JSON, always 0).
+        "lost: {} stacks, {} events not aggregated (map full){}",
         r.lost.stacks,
-        r.lost.stack_collisions,
         r.lost.map_full,
         if r.totals.failed_allocs > 0 {
             format!(
