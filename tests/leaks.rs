@@ -6,6 +6,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -182,6 +183,39 @@ fn every_live_object_is_read_back() {
             "{s}"
         );
     }
+}
+
+/// Snapshots are optional: leaks runs in a directory it cannot write to
+/// (a read-only file system, /proc here) unless snapshots are asked for.
+#[test]
+fn runs_where_it_cannot_write_unless_snapshots_are_asked_for() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let out_path = dir.path().join("final.txt");
+    let run = |extra: &[&str]| {
+        let mut args = vec!["leaks", "-d", "1", "-o", out_path.to_str().unwrap()];
+        args.extend(extra);
+        args.extend(["--", LOAD, "msg", "10", "100"]);
+        Command::new(KHEAP)
+            .args(&args)
+            .current_dir("/proc")
+            .output()
+            .unwrap()
+    };
+    let out = run(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(std::fs::read_to_string(&out_path)
+        .unwrap()
+        .contains("outstanding"));
+    let out = run(&["--snapshot-every", "1"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("kheap: --snapshot-dir ."), "{err}");
 }
 
 #[test]

@@ -40,9 +40,9 @@ pub struct LeaksArgs {
     /// Write a JSON snapshot of what is outstanding every SECS seconds (also on SIGUSR1)
     #[arg(long, value_parser = parse_duration, value_name = "SECS")]
     pub snapshot_every: Option<Duration>,
-    /// Where snapshots go (snapshot-001.json, …)
-    #[arg(long, default_value = ".", value_name = "DIR")]
-    pub snapshot_dir: PathBuf,
+    /// Where snapshots go (snapshot-001.json, …; default: the current directory)
+    #[arg(long, value_name = "DIR")]
+    pub snapshot_dir: Option<PathBuf>,
     /// Track about one object in N, chosen by a hash of its address (a power of two); totals become estimates
     #[arg(long, value_parser = parse_sample, default_value = "1", value_name = "N")]
     pub sample: u32,
@@ -98,8 +98,16 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     {
         bail!("--snapshot-every must be at least 1 second");
     }
-    // Checked even without --snapshot-every: SIGUSR1 may ask at any time.
-    crate::output::check_dir_writable(&args.snapshot_dir, "--snapshot-dir")?;
+    // Checked before attaching when snapshots are asked for. Without them a
+    // SIGUSR1 snapshot may still come: one that cannot be written is said
+    // then, and costs nothing else (leaks also runs in read-only places).
+    let snapshot_dir = args
+        .snapshot_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("."));
+    if args.snapshot_every.is_some() || args.snapshot_dir.is_some() {
+        crate::output::check_dir_writable(&snapshot_dir, "--snapshot-dir")?;
+    }
     if let Some(path) = args.output.output() {
         crate::output::check_writable(path, "-o")?;
     }
@@ -152,9 +160,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             return;
         }
         snapshots += 1;
-        let path = args
-            .snapshot_dir
-            .join(format!("snapshot-{snapshots:03}.json"));
+        let path = snapshot_dir.join(format!("snapshot-{snapshots:03}.json"));
         let written = session.snapshot().and_then(|mut snap| {
             let r = build(&mut snap, "snapshot", secs, info.clone());
             write_json(&r, &path).map(|_| r)
