@@ -149,6 +149,10 @@ impl StackArgs {
 /// how big the maps are.
 #[derive(Args, Debug, Clone)]
 pub struct TraceArgs {
+    /// Stop after this many seconds (default: until Ctrl-C, or until the
+    /// command or every -p process ends)
+    #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
+    pub duration: Option<Duration>,
     #[command(flatten)]
     pub filters: FilterArgs,
     #[command(flatten)]

@@ -222,6 +222,27 @@ fn process_view_counts_the_loop_process() {
     }
 }
 
+/// -d ends top like every other subcommand: the time since the last full
+/// interval goes into one last, shorter interval.
+#[test]
+fn duration_ends_top_with_a_last_shorter_interval() {
+    require_root();
+    let out = kheap(&["top", "-b", "-d", "1.5", "-i", "1", "--format", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(parse_valid)
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    let last = lines[1]["interval_s"].as_f64().unwrap();
+    assert!(last < 0.9, "the last interval is the rest of -d: {last}");
+}
+
 /// kheap's own map reads allocate in the kernel (batch lookups kvmalloc
 /// their buffers); unfiltered, kheap must not report itself as a workload.
 #[test]

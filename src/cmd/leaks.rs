@@ -24,9 +24,6 @@ use crate::symbolize::KernelSymbols;
 
 #[derive(Args, Debug)]
 pub struct LeaksArgs {
-    /// Stop after this many seconds (default: until Ctrl-C or the command ends)
-    #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
-    pub duration: Option<Duration>,
     #[command(flatten)]
     pub trace: TraceArgs,
     #[command(flatten)]
@@ -124,7 +121,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     run::start_tracing(
         "kernel heap allocations and frees",
         &session.attached,
-        args.duration,
+        args.trace.duration,
         &mut targets,
         "; Ctrl-C to stop, SIGUSR1 for a snapshot",
     )?;
@@ -150,7 +147,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
 
     let mut snapshots = 0u32;
     let mut next_snapshot = args.snapshot_every;
-    let ended = wait_for_end(args.duration, &mut targets, |elapsed| {
+    let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
         let secs = start.elapsed().as_secs_f64();
         let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
         if periodic {

@@ -2,12 +2,12 @@
 //! who allocated what.
 
 use std::io::IsTerminal;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 use clap::Args;
 
-use crate::cli::{parse_duration, OutputArgs, TraceArgs};
+use crate::cli::{OutputArgs, TraceArgs};
 use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
@@ -20,9 +20,6 @@ use crate::symbolize::KernelSymbols;
 
 #[derive(Args, Debug)]
 pub struct RecordArgs {
-    /// Stop after this many seconds (default: until Ctrl-C or the command ends)
-    #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
-    pub duration: Option<Duration>,
     #[command(flatten)]
     pub trace: TraceArgs,
     #[command(flatten)]
@@ -91,12 +88,12 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     run::start_tracing(
         "kernel heap allocations",
         &session.attached,
-        args.duration,
+        args.trace.duration,
         &mut targets,
         "; Ctrl-C to stop",
     )?;
     let start = Instant::now();
-    let ended = wait_for_end(args.duration, &mut targets, |elapsed| {
+    let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
         if interactive {
             let allocs = session.allocations_so_far().unwrap_or(0);
             eprint!(

@@ -36,7 +36,7 @@ pub fn run(args: SlabArgs) -> Result<i32> {
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
     eprintln!(
         "kheap: tracing slab allocations {}({})",
-        match (args.duration, &targets.command) {
+        match (args.trace.duration, &targets.command) {
             (Some(d), _) => format!("for {}s ", d.as_secs_f64()),
             (None, Some(_)) => "until the command exits ".to_string(),
             (None, None) => "until Ctrl-C ".to_string(),
@@ -47,9 +47,9 @@ pub fn run(args: SlabArgs) -> Result<i32> {
     let start = Instant::now();
     let mut samples = vec![(0.0, first)];
     // About ten static reads over the run tell steady growth from a blip.
-    let every = (args.duration.map_or(10.0, |d| d.as_secs_f64()) / 10.0).max(1.0);
+    let every = (args.trace.duration.map_or(10.0, |d| d.as_secs_f64()) / 10.0).max(1.0);
     let mut next = every;
-    let ended = wait_for_end(args.duration, &mut targets, |elapsed| {
+    let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
         if elapsed.as_secs_f64() >= next {
             next += every;
             if let Ok(s) = args.read_static() {

@@ -131,6 +131,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         last_read,
         usage,
         targets,
+        end: args.trace.duration.map(|d| last_read + d),
         ended: None,
     };
     let result = if args.batch {
@@ -163,18 +164,23 @@ struct Top<'obj> {
     usage: SelfUsage,
     /// The processes traced; with `-- CMD`, top ends when the command does.
     targets: Targets,
+    /// When -d ends the run.
+    end: Option<Instant>,
     /// Set when the command exited (or a signal came).
     ended: Option<Ended>,
 }
 
 impl Top<'_> {
-    /// Whether the run is over: a signal, or the traced command exited.
+    /// Whether the run is over: a signal, -d, or the traced command (or
+    /// every -p process) exited.
     fn should_stop(&mut self) -> bool {
         if self.ended.is_none() {
             if stop_requested() {
                 self.ended = Some(Ended::Signal);
             } else if let Some(code) = self.targets.command_exited() {
                 self.ended = Some(Ended::CommandExited(code));
+            } else if self.end.is_some_and(|end| Instant::now() >= end) {
+                self.ended = Some(Ended::Duration);
             } else if self.targets.command.is_none()
                 && crate::tree::all_exited(&self.targets.user_pids)
             {

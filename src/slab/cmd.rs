@@ -23,10 +23,6 @@ use crate::signals::sleep_unless_stopped;
 /// Which slab caches hold memory, how fast they grow, and what they waste.
 #[derive(Clone, Debug, clap::Args)]
 pub struct SlabArgs {
-    /// Run for SECS seconds (tracing, or sampling the static state when not
-    /// tracing) and report growth over the run
-    #[arg(short = 'd', long = "duration", value_parser = crate::cli::parse_duration, value_name = "SECS")]
-    pub duration: Option<Duration>,
     // Traced mode (with -d, -p, -- CMD or any filter): who allocates into
     // each cache and what rounding wastes.
     #[command(flatten)]
@@ -64,8 +60,9 @@ impl SlabArgs {
             };
             bail!("-p, -- CMD, --comm, --min-size, --max-size, --attach and the stack options select traced allocations: they don't go with {with}");
         }
-        let traced =
-            (tracing_options || self.duration.is_some()) && self.watch.is_none() && !self.no_trace;
+        let traced = (tracing_options || self.trace.duration.is_some())
+            && self.watch.is_none()
+            && !self.no_trace;
         if !traced && self.sort == SortKey::Rate {
             bail!("--sort rate needs traced allocations: add -d SECS, -p PID or -- CMD (without --no-trace or --watch)");
         }
@@ -94,7 +91,7 @@ pub fn run_static(args: &SlabArgs) -> Result<()> {
     if let Some(every) = args.watch {
         return watch(args, every);
     }
-    let Some(total) = args.duration else {
+    let Some(total) = args.trace.duration else {
         let snap = args.read_static()?;
         return print_report(args, ReportInput::of(&snap));
     };
@@ -133,7 +130,7 @@ fn watch(args: &SlabArgs, every: Duration) -> Result<()> {
     let mut prev = args.read_static()?;
     let mut prev_at = Instant::now();
     loop {
-        if args.duration.is_some_and(|d| start.elapsed() >= d) {
+        if args.trace.duration.is_some_and(|d| start.elapsed() >= d) {
             return Ok(());
         }
         if !sleep_unless_stopped(every) {
