@@ -203,11 +203,7 @@ fn runs_where_it_cannot_write_unless_snapshots_are_asked_for() {
             .unwrap()
     };
     let out = run(&[]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     assert!(std::fs::read_to_string(&out_path)
         .unwrap()
         .contains("outstanding"));
@@ -240,11 +236,7 @@ fn diff_of_snapshots_shows_the_workload_as_top_grower() {
             "--format",
             "json",
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_ok(&out);
         parse_valid(&String::from_utf8_lossy(&out.stdout))
     };
     let grew = diff(&before, &after);
@@ -501,11 +493,7 @@ fn min_age_counts_only_objects_that_old() {
         "2100",
         "2",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let snap = read_json(&dir.path().join("snapshot-001.json"));
     assert_eq!(snap["leaks"]["min_age_s"], 30.0);
     let s = load_msg_site(&snap).unwrap_or_else(|| panic!("{:#}", snap["sites"]));

@@ -536,11 +536,7 @@ fn lib_points_the_probes_at_another_allocator() {
         .arg(&src)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let lib = lib.to_str().unwrap();
     let preload = format!("LD_PRELOAD={lib}");
     let r = malloc_json(&[

@@ -378,11 +378,7 @@ fn mounts_tracefs_itself_and_restores_it() {
         "50",
         "2100",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     // Classic tracepoints are found and attached through tracefs, so these
     // numbers came through the tracefs kheap mounted.
     let r: serde_json::Value =

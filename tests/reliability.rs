@@ -73,11 +73,7 @@ fn the_command_tree_ends_with_the_run() {
         "-c",
         "sleep 3131 & setsid sleep 3132 & sleep 3133; wait",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     for arg in ["3131", "3132", "3133"] {
         assert!(gone(arg), "sleep {arg} outlived the run");
     }
@@ -298,26 +294,7 @@ fn the_command_process_is_named_after_exec() {
 #[test]
 fn a_short_leaks_run_has_a_real_duration_and_no_absurd_rate() {
     require_root();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("l.json");
-    let out = kheap(&[
-        "leaks",
-        "--format",
-        "json",
-        "-o",
-        path.to_str().unwrap(),
-        "--",
-        LOAD,
-        "msg",
-        "100",
-        "1000",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let r: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let r = report_json("leaks", &[], &["msg", "100", "1000"]);
     let duration = r["duration_s"].as_f64().unwrap();
     assert!(duration > 0.0, "{duration}");
     let l = &r["leaks"];
@@ -348,11 +325,7 @@ fn malloc_max_outstanding_sizes_the_block_map() {
             "1000",
             "64",
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_ok(&out);
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
     };
     // kheap-load malloc keeps its 1000 blocks until it exits: 4 slots are

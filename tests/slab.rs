@@ -17,11 +17,7 @@ fn waste_just_above_a_size_class_is_exact_and_hinted() {
     let out = kheap(&[
         "slab", "--format", "json", "-n", "500", "--", LOAD, "msg", "2000", "2100", "3",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let r = parse_valid(&String::from_utf8_lossy(&out.stdout));
 
     // The 4 KiB kmalloc class: kmalloc-cg-4k where msg_msg is memcg-accounted
@@ -85,11 +81,7 @@ fn messages_that_do_not_stay_claim_no_saving() {
     let out = kheap(&[
         "slab", "--format", "json", "-n", "500", "-d", "2", "--", LOAD, "msg", "2000", "2100",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let r = parse_valid(&String::from_utf8_lossy(&out.stdout));
     let churned = 2000 * (4096 - 2152);
     for h in r["hints"].as_array().unwrap() {

@@ -105,11 +105,7 @@ fn batch_json_rates_match_the_loop() {
         "-p",
         &load.pid().to_string(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let rate = load.measured_rate();
     assert!(
         (rate - RATE as f64).abs() < RATE as f64 * 0.05,
@@ -228,11 +224,7 @@ fn process_view_counts_the_loop_process() {
 fn duration_ends_top_with_a_last_shorter_interval() {
     require_root();
     let out = kheap(&["top", "-b", "-d", "1.5", "-i", "1", "--format", "json"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let lines: Vec<Value> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
@@ -269,11 +261,7 @@ fn kheap_leaves_itself_out() {
     let own = top.id() as u64;
     let out = wait_bounded(top, Duration::from_secs(60));
     drop(load);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let lines: Vec<Value> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()

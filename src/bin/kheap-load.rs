@@ -35,6 +35,12 @@ fn arg<T: std::str::FromStr>(args: &[String], i: usize) -> T {
 }
 
 fn main() {
+    // Interrupted (as kheap ends a traced command's tree): remove the
+    // queues first; the default action would leave them.
+    let _ = ctrlc::set_handler(|| {
+        remove_all_queues();
+        std::process::exit(130);
+    });
     let args: Vec<String> = std::env::args().collect();
     match args.get(1).map(String::as_str) {
         Some("msg") => msg(
@@ -63,24 +69,42 @@ fn main() {
 /// A private SysV message queue, removed when dropped.
 struct MsgQueue(i32);
 
+/// Every queue this process created and has not removed: removed on a
+/// failure exit and on SIGINT/SIGTERM/SIGHUP too, so an interrupted run
+/// leaves no SysV queue behind (they outlive processes, and a host runs out
+/// of them: msgget then fails with ENOSPC).
+static QUEUES: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
 impl MsgQueue {
     fn new() -> MsgQueue {
         let id = unsafe { libc::msgget(libc::IPC_PRIVATE, libc::IPC_CREAT | 0o600) };
         if id < 0 {
             fail("msgget");
         }
+        QUEUES.lock().unwrap_or_else(|e| e.into_inner()).push(id);
         MsgQueue(id)
     }
 }
 
 impl Drop for MsgQueue {
     fn drop(&mut self) {
+        QUEUES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|&q| q != self.0);
         unsafe { libc::msgctl(self.0, libc::IPC_RMID, std::ptr::null_mut()) };
+    }
+}
+
+fn remove_all_queues() {
+    for id in QUEUES.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+        unsafe { libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
     }
 }
 
 fn fail(what: &str) -> ! {
     eprintln!("kheap-load: {what}: {}", std::io::Error::last_os_error());
+    remove_all_queues();
     std::process::exit(1);
 }
 

@@ -102,9 +102,26 @@ pub fn kheap(args: &[&str]) -> Output {
 /// Runs `kheap record ARGS --format json -o FILE -- kheap-load LOAD_ARGS`
 /// and parses the report (a file, so the command's own output can't mix in).
 pub fn record_json(args: &[&str], load_args: &[&str]) -> Value {
+    report_json("record", args, load_args)
+}
+
+/// Asserts that a kheap run succeeded, showing its stderr when not.
+#[track_caller]
+pub fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "kheap failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `kheap SUBCOMMAND --format json -o FILE ARGS -- kheap-load LOAD_ARGS`:
+/// asserts success and returns the report written, checked against its
+/// schema.
+pub fn report_json(subcommand: &str, args: &[&str], load_args: &[&str]) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("report.json");
-    let mut all = vec!["record", "--format", "json", "-o", path.to_str().unwrap()];
+    let mut all = vec![subcommand, "--format", "json", "-o", path.to_str().unwrap()];
     all.extend(args);
     all.push("--");
     all.push(LOAD);
