@@ -1,0 +1,443 @@
+//! pprof export: a gzip-compressed `profile.proto` that `go tool pprof`
+//! and every other pprof reader opens. Pure: no kernel access.
+//!
+//! Conventions follow Go's heap profiles, so readers label the views as
+//! they do for Go: sample types `alloc_objects/count`, `alloc_space/bytes`
+//! and, where outstanding memory is known, `inuse_objects/count`,
+//! `inuse_space/bytes`. One sample per stack; every location has a mapping
+//! (`[kernel.kallsyms]` for kernel frames, the binary for user frames)
+//! marked as already symbolized, so readers never try to symbolize.
+//!
+//! API: [`Builder::new`] with the sample types, [`Builder::add`] one
+//! [`Sample`] per stack, [`Builder::comment`], then [`Builder::encode_gzip`].
+//! [`from_report`] builds the profile of a `record`/`leaks` report.
+
+pub mod proto;
+
+use std::collections::HashMap;
+use std::io::Write as _;
+
+use flate2::write::GzEncoder;
+use flate2::Compression;
+use prost::Message as _;
+
+use crate::report::Report;
+
+/// The mapping kernel frames belong to, named as `perf` names it.
+pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
+
+/// A sample type: `alloc_objects/count` and so on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SampleType {
+    AllocObjects,
+    AllocSpace,
+    InuseObjects,
+    InuseSpace,
+}
+
+impl SampleType {
+    pub fn name(self) -> &'static str {
+        match self {
+            SampleType::AllocObjects => "alloc_objects",
+            SampleType::AllocSpace => "alloc_space",
+            SampleType::InuseObjects => "inuse_objects",
+            SampleType::InuseSpace => "inuse_space",
+        }
+    }
+
+    pub fn unit(self) -> &'static str {
+        match self {
+            SampleType::AllocObjects | SampleType::InuseObjects => "count",
+            SampleType::AllocSpace | SampleType::InuseSpace => "bytes",
+        }
+    }
+}
+
+/// One frame of a stack.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Frame {
+    pub function: String,
+    /// The mapping's file name: [`KERNEL_MAPPING`] or a binary's path.
+    pub mapping: String,
+    /// Address (or file offset) of the instruction; 0 when unknown.
+    pub address: u64,
+    pub file: Option<String>,
+    pub line: Option<i64>,
+}
+
+impl Frame {
+    /// A kernel frame from its `name+0xoff` form (an optional ` [module]`
+    /// suffix is kept out of the function name).
+    pub fn kernel(symbolized: &str) -> Frame {
+        let head = symbolized.split(' ').next().unwrap_or(symbolized);
+        let (name, off) = head.split_once("+0x").unwrap_or((head, "0"));
+        Frame {
+            function: name.to_string(),
+            mapping: KERNEL_MAPPING.to_string(),
+            address: u64::from_str_radix(off, 16).unwrap_or(0),
+            file: None,
+            line: None,
+        }
+    }
+}
+
+/// A label of a sample: a string (`cache=kmalloc-64`) or a number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Label {
+    Str(String, String),
+    Num(String, i64, Option<String>),
+}
+
+/// One stack and its values, in the order of the builder's sample types.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Sample {
+    /// Innermost frame first.
+    pub frames: Vec<Frame>,
+    pub values: Vec<i64>,
+    pub labels: Vec<Label>,
+}
+
+/// Builds a profile: interns strings, functions, mappings and locations.
+pub struct Builder {
+    profile: proto::Profile,
+    strings: HashMap<String, i64>,
+    functions: HashMap<(String, Option<String>), u64>,
+    mappings: HashMap<String, u64>,
+    locations: HashMap<Frame, u64>,
+    types: usize,
+}
+
+impl Builder {
+    /// A profile with these sample types, `default` shown first by readers.
+    /// The period type is `space/bytes`, as in Go's heap profiles.
+    pub fn new(types: &[SampleType], default: SampleType, duration_ns: i64) -> Builder {
+        let mut b = Builder {
+            profile: proto::Profile::default(),
+            strings: HashMap::new(),
+            functions: HashMap::new(),
+            mappings: HashMap::new(),
+            locations: HashMap::new(),
+            types: types.len(),
+        };
+        b.string("");
+        for t in types {
+            let vt = b.value_type(t.name(), t.unit());
+            b.profile.sample_type.push(vt);
+        }
+        b.profile.period_type = Some(b.value_type("space", "bytes"));
+        b.profile.period = 1;
+        b.profile.default_sample_type = b.string(default.name());
+        b.profile.duration_nanos = duration_ns;
+        b.profile.time_nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        b
+    }
+
+    fn value_type(&mut self, ty: &str, unit: &str) -> proto::ValueType {
+        proto::ValueType {
+            r#type: self.string(ty),
+            unit: self.string(unit),
+        }
+    }
+
+    fn string(&mut self, s: &str) -> i64 {
+        if let Some(&i) = self.strings.get(s) {
+            return i;
+        }
+        let i = self.profile.string_table.len() as i64;
+        self.profile.string_table.push(s.to_string());
+        self.strings.insert(s.to_string(), i);
+        i
+    }
+
+    /// A line for the profile's comments (readers show them with the
+    /// profile's header).
+    pub fn comment(&mut self, text: &str) {
+        let i = self.string(text);
+        self.profile.comment.push(i);
+    }
+
+    fn mapping(&mut self, file: &str, has_lines: bool) -> u64 {
+        if let Some(&id) = self.mappings.get(file) {
+            if has_lines {
+                let m = &mut self.profile.mapping[id as usize - 1];
+                m.has_filenames = true;
+                m.has_line_numbers = true;
+            }
+            return id;
+        }
+        let id = self.profile.mapping.len() as u64 + 1;
+        let filename = self.string(file);
+        self.profile.mapping.push(proto::Mapping {
+            id,
+            // Addresses are offsets (kernel: into the function; user: into
+            // the file), so the mapping spans the whole address space.
+            memory_start: 0,
+            memory_limit: u64::MAX,
+            filename,
+            has_functions: true,
+            has_filenames: has_lines,
+            has_line_numbers: has_lines,
+            ..Default::default()
+        });
+        self.mappings.insert(file.to_string(), id);
+        id
+    }
+
+    fn function(&mut self, name: &str, file: Option<&str>) -> u64 {
+        let key = (name.to_string(), file.map(str::to_string));
+        if let Some(&id) = self.functions.get(&key) {
+            return id;
+        }
+        let id = self.profile.function.len() as u64 + 1;
+        let (name_i, file_i) = (self.string(name), self.string(file.unwrap_or("")));
+        self.profile.function.push(proto::Function {
+            id,
+            name: name_i,
+            system_name: name_i,
+            filename: file_i,
+            start_line: 0,
+        });
+        self.functions.insert(key, id);
+        id
+    }
+
+    fn location(&mut self, f: &Frame) -> u64 {
+        if let Some(&id) = self.locations.get(f) {
+            return id;
+        }
+        let mapping_id = self.mapping(&f.mapping, f.line.is_some());
+        let function_id = self.function(&f.function, f.file.as_deref());
+        let id = self.profile.location.len() as u64 + 1;
+        self.profile.location.push(proto::Location {
+            id,
+            mapping_id,
+            address: f.address,
+            line: vec![proto::Line {
+                function_id,
+                line: f.line.unwrap_or(0),
+            }],
+            is_folded: false,
+        });
+        self.locations.insert(f.clone(), id);
+        id
+    }
+
+    /// Adds one stack. Panics if `values` does not match the sample types
+    /// (a programming error: readers reject such profiles).
+    pub fn add(&mut self, s: &Sample) {
+        assert_eq!(s.values.len(), self.types, "one value per sample type");
+        let location_id = s.frames.iter().map(|f| self.location(f)).collect();
+        let label = s
+            .labels
+            .iter()
+            .map(|l| match l {
+                Label::Str(k, v) => proto::Label {
+                    key: self.string(k),
+                    str: self.string(v),
+                    ..Default::default()
+                },
+                Label::Num(k, n, unit) => proto::Label {
+                    key: self.string(k),
+                    num: *n,
+                    num_unit: unit.as_deref().map_or(0, |u| self.string(u)),
+                    ..Default::default()
+                },
+            })
+            .collect();
+        self.profile.sample.push(proto::Sample {
+            location_id,
+            value: s.values.clone(),
+            label,
+        });
+    }
+
+    pub fn profile(&self) -> &proto::Profile {
+        &self.profile
+    }
+
+    /// The profile, protobuf-encoded then gzip-compressed (what pprof reads).
+    pub fn encode_gzip(&self) -> Vec<u8> {
+        let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+        gz.write_all(&self.profile.encode_to_vec())
+            .expect("writing to a Vec cannot fail");
+        gz.finish().expect("writing to a Vec cannot fail")
+    }
+}
+
+/// The profile of a `record` or `leaks` report: one sample per stack (per
+/// site, as a one-frame stack, when no stacks were captured), with
+/// `inuse_*` values when the report knows what is outstanding.
+pub fn from_report(r: &Report) -> Builder {
+    let inuse = r.leaks.is_some();
+    let types: &[SampleType] = if inuse {
+        &[
+            SampleType::AllocObjects,
+            SampleType::AllocSpace,
+            SampleType::InuseObjects,
+            SampleType::InuseSpace,
+        ]
+    } else {
+        &[SampleType::AllocObjects, SampleType::AllocSpace]
+    };
+    let default = if inuse {
+        SampleType::InuseSpace
+    } else {
+        SampleType::AllocSpace
+    };
+    let mut b = Builder::new(types, default, (r.duration_s * 1e9) as i64);
+    b.comment(&format!("kheap: kernel heap, {:.2} s", r.duration_s));
+    if r.sampling.stacks_estimated {
+        b.comment(&format!(
+            "stacks sampled 1 in {}: per-stack values are estimates, scaled so that each site's stacks add up to its exact totals",
+            r.sampling.stack_sample_every
+        ));
+    }
+    for line in &r.sampling.incomplete {
+        b.comment(&format!("incomplete: {line}"));
+    }
+    let values = |c: &crate::model::Counts, ret: Option<&crate::report::Retention>| {
+        let mut v = vec![c.count as i64, c.bytes_alloc as i64];
+        if inuse {
+            let ret = ret.cloned().unwrap_or_default();
+            v.push(ret.outstanding_count as i64);
+            v.push(ret.outstanding_bytes as i64);
+        }
+        v
+    };
+    if r.stacks.is_empty() {
+        if !r.sites.is_empty() {
+            b.comment("no stacks captured: one single-frame sample per call site");
+        }
+        for s in &r.sites {
+            b.add(&Sample {
+                frames: vec![Frame::kernel(&s.location)],
+                values: values(&s.counts, s.retention.as_ref()),
+                labels: s
+                    .caches
+                    .iter()
+                    .map(|c| Label::Str("cache".into(), c.clone()))
+                    .collect(),
+            });
+        }
+    }
+    for s in &r.stacks {
+        let mut labels = vec![Label::Str("cache".into(), s.cache.clone())];
+        if s.estimated {
+            labels.push(Label::Str("estimated".into(), "true".into()));
+        }
+        // A cgroup label goes here once stacks carry their cgroup.
+        b.add(&Sample {
+            frames: s.frames.iter().map(|f| Frame::kernel(f)).collect(),
+            values: values(&s.counts, s.retention.as_ref()),
+            labels,
+        });
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::tests::{report_of, sample_snapshot};
+
+    fn decode(b: &Builder) -> proto::Profile {
+        let gz = b.encode_gzip();
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
+        proto::Profile::decode(&raw[..]).unwrap()
+    }
+
+    /// What pprof's CheckValid demands: string 0 empty, non-zero unique
+    /// ids, every sample with one value per type, every location with a
+    /// known mapping, every line with a known function.
+    fn assert_valid(p: &proto::Profile) {
+        assert_eq!(p.string_table[0], "");
+        let s = |i: i64| &p.string_table[i as usize];
+        for (i, m) in p.mapping.iter().enumerate() {
+            assert_eq!(m.id, i as u64 + 1);
+        }
+        for (i, f) in p.function.iter().enumerate() {
+            assert_eq!(f.id, i as u64 + 1);
+        }
+        for (i, l) in p.location.iter().enumerate() {
+            assert_eq!(l.id, i as u64 + 1);
+            assert!(l.mapping_id >= 1 && l.mapping_id as usize <= p.mapping.len());
+            for line in &l.line {
+                assert!(line.function_id >= 1 && line.function_id as usize <= p.function.len());
+            }
+        }
+        for smp in &p.sample {
+            assert_eq!(smp.value.len(), p.sample_type.len());
+            for &id in &smp.location_id {
+                assert!(id >= 1 && id as usize <= p.location.len());
+            }
+        }
+        assert!(p
+            .sample_type
+            .iter()
+            .any(|t| s(t.r#type) == s(p.default_sample_type)));
+    }
+
+    #[test]
+    fn builder_interns_and_round_trips() {
+        let mut b = Builder::new(
+            &[SampleType::AllocObjects, SampleType::AllocSpace],
+            SampleType::AllocSpace,
+            1_000_000_000,
+        );
+        let f = Frame::kernel("load_msg+0x10");
+        assert_eq!((f.function.as_str(), f.address), ("load_msg", 0x10));
+        let user = Frame {
+            function: "main".into(),
+            mapping: "/usr/bin/app".into(),
+            address: 0x1234,
+            file: Some("app.c".into()),
+            line: Some(42),
+        };
+        for _ in 0..2 {
+            b.add(&Sample {
+                frames: vec![f.clone(), user.clone()],
+                values: vec![3, 300],
+                labels: vec![
+                    Label::Str("cache".into(), "kmalloc-128".into()),
+                    Label::Num("pid".into(), 7, None),
+                ],
+            });
+        }
+        b.comment("hello");
+        let p = decode(&b);
+        assert_valid(&p);
+        assert_eq!(p.sample.len(), 2);
+        assert_eq!(
+            (p.location.len(), p.function.len(), p.mapping.len()),
+            (2, 2, 2)
+        );
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        assert_eq!(s(p.default_sample_type), "alloc_space");
+        assert_eq!(s(p.period_type.as_ref().unwrap().r#type), "space");
+        assert_eq!(s(p.mapping[0].filename), KERNEL_MAPPING);
+        assert!(p.mapping[1].has_line_numbers && !p.mapping[0].has_line_numbers);
+        assert_eq!(p.location[1].line[0].line, 42);
+        assert_eq!(s(p.comment[0]), "hello");
+        assert_eq!(p.sample[0].value, vec![3, 300]);
+    }
+
+    #[test]
+    fn report_stacks_become_samples_with_exact_totals() {
+        let r = report_of(&sample_snapshot(), 10, 2.0);
+        let p = decode(&from_report(&r));
+        assert_valid(&p);
+        assert_eq!(p.sample.len(), r.stacks.len());
+        let total: i64 = p.sample.iter().map(|s| s.value[1]).sum();
+        let want: u64 = r.stacks.iter().map(|s| s.counts.bytes_alloc).sum();
+        assert_eq!(total, want as i64);
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        assert!(p.comment.iter().any(|&c| s(c).contains("estimates")));
+        assert!(p
+            .sample
+            .iter()
+            .all(|smp| smp.label.iter().any(|l| s(l.key) == "cache")));
+    }
+}
