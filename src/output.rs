@@ -83,6 +83,11 @@ fn probe_dir(dir: &Path) -> Result<()> {
 /// is written in place, and a symbolic link's target is replaced, not the
 /// link.
 pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
+    write_bytes_atomic(path, text.as_bytes())
+}
+
+/// [`write_atomic`] for binary reports (pprof).
+pub fn write_bytes_atomic(path: &Path, text: &[u8]) -> Result<()> {
     let resolved;
     let path = match fs::canonicalize(path) {
         Ok(p) => {
@@ -95,7 +100,7 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
         return OpenOptions::new()
             .write(true)
             .open(path)
-            .and_then(|mut f| f.write_all(text.as_bytes()))
+            .and_then(|mut f| f.write_all(text))
             .with_context(|| format!("writing {}", path.display()));
     }
     let tmp = temp_beside(path);
@@ -103,7 +108,7 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
         .write(true)
         .create_new(true)
         .open(&tmp)
-        .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
+        .and_then(|mut f| f.write_all(text).and_then(|()| f.sync_all()))
         .and_then(|()| fs::rename(&tmp, path));
     if let Err(e) = written {
         let _ = fs::remove_file(&tmp);
@@ -119,6 +124,28 @@ pub fn emit(text: &str, output: Option<&Path>) -> Result<()> {
         None => {
             // A closed pipe (| head) is the reader's choice, not an error.
             let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            Ok(())
+        }
+    }
+}
+
+/// Refuses, before anything is traced, to write a binary format to a
+/// terminal: it would only garble the screen.
+pub fn check_binary_destination(output: Option<&Path>, format: &str) -> Result<()> {
+    use std::io::IsTerminal;
+    if output.is_none() && std::io::stdout().is_terminal() {
+        bail!("--format {format} is binary: write it to a file with -o FILE (or pipe it)");
+    }
+    Ok(())
+}
+
+/// Writes a binary report to `output`, or to stdout (never a terminal:
+/// see [`check_binary_destination`]).
+pub fn emit_bytes(bytes: &[u8], output: Option<&Path>) -> Result<()> {
+    match output {
+        Some(path) => write_bytes_atomic(path, bytes),
+        None => {
+            let _ = std::io::stdout().lock().write_all(bytes);
             Ok(())
         }
     }

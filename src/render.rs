@@ -5,6 +5,7 @@
 //! `report::top_n`.
 
 pub mod hist;
+pub mod pprof;
 pub mod table;
 
 use std::fmt::Write as _;
@@ -39,6 +40,9 @@ pub enum Format {
     Json,
     /// `frame;frame;… count` lines for flamegraph tools
     Folded,
+    /// gzip-compressed pprof profile.proto (`go tool pprof`); needs -o FILE
+    /// unless piped
+    Pprof,
 }
 
 pub fn sort_key(c: &Counts, by: SortBy) -> u64 {

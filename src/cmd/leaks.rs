@@ -108,6 +108,9 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     if let Some(path) = args.output.output() {
         crate::output::check_writable(path, "-o")?;
     }
+    if args.output.format == Format::Pprof {
+        crate::output::check_binary_destination(args.output.output(), "pprof")?;
+    }
     install_stop_handler();
     install_snapshot_handler();
 
@@ -210,6 +213,10 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
         ),
         Format::Json => contract::pretty(Kind::Leaks, &report),
         Format::Folded => leak_render::folded(&report),
+        Format::Pprof => {
+            let profile = crate::render::pprof::from_report(&report).encode_gzip();
+            return crate::output::emit_bytes(&profile, out.output());
+        }
     };
     crate::output::emit(&text, out.output())
 }

@@ -125,6 +125,9 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     if let Some(path) = args.output.output() {
         crate::output::check_writable(path, "-o")?;
     }
+    if args.output.format == Format::Pprof {
+        crate::output::check_binary_destination(args.output.output(), "pprof")?;
+    }
     install_stop_handler();
 
     let mut user_pids = Vec::new();
@@ -348,6 +351,10 @@ fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
         Format::Table => render::table(&report, args.by, hidden, width),
         Format::Json => contract::pretty(Kind::Malloc, &report),
         Format::Folded => render::folded(&report),
+        Format::Pprof => {
+            let profile = crate::render::pprof::from_malloc(&report).encode_gzip();
+            return crate::output::emit_bytes(&profile, out.output());
+        }
     };
     crate::output::emit(&text, out.output())
 }

@@ -61,6 +61,9 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     if let Some(path) = args.output.output() {
         crate::output::check_writable(path, "-o")?;
     }
+    if args.output.format == Format::Pprof {
+        crate::output::check_binary_destination(args.output.output(), "pprof")?;
+    }
     install_stop_handler();
 
     let mut targets = Targets::start(&args.trace.filters.targets)?;
@@ -148,6 +151,10 @@ fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
         Format::Table => render::table(&report, args.by, hidden, 3, width),
         Format::Json => contract::pretty(Kind::Record, &report),
         Format::Folded => render::folded(&report),
+        Format::Pprof => {
+            let profile = render::pprof::from_report(&report).encode_gzip();
+            return crate::output::emit_bytes(&profile, out.output());
+        }
     };
     crate::output::emit(&text, out.output())
 }

@@ -83,6 +83,10 @@ pub struct MallocRow {
     /// Stack rows: innermost (the direct caller) first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub frames: Vec<String>,
+    /// The same frames with their binaries and addresses, for pprof (not
+    /// in JSON: `frames` carries them for people and scripts).
+    #[serde(skip)]
+    pub user_frames: Vec<UserFrame>,
     /// Processes the row's calls came from, by PID.
     pub processes: Vec<Process>,
     #[serde(flatten, with = "request_counts")]
@@ -202,6 +206,7 @@ struct Acc {
     pids: Vec<u32>,
     first: Option<UserFrame>,
     frames: Vec<String>,
+    user_frames: Vec<UserFrame>,
 }
 
 impl Acc {
@@ -227,6 +232,7 @@ impl Acc {
             function: first.name(),
             location: first.display(),
             frames: self.frames,
+            user_frames: self.user_frames,
             processes: self
                 .pids
                 .iter()
@@ -298,6 +304,7 @@ pub fn build(
         stack.first.get_or_insert_with(|| user[0].clone());
         if stack.frames.is_empty() {
             stack.frames = shown;
+            stack.user_frames = user.clone();
         }
     }
     let live_total = snap.live.as_ref().map(|l| {

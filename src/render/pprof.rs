@@ -21,6 +21,8 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use prost::Message as _;
 
+use crate::malloc::report::MallocReport;
+use crate::malloc::usersyms::UserFrame;
 use crate::report::Report;
 
 /// The mapping kernel frames belong to, named as `perf` names it.
@@ -331,6 +333,80 @@ pub fn from_report(r: &Report) -> Builder {
         b.add(&Sample {
             frames: s.frames.iter().map(|f| Frame::kernel(f)).collect(),
             values: values(&s.counts, s.retention.as_ref()),
+            labels,
+        });
+    }
+    b
+}
+
+/// A user frame: its binary as the mapping, `file:line` where known.
+pub fn user_frame(f: &UserFrame) -> Frame {
+    let (file, line) = match f.source.as_deref().and_then(|s| s.rsplit_once(':')) {
+        Some((file, line)) => (Some(file.to_string()), line.parse().ok()),
+        None => (f.source.clone(), None),
+    };
+    Frame {
+        function: f.name(),
+        mapping: f.module.clone().unwrap_or_else(|| "[anon]".into()),
+        address: if f.module.is_some() {
+            f.file_offset
+        } else {
+            f.addr
+        },
+        file,
+        line,
+    }
+}
+
+/// The profile of a `malloc` report: one sample per stack, the allocator
+/// function as the leaf frame, `inuse_*` values with --outstanding.
+pub fn from_malloc(r: &MallocReport) -> Builder {
+    let inuse = r.totals.outstanding.is_some();
+    let types: &[SampleType] = if inuse {
+        &[
+            SampleType::AllocObjects,
+            SampleType::AllocSpace,
+            SampleType::InuseObjects,
+            SampleType::InuseSpace,
+        ]
+    } else {
+        &[SampleType::AllocObjects, SampleType::AllocSpace]
+    };
+    let default = if inuse {
+        SampleType::InuseSpace
+    } else {
+        SampleType::AllocSpace
+    };
+    let mut b = Builder::new(types, default, (r.duration_s * 1e9) as i64);
+    b.comment(&format!(
+        "kheap malloc: user-space allocations, {:.2} s; space is bytes requested",
+        r.duration_s
+    ));
+    for s in &r.stacks {
+        let mut frames = vec![Frame {
+            function: s.allocator.clone(),
+            mapping: r
+                .probes
+                .first()
+                .map(|p| p.split(':').next().unwrap_or(p).to_string())
+                .unwrap_or_else(|| "[allocator]".into()),
+            ..Default::default()
+        }];
+        frames.extend(s.user_frames.iter().map(user_frame));
+        let mut values = vec![s.counts.count as i64, s.counts.bytes_req as i64];
+        if inuse {
+            let o = s.outstanding.clone().unwrap_or_default();
+            values.extend([o.count as i64, o.bytes as i64]);
+        }
+        let mut labels = vec![Label::Str("allocator".into(), s.allocator.clone())];
+        labels.extend(
+            s.processes
+                .iter()
+                .map(|p| Label::Str("process".into(), format!("{} [{}]", p.comm, p.pid))),
+        );
+        b.add(&Sample {
+            frames,
+            values,
             labels,
         });
     }
