@@ -104,3 +104,70 @@ fn binary_output_to_a_terminal_is_refused() {
         "{text}"
     );
 }
+
+const MALLOC_SOURCE: &str = include_str!("data/malloc_workload.c");
+
+/// The line of the C workload that contains `text` (1-based).
+fn line_of(text: &str) -> usize {
+    MALLOC_SOURCE
+        .lines()
+        .position(|l| l.contains(text))
+        .unwrap_or_else(|| panic!("'{text}' not in the workload source"))
+        + 1
+}
+
+#[test]
+fn go_pprof_shows_user_functions_lines_and_outstanding_blocks() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("malloc_workload.c");
+    std::fs::write(&src, MALLOC_SOURCE).unwrap();
+    let exe = dir.path().join("workload");
+    let cc = Command::new("cc")
+        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("cc is needed by the tests (scripts/setup installs it)");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let file = dir.path().join("malloc.pb.gz");
+    assert_ok(&kheap(&[
+        "malloc",
+        "--outstanding",
+        "--format",
+        "pprof",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        exe.to_str().unwrap(),
+    ]));
+    // -unit=B: bytes without scaling (counts are never scaled).
+    let top = |index: &str| {
+        let unit = if index.ends_with("space") {
+            "-unit=B"
+        } else {
+            "-unit=minimum"
+        };
+        pprof(&["-top", "-cum", "-nodecount=100000", unit, index], &file)
+    };
+    // do_leak: 3 x malloc(5000), never freed; do_malloc: 10 x 100, freed.
+    let inuse = top("-sample_index=inuse_objects");
+    assert_eq!(cum_of(&inuse, "do_leak"), "3", "{inuse}");
+    let inuse_space = top("-sample_index=inuse_space");
+    assert_eq!(cum_of(&inuse_space, "do_leak"), "15000B", "{inuse_space}");
+    let alloc = top("-sample_index=alloc_objects");
+    assert_eq!(cum_of(&alloc, "do_malloc"), "10", "{alloc}");
+    let alloc_space = top("-sample_index=alloc_space");
+    assert_eq!(cum_of(&alloc_space, "do_malloc"), "1000B", "{alloc_space}");
+    // File and line of the call, from the binary's debug information.
+    let lines = pprof(&["-top", "-lines", "-sample_index=inuse_space"], &file);
+    let want = format!(
+        "do_leak malloc_workload.c:{}",
+        line_of("leaks[nleaks++] = malloc(5000)")
+    );
+    assert!(lines.contains(&want), "{want} not in:\n{lines}");
+}
