@@ -171,3 +171,51 @@ fn go_pprof_shows_user_functions_lines_and_outstanding_blocks() {
     );
     assert!(lines.contains(&want), "{want} not in:\n{lines}");
 }
+
+#[test]
+fn go_pprof_shows_the_exact_outstanding_messages_of_leaks() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("leaks.pb.gz");
+    // kheap-load holds 500 messages (kmalloc-4k, 4096 bytes each) for 4 s;
+    // the report is taken after 2 s, while they are all held.
+    assert_ok(&kheap(&[
+        "leaks",
+        "--exact-stacks",
+        "-d",
+        "2",
+        "--format",
+        "pprof",
+        "-o",
+        file.to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg",
+        "500",
+        "2100",
+        "4",
+    ]));
+    let top = |index: &str, unit: &str| {
+        pprof(
+            &[
+                "-top",
+                "-cum",
+                "-nodecount=100000",
+                "-tagfocus=cache=kmalloc-4k",
+                unit,
+                index,
+            ],
+            &file,
+        )
+    };
+    let objects = top("-sample_index=inuse_objects", "-unit=minimum");
+    assert!(objects.contains("Type: inuse_objects"), "{objects}");
+    assert_eq!(cum_of(&objects, "load_msg"), "500", "{objects}");
+    let space = top("-sample_index=inuse_space", "-unit=B");
+    assert_eq!(cum_of(&space, "load_msg"), "2048000B", "{space}");
+    let allocated = top("-sample_index=alloc_objects", "-unit=minimum");
+    assert_eq!(cum_of(&allocated, "load_msg"), "500", "{allocated}");
+    // inuse_space is what pprof shows first for a leaks profile.
+    let default = pprof(&["-top"], &file);
+    assert!(default.contains("Type: inuse_space"), "{default}");
+}
