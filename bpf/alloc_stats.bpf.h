@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Helpers for BPF objects that aggregate allocations into struct
  * alloc_stats (kheap.bpf.c). Include after

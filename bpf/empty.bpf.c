@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
  * The benchmark's floor: programs that do nothing on the hooks kheap uses.
  * scripts/bench attaches them (examples/empty_tracer.rs) to measure what the
@@ -9,7 +9,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define EMPTY(prog, tracepoint)    \
 	SEC("raw_tp/" #tracepoint) \

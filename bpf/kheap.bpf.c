@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
  * kheap: kernel heap allocations aggregated in the kernel. One object serves
  * every kmem subcommand; user space picks the mode before load (cfg, read-only
@@ -34,7 +34,7 @@
 #include "stack_store.bpf.h"
 #include "task_filter.bpf.h"
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile struct kheap_config cfg = {};
 

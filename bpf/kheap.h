@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Structs shared by the BPF programs and the Rust side. Rust never copies
  * these by hand: it uses the types the skeleton generates from this file's

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Reading the classic kmem tracepoint records through CO-RE: the one place
  * that knows their layouts across kernel versions (kheap.bpf.c). Include

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * --latency: per task, when and from where the timed allocator call was
  * entered. Written by latency.bpf.c; kheap.bpf.c reuses the same map (its fd

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
  * kheap --latency: time spent inside the slab allocator entry points, per
  * call site. Entry and exit are fentry/fexit where the kernel allows them,
@@ -17,7 +17,7 @@
 #include "kheap.h"
 #include "lat_starts.bpf.h"
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 KHEAP_PERCPU_HASH(latencies, struct lat_key, struct lat_stats, 8192);
 

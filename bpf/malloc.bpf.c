@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: GPL-2.0
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
  * kheap malloc: user-space allocations of traced processes, aggregated in
  * the kernel.
@@ -28,7 +28,7 @@
 #include "task_filter.bpf.h"
 #include "stack_store.bpf.h"
 
-char LICENSE[] SEC("license") = "GPL";
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile struct malloc_config cfg = {};
 

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Structs shared by bpf/malloc.bpf.c and src/malloc/: Rust uses the types
  * the malloc skeleton generates from this file's BTF.

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * One way to declare a BPF map, so every object declares its maps in one
  * line each. Sizes given here are defaults: user space resizes most maps

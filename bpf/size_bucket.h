@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * The log2 size bucket shared by every BPF object: bucket 0 holds size 0,
  * bucket b >= 1 holds [2^(b-1), 2^b); the last bucket also takes everything

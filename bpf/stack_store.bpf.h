@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Kernel stacks stored by content. A BPF stack-trace map hashes each stack
  * into a bucket and refuses (EEXIST) every later capture of a stack whose

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: GPL-2.0 */
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Which tasks a BPF object counts: the PID filter map, the fork follower
  * that adds children of traced processes (and its tp_btf program), and the
