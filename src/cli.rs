@@ -187,6 +187,12 @@ impl OutputFormat for TableOrJson {
     }
 }
 
+impl OutputFormat for crate::diff::DiffFormat {
+    fn is_table(self) -> bool {
+        self == crate::diff::DiffFormat::Table
+    }
+}
+
 impl OutputFormat for crate::render::Format {
     fn is_table(self) -> bool {
         self == crate::render::Format::Table

@@ -28,6 +28,16 @@ pub enum DiffBy {
     Cache,
 }
 
+/// What `kheap diff` writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiffFormat {
+    Table,
+    Json,
+    /// gzip-compressed pprof profile of the change (negative values for what
+    /// shrank); needs -o FILE unless piped
+    Pprof,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Measure {

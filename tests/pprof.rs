@@ -219,3 +219,45 @@ fn go_pprof_shows_the_exact_outstanding_messages_of_leaks() {
     let default = pprof(&["-top"], &file);
     assert!(default.contains("Type: inuse_space"), "{default}");
 }
+
+#[test]
+fn go_pprof_reads_a_diff_with_negative_changes() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    // Two runs of the same workload, 1000 then 400 messages: load_msg's
+    // site (exact in every run) shrank by 600 allocations of 4096 bytes.
+    let before = record_json(&[], &["msg", "1000", "2100"]);
+    let after = record_json(&[], &["msg", "400", "2100"]);
+    let (b, a) = (
+        dir.path().join("before.json"),
+        dir.path().join("after.json"),
+    );
+    std::fs::write(&b, before.to_string()).unwrap();
+    std::fs::write(&a, after.to_string()).unwrap();
+    let file = dir.path().join("diff.pb.gz");
+    assert_ok(&kheap(&[
+        "diff",
+        b.to_str().unwrap(),
+        a.to_str().unwrap(),
+        "--format",
+        "pprof",
+        "-o",
+        file.to_str().unwrap(),
+    ]));
+    let focus = [
+        "-top",
+        "-cum",
+        "-nodecount=100000",
+        "-tagfocus=cache=kmalloc-4k",
+    ];
+    let objects = pprof(
+        &[&focus[..], &["-sample_index=alloc_objects"]].concat(),
+        &file,
+    );
+    assert_eq!(cum_of(&objects, "load_msg"), "-600", "{objects}");
+    let space = pprof(
+        &[&focus[..], &["-sample_index=alloc_space", "-unit=B"]].concat(),
+        &file,
+    );
+    assert_eq!(cum_of(&space, "load_msg"), "-2457600B", "{space}");
+}

@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
-use crate::cli::{OutputArgs, TableOrJson};
+use crate::cli::OutputArgs;
 use crate::contract::{self, Kind};
-use crate::diff::{self, DiffBy};
+use crate::diff::{self, DiffBy, DiffFormat};
 use crate::output::emit;
 use crate::render::table::output_width;
 
@@ -22,10 +22,13 @@ pub struct DiffArgs {
     #[arg(long, value_enum, default_value_t = DiffBy::Site)]
     pub by: DiffBy,
     #[command(flatten)]
-    pub output: OutputArgs<TableOrJson>,
+    pub output: OutputArgs<DiffFormat>,
 }
 
 pub fn run(args: DiffArgs) -> Result<i32> {
+    if args.output.format == DiffFormat::Pprof {
+        crate::output::check_binary_destination(args.output.output(), "pprof")?;
+    }
     let read = |p: &PathBuf| -> Result<String> {
         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
     };
@@ -37,17 +40,22 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     let mut d = diff::diff(kind, &before, &after, args.by);
     let out = &args.output;
     let text = match out.format {
-        TableOrJson::Table => diff::table(
+        DiffFormat::Table => diff::table(
             &d,
             args.by,
             out.rows().unwrap_or(usize::MAX),
             output_width(out.output()),
         ),
-        TableOrJson::Json => {
+        DiffFormat::Json => {
             if let Some(n) = out.rows() {
                 d.rows.truncate(n);
             }
             contract::pretty(Kind::Diff, &d)
+        }
+        DiffFormat::Pprof => {
+            let profile = crate::render::pprof::from_diff(&d).encode_gzip();
+            crate::output::emit_bytes(&profile, out.output())?;
+            return Ok(0);
         }
     };
     emit(&text, out.output())?;

@@ -21,6 +21,7 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use prost::Message as _;
 
+use crate::diff::{Diff, DiffBy, Measure};
 use crate::malloc::report::MallocReport;
 use crate::malloc::usersyms::UserFrame;
 use crate::report::Report;
@@ -413,6 +414,40 @@ pub fn from_malloc(r: &MallocReport) -> Builder {
     b
 }
 
+/// The profile of a `kheap diff`: one sample per changed row, its values
+/// the change (after minus before; negative where it shrank, which pprof
+/// allows). Sample types are `inuse_*` between leaks reports (outstanding
+/// memory) and `alloc_*` between record reports (allocation volume).
+pub fn from_diff(d: &Diff) -> Builder {
+    let types: &[SampleType] = match d.measure {
+        Measure::Outstanding => &[SampleType::InuseObjects, SampleType::InuseSpace],
+        Measure::Allocated => &[SampleType::AllocObjects, SampleType::AllocSpace],
+    };
+    let mut b = Builder::new(types, types[1], 0);
+    b.comment(&format!(
+        "kheap diff of two {:?} reports by {:?}: values are after minus before (negative: shrank); grew {} B, shrank {} B, net {} B",
+        d.compared, d.by, d.grew_bytes, d.shrank_bytes, d.net_bytes
+    ));
+    for row in &d.rows {
+        let frames = match d.by {
+            DiffBy::Stack => row.name.split(';').map(Frame::kernel).collect(),
+            DiffBy::Site => vec![Frame::kernel(&row.name)],
+            // Caches are not code: one frame named after the cache.
+            DiffBy::Cache => vec![Frame {
+                function: format!("cache {}", row.name),
+                mapping: KERNEL_MAPPING.to_string(),
+                ..Default::default()
+            }],
+        };
+        b.add(&Sample {
+            frames,
+            values: vec![row.change_count, row.change_bytes],
+            labels: vec![Label::Str("cache".into(), row.cache.clone())],
+        });
+    }
+    b
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -515,5 +550,40 @@ mod tests {
             .sample
             .iter()
             .all(|smp| smp.label.iter().any(|l| s(l.key) == "cache")));
+    }
+
+    #[test]
+    fn diff_values_are_signed_changes() {
+        let d = Diff {
+            compared: crate::contract::Kind::Leaks,
+            by: DiffBy::Stack,
+            measure: Measure::Outstanding,
+            grew_bytes: 4096,
+            shrank_bytes: 128,
+            net_bytes: 3968,
+            rows: vec![
+                crate::diff::DiffRow {
+                    name: "__kmalloc+0x1;load_msg+0x41".into(),
+                    cache: "kmalloc-4k".into(),
+                    change_count: 1,
+                    change_bytes: 4096,
+                    ..Default::default()
+                },
+                crate::diff::DiffRow {
+                    name: "kmem_cache_alloc+0x2;newque+0x10".into(),
+                    cache: "kmalloc-128".into(),
+                    change_count: -1,
+                    change_bytes: -128,
+                    ..Default::default()
+                },
+            ],
+        };
+        let p = decode(&from_diff(&d));
+        assert_valid(&p);
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        assert_eq!(s(p.sample_type[0].r#type), "inuse_objects");
+        assert_eq!(p.sample[1].value, vec![-1, -128]);
+        assert_eq!(p.sample[0].location_id.len(), 2);
+        assert!(s(p.comment[0]).contains("after minus before"));
     }
 }
