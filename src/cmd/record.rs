@@ -56,13 +56,13 @@ fn kernel_config(args: &RecordArgs, targets: &Targets) -> Config {
 
 pub fn run(args: RecordArgs) -> Result<i32> {
     args.trace.filters.check()?;
+    if args.output.format == Format::Pprof {
+        crate::output::check_binary_destination(args.output.output(), "pprof")?;
+    }
     features::check_privileges("record")?;
     features::check_btf()?;
     if let Some(path) = args.output.output() {
         crate::output::check_writable(path, "-o")?;
-    }
-    if args.output.format == Format::Pprof {
-        crate::output::check_binary_destination(args.output.output(), "pprof")?;
     }
     install_stop_handler();
 
