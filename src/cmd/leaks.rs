@@ -28,6 +28,9 @@ pub struct LeaksArgs {
     pub trace: TraceArgs,
     #[command(flatten)]
     pub output: OutputArgs<Format>,
+    /// What sizes the frames of --format svg
+    #[arg(long, value_enum, default_value_t)]
+    pub weight: crate::render::flame::Weight,
     /// Only count objects at least this old as outstanding
     #[arg(long, value_parser = parse_age, default_value = "0", value_name = "SECS")]
     pub min_age: f64,
@@ -83,8 +86,8 @@ fn install_snapshot_handler() {
 
 pub fn run(args: LeaksArgs) -> Result<i32> {
     args.trace.filters.check()?;
-    if args.output.format == Format::Folded && args.by != LeakGroupBy::Stack {
-        bail!("--format folded shows stacks: use it with --by stack");
+    if matches!(args.output.format, Format::Folded | Format::Svg) && args.by != LeakGroupBy::Stack {
+        bail!("--format folded and svg show stacks: use them with --by stack");
     }
     features::check_privileges("leaks")?;
     features::check_btf()?;
@@ -105,9 +108,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     if args.snapshot_every.is_some() || args.snapshot_dir.is_some() {
         crate::output::check_dir_writable(&snapshot_dir, "--snapshot-dir")?;
     }
-    if let Some(path) = args.output.output() {
-        crate::output::check_writable(path, "-o")?;
-    }
+    args.output.check()?;
     install_stop_handler();
     install_snapshot_handler();
 
@@ -210,6 +211,12 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
         ),
         Format::Json => contract::pretty(Kind::Leaks, &report),
         Format::Folded => leak_render::folded(&report),
+        Format::Svg => crate::cmd::record::flame_svg(
+            &leak_render::flame_samples(&report),
+            args.weight,
+            "kheap leaks",
+            "outstanding",
+        ),
     };
     crate::output::emit(&text, out.output())
 }
