@@ -122,7 +122,8 @@ text {{ font-family: monospace; font-size: 12px; fill: #000; }}
 <text id="search" class="btn" x="{sx}" y="22" text-anchor="end">Search</text>
 <text id="matched" x="{sx}" y="{my}" text-anchor="end"> </text>
 <text id="details" x="{PAD}" y="{my}"> </text>"##,
-        w = weight_name(weight),
+        // The --weight value, for scripts reading the file.
+        w = format!("{weight:?}").to_lowercase(),
         cx = WIDTH / 2.0,
         sx = WIDTH - PAD,
         my = height - 10.0,
