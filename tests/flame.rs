@@ -232,3 +232,40 @@ fn svg_is_not_written_to_a_terminal() {
     assert!(text.contains("add -o FILE"), "{text}");
     assert!(!text.contains("<svg"), "{text}");
 }
+
+#[test]
+fn leaks_svg_weighs_the_outstanding_objects() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("held.svg");
+    // The messages are held past the end of the run: all outstanding.
+    let out = kheap(&[
+        "leaks",
+        "--by",
+        "stack",
+        "--exact-stacks",
+        "-d",
+        "2",
+        "--format",
+        "svg",
+        "-o",
+        path.to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg",
+        "200",
+        "2100",
+        "30",
+    ]);
+    assert_ok(&out);
+    let svg = std::fs::read_to_string(&path).unwrap();
+    let lines = unfold(&frames(&svg));
+    let msg: Vec<_> = lines.iter().filter(|(p, _)| is_msg_stack(p)).collect();
+    assert_eq!(msg.len(), 1, "{lines:#?}");
+    let m = &msg[0].1;
+    assert_eq!(
+        (m.count, m.bytes, m.waste),
+        (200, 200 * 4096, 200 * (4096 - REQ))
+    );
+    assert!(svg.contains("outstanding"), "the bytes are named");
+}
