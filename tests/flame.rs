@@ -269,3 +269,52 @@ fn leaks_svg_weighs_the_outstanding_objects() {
     );
     assert!(svg.contains("outstanding"), "the bytes are named");
 }
+
+#[test]
+fn diff_svg_colours_the_grown_stack_red_with_its_exact_change() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let mut reports = Vec::new();
+    for (name, count) in [("before.json", "100"), ("after.json", "1000")] {
+        let path = dir.path().join(name);
+        let out = kheap(&[
+            "record",
+            "--exact-stacks",
+            "--format",
+            "json",
+            "-o",
+            path.to_str().unwrap(),
+            "--",
+            LOAD,
+            "msg",
+            count,
+            "2100",
+        ]);
+        assert_ok(&out);
+        reports.push(path.to_str().unwrap().to_string());
+    }
+    let svg_path = dir.path().join("diff.svg");
+    // Weighed by rounding: only the 4k messages waste (the slab's own
+    // bookkeeping under load_msg fits its size class), so the change is
+    // exact: 900 more messages, 4096 - 2148 bytes each.
+    let out = kheap(&[
+        "diff",
+        &reports[0],
+        &reports[1],
+        "--weight",
+        "waste",
+        "--format",
+        "svg",
+        "-o",
+        svg_path.to_str().unwrap(),
+    ]);
+    assert_ok(&out);
+    let svg = std::fs::read_to_string(&svg_path).unwrap();
+    let line = svg
+        .lines()
+        .find(|l| l.contains("<title>load_msg&#10;"))
+        .expect("a load_msg frame");
+    let change = 900 * (4096 - REQ);
+    assert!(line.contains(&format!("change +{change}")), "{line}");
+    assert!(line.contains("fill=\"rgb(255,"), "grew: red: {line}");
+}
