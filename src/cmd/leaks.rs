@@ -86,8 +86,13 @@ fn install_snapshot_handler() {
 
 pub fn run(args: LeaksArgs) -> Result<i32> {
     args.trace.filters.check()?;
-    if matches!(args.output.format, Format::Folded | Format::Svg) && args.by != LeakGroupBy::Stack {
-        bail!("--format folded and svg show stacks: use them with --by stack");
+    let stacks_only = match args.output.format {
+        Format::Folded => Some("folded"),
+        Format::Svg => Some("svg"),
+        _ => None,
+    };
+    if let (Some(format), false) = (stacks_only, args.by == LeakGroupBy::Stack) {
+        bail!("--format {format} shows stacks: use it with --by stack");
     }
     features::check_privileges("leaks")?;
     features::check_btf()?;
