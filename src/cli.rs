@@ -3,6 +3,7 @@
 //! flag has one spelling, one meaning and one help text everywhere, and the
 //! value parsers behind them.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use std::time::Duration;
@@ -172,6 +173,10 @@ impl TraceArgs {
 /// An output format: tables for people, JSON for scripts.
 pub trait OutputFormat: ValueEnum + Clone + Copy + Send + Sync + 'static {
     fn is_table(self) -> bool;
+    /// Formats nobody reads on a terminal (an SVG): they need -o or a pipe.
+    fn is_file_only(self) -> bool {
+        false
+    }
 }
 
 /// The formats of reports that have no stacks to fold.
@@ -191,11 +196,17 @@ impl OutputFormat for crate::diff::DiffFormat {
     fn is_table(self) -> bool {
         self == crate::diff::DiffFormat::Table
     }
+    fn is_file_only(self) -> bool {
+        self == crate::diff::DiffFormat::Svg
+    }
 }
 
 impl OutputFormat for crate::render::Format {
     fn is_table(self) -> bool {
         self == crate::render::Format::Table
+    }
+    fn is_file_only(self) -> bool {
+        self == crate::render::Format::Svg
     }
 }
 
@@ -226,6 +237,23 @@ impl<F: OutputFormat> OutputArgs<F> {
 
     pub fn output(&self) -> Option<&Path> {
         self.output.as_deref()
+    }
+
+    /// Checked before tracing: -o can be written, and a file-only format is
+    /// not about to be dumped on a terminal.
+    pub fn check(&self) -> Result<()> {
+        if let Some(path) = self.output() {
+            return crate::output::check_writable(path, "-o");
+        }
+        if self.format.is_file_only() && std::io::stdout().is_terminal() {
+            bail!(
+                "--format {} writes a file, not text for a terminal: add -o FILE (or pipe it)",
+                self.format
+                    .to_possible_value()
+                    .map_or_else(String::new, |v| v.get_name().to_string())
+            );
+        }
+        Ok(())
     }
 }
 

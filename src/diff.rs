@@ -36,6 +36,9 @@ pub enum DiffFormat {
     /// gzip-compressed pprof profile of the change (negative values for what
     /// shrank); needs -o FILE unless piped
     Pprof,
+    /// A differential flame graph: widths from AFTER, red grew, blue shrank
+    /// (SVG; needs -o FILE or a pipe)
+    Svg,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

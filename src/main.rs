@@ -1,7 +1,7 @@
 //! kheap: who allocates kernel heap memory, in what sizes, how much slab
 //! rounding wastes, and what is never freed.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use kheap::cmd;
 
 #[derive(Parser)]
@@ -27,6 +27,10 @@ enum Command {
     Top(cmd::top::TopArgs),
     /// Show which tracing features this kernel has and how kheap will attach
     Doctor,
+    /// Print a shell completion script (bash, zsh, fish, …) to stdout
+    Completions(cmd::generate::CompletionsArgs),
+    /// Write man pages (kheap.1 and one per subcommand) into a directory
+    Man(cmd::generate::ManArgs),
 }
 
 fn main() {
@@ -64,6 +68,8 @@ fn main() {
         Command::Malloc(a) => cmd::malloc::run(a),
         Command::Top(a) => cmd::top::run(a),
         Command::Doctor => cmd::doctor::run(),
+        Command::Completions(a) => cmd::generate::completions(Cli::command(), &a),
+        Command::Man(a) => cmd::generate::man(Cli::command(), &a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -4,6 +4,7 @@
 //! terminal) and `hist` (the one histogram drawer); rows are cut to `-n` by
 //! `report::top_n`.
 
+pub mod flame;
 pub mod hist;
 pub mod pprof;
 pub mod table;
@@ -43,6 +44,8 @@ pub enum Format {
     /// gzip-compressed pprof profile.proto (`go tool pprof`); needs -o FILE
     /// unless piped
     Pprof,
+    /// An interactive flame graph (SVG; needs -o FILE or a pipe)
+    Svg,
 }
 
 pub fn sort_key(c: &Counts, by: SortBy) -> u64 {
@@ -323,6 +326,25 @@ pub fn folded(r: &Report) -> String {
         let _ = writeln!(out, "{} {}", names.join(";"), s.counts.count);
     }
     out
+}
+
+/// The stacks of `folded`, with all their numbers, for a flame graph.
+pub fn flame_samples(r: &Report) -> Vec<flame::Sample> {
+    r.stacks
+        .iter()
+        .map(|s| flame::Sample {
+            frames: s
+                .frames
+                .iter()
+                .rev()
+                .map(|f| strip_offset(f).to_string())
+                .collect(),
+            count: s.counts.count,
+            bytes: s.counts.bytes_alloc,
+            waste: s.counts.waste_bytes,
+            before: None,
+        })
+        .collect()
 }
 
 fn strip_offset(frame: &str) -> &str {

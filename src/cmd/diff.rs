@@ -8,9 +8,11 @@ use clap::Args;
 
 use crate::cli::OutputArgs;
 use crate::contract::{self, Kind};
-use crate::diff::{self, DiffBy, DiffFormat};
+use crate::diff::{self, DiffBy, DiffFormat, Measure};
 use crate::output::emit;
+use crate::render::flame::{Sample, Weight};
 use crate::render::table::output_width;
+use crate::report::Report;
 
 #[derive(Args, Debug)]
 pub struct DiffArgs {
@@ -23,9 +25,13 @@ pub struct DiffArgs {
     pub by: DiffBy,
     #[command(flatten)]
     pub output: OutputArgs<DiffFormat>,
+    /// What sizes (and colours) the frames of --format svg
+    #[arg(long, value_enum, default_value_t)]
+    pub weight: Weight,
 }
 
 pub fn run(args: DiffArgs) -> Result<i32> {
+    args.output.check()?;
     if args.output.format == DiffFormat::Pprof {
         crate::output::check_binary_destination(args.output.output(), "pprof")?;
     }
@@ -37,9 +43,31 @@ pub fn run(args: DiffArgs) -> Result<i32> {
         (&before, &args.before.display().to_string()),
         (&after, &args.after.display().to_string()),
     )?;
-    let mut d = diff::diff(kind, &before, &after, args.by);
     let out = &args.output;
+    if out.format == DiffFormat::Svg {
+        let samples = differential(
+            &stack_samples(kind, &before),
+            &stack_samples(kind, &after),
+            args.weight,
+        );
+        let word = match Measure::of(kind) {
+            Some(Measure::Outstanding) => "outstanding",
+            _ => "allocated",
+        };
+        let title = format!(
+            "kheap diff {} {}",
+            args.before.display(),
+            args.after.display()
+        );
+        emit(
+            &crate::cmd::record::flame_svg(&samples, args.weight, &title, word),
+            out.output(),
+        )?;
+        return Ok(0);
+    }
+    let mut d = diff::diff(kind, &before, &after, args.by);
     let text = match out.format {
+        DiffFormat::Svg => unreachable!("drawn above"),
         DiffFormat::Table => diff::table(
             &d,
             args.by,
@@ -60,4 +88,60 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     };
     emit(&text, out.output())?;
     Ok(0)
+}
+
+/// The stacks a report folds: all allocations of a record, the outstanding
+/// objects of leaks.
+fn stack_samples(kind: Kind, r: &Report) -> Vec<Sample> {
+    match Measure::of(kind) {
+        Some(Measure::Outstanding) => crate::leaks::render::flame_samples(r),
+        _ => crate::render::flame_samples(r),
+    }
+}
+
+/// AFTER's stacks, each carrying BEFORE's weight of the same frames. Stacks
+/// only BEFORE had have no width in AFTER and are left out (the table and
+/// JSON of `--by stack` list them).
+fn differential(before: &[Sample], after: &[Sample], w: Weight) -> Vec<Sample> {
+    let weight = |s: &Sample| match w {
+        Weight::Bytes => s.bytes,
+        Weight::Count => s.count,
+        Weight::Waste => s.waste,
+    };
+    let mut earlier: std::collections::HashMap<&[String], u64> = Default::default();
+    for s in before {
+        *earlier.entry(&s.frames).or_default() += weight(s);
+    }
+    after
+        .iter()
+        .map(|s| Sample {
+            before: Some(earlier.get(s.frames.as_slice()).copied().unwrap_or(0)),
+            ..s.clone()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(frames: &[&str], bytes: u64) -> Sample {
+        Sample {
+            frames: frames.iter().map(|f| f.to_string()).collect(),
+            count: 1,
+            bytes,
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn after_stacks_carry_the_before_weight_of_the_same_frames() {
+        let d = differential(
+            &[s(&["a", "k"], 100), s(&["gone"], 7)],
+            &[s(&["a", "k"], 300), s(&["new"], 5)],
+            Weight::Bytes,
+        );
+        let before: Vec<_> = d.iter().map(|s| (s.frames.join(";"), s.before)).collect();
+        assert_eq!(before, [("a;k".into(), Some(100)), ("new".into(), Some(0))]);
+    }
 }

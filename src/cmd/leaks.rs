@@ -28,6 +28,9 @@ pub struct LeaksArgs {
     pub trace: TraceArgs,
     #[command(flatten)]
     pub output: OutputArgs<Format>,
+    /// What sizes the frames of --format svg
+    #[arg(long, value_enum, default_value_t)]
+    pub weight: crate::render::flame::Weight,
     /// Only count objects at least this old as outstanding
     #[arg(long, value_parser = parse_age, default_value = "0", value_name = "SECS")]
     pub min_age: f64,
@@ -83,8 +86,13 @@ fn install_snapshot_handler() {
 
 pub fn run(args: LeaksArgs) -> Result<i32> {
     args.trace.filters.check()?;
-    if args.output.format == Format::Folded && args.by != LeakGroupBy::Stack {
-        bail!("--format folded shows stacks: use it with --by stack");
+    let stacks_only = match args.output.format {
+        Format::Folded => Some("folded"),
+        Format::Svg => Some("svg"),
+        _ => None,
+    };
+    if let (Some(format), false) = (stacks_only, args.by == LeakGroupBy::Stack) {
+        bail!("--format {format} shows stacks: use it with --by stack");
     }
     features::check_privileges("leaks")?;
     features::check_btf()?;
@@ -105,9 +113,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     if args.snapshot_every.is_some() || args.snapshot_dir.is_some() {
         crate::output::check_dir_writable(&snapshot_dir, "--snapshot-dir")?;
     }
-    if let Some(path) = args.output.output() {
-        crate::output::check_writable(path, "-o")?;
-    }
+    args.output.check()?;
     if args.output.format == Format::Pprof {
         crate::output::check_binary_destination(args.output.output(), "pprof")?;
     }
@@ -217,6 +223,12 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
             let profile = crate::render::pprof::from_report(&report).encode_gzip();
             return crate::output::emit_bytes(&profile, out.output());
         }
+        Format::Svg => crate::cmd::record::flame_svg(
+            &leak_render::flame_samples(&report),
+            args.weight,
+            "kheap leaks",
+            "outstanding",
+        ),
     };
     crate::output::emit(&text, out.output())
 }

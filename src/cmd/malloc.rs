@@ -38,6 +38,9 @@ pub struct MallocArgs {
     pub targets: TargetArgs,
     #[command(flatten)]
     pub output: OutputArgs<Format>,
+    /// What sizes the frames of --format svg
+    #[arg(long, value_enum, default_value_t)]
+    pub weight: crate::render::flame::Weight,
     /// Probe this allocator library instead of the C library the target
     /// maps (jemalloc, tcmalloc, mimalloc export the same names)
     #[arg(long, value_name = "PATH")]
@@ -122,9 +125,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     }
     features::check_privileges("malloc")?;
     features::check_btf()?;
-    if let Some(path) = args.output.output() {
-        crate::output::check_writable(path, "-o")?;
-    }
+    args.output.check()?;
     if args.output.format == Format::Pprof {
         crate::output::check_binary_destination(args.output.output(), "pprof")?;
     }
@@ -355,6 +356,12 @@ fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
             let profile = crate::render::pprof::from_malloc(&report).encode_gzip();
             return crate::output::emit_bytes(&profile, out.output());
         }
+        Format::Svg => crate::cmd::record::flame_svg(
+            &render::flame_samples(&report),
+            args.weight,
+            "kheap malloc",
+            "allocated",
+        ),
     };
     crate::output::emit(&text, out.output())
 }

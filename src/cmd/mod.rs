@@ -2,6 +2,7 @@
 
 pub mod diff;
 pub mod doctor;
+pub mod generate;
 pub mod leaks;
 pub mod malloc;
 pub mod record;

@@ -24,6 +24,9 @@ pub struct RecordArgs {
     pub trace: TraceArgs,
     #[command(flatten)]
     pub output: OutputArgs<Format>,
+    /// What sizes the frames of --format svg
+    #[arg(long, value_enum, default_value_t)]
+    pub weight: crate::render::flame::Weight,
     /// Group rows by
     #[arg(long, value_enum, default_value_t = GroupBy::Site)]
     pub by: GroupBy,
@@ -61,9 +64,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     }
     features::check_privileges("record")?;
     features::check_btf()?;
-    if let Some(path) = args.output.output() {
-        crate::output::check_writable(path, "-o")?;
-    }
+    args.output.check()?;
     install_stop_handler();
 
     let mut targets = Targets::start(&args.trace.filters.targets)?;
@@ -143,6 +144,25 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     Ok(exit_code)
 }
 
+/// A flame graph with the run's totals under its title.
+pub fn flame_svg(
+    samples: &[render::flame::Sample],
+    weight: render::flame::Weight,
+    title: &str,
+    bytes_word: &str,
+) -> String {
+    let subtitle = render::flame::subtitle(samples, weight, bytes_word);
+    render::flame::svg(
+        samples,
+        weight,
+        &render::flame::Labels {
+            title,
+            subtitle: &subtitle,
+            bytes_word,
+        },
+    )
+}
+
 fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
     let out = &args.output;
     let hidden = render::apply_top(&mut report, args.by, args.sort, out.rows());
@@ -155,6 +175,12 @@ fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
             let profile = render::pprof::from_report(&report).encode_gzip();
             return crate::output::emit_bytes(&profile, out.output());
         }
+        Format::Svg => flame_svg(
+            &render::flame_samples(&report),
+            args.weight,
+            "kheap record",
+            "allocated",
+        ),
     };
     crate::output::emit(&text, out.output())
 }

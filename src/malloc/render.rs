@@ -216,6 +216,24 @@ pub fn folded(r: &MallocReport) -> String {
     out
 }
 
+/// The stacks of `folded`, with all their numbers, for a flame graph.
+pub fn flame_samples(r: &MallocReport) -> Vec<crate::render::flame::Sample> {
+    r.stacks
+        .iter()
+        .map(|s| {
+            let mut frames: Vec<String> = s.frames.iter().rev().map(|f| function_part(f)).collect();
+            frames.push(s.allocator.clone());
+            crate::render::flame::Sample {
+                frames,
+                count: s.counts.count,
+                bytes: s.counts.bytes_alloc,
+                waste: s.counts.waste_bytes,
+                before: None,
+            }
+        })
+        .collect()
+}
+
 /// `name` of `name+0xoff (file:line)`, keeping `module+0xoff` whole when
 /// there is no symbol (the offset is all that identifies the code).
 fn function_part(frame: &str) -> String {

@@ -1,0 +1,122 @@
+//! `kheap completions SHELL` and `kheap man --dir DIR`: shell completions
+//! and man pages generated from the same clap definitions the parser uses,
+//! for packagers (docs/exports.md says where they go).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use clap_complete::Shell;
+
+#[derive(Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell to complete for
+    #[arg(value_enum)]
+    pub shell: Shell,
+}
+
+#[derive(Args, Debug)]
+pub struct ManArgs {
+    /// Directory to write kheap.1, kheap-record.1, … into
+    #[arg(long, value_name = "DIR")]
+    pub dir: PathBuf,
+}
+
+/// Prints the completion script of `shell` for `cmd`.
+pub fn completions(mut cmd: clap::Command, args: &CompletionsArgs) -> Result<i32> {
+    let name = cmd.get_name().to_string();
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut cmd, name, &mut script);
+    crate::output::emit(&String::from_utf8(script)?, None)?;
+    Ok(0)
+}
+
+/// Writes one man page for `cmd` and one per subcommand into `--dir`, and
+/// lists the files written.
+pub fn man(cmd: clap::Command, args: &ManArgs) -> Result<i32> {
+    crate::output::check_dir_writable(&args.dir, "--dir")?;
+    for path in man_pages(cmd, &args.dir)? {
+        println!("{}", path.display());
+    }
+    Ok(0)
+}
+
+/// `kheap.1`, then `kheap-SUBCOMMAND.1` for each visible subcommand.
+pub fn man_pages(cmd: clap::Command, dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut cmd = cmd.disable_help_subcommand(true);
+    // Builds the `kheap-record` names of the subcommands.
+    cmd.build();
+    let mut pages = vec![cmd.clone()];
+    pages.extend(cmd.get_subcommands().filter(|s| !s.is_hide_set()).cloned());
+    let date = page_date(std::env::var("SOURCE_DATE_EPOCH").ok().as_deref())?;
+    let source = format!("kheap {}", env!("CARGO_PKG_VERSION"));
+    let mut written = Vec::new();
+    for page in pages {
+        let man = clap_mangen::Man::new(page)
+            .date(&date)
+            .source(&source)
+            .manual("kheap manual");
+        let mut text = Vec::new();
+        man.render(&mut text)?;
+        let path = dir.join(man.get_filename());
+        crate::output::write_atomic(&path, &tidy(&String::from_utf8(text)?))
+            .with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
+}
+
+/// The date in the pages' header: SOURCE_DATE_EPOCH's day when set (the
+/// reproducible-builds convention packagers use), else today.
+fn page_date(epoch: Option<&str>) -> Result<String> {
+    let secs = match epoch {
+        Some(e) => e
+            .trim()
+            .parse::<u64>()
+            .with_context(|| format!("SOURCE_DATE_EPOCH={e} is not a number of seconds"))?,
+        None => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs(),
+    };
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    Ok(format!("{y:04}-{m:02}-{d:02}"))
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's
+/// well-known algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// clap_mangen separates a flag's help from its list of values with
+/// `.br`, a blank line, `.br`: mandoc -T lint warns about both breaks. One
+/// `.sp` is the same space.
+fn tidy(page: &str) -> String {
+    page.replace("\n.br\n\n.br\n", "\n.sp\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_are_days_of_the_epoch() {
+        assert_eq!(page_date(Some("0")).unwrap(), "1970-01-01");
+        assert_eq!(page_date(Some("951782400")).unwrap(), "2000-02-29");
+        assert_eq!(page_date(Some("1764547200")).unwrap(), "2025-12-01");
+        assert!(page_date(Some("yesterday")).is_err());
+    }
+
+    #[test]
+    fn value_lists_are_spaced_once() {
+        assert_eq!(tidy("help\n.br\n\n.br\nvalues"), "help\n.sp\nvalues");
+    }
+}
