@@ -9,7 +9,7 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{human_count, human_size, pct, signed_size, Counts};
-use crate::render::{short_list, GroupBy};
+use crate::render::{cgroup_label, short_list, GroupBy};
 use crate::report::Report;
 use crate::top::overhead::Overhead;
 
@@ -80,6 +80,7 @@ pub fn group_name(by: GroupBy) -> &'static str {
         GroupBy::Stack => "stack",
         GroupBy::Cache => "cache",
         GroupBy::Process => "process",
+        GroupBy::Cgroup => "cgroup",
     }
 }
 
@@ -203,6 +204,23 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
                 estimated: false,
             })
             .collect(),
+        GroupBy::Cgroup => report
+            .cgroups
+            .iter()
+            .map(|c| {
+                let label = cgroup_label(c);
+                TopRow {
+                    key: label.clone(),
+                    name: label,
+                    // Bytes the cgroup's memory limit does not see.
+                    detail: c.accounting.unaccounted_bytes.to_string(),
+                    counts: c.counts.clone(),
+                    net_bytes: None,
+                    stacks: Vec::new(),
+                    estimated: false,
+                }
+            })
+            .collect(),
     }
 }
 
@@ -236,6 +254,7 @@ pub fn headers(by: GroupBy) -> Vec<&'static str> {
         GroupBy::Stack => ["stack", "cache"],
         GroupBy::Cache => ["cache", "frees/s"],
         GroupBy::Process => ["pid", "comm"],
+        GroupBy::Cgroup => ["cgroup", "unacct/s"],
     };
     first.into_iter().chain(RATE_HEADERS).collect()
 }
@@ -261,6 +280,10 @@ pub fn cells(r: &TopRow, by: GroupBy, interval_s: f64) -> Vec<String> {
     let detail = match by {
         GroupBy::Cache => match r.detail.parse::<u64>() {
             Ok(frees) => human_count(rate(frees).round() as u64),
+            Err(_) => r.detail.clone(),
+        },
+        GroupBy::Cgroup => match r.detail.parse::<u64>() {
+            Ok(bytes) => human_size(rate(bytes).round() as u64),
             Err(_) => r.detail.clone(),
         },
         _ => r.detail.clone(),
