@@ -42,6 +42,21 @@ fn unescape_mount(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// What `kheap doctor` says about cgroups, from a /proc/mounts text.
+pub fn doctor_line(mounts: &str) -> String {
+    let v1 = mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(2) == Some("cgroup"));
+    match cgroup2_mount_in(mounts) {
+        Some(m) if v1 => format!(
+            "cgroup2 mounted at {} (hybrid: v1 controllers too; --cgroup and --by cgroup use cgroup2)",
+            m.display()
+        ),
+        Some(m) => format!("cgroup2 mounted at {}", m.display()),
+        None => "no cgroup2 mount: --cgroup is refused and --by cgroup shows ids only".into(),
+    }
+}
+
 /// This host's cgroup2 mount point, or a one-line error.
 pub fn cgroup2_mount() -> Result<PathBuf> {
     let mounts = std::fs::read_to_string("/proc/mounts")
@@ -341,6 +356,19 @@ mod tests {
         );
         let spaced = "none /mnt/my\\040cg cgroup2 rw 0 0\n";
         assert_eq!(cgroup2_mount_in(spaced), Some(PathBuf::from("/mnt/my cg")));
+    }
+
+    #[test]
+    fn doctor_says_where_and_whether_hybrid() {
+        let hybrid = "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\ncgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n";
+        assert!(
+            doctor_line(hybrid).starts_with("cgroup2 mounted at /sys/fs/cgroup/unified (hybrid")
+        );
+        assert_eq!(
+            doctor_line("cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n"),
+            "cgroup2 mounted at /sys/fs/cgroup"
+        );
+        assert!(doctor_line("proc /proc proc rw 0 0\n").starts_with("no cgroup2 mount"));
     }
 
     #[test]
