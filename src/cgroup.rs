@@ -252,10 +252,9 @@ fn pod_of(seg: &str, parent: Option<&str>) -> Option<(String, String)> {
     if uid.len() < 8 || !uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
         return None;
     }
-    let qos = match parent {
-        Some(q @ ("burstable" | "besteffort")) => q,
-        _ => "guaranteed",
-    };
+    let qos = parent
+        .filter(|q| matches!(*q, "burstable" | "besteffort"))
+        .unwrap_or("guaranteed");
     Some((uid.to_string(), qos.to_string()))
 }
 
