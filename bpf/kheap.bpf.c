@@ -341,8 +341,7 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 	/* An allocation in interrupt context is not the running task's: it
 	 * goes to the interrupt row, and no cgroup filter matches it. */
 	if (cfg.by_cgroup || cfg.filter.cgroups) {
-		interrupt = classic ? record_in_interrupt(ctx)
-				    : args_in_interrupt(ctx);
+		interrupt = !classic && args_in_interrupt(ctx);
 		if (interrupt && cfg.filter.cgroups)
 			return;
 	}

@@ -44,33 +44,23 @@ struct trace_event_raw_kmem_cache_alloc___accounted {
 
 /* Whether an allocation event ran in interrupt context (hard or soft
  * interrupt, NMI), where the current task is only whoever was interrupted.
- * The preempt count itself is a per-CPU variable, readable only as a typed
- * ksym, which needs a kernel with CONFIG_KALLSYMS_ALL (without it the whole
- * object fails to load), so two cheaper facts are used instead:
  *
- * - classic tracepoint records carry the tracer's context flags, the same
- *   the kernel derives from the preempt count (TRACE_FLAG_HARDIRQ, _SOFTIRQ
- *   (serving a softirq, not just bottom halves disabled), _NMI);
- * - raw tracepoint arguments (tp_btf, raw_tp) live on the stack of the code
- *   that fired the event: outside the current task's stack, that code runs
- *   on an interrupt stack (x86-64 runs hard and soft interrupts on per-CPU
- *   IRQ stacks and NMIs on their own). Softirqs run by ksoftirqd are on its
- *   stack and are counted under ksoftirqd's (root) cgroup. */
-#define KHEAP_TRACE_FLAG_HARDIRQ 0x08
-#define KHEAP_TRACE_FLAG_SOFTIRQ 0x10
-#define KHEAP_TRACE_FLAG_NMI	 0x40
+ * The preempt count says so, but it is a per-CPU variable, readable only as
+ * a typed ksym, which needs CONFIG_KALLSYMS_ALL (without it the whole object
+ * fails to load). Raw tracepoint arguments (tp_btf, raw_tp) are an array on
+ * the kernel stack of the code that fired the event; on x86-64 hard and soft
+ * interrupts run on per-CPU IRQ stacks and NMIs on their own, so arguments
+ * outside the current task's stack mean interrupt context. Softirqs run by
+ * ksoftirqd are on its stack and count under ksoftirqd's (root) cgroup.
+ *
+ * Classic tracepoints cannot tell: their record is in a per-CPU buffer, and
+ * its common_flags are overwritten for BPF (the kernel stores a pt_regs
+ * pointer in the record's first 8 bytes), and a BPF program's own frame may
+ * be on a private per-CPU stack (6.13+). They count everything under the
+ * current task. */
 /* x86-64 THREAD_SIZE (16 KiB; 32 KiB only with KASAN, not in distribution
  * kernels). */
 #define KHEAP_THREAD_SIZE (16 * 1024)
-
-static __always_inline bool record_in_interrupt(void *ctx)
-{
-	struct trace_entry *ent = ctx;
-
-	return BPF_CORE_READ(ent, flags) &
-	       (KHEAP_TRACE_FLAG_HARDIRQ | KHEAP_TRACE_FLAG_SOFTIRQ |
-		KHEAP_TRACE_FLAG_NMI);
-}
 
 static __always_inline bool args_in_interrupt(void *ctx)
 {

@@ -284,3 +284,58 @@ fn bad_cgroups_are_refused_in_one_line() {
         assert!(!err.contains("tracing"), "nothing attached: {err}");
     }
 }
+
+/// Loopback TCP: the receive side runs in softirq context (on x86-64 on the
+/// IRQ stack), where ACKs and other skbs are allocated: those allocations
+/// are no task's and land in the interrupt row, with no cgroup.
+#[test]
+fn interrupt_allocations_get_their_own_row() {
+    use std::io::{Read, Write as _};
+    use std::net::{TcpListener, TcpStream};
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    let mut kheap = spawn_tracing(&[
+        "record",
+        "--by",
+        "cgroup",
+        "--format",
+        "json",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (mut server, _) = listener.accept().unwrap();
+    let mut buf = [0u8; 4096];
+    for _ in 0..5000 {
+        client.write_all(&[7u8; 1000]).unwrap();
+        let mut got = 0;
+        while got < 1000 {
+            got += server.read(&mut buf).unwrap();
+        }
+    }
+    unsafe { libc::kill(kheap.id() as i32, libc::SIGINT) };
+    assert!(wait_or_kill(&mut kheap, HANG_LIMIT).success());
+    let r = parse_valid(&std::fs::read_to_string(&out).unwrap());
+    let rows = r["cgroups"].as_array().unwrap();
+    let irq: Vec<&Value> = rows.iter().filter(|c| c["interrupt"] == true).collect();
+    assert_eq!(irq.len(), 1, "one interrupt row: {rows:#?}");
+    assert!(irq[0]["cgroup"].is_null());
+    assert!(u(&irq[0]["count"]) > 0);
+    // Task rows are never flagged, and each has a cgroup; the sends
+    // (tcp_sendmsg's skbs) are the test's own, in its cgroup.
+    for c in rows.iter().filter(|c| c["interrupt"] == false) {
+        assert!(c["cgroup"]["id"].is_u64(), "{c:#}");
+    }
+    let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+    let own = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .expect("a cgroup v2 line in /proc/self/cgroup");
+    let mine = cgroup_row(&r, own);
+    assert!(
+        u(&mine["count"]) >= 5000,
+        "the sends are the test's: {mine:#}"
+    );
+}

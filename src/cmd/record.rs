@@ -113,6 +113,8 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     });
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
+    // Before the command's own cgroup is removed with it (terminate).
+    cgroup_names.learn(session.cgroup_ids()?);
     if let Some(l) = latency.as_mut() {
         l.detach();
     }
@@ -122,7 +124,6 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     let exit_code = ended.report();
     targets.terminate();
     let mut snap = session.snapshot()?;
-    cgroup_names.learn(session.cgroup_ids()?);
     if let Some(cmd) = &targets.command {
         run::name_command_process(&mut snap.procs, cmd);
     }
