@@ -12,7 +12,7 @@
 
 mod common;
 
-use std::io::Write;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -90,19 +90,29 @@ impl Drop for TestCgroup {
     }
 }
 
-/// Runs kheap-load LOAD_ARGS inside `cg`: started outside, moved in, then
-/// let go; returns once it has exited successfully.
+/// Runs kheap-load LOAD_ARGS inside `cg`: started outside, moved in once
+/// its start-up is over, then let go; returns once it has exited
+/// successfully.
 fn run_in(cg: &TestCgroup, load_args: &[&str]) {
     let mut child = Command::new(LOAD)
         .args(load_args)
         .env("KHEAP_LOAD_WAIT", "1")
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .spawn()
         .expect("starting kheap-load");
+    // Start-up (the runtime reads /proc/self/maps, allocating) is over
+    // only once it says so: moved earlier, that would count in the cgroup.
+    let mut ready = String::new();
+    // Kept open until it exits: it prints its result there.
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    stdout.read_line(&mut ready).unwrap();
+    assert_eq!(ready.trim(), "ready", "kheap-load did not start");
     std::fs::write(cg.dir.join("cgroup.procs"), child.id().to_string())
         .unwrap_or_else(|e| panic!("moving kheap-load into {}: {e}", cg.path()));
     child.stdin.take().unwrap().write_all(b"go\n").unwrap();
+    let mut rest = String::new();
+    let _ = std::io::Read::read_to_string(&mut stdout, &mut rest);
     let status = wait_or_kill(&mut child, HANG_LIMIT);
     assert!(status.success(), "kheap-load {load_args:?} failed");
 }
@@ -289,7 +299,7 @@ fn bad_cgroups_are_refused_in_one_line() {
 /// IRQ stack), where ACKs and other skbs are allocated: those allocations
 /// are no task's and land in the interrupt row, with no cgroup.
 #[test]
-fn interrupt_allocations_get_their_own_row() {
+fn by_cgroup_puts_interrupt_allocations_in_their_own_row() {
     use std::io::{Read, Write as _};
     use std::net::{TcpListener, TcpStream};
     require_root();
@@ -338,4 +348,58 @@ fn interrupt_allocations_get_their_own_row() {
         u(&mine["count"]) >= 5000,
         "the sends are the test's: {mine:#}"
     );
+}
+
+/// `top --by cgroup`: per-interval rows whose counts add up to each
+/// cgroup's workload, every interval naming the cgroup by its path.
+#[test]
+fn top_by_cgroup_intervals_add_up_to_each_workload() {
+    require_root();
+    let a = TestCgroup::top("ta");
+    let b = TestCgroup::top("tb");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("top.jsonl");
+    let mut kheap = spawn_tracing(&[
+        "top",
+        "-b",
+        "--by",
+        "cgroup",
+        "--cgroup",
+        a.path(),
+        "--cgroup",
+        b.path(),
+        "--min-size",
+        REQ,
+        "--max-size",
+        REQ,
+        "-i",
+        "1",
+        "-d",
+        "4",
+        "--format",
+        "json",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    run_in(&a, &["writev", "400"]);
+    run_in(&b, &["msg", "300", "96"]);
+    assert!(wait_or_kill(&mut kheap, HANG_LIMIT).success());
+    let text = std::fs::read_to_string(&out).unwrap();
+    let (mut in_a, mut in_b) = (0, 0);
+    for iv in text.lines().map(parse_valid) {
+        for row in iv["cgroups"].as_array().unwrap() {
+            let path = row["cgroup"]["path"]
+                .as_str()
+                .unwrap_or_else(|| panic!("unnamed: {row:#}"));
+            if path == a.rel() {
+                in_a += u(&row["count"]);
+                assert_eq!(u(&row["unaccounted_count"]), u(&row["count"]));
+            } else if path == b.rel() {
+                in_b += u(&row["count"]);
+            } else {
+                panic!("a row of neither cgroup: {row:#}");
+            }
+        }
+    }
+    assert_eq!((in_a, in_b), (400, 300), "{text}");
 }

@@ -19,9 +19,10 @@
 //!       `wait`, starts only after reading a line from stdin (so a tracer
 //!       can be attached to its PID first).
 //!
-//! With KHEAP_LOAD_WAIT set, any mode starts only after reading a line from
-//! stdin: a test can then move the started process into a cgroup, so that
-//! only the workload (not the exec and start-up) runs there.
+//! With KHEAP_LOAD_WAIT set, any mode prints `ready` once started and then
+//! waits for a line on stdin: a test can then move the process into a
+//! cgroup, so that only the workload (not the exec and start-up) runs
+//! there.
 
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,8 @@ fn main() {
     });
     let args: Vec<String> = std::env::args().collect();
     if std::env::var_os("KHEAP_LOAD_WAIT").is_some() {
+        // Said once start-up is over, so the move can wait for it.
+        println!("ready");
         let mut line = String::new();
         let _ = std::io::stdin().read_line(&mut line);
     }
