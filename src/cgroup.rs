@@ -124,6 +124,8 @@ fn rel_path(rel: &Path) -> String {
 pub struct CgroupNames {
     mount: Option<PathBuf>,
     paths: HashMap<u64, String>,
+    /// Ids a walk did not find (gone before it): not walked for again.
+    missing: std::collections::HashSet<u64>,
 }
 
 impl CgroupNames {
@@ -131,6 +133,7 @@ impl CgroupNames {
         CgroupNames {
             mount,
             paths: HashMap::new(),
+            missing: Default::default(),
         }
     }
 
@@ -140,12 +143,17 @@ impl CgroupNames {
     }
 
     /// Walks the mount once if any of `ids` is unknown, remembering every
-    /// cgroup found (so later lookups of cgroups seen now need no walk).
+    /// cgroup found (so later lookups of cgroups seen now need no walk). An
+    /// id a walk did not find is gone for good: it is not walked for again.
     pub fn learn<I: IntoIterator<Item = u64>>(&mut self, ids: I) {
         let Some(mount) = self.mount.clone() else {
             return;
         };
-        if ids.into_iter().all(|id| self.paths.contains_key(&id)) {
+        let unknown: Vec<u64> = ids
+            .into_iter()
+            .filter(|id| !self.paths.contains_key(id) && !self.missing.contains(id))
+            .collect();
+        if unknown.is_empty() {
             return;
         }
         let mut stack = vec![mount.clone()];
@@ -165,6 +173,9 @@ impl CgroupNames {
                 }
             }
         }
+        let found = &self.paths;
+        self.missing
+            .extend(unknown.into_iter().filter(|id| !found.contains_key(id)));
     }
 
     pub fn path(&self, id: u64) -> Option<&str> {

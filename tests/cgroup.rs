@@ -314,17 +314,30 @@ fn by_cgroup_puts_interrupt_allocations_in_their_own_row() {
         "-o",
         out.to_str().unwrap(),
     ]);
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-    let (mut server, _) = listener.accept().unwrap();
-    let mut buf = [0u8; 4096];
-    for _ in 0..5000 {
-        client.write_all(&[7u8; 1000]).unwrap();
-        let mut got = 0;
-        while got < 1000 {
-            got += server.read(&mut buf).unwrap();
+    // In a network namespace of its own (its loopback brought up there),
+    // so the test needs no host network set-up and leaves none behind: the
+    // namespace ends with the thread.
+    std::thread::spawn(|| {
+        assert_eq!(
+            unsafe { libc::unshare(libc::CLONE_NEWNET) },
+            0,
+            "unshare(CLONE_NEWNET)"
+        );
+        loopback_up();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut server, _) = listener.accept().unwrap();
+        let mut buf = [0u8; 4096];
+        for _ in 0..5000 {
+            client.write_all(&[7u8; 1000]).unwrap();
+            let mut got = 0;
+            while got < 1000 {
+                got += server.read(&mut buf).unwrap();
+            }
         }
-    }
+    })
+    .join()
+    .unwrap();
     unsafe { libc::kill(kheap.id() as i32, libc::SIGINT) };
     assert!(wait_or_kill(&mut kheap, HANG_LIMIT).success());
     let r = parse_valid(&std::fs::read_to_string(&out).unwrap());
@@ -348,6 +361,30 @@ fn by_cgroup_puts_interrupt_allocations_in_their_own_row() {
         u(&mine["count"]) >= 5000,
         "the sends are the test's: {mine:#}"
     );
+}
+
+/// Brings up `lo` in the calling thread's network namespace.
+fn loopback_up() {
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        assert!(fd >= 0, "socket");
+        let mut req: libc::ifreq = std::mem::zeroed();
+        for (d, s) in req.ifr_name.iter_mut().zip(b"lo\0") {
+            *d = *s as libc::c_char;
+        }
+        assert_eq!(
+            libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req),
+            0,
+            "SIOCGIFFLAGS lo"
+        );
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        assert_eq!(
+            libc::ioctl(fd, libc::SIOCSIFFLAGS, &req),
+            0,
+            "SIOCSIFFLAGS lo"
+        );
+        libc::close(fd);
+    }
 }
 
 /// `top --by cgroup`: per-interval rows whose counts add up to each
