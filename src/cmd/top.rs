@@ -332,7 +332,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
             paused: false,
         },
         args.interval.as_secs_f64(),
-        args.by == GroupBy::Process,
+        crate::top::view::counted_view(args.by),
     );
     let mut current: Option<Interval> = None;
     let mut rows = Vec::new();

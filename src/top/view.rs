@@ -63,15 +63,21 @@ impl TopSort {
     }
 }
 
-/// The next grouping, for the view key. The process view needs per-process
-/// counting in the kernel, so it is only offered when that is on.
-pub fn next_group(by: GroupBy, with_processes: bool) -> GroupBy {
+/// The next grouping, for the view key. The process and cgroup views need
+/// their own counting in the kernel, so `counted` (the one the run counts,
+/// if any) is the only one offered.
+pub fn next_group(by: GroupBy, counted: Option<GroupBy>) -> GroupBy {
     match by {
         GroupBy::Site => GroupBy::Stack,
         GroupBy::Stack => GroupBy::Cache,
-        GroupBy::Cache if with_processes => GroupBy::Process,
+        GroupBy::Cache => counted.unwrap_or(GroupBy::Site),
         _ => GroupBy::Site,
     }
+}
+
+/// The per-process or per-cgroup view a run counts in the kernel, if any.
+pub fn counted_view(by: GroupBy) -> Option<GroupBy> {
+    matches!(by, GroupBy::Process | GroupBy::Cgroup).then_some(by)
 }
 
 pub fn group_name(by: GroupBy) -> &'static str {
@@ -447,9 +453,14 @@ mod tests {
         }
         assert_eq!(s, TopSort::Bytes);
         assert_eq!(TopSort::Bytes.next(), TopSort::Count);
-        assert_eq!(next_group(GroupBy::Cache, false), GroupBy::Site);
-        assert_eq!(next_group(GroupBy::Cache, true), GroupBy::Process);
-        assert_eq!(next_group(GroupBy::Process, true), GroupBy::Site);
+        assert_eq!(next_group(GroupBy::Cache, None), GroupBy::Site);
+        let procs = counted_view(GroupBy::Process);
+        assert_eq!(next_group(GroupBy::Cache, procs), GroupBy::Process);
+        assert_eq!(next_group(GroupBy::Process, procs), GroupBy::Site);
+        let cgroups = counted_view(GroupBy::Cgroup);
+        assert_eq!(next_group(GroupBy::Cache, cgroups), GroupBy::Cgroup);
+        assert_eq!(next_group(GroupBy::Cgroup, cgroups), GroupBy::Site);
+        assert_eq!(counted_view(GroupBy::Stack), None);
     }
 
     #[test]
