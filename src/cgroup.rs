@@ -95,7 +95,7 @@ pub fn resolve_target(arg: &str, mount: &Path) -> Result<CgroupTarget> {
     let mount_canon = std::fs::canonicalize(mount).unwrap_or_else(|_| mount.to_path_buf());
     let Ok(rel) = canon.strip_prefix(&mount_canon) else {
         bail!(
-            "--cgroup {arg}: {} is not under the cgroup2 mount {} (this host's v1 hierarchies cannot be filtered on)",
+            "--cgroup {arg}: {} is not under the cgroup2 mount {} (only cgroup v2 directories can be filtered on)",
             canon.display(),
             mount.display()
         );
