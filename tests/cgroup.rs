@@ -117,6 +117,37 @@ fn run_in(cg: &TestCgroup, load_args: &[&str]) {
     assert!(status.success(), "kheap-load {load_args:?} failed");
 }
 
+/// A kheap started by a test: interrupted (and reaped) if the test fails
+/// before stopping it, so nothing stays attached.
+struct Tracing(std::process::Child);
+
+impl Tracing {
+    fn start(args: &[&str]) -> Tracing {
+        Tracing(spawn_tracing(args))
+    }
+
+    /// Stops it with SIGINT (as Ctrl-C) and says whether it succeeded.
+    fn stop(&mut self) -> bool {
+        unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+        self.wait()
+    }
+
+    fn wait(&mut self) -> bool {
+        wait_or_kill(&mut self.0, HANG_LIMIT).success()
+    }
+}
+
+impl Drop for Tracing {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
+            std::thread::sleep(Duration::from_secs(2));
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
 /// Starts `kheap record ARGS` (144-byte requests only, JSON to a file),
 /// runs `work`, stops kheap with SIGINT and returns its report.
 fn record_around(args: &[&str], work: impl FnOnce()) -> Value {
@@ -134,11 +165,9 @@ fn record_around(args: &[&str], work: impl FnOnce()) -> Value {
         out.to_str().unwrap(),
     ];
     all.extend(args);
-    let mut kheap = spawn_tracing(&all);
+    let mut kheap = Tracing::start(&all);
     work();
-    unsafe { libc::kill(kheap.id() as i32, libc::SIGINT) };
-    let status = wait_or_kill(&mut kheap, HANG_LIMIT);
-    assert!(status.success(), "kheap {all:?} failed");
+    assert!(kheap.stop(), "kheap {all:?} failed");
     parse_valid(&std::fs::read_to_string(&out).expect("kheap wrote no report"))
 }
 
@@ -305,7 +334,7 @@ fn by_cgroup_puts_interrupt_allocations_in_their_own_row() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("r.json");
-    let mut kheap = spawn_tracing(&[
+    let mut kheap = Tracing::start(&[
         "record",
         "--by",
         "cgroup",
@@ -338,8 +367,7 @@ fn by_cgroup_puts_interrupt_allocations_in_their_own_row() {
     })
     .join()
     .unwrap();
-    unsafe { libc::kill(kheap.id() as i32, libc::SIGINT) };
-    assert!(wait_or_kill(&mut kheap, HANG_LIMIT).success());
+    assert!(kheap.stop());
     let r = parse_valid(&std::fs::read_to_string(&out).unwrap());
     let rows = r["cgroups"].as_array().unwrap();
     let irq: Vec<&Value> = rows.iter().filter(|c| c["interrupt"] == true).collect();
@@ -396,7 +424,7 @@ fn top_by_cgroup_intervals_add_up_to_each_workload() {
     let b = TestCgroup::top("tb");
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("top.jsonl");
-    let mut kheap = spawn_tracing(&[
+    let mut kheap = Tracing::start(&[
         "top",
         "-b",
         "--by",
@@ -420,7 +448,7 @@ fn top_by_cgroup_intervals_add_up_to_each_workload() {
     ]);
     run_in(&a, &["writev", "400"]);
     run_in(&b, &["msg", "300", "96"]);
-    assert!(wait_or_kill(&mut kheap, HANG_LIMIT).success());
+    assert!(kheap.wait());
     let text = std::fs::read_to_string(&out).unwrap();
     let (mut in_a, mut in_b) = (0, 0);
     for iv in text.lines().map(parse_valid) {
