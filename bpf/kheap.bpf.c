@@ -50,6 +50,10 @@ KHEAP_PERCPU_HASH(procs, __u32, struct alloc_stats, 4096);
 
 KHEAP_HASH(proc_comms, __u32, struct proc_info, 4096);
 
+/* Per cgroup, accounted or not, and the interrupt row; only updated when
+ * the report is grouped by cgroup. */
+KHEAP_PERCPU_HASH(cgroups, struct cgroup_key, struct alloc_stats, 4096);
+
 KHEAP_PERCPU_HASH(cache_frees, __u64, struct cache_frees, 2048);
 
 /* Written once per cache, when a cache is first seen, off the hot path. */
@@ -132,8 +136,24 @@ static __always_inline void count_process(__u32 tgid, __u64 req, __u64 alloc,
 		struct proc_info info = {};
 
 		bpf_get_current_comm(info.comm, sizeof(info.comm));
+		info.cgroup = bpf_get_current_cgroup_id();
 		bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
 	}
+}
+
+/* --by cgroup: the allocating task's cgroup, or the interrupt row. */
+static __always_inline void count_cgroup(bool accounted, bool interrupt,
+					 __u64 req, __u64 alloc, __u32 bucket)
+{
+	struct cgroup_key key = {.accounted = accounted};
+	bool created = false;
+
+	if (interrupt)
+		key.interrupt = 1;
+	else
+		key.cgroup = bpf_get_current_cgroup_id();
+	if (!upsert_stats(&cgroups, &key, req, alloc, bucket, &created))
+		COUNT(map_full_cgroups);
 }
 
 /* Captures the kernel stack and counts the event under it. Returns the
@@ -261,6 +281,7 @@ static __always_inline void track_alloc(void *ctx, struct site_key *key,
 /* record/top/slab: counts the event under its site (and stack). */
 static __always_inline void count_alloc(void *ctx, struct site_key *key,
 					__u64 req, __u64 alloc, __u32 tgid,
+					bool accounted, bool interrupt,
 					const char *name,
 					const struct kmem_cache *s)
 {
@@ -269,6 +290,8 @@ static __always_inline void count_alloc(void *ctx, struct site_key *key,
 
 	if (cfg.by_process)
 		count_process(tgid, req, alloc, bucket);
+	if (cfg.by_cgroup)
+		count_cgroup(accounted, interrupt, req, alloc, bucket);
 
 	/* Exact-stacks mode: the per-stack entry is the only update, and user
 	 * space sums stacks into sites. An event whose stack is lost still
@@ -293,12 +316,15 @@ static __always_inline void count_alloc(void *ctx, struct site_key *key,
 }
 
 /* The common path of every allocation event. `name` is only read when the
- * (site, cache) pair is new, so the cost stays off the hot path. */
-static __always_inline void on_alloc(void *ctx, struct site_key *key,
-				     const void *ptr, __u64 req, __u64 alloc,
+ * (site, cache) pair is new, so the cost stays off the hot path. `accounted`
+ * is only computed by callers when cfg.by_cgroup. */
+static __always_inline void on_alloc(void *ctx, bool classic,
+				     struct site_key *key, const void *ptr,
+				     __u64 req, __u64 alloc, bool accounted,
 				     const char *name,
 				     const struct kmem_cache *s)
 {
+	bool interrupt = false;
 	__u32 tgid = 0;
 
 	/* With --latency, exit probes hide the real return address. */
@@ -312,6 +338,13 @@ static __always_inline void on_alloc(void *ctx, struct site_key *key,
 
 	/* cfg is constant after load: without filters, a per-process view or
 	 * live objects the verifier drops this block entirely. */
+	/* An allocation in interrupt context is not the running task's: it
+	 * goes to the interrupt row, and no cgroup filter matches it. */
+	if (cfg.by_cgroup || cfg.filter.cgroups) {
+		interrupt = !classic && args_in_interrupt(ctx);
+		if (interrupt && cfg.filter.cgroups)
+			return;
+	}
 	if (filter_active(&cfg.filter) || cfg.by_process || cfg.track_live) {
 		tgid = bpf_get_current_pid_tgid() >> 32;
 		if (!task_passes(&cfg.filter, tgid))
@@ -326,7 +359,8 @@ static __always_inline void on_alloc(void *ctx, struct site_key *key,
 	if (cfg.track_live)
 		track_alloc(ctx, key, (__u64)ptr, req, alloc, tgid, name, s);
 	else
-		count_alloc(ctx, key, req, alloc, tgid, name, s);
+		count_alloc(ctx, key, req, alloc, tgid, accounted, interrupt,
+			    name, s);
 }
 
 /* leaks: forgets a freed object. Any task may free it. */
@@ -397,7 +431,8 @@ static __always_inline void on_free(const void *ptr, __u64 cache,
 		count_free(ptr, cache, name, s);
 }
 
-static __always_inline void on_kmalloc(void *ctx, __u64 call_site,
+static __always_inline void on_kmalloc(void *ctx, bool classic,
+				       __u64 slab_flags, __u64 call_site,
 				       const void *ptr, __u64 req, __u64 alloc,
 				       __u64 gfp_flags)
 {
@@ -410,7 +445,17 @@ static __always_inline void on_kmalloc(void *ctx, __u64 call_site,
 		.kmalloc_accounted = !!(gfp_flags & cfg.gfp_account_mask),
 	};
 
-	on_alloc(ctx, &key, ptr, req, alloc, NULL, NULL);
+	on_alloc(ctx, classic, &key, ptr, req, alloc,
+		 key.kmalloc_accounted || (slab_flags & cfg.slab_account_mask),
+		 NULL, NULL);
+}
+
+/* Whether a kmem_cache_alloc() is charged to a memory cgroup: asked for by
+ * the caller (__GFP_ACCOUNT) or always, for the cache (SLAB_ACCOUNT). */
+static __always_inline bool cache_accounted(__u64 gfp_flags, __u64 slab_flags)
+{
+	return (gfp_flags & cfg.gfp_account_mask) ||
+	       (slab_flags & cfg.slab_account_mask);
 }
 
 /* ---- tp_btf: typed raw tracepoint arguments ---- */
@@ -419,7 +464,9 @@ SEC("tp_btf/kmalloc")
 int BPF_PROG(kmalloc_btf, unsigned long call_site, const void *ptr,
 	     size_t bytes_req, size_t bytes_alloc, gfp_t gfp_flags, int node)
 {
-	on_kmalloc(ctx, call_site, ptr, bytes_req, bytes_alloc, gfp_flags);
+	on_kmalloc(ctx, false,
+		   cfg.by_cgroup && ptr ? kmalloc_slab_flags(ptr) : 0,
+		   call_site, ptr, bytes_req, bytes_alloc, gfp_flags);
 	return 0;
 }
 
@@ -428,8 +475,12 @@ int BPF_PROG(cache_alloc_btf, unsigned long call_site, const void *ptr,
 	     struct kmem_cache *s, gfp_t gfp_flags, int node)
 {
 	struct site_key key = {.call_site = call_site, .cache = (__u64)s};
+	bool accounted = false;
 
-	on_alloc(ctx, &key, ptr, s->object_size, s->size, s->name, NULL);
+	if (cfg.by_cgroup)
+		accounted = cache_accounted(gfp_flags, s->flags);
+	on_alloc(ctx, false, &key, ptr, s->object_size, s->size, accounted,
+		 s->name, NULL);
 	return 0;
 }
 
@@ -453,8 +504,8 @@ int BPF_PROG(cache_free_btf, unsigned long call_site, const void *ptr,
 SEC("raw_tp/kmalloc")
 int kmalloc_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	on_kmalloc(ctx, ctx->args[0], (const void *)ctx->args[1], ctx->args[2],
-		   ctx->args[3], ctx->args[4]);
+	on_kmalloc(ctx, false, 0, ctx->args[0], (const void *)ctx->args[1],
+		   ctx->args[2], ctx->args[3], ctx->args[4]);
 	return 0;
 }
 
@@ -463,10 +514,14 @@ int cache_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 {
 	const struct kmem_cache *s = (const void *)ctx->args[2];
 	struct site_key key = {.call_site = ctx->args[0], .cache = (__u64)s};
+	bool accounted = false;
 
-	on_alloc(ctx, &key, (const void *)ctx->args[1],
-		 BPF_CORE_READ(s, object_size), BPF_CORE_READ(s, size), NULL,
-		 s);
+	if (cfg.by_cgroup)
+		accounted =
+			cache_accounted(ctx->args[3], BPF_CORE_READ(s, flags));
+	on_alloc(ctx, false, &key, (const void *)ctx->args[1],
+		 BPF_CORE_READ(s, object_size), BPF_CORE_READ(s, size),
+		 accounted, NULL, s);
 	return 0;
 }
 
@@ -503,7 +558,7 @@ int kmalloc_tp(void *ctx)
 	struct kmem_alloc_event e;
 
 	read_kmalloc_record(ctx, &e);
-	on_kmalloc(ctx, e.call_site, e.ptr, e.bytes_req, e.bytes_alloc,
+	on_kmalloc(ctx, true, 0, e.call_site, e.ptr, e.bytes_req, e.bytes_alloc,
 		   e.gfp_flags);
 	return 0;
 }
@@ -519,7 +574,10 @@ int cache_alloc_tp(void *ctx)
 	read_cache_alloc_record(ctx, &e);
 	key.call_site = e.call_site;
 	key.cache = classic_cache_key(&e);
-	on_alloc(ctx, &key, e.ptr, e.bytes_req, e.bytes_alloc, e.name, NULL);
+	on_alloc(ctx, true, &key, e.ptr, e.bytes_req, e.bytes_alloc,
+		 e.accounted >= 0 ? e.accounted
+				  : !!(e.gfp_flags & cfg.gfp_account_mask),
+		 e.name, NULL);
 	return 0;
 }
 

@@ -62,6 +62,19 @@ struct cache_name {
 
 struct proc_info {
 	char comm[KHEAP_COMM_LEN];
+	/* cgroup v2 id of the process's first counted allocation */
+	__u64 cgroup;
+};
+
+/* Per cgroup v2 id (--by cgroup): who is charged, and whether the kernel
+ * charged the memory to the cgroup's memory controller. */
+struct cgroup_key {
+	__u64 cgroup; /* 0 for the interrupt row */
+	/* __GFP_ACCOUNT or a SLAB_ACCOUNT cache: charged to the memcg */
+	__u8 accounted;
+	/* allocated in hard/soft interrupt or NMI context: no task's */
+	__u8 interrupt;
+	__u8 _pad[6];
 };
 
 /* Per-CPU event counters: everything that is dropped, sampled or only
@@ -77,6 +90,7 @@ struct counters {
 	__u64 map_full_sites;
 	__u64 map_full_stacks;
 	__u64 map_full_procs;
+	__u64 map_full_cgroups;
 	__u64 map_full_caches;
 	__u64 alloc_failed;
 	/* leaks: an allocation returned an address that was still tracked */
@@ -127,6 +141,8 @@ struct task_filter {
 	__u32 ignore_tgid;
 	__u8 pids;     /* only processes in pid_filter */
 	__u8 comm_set; /* only tasks named comm */
+	/* only tasks in a cgroup of cgroup_filter or below one */
+	__u8 cgroups;
 	char comm[KHEAP_COMM_LEN];
 };
 
@@ -137,6 +153,8 @@ struct kheap_config {
 	__u64 min_size;
 	__u64 max_size; /* 0: no upper bound */
 	__u64 gfp_account_mask;
+	/* SLAB_ACCOUNT, from the kernel's BTF like gfp_account_mask */
+	__u64 slab_account_mask;
 	struct task_filter filter;
 	/* N-1 for about one stack in N; 0: every event */
 	__u32 stack_sample_mask;
@@ -145,6 +163,7 @@ struct kheap_config {
 	__u32 ptr_sample_mask;
 	__u8 capture_stacks;
 	__u8 by_process;
+	__u8 by_cgroup;
 	__u8 latency_active; /* lat_starts is shared with the latency object */
 	__u8 track_live;     /* remember every object until its free */
 };

@@ -35,6 +35,59 @@ static __always_inline __u64 name_key(const char *name)
 	return h | 1;
 }
 
+/* Whether the kernel charged the object to a memory cgroup, as the record
+ * says (6.0+ kmem_cache_alloc has `accounted`); -1 when it has no such
+ * field. */
+struct trace_event_raw_kmem_cache_alloc___accounted {
+	bool accounted;
+} __attribute__((preserve_access_index));
+
+/* Whether an allocation event ran in interrupt context (hard or soft
+ * interrupt, NMI), where the current task is only whoever was interrupted.
+ *
+ * The preempt count says so, but it is a per-CPU variable, readable only as
+ * a typed ksym, which needs CONFIG_KALLSYMS_ALL (without it the whole object
+ * fails to load). Raw tracepoint arguments (tp_btf, raw_tp) are an array on
+ * the kernel stack of the code that fired the event; on x86-64 hard and soft
+ * interrupts run on per-CPU IRQ stacks and NMIs on their own, so arguments
+ * outside the current task's stack mean interrupt context. Softirqs run by
+ * ksoftirqd are on its stack and count under ksoftirqd's (root) cgroup.
+ *
+ * Classic tracepoints cannot tell: their record is in a per-CPU buffer, and
+ * its common_flags are overwritten for BPF (the kernel stores a pt_regs
+ * pointer in the record's first 8 bytes), and a BPF program's own frame may
+ * be on a private per-CPU stack (6.13+). They count everything under the
+ * current task. */
+/* x86-64 THREAD_SIZE (16 KiB; 32 KiB only with KASAN, not in distribution
+ * kernels). */
+#define KHEAP_THREAD_SIZE (16 * 1024)
+
+static __always_inline bool args_in_interrupt(void *ctx)
+{
+	struct task_struct *t = (void *)bpf_get_current_task();
+	__u64 lo = (__u64)BPF_CORE_READ(t, stack);
+	__u64 at = (__u64)ctx;
+
+	return at < lo || at >= lo + KHEAP_THREAD_SIZE;
+}
+
+/* kmalloc events name no cache, and since 6.11 some kmalloc memory comes
+ * from dedicated bucket caches created SLAB_ACCOUNT (msg_msg, memdup_user):
+ * charged to the memcg without __GFP_ACCOUNT. 6.13+ can name the cache of
+ * an object (a kfunc for typed tracing programs, so tp_btf only). */
+extern struct kmem_cache *bpf_get_kmem_cache(__u64 addr) __ksym __weak;
+
+/* The cache's SLAB_ACCOUNT bits of a kmalloc'ed object, 0 when unknown. */
+static __always_inline __u64 kmalloc_slab_flags(const void *ptr)
+{
+	struct kmem_cache *s;
+
+	if (!bpf_ksym_exists(bpf_get_kmem_cache))
+		return 0;
+	s = bpf_get_kmem_cache((__u64)ptr);
+	return s ? s->flags : 0;
+}
+
 /* The fields every allocation record layout has, read through CO-RE from
  * record r (of whichever flavor) into event e. */
 #define READ_ALLOC_FIELDS(r, e)                                   \
@@ -52,6 +105,9 @@ struct kmem_alloc_event {
 	__u64 bytes_req;
 	__u64 bytes_alloc;
 	__u64 gfp_flags;
+	/* kmem_cache_alloc only: the record's own verdict on memcg charging
+	 * (1/0), or -1 when the record has none */
+	int accounted;
 	/* kmem_cache_alloc only: the cache's name when the record has it
 	 * (6.18+), else NULL. */
 	const char *name;
@@ -72,6 +128,7 @@ static __always_inline void read_kmalloc_record(void *ctx,
 		e->gfp_flags = BPF_CORE_READ(r, gfp_flags);
 	}
 	e->name = NULL;
+	e->accounted = -1;
 }
 
 static __always_inline void read_cache_alloc_record(void *ctx,
@@ -79,10 +136,15 @@ static __always_inline void read_cache_alloc_record(void *ctx,
 {
 	e->name = NULL;
 	e->gfp_flags = 0;
+	e->accounted = -1;
 	if (bpf_core_type_exists(struct trace_event_raw_kmem_cache_alloc)) {
 		struct trace_event_raw_kmem_cache_alloc *r = ctx;
+		struct trace_event_raw_kmem_cache_alloc___accounted *a = ctx;
 
 		READ_ALLOC_FIELDS(r, e);
+		e->gfp_flags = BPF_CORE_READ(r, gfp_flags);
+		if (bpf_core_field_exists(a->accounted))
+			e->accounted = BPF_CORE_READ(a, accounted);
 		if (bpf_core_field_exists(r->__data_loc_name)) {
 			__u32 loc = BPF_CORE_READ(r, __data_loc_name);
 
@@ -92,6 +154,7 @@ static __always_inline void read_cache_alloc_record(void *ctx,
 		struct trace_event_raw_kmem_alloc___pre61 *r = ctx;
 
 		READ_ALLOC_FIELDS(r, e);
+		e->gfp_flags = BPF_CORE_READ(r, gfp_flags);
 	}
 }
 

@@ -28,6 +28,34 @@ static __always_inline void follow_fork(__u32 parent_tgid, __u32 child_tgid)
 		bpf_map_update_elem(&pid_filter, &child_tgid, &one, BPF_ANY);
 }
 
+/* cgroup v2 ids (directory inode numbers) whose tasks, and their
+ * descendants', are counted when the cgroup filter is on: filled by user
+ * space (--cgroup). */
+KHEAP_HASH(cgroup_filter, __u64, __u8, 64);
+
+/* Deeper cgroups are matched on their first KHEAP_CGROUP_MAX_DEPTH levels,
+ * which is where any target lies in practice (systemd: 3-6 levels). */
+#define KHEAP_CGROUP_MAX_DEPTH 32
+
+/* Whether the current task is in a target cgroup or below one: its own
+ * cgroup, then each ancestor from the root down (the helper returns 0 past
+ * the task's own level). */
+static __always_inline bool cgroup_traced(void)
+{
+	__u64 id = bpf_get_current_cgroup_id();
+
+	if (bpf_map_lookup_elem(&cgroup_filter, &id))
+		return true;
+	for (int level = 1; level < KHEAP_CGROUP_MAX_DEPTH; level++) {
+		id = bpf_get_current_ancestor_cgroup_id(level);
+		if (!id)
+			return false;
+		if (bpf_map_lookup_elem(&cgroup_filter, &id))
+			return true;
+	}
+	return false;
+}
+
 /* Whether the current task's command name is `want` (NUL-terminated). */
 static __always_inline bool comm_is(const volatile char *want)
 {
@@ -48,7 +76,7 @@ static __always_inline bool comm_is(const volatile char *want)
  * so the verifier drops the whole check from a run without filters. */
 static __always_inline bool filter_active(const volatile struct task_filter *f)
 {
-	return f->ignore_tgid || f->pids || f->comm_set;
+	return f->ignore_tgid || f->pids || f->comm_set || f->cgroups;
 }
 
 static __always_inline bool task_passes(const volatile struct task_filter *f,
@@ -59,6 +87,8 @@ static __always_inline bool task_passes(const volatile struct task_filter *f,
 	if (f->pids && !pid_traced(tgid))
 		return false;
 	if (f->comm_set && !comm_is(f->comm))
+		return false;
+	if (f->cgroups && !cgroup_traced())
 		return false;
 	return true;
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 
+use crate::cgroup::CgroupTarget;
 use crate::kernel::attach::AttachMode;
 
 /// The processes a run is about: PIDs, and/or a command kheap starts.
@@ -48,6 +49,11 @@ pub struct FilterArgs {
     /// Only count allocations made by tasks with this command name
     #[arg(long, value_parser = parse_comm, value_name = "NAME")]
     pub comm: Option<String>,
+    /// Only count allocations made by tasks in this cgroup v2 or below it
+    /// (a directory under the cgroup2 mount, or a path relative to it;
+    /// repeatable)
+    #[arg(long = "cgroup", value_parser = parse_cgroup, value_name = "PATH")]
+    pub cgroups: Vec<CgroupTarget>,
     /// Ignore allocations smaller than this (bytes, or with k/M suffix)
     #[arg(long, value_parser = parse_size, default_value = "0", value_name = "N")]
     pub min_size: u64,
@@ -64,6 +70,7 @@ impl Default for FilterArgs {
         FilterArgs {
             targets: TargetArgs::default(),
             comm: None,
+            cgroups: Vec::new(),
             min_size: 0,
             max_size: None,
             attach: AttachMode::Auto,
@@ -81,6 +88,7 @@ impl FilterArgs {
     pub fn any(&self) -> bool {
         !self.targets.is_empty()
             || self.comm.is_some()
+            || !self.cgroups.is_empty()
             || self.min_size > 0
             || self.max_size.is_some()
             || self.attach != AttachMode::Auto
@@ -97,6 +105,9 @@ impl FilterArgs {
         }
         if let Some(c) = &self.comm {
             f.push(format!("comm {c}"));
+        }
+        for c in &self.cgroups {
+            f.push(format!("cgroup {}", c.path));
         }
         if self.min_size > 0 || self.max_size.is_some() {
             let max = self
@@ -386,6 +397,13 @@ pub fn one_line_error(e: &clap::Error) -> String {
     } else {
         format!("{first} (see --help)")
     }
+}
+
+/// Resolves `--cgroup PATH` against this host's cgroup2 mount (found in
+/// /proc/mounts): a bad path is refused before anything is attached.
+pub fn parse_cgroup(s: &str) -> Result<CgroupTarget, String> {
+    let mount = crate::cgroup::cgroup2_mount().map_err(|e| e.to_string())?;
+    crate::cgroup::resolve_target(s, &mount).map_err(|e| e.to_string())
 }
 
 pub fn check_size_range(min: u64, max: Option<u64>) -> Result<()> {

@@ -7,8 +7,9 @@
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-/// Bumped when a field is renamed or removed, or changes meaning; adding a
-/// field is not a new version.
+/// The version of kinds no change has touched yet. Each kind has its own
+/// version (`Kind::schema_version`), bumped when a field is added, renamed
+/// or removed, or changes meaning.
 pub const SCHEMA_VERSION: u32 = 1;
 
 /// What a JSON document is: the subcommand that wrote it.
@@ -24,6 +25,15 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// record, leaks, top 2: `cgroups` rows, `cgroup` on process rows,
+    /// `lost.map_full_cgroups`.
+    pub fn schema_version(self) -> u32 {
+        match self {
+            Kind::Record | Kind::Leaks | Kind::Top => 2,
+            Kind::Slab | Kind::Malloc | Kind::Diff => SCHEMA_VERSION,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Kind::Record => "record",
@@ -48,7 +58,7 @@ struct Tagged<'a, T: Serialize> {
 fn tagged<T: Serialize>(kind: Kind, body: &T) -> Tagged<'_, T> {
     Tagged {
         kind,
-        schema_version: SCHEMA_VERSION,
+        schema_version: kind.schema_version(),
         body,
     }
 }
@@ -85,10 +95,12 @@ pub fn read(text: &str, what: &str) -> Result<(Kind, serde_json::Value)> {
     };
     let kind: Kind = serde_json::from_value(kind.clone())
         .map_err(|_| anyhow::anyhow!("{what}: unknown report kind {kind}"))?;
+    let want = kind.schema_version();
     match header.schema_version.as_ref().and_then(|v| v.as_u64()) {
-        Some(v) if v == u64::from(SCHEMA_VERSION) => Ok((kind, value)),
+        Some(v) if v == u64::from(want) => Ok((kind, value)),
         Some(v) => bail!(
-            "{what} has schema_version {v}; this kheap reads version {SCHEMA_VERSION}: use the kheap that wrote it"
+            "{what} has schema_version {v}; this kheap reads {} version {want}: use the kheap that wrote it",
+            kind.name()
         ),
         None => bail!("{what} has no schema_version: it is not a kheap JSON report"),
     }
@@ -112,13 +124,13 @@ mod tests {
         };
         let text = pretty(Kind::Leaks, &body);
         assert!(
-            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 1,\n"),
+            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 2,\n"),
             "{text}"
         );
         assert!(text.ends_with("}\n"));
         let l = line(Kind::Top, &body);
         assert!(
-            l.starts_with("{\"kind\":\"top\",\"schema_version\":1,\"duration_s\":1.5"),
+            l.starts_with("{\"kind\":\"top\",\"schema_version\":2,\"duration_s\":1.5"),
             "{l}"
         );
         assert_eq!(l.lines().count(), 1);

@@ -36,6 +36,7 @@ mod tests {
         ("cmd::*", Cmd),
         ("kernel::*", Kernel),
         ("symbolize", Base),
+        ("cgroup", Base),
         ("target", Base),
         ("tree", Base),
         ("signals", Base),

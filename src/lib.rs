@@ -6,6 +6,7 @@
 //! `cmd` holds one module per subcommand. Everything else, `top`'s deltas,
 //! views and key handling included, is pure and tested without root.
 
+pub mod cgroup;
 pub mod cli;
 pub mod cmd;
 pub mod contract;

@@ -24,6 +24,8 @@ pub enum GroupBy {
     Stack,
     Cache,
     Process,
+    /// cgroup v2 (container, service), with accounted vs unaccounted bytes
+    Cgroup,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -76,12 +78,14 @@ pub fn apply_top(report: &mut Report, by: GroupBy, sort: SortBy, n: Option<usize
         top_rows(&mut report.stacks, |r| &r.counts, sort, n),
         top_rows(&mut report.caches, |r| &r.counts, sort, n),
         top_rows(&mut report.processes, |r| &r.counts, sort, n),
+        top_rows(&mut report.cgroups, |r| &r.counts, sort, n),
     ];
     match by {
         GroupBy::Site => hidden[0],
         GroupBy::Stack => hidden[1],
         GroupBy::Cache => hidden[2],
         GroupBy::Process => hidden[3],
+        GroupBy::Cgroup => hidden[4],
     }
 }
 
@@ -230,12 +234,50 @@ pub fn table(
                 width,
             ));
         }
+        GroupBy::Cgroup => {
+            if r.cgroups.is_empty() {
+                let _ = writeln!(out, "(no per-cgroup data)");
+            }
+            let rows = r.cgroups.iter().map(|row| {
+                with_counts(
+                    [
+                        Cell::new(cgroup_label(row)),
+                        Cell::new(human_size(row.accounting.accounted_bytes)),
+                        Cell::new(human_size(row.accounting.unaccounted_bytes)),
+                    ],
+                    &row.counts,
+                )
+            });
+            out.push_str(&table_text(
+                (&["cgroup", "accounted", "unaccounted"], &COUNT_HEADERS),
+                &[0],
+                rows,
+                width,
+            ));
+        }
     }
     out.push_str(&hidden_note(hidden));
     if !r.latency.is_empty() {
         out.push_str(&latency_text(r, width));
     }
     out
+}
+
+/// A cgroup row's label: its path and what runs there, or the interrupt row.
+pub fn cgroup_label(row: &crate::report::CgroupRow) -> String {
+    match &row.cgroup {
+        None => "[interrupt]".to_string(),
+        Some(c) => {
+            let path = match &c.path {
+                Some(p) => p.clone(),
+                None => format!("cgroup id {} (gone)", c.id),
+            };
+            match &c.container {
+                Some(k) if !path.ends_with(&k.name) => format!("{path} ({})", k.name),
+                _ => path,
+            }
+        }
+    }
 }
 
 /// Time inside the allocator per call site, with the slowest site's

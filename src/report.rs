@@ -14,7 +14,8 @@ use crate::model::{AllocStats, CacheId};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
 // Kept at their old paths until every branch imports them from the model.
-use crate::model::snapshot::{EventCounters, Snapshot};
+use crate::cgroup::{CgroupNames, CgroupRef};
+use crate::model::snapshot::{CgroupSlot, EventCounters, Snapshot};
 use crate::model::{Counts, LatencyRow, SiteKey};
 
 /// How stacks were captured in this run.
@@ -101,6 +102,8 @@ pub struct Lost {
     pub map_full_stacks: u64,
     pub map_full_procs: u64,
     pub map_full_caches: u64,
+    #[serde(default)]
+    pub map_full_cgroups: u64,
     /// --latency: allocator exits without a recorded entry (e.g. attached
     /// mid-call, or an entry record lost to a full map).
     #[serde(default)]
@@ -151,8 +154,103 @@ pub struct CacheRow {
 pub struct ProcRow {
     pub pid: u32,
     pub comm: String,
+    /// The process's cgroup v2 when it first allocated; null when unknown.
+    #[serde(default)]
+    pub cgroup: Option<CgroupRef>,
+    /// Its id, until `name_cgroups` resolves it.
+    #[serde(skip)]
+    pub cgroup_id: Option<u64>,
     #[serde(flatten)]
     pub counts: Counts,
+}
+
+/// Allocations of one cgroup (or of interrupt context), and how much of it
+/// the kernel charged to the cgroup's memory controller: unaccounted kernel
+/// memory escapes the cgroup's memory limit.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CgroupRow {
+    /// null for the interrupt row.
+    pub cgroup: Option<CgroupRef>,
+    /// Allocated in hard/soft interrupt or NMI context: no task's.
+    pub interrupt: bool,
+    #[serde(flatten)]
+    pub counts: Counts,
+    #[serde(flatten)]
+    pub accounting: Accounting,
+    /// Its id, until `name_cgroups` resolves it.
+    #[serde(skip)]
+    pub cgroup_id: Option<u64>,
+}
+
+/// Allocated bytes and counts split by memory-cgroup charging.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accounting {
+    pub accounted_count: u64,
+    pub accounted_bytes: u64,
+    pub unaccounted_count: u64,
+    pub unaccounted_bytes: u64,
+}
+
+/// One row per cgroup slot, accounted and unaccounted entries folded.
+fn cgroup_rows(snap: &Snapshot) -> Vec<CgroupRow> {
+    let mut by_slot: HashMap<CgroupSlot, (AllocStats, Accounting)> = HashMap::new();
+    for (k, s) in &snap.cgroups {
+        let (all, acc) = by_slot.entry(k.slot).or_default();
+        *all += *s;
+        if k.accounted {
+            acc.accounted_count += s.count;
+            acc.accounted_bytes += s.bytes_alloc;
+        } else {
+            acc.unaccounted_count += s.count;
+            acc.unaccounted_bytes += s.bytes_alloc;
+        }
+    }
+    by_slot
+        .into_iter()
+        .map(|(slot, (s, accounting))| {
+            let cgroup_id = match slot {
+                CgroupSlot::Cgroup(id) => Some(id),
+                CgroupSlot::Interrupt => None,
+            };
+            CgroupRow {
+                cgroup: cgroup_id.map(unnamed_cgroup),
+                interrupt: cgroup_id.is_none(),
+                counts: (&s).into(),
+                accounting,
+                cgroup_id,
+            }
+        })
+        .collect()
+}
+
+fn unnamed_cgroup(id: u64) -> CgroupRef {
+    CgroupRef {
+        id,
+        path: None,
+        container: None,
+    }
+}
+
+impl Report {
+    /// Fills in the path and container of every cgroup the rows carry.
+    pub fn name_cgroups(&mut self, names: &mut CgroupNames) {
+        let ids = self.cgroups.iter().filter_map(|r| r.cgroup_id);
+        let ids: Vec<u64> = ids
+            .chain(self.processes.iter().filter_map(|r| r.cgroup_id))
+            .collect();
+        names.learn(ids);
+        for r in &mut self.cgroups {
+            r.cgroup = r.cgroup_id.map(|id| names.describe(id));
+        }
+        for r in &mut self.processes {
+            r.cgroup = r.cgroup_id.map(|id| names.describe(id));
+        }
+    }
+
+    /// Every cgroup id the report names, for a caller that keeps names.
+    pub fn cgroup_ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.cgroups.iter().filter_map(|r| r.cgroup_id)
+    }
 }
 
 /// What a run was: shown in the header, kept in JSON.
@@ -177,6 +275,9 @@ pub struct Report {
     pub caches: Vec<CacheRow>,
     #[serde(default)]
     pub processes: Vec<ProcRow>,
+    /// --by cgroup: per cgroup v2, and the interrupt row.
+    #[serde(default)]
+    pub cgroups: Vec<CgroupRow>,
     /// With --latency: per-site time inside the allocator.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub latency: Vec<LatencyRow>,
@@ -230,10 +331,15 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
     let processes = snap
         .procs
         .iter()
-        .map(|(&pid, (comm, s))| ProcRow {
-            pid,
-            comm: comm.clone(),
-            counts: s.into(),
+        .map(|(&pid, (comm, s))| {
+            let cgroup_id = snap.proc_cgroups.get(&pid).copied();
+            ProcRow {
+                pid,
+                comm: comm.clone(),
+                cgroup: cgroup_id.map(unnamed_cgroup),
+                cgroup_id,
+                counts: s.into(),
+            }
         })
         .collect();
 
@@ -267,6 +373,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
             map_full_stacks: ev.map_full_stacks,
             map_full_procs: ev.map_full_procs,
             map_full_caches: ev.map_full_caches,
+            map_full_cgroups: ev.map_full_cgroups,
             latency_unmatched: 0,
         },
         sampling: Sampling {
@@ -281,6 +388,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         stacks,
         caches,
         processes,
+        cgroups: cgroup_rows(snap),
         latency: Vec::new(),
         leaks,
     }

@@ -18,6 +18,11 @@
 //!       Prints the calls made, the time taken and the rate achieved. With
 //!       `wait`, starts only after reading a line from stdin (so a tracer
 //!       can be attached to its PID first).
+//!
+//! With KHEAP_LOAD_WAIT set, any mode prints `ready` once started and then
+//! waits for a line on stdin: a test can then move the process into a
+//! cgroup, so that only the workload (not the exec and start-up) runs
+//! there.
 
 use std::time::{Duration, Instant};
 
@@ -42,6 +47,12 @@ fn main() {
         std::process::exit(130);
     });
     let args: Vec<String> = std::env::args().collect();
+    if std::env::var_os("KHEAP_LOAD_WAIT").is_some() {
+        // Said once start-up is over, so the move can wait for it.
+        println!("ready");
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    }
     match args.get(1).map(String::as_str) {
         Some("msg") => msg(
             arg(&args, 2),

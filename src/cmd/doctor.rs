@@ -116,7 +116,18 @@ pub fn run() -> Result<i32> {
             "__GFP_ACCOUNT",
             format!("{:#x} (from kernel BTF)", k.gfp_account_mask),
         );
+        row(
+            "SLAB_ACCOUNT",
+            format!(
+                "{:#x} (from kernel BTF or the pre-6.9 value)",
+                k.slab_account_mask
+            ),
+        );
     }
+    row(
+        "cgroups",
+        crate::cgroup::doctor_line(&std::fs::read_to_string("/proc/mounts").unwrap_or_default()),
+    );
     // Measured, not inferred: load and attach the record object the way
     // `kheap record` would, then detach at once.
     let mode = if privileged.is_ok() && btf_ok {

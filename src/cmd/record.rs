@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 
+use crate::cgroup::{cgroup2_mount, CgroupNames};
 use crate::cli::{OutputArgs, TraceArgs};
 use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::contract::{self, Kind};
@@ -52,6 +53,7 @@ pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
 fn kernel_config(args: &RecordArgs, targets: &Targets) -> Config {
     Config {
         by_process: args.by == GroupBy::Process,
+        by_cgroup: args.by == GroupBy::Cgroup,
         trace_frees: !args.no_frees,
         ..run::kmem_config(&args.trace, targets, DEFAULT_STACK_SAMPLE)
     }
@@ -97,7 +99,13 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         "; Ctrl-C to stop",
     )?;
     let start = Instant::now();
+    // Paths are learned while the run goes on: a cgroup removed before the
+    // end keeps the path it had.
+    let mut cgroup_names = CgroupNames::new(cgroup2_mount().ok());
     let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
+        if let Ok(ids) = session.cgroup_ids() {
+            cgroup_names.learn(ids);
+        }
         if interactive {
             let allocs = session.allocations_so_far().unwrap_or(0);
             eprint!(
@@ -109,6 +117,8 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     });
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
+    // Before the command's own cgroup is removed with it (terminate).
+    cgroup_names.learn(session.cgroup_ids()?);
     if let Some(l) = latency.as_mut() {
         l.detach();
     }
@@ -135,6 +145,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
             run,
         },
     );
+    report.name_cgroups(&mut cgroup_names);
     if let Some(data) = &latency_data {
         report.latency = crate::latency::rows(data, &syms);
         report.lost.latency_unmatched = data.missed_start;

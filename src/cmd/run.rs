@@ -157,6 +157,7 @@ pub fn kmem_config(t: &TraceArgs, targets: &Targets, default_sample: u32) -> Con
         pids: targets.pids.clone(),
         follow_children: targets.command.is_some(),
         comm: f.comm.clone(),
+        cgroups: f.cgroups.iter().map(|c| c.id).collect(),
         attach: f.attach,
         stack_sample_every: t.stacks.sample_every(default_sample),
         max_sites: t.max_entries,

@@ -5,6 +5,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::cgroup::{cgroup2_mount, CgroupNames};
 use anyhow::{bail, Result};
 use clap::Args;
 
@@ -62,6 +63,7 @@ pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
 fn kernel_config(args: &TopArgs, targets: &Targets) -> Config {
     Config {
         by_process: args.by == GroupBy::Process,
+        by_cgroup: args.by == GroupBy::Cgroup,
         trace_frees: true,
         ..run::kmem_config(&args.trace, targets, DEFAULT_STACK_SAMPLE)
     }
@@ -125,6 +127,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         tracker,
         syms,
         sizes: ObjectSizes::default(),
+        cgroup_names: CgroupNames::new(cgroup2_mount().ok()),
         stack_sample_every: cfg.stack_sample_every,
         idle_intervals: args.idle_intervals,
         run,
@@ -155,6 +158,7 @@ struct Top<'obj> {
     tracker: Tracker,
     syms: CachingSymbols<KernelSymbols>,
     sizes: ObjectSizes,
+    cgroup_names: CgroupNames,
     stack_sample_every: u32,
     idle_intervals: u32,
     run: RunInfo,
@@ -206,7 +210,7 @@ impl Top<'_> {
         let interval_s = now.duration_since(self.last_read).as_secs_f64();
         self.last_read = now;
         let delta = self.tracker.interval(snap);
-        let report = report::build(
+        let mut report = report::build(
             &delta,
             &self.syms,
             BuildOptions {
@@ -215,6 +219,9 @@ impl Top<'_> {
                 run: self.run.clone(),
             },
         );
+        // Every interval: ids new since the last one are resolved while
+        // their cgroups exist; known ones keep their path after removal.
+        report.name_cgroups(&mut self.cgroup_names);
         self.sizes.learn(&report);
 
         let bpf = self.run_time.zip(run_time);
@@ -325,7 +332,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
             paused: false,
         },
         args.interval.as_secs_f64(),
-        args.by == GroupBy::Process,
+        crate::top::view::counted_view(args.by),
     );
     let mut current: Option<Interval> = None;
     let mut rows = Vec::new();

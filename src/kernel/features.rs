@@ -84,7 +84,13 @@ pub struct KernelBtf {
     pub btf_tracepoints: Vec<String>,
     /// `__GFP_ACCOUNT` as a mask, from the kernel's own enum when it has one.
     pub gfp_account_mask: u64,
+    /// `SLAB_ACCOUNT` (caches whose every object is charged to a memory
+    /// cgroup), from the kernel's enum when it has one.
+    pub slab_account_mask: u64,
 }
+
+/// `SLAB_ACCOUNT` on kernels that define it as a macro (before 6.9).
+const SLAB_ACCOUNT_FALLBACK: u64 = 0x0400_0000;
 
 /// `__GFP_ACCOUNT` on kernels that define it as a macro (before 6.10).
 const GFP_ACCOUNT_FALLBACK: u64 = 0x40_0000;
@@ -122,9 +128,18 @@ fn read_kernel_btf() -> Result<KernelBtf> {
                 .map(|m| 1u64 << m.value)
         })
         .unwrap_or(GFP_ACCOUNT_FALLBACK);
+    let slab_account_mask = btf
+        .type_by_kind::<Enum>()
+        .find_map(|e| {
+            e.iter()
+                .find(|m| m.name.is_some_and(|n| n == "_SLAB_ACCOUNT"))
+                .map(|m| 1u64 << m.value)
+        })
+        .unwrap_or(SLAB_ACCOUNT_FALLBACK);
     Ok(KernelBtf {
         btf_tracepoints,
         gfp_account_mask,
+        slab_account_mask,
     })
 }
 

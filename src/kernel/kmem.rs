@@ -21,7 +21,9 @@ use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 use crate::kernel::storage::ObjectStorage;
 use crate::model::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
-use crate::model::snapshot::{EventCounters, IdleKeys, ProgRunTime, Snapshot};
+use crate::model::snapshot::{
+    CgroupKey, CgroupSlot, EventCounters, IdleKeys, ProgRunTime, Snapshot,
+};
 use crate::model::{CacheId, SiteKey};
 
 pub use crate::kernel::attach::AttachMode;
@@ -37,6 +39,10 @@ pub struct Config {
     pub follow_children: bool,
     pub comm: Option<String>,
     pub by_process: bool,
+    /// Count per cgroup v2 id, accounted or not, and interrupts apart.
+    pub by_cgroup: bool,
+    /// Only tasks in these cgroup v2 ids or below them.
+    pub cgroups: Vec<u64>,
     pub attach: AttachMode,
     pub max_sites: u32,
     pub max_stacks: u32,
@@ -80,6 +86,8 @@ impl Default for Config {
             follow_children: false,
             comm: None,
             by_process: false,
+            by_cgroup: false,
+            cgroups: Vec::new(),
             attach: AttachMode::Auto,
             max_sites: 8192,
             max_stacks: 8192,
@@ -218,6 +226,14 @@ impl<'obj> Tracer<'obj> {
         for &pid in &cfg.pids {
             tracer.add_pid(pid)?;
         }
+        for &id in &cfg.cgroups {
+            tracer
+                .skel
+                .maps
+                .cgroup_filter
+                .update(&id.to_ne_bytes(), &[1u8], MapFlags::ANY)
+                .context("adding a cgroup to the filter map")?;
+        }
         for hook in enabled {
             let tp = hook.tracepoint;
             let link = tracer
@@ -263,6 +279,28 @@ impl<'obj> Tracer<'obj> {
             .pid_filter
             .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
             .context("adding a PID to the filter map")
+    }
+
+    /// The cgroup v2 ids counted so far (per-cgroup rows and processes'
+    /// cgroups), so their paths can be learned while the cgroups exist.
+    pub fn cgroup_ids(&self) -> Result<Vec<u64>> {
+        let m = &self.skel.maps;
+        let mut ids = Vec::new();
+        if self.cfg.by_cgroup {
+            for raw in maps::keys(&m.cgroups)? {
+                let k = from_bytes::<types::cgroup_key>(&raw);
+                if k.interrupt == 0 {
+                    ids.push(k.cgroup);
+                }
+            }
+        }
+        if self.cfg.by_process {
+            let infos = maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?;
+            ids.extend(infos.values().map(|i| i.cgroup).filter(|&id| id != 0));
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
     }
 
     /// Detaches every program now; the maps stay readable.
@@ -339,14 +377,33 @@ impl<'obj> Tracer<'obj> {
         // the slower stack reads below would widen the gap between them.
         if self.cfg.by_process {
             let procs = maps::read_percpu_hash::<u32, types::alloc_stats, _>(&m.procs)?;
-            let comms: HashMap<u32, String> =
+            let comms: HashMap<u32, (String, u64)> =
                 maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?
                     .into_iter()
-                    .map(|(k, v)| (k, c_str(&v.comm)))
+                    .map(|(k, v)| (k, (c_str(&v.comm), v.cgroup)))
                     .collect();
             for (pid, v) in procs {
-                let comm = comms.get(&pid).cloned().unwrap_or_default();
+                let (comm, cgroup) = comms.get(&pid).cloned().unwrap_or_default();
+                if cgroup != 0 {
+                    snap.proc_cgroups.insert(pid, cgroup);
+                }
                 snap.procs.insert(pid, (comm, v.into()));
+            }
+        }
+        if self.cfg.by_cgroup {
+            for (k, v) in
+                maps::read_percpu_hash::<types::cgroup_key, types::alloc_stats, _>(&m.cgroups)?
+            {
+                let slot = if k.interrupt != 0 {
+                    CgroupSlot::Interrupt
+                } else {
+                    CgroupSlot::Cgroup(k.cgroup)
+                };
+                let key = CgroupKey {
+                    slot,
+                    accounted: k.accounted != 0,
+                };
+                *snap.cgroups.entry(key).or_default() += v.into();
             }
         }
         let sites_from_stacks = self.cfg.sites_from_stacks();
@@ -388,6 +445,7 @@ impl<'obj> Tracer<'obj> {
             map_full_sites: c.map_full_sites,
             map_full_stacks: c.map_full_stacks,
             map_full_procs: c.map_full_procs,
+            map_full_cgroups: c.map_full_cgroups,
             map_full_caches: c.map_full_caches,
         };
         if let Some((lcfg, unseen, objects, now)) = live {
@@ -639,6 +697,9 @@ fn configure(
     c.min_size = cfg.min_size;
     c.max_size = cfg.max_size.unwrap_or(0);
     c.gfp_account_mask = kbtf.gfp_account_mask;
+    c.slab_account_mask = kbtf.slab_account_mask;
+    c.by_cgroup = u8::from(cfg.by_cgroup);
+    c.filter.cgroups = u8::from(!cfg.cgroups.is_empty());
     c.capture_stacks = u8::from(cfg.stack_sample_every > 0);
     c.stack_sample_mask = cfg.stack_sample_every.saturating_sub(1);
     c.by_process = u8::from(cfg.by_process);
@@ -677,6 +738,9 @@ fn configure(
             open.maps.live.set_max_entries(1)?;
             open.maps.unseen.set_max_entries(1)?;
         }
+    }
+    if !cfg.by_cgroup {
+        open.maps.cgroups.set_max_entries(1)?;
     }
     if !cfg.by_process {
         open.maps.procs.set_max_entries(1)?;

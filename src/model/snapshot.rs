@@ -16,10 +16,31 @@ pub struct Snapshot {
     pub stacks: HashMap<(SiteKey, i64), AllocStats>,
     pub stack_frames: HashMap<i64, Vec<u64>>,
     pub procs: HashMap<u32, (String, AllocStats)>,
+    /// `--by cgroup`: per cgroup, charged to its memory controller or not.
+    pub cgroups: HashMap<CgroupKey, AllocStats>,
+    /// The cgroup v2 id of each process in `procs`, where known.
+    pub proc_cgroups: HashMap<u32, u64>,
     pub cache_frees: HashMap<CacheId, u64>,
     pub events: EventCounters,
     /// Outstanding objects, from `kheap leaks` only.
     pub leaks: Option<LeakInput>,
+}
+
+/// Who an allocation is charged to in the per-cgroup view: a cgroup v2 id,
+/// or no task at all (interrupt context).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CgroupSlot {
+    Cgroup(u64),
+    Interrupt,
+}
+
+/// One entry of the kernel's per-cgroup map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CgroupKey {
+    pub slot: CgroupSlot,
+    /// Charged to the memory cgroup (`__GFP_ACCOUNT` or a `SLAB_ACCOUNT`
+    /// cache): counted against the cgroup's memory limit.
+    pub accounted: bool,
 }
 
 /// Counters of events that are not allocations: frees, and everything
@@ -36,6 +57,7 @@ pub struct EventCounters {
     pub map_full_stacks: u64,
     pub map_full_procs: u64,
     pub map_full_caches: u64,
+    pub map_full_cgroups: u64,
 }
 
 impl EventCounters {
@@ -43,7 +65,11 @@ impl EventCounters {
         self.lost_stack_collision + self.lost_stack_other
     }
     pub fn map_full(&self) -> u64 {
-        self.map_full_sites + self.map_full_stacks + self.map_full_procs + self.map_full_caches
+        self.map_full_sites
+            + self.map_full_stacks
+            + self.map_full_procs
+            + self.map_full_caches
+            + self.map_full_cgroups
     }
 }
 

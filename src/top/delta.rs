@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use crate::model::snapshot::{EventCounters, Snapshot};
+use crate::model::snapshot::{CgroupKey, EventCounters, Snapshot};
 use crate::model::{AllocStats, CacheId, SiteKey};
 
 // At its old path until every branch imports it from the model.
@@ -124,6 +124,7 @@ fn events_delta(cur: &EventCounters, prev: &EventCounters) -> EventCounters {
         map_full_sites: d(cur.map_full_sites, prev.map_full_sites),
         map_full_stacks: d(cur.map_full_stacks, prev.map_full_stacks),
         map_full_procs: d(cur.map_full_procs, prev.map_full_procs),
+        map_full_cgroups: d(cur.map_full_cgroups, prev.map_full_cgroups),
         map_full_caches: d(cur.map_full_caches, prev.map_full_caches),
     }
 }
@@ -208,6 +209,7 @@ pub struct Tracker {
     sites: MapTrack<SiteKey, AllocStats>,
     stacks: MapTrack<(SiteKey, i64), AllocStats>,
     procs: MapTrack<u32, (String, AllocStats)>,
+    cgroups: MapTrack<CgroupKey, AllocStats>,
     caches: MapTrack<CacheId, u64>,
     prev_events: EventCounters,
     /// Stack frames of carried stacks (their ids may be gone from the map).
@@ -227,6 +229,7 @@ impl Tracker {
         let sites = self.sites.step(cur.sites);
         let stacks = self.stacks.step(cur.stacks);
         let procs = self.procs.step(cur.procs);
+        let cgroups = self.cgroups.step(cur.cgroups);
         let cache_frees = self.caches.step(cur.cache_frees);
 
         let mut stack_frames = HashMap::new();
@@ -245,6 +248,8 @@ impl Tracker {
             stacks,
             stack_frames,
             procs,
+            cgroups,
+            proc_cgroups: cur.proc_cgroups,
             cache_frees,
             events,
             leaks: None,

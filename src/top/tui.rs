@@ -39,7 +39,8 @@ pub enum Action {
 pub struct App {
     pub view: ViewOptions,
     pub interval_s: f64,
-    pub with_processes: bool,
+    /// The per-process or per-cgroup view the kernel counts, if any.
+    pub counted: Option<GroupBy>,
     pub selected: usize,
     /// The selected row's key: the selection follows it when rows reorder
     /// between refreshes.
@@ -48,11 +49,11 @@ pub struct App {
 }
 
 impl App {
-    pub fn new(view: ViewOptions, interval_s: f64, with_processes: bool) -> App {
+    pub fn new(view: ViewOptions, interval_s: f64, counted: Option<GroupBy>) -> App {
         App {
             view,
             interval_s,
-            with_processes,
+            counted,
             selected: 0,
             selected_key: None,
             expanded: false,
@@ -91,12 +92,15 @@ impl App {
                 Action::Redraw
             }
             KeyCode::Char('v') | KeyCode::Tab => {
-                self.set_view(next_group(self.view.by, self.with_processes))
+                self.set_view(next_group(self.view.by, self.counted))
             }
             KeyCode::Char('1') => self.set_view(GroupBy::Site),
             KeyCode::Char('2') => self.set_view(GroupBy::Stack),
             KeyCode::Char('3') => self.set_view(GroupBy::Cache),
-            KeyCode::Char('4') if self.with_processes => self.set_view(GroupBy::Process),
+            KeyCode::Char('4') => match self.counted {
+                Some(view) => self.set_view(view),
+                None => Action::Nothing,
+            },
             KeyCode::Char(' ') | KeyCode::Char('p') => {
                 self.view.paused = !self.view.paused;
                 Action::Reschedule
@@ -361,7 +365,7 @@ mod tests {
                 paused: false,
             },
             1.0,
-            false,
+            None,
         )
     }
 

@@ -9,7 +9,7 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{human_count, human_size, pct, signed_size, Counts};
-use crate::render::{short_list, GroupBy};
+use crate::render::{cgroup_label, short_list, GroupBy};
 use crate::report::Report;
 use crate::top::overhead::Overhead;
 
@@ -63,15 +63,21 @@ impl TopSort {
     }
 }
 
-/// The next grouping, for the view key. The process view needs per-process
-/// counting in the kernel, so it is only offered when that is on.
-pub fn next_group(by: GroupBy, with_processes: bool) -> GroupBy {
+/// The next grouping, for the view key. The process and cgroup views need
+/// their own counting in the kernel, so `counted` (the one the run counts,
+/// if any) is the only one offered.
+pub fn next_group(by: GroupBy, counted: Option<GroupBy>) -> GroupBy {
     match by {
         GroupBy::Site => GroupBy::Stack,
         GroupBy::Stack => GroupBy::Cache,
-        GroupBy::Cache if with_processes => GroupBy::Process,
+        GroupBy::Cache => counted.unwrap_or(GroupBy::Site),
         _ => GroupBy::Site,
     }
+}
+
+/// The per-process or per-cgroup view a run counts in the kernel, if any.
+pub fn counted_view(by: GroupBy) -> Option<GroupBy> {
+    matches!(by, GroupBy::Process | GroupBy::Cgroup).then_some(by)
 }
 
 pub fn group_name(by: GroupBy) -> &'static str {
@@ -80,6 +86,7 @@ pub fn group_name(by: GroupBy) -> &'static str {
         GroupBy::Stack => "stack",
         GroupBy::Cache => "cache",
         GroupBy::Process => "process",
+        GroupBy::Cgroup => "cgroup",
     }
 }
 
@@ -203,6 +210,23 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
                 estimated: false,
             })
             .collect(),
+        GroupBy::Cgroup => report
+            .cgroups
+            .iter()
+            .map(|c| {
+                let label = cgroup_label(c);
+                TopRow {
+                    key: label.clone(),
+                    name: label,
+                    // Bytes the cgroup's memory limit does not see.
+                    detail: c.accounting.unaccounted_bytes.to_string(),
+                    counts: c.counts.clone(),
+                    net_bytes: None,
+                    stacks: Vec::new(),
+                    estimated: false,
+                }
+            })
+            .collect(),
     }
 }
 
@@ -236,6 +260,7 @@ pub fn headers(by: GroupBy) -> Vec<&'static str> {
         GroupBy::Stack => ["stack", "cache"],
         GroupBy::Cache => ["cache", "frees/s"],
         GroupBy::Process => ["pid", "comm"],
+        GroupBy::Cgroup => ["cgroup", "unacct/s"],
     };
     first.into_iter().chain(RATE_HEADERS).collect()
 }
@@ -261,6 +286,10 @@ pub fn cells(r: &TopRow, by: GroupBy, interval_s: f64) -> Vec<String> {
     let detail = match by {
         GroupBy::Cache => match r.detail.parse::<u64>() {
             Ok(frees) => human_count(rate(frees).round() as u64),
+            Err(_) => r.detail.clone(),
+        },
+        GroupBy::Cgroup => match r.detail.parse::<u64>() {
+            Ok(bytes) => human_size(rate(bytes).round() as u64),
             Err(_) => r.detail.clone(),
         },
         _ => r.detail.clone(),
@@ -424,9 +453,14 @@ mod tests {
         }
         assert_eq!(s, TopSort::Bytes);
         assert_eq!(TopSort::Bytes.next(), TopSort::Count);
-        assert_eq!(next_group(GroupBy::Cache, false), GroupBy::Site);
-        assert_eq!(next_group(GroupBy::Cache, true), GroupBy::Process);
-        assert_eq!(next_group(GroupBy::Process, true), GroupBy::Site);
+        assert_eq!(next_group(GroupBy::Cache, None), GroupBy::Site);
+        let procs = counted_view(GroupBy::Process);
+        assert_eq!(next_group(GroupBy::Cache, procs), GroupBy::Process);
+        assert_eq!(next_group(GroupBy::Process, procs), GroupBy::Site);
+        let cgroups = counted_view(GroupBy::Cgroup);
+        assert_eq!(next_group(GroupBy::Cache, cgroups), GroupBy::Cgroup);
+        assert_eq!(next_group(GroupBy::Cgroup, cgroups), GroupBy::Site);
+        assert_eq!(counted_view(GroupBy::Stack), None);
     }
 
     #[test]
