@@ -15,7 +15,7 @@ use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
 use crate::kernel::storage::ObjectStorage;
-use crate::malloc::probes::{check_elf, libc_of_program};
+use crate::malloc::probes::{check_elf, cxx_runtime_of_program, libc_of_program};
 use crate::malloc::procmaps;
 use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
 use crate::malloc::report::{self, BuildOptions, MallocReport};
@@ -96,12 +96,19 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
         if !libs.contains(&libc) {
             libs.push(libc);
         }
+        let cxx = procmaps::find_cxx_runtime(&maps).and_then(|m| host_path(pid, m));
+        if let Some(cxx) = cxx.filter(|c| !libs.contains(c)) {
+            libs.push(cxx);
+        }
     }
     if let Some(prog) = args.targets.command.first() {
         let path = find_program(prog)?;
         let libc = libc_of_program(&path)?;
         if !libs.contains(&libc) {
             libs.push(libc);
+        }
+        if let Some(cxx) = cxx_runtime_of_program(&path)?.filter(|c| !libs.contains(c)) {
+            libs.push(cxx);
         }
     }
     Ok(libs)
@@ -323,14 +330,24 @@ impl Scanner {
             if !probe_new_libraries {
                 continue;
             }
-            let Some(path) = procmaps::find_libc(&maps).and_then(|m| host_path(pid, m)) else {
-                continue;
-            };
-            if !session.has_library(&path) {
+            // The C library, and the C++ runtime whose operator new the
+            // program may call.
+            let found = [
+                procmaps::find_libc(&maps),
+                procmaps::find_cxx_runtime(&maps),
+            ];
+            for path in found
+                .into_iter()
+                .flatten()
+                .filter_map(|m| host_path(pid, m))
+            {
+                if session.has_library(&path) {
+                    continue;
+                }
                 // Late by up to SCAN_EVERY: allocations before are missed.
                 match session.probe_library(&path) {
                     Ok(()) => eprintln!(
-                        "kheap: process {pid} maps another C library, now probed too: {}",
+                        "kheap: process {pid} maps another allocator library, now probed too: {}",
                         path.display()
                     ),
                     Err(e) => eprintln!("kheap: warning: cannot probe {}: {e:#}", path.display()),

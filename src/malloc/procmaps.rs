@@ -58,6 +58,21 @@ pub fn is_libc_name(path: &Path) -> bool {
         || (name.starts_with("ld-musl-") && name.contains(".so"))
 }
 
+/// Whether a file name is a C++ runtime that implements operator new:
+/// GCC's `libstdc++.so.6` or LLVM's `libc++.so.1`.
+pub fn is_cxx_runtime_name(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    name.starts_with("libstdc++.so") || name.starts_with("libc++.so")
+}
+
+/// The C++ runtime a process maps, if any.
+pub fn find_cxx_runtime(maps: &[Mapping]) -> Option<&Mapping> {
+    maps.iter()
+        .find(|m| m.inode != 0 && m.path.as_deref().is_some_and(is_cxx_runtime_name))
+}
+
 /// The C library a process maps, if any.
 pub fn find_libc(maps: &[Mapping]) -> Option<&Mapping> {
     maps.iter()
