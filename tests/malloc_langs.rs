@@ -138,3 +138,51 @@ fn cxx_new_is_counted_once_at_the_calling_function() {
 fn cxx_leaks_through_new_are_exact() {
     check(true);
 }
+
+const ALLOC_LIB_SOURCE: &str = include_str!("data/malloc_alloc_lib_workload.c");
+
+/// A C program linked against another allocator library is traced without
+/// --lib: that library's malloc family is found and probed, and its
+/// blocks are followed to their frees.
+fn check_linked_allocator(link: &str, library: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("w.c");
+    std::fs::write(&src, ALLOC_LIB_SOURCE).unwrap();
+    let exe = dir.path().join("alloc_lib_workload");
+    let out = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg(link)
+        .output()
+        .expect("cc is needed by the tests");
+    assert!(
+        out.status.success(),
+        "building against {link} failed (scripts/setup installs the allocator packages): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = malloc_json(&["--outstanding", "--", exe.to_str().unwrap()]);
+    let probes = r["probes"].as_array().unwrap();
+    assert!(
+        probes.iter().any(|p| {
+            let p = p.as_str().unwrap();
+            p.contains(library) && p.contains(": malloc, calloc, realloc")
+        }),
+        "{library} probed without --lib: {probes:?}"
+    );
+    // 123 calls; i % 3 == 0 (41 of them) never freed
+    assert_eq!(site(&r, "malloc", "je_work"), (123, 123 * 77, Some(41)));
+}
+
+#[test]
+fn jemalloc_linked_is_found_without_lib() {
+    check_linked_allocator("-ljemalloc", "libjemalloc.so.2");
+}
+
+#[test]
+fn tcmalloc_linked_is_found_without_lib() {
+    check_linked_allocator(
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+        "libtcmalloc_minimal.so.4",
+    );
+}

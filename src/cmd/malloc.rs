@@ -15,7 +15,7 @@ use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
 use crate::kernel::storage::ObjectStorage;
-use crate::malloc::probes::{check_elf, cxx_runtime_of_program, libc_of_program};
+use crate::malloc::probes::{check_elf, extra_allocators_of_program, libc_of_program};
 use crate::malloc::procmaps;
 use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
 use crate::malloc::report::{self, BuildOptions, MallocReport};
@@ -96,9 +96,10 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
         if !libs.contains(&libc) {
             libs.push(libc);
         }
-        let cxx = procmaps::find_cxx_runtime(&maps).and_then(|m| host_path(pid, m));
-        if let Some(cxx) = cxx.filter(|c| !libs.contains(c)) {
-            libs.push(cxx);
+        for lib in procmaps::find_extra_allocators(&maps) {
+            if let Some(p) = host_path(pid, lib).filter(|p| !libs.contains(p)) {
+                libs.push(p);
+            }
         }
     }
     if let Some(prog) = args.targets.command.first() {
@@ -107,8 +108,10 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
         if !libs.contains(&libc) {
             libs.push(libc);
         }
-        if let Some(cxx) = cxx_runtime_of_program(&path)?.filter(|c| !libs.contains(c)) {
-            libs.push(cxx);
+        for lib in extra_allocators_of_program(&path)? {
+            if !libs.contains(&lib) {
+                libs.push(lib);
+            }
         }
     }
     Ok(libs)
@@ -330,17 +333,11 @@ impl Scanner {
             if !probe_new_libraries {
                 continue;
             }
-            // The C library, and the C++ runtime whose operator new the
-            // program may call.
-            let found = [
-                procmaps::find_libc(&maps),
-                procmaps::find_cxx_runtime(&maps),
-            ];
-            for path in found
-                .into_iter()
-                .flatten()
-                .filter_map(|m| host_path(pid, m))
-            {
+            // The C library, the C++ runtime whose operator new the
+            // program may call, and allocator libraries (jemalloc…).
+            let mut found = procmaps::find_extra_allocators(&maps);
+            found.extend(procmaps::find_libc(&maps));
+            for path in found.into_iter().filter_map(|m| host_path(pid, m)) {
                 if session.has_library(&path) {
                     continue;
                 }

@@ -398,15 +398,27 @@ fn parse_ld_list_for(text: &str, matches: fn(&Path) -> bool) -> Option<PathBuf> 
     })
 }
 
-/// The C++ runtime (libstdc++ or libc++) a program will load, if any, as
-/// its dynamic loader lists it: its operator new is probed.
-pub fn cxx_runtime_of_program(program: &Path) -> Result<Option<PathBuf>> {
+/// Every library in the output of `ld.so --list` whose name matches.
+fn parse_ld_list_all(text: &str, matches: fn(&Path) -> bool) -> Vec<PathBuf> {
+    text.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.trim().split_once(" => ")?;
+            let path = rest.split_whitespace().next()?;
+            (matches(Path::new(name)) && path.starts_with('/')).then(|| PathBuf::from(path))
+        })
+        .collect()
+}
+
+/// The C++ runtime (libstdc++ or libc++, for operator new) and allocator
+/// libraries (jemalloc, tcmalloc, mimalloc, linked or in LD_PRELOAD) a
+/// program will load, as its dynamic loader lists them.
+pub fn extra_allocators_of_program(program: &Path) -> Result<Vec<PathBuf>> {
     let exe = executable_of(program)?;
     let Some(interp) = interpreter(&exe)? else {
-        return Ok(None);
+        return Ok(Vec::new());
     };
     if super::procmaps::is_libc_name(&interp) {
-        return Ok(None);
+        return Ok(Vec::new());
     }
     let out = Command::new(&interp)
         .arg("--list")
@@ -414,9 +426,9 @@ pub fn cxx_runtime_of_program(program: &Path) -> Result<Option<PathBuf>> {
         .output()
         .with_context(|| format!("running {} --list", interp.display()))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    Ok(parse_ld_list_for(
+    Ok(parse_ld_list_all(
         &text,
-        super::procmaps::is_cxx_runtime_name,
+        super::procmaps::is_extra_allocator_name,
     ))
 }
 
@@ -541,9 +553,16 @@ mod tests {
         );
         assert_eq!(parse_ld_list("\tlibm.so.6 => /lib/libm.so.6 (0x1)\n"), None);
         let cxx = "\tlibstdc++.so.6 => /lib/x86_64-linux-gnu/libstdc++.so.6 (0x7f)\n";
+        let je = "\tlibjemalloc.so.2 => /lib/x86_64-linux-gnu/libjemalloc.so.2 (0x7f)\n";
         assert_eq!(
-            parse_ld_list_for(cxx, crate::malloc::procmaps::is_cxx_runtime_name),
-            Some(PathBuf::from("/lib/x86_64-linux-gnu/libstdc++.so.6"))
+            parse_ld_list_all(
+                &format!("{cxx}{text}{je}"),
+                crate::malloc::procmaps::is_extra_allocator_name
+            ),
+            [
+                PathBuf::from("/lib/x86_64-linux-gnu/libstdc++.so.6"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libjemalloc.so.2")
+            ]
         );
     }
 
