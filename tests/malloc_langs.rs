@@ -186,3 +186,86 @@ fn tcmalloc_linked_is_found_without_lib() {
         "libtcmalloc_minimal.so.4",
     );
 }
+
+const RUST_SOURCE: &str = include_str!("data/malloc_rust_workload.rs");
+
+/// A Rust program built without frame pointers: its global allocator's
+/// entry points (`__rust_alloc`…, mangled with a crate hash) are found in
+/// the program and probed; each allocation is counted once, at the
+/// function that made it, though the default allocator ends in malloc.
+fn check_rust(tracking: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("w.rs");
+    std::fs::write(&src, RUST_SOURCE).unwrap();
+    let exe = dir.path().join("rust_workload");
+    let out = Command::new("rustc")
+        .args(["-C", "opt-level=2", "-C", "force-frame-pointers=no", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("rustc is needed by the tests");
+    assert!(
+        out.status.success(),
+        "building the Rust workload failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut args = vec![];
+    if tracking {
+        args.push("--outstanding");
+    }
+    args.extend(["--", exe.to_str().unwrap()]);
+    let r = malloc_json(&args);
+    let probes = r["probes"].as_array().unwrap();
+    assert!(
+        probes.iter().any(|p| p
+            .as_str()
+            .unwrap()
+            .ends_with("rust_workload: rust, rust_zeroed, rust_realloc")),
+        "the program's entry points probed: {probes:?}"
+    );
+    let live = |n| tracking.then_some(n);
+    // Vec<u64> of 10 or 11 elements, alternately
+    assert_eq!(
+        site(&r, "rust", "w::make_vecs"),
+        (1000, 500 * 80 + 500 * 88, live(0))
+    );
+    // 300 boxes of 48 bytes (never freed), and the Vec that collects them
+    let boxes: Vec<(u64, u64, Option<u64>)> = r["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["allocator"] == "rust" && s["function"] == "w::make_boxes")
+        .map(|s| {
+            (
+                u(&s["count"]),
+                u(&s["bytes_req"]),
+                s.get("outstanding_count").map(u),
+            )
+        })
+        .collect();
+    assert!(
+        boxes.contains(&(300, 300 * 48, live(300))),
+        "make_boxes' Box::new calls: {boxes:?}"
+    );
+    // The default allocator's malloc is not counted again.
+    for s in r["sites"].as_array().unwrap() {
+        let f = s["function"].as_str().unwrap();
+        assert!(
+            !f.contains("__rdl_") && !f.contains("__rust_"),
+            "an allocation inside the Rust allocator was counted again: {s:#}"
+        );
+        if s["allocator"] == "malloc" {
+            assert!(!f.starts_with("w::"), "counted as malloc too: {s:#}");
+        }
+    }
+}
+
+#[test]
+fn rust_allocations_are_counted_once_at_the_calling_function() {
+    check_rust(false);
+}
+
+#[test]
+fn rust_leaks_are_exact() {
+    check_rust(true);
+}

@@ -108,6 +108,11 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
         if !libs.contains(&libc) {
             libs.push(libc);
         }
+        // A Rust program's global allocator entry points are in itself.
+        let exe = crate::malloc::probes::executable_of(&path)?;
+        if has_rust_entry_points(&exe) && !libs.contains(&exe) {
+            libs.push(exe);
+        }
         for lib in extra_allocators_of_program(&path)? {
             if !libs.contains(&lib) {
                 libs.push(lib);
@@ -115,6 +120,11 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
         }
     }
     Ok(libs)
+}
+
+fn has_rust_entry_points(exe: &std::path::Path) -> bool {
+    use crate::malloc::probes::{lookup_symbols, FIRST_RUST};
+    lookup_symbols(exe).is_ok_and(|s| s[FIRST_RUST..].iter().any(Option::is_some))
 }
 
 fn comm(pid: u32) -> String {

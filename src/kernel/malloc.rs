@@ -171,6 +171,7 @@ impl<'obj> MallocSession<'obj> {
             Layout::Realloc => &progs.realloc_entry,
             Layout::Reallocarray => &progs.reallocarray_entry,
             Layout::Free => &progs.free_entry,
+            Layout::RustRealloc => &progs.rust_realloc_entry,
         };
         let opts = |retprobe| UprobeOpts {
             cookie: p.cookie as u64,

@@ -26,6 +26,8 @@ pub enum Layout {
     Reallocarray,
     /// `free(ptr)`
     Free,
+    /// `__rust_realloc(ptr, old_size, align, new_size)`
+    RustRealloc,
 }
 
 pub struct AllocFn {
@@ -55,6 +57,10 @@ const CXX_NEW: &[(&str, &str)] = &[
 
 /// Index of the first C++ entry point in FUNCTIONS.
 pub const FIRST_CXX: usize = 10;
+/// Index of the first Rust entry point in FUNCTIONS: the global allocator's
+/// entry points, in the program itself. `__rust_dealloc` is not probed: the
+/// default allocator frees through free(), which is.
+pub const FIRST_RUST: usize = FIRST_CXX + CXX_NEW.len();
 
 /// The allocation family. A probe's attach cookie is its index here, which
 /// is how rows know their function.
@@ -150,7 +156,37 @@ pub const FUNCTIONS: &[AllocFn] = &[
         symbol: CXX_NEW[7].1,
         layout: Layout::Size,
     },
+    // FIRST_RUST: `__rust_alloc(size, align)`…, found by demangled name.
+    AllocFn {
+        name: "rust",
+        symbol: "__rust_alloc",
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: "rust_zeroed",
+        symbol: "__rust_alloc_zeroed",
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: "rust_realloc",
+        symbol: "__rust_realloc",
+        layout: Layout::RustRealloc,
+    },
 ];
+
+/// Whether an ELF symbol is the Rust runtime function `name`: unmangled
+/// (older toolchains), or v0-mangled with a crate hash
+/// (`_RNvCs…_7___rustc12___rust_alloc`: the identifier's length, a `_`
+/// separator since it starts with `_`, then the identifier).
+pub fn is_rust_symbol(symbol: &str, name: &str) -> bool {
+    if symbol == name {
+        return true;
+    }
+    let tail = format!("{}_{name}", name.len());
+    symbol.starts_with("_R")
+        && symbol.ends_with(&tail)
+        && !symbol[..symbol.len() - tail.len()].ends_with(|c: char| c.is_ascii_digit())
+}
 
 /// A function's symbol in the library: where it starts in the file, and
 /// its first bytes (to choose the probed instruction).
@@ -225,6 +261,7 @@ fn emulated(code: &[u8]) -> bool {
 /// gets probes on its operators only.
 pub fn plan(symbols: &[Option<Symbol>]) -> Result<(Vec<Probe>, Vec<&'static str>)> {
     let has_malloc = symbols.first().is_some_and(Option::is_some);
+    // C++ operators or Rust entry points
     let has_new = symbols.iter().skip(FIRST_CXX).any(Option::is_some);
     if !has_malloc && !has_new {
         bail!("it does not export malloc (nor C++ operator new)");
@@ -269,12 +306,33 @@ pub fn lookup_symbols(lib: &Path) -> Result<Vec<Option<Symbol>>> {
     let found = inspector
         .lookup(&Source::Elf(elf), &names)
         .with_context(|| format!("reading the symbols of {}", lib.display()))?;
+    // Rust entry points carry a crate hash in their mangled names: the
+    // symbol table is searched for them (programs only: libraries never
+    // hold a Rust program's global allocator).
+    let mut rust: Vec<Option<(u64, u64)>> = vec![None; FUNCTIONS.len() - FIRST_RUST];
+    if !lib.to_string_lossy().contains(".so") {
+        let mut elf = Elf::new(lib);
+        elf.debug_syms = false;
+        inspector
+            .for_each(&Source::Elf(elf), |s| {
+                for (slot, f) in rust.iter_mut().zip(&FUNCTIONS[FIRST_RUST..]) {
+                    if slot.is_none() && is_rust_symbol(&s.name, f.symbol) {
+                        if let Some(off) = s.file_offset {
+                            *slot = Some((off, s.size.unwrap_or(0) as u64));
+                        }
+                    }
+                }
+                std::ops::ControlFlow::Continue(())
+            })
+            .with_context(|| format!("reading the symbols of {}", lib.display()))?;
+    }
     let mut file = fs::File::open(lib).with_context(|| format!("opening {}", lib.display()))?;
     let mut out = Vec::new();
-    for infos in found {
-        let Some((off, size)) = infos
+    for (i, infos) in found.iter().enumerate() {
+        let found = infos
             .iter()
-            .find_map(|s| Some((s.file_offset?, s.size.unwrap_or(0) as u64)))
+            .find_map(|s| Some((s.file_offset?, s.size.unwrap_or(0) as u64)));
+        let Some((off, size)) = found.or_else(|| i.checked_sub(FIRST_RUST).and_then(|r| rust[r]))
         else {
             out.push(None);
             continue;
@@ -526,6 +584,27 @@ mod tests {
     }
 
     #[test]
+    fn rust_entry_points_by_mangled_name() {
+        let m = "_RNvCsfLfy6EI15iL_7___rustc12___rust_alloc";
+        assert!(is_rust_symbol(m, "__rust_alloc"));
+        assert!(is_rust_symbol("__rust_alloc", "__rust_alloc"));
+        assert!(!is_rust_symbol(m, "__rust_alloc_zeroed"));
+        assert!(is_rust_symbol(
+            "_RNvCsfLfy6EI15iL_7___rustc19___rust_alloc_zeroed",
+            "__rust_alloc_zeroed"
+        ));
+        assert!(!is_rust_symbol(
+            "_RNvCs1_7___rustc112___rust_alloc",
+            "__rust_alloc"
+        ));
+        assert!(!is_rust_symbol(
+            "_RNvCs1_7___rustc11___rdl_alloc",
+            "__rust_alloc"
+        ));
+        assert!(!is_rust_symbol("my__rust_alloc", "__rust_alloc"));
+    }
+
+    #[test]
     fn a_cxx_runtime_gets_its_operators_only() {
         let mut syms = vec![None; FUNCTIONS.len()];
         syms[FIRST_CXX] = sym(0xa9570, &[0xf3, 0x0f, 0x1e, 0xfa]);
@@ -535,7 +614,7 @@ mod tests {
         let labels: Vec<&str> = probes.iter().map(|p| p.label.as_str()).collect();
         assert_eq!(labels, ["new", "new[]"]);
         assert_eq!(FUNCTIONS[FIRST_CXX].symbol, "_Znwm");
-        assert_eq!(FUNCTIONS.len(), FIRST_CXX + CXX_NEW.len());
+        assert_eq!(FIRST_RUST, FIRST_CXX + CXX_NEW.len());
         for (f, (name, symbol)) in FUNCTIONS[FIRST_CXX..].iter().zip(CXX_NEW) {
             assert_eq!((f.name, f.symbol), (*name, *symbol));
         }
