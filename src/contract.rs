@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// Bumped when a field is renamed or removed, or changes meaning; adding a
 /// field is not a new version.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// What a JSON document is: the subcommand that wrote it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,13 +112,13 @@ mod tests {
         };
         let text = pretty(Kind::Leaks, &body);
         assert!(
-            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 1,\n"),
+            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 2,\n"),
             "{text}"
         );
         assert!(text.ends_with("}\n"));
         let l = line(Kind::Top, &body);
         assert!(
-            l.starts_with("{\"kind\":\"top\",\"schema_version\":1,\"duration_s\":1.5"),
+            l.starts_with("{\"kind\":\"top\",\"schema_version\":2,\"duration_s\":1.5"),
             "{l}"
         );
         assert_eq!(l.lines().count(), 1);
