@@ -264,6 +264,15 @@ int BPF_UPROBE(reallocarray_entry, __u64 ptr, __u64 nmemb, __u64 size)
 	return 0;
 }
 
+/* Rust's __rust_realloc(ptr, old_size, align, new_size) */
+SEC("uprobe")
+int BPF_UPROBE(rust_realloc_entry, __u64 ptr, __u64 old_size, __u64 align,
+	       __u64 new_size)
+{
+	on_alloc(ctx, new_size, ptr, 0);
+	return 0;
+}
+
 /* One return probe for every allocator function: the pending call says what
  * it was. Only the return of that call (stack pointer back above its return
  * address) completes it; returns of nested calls come first and are ignored.

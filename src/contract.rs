@@ -30,7 +30,10 @@ impl Kind {
     pub fn schema_version(self) -> u32 {
         match self {
             Kind::Record | Kind::Leaks | Kind::Top => 2,
-            Kind::Slab | Kind::Malloc | Kind::Diff => SCHEMA_VERSION,
+            // malloc 2: `frees` and `frees_null` only with --outstanding
+            // (frees are not probed otherwise).
+            Kind::Malloc => 2,
+            Kind::Slab | Kind::Diff => SCHEMA_VERSION,
         }
     }
 

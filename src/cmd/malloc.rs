@@ -15,7 +15,7 @@ use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
 use crate::kernel::storage::ObjectStorage;
-use crate::malloc::probes::{check_elf, libc_of_program};
+use crate::malloc::probes::{check_elf, extra_allocators_of_program, libc_of_program};
 use crate::malloc::procmaps;
 use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
 use crate::malloc::report::{self, BuildOptions, MallocReport};
@@ -99,6 +99,11 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
         if !libs.contains(&libc) {
             libs.push(libc);
         }
+        for lib in procmaps::find_extra_allocators(&maps) {
+            if let Some(p) = host_path(pid, lib).filter(|p| !libs.contains(p)) {
+                libs.push(p);
+            }
+        }
     }
     if let Some(prog) = args.targets.command.first() {
         let path = find_program(prog)?;
@@ -106,8 +111,23 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
         if !libs.contains(&libc) {
             libs.push(libc);
         }
+        // A Rust program's global allocator entry points are in itself.
+        let exe = crate::malloc::probes::executable_of(&path)?;
+        if has_rust_entry_points(&exe) && !libs.contains(&exe) {
+            libs.push(exe);
+        }
+        for lib in extra_allocators_of_program(&path)? {
+            if !libs.contains(&lib) {
+                libs.push(lib);
+            }
+        }
     }
     Ok(libs)
+}
+
+fn has_rust_entry_points(exe: &std::path::Path) -> bool {
+    use crate::malloc::probes::{lookup_symbols, FIRST_RUST};
+    lookup_symbols(exe).is_ok_and(|s| s[FIRST_RUST..].iter().any(Option::is_some))
 }
 
 fn comm(pid: u32) -> String {
@@ -327,14 +347,18 @@ impl Scanner {
             if !probe_new_libraries {
                 continue;
             }
-            let Some(path) = procmaps::find_libc(&maps).and_then(|m| host_path(pid, m)) else {
-                continue;
-            };
-            if !session.has_library(&path) {
+            // The C library, the C++ runtime whose operator new the
+            // program may call, and allocator libraries (jemalloc…).
+            let mut found = procmaps::find_extra_allocators(&maps);
+            found.extend(procmaps::find_libc(&maps));
+            for path in found.into_iter().filter_map(|m| host_path(pid, m)) {
+                if session.has_library(&path) {
+                    continue;
+                }
                 // Late by up to SCAN_EVERY: allocations before are missed.
                 match session.probe_library(&path) {
                     Ok(()) => eprintln!(
-                        "kheap: process {pid} maps another C library, now probed too: {}",
+                        "kheap: process {pid} maps another allocator library, now probed too: {}",
                         path.display()
                     ),
                     Err(e) => eprintln!("kheap: warning: cannot probe {}: {e:#}", path.display()),

@@ -139,6 +139,11 @@ impl<'obj> MallocSession<'obj> {
         let symbols = probes::lookup_symbols(path)?;
         let (mut plan, missing) = probes::plan(&symbols)
             .with_context(|| format!("{} is not an allocator library", path.display()))?;
+        // free is probed only to follow blocks (--outstanding): without
+        // it, a malloc+free pair costs one probe hit instead of two.
+        if !self.track_live {
+            plan.retain(|p| p.layout != Layout::Free);
+        }
         if self.probes_at_entry {
             for p in &mut plan {
                 p.skip = 0;
@@ -171,6 +176,7 @@ impl<'obj> MallocSession<'obj> {
             Layout::Realloc => &progs.realloc_entry,
             Layout::Reallocarray => &progs.reallocarray_entry,
             Layout::Free => &progs.free_entry,
+            Layout::RustRealloc => &progs.rust_realloc_entry,
         };
         let opts = |retprobe| UprobeOpts {
             cookie: p.cookie as u64,

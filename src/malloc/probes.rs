@@ -26,57 +26,167 @@ pub enum Layout {
     Reallocarray,
     /// `free(ptr)`
     Free,
+    /// `__rust_realloc(ptr, old_size, align, new_size)`
+    RustRealloc,
 }
 
 pub struct AllocFn {
+    /// The row label (`allocator` column).
     pub name: &'static str,
+    /// The symbol probed: C names as they are, C++ operators mangled.
+    pub symbol: &'static str,
     pub layout: Layout,
 }
+
+/// C++ `operator new` and `new[]` (plain, nothrow, aligned): allocation
+/// functions of their own, whose row label is the program's code that calls
+/// them. libstdc++ and libc++ implement them with malloc (or aligned_alloc),
+/// and new[] by calling new: those inner calls are the allocator's own and
+/// counted once, as the outer call (see `crate::kernel::malloc`).
+/// `operator delete` is not probed: it frees through free(), which is.
+const CXX_NEW: &[(&str, &str)] = &[
+    ("new", "_Znwm"),
+    ("new[]", "_Znam"),
+    ("new(nothrow)", "_ZnwmRKSt9nothrow_t"),
+    ("new[](nothrow)", "_ZnamRKSt9nothrow_t"),
+    ("new(align)", "_ZnwmSt11align_val_t"),
+    ("new[](align)", "_ZnamSt11align_val_t"),
+    ("new(align,nothrow)", "_ZnwmSt11align_val_tRKSt9nothrow_t"),
+    ("new[](align,nothrow)", "_ZnamSt11align_val_tRKSt9nothrow_t"),
+];
+
+/// Index of the first C++ entry point in FUNCTIONS.
+pub const FIRST_CXX: usize = 10;
+/// Index of the first Rust entry point in FUNCTIONS: the global allocator's
+/// entry points, in the program itself. `__rust_dealloc` is not probed: the
+/// default allocator frees through free(), which is.
+pub const FIRST_RUST: usize = FIRST_CXX + CXX_NEW.len();
 
 /// The allocation family. A probe's attach cookie is its index here, which
 /// is how rows know their function.
 pub const FUNCTIONS: &[AllocFn] = &[
     AllocFn {
         name: "malloc",
+        symbol: "malloc",
         layout: Layout::Size,
     },
     AllocFn {
         name: "calloc",
+        symbol: "calloc",
         layout: Layout::Calloc,
     },
     AllocFn {
         name: "realloc",
+        symbol: "realloc",
         layout: Layout::Realloc,
     },
     AllocFn {
         name: "reallocarray",
+        symbol: "reallocarray",
         layout: Layout::Reallocarray,
     },
     AllocFn {
         name: "posix_memalign",
+        symbol: "posix_memalign",
         layout: Layout::PosixMemalign,
     },
     AllocFn {
         name: "aligned_alloc",
+        symbol: "aligned_alloc",
         layout: Layout::AlignSize,
     },
     AllocFn {
         name: "memalign",
+        symbol: "memalign",
         layout: Layout::AlignSize,
     },
     AllocFn {
         name: "valloc",
+        symbol: "valloc",
         layout: Layout::Size,
     },
     AllocFn {
         name: "pvalloc",
+        symbol: "pvalloc",
         layout: Layout::Size,
     },
     AllocFn {
         name: "free",
+        symbol: "free",
         layout: Layout::Free,
     },
+    // FIRST_CXX: CXX_NEW in order (all take the size first).
+    AllocFn {
+        name: CXX_NEW[0].0,
+        symbol: CXX_NEW[0].1,
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: CXX_NEW[1].0,
+        symbol: CXX_NEW[1].1,
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: CXX_NEW[2].0,
+        symbol: CXX_NEW[2].1,
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: CXX_NEW[3].0,
+        symbol: CXX_NEW[3].1,
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: CXX_NEW[4].0,
+        symbol: CXX_NEW[4].1,
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: CXX_NEW[5].0,
+        symbol: CXX_NEW[5].1,
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: CXX_NEW[6].0,
+        symbol: CXX_NEW[6].1,
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: CXX_NEW[7].0,
+        symbol: CXX_NEW[7].1,
+        layout: Layout::Size,
+    },
+    // FIRST_RUST: `__rust_alloc(size, align)`…, found by demangled name.
+    AllocFn {
+        name: "rust",
+        symbol: "__rust_alloc",
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: "rust_zeroed",
+        symbol: "__rust_alloc_zeroed",
+        layout: Layout::Size,
+    },
+    AllocFn {
+        name: "rust_realloc",
+        symbol: "__rust_realloc",
+        layout: Layout::RustRealloc,
+    },
 ];
+
+/// Whether an ELF symbol is the Rust runtime function `name`: unmangled
+/// (older toolchains), or v0-mangled with a crate hash
+/// (`_RNvCs…_7___rustc12___rust_alloc`: the identifier's length, a `_`
+/// separator since it starts with `_`, then the identifier).
+pub fn is_rust_symbol(symbol: &str, name: &str) -> bool {
+    if symbol == name {
+        return true;
+    }
+    let tail = format!("{}_{name}", name.len());
+    symbol.starts_with("_R")
+        && symbol.ends_with(&tail)
+        && !symbol[..symbol.len() - tail.len()].ends_with(|c: char| c.is_ascii_digit())
+}
 
 /// A function's symbol in the library: where it starts in the file, and
 /// its first bytes (to choose the probed instruction).
@@ -147,15 +257,22 @@ fn emulated(code: &[u8]) -> bool {
 /// Plans the probes for the symbols found in a library (`None`: the library
 /// does not export that function). Returns the probes and the names that
 /// are missing.
+/// A library that exports operator new but not malloc (libstdc++, libc++)
+/// gets probes on its operators only.
 pub fn plan(symbols: &[Option<Symbol>]) -> Result<(Vec<Probe>, Vec<&'static str>)> {
-    if symbols.first().is_none_or(Option::is_none) {
-        bail!("it does not export malloc");
+    let has_malloc = symbols.first().is_some_and(Option::is_some);
+    // C++ operators or Rust entry points
+    let has_new = symbols.iter().skip(FIRST_CXX).any(Option::is_some);
+    if !has_malloc && !has_new {
+        bail!("it does not export malloc (nor C++ operator new)");
     }
     let mut probes: Vec<Probe> = Vec::new();
     let mut missing = Vec::new();
     for (i, (f, sym)) in FUNCTIONS.iter().zip(symbols).enumerate() {
         let Some(sym) = sym else {
-            missing.push(f.name);
+            if i < FIRST_CXX && has_malloc {
+                missing.push(f.name);
+            }
             continue;
         };
         if let Some(p) = probes
@@ -182,19 +299,40 @@ pub fn plan(symbols: &[Option<Symbol>]) -> Result<(Vec<Probe>, Vec<&'static str>
 pub fn lookup_symbols(lib: &Path) -> Result<Vec<Option<Symbol>>> {
     use blazesym::inspect::{source::Elf, source::Source, Inspector};
     check_elf(lib)?;
-    let names: Vec<&str> = FUNCTIONS.iter().map(|f| f.name).collect();
+    let names: Vec<&str> = FUNCTIONS.iter().map(|f| f.symbol).collect();
     let mut elf = Elf::new(lib);
     elf.debug_syms = false;
     let inspector = Inspector::new();
     let found = inspector
         .lookup(&Source::Elf(elf), &names)
         .with_context(|| format!("reading the symbols of {}", lib.display()))?;
+    // Rust entry points carry a crate hash in their mangled names: the
+    // symbol table is searched for them (programs only: libraries never
+    // hold a Rust program's global allocator).
+    let mut rust: Vec<Option<(u64, u64)>> = vec![None; FUNCTIONS.len() - FIRST_RUST];
+    if !lib.to_string_lossy().contains(".so") {
+        let mut elf = Elf::new(lib);
+        elf.debug_syms = false;
+        inspector
+            .for_each(&Source::Elf(elf), |s| {
+                for (slot, f) in rust.iter_mut().zip(&FUNCTIONS[FIRST_RUST..]) {
+                    if slot.is_none() && is_rust_symbol(&s.name, f.symbol) {
+                        if let Some(off) = s.file_offset {
+                            *slot = Some((off, s.size.unwrap_or(0) as u64));
+                        }
+                    }
+                }
+                std::ops::ControlFlow::Continue(())
+            })
+            .with_context(|| format!("reading the symbols of {}", lib.display()))?;
+    }
     let mut file = fs::File::open(lib).with_context(|| format!("opening {}", lib.display()))?;
     let mut out = Vec::new();
-    for infos in found {
-        let Some((off, size)) = infos
+    for (i, infos) in found.iter().enumerate() {
+        let found = infos
             .iter()
-            .find_map(|s| Some((s.file_offset?, s.size.unwrap_or(0) as u64)))
+            .find_map(|s| Some((s.file_offset?, s.size.unwrap_or(0) as u64)));
+        let Some((off, size)) = found.or_else(|| i.checked_sub(FIRST_RUST).and_then(|r| rust[r]))
         else {
             out.push(None);
             continue;
@@ -306,12 +444,50 @@ pub fn parse_interpreter(data: &[u8]) -> Result<Option<PathBuf>> {
 
 /// The C library in the output of `ld.so --list` (the format ldd prints).
 pub fn parse_ld_list(text: &str) -> Option<PathBuf> {
+    parse_ld_list_for(text, super::procmaps::is_libc_name)
+}
+
+/// The first library in the output of `ld.so --list` whose name matches.
+fn parse_ld_list_for(text: &str, matches: fn(&Path) -> bool) -> Option<PathBuf> {
     text.lines().find_map(|l| {
         let (name, rest) = l.trim().split_once(" => ")?;
         let path = rest.split_whitespace().next()?;
-        (super::procmaps::is_libc_name(Path::new(name)) && path.starts_with('/'))
-            .then(|| PathBuf::from(path))
+        (matches(Path::new(name)) && path.starts_with('/')).then(|| PathBuf::from(path))
     })
+}
+
+/// Every library in the output of `ld.so --list` whose name matches.
+fn parse_ld_list_all(text: &str, matches: fn(&Path) -> bool) -> Vec<PathBuf> {
+    text.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.trim().split_once(" => ")?;
+            let path = rest.split_whitespace().next()?;
+            (matches(Path::new(name)) && path.starts_with('/')).then(|| PathBuf::from(path))
+        })
+        .collect()
+}
+
+/// The C++ runtime (libstdc++ or libc++, for operator new) and allocator
+/// libraries (jemalloc, tcmalloc, mimalloc, linked or in LD_PRELOAD) a
+/// program will load, as its dynamic loader lists them.
+pub fn extra_allocators_of_program(program: &Path) -> Result<Vec<PathBuf>> {
+    let exe = executable_of(program)?;
+    let Some(interp) = interpreter(&exe)? else {
+        return Ok(Vec::new());
+    };
+    if super::procmaps::is_libc_name(&interp) {
+        return Ok(Vec::new());
+    }
+    let out = Command::new(&interp)
+        .arg("--list")
+        .arg(&exe)
+        .output()
+        .with_context(|| format!("running {} --list", interp.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(parse_ld_list_all(
+        &text,
+        super::procmaps::is_extra_allocator_name,
+    ))
 }
 
 /// The C library a program will load when run: asks its own dynamic loader
@@ -380,6 +556,8 @@ mod tests {
         let mut syms: Vec<Option<Symbol>> = (0..FUNCTIONS.len() as u64)
             .map(|i| sym(0x1000 * (i + 1), &[0x55]))
             .collect();
+        // a C library: no C++ operators
+        syms[FIRST_CXX..].fill(None);
         let memalign = FUNCTIONS.iter().position(|f| f.name == "memalign").unwrap();
         let aligned = FUNCTIONS
             .iter()
@@ -388,11 +566,11 @@ mod tests {
         let pvalloc = FUNCTIONS.iter().position(|f| f.name == "pvalloc").unwrap();
         syms[memalign] = syms[aligned].clone();
         syms[pvalloc] = None;
-        let free = FUNCTIONS.len() - 1;
+        let free = FIRST_CXX - 1;
         syms[free] = sym(0x9000, &[0x48, 0x85, 0xff, 0x0f, 0x84]);
         let (probes, missing) = plan(&syms).unwrap();
         assert_eq!(missing, vec!["pvalloc"]);
-        assert_eq!(probes.len(), FUNCTIONS.len() - 2);
+        assert_eq!(probes.len(), FIRST_CXX - 2);
         let a = probes.iter().find(|p| p.cookie == aligned as u32).unwrap();
         assert_eq!(a.label, "aligned_alloc|memalign");
         let f = probes.iter().find(|p| p.layout == Layout::Free).unwrap();
@@ -406,6 +584,43 @@ mod tests {
     }
 
     #[test]
+    fn rust_entry_points_by_mangled_name() {
+        let m = "_RNvCsfLfy6EI15iL_7___rustc12___rust_alloc";
+        assert!(is_rust_symbol(m, "__rust_alloc"));
+        assert!(is_rust_symbol("__rust_alloc", "__rust_alloc"));
+        assert!(!is_rust_symbol(m, "__rust_alloc_zeroed"));
+        assert!(is_rust_symbol(
+            "_RNvCsfLfy6EI15iL_7___rustc19___rust_alloc_zeroed",
+            "__rust_alloc_zeroed"
+        ));
+        assert!(!is_rust_symbol(
+            "_RNvCs1_7___rustc112___rust_alloc",
+            "__rust_alloc"
+        ));
+        assert!(!is_rust_symbol(
+            "_RNvCs1_7___rustc11___rdl_alloc",
+            "__rust_alloc"
+        ));
+        assert!(!is_rust_symbol("my__rust_alloc", "__rust_alloc"));
+    }
+
+    #[test]
+    fn a_cxx_runtime_gets_its_operators_only() {
+        let mut syms = vec![None; FUNCTIONS.len()];
+        syms[FIRST_CXX] = sym(0xa9570, &[0xf3, 0x0f, 0x1e, 0xfa]);
+        syms[FIRST_CXX + 1] = sym(0xa95d0, &[0xf3, 0x0f, 0x1e, 0xfa]);
+        let (probes, missing) = plan(&syms).unwrap();
+        assert!(missing.is_empty(), "{missing:?}");
+        let labels: Vec<&str> = probes.iter().map(|p| p.label.as_str()).collect();
+        assert_eq!(labels, ["new", "new[]"]);
+        assert_eq!(FUNCTIONS[FIRST_CXX].symbol, "_Znwm");
+        assert_eq!(FIRST_RUST, FIRST_CXX + CXX_NEW.len());
+        for (f, (name, symbol)) in FUNCTIONS[FIRST_CXX..].iter().zip(CXX_NEW) {
+            assert_eq!((f.name, f.symbol), (*name, *symbol));
+        }
+    }
+
+    #[test]
     fn ld_list_output_names_the_c_library() {
         let text = "\tlinux-vdso.so.1 (0x00007ffc)\n\
                     \tlibm.so.6 => /lib/x86_64-linux-gnu/libm.so.6 (0x00007f)\n\
@@ -416,6 +631,18 @@ mod tests {
             Some(PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"))
         );
         assert_eq!(parse_ld_list("\tlibm.so.6 => /lib/libm.so.6 (0x1)\n"), None);
+        let cxx = "\tlibstdc++.so.6 => /lib/x86_64-linux-gnu/libstdc++.so.6 (0x7f)\n";
+        let je = "\tlibjemalloc.so.2 => /lib/x86_64-linux-gnu/libjemalloc.so.2 (0x7f)\n";
+        assert_eq!(
+            parse_ld_list_all(
+                &format!("{cxx}{text}{je}"),
+                crate::malloc::procmaps::is_extra_allocator_name
+            ),
+            [
+                PathBuf::from("/lib/x86_64-linux-gnu/libstdc++.so.6"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libjemalloc.so.2")
+            ]
+        );
     }
 
     #[test]

@@ -58,6 +58,48 @@ pub fn is_libc_name(path: &Path) -> bool {
         || (name.starts_with("ld-musl-") && name.contains(".so"))
 }
 
+/// Whether a file name is a C++ runtime that implements operator new:
+/// GCC's `libstdc++.so.6` or LLVM's `libc++.so.1`.
+pub fn is_cxx_runtime_name(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    name.starts_with("libstdc++.so") || name.starts_with("libc++.so")
+}
+
+/// Whether a file name is an allocator library that replaces the C
+/// library's malloc family: jemalloc, tcmalloc (gperftools), mimalloc.
+pub fn is_allocator_lib_name(path: &Path) -> bool {
+    let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+        return false;
+    };
+    ["libjemalloc.so", "libtcmalloc", "libmimalloc.so"]
+        .iter()
+        .any(|p| name.starts_with(p))
+        && name.contains(".so")
+}
+
+/// Libraries probed besides the C library: the C++ runtime (operator new)
+/// and allocator libraries.
+pub fn is_extra_allocator_name(path: &Path) -> bool {
+    is_cxx_runtime_name(path) || is_allocator_lib_name(path)
+}
+
+/// The C++ runtimes and allocator libraries a process maps, one mapping
+/// each.
+pub fn find_extra_allocators(maps: &[Mapping]) -> Vec<&Mapping> {
+    let mut out: Vec<&Mapping> = Vec::new();
+    for m in maps {
+        if m.inode != 0
+            && m.path.as_deref().is_some_and(is_extra_allocator_name)
+            && !out.iter().any(|o| (o.dev, o.inode) == (m.dev, m.inode))
+        {
+            out.push(m);
+        }
+    }
+    out
+}
+
 /// The C library a process maps, if any.
 pub fn find_libc(maps: &[Mapping]) -> Option<&Mapping> {
     maps.iter()
@@ -74,6 +116,26 @@ pub fn read(pid: u32) -> Option<Vec<Mapping>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allocator_library_names() {
+        for n in [
+            "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+            "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+            "/usr/lib/libmimalloc.so.2.0",
+            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+            "/usr/lib/libc++.so.1",
+        ] {
+            assert!(is_extra_allocator_name(Path::new(n)), "{n}");
+        }
+        for n in [
+            "/lib/libc.so.6",
+            "/usr/lib/libjemalloc_pic.a",
+            "/lib/libm.so.6",
+        ] {
+            assert!(!is_extra_allocator_name(Path::new(n)), "{n}");
+        }
+    }
 
     const MAPS: &str = "\
 55d0c8e4b000-55d0c8e4c000 r--p 00000000 fe:01 1835290                    /tmp/w/work load

@@ -66,12 +66,17 @@ pub fn header(r: &MallocReport) -> String {
     let t = &r.totals;
     let _ = write!(
         s,
-        "kheap malloc: {:.1}s; {} allocation calls ({} requested), {} frees",
+        "kheap malloc: {:.1}s; {} allocation calls ({} requested)",
         r.duration_s,
         human_count(t.allocs),
         human_size(t.bytes),
-        human_count(t.frees),
     );
+    match t.frees {
+        Some(f) => {
+            let _ = write!(s, ", {} frees", human_count(f));
+        }
+        None => s.push_str(" (frees counted with --outstanding)"),
+    }
     if let Some(o) = &t.outstanding {
         let _ = write!(
             s,

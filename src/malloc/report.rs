@@ -104,8 +104,12 @@ pub struct MallocTotals {
     /// Bytes asked for.
     #[serde(rename = "bytes_req")]
     pub bytes: u64,
-    pub frees: u64,
-    pub frees_null: u64,
+    /// Calls of free: counted only with --outstanding (without it free is
+    /// not probed, which halves the cost per malloc+free pair).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frees: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frees_null: Option<u64>,
     pub failed_allocs: u64,
     /// Calls the allocator made to itself while serving a call (glibc's
     /// realloc calls malloc): counted once, as the outer call.
@@ -322,8 +326,8 @@ pub fn build(
         totals: MallocTotals {
             allocs: total.count,
             bytes: total.bytes_req,
-            frees: ev.frees,
-            frees_null: ev.frees_null,
+            frees: tracking.then_some(ev.frees),
+            frees_null: tracking.then_some(ev.frees_null),
             failed_allocs: ev.failed,
             nested_calls: nested,
             outstanding: live_total,

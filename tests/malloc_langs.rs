@@ -1,0 +1,271 @@
+//! `kheap malloc` on C++ programs against the real kernel: a workload
+//! (tests/data/malloc_cxx_workload.cc) built here with g++ -O2 against the
+//! system's libstdc++ (no frame pointers), traced through the real binary;
+//! every operator new call is counted once, at the function that made it.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+const SOURCE: &str = include_str!("data/malloc_cxx_workload.cc");
+
+/// The workload, compiled into a temporary directory (removed on drop).
+struct Workload {
+    _dir: tempfile::TempDir,
+    exe: PathBuf,
+}
+
+fn build() -> Workload {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("w.cc");
+    std::fs::write(&src, SOURCE).unwrap();
+    let exe = dir.path().join("cxx_workload");
+    let out = Command::new("g++")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("g++ is needed by the tests (scripts/setup installs it)");
+    assert!(
+        out.status.success(),
+        "building the C++ workload failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Workload { _dir: dir, exe }
+}
+
+fn malloc_json(args: &[&str]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("report.json");
+    let mut all = vec!["malloc", "--format", "json", "-o", path.to_str().unwrap()];
+    all.extend(args);
+    let out = kheap(&all);
+    assert!(
+        out.status.success(),
+        "kheap {all:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_valid(&std::fs::read_to_string(&path).expect("kheap wrote no report"))
+}
+
+/// (count, bytes, outstanding count) of the site rows of one allocator
+/// called from one function.
+fn site(r: &Value, allocator: &str, function: &str) -> (u64, u64, Option<u64>) {
+    let rows: Vec<&Value> = r["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["allocator"] == allocator && s["function"] == function)
+        .collect();
+    assert_eq!(rows.len(), 1, "one {allocator} row for {function}: {r:#}");
+    let s = rows[0];
+    (
+        u(&s["count"]),
+        u(&s["bytes_req"]),
+        s.get("outstanding_count").map(u),
+    )
+}
+
+fn check(tracking: bool) {
+    let w = build();
+    let mut args = vec![];
+    if tracking {
+        args.push("--outstanding");
+    }
+    args.extend(["--", w.exe.to_str().unwrap()]);
+    let r = malloc_json(&args);
+    let probes = r["probes"].as_array().unwrap();
+    assert!(
+        probes
+            .iter()
+            .any(|p| p.as_str().unwrap().contains("libstdc++.so.6: new, new[]")),
+        "libstdc++ probed without --lib: {probes:?}"
+    );
+    let live = |n| tracking.then_some(n);
+    // sizes: int[50] = 200 bytes, Big = 200, Al = 128 (100 rounded up to
+    // its 64-byte alignment), int[10] = 40, malloc(33)
+    assert_eq!(site(&r, "new[]", "make_arrays()"), (1000, 200_000, live(0)));
+    assert_eq!(site(&r, "new", "make_objects()"), (300, 60_000, live(0)));
+    assert_eq!(
+        site(&r, "new(nothrow)", "make_nothrow()"),
+        (70, 14_000, live(0))
+    );
+    assert_eq!(
+        site(&r, "new(align)", "make_aligned()"),
+        (40, 5_120, live(0))
+    );
+    assert_eq!(site(&r, "new[]", "leak_some()"), (25, 1_000, live(25)));
+    assert_eq!(site(&r, "malloc", "plain_malloc()"), (11, 363, live(0)));
+    // Each new is counted once: the malloc (or aligned_alloc) that operator
+    // new makes, and new[]'s call to new, are nested calls, not rows.
+    for s in r["sites"].as_array().unwrap() {
+        let f = s["function"].as_str().unwrap();
+        assert!(
+            !f.starts_with("operator new"),
+            "an allocation inside operator new was counted again: {s:#}"
+        );
+    }
+    let workload_calls = 1000 + 300 + 70 + 40 + 25 + 11;
+    let others: u64 = r["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| !s["function"].as_str().unwrap().ends_with("()"))
+        .map(|s| u(&s["count"]))
+        .sum();
+    assert_eq!(
+        u(&r["totals"]["count"]),
+        workload_calls + others,
+        "totals are the rows' sum"
+    );
+    assert!(
+        u(&r["totals"]["nested_calls"]) >= 1000 + 1000 + 300 + 70 + 40 + 25,
+        "new[] -> new -> malloc counted as nested: {:#}",
+        r["totals"]
+    );
+}
+
+#[test]
+fn cxx_new_is_counted_once_at_the_calling_function() {
+    check(false);
+}
+
+#[test]
+fn cxx_leaks_through_new_are_exact() {
+    check(true);
+}
+
+const ALLOC_LIB_SOURCE: &str = include_str!("data/malloc_alloc_lib_workload.c");
+
+/// A C program linked against another allocator library is traced without
+/// --lib: that library's malloc family is found and probed, and its
+/// blocks are followed to their frees.
+fn check_linked_allocator(link: &str, library: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("w.c");
+    std::fs::write(&src, ALLOC_LIB_SOURCE).unwrap();
+    let exe = dir.path().join("alloc_lib_workload");
+    let out = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg(link)
+        .output()
+        .expect("cc is needed by the tests");
+    assert!(
+        out.status.success(),
+        "building against {link} failed (scripts/setup installs the allocator packages): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = malloc_json(&["--outstanding", "--", exe.to_str().unwrap()]);
+    let probes = r["probes"].as_array().unwrap();
+    assert!(
+        probes.iter().any(|p| {
+            let p = p.as_str().unwrap();
+            p.contains(library) && p.contains(": malloc, calloc, realloc")
+        }),
+        "{library} probed without --lib: {probes:?}"
+    );
+    // 123 calls; i % 3 == 0 (41 of them) never freed
+    assert_eq!(site(&r, "malloc", "je_work"), (123, 123 * 77, Some(41)));
+}
+
+#[test]
+fn jemalloc_linked_is_found_without_lib() {
+    check_linked_allocator("-ljemalloc", "libjemalloc.so.2");
+}
+
+#[test]
+fn tcmalloc_linked_is_found_without_lib() {
+    check_linked_allocator(
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+        "libtcmalloc_minimal.so.4",
+    );
+}
+
+const RUST_SOURCE: &str = include_str!("data/malloc_rust_workload.rs");
+
+/// A Rust program built without frame pointers: its global allocator's
+/// entry points (`__rust_alloc`…, mangled with a crate hash) are found in
+/// the program and probed; each allocation is counted once, at the
+/// function that made it, though the default allocator ends in malloc.
+fn check_rust(tracking: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("w.rs");
+    std::fs::write(&src, RUST_SOURCE).unwrap();
+    let exe = dir.path().join("rust_workload");
+    let out = Command::new("rustc")
+        .args(["-C", "opt-level=2", "-C", "force-frame-pointers=no", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("rustc is needed by the tests");
+    assert!(
+        out.status.success(),
+        "building the Rust workload failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut args = vec![];
+    if tracking {
+        args.push("--outstanding");
+    }
+    args.extend(["--", exe.to_str().unwrap()]);
+    let r = malloc_json(&args);
+    let probes = r["probes"].as_array().unwrap();
+    assert!(
+        probes.iter().any(|p| p
+            .as_str()
+            .unwrap()
+            .ends_with("rust_workload: rust, rust_zeroed, rust_realloc")),
+        "the program's entry points probed: {probes:?}"
+    );
+    let live = |n| tracking.then_some(n);
+    // Vec<u64> of 10 or 11 elements, alternately
+    assert_eq!(
+        site(&r, "rust", "w::make_vecs"),
+        (1000, 500 * 80 + 500 * 88, live(0))
+    );
+    // 300 boxes of 48 bytes (never freed), and the Vec that collects them
+    let boxes: Vec<(u64, u64, Option<u64>)> = r["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["allocator"] == "rust" && s["function"] == "w::make_boxes")
+        .map(|s| {
+            (
+                u(&s["count"]),
+                u(&s["bytes_req"]),
+                s.get("outstanding_count").map(u),
+            )
+        })
+        .collect();
+    assert!(
+        boxes.contains(&(300, 300 * 48, live(300))),
+        "make_boxes' Box::new calls: {boxes:?}"
+    );
+    // The default allocator's malloc is not counted again.
+    for s in r["sites"].as_array().unwrap() {
+        let f = s["function"].as_str().unwrap();
+        assert!(
+            !f.contains("__rdl_") && !f.contains("__rust_"),
+            "an allocation inside the Rust allocator was counted again: {s:#}"
+        );
+        if s["allocator"] == "malloc" {
+            assert!(!f.starts_with("w::"), "counted as malloc too: {s:#}");
+        }
+    }
+}
+
+#[test]
+fn rust_allocations_are_counted_once_at_the_calling_function() {
+    check_rust(false);
+}
+
+#[test]
+fn rust_leaks_are_exact() {
+    check_rust(true);
+}
