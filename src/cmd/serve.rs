@@ -99,9 +99,8 @@ fn load_settings(config: Option<&PathBuf>) -> Result<ServeArgs> {
         }
     }
     tokens.extend(cli);
-    let parsed = ServeCli::try_parse_from(tokens).map_err(|e| {
-        anyhow::anyhow!("{}", crate::cli::one_line_error(&e))
-    })?;
+    let parsed = ServeCli::try_parse_from(tokens)
+        .map_err(|e| anyhow::anyhow!("{}", crate::cli::one_line_error(&e)))?;
     Ok(parsed.args)
 }
 
@@ -256,7 +255,17 @@ fn serve_attached(
             if take_reload_request() {
                 match reload(args, cfg, state) {
                     Ok(true) => {
-                        read_and_publish(&tracer, &mut tracker, args, cfg, state, totals, syms, shared, stats.is_some())?;
+                        read_and_publish(
+                            &tracer,
+                            &mut tracker,
+                            args,
+                            cfg,
+                            state,
+                            totals,
+                            syms,
+                            shared,
+                            stats.is_some(),
+                        )?;
                         totals.bpf_base.run_time_ns += tracer.run_time().run_time_ns;
                         totals.bpf_base.run_cnt += tracer.run_time().run_cnt;
                         totals.bpf_base.recursion_misses += tracer.run_time().recursion_misses;
@@ -270,7 +279,17 @@ fn serve_attached(
             std::thread::sleep(left.min(Duration::from_millis(100)));
         }
         // The last read before detaching: nothing counted is lost.
-        read_and_publish(&tracer, &mut tracker, args, cfg, state, totals, syms, shared, stats.is_some())?;
+        read_and_publish(
+            &tracer,
+            &mut tracker,
+            args,
+            cfg,
+            state,
+            totals,
+            syms,
+            shared,
+            stats.is_some(),
+        )?;
         if stop_requested() {
             return Ok(Next::Stop);
         }
@@ -403,8 +422,7 @@ fn read_and_publish(
     let health = Health {
         bpf_run_time_ns: bpf.map(|b| totals.bpf_base.run_time_ns + b.run_time_ns),
         bpf_runs: bpf.map(|b| totals.bpf_base.run_cnt + b.run_cnt),
-        bpf_recursion_misses: totals.bpf_base.recursion_misses
-            + tracer.run_time().recursion_misses,
+        bpf_recursion_misses: totals.bpf_base.recursion_misses + tracer.run_time().recursion_misses,
         events_lost,
         stack_collisions: e.lost_stack_collision,
         map_fill,
@@ -433,7 +451,10 @@ fn read_and_publish(
     Ok(())
 }
 
-fn add_events(total: &mut crate::model::snapshot::EventCounters, d: &crate::model::snapshot::EventCounters) {
+fn add_events(
+    total: &mut crate::model::snapshot::EventCounters,
+    d: &crate::model::snapshot::EventCounters,
+) {
     total.frees += d.frees;
     total.frees_null += d.frees_null;
     total.alloc_failed += d.alloc_failed;

@@ -47,12 +47,7 @@ pub struct Family {
 }
 
 impl Family {
-    pub fn new(
-        name: &str,
-        kind: Kind,
-        help: &'static str,
-        label_names: &[&'static str],
-    ) -> Family {
+    pub fn new(name: &str, kind: Kind, help: &'static str, label_names: &[&'static str]) -> Family {
         let unit = ["bytes", "seconds"]
             .into_iter()
             .find(|u| name.ends_with(&format!("_{u}")));
@@ -183,7 +178,11 @@ pub fn encode(families: &[Family], format: Format) -> String {
 /// Writes the families of several groups, in order, as one exposition (the
 /// per-interval families, then those a scrape adds itself).
 pub fn encode_groups(groups: &[&[Family]], format: Format) -> String {
-    let samples: usize = groups.iter().flat_map(|g| g.iter()).map(|f| f.samples.len()).sum();
+    let samples: usize = groups
+        .iter()
+        .flat_map(|g| g.iter())
+        .map(|f| f.samples.len())
+        .sum();
     let mut out = String::with_capacity(samples * 96 + 4096);
     for f in groups.iter().flat_map(|g| g.iter()) {
         let typed_name = match (f.kind, format) {
@@ -210,7 +209,12 @@ pub fn encode_groups(groups: &[&[Family]], format: Format) -> String {
                     for (le, c) in buckets {
                         out.push_str(&f.name);
                         out.push_str("_bucket");
-                        labels_into(&mut out, &f.label_names, &s.labels, Some(("le", &le.to_string())));
+                        labels_into(
+                            &mut out,
+                            &f.label_names,
+                            &s.labels,
+                            Some(("le", &le.to_string())),
+                        );
                         let _ = writeln!(out, " {c}");
                     }
                     out.push_str(&f.name);

@@ -67,11 +67,9 @@ fn counter_families(
 ) -> Vec<Family> {
     let defs: [(&str, &'static str, fn(&SeriesCounters) -> u64); 4] = [
         ("allocations", "Allocations counted", |c| c.allocations),
-        (
-            "requested_bytes",
-            "Bytes the callers asked for",
-            |c| c.bytes_req,
-        ),
+        ("requested_bytes", "Bytes the callers asked for", |c| {
+            c.bytes_req
+        }),
         (
             "allocated_bytes",
             "Bytes the allocator handed out (object size)",
@@ -85,7 +83,12 @@ fn counter_families(
     ];
     defs.iter()
         .map(|(name, help, get)| {
-            let mut f = Family::new(&format!("{prefix}_{name}"), Kind::Counter, help, label_names);
+            let mut f = Family::new(
+                &format!("{prefix}_{name}"),
+                Kind::Counter,
+                help,
+                label_names,
+            );
             for (v, c) in rows {
                 f.push(v.clone(), Value::Int(get(c)));
             }
@@ -124,7 +127,10 @@ pub fn build(
     );
     for (name, c) in state.caches() {
         frees.push(vec![name.clone()], Value::Int(c.frees));
-        hist.push(vec![name.clone()], hist_value(&c.hist, c.counters.bytes_req));
+        hist.push(
+            vec![name.clone()],
+            hist_value(&c.hist, c.counters.bytes_req),
+        );
     }
     out.push(frees);
     out.push(hist);
@@ -146,7 +152,11 @@ pub fn build(
             c.0 += o.objects;
             c.1 += o.bytes;
             let v = state.values_of(&o.site, &o.cache);
-            let key = if state.is_member(&v) { v } else { other.clone() };
+            let key = if state.is_member(&v) {
+                v
+            } else {
+                other.clone()
+            };
             let s = by_site.entry(key).or_default();
             s.0 += o.objects;
             s.1 += o.bytes;
@@ -160,7 +170,11 @@ pub fn build(
                     .map(|(k, v)| (vec![k.to_string()], v))
                     .collect::<Vec<_>>(),
             ),
-            ("kheap_site", label_names.clone(), by_site.into_iter().collect()),
+            (
+                "kheap_site",
+                label_names.clone(),
+                by_site.into_iter().collect(),
+            ),
         ] {
             let mut objects = Family::new(
                 &format!("{prefix}_outstanding_objects"),
@@ -375,7 +389,12 @@ mod tests {
             active_slabs: 1,
             num_slabs: 1,
         }];
-        let fams = build(&state(), Some(&objs), Some((&slab, 4096)), &Health::default());
+        let fams = build(
+            &state(),
+            Some(&objs),
+            Some((&slab, 4096)),
+            &Health::default(),
+        );
         let text = encode(&fams, Format::Prometheus);
         for line in [
             "kheap_cache_allocations_total{cache=\"kmalloc-128\"} 4",
@@ -392,7 +411,10 @@ mod tests {
             "kheap_slab_loss_bytes{cache=\"dentry\"} 2176",
             "process_resident_memory_bytes 0",
         ] {
-            assert!(text.contains(&format!("{line}\n")), "{line} missing in\n{text}");
+            assert!(
+                text.contains(&format!("{line}\n")),
+                "{line} missing in\n{text}"
+            );
         }
         assert!(
             !text.contains("kheap_bpf_runs"),

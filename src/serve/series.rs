@@ -292,7 +292,9 @@ mod tests {
             SiteLabel::parse_list("cache").unwrap(),
             vec![SiteLabel::Cache]
         );
-        assert!(SiteLabel::parse_list("stack").unwrap_err().contains("never"));
+        assert!(SiteLabel::parse_list("stack")
+            .unwrap_err()
+            .contains("never"));
         assert!(SiteLabel::parse_list("site,site").is_err());
     }
 
@@ -300,7 +302,10 @@ mod tests {
     fn caches_sum_every_site_and_count_frees() {
         let mut s = SeriesState::new(both(), 1);
         s.add_interval(
-            &[delta("a", "kmalloc-64", 10, 40), delta("b", "kmalloc-64", 5, 60)],
+            &[
+                delta("a", "kmalloc-64", 10, 40),
+                delta("b", "kmalloc-64", 5, 60),
+            ],
             &[("kmalloc-64".into(), 7)],
         );
         let c = s.caches()["kmalloc-64"];
@@ -368,6 +373,10 @@ mod tests {
         for _ in 0..FORGET_AFTER {
             s.add_interval(&[], &[]);
         }
-        assert_eq!(s.remembered(), 1, "the member stays, the idle outsider goes");
+        assert_eq!(
+            s.remembered(),
+            1,
+            "the member stays, the idle outsider goes"
+        );
     }
 }
