@@ -235,10 +235,20 @@ fn serve_attached(
     let stats = match kmem::enable_run_time_stats() {
         Ok(fd) => Some(fd),
         Err(e) => {
-            eprintln!("kheap: warning: {e:#}; BPF run time will not be exported");
+            // Turned on for every program by the sysctl: run times advance.
+            let sysctl = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+                .is_ok_and(|s| s.trim() == "1");
+            if !sysctl {
+                eprintln!(
+                    "kheap: warning: {e:#} (needs CAP_SYS_ADMIN, or sysctl kernel.bpf_stats_enabled=1); BPF run time will not be exported"
+                );
+            }
             None
         }
     };
+    let bpf_stats = stats.is_some()
+        || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+            .is_ok_and(|s| s.trim() == "1");
     let mut tracker = Tracker::new();
     eprintln!(
         "kheap: serving on http://{}/metrics (tracing kernel heap allocations: {}); SIGHUP reloads, SIGTERM stops",
@@ -264,7 +274,7 @@ fn serve_attached(
                             totals,
                             syms,
                             shared,
-                            stats.is_some(),
+                            bpf_stats,
                         )?;
                         totals.bpf_base.run_time_ns += tracer.run_time().run_time_ns;
                         totals.bpf_base.run_cnt += tracer.run_time().run_cnt;
@@ -288,7 +298,7 @@ fn serve_attached(
             totals,
             syms,
             shared,
-            stats.is_some(),
+            bpf_stats,
         )?;
         if stop_requested() {
             return Ok(Next::Stop);
