@@ -238,6 +238,34 @@ fn prometheus_scrapes_exact_counts_from_two_instances() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // Every query of the Grafana dashboard is valid PromQL over these
+    // series, and the per-cache and per-site panels have data.
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/contrib/grafana-dashboard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().unwrap() {
+            let expr = t["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "1m")
+                .replace("$instance", ".*")
+                .replace("$job", ".*");
+            let r = query(port_p, &expr);
+            let title = panel["title"].as_str().unwrap();
+            if title.starts_with("Allocated bytes/s by cache")
+                || title.starts_with("Allocations/s by site")
+            {
+                assert!(!r.is_empty(), "{title}: {expr} has no data");
+            }
+        }
+    }
+
     // Prometheus itself negotiated OpenMetrics: the scrape used it.
     let om = curl(&[
         "-H",
