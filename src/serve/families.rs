@@ -60,12 +60,15 @@ fn hist_value(h: &Hist, sum: u64) -> Value {
     }
 }
 
+/// A counter family of a series: name suffix, help, and its value.
+type CounterDef = (&'static str, &'static str, fn(&SeriesCounters) -> u64);
+
 fn counter_families(
     prefix: &str,
     label_names: &[&'static str],
     rows: &[(LabelValues, SeriesCounters)],
 ) -> Vec<Family> {
-    let defs: [(&str, &'static str, fn(&SeriesCounters) -> u64); 4] = [
+    let defs: [CounterDef; 4] = [
         ("allocations", "Allocations counted", |c| c.allocations),
         ("requested_bytes", "Bytes the callers asked for", |c| {
             c.bytes_req
