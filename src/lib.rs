@@ -20,6 +20,7 @@ pub mod model;
 pub mod output;
 pub mod render;
 pub mod report;
+pub mod serve;
 pub mod signals;
 pub mod slab;
 pub mod symbolize;

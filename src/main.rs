@@ -25,6 +25,8 @@ enum Command {
     Malloc(cmd::malloc::MallocArgs),
     /// Watch who allocates right now, refreshed every interval (like top/slabtop)
     Top(cmd::top::TopArgs),
+    /// Serve kernel heap metrics to Prometheus (a daemon; see docs/serve.md)
+    Serve(cmd::serve::ServeArgs),
     /// Show which tracing features this kernel has and how kheap will attach
     Doctor,
     /// Print a shell completion script (bash, zsh, fish, …) to stdout
@@ -67,6 +69,7 @@ fn main() {
         Command::Slab(a) => cmd::slab::run(a),
         Command::Malloc(a) => cmd::malloc::run(a),
         Command::Top(a) => cmd::top::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
         Command::Doctor => cmd::doctor::run(),
         Command::Completions(a) => cmd::generate::completions(Cli::command(), &a),
         Command::Man(a) => cmd::generate::man(Cli::command(), &a),

@@ -22,6 +22,25 @@ pub fn install_stop_handler() {
     });
 }
 
+static RELOAD: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sighup(_: libc::c_int) {
+    RELOAD.store(true, Ordering::SeqCst);
+}
+
+/// For the daemon (`kheap serve`): SIGHUP asks for a reload instead of
+/// ending the run. Called after `install_stop_handler`, whose SIGHUP
+/// handling it replaces.
+pub fn install_reload_handler() {
+    install_stop_handler();
+    unsafe { libc::signal(libc::SIGHUP, on_sighup as *const () as libc::sighandler_t) };
+}
+
+/// Whether a reload was asked for since the last call (and clears it).
+pub fn take_reload_request() -> bool {
+    RELOAD.swap(false, Ordering::SeqCst)
+}
+
 pub fn stop_requested() -> bool {
     STOP.load(Ordering::SeqCst)
 }

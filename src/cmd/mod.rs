@@ -7,5 +7,6 @@ pub mod leaks;
 pub mod malloc;
 pub mod record;
 pub mod run;
+pub mod serve;
 pub mod slab;
 pub mod top;

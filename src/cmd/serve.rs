@@ -1,0 +1,556 @@
+//! `kheap serve`: a daemon that keeps the kmem tracer attached, reads its
+//! maps on its own timer, and serves Prometheus/OpenMetrics metrics over
+//! HTTP. The reading thread builds an immutable set of metric families
+//! each interval and swaps it in behind an `Arc`; HTTP worker threads only
+//! format the current one, so concurrent scrapes never see half an update
+//! and never touch the kernel.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser};
+
+use crate::cli::{parse_duration, parse_map_entries, FilterArgs};
+use crate::cmd::run::{stop_requested, Targets};
+use crate::kernel::features;
+use crate::kernel::kmem::{self, Config, LiveConfig, Tracer};
+use crate::kernel::storage::ObjectStorage;
+use crate::model::snapshot::Snapshot;
+use crate::model::SiteKey;
+use crate::serve::exposition::{encode_groups, Family, Format, Kind, Value};
+use crate::serve::families::{self, Health, OutstandingSite};
+use crate::serve::series::{SeriesState, SiteDelta, SiteLabel};
+use crate::signals::{install_reload_handler, take_reload_request};
+use crate::slab::slabinfo::{read_slabinfo, PROC_SLABINFO};
+use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
+use crate::top::delta::Tracker;
+use crate::top::overhead::self_usage;
+
+/// The labels site series carry (`--labels site,cache`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Labels(pub Vec<SiteLabel>);
+
+fn parse_labels(s: &str) -> Result<Labels, String> {
+    SiteLabel::parse_list(s).map(Labels)
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address and port to serve on (loopback unless --allow-remote)
+    #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
+    pub listen: SocketAddr,
+    /// Allow a non-loopback --listen address (the metrics name kernel
+    /// functions: expose them only on a network you trust)
+    #[arg(long)]
+    pub allow_remote: bool,
+    /// Seconds between reads of the kernel maps (scrapes see the last read)
+    #[arg(long, value_parser = parse_duration, default_value = "5", value_name = "SECS")]
+    pub interval: Duration,
+    /// Track every live object (outstanding bytes and objects gauges; costlier)
+    #[arg(long)]
+    pub track_outstanding: bool,
+    /// Site series kept (the busiest N label sets); the rest is summed into
+    /// site="other"
+    #[arg(long, default_value = "100", value_name = "N")]
+    pub sites: usize,
+    /// Labels of the site series: site, cache, or both (comma-separated)
+    #[arg(long, value_parser = parse_labels, default_value = "site,cache", value_name = "LIST")]
+    pub labels: Labels,
+    /// A file of these same flags (one or more per line, # comments),
+    /// re-read on SIGHUP; flags on the command line win
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub filters: FilterArgs,
+    /// Capacity of the per-site map
+    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
+    pub max_entries: u32,
+    /// Delete map entries idle for this many intervals (their counts are
+    /// kept), so the maps do not fill over days
+    #[arg(long, default_value = "12", value_name = "N")]
+    pub idle_intervals: u32,
+}
+
+#[derive(Parser)]
+#[command(name = "kheap serve", args_override_self = true)]
+struct ServeCli {
+    #[command(flatten)]
+    args: ServeArgs,
+}
+
+/// The settings: the config file's flags, then the command line's (which
+/// win). Re-run on SIGHUP.
+fn load_settings(config: Option<&PathBuf>) -> Result<ServeArgs> {
+    let cli: Vec<String> = std::env::args()
+        .skip_while(|a| a != "serve")
+        .skip(1)
+        .collect();
+    let mut tokens = vec!["kheap serve".to_string()];
+    if let Some(path) = config {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the config file {}", path.display()))?;
+        for line in text.lines() {
+            let line = line.split('#').next().unwrap_or("");
+            tokens.extend(line.split_whitespace().map(str::to_string));
+        }
+    }
+    tokens.extend(cli);
+    let parsed = ServeCli::try_parse_from(tokens)
+        .map_err(|e| anyhow::anyhow!("{}", crate::cli::one_line_error(&e)))?;
+    Ok(parsed.args)
+}
+
+fn check(args: &ServeArgs) -> Result<()> {
+    args.filters.check()?;
+    if !args.listen.ip().is_loopback() && !args.allow_remote {
+        bail!(
+            "--listen {} is not a loopback address: the metrics name kernel functions; add --allow-remote to serve them to the network",
+            args.listen
+        );
+    }
+    if args.sites == 0 {
+        bail!("--sites 0: give at least 1 (everything else goes to site=\"other\")");
+    }
+    if !args.filters.targets.command.is_empty() {
+        bail!("kheap serve is a daemon and runs no command: select processes with --comm or -p");
+    }
+    Ok(())
+}
+
+fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
+    let f = &args.filters;
+    Config {
+        min_size: f.min_size,
+        max_size: f.max_size,
+        pids: targets.pids.clone(),
+        comm: f.comm.clone(),
+        attach: f.attach,
+        // Metrics need call sites only.
+        stack_sample_every: 0,
+        max_sites: args.max_entries,
+        max_stacks: args.max_entries,
+        trace_frees: true,
+        live: args.track_outstanding.then(LiveConfig::default),
+        ..Config::default()
+    }
+}
+
+/// What the HTTP threads serve: replaced whole each interval.
+struct Published {
+    families: Vec<Family>,
+    at: Instant,
+    interval: Duration,
+}
+
+struct Shared {
+    current: RwLock<Arc<Published>>,
+    /// The last scrape's encoding time, in nanoseconds.
+    last_scrape_ns: AtomicU64,
+}
+
+pub fn run(args: ServeArgs) -> Result<i32> {
+    install_reload_handler();
+    let mut args = match &args.config {
+        Some(path) => load_settings(Some(path))?,
+        None => args,
+    };
+    check(&args)?;
+    features::check_privileges("serve")?;
+    features::check_btf()?;
+    // Bound before anything is attached: a busy port is said at once.
+    let server = Arc::new(
+        tiny_http::Server::http(args.listen)
+            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?,
+    );
+    let shared = Arc::new(Shared {
+        current: RwLock::new(Arc::new(Published {
+            families: Vec::new(),
+            at: Instant::now(),
+            interval: args.interval,
+        })),
+        last_scrape_ns: AtomicU64::new(0),
+    });
+    let workers: Vec<_> = (0..4)
+        .map(|_| {
+            let (server, shared) = (server.clone(), shared.clone());
+            std::thread::spawn(move || http_worker(&server, &shared))
+        })
+        .collect();
+
+    let syms = CachingSymbols::new(KernelSymbols::new(None));
+    let _ = syms.symbolize(&[0]);
+    let mut state = SeriesState::new(args.labels.0.clone(), args.sites);
+    let mut totals = Totals::default();
+    let result = loop {
+        let targets = Targets::start(&args.filters.targets)?;
+        let cfg = kernel_config(&args, &targets);
+        match serve_attached(&mut args, &cfg, &mut state, &mut totals, &syms, &shared) {
+            Ok(Next::Stop) => break Ok(0),
+            Ok(Next::Reattach) => continue,
+            Err(e) => break Err(e),
+        }
+    };
+    server.unblock();
+    for _ in 1..workers.len() {
+        server.unblock();
+    }
+    for w in workers {
+        let _ = w.join();
+    }
+    if result.is_ok() {
+        eprintln!("kheap: stopped by signal; detached");
+    }
+    result
+}
+
+enum Next {
+    Stop,
+    Reattach,
+}
+
+/// Cumulative health counters kept across re-attaches.
+#[derive(Default)]
+struct Totals {
+    events: crate::model::snapshot::EventCounters,
+    aged_out: u64,
+    reads: u64,
+    /// Run time of earlier attachments (a new one starts from zero).
+    bpf_base: crate::model::snapshot::ProgRunTime,
+}
+
+fn serve_attached(
+    args: &mut ServeArgs,
+    cfg: &Config,
+    state: &mut SeriesState,
+    totals: &mut Totals,
+    syms: &CachingSymbols<KernelSymbols>,
+    shared: &Shared,
+) -> Result<Next> {
+    let mut storage = ObjectStorage::default();
+    let tracer = Tracer::start(cfg, &mut storage, None)?;
+    let stats = match kmem::enable_run_time_stats() {
+        Ok(fd) => Some(fd),
+        Err(e) => {
+            // Turned on for every program by the sysctl: run times advance.
+            let sysctl = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+                .is_ok_and(|s| s.trim() == "1");
+            if !sysctl {
+                eprintln!(
+                    "kheap: warning: {e:#} (needs CAP_SYS_ADMIN, or sysctl kernel.bpf_stats_enabled=1); BPF run time will not be exported"
+                );
+            }
+            None
+        }
+    };
+    let bpf_stats = stats.is_some()
+        || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
+            .is_ok_and(|s| s.trim() == "1");
+    let mut tracker = Tracker::new();
+    eprintln!(
+        "kheap: serving on http://{}/metrics (tracing kernel heap allocations: {}); SIGHUP reloads, SIGTERM stops",
+        args.listen,
+        tracer.attached.join(", ")
+    );
+    let mut deadline = Instant::now();
+    loop {
+        // Wakes often enough to see a signal, rarely enough to cost nothing.
+        while Instant::now() < deadline {
+            if stop_requested() {
+                break;
+            }
+            if take_reload_request() {
+                match reload(args, cfg, state) {
+                    Ok(true) => {
+                        read_and_publish(
+                            &tracer,
+                            &mut tracker,
+                            args,
+                            cfg,
+                            state,
+                            totals,
+                            syms,
+                            shared,
+                            bpf_stats,
+                        )?;
+                        totals.bpf_base.run_time_ns += tracer.run_time().run_time_ns;
+                        totals.bpf_base.run_cnt += tracer.run_time().run_cnt;
+                        totals.bpf_base.recursion_misses += tracer.run_time().recursion_misses;
+                        return Ok(Next::Reattach);
+                    }
+                    Ok(false) => {}
+                    Err(e) => eprintln!("kheap: reload refused, settings unchanged: {e:#}"),
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            std::thread::sleep(left.min(Duration::from_millis(100)));
+        }
+        // The last read before detaching: nothing counted is lost.
+        read_and_publish(
+            &tracer,
+            &mut tracker,
+            args,
+            cfg,
+            state,
+            totals,
+            syms,
+            shared,
+            bpf_stats,
+        )?;
+        if stop_requested() {
+            return Ok(Next::Stop);
+        }
+        deadline = (deadline + args.interval).max(Instant::now());
+    }
+}
+
+/// Applies a SIGHUP: re-reads the settings. Returns whether the tracer must
+/// be attached again (its filters or mode changed).
+fn reload(args: &mut ServeArgs, cfg: &Config, state: &mut SeriesState) -> Result<bool> {
+    let new = load_settings(args.config.as_ref())?;
+    check(&new)?;
+    if new.listen != args.listen {
+        eprintln!(
+            "kheap: warning: --listen changed to {}; restart kheap serve to move it (still on {})",
+            new.listen, args.listen
+        );
+    }
+    let listen = args.listen;
+    if new.labels != args.labels {
+        // Series of the old label sets end; the new ones count from here.
+        *state = SeriesState::new(new.labels.0.clone(), new.sites);
+    }
+    state.set_max_sites(new.sites);
+    let targets_same = new.filters.targets.pids == args.filters.targets.pids;
+    let reattach = !targets_same
+        || new.filters.comm != cfg.comm
+        || new.filters.min_size != cfg.min_size
+        || new.filters.max_size != cfg.max_size
+        || new.filters.attach != cfg.attach
+        || new.track_outstanding != cfg.live.is_some()
+        || new.max_entries != cfg.max_sites;
+    *args = ServeArgs { listen, ..new };
+    eprintln!(
+        "kheap: reloaded settings{}",
+        if reattach { "; attaching again" } else { "" }
+    );
+    Ok(reattach)
+}
+
+fn function_name(syms: &CachingSymbols<KernelSymbols>, addr: u64) -> String {
+    syms.symbolize(&[addr])
+        .into_iter()
+        .next()
+        .map(|f| f.name().to_string())
+        .unwrap_or_else(|| format!("{addr:#x}"))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn read_and_publish(
+    tracer: &Tracer,
+    tracker: &mut Tracker,
+    args: &ServeArgs,
+    cfg: &Config,
+    state: &mut SeriesState,
+    totals: &mut Totals,
+    syms: &CachingSymbols<KernelSymbols>,
+    shared: &Shared,
+    bpf_stats: bool,
+) -> Result<()> {
+    let t0 = Instant::now();
+    let mut snap: Snapshot = tracer.snapshot()?;
+    let read_duration_s = t0.elapsed().as_secs_f64();
+    let site_entries = snap.sites.len();
+    let live = snap.leaks.take();
+    let delta = tracker.interval(snap);
+    let sites: Vec<SiteDelta> = delta
+        .sites
+        .iter()
+        .map(|(k, s)| SiteDelta {
+            site: function_name(syms, k.call_site),
+            cache: k.cache.name(),
+            stats: *s,
+        })
+        .collect();
+    let frees: Vec<(String, u64)> = delta
+        .cache_frees
+        .iter()
+        .map(|(c, n)| (c.name(), *n))
+        .collect();
+    state.add_interval(&sites, &frees);
+    add_events(&mut totals.events, &delta.events);
+    totals.reads += 1;
+
+    let mut map_fill = vec![("sites", site_entries as f64 / cfg.max_sites.max(1) as f64)];
+    let outstanding = live.map(|l| {
+        if let Some(lc) = cfg.live {
+            map_fill.push(("live", l.live.len() as f64 / lc.max_objects.max(1) as f64));
+        }
+        let mut by: std::collections::HashMap<SiteKey, (u64, u64)> = Default::default();
+        for o in &l.live {
+            let e = by.entry(o.site.clone()).or_default();
+            e.0 += 1;
+            e.1 += o.bytes_alloc;
+        }
+        (
+            by.into_iter()
+                .map(|(k, (objects, bytes))| OutstandingSite {
+                    site: function_name(syms, k.call_site),
+                    cache: k.cache.name(),
+                    objects,
+                    bytes,
+                })
+                .collect::<Vec<_>>(),
+            l.events.map_full_live,
+        )
+    });
+
+    if args.idle_intervals > 0 {
+        let idle = tracker.idle_keys(args.idle_intervals);
+        if !idle.is_empty() {
+            let removed = tracer.remove_idle(&idle)?;
+            totals.aged_out += (removed.sites.len() + removed.cache_frees.len()) as u64;
+            tracker.forget(&removed);
+        }
+    }
+
+    let bpf = bpf_stats.then(|| tracer.run_time());
+    let e = &totals.events;
+    let mut events_lost = vec![
+        ("map_full_sites", e.map_full_sites),
+        ("map_full_caches", e.map_full_caches),
+        ("alloc_failed", e.alloc_failed),
+        ("lost_stack", e.lost_stack_other),
+    ];
+    if let Some((_, full_live)) = &outstanding {
+        events_lost.push(("map_full_live", *full_live));
+    }
+    let usage = self_usage();
+    let health = Health {
+        bpf_run_time_ns: bpf.map(|b| totals.bpf_base.run_time_ns + b.run_time_ns),
+        bpf_runs: bpf.map(|b| totals.bpf_base.run_cnt + b.run_cnt),
+        bpf_recursion_misses: totals.bpf_base.recursion_misses + tracer.run_time().recursion_misses,
+        events_lost,
+        stack_collisions: e.lost_stack_collision,
+        map_fill,
+        aged_out: totals.aged_out,
+        read_duration_s,
+        reads: totals.reads,
+        cpu_seconds: usage.cpu_ns as f64 / 1e9,
+        rss_bytes: resident_bytes(),
+        site_label_sets: state.remembered() as u64,
+    };
+    // A kernel without slabinfo still serves everything else.
+    let slab = read_slabinfo(std::path::Path::new(PROC_SLABINFO)).ok();
+    let page = page_size();
+    let fams = families::build(
+        state,
+        outstanding.as_ref().map(|(o, _)| o.as_slice()),
+        slab.as_deref().map(|r| (r, page)),
+        &health,
+    );
+    let published = Arc::new(Published {
+        families: fams,
+        at: Instant::now(),
+        interval: args.interval,
+    });
+    *shared.current.write().unwrap() = published;
+    Ok(())
+}
+
+fn add_events(
+    total: &mut crate::model::snapshot::EventCounters,
+    d: &crate::model::snapshot::EventCounters,
+) {
+    total.frees += d.frees;
+    total.frees_null += d.frees_null;
+    total.alloc_failed += d.alloc_failed;
+    total.stack_samples += d.stack_samples;
+    total.lost_stack_collision += d.lost_stack_collision;
+    total.lost_stack_other += d.lost_stack_other;
+    total.map_full_sites += d.map_full_sites;
+    total.map_full_stacks += d.map_full_stacks;
+    total.map_full_procs += d.map_full_procs;
+    total.map_full_caches += d.map_full_caches;
+}
+
+fn page_size() -> u64 {
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 }
+}
+
+/// Current resident memory (not the peak getrusage gives).
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|pages| pages * page_size())
+        .unwrap_or(0)
+}
+
+const INDEX: &str = "<!doctype html><html><head><title>kheap serve</title></head><body>\
+<h1>kheap serve</h1><p>Kernel heap allocations, from kheap's eBPF tracer.</p><ul>\
+<li><a href=\"/metrics\">/metrics</a>: Prometheus text or OpenMetrics (by Accept)</li>\
+<li><a href=\"/healthz\">/healthz</a>: ok while the maps are being read</li>\
+</ul></body></html>\n";
+
+fn http_worker(server: &tiny_http::Server, shared: &Shared) {
+    loop {
+        match server.recv_timeout(Duration::from_millis(500)) {
+            Ok(Some(req)) => handle(req, shared),
+            Ok(None) if stop_requested() => return,
+            Ok(None) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+fn header(name: &str, value: &str) -> tiny_http::Header {
+    tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("a valid header")
+}
+
+fn handle(req: tiny_http::Request, shared: &Shared) {
+    let path = req.url().split('?').next().unwrap_or("").to_string();
+    let response = match path.as_str() {
+        "/metrics" => {
+            let accept = req
+                .headers()
+                .iter()
+                .find(|h| h.field.equiv("Accept"))
+                .map(|h| h.value.as_str().to_string());
+            let format = Format::negotiate(accept.as_deref());
+            let t0 = Instant::now();
+            let current = shared.current.read().unwrap().clone();
+            let scrape = [Family::single(
+                "kheap_scrape_duration_seconds",
+                Kind::Gauge,
+                "Time the previous scrape of /metrics took to encode",
+                Value::Float(shared.last_scrape_ns.load(Ordering::Relaxed) as f64 / 1e9),
+            )];
+            let body = encode_groups(&[&current.families, &scrape], format);
+            shared
+                .last_scrape_ns
+                .store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            tiny_http::Response::from_string(body)
+                .with_header(header("Content-Type", format.content_type()))
+        }
+        "/healthz" => {
+            let current = shared.current.read().unwrap().clone();
+            // Healthy while reads keep coming: three intervals of slack.
+            let fresh = current.at.elapsed() < current.interval * 3 + Duration::from_secs(5);
+            let (code, text) = if fresh && !current.families.is_empty() {
+                (200, "ok\n")
+            } else {
+                (503, "the kernel maps have not been read recently\n")
+            };
+            tiny_http::Response::from_string(text).with_status_code(code)
+        }
+        "/" => tiny_http::Response::from_string(INDEX)
+            .with_header(header("Content-Type", "text/html; charset=utf-8")),
+        _ => tiny_http::Response::from_string("not found; see /\n").with_status_code(404),
+    };
+    // A client that went away is no concern of the daemon.
+    let _ = req.respond(response);
+}

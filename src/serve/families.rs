@@ -1,0 +1,427 @@
+//! The metric families of one interval, built from the daemon's cumulative
+//! state, the outstanding objects, `/proc/slabinfo` and kheap's own health.
+//! Names are the contract the dashboard and docs/serve.md build on. Pure.
+
+use std::collections::BTreeMap;
+
+use crate::model::{Hist, HIST_BUCKETS};
+use crate::serve::exposition::{Family, Kind, Value};
+use crate::serve::series::{LabelValues, SeriesCounters, SeriesState, OTHER};
+use crate::slab::loss::{slab_bytes, slab_loss};
+use crate::slab::slabinfo::SlabinfoRow;
+
+/// One outstanding (allocated, not yet freed) object group: a site in a
+/// cache, with its objects and allocated bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutstandingSite {
+    pub site: String,
+    pub cache: String,
+    pub objects: u64,
+    pub bytes: u64,
+}
+
+/// kheap's own health at the end of an interval.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Health {
+    /// Cumulative BPF run time and runs (None when run-time stats are off).
+    pub bpf_run_time_ns: Option<u64>,
+    pub bpf_runs: Option<u64>,
+    /// Events the kernel skipped because a BPF program was already running.
+    pub bpf_recursion_misses: u64,
+    /// Events not counted, by reason (cumulative).
+    pub events_lost: Vec<(&'static str, u64)>,
+    pub stack_collisions: u64,
+    /// Entries over capacity, by map.
+    pub map_fill: Vec<(&'static str, f64)>,
+    /// Map entries deleted after being idle (cumulative).
+    pub aged_out: u64,
+    pub read_duration_s: f64,
+    pub reads: u64,
+    pub cpu_seconds: f64,
+    pub rss_bytes: u64,
+    /// Label sets remembered for the top-N ranking.
+    pub site_label_sets: u64,
+}
+
+fn hist_value(h: &Hist, sum: u64) -> Value {
+    // Bucket b holds integer sizes in [2^(b-1), 2^b): all <= 2^b - 1. The
+    // last bucket is open-ended: it is +Inf.
+    let mut cumulative = 0;
+    let mut buckets = Vec::with_capacity(HIST_BUCKETS - 1);
+    for b in 0..HIST_BUCKETS - 1 {
+        cumulative += h.0[b];
+        let (_, hi) = Hist::bounds(b);
+        buckets.push((hi - 1, cumulative));
+    }
+    Value::Histogram {
+        buckets,
+        sum,
+        count: h.total(),
+    }
+}
+
+/// A counter family of a series: name suffix, help, and its value.
+type CounterDef = (&'static str, &'static str, fn(&SeriesCounters) -> u64);
+
+fn counter_families(
+    prefix: &str,
+    label_names: &[&'static str],
+    rows: &[(LabelValues, SeriesCounters)],
+) -> Vec<Family> {
+    let defs: [CounterDef; 4] = [
+        ("allocations", "Allocations counted", |c| c.allocations),
+        ("requested_bytes", "Bytes the callers asked for", |c| {
+            c.bytes_req
+        }),
+        (
+            "allocated_bytes",
+            "Bytes the allocator handed out (object size)",
+            |c| c.bytes_alloc,
+        ),
+        (
+            "waste_bytes",
+            "Bytes lost to slab rounding (allocated minus requested)",
+            SeriesCounters::waste,
+        ),
+    ];
+    defs.iter()
+        .map(|(name, help, get)| {
+            let mut f = Family::new(
+                &format!("{prefix}_{name}"),
+                Kind::Counter,
+                help,
+                label_names,
+            );
+            for (v, c) in rows {
+                f.push(v.clone(), Value::Int(get(c)));
+            }
+            f
+        })
+        .collect()
+}
+
+/// Every family of one interval.
+pub fn build(
+    state: &SeriesState,
+    outstanding: Option<&[OutstandingSite]>,
+    slab: Option<(&[SlabinfoRow], u64)>,
+    health: &Health,
+) -> Vec<Family> {
+    let mut out = Vec::new();
+
+    // Per cache: counters, frees, size histogram.
+    let caches: Vec<(LabelValues, SeriesCounters)> = state
+        .caches()
+        .iter()
+        .map(|(name, c)| (vec![name.clone()], c.counters))
+        .collect();
+    out.extend(counter_families("kheap_cache", &["cache"], &caches));
+    let mut frees = Family::new(
+        "kheap_cache_frees",
+        Kind::Counter,
+        "Frees counted (kfree and kmem_cache_free)",
+        &["cache"],
+    );
+    let mut hist = Family::new(
+        "kheap_cache_request_size_bytes",
+        Kind::Histogram,
+        "Requested sizes (log2 buckets; le is the bucket's largest size)",
+        &["cache"],
+    );
+    for (name, c) in state.caches() {
+        frees.push(vec![name.clone()], Value::Int(c.frees));
+        hist.push(
+            vec![name.clone()],
+            hist_value(&c.hist, c.counters.bytes_req),
+        );
+    }
+    out.push(frees);
+    out.push(hist);
+
+    // Per site: the top N and other.
+    let label_names: Vec<&'static str> = state.labels().iter().map(|l| l.name()).collect();
+    let sites = state.site_series();
+    out.extend(counter_families("kheap_site", &label_names, &sites));
+
+    if let Some(objs) = outstanding {
+        let mut by_cache: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        // Every exported site series has a value, zero included, so a site
+        // whose objects were all freed reads 0 rather than vanishing.
+        let mut by_site: BTreeMap<LabelValues, (u64, u64)> =
+            sites.iter().map(|(v, _)| (v.clone(), (0, 0))).collect();
+        let other = vec![OTHER.to_string(); label_names.len()];
+        for o in objs {
+            let c = by_cache.entry(&o.cache).or_default();
+            c.0 += o.objects;
+            c.1 += o.bytes;
+            let v = state.values_of(&o.site, &o.cache);
+            let key = if state.is_member(&v) {
+                v
+            } else {
+                other.clone()
+            };
+            let s = by_site.entry(key).or_default();
+            s.0 += o.objects;
+            s.1 += o.bytes;
+        }
+        for (prefix, label_names, rows) in [
+            (
+                "kheap_cache",
+                vec!["cache"],
+                by_cache
+                    .into_iter()
+                    .map(|(k, v)| (vec![k.to_string()], v))
+                    .collect::<Vec<_>>(),
+            ),
+            (
+                "kheap_site",
+                label_names.clone(),
+                by_site.into_iter().collect(),
+            ),
+        ] {
+            let mut objects = Family::new(
+                &format!("{prefix}_outstanding_objects"),
+                Kind::Gauge,
+                "Objects allocated since kheap started and not freed yet",
+                &label_names,
+            );
+            let mut bytes = Family::new(
+                &format!("{prefix}_outstanding_bytes"),
+                Kind::Gauge,
+                "Allocated bytes of the outstanding objects",
+                &label_names,
+            );
+            for (v, (o, b)) in rows {
+                objects.push(v.clone(), Value::Int(o));
+                bytes.push(v, Value::Int(b));
+            }
+            out.push(objects);
+            out.push(bytes);
+        }
+    }
+
+    if let Some((rows, page_size)) = slab {
+        let mut active = Family::new(
+            "kheap_slab_active_objects",
+            Kind::Gauge,
+            "Objects in use (/proc/slabinfo active_objs)",
+            &["cache"],
+        );
+        let mut capacity = Family::new(
+            "kheap_slab_objects",
+            Kind::Gauge,
+            "Objects the cache's slabs can hold (/proc/slabinfo num_objs)",
+            &["cache"],
+        );
+        let mut memory = Family::new(
+            "kheap_slab_memory_bytes",
+            Kind::Gauge,
+            "Memory held by the cache's slabs",
+            &["cache"],
+        );
+        let mut loss = Family::new(
+            "kheap_slab_loss_bytes",
+            Kind::Gauge,
+            "Slab memory not holding objects in use (free slots, padding, slab tails)",
+            &["cache"],
+        );
+        for r in rows {
+            let l = vec![r.name.clone()];
+            let mem = slab_bytes(r.num_slabs, r.pages_per_slab, page_size);
+            active.push(l.clone(), Value::Int(r.active_objs));
+            capacity.push(l.clone(), Value::Int(r.num_objs));
+            memory.push(l.clone(), Value::Int(mem));
+            loss.push(l, Value::Int(slab_loss(mem, r.active_objs, r.objsize)));
+        }
+        out.extend([active, capacity, memory, loss]);
+    }
+
+    health_families(health, &mut out);
+    out
+}
+
+fn health_families(h: &Health, out: &mut Vec<Family>) {
+    if let (Some(ns), Some(runs)) = (h.bpf_run_time_ns, h.bpf_runs) {
+        out.push(Family::single(
+            "kheap_bpf_run_time_seconds",
+            Kind::Counter,
+            "Time kheap's BPF programs ran (kernel run-time statistics)",
+            Value::Float(ns as f64 / 1e9),
+        ));
+        out.push(Family::single(
+            "kheap_bpf_runs",
+            Kind::Counter,
+            "Runs of kheap's BPF programs",
+            Value::Int(runs),
+        ));
+    }
+    out.push(Family::single(
+        "kheap_bpf_recursion_misses",
+        Kind::Counter,
+        "Events skipped because a BPF program was already running on the CPU",
+        Value::Int(h.bpf_recursion_misses),
+    ));
+    let mut lost = Family::new(
+        "kheap_events_lost",
+        Kind::Counter,
+        "Events not counted (or stacks not captured), by reason",
+        &["reason"],
+    );
+    for (reason, n) in &h.events_lost {
+        lost.push(vec![reason.to_string()], Value::Int(*n));
+    }
+    out.push(lost);
+    out.push(Family::single(
+        "kheap_stack_collisions",
+        Kind::Counter,
+        "Stacks lost to stack-map collisions",
+        Value::Int(h.stack_collisions),
+    ));
+    let mut fill = Family::new(
+        "kheap_map_fill_ratio",
+        Kind::Gauge,
+        "Entries of a BPF map over its capacity",
+        &["map"],
+    );
+    for (map, r) in &h.map_fill {
+        fill.push(vec![map.to_string()], Value::Float(*r));
+    }
+    out.push(fill);
+    out.push(Family::single(
+        "kheap_map_entries_aged_out",
+        Kind::Counter,
+        "Map entries deleted after being idle (their counts are kept)",
+        Value::Int(h.aged_out),
+    ));
+    out.push(Family::single(
+        "kheap_read_duration_seconds",
+        Kind::Gauge,
+        "Time the last read of the maps took",
+        Value::Float(h.read_duration_s),
+    ));
+    out.push(Family::single(
+        "kheap_reads",
+        Kind::Counter,
+        "Reads of the maps (one per --interval)",
+        Value::Int(h.reads),
+    ));
+    out.push(Family::single(
+        "kheap_site_label_sets",
+        Kind::Gauge,
+        "Site label sets remembered for the top-N ranking (exported or not)",
+        Value::Int(h.site_label_sets),
+    ));
+    out.push(Family::single(
+        "process_cpu_seconds",
+        Kind::Counter,
+        "CPU time of the kheap process (user and system)",
+        Value::Float(h.cpu_seconds),
+    ));
+    out.push(Family::single(
+        "process_resident_memory_bytes",
+        Kind::Gauge,
+        "Resident memory of the kheap process",
+        Value::Int(h.rss_bytes),
+    ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::AllocStats;
+    use crate::serve::exposition::{encode, Format};
+    use crate::serve::series::{SiteDelta, SiteLabel};
+
+    fn state() -> SeriesState {
+        let mut s = SeriesState::new(vec![SiteLabel::Site, SiteLabel::Cache], 1);
+        let mut hist = Hist::default();
+        hist.0[Hist::bucket_of(100)] = 3;
+        let stats = AllocStats {
+            count: 3,
+            bytes_req: 300,
+            bytes_alloc: 384,
+            hist,
+        };
+        s.add_interval(
+            &[
+                SiteDelta {
+                    site: "load_msg".into(),
+                    cache: "kmalloc-128".into(),
+                    stats,
+                },
+                SiteDelta {
+                    site: "small".into(),
+                    cache: "kmalloc-128".into(),
+                    stats: AllocStats {
+                        count: 1,
+                        bytes_req: 8,
+                        bytes_alloc: 128,
+                        hist: Hist::default(),
+                    },
+                },
+            ],
+            &[("kmalloc-128".into(), 2)],
+        );
+        s
+    }
+
+    #[test]
+    fn families_carry_the_counts() {
+        let objs = [
+            OutstandingSite {
+                site: "load_msg".into(),
+                cache: "kmalloc-128".into(),
+                objects: 2,
+                bytes: 256,
+            },
+            OutstandingSite {
+                site: "small".into(),
+                cache: "kmalloc-128".into(),
+                objects: 1,
+                bytes: 128,
+            },
+        ];
+        let slab = [SlabinfoRow {
+            name: "dentry".into(),
+            active_objs: 10,
+            num_objs: 21,
+            objsize: 192,
+            objs_per_slab: 21,
+            pages_per_slab: 1,
+            tunables: [0; 3],
+            active_slabs: 1,
+            num_slabs: 1,
+        }];
+        let fams = build(
+            &state(),
+            Some(&objs),
+            Some((&slab, 4096)),
+            &Health::default(),
+        );
+        let text = encode(&fams, Format::Prometheus);
+        for line in [
+            "kheap_cache_allocations_total{cache=\"kmalloc-128\"} 4",
+            "kheap_cache_waste_bytes_total{cache=\"kmalloc-128\"} 204",
+            "kheap_cache_frees_total{cache=\"kmalloc-128\"} 2",
+            "kheap_cache_request_size_bytes_bucket{cache=\"kmalloc-128\",le=\"127\"} 3",
+            "kheap_cache_request_size_bytes_count{cache=\"kmalloc-128\"} 3",
+            "kheap_site_allocations_total{site=\"load_msg\",cache=\"kmalloc-128\"} 3",
+            "kheap_site_allocations_total{site=\"other\",cache=\"other\"} 1",
+            "kheap_site_outstanding_bytes{site=\"load_msg\",cache=\"kmalloc-128\"} 256",
+            "kheap_site_outstanding_objects{site=\"other\",cache=\"other\"} 1",
+            "kheap_cache_outstanding_bytes{cache=\"kmalloc-128\"} 384",
+            "kheap_slab_memory_bytes{cache=\"dentry\"} 4096",
+            "kheap_slab_loss_bytes{cache=\"dentry\"} 2176",
+            "process_resident_memory_bytes 0",
+        ] {
+            assert!(
+                text.contains(&format!("{line}\n")),
+                "{line} missing in\n{text}"
+            );
+        }
+        assert!(
+            !text.contains("kheap_bpf_runs"),
+            "no run-time figures without run-time stats"
+        );
+    }
+}

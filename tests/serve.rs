@@ -1,0 +1,356 @@
+//! `kheap serve` read back by the real consumer: a real Prometheus scrapes
+//! two kheap serve instances (each filtered to its own private workload by
+//! command name) while kheap-load makes a known number of allocations, and
+//! PromQL over the scraped series returns those counts exactly. Needs root,
+//! `prometheus` and `promtool` (scripts/setup installs them).
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// A free TCP port on localhost (bound, then released for the child).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A copy of kheap-load under a command name no other process has.
+fn private_load(dir: &Path, comm: &str) -> PathBuf {
+    let path = dir.join(comm);
+    std::fs::copy(LOAD, &path).unwrap();
+    path
+}
+
+fn curl(args: &[&str]) -> String {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10"])
+        .args(args)
+        .output()
+        .expect("curl is needed by this test");
+    assert!(
+        out.status.success(),
+        "curl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// One instant PromQL query: (labels, value) per series.
+fn query(prom: u16, q: &str) -> Vec<(Value, f64)> {
+    let text = curl(&[
+        "-G",
+        &format!("http://127.0.0.1:{prom}/api/v1/query"),
+        "--data-urlencode",
+        &format!("query={q}"),
+    ]);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["status"], "success", "{q}: {v}");
+    v["data"]["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["metric"].clone(),
+                r["value"][1].as_str().unwrap().parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Polls `q` until `ok` accepts its result (Prometheus scrapes every
+/// second; the daemons read every second).
+fn wait_query(prom: u16, q: &str, ok: impl Fn(&[(Value, f64)]) -> bool) -> Vec<(Value, f64)> {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let r = query(prom, q);
+        if ok(&r) {
+            return r;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{q} never gave the expected result; last: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn start_serve(port: u16, comm: &str, sites: &str) -> Background {
+    let mut b = Background::spawn(
+        KHEAP,
+        &[
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--interval",
+            "1",
+            "--comm",
+            comm,
+            "--sites",
+            sites,
+        ],
+    );
+    b.wait_for("serving on");
+    b
+}
+
+fn run_load(path: &Path, args: &[&str]) {
+    let st = Command::new(path)
+        .args(args)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success(), "{} {args:?}", path.display());
+}
+
+#[test]
+fn prometheus_scrapes_exact_counts_from_two_instances() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let tag = std::process::id() % 100_000;
+    let (comm_a, comm_b) = (format!("ksa{tag}"), format!("ksb{tag}"));
+    let (load_a, load_b) = (
+        private_load(dir.path(), &comm_a),
+        private_load(dir.path(), &comm_b),
+    );
+    let (port_a, port_b, port_p) = (free_port(), free_port(), free_port());
+    // Three site series at most (plus other): the workload's process also
+    // allocates at exec, mmap, and so on, so other carries the rest.
+    let mut serve_a = start_serve(port_a, &comm_a, "3");
+    let mut serve_b = start_serve(port_b, &comm_b, "3");
+
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n  - job_name: kheap\n    static_configs:\n      - targets: ['127.0.0.1:{port_a}', '127.0.0.1:{port_b}']\n"
+        ),
+    )
+    .unwrap();
+    let storage = dir.path().join("tsdb");
+    let mut prom = Background::spawn(
+        "prometheus",
+        &[
+            &format!("--config.file={}", config.display()),
+            &format!("--storage.tsdb.path={}", storage.display()),
+            &format!("--web.listen-address=127.0.0.1:{port_p}"),
+        ],
+    );
+    prom.wait_for("Server is ready to receive web requests");
+
+    // Both targets up.
+    wait_query(port_p, "sum(up{job=\"kheap\"})", |r| {
+        r.len() == 1 && r[0].1 == 2.0
+    });
+
+    // The workloads: 300 and 500 SysV messages of 2100 bytes, one kmalloc
+    // each in load_msg (kmalloc-4k).
+    run_load(&load_a, &["msg", "300", "2100"]);
+    run_load(&load_b, &["msg", "500", "2100"]);
+
+    let per_instance = wait_query(
+        port_p,
+        "kheap_site_allocations_total{site=\"load_msg\"}",
+        |r| {
+            let mut v: Vec<f64> = r.iter().map(|x| x.1).collect();
+            v.sort_by(f64::total_cmp);
+            v == [300.0, 500.0]
+        },
+    );
+    for (m, _) in &per_instance {
+        assert_eq!(m["cache"], "kmalloc-4k", "{m}");
+    }
+    // The fleet in miniature: one sum over both instances, exact.
+    let fleet = wait_query(
+        port_p,
+        "sum by (cache) (kheap_site_allocations_total{site=\"load_msg\"})",
+        |r| r.len() == 1 && r[0].1 == 800.0,
+    );
+    assert_eq!(fleet[0].0["cache"], "kmalloc-4k");
+    let bytes = query(
+        port_p,
+        "sum(kheap_site_requested_bytes_total{site=\"load_msg\"})",
+    );
+    assert_eq!(
+        bytes[0].1,
+        (800 * (48 + 2100)) as f64,
+        "48-byte header + 2100"
+    );
+
+    // Bounded cardinality: at most 3 site series + other per instance, and
+    // the sites (other included) add up to the unbounded per-cache totals.
+    for port in [port_a, port_b] {
+        let body = curl(&[&format!("http://127.0.0.1:{port}/metrics")]);
+        let sites: Vec<&str> = body
+            .lines()
+            .filter(|l| l.starts_with("kheap_site_allocations_total{"))
+            .collect();
+        assert!(sites.len() <= 4, "{sites:#?}");
+        let other: u64 = sites
+            .iter()
+            .find(|l| l.contains("site=\"other\""))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .expect("an other series");
+        assert!(
+            other > 0,
+            "the process allocates at more than 3 sites: {sites:#?}"
+        );
+        let sum = |prefix: &str| -> u64 {
+            body.lines()
+                .filter(|l| l.starts_with(prefix))
+                .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+                .sum()
+        };
+        assert_eq!(
+            sum("kheap_site_allocations_total{"),
+            sum("kheap_cache_allocations_total{"),
+            "sites with other = every cache"
+        );
+
+        // promtool agrees the exposition is clean (both formats parse).
+        let mut check = Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("promtool");
+        check
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(body.as_bytes())
+            .unwrap();
+        let out = check.wait_with_output().unwrap();
+        assert!(
+            out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+            "promtool check metrics: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Every query of the Grafana dashboard is valid PromQL over these
+    // series, and the per-cache and per-site panels have data.
+    let dash: Value = serde_json::from_str(
+        &std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/contrib/grafana-dashboard.json"
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().unwrap() {
+            let expr = t["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$__rate_interval", "1m")
+                .replace("$instance", ".*")
+                .replace("$job", ".*");
+            let title = panel["title"].as_str().unwrap();
+            if title.starts_with("Allocated bytes/s by cache")
+                || title.starts_with("Allocations/s by site")
+            {
+                // rate() needs two scrapes of the series: polled.
+                wait_query(port_p, &expr, |r| !r.is_empty());
+            } else {
+                query(port_p, &expr);
+            }
+        }
+    }
+
+    // Prometheus itself negotiated OpenMetrics: the scrape used it.
+    let om = curl(&[
+        "-H",
+        "Accept: application/openmetrics-text;version=1.0.0",
+        &format!("http://127.0.0.1:{port_a}/metrics"),
+    ]);
+    assert!(om.ends_with("# EOF\n"));
+    assert_eq!(
+        curl(&[&format!("http://127.0.0.1:{port_a}/healthz")]),
+        "ok\n"
+    );
+
+    // SIGTERM detaches: the daemon exits 0 and its programs are unloaded.
+    let ids = bpf_prog_ids(serve_a.child.id());
+    assert!(!ids.is_empty());
+    serve_a.signal(libc::SIGTERM);
+    assert!(serve_a.wait(), "{:#?}", serve_a.seen);
+    // The kernel frees a detached program after an RCU grace period.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ids.iter().any(|&id| prog_loaded(id)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for id in ids {
+        assert!(
+            !prog_loaded(id),
+            "program {id} still loaded {}",
+            String::from_utf8_lossy(
+                &Command::new("bpftool")
+                    .args(["prog", "show", "id", &id.to_string()])
+                    .output()
+                    .unwrap()
+                    .stdout
+            )
+        );
+    }
+    serve_b.signal(libc::SIGTERM);
+    assert!(serve_b.wait());
+    prom.signal(libc::SIGTERM);
+    prom.wait();
+}
+
+#[test]
+fn sighup_reloads_and_bad_settings_are_refused() {
+    require_root();
+    let out = kheap(&["serve", "--listen", "0.0.0.0:9464"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--allow-remote") && err.lines().count() == 1,
+        "{err}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("serve.conf");
+    std::fs::write(&conf, "# sites kept\n--sites 5\n").unwrap();
+    let port = free_port();
+    let mut serve = Background::spawn(
+        KHEAP,
+        &[
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--interval",
+            "1",
+            "--config",
+            conf.to_str().unwrap(),
+        ],
+    );
+    serve.wait_for("serving on");
+    let series = || {
+        curl(&[&format!("http://127.0.0.1:{port}/metrics")])
+            .lines()
+            .filter(|l| l.starts_with("kheap_site_allocations_total{"))
+            .count()
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(series() <= 6);
+    std::fs::write(&conf, "--sites 1\n--comm nosuchcomm\n").unwrap();
+    serve.signal(libc::SIGHUP);
+    serve.wait_for("attaching again");
+    serve.wait_for("serving on");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(series() <= 2, "one site and other after the reload");
+    serve.signal(libc::SIGTERM);
+    assert!(serve.wait(), "{:#?}", serve.seen);
+}
