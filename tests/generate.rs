@@ -55,7 +55,7 @@ fn bash_completes_subcommands_flags_and_formats() {
     assert!(complete(&["kheap", "record", "--for"]).contains(&"--format".to_string()));
     assert_eq!(
         complete(&["kheap", "record", "--format", ""]),
-        ["table", "json", "folded", "svg"]
+        ["table", "json", "folded", "pprof", "svg"]
     );
 }
 
@@ -65,7 +65,9 @@ fn zsh_and_fish_completions_name_every_subcommand() {
         let out = kheap(&["completions", shell]);
         assert_ok(&out);
         let text = String::from_utf8_lossy(&out.stdout);
-        for sub in ["record", "leaks", "diff", "slab", "malloc", "top", "doctor"] {
+        for sub in [
+            "record", "leaks", "diff", "slab", "malloc", "top", "doctor", "serve",
+        ] {
             assert!(text.contains(sub), "{shell} lacks {sub}");
         }
     }
@@ -95,6 +97,7 @@ fn man_pages_are_written_per_subcommand_and_lint_clean() {
             "kheap-malloc.1",
             "kheap-man.1",
             "kheap-record.1",
+            "kheap-serve.1",
             "kheap-slab.1",
             "kheap-top.1",
             "kheap.1"
