@@ -189,6 +189,19 @@ fn tcmalloc_linked_is_found_without_lib() {
 
 const RUST_SOURCE: &str = include_str!("data/malloc_rust_workload.rs");
 
+/// The rustc of the toolchain that built these tests: the one beside the
+/// cargo running the build, so the test needs no rustc on PATH (scripts/
+/// vm-test's guests have another HOME, where rustup's proxies find no
+/// toolchain).
+fn rustc() -> std::path::PathBuf {
+    let beside_cargo = std::path::Path::new(env!("CARGO")).with_file_name("rustc");
+    if beside_cargo.exists() {
+        beside_cargo
+    } else {
+        "rustc".into()
+    }
+}
+
 /// A Rust program built without frame pointers: its global allocator's
 /// entry points (`__rust_alloc`…, mangled with a crate hash) are found in
 /// the program and probed; each allocation is counted once, at the
@@ -198,7 +211,7 @@ fn check_rust(tracking: bool) {
     let src = dir.path().join("w.rs");
     std::fs::write(&src, RUST_SOURCE).unwrap();
     let exe = dir.path().join("rust_workload");
-    let out = Command::new("rustc")
+    let out = Command::new(rustc())
         .args(["-C", "opt-level=2", "-C", "force-frame-pointers=no", "-o"])
         .arg(&exe)
         .arg(&src)
