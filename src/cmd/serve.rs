@@ -276,9 +276,11 @@ fn serve_attached(
                             shared,
                             bpf_stats,
                         )?;
-                        totals.bpf_base.run_time_ns += tracer.run_time().run_time_ns;
-                        totals.bpf_base.run_cnt += tracer.run_time().run_cnt;
-                        totals.bpf_base.recursion_misses += tracer.run_time().recursion_misses;
+                        // One read of the programs' stats, not one per field.
+                        let ran = tracer.run_time();
+                        totals.bpf_base.run_time_ns += ran.run_time_ns;
+                        totals.bpf_base.run_cnt += ran.run_cnt;
+                        totals.bpf_base.recursion_misses += ran.recursion_misses;
                         return Ok(Next::Reattach);
                     }
                     Ok(false) => {}

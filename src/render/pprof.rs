@@ -269,27 +269,30 @@ impl Builder {
     }
 }
 
+/// An empty profile with Go's heap-profile sample types: `alloc_*`, and
+/// `inuse_*` (the default view) when outstanding memory is known.
+fn heap_profile(inuse: bool, duration_s: f64) -> Builder {
+    const ALLOC: &[SampleType] = &[SampleType::AllocObjects, SampleType::AllocSpace];
+    const ALLOC_AND_INUSE: &[SampleType] = &[
+        SampleType::AllocObjects,
+        SampleType::AllocSpace,
+        SampleType::InuseObjects,
+        SampleType::InuseSpace,
+    ];
+    let (types, default) = if inuse {
+        (ALLOC_AND_INUSE, SampleType::InuseSpace)
+    } else {
+        (ALLOC, SampleType::AllocSpace)
+    };
+    Builder::new(types, default, (duration_s * 1e9) as i64)
+}
+
 /// The profile of a `record` or `leaks` report: one sample per stack (per
 /// site, as a one-frame stack, when no stacks were captured), with
 /// `inuse_*` values when the report knows what is outstanding.
 pub fn from_report(r: &Report) -> Builder {
     let inuse = r.leaks.is_some();
-    let types: &[SampleType] = if inuse {
-        &[
-            SampleType::AllocObjects,
-            SampleType::AllocSpace,
-            SampleType::InuseObjects,
-            SampleType::InuseSpace,
-        ]
-    } else {
-        &[SampleType::AllocObjects, SampleType::AllocSpace]
-    };
-    let default = if inuse {
-        SampleType::InuseSpace
-    } else {
-        SampleType::AllocSpace
-    };
-    let mut b = Builder::new(types, default, (r.duration_s * 1e9) as i64);
+    let mut b = heap_profile(inuse, r.duration_s);
     b.comment(&format!("kheap: kernel heap, {:.2} s", r.duration_s));
     if r.sampling.stacks_estimated {
         b.comment(&format!(
@@ -363,22 +366,7 @@ pub fn user_frame(f: &UserFrame) -> Frame {
 /// function as the leaf frame, `inuse_*` values with --outstanding.
 pub fn from_malloc(r: &MallocReport) -> Builder {
     let inuse = r.totals.outstanding.is_some();
-    let types: &[SampleType] = if inuse {
-        &[
-            SampleType::AllocObjects,
-            SampleType::AllocSpace,
-            SampleType::InuseObjects,
-            SampleType::InuseSpace,
-        ]
-    } else {
-        &[SampleType::AllocObjects, SampleType::AllocSpace]
-    };
-    let default = if inuse {
-        SampleType::InuseSpace
-    } else {
-        SampleType::AllocSpace
-    };
-    let mut b = Builder::new(types, default, (r.duration_s * 1e9) as i64);
+    let mut b = heap_profile(inuse, r.duration_s);
     b.comment(&format!(
         "kheap malloc: user-space allocations, {:.2} s; space is bytes requested",
         r.duration_s
