@@ -58,18 +58,7 @@ fn line_of(text: &str) -> usize {
 
 /// Runs `kheap malloc ARGS --format json -o FILE` and parses the report.
 fn malloc_json(args: &[&str]) -> Value {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("report.json");
-    let mut all = vec!["malloc", "--format", "json", "-o", path.to_str().unwrap()];
-    all.extend(args);
-    let out = kheap(&all);
-    assert!(
-        out.status.success(),
-        "kheap {all:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = std::fs::read_to_string(&path).expect("kheap wrote no report");
-    parse_valid(&text)
+    json_report("malloc", args)
 }
 
 /// The rows of one allocator function called from one function, summed:

@@ -38,18 +38,9 @@ fn build() -> Workload {
     Workload { _dir: dir, exe }
 }
 
+/// Runs `kheap malloc ARGS --format json -o FILE` and parses the report.
 fn malloc_json(args: &[&str]) -> Value {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("report.json");
-    let mut all = vec!["malloc", "--format", "json", "-o", path.to_str().unwrap()];
-    all.extend(args);
-    let out = kheap(&all);
-    assert!(
-        out.status.success(),
-        "kheap {all:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    parse_valid(&std::fs::read_to_string(&path).expect("kheap wrote no report"))
+    json_report("malloc", args)
 }
 
 /// (count, bytes, outstanding count) of the site rows of one allocator

@@ -119,13 +119,20 @@ pub fn assert_ok(out: &Output) {
 /// asserts success and returns the report written, checked against its
 /// schema.
 pub fn report_json(subcommand: &str, args: &[&str], load_args: &[&str]) -> Value {
+    let mut all = args.to_vec();
+    all.push("--");
+    all.push(LOAD);
+    all.extend(load_args);
+    json_report(subcommand, &all)
+}
+
+/// Runs `kheap SUBCOMMAND --format json -o FILE ARGS…` and parses the
+/// report, checked against its schema.
+pub fn json_report(subcommand: &str, args: &[&str]) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("report.json");
     let mut all = vec![subcommand, "--format", "json", "-o", path.to_str().unwrap()];
     all.extend(args);
-    all.push("--");
-    all.push(LOAD);
-    all.extend(load_args);
     let out = kheap(&all);
     assert!(
         out.status.success(),
