@@ -34,8 +34,9 @@ impl Kind {
             // on `leaks.processes` rows.
             Kind::Leaks => 3,
             // malloc 2: `frees` and `frees_null` only with --outstanding
-            // (frees are not probed otherwise).
-            Kind::Malloc => 2,
+            // (frees are not probed otherwise); 3: `cgroup` on process
+            // entries.
+            Kind::Malloc => 3,
             Kind::Slab | Kind::Diff => SCHEMA_VERSION,
         }
     }

@@ -103,6 +103,20 @@ impl Workload {
     /// Starts kheap-load LOAD_ARGS outside `cg`, moves it in once its
     /// start-up is over, then lets it go.
     fn start_in(cg: &TestCgroup, load_args: &[&str]) -> Workload {
+        let mut w = Workload::spawn_in(cg, load_args);
+        w.go();
+        w
+    }
+
+    /// Lets a workload from `spawn_in` run.
+    fn go(&mut self) {
+        let stdin = self.child.stdin.take().expect("let go once");
+        { stdin }.write_all(b"go\n").unwrap();
+    }
+
+    /// Starts kheap-load LOAD_ARGS outside `cg` and moves it in once its
+    /// start-up is over; it waits for `go`.
+    fn spawn_in(cg: &TestCgroup, load_args: &[&str]) -> Workload {
         let mut child = Command::new(LOAD)
             .args(load_args)
             .env("KHEAP_LOAD_WAIT", "1")
@@ -122,7 +136,6 @@ impl Workload {
         assert_eq!(ready.trim(), "ready", "kheap-load did not start");
         std::fs::write(cg.dir.join("cgroup.procs"), child.id().to_string())
             .unwrap_or_else(|e| panic!("moving kheap-load into {}: {e}", cg.path()));
-        child.stdin.take().unwrap().write_all(b"go\n").unwrap();
         Workload {
             child,
             stdout,
@@ -647,4 +660,72 @@ fn leaks_by_cgroup_shows_what_each_cgroup_holds() {
         assert_eq!(u(&p["outstanding_count"]), held, "{p:#}");
     }
     assert_eq!(u(&r["leaks"]["outstanding_count"]), 300 + 200);
+}
+
+/// `malloc --cgroup A`: the processes in A are traced, and only allocations
+/// made in A count, even of a process also given by PID (B's). Every
+/// process entry names its cgroup.
+#[test]
+fn malloc_cgroup_counts_only_that_cgroup_and_names_it() {
+    require_root();
+    let a = TestCgroup::top("ma");
+    let b = TestCgroup::top("mb");
+    let mut in_a = Workload::spawn_in(&a, &["malloc", "3000", "100"]);
+    let mut in_b = Workload::spawn_in(&b, &["malloc", "2000", "100"]);
+    let (pid_a, pid_b) = (in_a.child.id(), in_b.child.id());
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("malloc.json");
+    let pid_b_arg = pid_b.to_string();
+    let mut kheap = Tracing::start(&[
+        "malloc",
+        "--cgroup",
+        a.path(),
+        "-p",
+        &pid_b_arg,
+        "--format",
+        "json",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    in_a.go();
+    in_b.go();
+    in_a.finish();
+    in_b.finish();
+    // It ends by itself once the processes it traces have exited.
+    assert!(kheap.wait(), "kheap malloc failed");
+    let r = parse_valid(&std::fs::read_to_string(&out).expect("kheap wrote no report"));
+    assert_eq!(r["kind"], "malloc");
+    let rows: Vec<&Value> = r["sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| {
+            s["allocator"] == "malloc" && s["function"].as_str().unwrap().contains("malloc_free")
+        })
+        .collect();
+    assert_eq!(
+        rows.iter().map(|s| u(&s["count"])).sum::<u64>(),
+        3000,
+        "A's 3000 calls, none of B's: {rows:#?}"
+    );
+    for row in r["sites"].as_array().unwrap() {
+        for p in row["processes"].as_array().unwrap() {
+            assert_ne!(u(&p["pid"]), u64::from(pid_b), "B counted: {row:#}");
+            assert_eq!(u(&p["pid"]), u64::from(pid_a), "{row:#}");
+            assert_eq!(
+                p["cgroup"]["path"].as_str(),
+                Some(a.rel().as_str()),
+                "{p:#}"
+            );
+        }
+    }
+    assert!(
+        r["run"]["filters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|f| f.as_str() == Some(&format!("cgroup {}", a.rel()))),
+        "{:#}",
+        r["run"]["filters"]
+    );
 }
