@@ -143,7 +143,7 @@ fn comm(pid: u32) -> String {
 
 pub fn run(args: MallocArgs) -> Result<i32> {
     if args.targets.pids.is_empty() && args.targets.command.is_empty() && args.cgroups.is_empty() {
-        bail!("nothing to trace: give -p PID, --cgroup PATH or -- COMMAND [ARGS...]");
+        bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...], or --cgroup PATH");
     }
     let cgroup_mount = crate::cgroup::cgroup2_mount().ok();
     let cgroups = resolve_cgroups(&args.cgroups, cgroup_mount.as_deref())?;
