@@ -479,7 +479,8 @@ int BPF_PROG(kmalloc_btf, unsigned long call_site, const void *ptr,
 	     size_t bytes_req, size_t bytes_alloc, gfp_t gfp_flags, int node)
 {
 	on_kmalloc(ctx, false,
-		   cfg.by_cgroup && ptr ? kmalloc_slab_flags(ptr, bytes_alloc) : 0,
+		   cfg.by_cgroup && ptr ? kmalloc_slab_flags(ptr, bytes_alloc)
+					: 0,
 		   call_site, ptr, bytes_req, bytes_alloc, gfp_flags);
 	return 0;
 }
@@ -577,8 +578,9 @@ int kmalloc_tp(void *ctx)
 
 	read_kmalloc_record(ctx, &e);
 	on_kmalloc(ctx, true,
-		   cfg.by_cgroup ? kmalloc_slab_flags_by_page(e.ptr, e.bytes_alloc)
-				 : 0,
+		   cfg.by_cgroup
+			   ? kmalloc_slab_flags_by_page(e.ptr, e.bytes_alloc)
+			   : 0,
 		   e.call_site, e.ptr, e.bytes_req, e.bytes_alloc, e.gfp_flags);
 	return 0;
 }
