@@ -675,24 +675,47 @@ fn malloc_cgroup_counts_only_that_cgroup_and_names_it() {
     let (pid_a, pid_b) = (in_a.child.id(), in_b.child.id());
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("malloc.json");
+    let err_path = dir.path().join("malloc.err");
     let pid_b_arg = pid_b.to_string();
-    let mut kheap = Tracing::start(&[
-        "malloc",
-        "--cgroup",
-        a.path(),
-        "-p",
-        &pid_b_arg,
-        "--format",
-        "json",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
+    // Its stderr goes to a file, to be shown if it fails.
+    let mut kheap = Tracing(
+        Command::new(KHEAP)
+            .args([
+                "malloc",
+                "--cgroup",
+                a.path(),
+                "-p",
+                &pid_b_arg,
+                "--format",
+                "json",
+                "-o",
+                out.to_str().unwrap(),
+            ])
+            .stderr(std::fs::File::create(&err_path).unwrap())
+            .spawn()
+            .expect("starting kheap malloc"),
+    );
+    let stderr = || std::fs::read_to_string(&err_path).unwrap_or_default();
+    let started = std::time::Instant::now();
+    while !stderr().contains("tracing") {
+        assert!(
+            started.elapsed() < HANG_LIMIT,
+            "kheap malloc did not start: {}",
+            stderr()
+        );
+        assert!(
+            kheap.0.try_wait().unwrap().is_none(),
+            "kheap malloc ended: {}",
+            stderr()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     in_a.go();
     in_b.go();
     in_a.finish();
     in_b.finish();
     // It ends by itself once the processes it traces have exited.
-    assert!(kheap.wait(), "kheap malloc failed");
+    assert!(kheap.wait(), "kheap malloc failed: {}", stderr());
     let r = parse_valid(&std::fs::read_to_string(&out).expect("kheap wrote no report"));
     assert_eq!(r["kind"], "malloc");
     let rows: Vec<&Value> = r["sites"]
