@@ -396,6 +396,19 @@ fn bad_cgroups_are_refused_in_one_line() {
         assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
         assert!(!err.contains("tracing"), "nothing attached: {err}");
     }
+    // malloc: the same refusals, and a cgroup where nothing runs.
+    let empty = TestCgroup::top("empty");
+    for (arg, expect) in [
+        ("/proc", "not under the cgroup2 mount"),
+        ("kheap-no-such-cgroup", "No such file"),
+        (empty.path(), "no process runs in it"),
+    ] {
+        let out = kheap(&["malloc", "--cgroup", arg, "-d", "1"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "malloc --cgroup {arg} accepted");
+        assert!(err.contains(expect), "malloc --cgroup {arg}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    }
 }
 
 /// Loopback TCP: the receive side runs in softirq context (on x86-64 on the
