@@ -28,6 +28,8 @@ pub struct LeaksArgs {
     pub trace: TraceArgs,
     #[command(flatten)]
     pub output: OutputArgs<Format>,
+    #[command(flatten)]
+    pub json: run::JsonCopy,
     /// What sizes the frames of --format svg
     #[arg(long, value_enum, default_value_t)]
     pub weight: crate::render::flame::Weight,
@@ -114,6 +116,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         crate::output::check_dir_writable(&snapshot_dir, "--snapshot-dir")?;
     }
     args.output.check()?;
+    args.json.check()?;
     if args.output.format == Format::Pprof {
         crate::output::check_binary_destination(args.output.output(), "pprof")?;
     }
@@ -156,7 +159,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
 
     let mut snapshots = 0u32;
     let mut next_snapshot = args.snapshot_every;
-    let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
+    let mut snapshot_tick = |elapsed: Duration| {
         let secs = start.elapsed().as_secs_f64();
         let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
         if periodic {
@@ -189,7 +192,13 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
                 format!("{e:#}").replace('\n', " ")
             ),
         }
+    };
+    let mut status = crate::cmd::progress::StatusLine::new();
+    let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
+        snapshot_tick(elapsed);
+        status.show(elapsed, || session.progress());
     });
+    drop(status); // erases the status line before the report
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
     let exit_code = ended.report();
@@ -208,6 +217,9 @@ fn write_json(r: &Report, path: &Path) -> Result<()> {
 
 fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
     let out = &args.output;
+    args.json.write(Kind::Leaks, &report, |r| {
+        leak_render::apply_top(r, args.by, None);
+    })?;
     let hidden = leak_render::apply_top(&mut report, args.by, out.rows());
     let text = match out.format {
         Format::Table => leak_render::table(
