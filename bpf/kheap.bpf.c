@@ -135,6 +135,8 @@ static __always_inline void count_process(__u32 tgid, __u64 req, __u64 alloc,
 	} else if (new_proc) {
 		struct proc_info info = {};
 
+		COUNT(procs_created);
+
 		bpf_get_current_comm(info.comm, sizeof(info.comm));
 		info.cgroup = bpf_get_current_cgroup_id();
 		bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
@@ -154,6 +156,8 @@ static __always_inline void count_cgroup(bool accounted, bool interrupt,
 		key.cgroup = bpf_get_current_cgroup_id();
 	if (!upsert_stats(&cgroups, &key, req, alloc, bucket, &created))
 		COUNT(map_full_cgroups);
+	else if (created)
+		COUNT(cgroups_created);
 }
 
 /* Captures the kernel stack and counts the event under it. Returns the
@@ -185,8 +189,11 @@ static __always_inline __s64 record_stack(void *ctx, struct site_key *key,
 		return 0;
 	}
 	COUNT(stack_samples);
-	if (created && (name || s))
-		remember_cache_name(key->cache, name, s);
+	if (created) {
+		COUNT(stacks_created);
+		if (name || s)
+			remember_cache_name(key->cache, name, s);
+	}
 	return id;
 }
 
@@ -238,7 +245,7 @@ static __always_inline void track_alloc(void *ctx, struct site_key *key,
 		.accounted = accounted,
 		.interrupt = interrupt,
 	};
-	bool created = false;
+	bool created = false, reused;
 	__u32 bucket;
 	int err; /* int: 6.1 zero-extends helper errors from 32 bits */
 
@@ -259,7 +266,8 @@ static __always_inline void track_alloc(void *ctx, struct site_key *key,
 	if (!interrupt)
 		obj.cgroup = bpf_get_current_cgroup_id();
 	err = bpf_map_update_elem(&live, &ptr, &obj, BPF_NOEXIST);
-	if (err == -KHEAP_EEXIST) {
+	reused = err == -KHEAP_EEXIST;
+	if (reused) {
 		/* The allocator handed out an address we still track: its
 		 * free was invisible. Account the old object as freed unseen
 		 * and track the new one. */
@@ -280,11 +288,18 @@ static __always_inline void track_alloc(void *ctx, struct site_key *key,
 	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
 		/* Keep the two views consistent: untrack what is uncounted. */
 		bpf_map_delete_elem(&live, &ptr);
+		if (reused) /* the entry it replaced was counted as added */
+			COUNT(live_removed);
 		COUNT(map_full_sites);
 		return;
 	}
-	if (created)
+	/* A replaced entry (reused_live) did not grow the map. */
+	if (!reused)
+		COUNT(live_added);
+	if (created) {
+		COUNT(sites_created);
 		remember_cache_name(key->cache, name, s);
+	}
 	/* Allocations per cgroup, beside what each still holds. */
 	if (cfg.by_cgroup)
 		count_cgroup(accounted, interrupt, req, alloc, bucket);
@@ -316,8 +331,10 @@ static __always_inline void count_alloc(void *ctx, struct site_key *key,
 		COUNT(map_full_sites);
 		return;
 	}
-	if (created)
+	if (created) {
+		COUNT(sites_created);
 		remember_cache_name(key->cache, name, s);
+	}
 
 	if (!cfg.capture_stacks || !cfg.stack_sample_mask)
 		return;
@@ -369,6 +386,7 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 		COUNT(alloc_failed);
 		return;
 	}
+	COUNT(allocs);
 	if (cfg.track_live)
 		track_alloc(ctx, key, (__u64)ptr, req, alloc, tgid, accounted,
 			    interrupt, name, s);
@@ -399,9 +417,11 @@ static __always_inline void track_free(__u64 ptr)
 		return;
 	}
 	err = bpf_map_delete_elem(&live, &ptr);
-	if (err == -KHEAP_ENOENT)
+	if (!err)
+		COUNT(live_removed);
+	else if (err == -KHEAP_ENOENT)
 		COUNT(frees_untracked);
-	else if (err)
+	else
 		COUNT(map_busy);
 }
 

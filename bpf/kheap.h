@@ -99,6 +99,18 @@ struct counters {
 	/* leaks: a map update refused because its bucket lock was held on
 	 * this CPU (an interrupt hit the tracer while it updated the map) */
 	__u64 map_busy;
+	/* For the live status line (src/model/progress.rs), read once a
+	 * second instead of the big maps: allocation events counted (past
+	 * the filters), entries created in each aggregation map (counted
+	 * only on the creation path), and, for leaks, objects added to and
+	 * removed from the live map. */
+	__u64 allocs;
+	__u64 sites_created;
+	__u64 stacks_created;
+	__u64 procs_created;
+	__u64 cgroups_created;
+	__u64 live_added;
+	__u64 live_removed;
 };
 
 /* One object allocated while tracking outstanding memory and not yet seen

@@ -203,6 +203,9 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 		if (!s)
 			return;
 	}
+	COUNT(allocs);
+	if (created)
+		COUNT(sites_created);
 	bucket = size_bucket(size);
 	s->count++;
 	s->bytes += size;

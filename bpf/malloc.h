@@ -115,6 +115,10 @@ struct malloc_counters {
 	__u64 vma_lookup_failed;
 	__u64 nested; /* allocator calls made by the allocator itself */
 	__u64 no_thread_state; /* task storage unavailable: not counted */
+	/* For the live status line: calls counted, and entries created in
+	 * the sites map (counted only on the creation path). */
+	__u64 allocs;
+	__u64 sites_created;
 };
 
 struct malloc_config {

@@ -7,6 +7,7 @@
 //! render, cmd) or from the kernel layer.
 
 pub mod live;
+pub mod progress;
 pub mod snapshot;
 
 use std::ops::{AddAssign, Sub};

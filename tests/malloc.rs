@@ -7,54 +7,12 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
+use common::workload::{line_of, Workload};
 use common::*;
 use serde_json::Value;
-
-const SOURCE: &str = include_str!("data/malloc_workload.c");
-
-/// The workload, compiled into a temporary directory (removed on drop).
-struct Workload {
-    dir: tempfile::TempDir,
-    exe: PathBuf,
-}
-
-impl Workload {
-    fn build(extra: &[&str]) -> Workload {
-        let dir = tempfile::tempdir().unwrap();
-        let src = dir.path().join("malloc_workload.c");
-        std::fs::write(&src, SOURCE).unwrap();
-        let exe = dir.path().join("workload");
-        let out = Command::new("cc")
-            .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
-            .arg(&exe)
-            .arg(&src)
-            .args(extra)
-            .output()
-            .expect("cc is needed by the tests (scripts/setup installs it)");
-        assert!(
-            out.status.success(),
-            "building the workload failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Workload { dir, exe }
-    }
-
-    fn path(&self) -> &str {
-        self.exe.to_str().unwrap()
-    }
-}
-
-/// The line of the source that contains `text` (1-based).
-fn line_of(text: &str) -> usize {
-    SOURCE
-        .lines()
-        .position(|l| l.contains(text))
-        .unwrap_or_else(|| panic!("'{text}' not in the workload source"))
-        + 1
-}
 
 /// Runs `kheap malloc ARGS --format json -o FILE` and parses the report.
 fn malloc_json(args: &[&str]) -> Value {

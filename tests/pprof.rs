@@ -1,13 +1,16 @@
-//! `--format pprof` read back by the real Go pprof tool: the numbers
-//! `go tool pprof` shows for a known kheap-load workload are the exact
-//! counts and bytes of that workload.
+//! `--format pprof` read back by the real Go pprof tool: for a known
+//! workload, the counts and bytes `go tool pprof` shows for its site are
+//! exactly those of the JSON report of the same run (`--json FILE` writes
+//! it beside the profile), and those are the workload's known numbers.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::workload::{line_of, Workload};
 use common::*;
+use serde_json::Value;
 
 /// `go tool pprof ARGS FILE`, with the environment Go needs (a writable
 /// HOME and cache, no toolchain download).
@@ -41,49 +44,125 @@ fn cum_of(top: &str, function: &str) -> String {
         .to_string()
 }
 
-fn record_pprof(dir: &Path, args: &[&str], load_args: &[&str]) -> std::path::PathBuf {
-    let path = dir.join("heap.pb.gz");
-    let mut all = vec!["record", "--format", "pprof", "-o", path.to_str().unwrap()];
+/// What pprof shows for `function` under one sample type, in the type's
+/// base unit (objects, or bytes without scaling), over the samples that
+/// `focus` (pprof options such as `-tagfocus=...`) keeps.
+fn pprof_value(file: &Path, focus: &[&str], sample_type: &str, function: &str) -> i64 {
+    let unit = if sample_type.ends_with("space") {
+        "-unit=B"
+    } else {
+        "-unit=minimum"
+    };
+    let index = format!("-sample_index={sample_type}");
+    let mut args = vec!["-top", "-cum", "-nodecount=100000", unit, &index];
+    args.extend(focus);
+    let top = pprof(&args, file);
+    assert!(top.contains(&format!("Type: {sample_type}")), "{top}");
+    let v = cum_of(&top, function);
+    v.trim_end_matches('B')
+        .parse()
+        .unwrap_or_else(|_| panic!("{v} is not a number:\n{top}"))
+}
+
+/// The kernel heap's pprof focus on the workload's messages: load_msg's
+/// own allocations are the kmalloc-4k ones (slab pages it triggers land in
+/// other caches), and the cache label picks them.
+const MSG_FOCUS: &[&str] = &["-tagfocus=cache=kmalloc-4k"];
+
+/// Runs `kheap SUBCOMMAND --format pprof -o P --json J ARGS` and returns
+/// the profile's path and the JSON report of the same run.
+fn profile_and_json(dir: &Path, subcommand: &str, args: &[&str]) -> (PathBuf, Value) {
+    let profile = dir.join("heap.pb.gz");
+    let json = dir.join("report.json");
+    let mut all = vec![
+        subcommand,
+        "--format",
+        "pprof",
+        "-o",
+        profile.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+    ];
     all.extend(args);
-    all.push("--");
-    all.push(LOAD);
-    all.extend(load_args);
     assert_ok(&kheap(&all));
-    path
+    let report = parse_valid(&std::fs::read_to_string(&json).expect("no --json report"));
+    (profile, report)
+}
+
+/// The one JSON site row of load_msg in kmalloc-4k.
+fn msg_site(report: &Value) -> &Value {
+    let sites: Vec<_> = rows_of_fn(report, "sites", "load_msg")
+        .into_iter()
+        .filter(|r| {
+            r["caches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c == "kmalloc-4k")
+        })
+        .collect();
+    assert_eq!(sites.len(), 1, "one load_msg site: {:#}", report["sites"]);
+    sites[0]
+}
+
+fn n(v: &Value) -> i64 {
+    u(v) as i64
+}
+
+/// For `kheap record` with these stack options and 1000 messages of 2100
+/// bytes (one kmalloc-4k object each): pprof's load_msg totals are the JSON
+/// site's, which are the workload's.
+fn check_record_profile(stack_args: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = stack_args.to_vec();
+    args.extend(["--", LOAD, "msg", "1000", "2100"]);
+    let (file, r) = profile_and_json(dir.path(), "record", &args);
+    let site = msg_site(&r);
+    assert_eq!(
+        (u(&site["count"]), u(&site["bytes_alloc"])),
+        (1000, 4096000)
+    );
+    let objects = pprof_value(&file, MSG_FOCUS, "alloc_objects", "load_msg");
+    let space = pprof_value(&file, MSG_FOCUS, "alloc_space", "load_msg");
+    assert_eq!(
+        (objects, space),
+        (n(&site["count"]), n(&site["bytes_alloc"])),
+        "pprof vs the JSON site of the same run"
+    );
+    // And the profile is the JSON's stacks: the sum of load_msg's stack
+    // rows (scaled estimates when sampled) is what pprof showed.
+    let stacks = rows_of_fn(&r, "stacks", "load_msg");
+    let sampled = stack_args.is_empty();
+    assert!(
+        stacks.iter().all(|s| s["estimated"] == sampled),
+        "estimated stacks exactly when sampled: {stacks:#?}"
+    );
+    let sum = |field: &str| stacks.iter().map(|s| n(&s[field])).sum::<i64>();
+    assert_eq!((sum("count"), sum("bytes_alloc")), (objects, space));
 }
 
 #[test]
-fn go_pprof_shows_the_exact_msgsnd_site() {
+fn go_pprof_shows_the_json_site_totals_with_exact_stacks() {
     require_root();
+    // Every stack captured: per-stack numbers are exact.
+    check_record_profile(&["--exact-stacks"]);
+    // The raw dump shows the kernel mapping and the sample types.
     let dir = tempfile::tempdir().unwrap();
-    // Every stack captured: per-stack numbers are exact. Each msgsnd of
-    // 2100 bytes is one kmalloc-4k allocation in load_msg (see record.rs).
-    let file = record_pprof(dir.path(), &["--exact-stacks"], &["msg", "1000", "2100"]);
-    // load_msg's own allocations are the kmalloc-4k ones (slab pages it
-    // triggers land in other caches): the cache label picks them.
-    let focus = [
-        "-top",
-        "-cum",
-        "-nodecount=100000",
-        "-tagfocus=cache=kmalloc-4k",
-    ];
-    let objects = pprof(
-        &[&focus[..], &["-sample_index=alloc_objects"]].concat(),
-        &file,
-    );
-    assert_eq!(cum_of(&objects, "load_msg"), "1000", "{objects}");
-    let space = pprof(
-        &[&focus[..], &["-sample_index=alloc_space", "-unit=B"]].concat(),
-        &file,
-    );
-    assert_eq!(cum_of(&space, "load_msg"), "4096000B", "{space}");
-    // The raw dump shows the kernel mapping and the comment.
+    let (file, _) = profile_and_json(dir.path(), "record", &["--", LOAD, "msg", "10", "2100"]);
     let raw = pprof(&["-raw"], &file);
     assert!(raw.contains("[kernel.kallsyms]"), "{raw}");
     assert!(
         raw.contains("alloc_objects/count alloc_space/bytes"),
         "{raw}"
     );
+}
+
+#[test]
+fn go_pprof_shows_the_json_site_totals_with_sampled_stacks() {
+    require_root();
+    // Stacks sampled 1 in 1024 (the default): the few sampled load_msg
+    // stacks are scaled so that they add up to the site's exact totals.
+    check_record_profile(&[]);
 }
 
 #[test]
@@ -105,64 +184,48 @@ fn binary_output_to_a_terminal_is_refused() {
     );
 }
 
-const MALLOC_SOURCE: &str = include_str!("data/malloc_workload.c");
-
-/// The line of the C workload that contains `text` (1-based).
-fn line_of(text: &str) -> usize {
-    MALLOC_SOURCE
-        .lines()
-        .position(|l| l.contains(text))
-        .unwrap_or_else(|| panic!("'{text}' not in the workload source"))
-        + 1
-}
-
 #[test]
 fn go_pprof_shows_user_functions_lines_and_outstanding_blocks() {
     require_root();
+    let w = Workload::build(&[]);
     let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("malloc_workload.c");
-    std::fs::write(&src, MALLOC_SOURCE).unwrap();
-    let exe = dir.path().join("workload");
-    let cc = Command::new("cc")
-        .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("cc is needed by the tests (scripts/setup installs it)");
-    assert!(
-        cc.status.success(),
-        "{}",
-        String::from_utf8_lossy(&cc.stderr)
-    );
-    let file = dir.path().join("malloc.pb.gz");
-    assert_ok(&kheap(&[
-        "malloc",
-        "--outstanding",
-        "--format",
-        "pprof",
-        "-o",
-        file.to_str().unwrap(),
-        "--",
-        exe.to_str().unwrap(),
-    ]));
-    // -unit=B: bytes without scaling (counts are never scaled).
-    let top = |index: &str| {
-        let unit = if index.ends_with("space") {
-            "-unit=B"
-        } else {
-            "-unit=minimum"
-        };
-        pprof(&["-top", "-cum", "-nodecount=100000", unit, index], &file)
+    let (file, r) = profile_and_json(dir.path(), "malloc", &["--outstanding", "--", w.path()]);
+    // The JSON rows of one calling function, summed over allocators:
+    // count, bytes, outstanding count and bytes.
+    let json = |function: &str| {
+        let rows: Vec<_> = r["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["function"] == function)
+            .collect();
+        assert!(!rows.is_empty(), "no {function} row: {:#}", r["sites"]);
+        let sum = |f: &str| rows.iter().map(|s| n(&s[f])).sum::<i64>();
+        [
+            sum("count"),
+            sum("bytes_req"),
+            sum("outstanding_count"),
+            sum("outstanding_bytes"),
+        ]
     };
-    // do_leak: 3 x malloc(5000), never freed; do_malloc: 10 x 100, freed.
-    let inuse = top("-sample_index=inuse_objects");
-    assert_eq!(cum_of(&inuse, "do_leak"), "3", "{inuse}");
-    let inuse_space = top("-sample_index=inuse_space");
-    assert_eq!(cum_of(&inuse_space, "do_leak"), "15000B", "{inuse_space}");
-    let alloc = top("-sample_index=alloc_objects");
-    assert_eq!(cum_of(&alloc, "do_malloc"), "10", "{alloc}");
-    let alloc_space = top("-sample_index=alloc_space");
-    assert_eq!(cum_of(&alloc_space, "do_malloc"), "1000B", "{alloc_space}");
+    let shown = |function: &str, types: &[&str]| {
+        types
+            .iter()
+            .map(|t| pprof_value(&file, &[], t, function))
+            .collect::<Vec<_>>()
+    };
+    let all = [
+        "alloc_objects",
+        "alloc_space",
+        "inuse_objects",
+        "inuse_space",
+    ];
+    // do_leak: 3 x malloc(5000), never freed; do_malloc: 10 x 100, freed
+    // (pprof lists no function whose value is 0: its in-use is not shown).
+    assert_eq!(json("do_leak"), [3, 15000, 3, 15000]);
+    assert_eq!(shown("do_leak", &all), json("do_leak"));
+    assert_eq!(json("do_malloc"), [10, 1000, 0, 0]);
+    assert_eq!(shown("do_malloc", &all[..2]), json("do_malloc")[..2]);
     // File and line of the call, from the binary's debug information.
     let lines = pprof(&["-top", "-lines", "-sample_index=inuse_space"], &file);
     let want = format!(
@@ -173,48 +236,36 @@ fn go_pprof_shows_user_functions_lines_and_outstanding_blocks() {
 }
 
 #[test]
-fn go_pprof_shows_the_exact_outstanding_messages_of_leaks() {
+fn go_pprof_shows_the_json_outstanding_messages_of_leaks() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("leaks.pb.gz");
     // kheap-load holds 500 messages (kmalloc-4k, 4096 bytes each) for 4 s;
     // the report is taken after 2 s, while they are all held.
-    assert_ok(&kheap(&[
+    let (file, r) = profile_and_json(
+        dir.path(),
         "leaks",
-        "--exact-stacks",
-        "-d",
-        "2",
-        "--format",
-        "pprof",
-        "-o",
-        file.to_str().unwrap(),
-        "--",
-        LOAD,
-        "msg",
-        "500",
-        "2100",
-        "4",
-    ]));
-    let top = |index: &str, unit: &str| {
-        pprof(
-            &[
-                "-top",
-                "-cum",
-                "-nodecount=100000",
-                "-tagfocus=cache=kmalloc-4k",
-                unit,
-                index,
-            ],
-            &file,
-        )
-    };
-    let objects = top("-sample_index=inuse_objects", "-unit=minimum");
-    assert!(objects.contains("Type: inuse_objects"), "{objects}");
-    assert_eq!(cum_of(&objects, "load_msg"), "500", "{objects}");
-    let space = top("-sample_index=inuse_space", "-unit=B");
-    assert_eq!(cum_of(&space, "load_msg"), "2048000B", "{space}");
-    let allocated = top("-sample_index=alloc_objects", "-unit=minimum");
-    assert_eq!(cum_of(&allocated, "load_msg"), "500", "{allocated}");
+        &[
+            "--exact-stacks",
+            "-d",
+            "2",
+            "--",
+            LOAD,
+            "msg",
+            "500",
+            "2100",
+            "4",
+        ],
+    );
+    let site = msg_site(&r);
+    let json = [
+        n(&site["outstanding_count"]),
+        n(&site["outstanding_bytes"]),
+        n(&site["count"]),
+    ];
+    assert_eq!(json, [500, 2048000, 500]);
+    let shown = ["inuse_objects", "inuse_space", "alloc_objects"]
+        .map(|t| pprof_value(&file, MSG_FOCUS, t, "load_msg"));
+    assert_eq!(shown, json, "pprof vs the JSON site of the same run");
     // inuse_space is what pprof shows first for a leaks profile.
     let default = pprof(&["-top"], &file);
     assert!(default.contains("Type: inuse_space"), "{default}");
@@ -244,20 +295,9 @@ fn go_pprof_reads_a_diff_with_negative_changes() {
         "-o",
         file.to_str().unwrap(),
     ]));
-    let focus = [
-        "-top",
-        "-cum",
-        "-nodecount=100000",
-        "-tagfocus=cache=kmalloc-4k",
-    ];
-    let objects = pprof(
-        &[&focus[..], &["-sample_index=alloc_objects"]].concat(),
-        &file,
-    );
-    assert_eq!(cum_of(&objects, "load_msg"), "-600", "{objects}");
-    let space = pprof(
-        &[&focus[..], &["-sample_index=alloc_space", "-unit=B"]].concat(),
-        &file,
-    );
-    assert_eq!(cum_of(&space, "load_msg"), "-2457600B", "{space}");
+    let objects = pprof_value(&file, MSG_FOCUS, "alloc_objects", "load_msg");
+    let space = pprof_value(&file, MSG_FOCUS, "alloc_space", "load_msg");
+    let change = |f: &str| n(&msg_site(&after)[f]) - n(&msg_site(&before)[f]);
+    assert_eq!((objects, space), (change("count"), change("bytes_alloc")));
+    assert_eq!((objects, space), (-600, -2457600));
 }

@@ -9,6 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::tmux::Tmux;
 use common::*;
 use serde_json::Value;
 
@@ -439,112 +440,6 @@ fn bad_input_gives_one_line_errors() {
     let out = kheap(&["top", "-b", "-i", "0"]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a positive number of seconds"));
-}
-
-/// A private tmux server with one 200x50 window running a plain shell;
-/// killed when dropped.
-struct Tmux {
-    socket: String,
-}
-
-impl Tmux {
-    fn start(test: &str) -> Tmux {
-        let t = Tmux {
-            socket: format!("kheap-{test}-{}", std::process::id()),
-        };
-        let st = t
-            .cmd(&[
-                "new-session",
-                "-d",
-                "-x",
-                "200",
-                "-y",
-                "50",
-                "-s",
-                "t",
-                "env",
-                "PS1=$ ",
-                "bash",
-                "--norc",
-                "--noprofile",
-            ])
-            .status()
-            .expect("tmux is needed by the tests (scripts/setup installs it)");
-        assert!(st.success());
-        t
-    }
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("tmux");
-        c.args(["-L", &self.socket]).args(args);
-        c
-    }
-    fn send(&self, keys: &[&str]) {
-        let mut args = vec!["send-keys", "-t", "t"];
-        args.extend(keys);
-        assert!(self.cmd(&args).status().unwrap().success());
-    }
-    fn capture(&self) -> String {
-        let out = self
-            .cmd(&["capture-pane", "-p", "-t", "t"])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-    fn query(&self, format: &str) -> String {
-        let out = self
-            .cmd(&["display", "-p", "-t", "t", format])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
-    }
-    /// Waits until the screen satisfies `pred`; panics with the screen if not.
-    fn wait_for(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let screen = self.capture();
-            if pred(&screen) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-    /// The PID of the shell's child (the command running in the pane).
-    fn foreground_child(&self) -> Option<u32> {
-        let shell = self.query("#{pane_pid}");
-        let children =
-            std::fs::read_to_string(format!("/proc/{shell}/task/{shell}/children")).ok()?;
-        children.split_whitespace().next()?.parse().ok()
-    }
-    /// Whether the terminal is back in its normal state: main screen, and
-    /// canonical mode with echo (not raw).
-    fn assert_terminal_restored(&self) {
-        assert_eq!(
-            self.query("#{alternate_on}"),
-            "0",
-            "still on the alternate screen"
-        );
-        self.send(&[
-            "clear; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?\\(icanon\\|echo\\)' | tr '\\n' ' '; echo END",
-            "Enter",
-        ]);
-        let is_output = |l: &str| l.trim_end().ends_with(" END") && !l.contains("stty");
-        let screen = self.wait_for("stty output", |s| s.lines().any(is_output));
-        let line = screen.lines().find(|l| is_output(l)).unwrap();
-        assert!(
-            line.contains("icanon echo") && !line.contains("-icanon") && !line.contains("-echo"),
-            "terminal left in raw mode: {line}"
-        );
-    }
-}
-
-impl Drop for Tmux {
-    fn drop(&mut self) {
-        let _ = self.cmd(&["kill-server"]).status();
-    }
 }
 
 /// Starts `kheap top` in the pane and waits for the loop's site to show.

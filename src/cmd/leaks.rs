@@ -29,6 +29,8 @@ pub struct LeaksArgs {
     pub trace: TraceArgs,
     #[command(flatten)]
     pub output: OutputArgs<Format>,
+    #[command(flatten)]
+    pub json: run::JsonCopy,
     /// What sizes the frames of --format svg
     #[arg(long, value_enum, default_value_t)]
     pub weight: crate::render::flame::Weight,
@@ -116,6 +118,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         crate::output::check_dir_writable(&snapshot_dir, "--snapshot-dir")?;
     }
     args.output.check()?;
+    args.json.check()?;
     if args.output.format == Format::Pprof {
         crate::output::check_binary_destination(args.output.output(), "pprof")?;
     }
@@ -161,7 +164,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     // Paths are learned while the run goes on: a cgroup removed before the
     // end keeps the path it had.
     let mut cgroup_names = CgroupNames::new(cgroup2_mount().ok());
-    let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
+    let mut snapshot_tick = |elapsed: Duration| {
         if let Ok(ids) = session.cgroup_ids() {
             cgroup_names.learn(ids);
         }
@@ -198,7 +201,13 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
                 format!("{e:#}").replace('\n', " ")
             ),
         }
+    };
+    let mut status = crate::cmd::progress::StatusLine::new();
+    let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
+        snapshot_tick(elapsed);
+        status.show(elapsed, || session.progress());
     });
+    drop(status); // erases the status line before the report
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
     // Before the command's own cgroup is removed with it (terminate).
@@ -220,6 +229,9 @@ fn write_json(r: &Report, path: &Path) -> Result<()> {
 
 fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
     let out = &args.output;
+    args.json.write(Kind::Leaks, &report, |r| {
+        leak_render::apply_top(r, args.by, None);
+    })?;
     let hidden = leak_render::apply_top(&mut report, args.by, out.rows());
     let text = match out.format {
         Format::Table => leak_render::table(

@@ -10,6 +10,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 
 use crate::cli::{parse_duration, parse_tracked_objects, OutputArgs, TargetArgs};
+use crate::cmd::progress::StatusLine;
 use crate::cmd::run::{install_stop_handler, stop_requested};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
@@ -43,6 +44,8 @@ pub struct MallocArgs {
     pub cgroups: Vec<String>,
     #[command(flatten)]
     pub output: OutputArgs<Format>,
+    #[command(flatten)]
+    pub json: crate::cmd::run::JsonCopy,
     /// What sizes the frames of --format svg
     #[arg(long, value_enum, default_value_t)]
     pub weight: crate::render::flame::Weight,
@@ -153,6 +156,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     features::check_privileges("malloc")?;
     features::check_btf()?;
     args.output.check()?;
+    args.json.check()?;
     if args.output.format == Format::Pprof {
         crate::output::check_binary_destination(args.output.output(), "pprof")?;
     }
@@ -239,10 +243,16 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         scanner.held = Some(c.pid);
     }
     let mut next_scan = Instant::now();
+    let mut status = StatusLine::new();
+    let mut next_status = start + Duration::from_secs(1);
     loop {
         if Instant::now() >= next_scan {
             scanner.scan(&mut session, &mut modules, args.lib.is_none(), false);
             next_scan += SCAN_EVERY;
+        }
+        if Instant::now() >= next_status {
+            status.show(start.elapsed(), || session.progress());
+            next_status += Duration::from_secs(1);
         }
         if stop_requested() {
             eprintln!("kheap: stopped by signal; reporting what was recorded");
@@ -264,6 +274,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    drop(status); // erases the status line before the report
     let duration_s = start.elapsed().as_secs_f64();
     scanner.scan(&mut session, &mut modules, false, true);
     session.detach();
@@ -423,6 +434,9 @@ impl Scanner {
 
 fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
     let out = &args.output;
+    args.json.write(Kind::Malloc, &report, |r| {
+        render::apply_top(r, args.by, args.sort, None);
+    })?;
     let hidden = render::apply_top(&mut report, args.by, args.sort, out.rows());
     let width = crate::render::table::output_width(out.output());
     let text = match out.format {

@@ -5,6 +5,7 @@ pub mod doctor;
 pub mod generate;
 pub mod leaks;
 pub mod malloc;
+pub mod progress;
 pub mod record;
 pub mod run;
 pub mod serve;

@@ -1,7 +1,6 @@
 //! `kheap record`: trace for a while (or for a command's life), then print
 //! who allocated what.
 
-use std::io::IsTerminal;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -9,6 +8,7 @@ use clap::Args;
 
 use crate::cgroup::{cgroup2_mount, CgroupNames};
 use crate::cli::{OutputArgs, TraceArgs};
+use crate::cmd::progress::StatusLine;
 use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
@@ -25,6 +25,8 @@ pub struct RecordArgs {
     pub trace: TraceArgs,
     #[command(flatten)]
     pub output: OutputArgs<Format>,
+    #[command(flatten)]
+    pub json: run::JsonCopy,
     /// What sizes the frames of --format svg
     #[arg(long, value_enum, default_value_t)]
     pub weight: crate::render::flame::Weight,
@@ -67,6 +69,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     features::check_privileges("record")?;
     features::check_btf()?;
     args.output.check()?;
+    args.json.check()?;
     install_stop_handler();
 
     let mut targets = Targets::start(&args.trace.filters.targets)?;
@@ -90,7 +93,6 @@ pub fn run(args: RecordArgs) -> Result<i32> {
             l.functions.join(", ")
         ));
     }
-    let interactive = std::io::stderr().is_terminal();
     run::start_tracing(
         "kernel heap allocations",
         &session.attached,
@@ -102,28 +104,20 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     // Paths are learned while the run goes on: a cgroup removed before the
     // end keeps the path it had.
     let mut cgroup_names = CgroupNames::new(cgroup2_mount().ok());
+    let mut status = StatusLine::new();
     let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
         if let Ok(ids) = session.cgroup_ids() {
             cgroup_names.learn(ids);
         }
-        if interactive {
-            let allocs = session.allocations_so_far().unwrap_or(0);
-            eprint!(
-                "\rkheap: recording {:>4}s, {} allocations so far   ",
-                elapsed.as_secs(),
-                crate::model::human_count(allocs)
-            );
-        }
+        status.show(elapsed, || session.progress());
     });
+    drop(status); // erases the status line before the report
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
     // Before the command's own cgroup is removed with it (terminate).
     cgroup_names.learn(session.cgroup_ids()?);
     if let Some(l) = latency.as_mut() {
         l.detach();
-    }
-    if interactive {
-        eprintln!();
     }
     let exit_code = ended.report();
     targets.terminate();
@@ -176,6 +170,9 @@ pub fn flame_svg(
 
 fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
     let out = &args.output;
+    args.json.write(Kind::Record, &report, |r| {
+        render::apply_top(r, args.by, args.sort, None);
+    })?;
     let hidden = render::apply_top(&mut report, args.by, args.sort, out.rows());
     let width = render::table::output_width(out.output());
     let text = match out.format {

@@ -3,12 +3,15 @@
 //! processes a run is about, and the wait for its end.
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use clap::Args;
+use serde::Serialize;
 
 use crate::cli::{FilterArgs, TargetArgs, TraceArgs};
+use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::Config;
 use crate::report::RunInfo;
@@ -196,6 +199,42 @@ pub fn run_info(attached: &[String], skipped: &[String], f: &FilterArgs) -> RunI
         skipped: skipped.to_vec(),
         filters,
         command: f.targets.command_line(),
+    }
+}
+
+/// `--json FILE`: the run's JSON report besides the output --format asks
+/// for, so one run gives, say, a pprof profile to look at and the numbers
+/// to check it against.
+#[derive(Args, Debug, Clone, Default)]
+pub struct JsonCopy {
+    /// Also write the whole JSON report (all rows, whatever --format and -n say) to FILE
+    #[arg(long = "json", value_name = "FILE")]
+    pub path: Option<PathBuf>,
+}
+
+impl JsonCopy {
+    /// Checked before tracing, as -o is.
+    pub fn check(&self) -> Result<()> {
+        match &self.path {
+            Some(p) => crate::output::check_writable(p, "--json"),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes `report` as `--format json` would without -n: `all_rows`
+    /// orders its rows (and keeps them all).
+    pub fn write<T: Serialize + Clone>(
+        &self,
+        kind: Kind,
+        report: &T,
+        all_rows: impl FnOnce(&mut T),
+    ) -> Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let mut full = report.clone();
+        all_rows(&mut full);
+        crate::output::write_atomic(path, &contract::pretty(kind, &full))
     }
 }
 

@@ -24,7 +24,7 @@ use crate::model::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveO
 use crate::model::snapshot::{
     CgroupKey, CgroupSlot, EventCounters, IdleKeys, ProgRunTime, Snapshot,
 };
-use crate::model::{CacheId, SiteKey};
+use crate::model::{progress, CacheId, SiteKey};
 
 pub use crate::kernel::attach::AttachMode;
 
@@ -308,23 +308,6 @@ impl<'obj> Tracer<'obj> {
         self.links.clear();
     }
 
-    /// Allocations counted so far (sites only: cheap enough for a status
-    /// line every second).
-    pub fn allocations_so_far(&self) -> Result<u64> {
-        let m = &self.skel.maps;
-        fn count<K>(entries: Vec<(K, types::alloc_stats)>) -> u64 {
-            entries.iter().map(|(_, v)| v.count).sum()
-        }
-        // Exact stacks: events are counted under their stack only (and
-        // under the site when the stack was lost).
-        let stacks = if self.cfg.sites_from_stacks() {
-            count(maps::read_percpu_hash::<types::stack_key, _, _>(&m.stacks)?)
-        } else {
-            0
-        };
-        Ok(stacks + count(maps::read_percpu_hash::<types::site_key, _, _>(&m.sites)?))
-    }
-
     fn cache_names(&self) -> Result<HashMap<u64, String>> {
         Ok(
             maps::read_hash::<u64, types::cache_name, _>(&self.skel.maps.cache_names)?
@@ -428,7 +411,15 @@ impl<'obj> Tracer<'obj> {
                 .or_default() += v.frees;
         }
         let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
-        snap.events = EventCounters {
+        snap.events = self.event_counters(&c);
+        if let Some((lcfg, unseen, objects, now)) = live {
+            snap.leaks = Some(self.leak_input(lcfg, unseen, objects, now, &c, &key)?);
+        }
+        Ok(snap)
+    }
+
+    fn event_counters(&self, c: &types::counters) -> EventCounters {
+        EventCounters {
             // Leaks: tracked frees are derived from the sites (LeakInput).
             frees: if self.cfg.live.is_some() {
                 c.frees_untracked
@@ -447,11 +438,45 @@ impl<'obj> Tracer<'obj> {
             map_full_procs: c.map_full_procs,
             map_full_cgroups: c.map_full_cgroups,
             map_full_caches: c.map_full_caches,
-        };
-        if let Some((lcfg, unseen, objects, now)) = live {
-            snap.leaks = Some(self.leak_input(lcfg, unseen, objects, now, &c, &key)?);
         }
-        Ok(snap)
+    }
+
+    /// The status line's counters: one read of the per-CPU counters slot
+    /// (no walk of the aggregation maps, however big they are). Map fill
+    /// comes from entries counted as they are created, which holds while
+    /// nothing deletes entries (record, leaks; not top, which removes idle
+    /// keys).
+    pub fn progress(&self) -> Result<progress::Counters> {
+        let m = &self.skel.maps;
+        let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
+        let ev = self.event_counters(&c);
+        let fill = |name, entries, map: &dyn MapCore| progress::MapFill {
+            name,
+            entries,
+            capacity: map.max_entries().into(),
+        };
+        let mut maps = vec![fill("sites", c.sites_created, &m.sites)];
+        if self.cfg.stack_sample_every != 0 {
+            maps.push(fill("stacks", c.stacks_created, &m.stacks));
+        }
+        if self.cfg.by_process {
+            maps.push(fill("processes", c.procs_created, &m.procs));
+        }
+        if self.cfg.by_cgroup {
+            maps.push(fill("cgroups", c.cgroups_created, &m.cgroups));
+        }
+        if self.cfg.live.is_some() {
+            let live = c.live_added.saturating_sub(c.live_removed);
+            maps.push(fill("objects", live, &m.live));
+        }
+        Ok(progress::Counters {
+            events: c.allocs,
+            lost_stacks: ev.lost_stacks(),
+            // Leaks: objects not tracked because the object map was full
+            // are not aggregated either.
+            not_aggregated: ev.map_full() + c.map_full_live,
+            maps,
+        })
     }
 
     fn leak_input(

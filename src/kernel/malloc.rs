@@ -323,6 +323,26 @@ impl<'obj> MallocSession<'obj> {
         Ok(snap)
     }
 
+    /// The status line's counters: one read of the per-CPU counters slot,
+    /// never a walk of the maps. Fill is the sites map's (its entries are
+    /// counted as they are created); the --outstanding block map is not
+    /// counted cheaply, and is shown as lost when it fills.
+    pub fn progress(&self) -> Result<crate::model::progress::Counters> {
+        let m = &self.skel.maps;
+        let c: types::malloc_counters = maps::read_percpu_slot0(&m.counters)?;
+        Ok(crate::model::progress::Counters {
+            events: c.allocs,
+            lost_stacks: c.lost_stacks,
+            // As the report's lost.map_full.
+            not_aggregated: c.map_full_sites + c.map_full_live + c.map_full_vmas,
+            maps: vec![crate::model::progress::MapFill {
+                name: "sites",
+                entries: c.sites_created,
+                capacity: m.sites.max_entries().into(),
+            }],
+        })
+    }
+
     /// The mappings recorded for stack frames, per address space, sorted.
     pub fn vmas(&self) -> Result<HashMap<u64, Vec<Vma>>> {
         let mut out: HashMap<u64, Vec<Vma>> = HashMap::new();

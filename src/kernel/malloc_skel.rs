@@ -49,4 +49,6 @@ impl_sum!(types::malloc_counters {
     vma_lookup_failed,
     nested,
     no_thread_state,
+    allocs,
+    sites_created,
 });

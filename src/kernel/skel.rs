@@ -50,6 +50,13 @@ impl_sum!(types::counters {
     reused_live,
     map_full_live,
     map_busy,
+    allocs,
+    sites_created,
+    stacks_created,
+    procs_created,
+    cgroups_created,
+    live_added,
+    live_removed,
 });
 
 // The histogram width is defined once, in bpf/kheap.h: three counters, then

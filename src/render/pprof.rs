@@ -333,7 +333,10 @@ pub fn from_report(r: &Report) -> Builder {
         if s.estimated {
             labels.push(Label::Str("estimated".into(), "true".into()));
         }
-        // A cgroup label goes here once stacks carry their cgroup.
+        // No process or cgroup label: the kernel counts stacks per (site,
+        // stack), so a stack row does not know who made it (--by process
+        // and --by cgroup are rows of their own). They go here once the
+        // model keeps stacks per process or cgroup.
         b.add(&Sample {
             frames: s.frames.iter().map(|f| Frame::kernel(f)).collect(),
             values: values(&s.counts, s.retention.as_ref()),

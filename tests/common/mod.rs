@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod schema;
+pub mod tmux;
+pub mod workload;
 
 pub const KHEAP: &str = env!("CARGO_BIN_EXE_kheap");
 pub const LOAD: &str = env!("CARGO_BIN_EXE_kheap-load");
