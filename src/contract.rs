@@ -26,10 +26,11 @@ pub enum Kind {
 
 impl Kind {
     /// record, leaks, top 2: `cgroups` rows, `cgroup` on process rows,
-    /// `lost.map_full_cgroups`.
+    /// `lost.map_full_cgroups`; 3: `source` on site, stack and cache rows,
+    /// `totals.sources` (`--source`).
     pub fn schema_version(self) -> u32 {
         match self {
-            Kind::Record | Kind::Leaks | Kind::Top => 2,
+            Kind::Record | Kind::Leaks | Kind::Top => 3,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise).
             Kind::Malloc => 2,
@@ -127,13 +128,13 @@ mod tests {
         };
         let text = pretty(Kind::Leaks, &body);
         assert!(
-            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 2,\n"),
+            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 3,\n"),
             "{text}"
         );
         assert!(text.ends_with("}\n"));
         let l = line(Kind::Top, &body);
         assert!(
-            l.starts_with("{\"kind\":\"top\",\"schema_version\":2,\"duration_s\":1.5"),
+            l.starts_with("{\"kind\":\"top\",\"schema_version\":3,\"duration_s\":1.5"),
             "{l}"
         );
         assert_eq!(l.lines().count(), 1);

@@ -25,6 +25,16 @@ impl Frame {
         }
     }
 
+    /// A label that is not an address: `[page]` for the whole page
+    /// allocator, whose events carry no call site.
+    pub fn named(name: &str) -> Frame {
+        Frame {
+            addr: 0,
+            function: Some(name.to_string()),
+            offset: 0,
+        }
+    }
+
     /// `function+0xoff`, the form kernel oopses and `%pS` use.
     pub fn display(&self) -> String {
         match &self.function {

@@ -50,6 +50,8 @@ impl_sum!(types::counters {
     reused_live,
     map_full_live,
     map_busy,
+    pages_reclassified;
+    source_frees
 });
 
 // The histogram width is defined once, in bpf/kheap.h: three counters, then
