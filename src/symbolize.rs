@@ -38,6 +38,8 @@ impl Frame {
     /// `function+0xoff`, the form kernel oopses and `%pS` use.
     pub fn display(&self) -> String {
         match &self.function {
+            // A named label (Frame::named) is no address.
+            Some(f) if self.addr == 0 && self.offset == 0 => f.clone(),
             Some(f) => format!("{f}+{:#x}", self.offset),
             None => format!("{:#x}", self.addr),
         }
