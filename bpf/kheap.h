@@ -40,6 +40,26 @@ enum kheap_page_use {
 	KHEAP_PAGE_DIRECT = 0,
 	KHEAP_PAGE_SLAB = 1,
 	KHEAP_PAGE_VMALLOC = 2,
+	KHEAP_PAGE_PERCPU = 3,
+};
+
+/* Innermost frames of a page allocation that are searched for the
+ * allocator it serves (tracing frames come first), and how many function
+ * ranges can name one. */
+#define KHEAP_BACKING_DEPTH  12
+#define KHEAP_BACKING_RANGES 24
+
+/* A kernel function's text [start, end) whose page allocations back
+ * another source: filled from /proc/kallsyms by user space. */
+struct backing_range {
+	__u64 start;
+	__u64 end;
+	__u32 page_use; /* enum kheap_page_use */
+	__u32 _pad;
+};
+
+struct backing_frames {
+	__u64 ip[KHEAP_BACKING_DEPTH];
 };
 
 /* Exact counters of one aggregation key, summed over CPUs in user space. */
@@ -199,6 +219,8 @@ struct kheap_config {
 	 * programs are loaded; separates the layers between them */
 	__u8 sources;
 	__u8 page_shift;
+	/* entries of backing_ranges in use; 0: pages are not classified */
+	__u32 backing_ranges;
 };
 
 /* --latency: time inside the allocator entry points, per call site. */

@@ -40,6 +40,52 @@ static __always_inline void count_source_free(const void *ptr, __u32 source)
 
 /* ---- page allocator: kmem:mm_page_alloc, mm_page_free(_batched) ---- */
 
+KHEAP_MAP(BPF_MAP_TYPE_ARRAY, backing_ranges, __u32, struct backing_range,
+	  KHEAP_BACKING_RANGES);
+
+KHEAP_PERCPU_SLOT(backing_scratch, struct backing_frames);
+
+/* What a page allocation is for: a page whose innermost frames pass
+ * through a slab, vmalloc or percpu function that allocates backing pages
+ * (allocate_slab, __vmalloc_area_node, pcpu_alloc_pages…; the ranges come
+ * from user space) backs that source, which counts the bytes already. A
+ * short stack (KHEAP_BACKING_DEPTH frames) keeps the unwinding cheap and
+ * leaves out pages allocated deeper below those functions (the page tables
+ * of a vmalloc mapping). */
+static __always_inline __u8 page_use(void *ctx)
+{
+	__u32 zero = 0;
+	struct backing_frames *f;
+	long len;
+
+	if (!cfg.backing_ranges)
+		return KHEAP_PAGE_DIRECT;
+	f = bpf_map_lookup_elem(&backing_scratch, &zero);
+	if (!f)
+		return KHEAP_PAGE_DIRECT;
+	len = bpf_get_stack(ctx, f->ip, sizeof(f->ip), 0);
+	if (len <= 0)
+		return KHEAP_PAGE_DIRECT;
+	for (__u32 i = 0; i < KHEAP_BACKING_DEPTH; i++) {
+		__u64 ip;
+
+		if (i >= len / 8)
+			break;
+		ip = f->ip[i];
+		for (__u32 r = 0; r < KHEAP_BACKING_RANGES; r++) {
+			__u32 idx = r;
+			struct backing_range *b;
+
+			if (r >= cfg.backing_ranges)
+				break;
+			b = bpf_map_lookup_elem(&backing_ranges, &idx);
+			if (b && ip >= b->start && ip < b->end)
+				return b->page_use;
+		}
+	}
+	return KHEAP_PAGE_DIRECT;
+}
+
 /* Pages carry no call site: the site is (order, use) and the sampled stacks
  * name the callers. Live pages are keyed by their struct page. */
 SEC("raw_tp/mm_page_alloc")
@@ -53,8 +99,10 @@ int page_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 		.kmalloc_size = order,
 		.kmalloc_accounted = !!(gfp_flags & cfg.gfp_account_mask),
 		.source = KHEAP_SOURCE_PAGE,
-		.page_use = KHEAP_PAGE_DIRECT,
 	};
+
+	if (page)
+		key.page_use = page_use(ctx);
 
 	on_alloc(ctx, false, &key, page, bytes, bytes, key.kmalloc_accounted,
 		 NULL, NULL);

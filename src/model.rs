@@ -6,6 +6,7 @@
 //! without root; nothing here imports from the layers above (report,
 //! render, cmd) or from the kernel layer.
 
+pub mod backing;
 pub mod live;
 pub mod snapshot;
 pub mod source;
@@ -262,6 +263,7 @@ fn page_use_name(u: PageUse) -> &'static str {
         PageUse::Direct => "direct",
         PageUse::Slab => "slab",
         PageUse::Vmalloc => "vmalloc",
+        PageUse::Percpu => "percpu",
     }
 }
 

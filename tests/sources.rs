@@ -107,6 +107,39 @@ fn vmalloc_source_counts_a_large_bpf_array() {
     let (count, req, alloc, caches) = stacks_through(&r, "vmalloc", "array_map_alloc");
     assert_eq!((count, req, alloc), (1, 258 * PAGE, 258 * PAGE));
     assert_eq!(caches, ["vmalloc"]);
+    // Its 257 pages come from the page allocator below __vmalloc_node_range
+    // (the guard page has none): counted by vmalloc, so the page source
+    // shows them as its vmalloc layer and the totals leave them out.
+    let (pages, _, bytes, caches) = stacks_through(&r, "page", "array_map_alloc");
+    assert_eq!((pages, bytes), (257, 257 * PAGE));
+    assert_eq!(caches, ["pages-order0-vmalloc"]);
+    let page_totals = rows(&r["totals"], "sources", "source", "page");
+    assert!(u(&page_totals[0]["counted_elsewhere_bytes"]) >= 257 * PAGE);
+}
+
+#[test]
+fn pages_of_new_slabs_are_the_slab_layer() {
+    // 2000 messages of 4000 bytes: 4 KiB kmalloc objects, several new
+    // order-3 slabs (how many depends on the partial slabs the kernel had).
+    let r = record_all(&["msg", "2000", "4000"]);
+    assert_totals_add_up(&r);
+    let (slabs, _, bytes, caches) = stacks_through(&r, "page", "allocate_slab");
+    assert!(slabs > 0, "no new slab: {:#}", r["caches"]);
+    assert!(caches.iter().all(|c| c.ends_with("-slab")), "{caches:?}");
+    let page_totals = rows(&r["totals"], "sources", "source", "page");
+    assert!(u(&page_totals[0]["counted_elsewhere_bytes"]) >= bytes);
+    // No other page is in the slab layer (but kmalloc's pages above 8 KiB).
+    for s in rows(&r, "stacks", "source", "page") {
+        let through_slab = s["frames"].as_array().unwrap().iter().any(|f| {
+            let f = f.as_str().unwrap();
+            f.starts_with("allocate_slab") || f.contains("kmalloc_large")
+        });
+        assert_eq!(
+            s["cache"].as_str().unwrap().ends_with("-slab"),
+            through_slab,
+            "{s:#}"
+        );
+    }
 }
 
 #[test]

@@ -20,6 +20,7 @@ use crate::kernel::features::{self, KernelBtf, Tracefs};
 use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 use crate::kernel::storage::ObjectStorage;
+use crate::model::backing::BackingRange;
 use crate::model::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
 use crate::model::snapshot::{
     CgroupKey, CgroupSlot, EventCounters, IdleKeys, ProgRunTime, Snapshot,
@@ -208,6 +209,10 @@ impl<'obj> Tracer<'obj> {
             .open(slot)
             .context("opening the BPF object")?;
         configure(&mut open, cfg, kbtf, lat_starts)?;
+        let backing = backing_ranges(cfg)?;
+        if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
+            rodata.cfg.backing_ranges = backing.len() as u32;
+        }
         // Exactly the programs of the chosen mechanism and hooks load; any
         // other program left in the object would fail the whole load.
         for mut prog in open.open_object_mut().progs_mut() {
@@ -236,6 +241,25 @@ impl<'obj> Tracer<'obj> {
         };
         if cfg.live.is_some() {
             tracer.clock0 = tracer.clock()?;
+        }
+        for (i, r) in backing.iter().enumerate() {
+            let value = types::backing_range {
+                start: r.start,
+                end: r.end,
+                page_use: r.page_use.raw(),
+                ..Default::default()
+            };
+            tracer
+                .skel
+                .maps
+                .backing_ranges
+                .update(
+                    &(i as u32).to_ne_bytes(),
+                    // SAFETY: a plain C struct of integers (explicit padding).
+                    unsafe { plain::as_bytes(&value) },
+                    MapFlags::ANY,
+                )
+                .context("writing the backing-function ranges")?;
         }
         for &pid in &cfg.pids {
             tracer.add_pid(pid)?;
@@ -807,6 +831,30 @@ fn source_hooks_available(
         }
     ))
 }
+
+/// With the page source and a source whose pages it would count again:
+/// the text ranges of the functions that allocate those pages (only for the
+/// sources traced, so a page is left out of the totals only when another
+/// source counts it).
+fn backing_ranges(cfg: &Config) -> Result<Vec<BackingRange>> {
+    if !cfg.sources.contains(Source::Page) {
+        return Ok(Vec::new());
+    }
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
+    let mut ranges: Vec<BackingRange> = crate::model::backing::backing_ranges(&kallsyms)
+        .into_iter()
+        .filter(|r| {
+            r.page_use
+                .counted_by()
+                .is_some_and(|s| cfg.sources.contains(s))
+        })
+        .collect();
+    ranges.truncate(KHEAP_BACKING_RANGES);
+    Ok(ranges)
+}
+
+/// Must match KHEAP_BACKING_RANGES in bpf/kheap.h (the map's size).
+const KHEAP_BACKING_RANGES: usize = 24;
 
 /// log2 of the page size, for the page allocator's bytes (PAGE_SIZE << order).
 fn page_shift() -> u8 {

@@ -19,6 +19,7 @@ plain_types!(
     types::counters,
     types::live_obj,
     types::site_unseen,
+    types::backing_range,
 );
 
 impl From<types::alloc_stats> for crate::model::AllocStats {

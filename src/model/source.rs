@@ -147,6 +147,8 @@ pub enum PageUse {
     Slab,
     /// The pages of a vmalloc area.
     Vmalloc,
+    /// The pages of a percpu chunk.
+    Percpu,
 }
 
 impl PageUse {
@@ -154,6 +156,7 @@ impl PageUse {
         match v {
             1 => PageUse::Slab,
             2 => PageUse::Vmalloc,
+            3 => PageUse::Percpu,
             _ => PageUse::Direct,
         }
     }
@@ -164,7 +167,13 @@ impl PageUse {
             PageUse::Direct => None,
             PageUse::Slab => Some(Source::Kmalloc),
             PageUse::Vmalloc => Some(Source::Vmalloc),
+            PageUse::Percpu => Some(Source::Percpu),
         }
+    }
+
+    /// The raw value of `enum kheap_page_use`.
+    pub fn raw(self) -> u32 {
+        self as u32
     }
 }
 
@@ -201,6 +210,8 @@ mod tests {
             assert_eq!(Source::from_raw(s.raw()), Some(s));
         }
         assert!(h.contains("KHEAP_PAGE_SLAB = 1") && h.contains("KHEAP_PAGE_VMALLOC = 2"));
+        assert!(h.contains("KHEAP_PAGE_PERCPU = 3"));
+        assert_eq!(PageUse::Percpu.raw(), 3);
         assert_eq!(PageUse::from_raw(1), PageUse::Slab);
         assert_eq!(PageUse::Slab.counted_by(), Some(Source::Kmalloc));
     }
