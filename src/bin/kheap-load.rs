@@ -21,10 +21,10 @@
 //!   kheap-load pages COUNT                  COUNT anonymous pages, without
 //!       huge pages, faulted in for writing by MADV_POPULATE_WRITE: COUNT
 //!       order-0 allocations in do_anonymous_page under madvise_populate.
-//!   kheap-load bpf-array KIND ENTRIES VALUE_SIZE  creates a BPF map of
-//!       KIND `array` (above 32 KiB its values are one vmalloc area) or
-//!       `percpu` (one percpu allocation per entry) through the bpf
-//!       syscall; the map goes with the process.
+//!   kheap-load bpf-array KIND ENTRIES VALUE_SIZE [HOLD_SECS]  creates a
+//!       BPF map of KIND `array` (above 32 KiB its values are one vmalloc
+//!       area) or `percpu` (one percpu allocation per entry) through the bpf
+//!       syscall, and holds it HOLD_SECS; the map goes with the process.
 //!
 //! With KHEAP_LOAD_WAIT set, any mode prints `ready` once started and then
 //! waits for a line on stdin: a test can then move the process into a
@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | pages COUNT | bpf-array array|percpu ENTRIES VALUE_SIZE"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | pages COUNT | bpf-array array|percpu ENTRIES VALUE_SIZE [HOLD_SECS]"
     );
     std::process::exit(2);
 }
@@ -74,7 +74,12 @@ fn main() {
         Some("writev") => writev(arg(&args, 2)),
         Some("malloc") => malloc_free(arg(&args, 2), arg(&args, 3)),
         Some("pages") => pages(arg(&args, 2)),
-        Some("bpf-array") => bpf_array(&arg::<String>(&args, 2), arg(&args, 3), arg(&args, 4)),
+        Some("bpf-array") => bpf_array(
+            &arg::<String>(&args, 2),
+            arg(&args, 3),
+            arg(&args, 4),
+            args.get(5).map(|_| arg(&args, 5)),
+        ),
         Some("writev-rate") => {
             if args.get(4).is_some_and(|a| a == "wait") {
                 let mut line = String::new();
@@ -349,7 +354,7 @@ fn pages(count: usize) {
 
 /// A BPF array map made with the raw bpf(2) syscall; closed (and freed by
 /// the kernel) when the process exits.
-fn bpf_array(kind: &str, entries: u32, value_size: u32) {
+fn bpf_array(kind: &str, entries: u32, value_size: u32, hold_secs: Option<u64>) {
     const BPF_MAP_CREATE: libc::c_long = 0;
     let map_type: u32 = match kind {
         "array" => 2,  // BPF_MAP_TYPE_ARRAY
@@ -375,5 +380,9 @@ fn bpf_array(kind: &str, entries: u32, value_size: u32) {
     if fd < 0 {
         eprintln!("bpf(BPF_MAP_CREATE): {}", std::io::Error::last_os_error());
         std::process::exit(1);
+    }
+    if let Some(secs) = hold_secs {
+        println!("created");
+        std::thread::sleep(Duration::from_secs(secs));
     }
 }

@@ -16,6 +16,7 @@ use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
+use crate::leaks::meminfo::{account, MemInfo};
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
 use crate::model::snapshot::Snapshot;
 use crate::render::Format;
@@ -124,6 +125,8 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let cfg = kernel_config(&args, &targets);
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
+    // Sources beyond the slab are compared with /proc/meminfo over the run.
+    let meminfo_before = (!cfg.sources.is_default()).then(MemInfo::read);
     // The traced time runs from attach to detach: the command may well be
     // done while the symbols below load.
     let start = Instant::now();
@@ -192,12 +195,21 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     });
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
+    let meminfo_after = MemInfo::read();
     let exit_code = ended.report();
     targets.terminate();
     let mut snap = session.snapshot()?;
     let info = run_info(&session);
     drop(session);
-    let report = build(&mut snap, "leaks", duration_s, info);
+    let mut report = build(&mut snap, "leaks", duration_s, info);
+    if let (Some(before), Some(l)) = (&meminfo_before, report.leaks.as_mut()) {
+        l.accounting = account(
+            cfg.sources,
+            &l.outstanding_by_source,
+            before,
+            &meminfo_after,
+        );
+    }
     write_report(report, &args)?;
     Ok(exit_code)
 }
