@@ -167,6 +167,10 @@ pub struct CacheRow {
     #[serde(default)]
     pub source: Source,
     pub name: String,
+    /// Pages that back another source (new slabs, vmalloc areas, percpu
+    /// chunks), which counts their bytes: left out of totals.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted_elsewhere: bool,
     #[serde(default)]
     pub frees: u64,
     #[serde(flatten)]
@@ -257,6 +261,18 @@ fn unnamed_cgroup(id: u64) -> CgroupRef {
 }
 
 impl Report {
+    /// Outstanding bytes per source (kheap leaks), pages that back another
+    /// source left out: the input of the /proc/meminfo accounting.
+    pub fn outstanding_by_source(&self) -> HashMap<Source, u64> {
+        let mut by_source = HashMap::new();
+        for c in self.caches.iter().filter(|c| !c.counted_elsewhere) {
+            if let Some(r) = &c.retention {
+                *by_source.entry(c.source).or_default() += r.outstanding_bytes;
+            }
+        }
+        by_source
+    }
+
     /// Fills in the path and container of every cgroup the rows carry.
     pub fn name_cgroups(&mut self, names: &mut CgroupNames) {
         let ids = self.cgroups.iter().filter_map(|r| r.cgroup_id);
@@ -691,6 +707,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
         .map(|(cache, s)| CacheRow {
             source: cache.source(),
             name: cache.name(),
+            counted_elsewhere: cache.counted_elsewhere(),
             frees: snap.cache_frees.get(cache).copied().unwrap_or(0),
             counts: (&s).into(),
             retention: retention(cache),
@@ -702,6 +719,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
             rows.push(CacheRow {
                 source: cache.source(),
                 name: cache.name(),
+                counted_elsewhere: cache.counted_elsewhere(),
                 frees,
                 counts: Counts::default(),
                 retention: retention(cache),

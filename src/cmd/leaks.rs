@@ -202,13 +202,9 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let info = run_info(&session);
     drop(session);
     let mut report = build(&mut snap, "leaks", duration_s, info);
+    let outstanding = report.outstanding_by_source();
     if let (Some(before), Some(l)) = (&meminfo_before, report.leaks.as_mut()) {
-        l.accounting = account(
-            cfg.sources,
-            &l.outstanding_by_source,
-            before,
-            &meminfo_after,
-        );
+        l.accounting = account(cfg.sources, &outstanding, before, &meminfo_after);
     }
     write_report(report, &args)?;
     Ok(exit_code)

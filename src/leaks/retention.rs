@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::leaks::meminfo::AccountingRow;
 use crate::model::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
 use crate::model::snapshot::Snapshot;
-use crate::model::{round2, AllocStats, Counts, SiteKey, Source};
+use crate::model::{round2, AllocStats, Counts, SiteKey};
 
 /// What is still allocated of a row (kheap leaks and its snapshots only),
 /// flattened into the row's JSON beside the allocation counts.
@@ -132,10 +132,6 @@ pub struct LeakSummary {
     /// /proc/meminfo (filled by the command, which reads meminfo).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accounting: Vec<AccountingRow>,
-    /// Outstanding bytes per source, pages backing another source left out
-    /// (the accounting's input).
-    #[serde(skip)]
-    pub outstanding_by_source: HashMap<Source, u64>,
 }
 
 /// Free paths of the kernel that emit no kmem:kfree/kmem_cache_free event.
@@ -230,7 +226,6 @@ pub fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Leak
         unseen_free_paths: UNSEEN_FREE_PATHS.iter().map(|s| s.to_string()).collect(),
         processes: process_rows(l, idx, duration_s),
         accounting: Vec::new(),
-        outstanding_by_source: outstanding_by_source(idx),
     }
 }
 
@@ -244,18 +239,6 @@ fn counted_once(idx: &RetainedIndex) -> Retained {
         }
     }
     total
-}
-
-/// Outstanding bytes per source; pages backing another source are that
-/// source's, so they are not counted again.
-fn outstanding_by_source(idx: &RetainedIndex) -> HashMap<Source, u64> {
-    let mut by_source = HashMap::new();
-    for (cache, r) in idx.by_cache() {
-        if !cache.counted_elsewhere() {
-            *by_source.entry(cache.source()).or_default() += r.bytes_alloc;
-        }
-    }
-    by_source
 }
 
 fn process_rows(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Vec<ProcessRetention> {

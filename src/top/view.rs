@@ -496,6 +496,7 @@ mod tests {
         let mut rep = report();
         rep.caches.push(crate::report::CacheRow {
             source: Default::default(),
+            counted_elsewhere: false,
             name: "dentry".into(),
             frees: 30,
             counts: Counts {
