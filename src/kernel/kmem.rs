@@ -171,7 +171,7 @@ impl<'obj> Tracer<'obj> {
         for hook in HOOKS.iter().filter(|h| h.source == Source::Kmalloc) {
             let wanted = match hook.role {
                 Role::Alloc => cfg.sources.contains(Source::Kmalloc),
-                Role::Free => trace_frees,
+                Role::Free => trace_frees && cfg.sources.contains(Source::Kmalloc),
                 Role::Fork => cfg.follow_children,
             };
             if !wanted {
