@@ -384,7 +384,19 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         })
         .collect();
 
-    let by_source = source_totals(snap);
+    let mut by_source = source_totals(snap);
+    // The leak tracer does not count frees in the kernel: each source's
+    // are those derived for its caches (allocated - outstanding - unseen).
+    if retained.is_some() {
+        for t in &mut by_source {
+            t.frees = caches
+                .iter()
+                .filter(|c| c.source == t.source)
+                .filter_map(|c| c.retention.as_ref())
+                .map(|r| r.freed_count)
+                .sum();
+        }
+    }
     let mut all = AllocStats::default();
     for (k, s) in &snap.sites {
         if !k.cache.counted_elsewhere() {
