@@ -492,6 +492,9 @@ static __always_inline bool cache_accounted(__u64 gfp_flags, __u64 slab_flags)
 	       (slab_flags & cfg.slab_account_mask);
 }
 
+/* The page allocator, vmalloc and percpu (--source). */
+#include "sources.bpf.h"
+
 /* ---- tp_btf: typed raw tracepoint arguments ---- */
 
 SEC("tp_btf/kmalloc")

@@ -22,6 +22,46 @@
 #define KHEAP_E2BIG  7
 #define KHEAP_EEXIST 17
 
+/* Which kernel allocator an event comes from (--source). kmalloc is the
+ * slab (kmalloc and kmem_cache_alloc), the default and only one before
+ * sources existed, so a zeroed key means the slab. */
+enum kheap_source {
+	KHEAP_SOURCE_KMALLOC = 0,
+	KHEAP_SOURCE_PAGE = 1,
+	KHEAP_SOURCE_VMALLOC = 2,
+	KHEAP_SOURCE_PERCPU = 3,
+	KHEAP_SOURCES = 4,
+};
+
+/* What a page-allocator allocation was for, as far as kheap can tell: pages
+ * that back slabs or vmalloc areas are counted by those sources too, so
+ * totals leave them out (sources.bpf.h explains the heuristics). */
+enum kheap_page_use {
+	KHEAP_PAGE_DIRECT = 0,
+	KHEAP_PAGE_SLAB = 1,
+	KHEAP_PAGE_VMALLOC = 2,
+	KHEAP_PAGE_PERCPU = 3,
+};
+
+/* Innermost frames of a page allocation that are searched for the
+ * allocator it serves (tracing frames come first), and how many function
+ * ranges can name one. */
+#define KHEAP_BACKING_DEPTH  12
+#define KHEAP_BACKING_RANGES 24
+
+/* A kernel function's text [start, end) whose page allocations back
+ * another source: filled from /proc/kallsyms by user space. */
+struct backing_range {
+	__u64 start;
+	__u64 end;
+	__u32 page_use; /* enum kheap_page_use */
+	__u32 _pad;
+};
+
+struct backing_frames {
+	__u64 ip[KHEAP_BACKING_DEPTH];
+};
+
 /* Exact counters of one aggregation key, summed over CPUs in user space. */
 struct alloc_stats {
 	__u64 count;
@@ -37,8 +77,13 @@ struct site_key {
 	/* struct kmem_cache * for kmem_cache_alloc(); 0 for kmalloc(), whose
 	 * events carry no cache, so the size class stands in for it. */
 	__u64 cache;
+	/* kmalloc: the size class; pages: the order */
 	__u32 kmalloc_size;
-	__u32 kmalloc_accounted;
+	__u8 kmalloc_accounted;
+	__u8 source; /* enum kheap_source */
+	/* pages: which allocator the pages went to (enum kheap_page_use) */
+	__u8 page_use;
+	__u8 _pad;
 };
 
 struct stack_key {
@@ -111,6 +156,10 @@ struct counters {
 	__u64 cgroups_created;
 	__u64 live_added;
 	__u64 live_removed;
+	/* frees per source (enum kheap_source), beside the total above */
+	__u64 source_frees[KHEAP_SOURCES];
+	/* pages whose use was reclassified (page to slab) after counting */
+	__u64 pages_reclassified;
 };
 
 /* One object allocated while tracking outstanding memory and not yet seen
@@ -184,6 +233,12 @@ struct kheap_config {
 	__u8 by_cgroup;
 	__u8 latency_active; /* lat_starts is shared with the latency object */
 	__u8 track_live;     /* remember every object until its free */
+	/* bit (1 << enum kheap_source) per source beyond kmalloc whose
+	 * programs are loaded; separates the layers between them */
+	__u8 sources;
+	__u8 page_shift;
+	/* entries of backing_ranges in use; 0: pages are not classified */
+	__u32 backing_ranges;
 };
 
 /* --latency: time inside the allocator entry points, per call site. */

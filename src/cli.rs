@@ -13,6 +13,7 @@ use clap::{Args, ValueEnum};
 
 use crate::cgroup::CgroupTarget;
 use crate::kernel::attach::AttachMode;
+use crate::model::Sources;
 
 /// The processes a run is about: PIDs, and/or a command kheap starts.
 #[derive(Args, Debug, Clone, Default)]
@@ -172,12 +173,16 @@ pub struct TraceArgs {
     /// Capacity of the per-site and per-stack maps
     #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
+    /// Kernel allocators to trace: kmalloc (the slab), page, vmalloc,
+    /// percpu, comma-separated, or all
+    #[arg(long = "source", default_value = "kmalloc", value_name = "LIST")]
+    pub sources: Sources,
 }
 
 impl TraceArgs {
     /// Whether any tracing option was given.
     pub fn any(&self) -> bool {
-        self.filters.any() || self.stacks.any()
+        self.filters.any() || self.stacks.any() || !self.sources.is_default()
     }
 }
 

@@ -26,13 +26,14 @@ pub enum Kind {
 
 impl Kind {
     /// record, leaks, top 2: `cgroups` rows, `cgroup` on process rows,
-    /// `lost.map_full_cgroups`.
+    /// `lost.map_full_cgroups`; 3: `source` on site, stack and cache rows,
+    /// `totals.sources` (`--source`).
     pub fn schema_version(self) -> u32 {
         match self {
-            Kind::Record | Kind::Top => 2,
-            // leaks 3: retention on `cgroups` rows (--by cgroup), `cgroup`
-            // on `leaks.processes` rows.
-            Kind::Leaks => 3,
+            // 3: per-source rows and totals (--source); leaks also retention
+            // on `cgroups` rows (--by cgroup) and `cgroup` on
+            // `leaks.processes` rows.
+            Kind::Record | Kind::Leaks | Kind::Top => 3,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries.
@@ -137,7 +138,7 @@ mod tests {
         assert!(text.ends_with("}\n"));
         let l = line(Kind::Top, &body);
         assert!(
-            l.starts_with("{\"kind\":\"top\",\"schema_version\":2,\"duration_s\":1.5"),
+            l.starts_with("{\"kind\":\"top\",\"schema_version\":3,\"duration_s\":1.5"),
             "{l}"
         );
         assert_eq!(l.lines().count(), 1);

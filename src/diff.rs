@@ -291,6 +291,7 @@ mod tests {
             location: loc.into(),
             call_site: loc.into(),
             caches: vec!["kmalloc-cg-4k".into()],
+            source: Default::default(),
             counts: Counts {
                 count: allocs,
                 bytes_alloc: allocs * 4096,

@@ -52,6 +52,7 @@ mod tests {
         ("testing", Model),
         ("leaks", Cmd),
         ("leaks::retention", Report),
+        ("leaks::meminfo", Report),
         ("leaks::render", Render),
         ("malloc", Cmd),
         ("malloc::probes", Base),

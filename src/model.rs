@@ -6,9 +6,13 @@
 //! without root; nothing here imports from the layers above (report,
 //! render, cmd) or from the kernel layer.
 
+pub mod backing;
 pub mod live;
 pub mod progress;
 pub mod snapshot;
+pub mod source;
+
+pub use source::{PageUse, Source, Sources};
 
 use std::ops::{AddAssign, Sub};
 
@@ -203,6 +207,12 @@ pub enum CacheId {
     /// A cache whose name the kernel did not tell (old tracepoint layouts):
     /// known only by its object size.
     ObjectSize(u64),
+    /// Pages of one order from the page allocator, and what they went to.
+    Pages { order: u32, used_for: PageUse },
+    /// vmalloc areas (vmalloc, vmap, ioremap), guard page included.
+    Vmalloc,
+    /// Per-CPU allocations.
+    Percpu,
 }
 
 /// Largest size served by kmalloc caches (two pages on x86_64 SLUB); above
@@ -223,7 +233,38 @@ impl CacheId {
             }
             CacheId::Named(n) => n.clone(),
             CacheId::ObjectSize(s) => format!("cache-of-{s}-bytes"),
+            CacheId::Pages { order, used_for } => match used_for.counted_by() {
+                None => format!("pages-order{order}"),
+                Some(_) => format!("pages-order{order}-{}", page_use_name(*used_for)),
+            },
+            CacheId::Vmalloc => "vmalloc".into(),
+            CacheId::Percpu => "percpu".into(),
         }
+    }
+
+    /// The allocator this cache belongs to.
+    pub fn source(&self) -> Source {
+        match self {
+            CacheId::Kmalloc { .. } | CacheId::Named(_) | CacheId::ObjectSize(_) => Source::Kmalloc,
+            CacheId::Pages { .. } => Source::Page,
+            CacheId::Vmalloc => Source::Vmalloc,
+            CacheId::Percpu => Source::Percpu,
+        }
+    }
+
+    /// Whether another source already counts these bytes (pages backing
+    /// slabs or vmalloc areas): such rows are shown, but left out of totals.
+    pub fn counted_elsewhere(&self) -> bool {
+        matches!(self, CacheId::Pages { used_for, .. } if used_for.counted_by().is_some())
+    }
+}
+
+fn page_use_name(u: PageUse) -> &'static str {
+    match u {
+        PageUse::Direct => "direct",
+        PageUse::Slab => "slab",
+        PageUse::Vmalloc => "vmalloc",
+        PageUse::Percpu => "percpu",
     }
 }
 

@@ -112,6 +112,35 @@ pub fn header(r: &Report) -> String {
         crate::model::pct(r.totals.waste_bytes, r.totals.bytes_alloc),
         human_count(r.totals.frees),
     );
+    // Per source, once more than the slab is traced.
+    if r.totals
+        .sources
+        .iter()
+        .any(|t| t.source != crate::model::Source::Kmalloc)
+    {
+        let parts: Vec<String> = r
+            .totals
+            .sources
+            .iter()
+            .map(|t| {
+                let mut p = format!(
+                    "{} {} allocs {} alloc {} frees",
+                    t.source,
+                    human_count(t.count),
+                    human_size(t.bytes_alloc),
+                    human_count(t.frees)
+                );
+                if t.counted_elsewhere_bytes > 0 {
+                    p += &format!(
+                        " ({} of it backing other sources)",
+                        human_size(t.counted_elsewhere_bytes)
+                    );
+                }
+                p
+            })
+            .collect();
+        let _ = writeln!(s, "sources: {}", parts.join("; "));
+    }
     let _ = writeln!(s, "attach: {}", r.run.attach.join(", "));
     if !r.run.skipped.is_empty() {
         let _ = writeln!(s, "skipped: {}", r.run.skipped.join("; "));

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::leaks::retention::{self, sort_by_retention};
 pub use crate::leaks::retention::{LeakSummary, ProgramMisses, Retention};
 use crate::model::live::{Retained, RetainedIndex};
+use crate::model::Source;
 use crate::model::{AllocStats, CacheId};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
@@ -89,6 +90,23 @@ pub struct Totals {
     pub bytes_alloc: u64,
     pub waste_bytes: u64,
     pub failed_allocs: u64,
+    /// The same, per source traced (`--source`); pages that back slabs or
+    /// vmalloc areas are in their own source's row, not in the sums above.
+    #[serde(default)]
+    pub sources: Vec<SourceTotals>,
+}
+
+/// One source's share of the totals.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SourceTotals {
+    pub source: Source,
+    pub count: u64,
+    pub frees: u64,
+    pub bytes_req: u64,
+    pub bytes_alloc: u64,
+    /// Bytes also counted by another source (pages backing slabs or
+    /// vmalloc areas): left out of the run's totals.
+    pub counted_elsewhere_bytes: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -112,6 +130,9 @@ pub struct Lost {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SiteRow {
+    /// The kernel allocator (`--source`).
+    #[serde(default)]
+    pub source: Source,
     /// The function that asked for the memory (first non-allocator frame).
     pub function: String,
     /// `function+0xoff` of the row's label frame.
@@ -128,6 +149,8 @@ pub struct SiteRow {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StackRow {
+    #[serde(default)]
+    pub source: Source,
     pub function: String,
     /// Innermost first, `name+0xoff`.
     pub frames: Vec<String>,
@@ -141,7 +164,13 @@ pub struct StackRow {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CacheRow {
+    #[serde(default)]
+    pub source: Source,
     pub name: String,
+    /// Pages that back another source (new slabs, vmalloc areas, percpu
+    /// chunks), which counts their bytes: left out of totals.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub counted_elsewhere: bool,
     #[serde(default)]
     pub frees: u64,
     #[serde(flatten)]
@@ -277,6 +306,18 @@ fn unnamed_cgroup(id: u64) -> CgroupRef {
 }
 
 impl Report {
+    /// Outstanding bytes per source (kheap leaks), pages that back another
+    /// source left out: the input of the /proc/meminfo accounting.
+    pub fn outstanding_by_source(&self) -> HashMap<Source, u64> {
+        let mut by_source = HashMap::new();
+        for c in self.caches.iter().filter(|c| !c.counted_elsewhere) {
+            if let Some(r) = &c.retention {
+                *by_source.entry(c.source).or_default() += r.outstanding_bytes;
+            }
+        }
+        by_source
+    }
+
     /// Fills in the path and container of every cgroup the rows carry.
     pub fn name_cgroups(&mut self, names: &mut CgroupNames) {
         let ids = self.cgroups.iter().filter_map(|r| r.cgroup_id);
@@ -397,9 +438,24 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         })
         .collect();
 
+    let mut by_source = source_totals(snap);
+    // The leak tracer does not count frees in the kernel: each source's
+    // are those derived for its caches (allocated - outstanding - unseen).
+    if retained.is_some() {
+        for t in &mut by_source {
+            t.frees = caches
+                .iter()
+                .filter(|c| c.source == t.source)
+                .filter_map(|c| c.retention.as_ref())
+                .map(|r| r.freed_count)
+                .sum();
+        }
+    }
     let mut all = AllocStats::default();
-    for s in snap.sites.values() {
-        all += *s;
+    for (k, s) in &snap.sites {
+        if !k.cache.counted_elsewhere() {
+            all += *s;
+        }
     }
     let ev = &snap.events;
     // The leak tracer counts only untracked frees in the kernel; the frees
@@ -418,6 +474,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
             bytes_alloc: all.bytes_alloc,
             waste_bytes: all.waste(),
             failed_allocs: ev.alloc_failed,
+            sources: by_source,
         },
         lost: Lost {
             stacks: ev.lost_stacks(),
@@ -446,6 +503,43 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         latency: Vec::new(),
         leaks,
     }
+}
+
+/// Per-source totals, for the sources that have events (or frees).
+fn source_totals(snap: &Snapshot) -> Vec<SourceTotals> {
+    let mut rows: Vec<SourceTotals> = Vec::new();
+    let row = |rows: &mut Vec<SourceTotals>, source: Source| -> usize {
+        if let Some(i) = rows.iter().position(|r| r.source == source) {
+            return i;
+        }
+        rows.push(SourceTotals {
+            source,
+            ..Default::default()
+        });
+        rows.len() - 1
+    };
+    for (k, s) in &snap.sites {
+        let i = row(&mut rows, k.cache.source());
+        let r = &mut rows[i];
+        r.count += s.count;
+        r.bytes_req += s.bytes_req;
+        r.bytes_alloc += s.bytes_alloc;
+        if k.cache.counted_elsewhere() {
+            r.counted_elsewhere_bytes += s.bytes_alloc;
+        }
+    }
+    for (&source, &frees) in &snap.source_frees {
+        let i = row(&mut rows, source);
+        rows[i].frees = frees;
+    }
+    // kfree() names no cache: the slab's frees are what the other sources
+    // did not free.
+    let others: u64 = snap.source_frees.values().sum();
+    if let Some(r) = rows.iter_mut().find(|r| r.source == Source::Kmalloc) {
+        r.frees = snap.events.frees.saturating_sub(others);
+    }
+    rows.sort_by_key(|r| r.source);
+    rows
 }
 
 struct Symbolized {
@@ -530,6 +624,7 @@ fn stack_rows<'a>(
                 .unwrap_or_else(|| "[no frames]".into()),
             frames: frames.iter().map(Frame::display).collect(),
             estimated,
+            source: site.cache.source(),
             cache: site.cache.name(),
             counts: (&stats).into(),
             retention,
@@ -559,10 +654,12 @@ fn label_sites<'a>(
     snap: &Snapshot,
     call_sites: &HashMap<u64, Frame>,
     frames_of: &dyn Fn(i64) -> &'a [Frame],
-) -> HashMap<u64, (Frame, Frame)> {
-    let mut heaviest_stack: HashMap<u64, (u64, i64)> = HashMap::new();
+) -> HashMap<(u64, Source), (Frame, Frame)> {
+    let mut heaviest_stack: HashMap<(u64, Source), (u64, i64)> = HashMap::new();
     for ((site, id), s) in &snap.stacks {
-        let e = heaviest_stack.entry(site.call_site).or_insert((0, *id));
+        let e = heaviest_stack
+            .entry((site.call_site, site.cache.source()))
+            .or_insert((0, *id));
         if s.count > e.0 {
             *e = (s.count, *id);
         }
@@ -571,20 +668,27 @@ fn label_sites<'a>(
         .keys()
         .map(|k| {
             let addr = k.call_site;
+            let source = k.cache.source();
             let cs = call_sites
                 .get(&addr)
                 .cloned()
                 .unwrap_or_else(|| Frame::unknown(addr));
+            // Page and vmalloc events carry no call site: their one site per
+            // source is the whole allocator, and its stacks name the callers.
+            if addr == 0 && source != Source::Kmalloc {
+                let whole = Frame::named(&format!("[{source}]"));
+                return ((addr, source), (whole.clone(), whole));
+            }
             let mut label = cs.clone();
             if label_frame(std::slice::from_ref(&cs)).is_none_or(is_wrapper) {
                 if let Some(f) = heaviest_stack
-                    .get(&addr)
+                    .get(&(addr, source))
                     .and_then(|&(_, id)| label_frame(frames_of(id)))
                 {
                     label = f.clone();
                 }
             }
-            (addr, (label, cs))
+            ((addr, source), (label, cs))
         })
         .collect()
 }
@@ -597,7 +701,13 @@ pub fn labelled_sites(snap: &Snapshot, syms: &dyn Symbolize) -> Vec<(Frame, Site
     let labels = label_sites(snap, &symbolized.call_sites, &frames_of);
     snap.sites
         .iter()
-        .map(|(k, s)| (labels[&k.call_site].0.clone(), k.clone(), *s))
+        .map(|(k, s)| {
+            (
+                labels[&(k.call_site, k.cache.source())].0.clone(),
+                k.clone(),
+                *s,
+            )
+        })
         .collect()
 }
 
@@ -609,9 +719,11 @@ fn site_rows<'a>(
     retained: RetainedRef,
 ) -> Vec<SiteRow> {
     let labels = label_sites(snap, call_sites, frames_of);
-    let mut by_site: HashMap<u64, (AllocStats, Vec<String>, Retained)> = HashMap::new();
+    let mut by_site: HashMap<(u64, Source), (AllocStats, Vec<String>, Retained)> = HashMap::new();
     for (key, s) in &snap.sites {
-        let e = by_site.entry(key.call_site).or_default();
+        let e = by_site
+            .entry((key.call_site, key.cache.source()))
+            .or_default();
         e.0 += *s;
         if let Some(r) = retained.and_then(|(idx, _)| idx.sites.get(key)) {
             e.2 += *r;
@@ -623,10 +735,11 @@ fn site_rows<'a>(
     }
     let mut rows: Vec<SiteRow> = by_site
         .into_iter()
-        .map(|(addr, (stats, mut caches, ret))| {
+        .map(|((addr, source), (stats, mut caches, ret))| {
             caches.sort();
-            let (label, cs) = &labels[&addr];
+            let (label, cs) = &labels[&(addr, source)];
             SiteRow {
+                source,
                 function: label.name().to_string(),
                 location: label.display(),
                 call_site: cs.display(),
@@ -658,7 +771,9 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
     let mut rows: Vec<CacheRow> = by_cache
         .into_iter()
         .map(|(cache, s)| CacheRow {
+            source: cache.source(),
             name: cache.name(),
+            counted_elsewhere: cache.counted_elsewhere(),
             frees: snap.cache_frees.get(cache).copied().unwrap_or(0),
             counts: (&s).into(),
             retention: retention(cache),
@@ -668,7 +783,9 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
     for (cache, &frees) in &snap.cache_frees {
         if !snap.sites.keys().any(|k| &k.cache == cache) {
             rows.push(CacheRow {
+                source: cache.source(),
                 name: cache.name(),
+                counted_elsewhere: cache.counted_elsewhere(),
                 frees,
                 counts: Counts::default(),
                 retention: retention(cache),

@@ -25,9 +25,21 @@ impl Frame {
         }
     }
 
+    /// A label that is not an address: `[page]` for the whole page
+    /// allocator, whose events carry no call site.
+    pub fn named(name: &str) -> Frame {
+        Frame {
+            addr: 0,
+            function: Some(name.to_string()),
+            offset: 0,
+        }
+    }
+
     /// `function+0xoff`, the form kernel oopses and `%pS` use.
     pub fn display(&self) -> String {
         match &self.function {
+            // A named label (Frame::named) is no address.
+            Some(f) if self.addr == 0 && self.offset == 0 => f.clone(),
             Some(f) => format!("{f}+{:#x}", self.offset),
             None => format!("{:#x}", self.addr),
         }

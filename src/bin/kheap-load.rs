@@ -18,6 +18,13 @@
 //!       Prints the calls made, the time taken and the rate achieved. With
 //!       `wait`, starts only after reading a line from stdin (so a tracer
 //!       can be attached to its PID first).
+//!   kheap-load pages COUNT                  COUNT anonymous pages, without
+//!       huge pages, faulted in for writing by MADV_POPULATE_WRITE: COUNT
+//!       order-0 allocations in do_anonymous_page under madvise_populate.
+//!   kheap-load bpf-array KIND ENTRIES VALUE_SIZE [HOLD_SECS]  creates a
+//!       BPF map of KIND `array` (above 32 KiB its values are one vmalloc
+//!       area) or `percpu` (one percpu allocation per entry) through the bpf
+//!       syscall, and holds it HOLD_SECS; the map goes with the process.
 //!
 //! With KHEAP_LOAD_WAIT set, any mode prints `ready` once started and then
 //! waits for a line on stdin: a test can then move the process into a
@@ -28,7 +35,7 @@ use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | pages COUNT | bpf-array array|percpu ENTRIES VALUE_SIZE [HOLD_SECS]"
     );
     std::process::exit(2);
 }
@@ -66,6 +73,13 @@ fn main() {
         ),
         Some("writev") => writev(arg(&args, 2)),
         Some("malloc") => malloc_free(arg(&args, 2), arg(&args, 3)),
+        Some("pages") => pages(arg(&args, 2)),
+        Some("bpf-array") => bpf_array(
+            &arg::<String>(&args, 2),
+            arg(&args, 3),
+            arg(&args, 4),
+            args.get(5).map(|_| arg(&args, 5)),
+        ),
         Some("writev-rate") => {
             if args.get(4).is_some_and(|a| a == "wait") {
                 let mut line = String::new();
@@ -307,4 +321,68 @@ fn malloc_free(count: u64, size: usize) {
     }
     let ns = (cpu_time_ns() - start) as f64 / count.max(1) as f64;
     println!("{count} malloc+free pairs of {size} bytes, {ns:.1} ns per pair");
+}
+
+/// COUNT order-0 anonymous pages, allocated by one madvise(2) call so the
+/// allocations have a path no start-up fault shares.
+fn pages(count: usize) {
+    const MADV_POPULATE_WRITE: i32 = 23;
+    let len = count * 4096;
+    // SAFETY: a fresh private anonymous mapping, unmapped before return.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            eprintln!("mmap: {}", std::io::Error::last_os_error());
+            std::process::exit(1);
+        }
+        // Huge pages would turn 512 faults into one order-9 allocation.
+        libc::madvise(p, len, libc::MADV_NOHUGEPAGE);
+        if libc::madvise(p, len, MADV_POPULATE_WRITE) != 0 {
+            eprintln!("MADV_POPULATE_WRITE: {}", std::io::Error::last_os_error());
+            std::process::exit(1);
+        }
+        libc::munmap(p, len);
+    }
+}
+
+/// A BPF array map made with the raw bpf(2) syscall; closed (and freed by
+/// the kernel) when the process exits.
+fn bpf_array(kind: &str, entries: u32, value_size: u32, hold_secs: Option<u64>) {
+    const BPF_MAP_CREATE: libc::c_long = 0;
+    let map_type: u32 = match kind {
+        "array" => 2,  // BPF_MAP_TYPE_ARRAY
+        "percpu" => 6, // BPF_MAP_TYPE_PERCPU_ARRAY
+        _ => usage(),
+    };
+    // union bpf_attr for BPF_MAP_CREATE: map_type, key_size, value_size,
+    // max_entries, map_flags; the rest zero.
+    let mut attr = [0u32; 32];
+    attr[0] = map_type;
+    attr[1] = 4;
+    attr[2] = value_size;
+    attr[3] = entries;
+    // SAFETY: attr outlives the call and its size is passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_CREATE,
+            attr.as_ptr(),
+            std::mem::size_of_val(&attr),
+        )
+    };
+    if fd < 0 {
+        eprintln!("bpf(BPF_MAP_CREATE): {}", std::io::Error::last_os_error());
+        std::process::exit(1);
+    }
+    if let Some(secs) = hold_secs {
+        println!("created");
+        std::thread::sleep(Duration::from_secs(secs));
+    }
 }

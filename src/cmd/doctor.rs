@@ -4,6 +4,8 @@ use anyhow::Result;
 
 use crate::kernel::attach::kmem_hooks;
 use crate::kernel::features::{self, Tracefs};
+use crate::kernel::hooks::source_hooks;
+use crate::model::Source;
 use crate::render::table::{new_table, output_width, render};
 
 const CANNOT_TELL: &str = "cannot tell without root";
@@ -79,6 +81,32 @@ pub fn run() -> Result<i32> {
         row(
             &format!("kmem:{tp}"),
             format!("tracepoint: {classic}, tp_btf: {}", yes_no(btf)),
+        );
+    }
+    for source in [Source::Page, Source::Vmalloc, Source::Percpu] {
+        let hooks: Vec<String> = source_hooks(source)
+            .map(|h| {
+                let have = kbtf
+                    .as_ref()
+                    .is_some_and(|k| k.btf_tracepoints.iter().any(|t| t == h.tracepoint));
+                format!("{}:{} {}", h.system, h.tracepoint, yes_no(have))
+            })
+            .collect();
+        let usable = kbtf.as_ref().is_some_and(|k| {
+            source_hooks(source).all(|h| k.btf_tracepoints.iter().any(|t| t == h.tracepoint))
+        });
+        let how = if usable {
+            "raw_tp".to_string()
+        } else if source == Source::Vmalloc {
+            // vmalloc's tracepoints came with 6.2; the kprobe/fentry
+            // fallback on __vmalloc_node_range is not written yet.
+            "unavailable (no vmalloc tracepoints on this kernel)".to_string()
+        } else {
+            "unavailable".to_string()
+        };
+        row(
+            &format!("--source {source}"),
+            format!("{how} ({})", hooks.join(", ")),
         );
     }
     row("kprobes", yes_no(features::has_kprobes()));

@@ -17,6 +17,7 @@ use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
+use crate::leaks::meminfo::{account, MemInfo};
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
 use crate::model::snapshot::Snapshot;
 use crate::render::Format;
@@ -129,6 +130,8 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let cfg = kernel_config(&args, &targets);
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
+    // Sources beyond the slab are compared with /proc/meminfo over the run.
+    let meminfo_before = (!cfg.sources.is_default()).then(MemInfo::read);
     // The traced time runs from attach to detach: the command may well be
     // done while the symbols below load.
     let start = Instant::now();
@@ -212,6 +215,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     session.detach();
     // Before the command's own cgroup is removed with it (terminate).
     cgroup_names.learn(session.cgroup_ids()?);
+    let meminfo_after = MemInfo::read();
     let exit_code = ended.report();
     targets.terminate();
     let mut snap = session.snapshot()?;
@@ -219,6 +223,10 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     drop(session);
     let mut report = build(&mut snap, "leaks", duration_s, info);
     report.name_cgroups(&mut cgroup_names);
+    let outstanding = report.outstanding_by_source();
+    if let (Some(before), Some(l)) = (&meminfo_before, report.leaks.as_mut()) {
+        l.accounting = account(cfg.sources, &outstanding, before, &meminfo_after);
+    }
     write_report(report, &args)?;
     Ok(exit_code)
 }

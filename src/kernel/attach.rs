@@ -29,6 +29,7 @@ pub enum Mechanism {
 impl Hook {
     /// The BPF program of this hook for one mechanism.
     pub fn program(&self, mech: Mechanism) -> String {
+        let mech = if self.raw_only { Mechanism::Raw } else { mech };
         self.program_with_suffix(match mech {
             Mechanism::Btf => "btf",
             Mechanism::Raw => "raw",
@@ -53,7 +54,8 @@ impl Mechanism {
 
     /// Whether this kernel has the hook for this mechanism.
     pub fn has_hook(self, hook: &Hook, kbtf: &KernelBtf, tracefs: Option<&Tracefs>) -> bool {
-        match self {
+        let mech = if hook.raw_only { Mechanism::Raw } else { self };
+        match mech {
             // Raw tracepoints exist exactly where BTF names them.
             Mechanism::Btf | Mechanism::Raw => {
                 kbtf.btf_tracepoints.iter().any(|t| t == hook.tracepoint)
@@ -109,11 +111,14 @@ mod tests {
         let src = [
             include_str!("../../bpf/kheap.bpf.c"),
             include_str!("../../bpf/task_filter.bpf.h"),
+            include_str!("../../bpf/sources.bpf.h"),
         ]
         .concat();
         assert_eq!(HOOKS[0].program(Mechanism::Btf), "kfree_btf");
-        assert_eq!(HOOKS[4].program(Mechanism::Raw), "cache_alloc_raw");
-        assert_eq!(HOOKS[2].program(Mechanism::Classic), "fork_tp");
+        assert_eq!(HOOKS[8].program(Mechanism::Raw), "cache_alloc_raw");
+        assert_eq!(HOOKS[6].program(Mechanism::Classic), "fork_tp");
+        // The other sources have raw_tp programs only.
+        assert_eq!(HOOKS[9].program(Mechanism::Btf), "page_alloc_raw");
         for hook in &HOOKS {
             for m in [Mechanism::Btf, Mechanism::Raw, Mechanism::Classic] {
                 let name = hook.program(m);

@@ -2,6 +2,8 @@
 //! order, what their events are and what their programs are called. Read by
 //! the attach strategy and by feature probing.
 
+use crate::model::Source;
+
 /// What a hook's events are.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Role {
@@ -20,6 +22,11 @@ pub struct Hook {
     pub role: Role,
     /// The program name without its mechanism suffix (bpf/kheap.bpf.c).
     program: &'static str,
+    /// The allocator whose events these are (`--source`).
+    pub source: Source,
+    /// Only a raw_tp program exists (bpf/sources.bpf.h): whatever the
+    /// mechanism of the run, this hook is attached as raw_tp.
+    pub raw_only: bool,
 }
 
 impl Hook {
@@ -32,40 +39,115 @@ impl Hook {
 
 /// Every hook, in attach order: frees before allocations, so that no
 /// tracked object's free can be missed at start.
-pub const HOOKS: [Hook; 5] = [
+pub const HOOKS: [Hook; 12] = [
     Hook {
         tracepoint: "kfree",
         system: "kmem",
         role: Role::Free,
         program: "kfree",
+        source: Source::Kmalloc,
+        raw_only: false,
     },
     Hook {
         tracepoint: "kmem_cache_free",
         system: "kmem",
         role: Role::Free,
         program: "cache_free",
+        source: Source::Kmalloc,
+        raw_only: false,
+    },
+    Hook {
+        tracepoint: "mm_page_free",
+        system: "kmem",
+        role: Role::Free,
+        program: "page_free",
+        source: Source::Page,
+        raw_only: true,
+    },
+    Hook {
+        tracepoint: "mm_page_free_batched",
+        system: "kmem",
+        role: Role::Free,
+        program: "page_free_batched",
+        source: Source::Page,
+        raw_only: true,
+    },
+    Hook {
+        tracepoint: "free_vmap_area_noflush",
+        system: "vmalloc",
+        role: Role::Free,
+        program: "vmalloc_free",
+        source: Source::Vmalloc,
+        raw_only: true,
+    },
+    Hook {
+        tracepoint: "percpu_free_percpu",
+        system: "percpu",
+        role: Role::Free,
+        program: "percpu_free",
+        source: Source::Percpu,
+        raw_only: true,
     },
     Hook {
         tracepoint: "sched_process_fork",
         system: "sched",
         role: Role::Fork,
         program: "fork",
+        source: Source::Kmalloc,
+        raw_only: false,
     },
     Hook {
         tracepoint: "kmalloc",
         system: "kmem",
         role: Role::Alloc,
         program: "kmalloc",
+        source: Source::Kmalloc,
+        raw_only: false,
     },
     Hook {
         tracepoint: "kmem_cache_alloc",
         system: "kmem",
         role: Role::Alloc,
         program: "cache_alloc",
+        source: Source::Kmalloc,
+        raw_only: false,
+    },
+    Hook {
+        tracepoint: "mm_page_alloc",
+        system: "kmem",
+        role: Role::Alloc,
+        program: "page_alloc",
+        source: Source::Page,
+        raw_only: true,
+    },
+    Hook {
+        tracepoint: "alloc_vmap_area",
+        system: "vmalloc",
+        role: Role::Alloc,
+        program: "vmalloc_alloc",
+        source: Source::Vmalloc,
+        raw_only: true,
+    },
+    Hook {
+        tracepoint: "percpu_alloc_percpu",
+        system: "percpu",
+        role: Role::Alloc,
+        program: "percpu_alloc",
+        source: Source::Percpu,
+        raw_only: true,
     },
 ];
 
-/// The kmem tracepoints (allocations and frees), in attach order.
+/// The slab's kmem tracepoints (allocations and frees), in attach order.
 pub fn kmem_hooks() -> impl Iterator<Item = &'static Hook> {
-    HOOKS.iter().filter(|h| h.system == "kmem")
+    HOOKS
+        .iter()
+        .filter(|h| h.source == Source::Kmalloc && h.role != Role::Fork)
+}
+
+/// The hooks of one source beyond the slab, in attach order.
+pub fn source_hooks(source: Source) -> impl Iterator<Item = &'static Hook> {
+    HOOKS
+        .iter()
+        .filter(move |h| h.source == source && h.role != Role::Fork)
 }

@@ -20,11 +20,12 @@ use crate::kernel::features::{self, KernelBtf, Tracefs};
 use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 use crate::kernel::storage::ObjectStorage;
+use crate::model::backing::BackingRange;
 use crate::model::live::{jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Unseen};
 use crate::model::snapshot::{
     CgroupKey, CgroupSlot, EventCounters, IdleKeys, ProgRunTime, Snapshot,
 };
-use crate::model::{progress, CacheId, SiteKey};
+use crate::model::{progress, CacheId, PageUse, SiteKey, Source, Sources};
 
 pub use crate::kernel::attach::AttachMode;
 
@@ -51,6 +52,8 @@ pub struct Config {
     pub trace_frees: bool,
     /// Remember every object until its free (`kheap leaks`).
     pub live: Option<LiveConfig>,
+    /// The allocators traced (`--source`); the slab only by default.
+    pub sources: Sources,
     /// Count kheap's own allocations too. Off by default: reading the maps
     /// allocates in the kernel (batch lookups kvmalloc their buffers), and a
     /// tool should not report its own footprint as the workload's.
@@ -94,6 +97,7 @@ impl Default for Config {
             trace_frees: true,
             live: None,
             include_self: false,
+            sources: Sources::default(),
         }
     }
 }
@@ -164,10 +168,10 @@ impl<'obj> Tracer<'obj> {
         let trace_frees = cfg.trace_frees || cfg.live.is_some();
         let mut skipped = Vec::new();
         let mut enabled: Vec<&'static Hook> = Vec::new();
-        for hook in &HOOKS {
+        for hook in HOOKS.iter().filter(|h| h.source == Source::Kmalloc) {
             let wanted = match hook.role {
-                Role::Alloc => true,
-                Role::Free => trace_frees,
+                Role::Alloc => cfg.sources.contains(Source::Kmalloc),
+                Role::Free => trace_frees && cfg.sources.contains(Source::Kmalloc),
                 Role::Fork => cfg.follow_children,
             };
             if !wanted {
@@ -183,8 +187,19 @@ impl<'obj> Tracer<'obj> {
                 skipped.push(format!("{tp}: not available on this kernel"));
             }
         }
+        for source in cfg.sources.iter().filter(|&s| s != Source::Kmalloc) {
+            match source_hooks_available(source, trace_frees, kbtf) {
+                Ok(hooks) => enabled.extend(hooks),
+                Err(why) => skipped.push(why),
+            }
+        }
+        // Frees before allocations, whatever their source.
+        enabled.sort_by_key(|h| HOOKS.iter().position(|x| std::ptr::eq(x, *h)));
         if !enabled.iter().any(|h| h.role == Role::Alloc) {
-            bail!("this kernel has neither the kmem:kmalloc nor the kmem:kmem_cache_alloc tracepoint: nothing to trace");
+            bail!(
+                "this kernel has no tracepoint of the sources asked for ({}): nothing to trace",
+                cfg.sources
+            );
         }
         if cfg.follow_children && !enabled.iter().any(|h| h.role == Role::Fork) {
             eprintln!("kheap: warning: sched_process_fork is not available; children of the command are not followed");
@@ -194,6 +209,10 @@ impl<'obj> Tracer<'obj> {
             .open(slot)
             .context("opening the BPF object")?;
         configure(&mut open, cfg, kbtf, lat_starts)?;
+        let backing = backing_ranges(cfg)?;
+        if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
+            rodata.cfg.backing_ranges = backing.len() as u32;
+        }
         // Exactly the programs of the chosen mechanism and hooks load; any
         // other program left in the object would fail the whole load.
         for mut prog in open.open_object_mut().progs_mut() {
@@ -223,6 +242,25 @@ impl<'obj> Tracer<'obj> {
         if cfg.live.is_some() {
             tracer.clock0 = tracer.clock()?;
         }
+        for (i, r) in backing.iter().enumerate() {
+            let value = types::backing_range {
+                start: r.start,
+                end: r.end,
+                page_use: r.page_use.raw(),
+                ..Default::default()
+            };
+            tracer
+                .skel
+                .maps
+                .backing_ranges
+                .update(
+                    &(i as u32).to_ne_bytes(),
+                    // SAFETY: a plain C struct of integers (explicit padding).
+                    unsafe { plain::as_bytes(&value) },
+                    MapFlags::ANY,
+                )
+                .context("writing the backing-function ranges")?;
+        }
         for &pid in &cfg.pids {
             tracer.add_pid(pid)?;
         }
@@ -243,7 +281,8 @@ impl<'obj> Tracer<'obj> {
                 .with_context(|| format!("attaching to {tp}"))?;
             tracer.links.push(link);
             tracer.hooks.push(hook);
-            tracer.attached.push(format!("{tp}: {}", mech.name()));
+            let how = if hook.raw_only { Mechanism::Raw } else { mech };
+            tracer.attached.push(format!("{tp}: {}", how.name()));
         }
         Ok(tracer)
     }
@@ -268,6 +307,13 @@ impl<'obj> Tracer<'obj> {
             &p.fork_btf,
             &p.fork_raw,
             &p.fork_tp,
+            &p.page_alloc_raw,
+            &p.page_free_raw,
+            &p.page_free_batched_raw,
+            &p.vmalloc_alloc_raw,
+            &p.vmalloc_free_raw,
+            &p.percpu_alloc_raw,
+            &p.percpu_free_raw,
         ];
         all.into_iter().find(|p| p.name() == name.as_str())
     }
@@ -411,6 +457,10 @@ impl<'obj> Tracer<'obj> {
                 .or_default() += v.frees;
         }
         let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
+        for source in self.cfg.sources.iter().filter(|&s| s != Source::Kmalloc) {
+            snap.source_frees
+                .insert(source, c.source_frees[source.raw() as usize]);
+        }
         snap.events = self.event_counters(&c);
         if let Some((lcfg, unseen, objects, now)) = live {
             snap.leaks = Some(self.leak_input(lcfg, unseen, objects, now, &c, &key)?);
@@ -746,6 +796,8 @@ fn configure(
             *dst = src as i8;
         }
     }
+    c.sources = cfg.sources.bits();
+    c.page_shift = page_shift();
     if let Some(live) = cfg.live {
         c.track_live = 1;
         c.ptr_sample_mask = live.sample_every.max(1) - 1;
@@ -782,10 +834,85 @@ fn configure(
     Ok(())
 }
 
+/// The hooks of a source beyond the slab, all of them or none: a source
+/// without its free hook would look like it leaks, one without its
+/// allocation hook would count nothing. Err: the line that says why.
+fn source_hooks_available(
+    source: Source,
+    trace_frees: bool,
+    kbtf: &KernelBtf,
+) -> std::result::Result<Vec<&'static Hook>, String> {
+    let hooks: Vec<&'static Hook> = crate::kernel::hooks::source_hooks(source)
+        .filter(|h| h.role == Role::Alloc || trace_frees)
+        .collect();
+    let missing: Vec<String> = hooks
+        .iter()
+        .filter(|h| !Mechanism::Raw.has_hook(h, kbtf, None))
+        .map(|h| format!("{}:{}", h.system, h.tracepoint))
+        .collect();
+    if missing.is_empty() {
+        return Ok(hooks);
+    }
+    Err(format!(
+        "{source}: not traced: this kernel has no {} tracepoint{}",
+        missing.join(", "),
+        match source {
+            // vmalloc's tracepoints came with Linux 6.2.
+            Source::Vmalloc =>
+                " (Linux 6.2+); kprobes on __vmalloc_node_range are not implemented yet",
+            _ => "",
+        }
+    ))
+}
+
+/// With the page source and a source whose pages it would count again:
+/// the text ranges of the functions that allocate those pages (only for the
+/// sources traced, so a page is left out of the totals only when another
+/// source counts it).
+fn backing_ranges(cfg: &Config) -> Result<Vec<BackingRange>> {
+    if !cfg.sources.contains(Source::Page) {
+        return Ok(Vec::new());
+    }
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
+    let mut ranges: Vec<BackingRange> = crate::model::backing::backing_ranges(&kallsyms)
+        .into_iter()
+        .filter(|r| {
+            r.page_use
+                .counted_by()
+                .is_some_and(|s| cfg.sources.contains(s))
+        })
+        .collect();
+    ranges.truncate(KHEAP_BACKING_RANGES);
+    Ok(ranges)
+}
+
+/// Must match KHEAP_BACKING_RANGES in bpf/kheap.h (the map's size).
+const KHEAP_BACKING_RANGES: usize = 24;
+
+/// log2 of the page size, for the page allocator's bytes (PAGE_SIZE << order).
+fn page_shift() -> u8 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 {
+        (size as u64).trailing_zeros() as u8
+    } else {
+        12
+    }
+}
+
 fn site_key(k: &types::site_key, names: &HashMap<u64, String>) -> SiteKey {
+    let cache = match Source::from_raw(k.source) {
+        Some(Source::Page) => CacheId::Pages {
+            order: k.kmalloc_size,
+            used_for: PageUse::from_raw(k.page_use),
+        },
+        Some(Source::Vmalloc) => CacheId::Vmalloc,
+        Some(Source::Percpu) => CacheId::Percpu,
+        _ => cache_id(k.cache, k.kmalloc_size, k.kmalloc_accounted != 0, names),
+    };
     SiteKey {
         call_site: k.call_site,
-        cache: cache_id(k.cache, k.kmalloc_size, k.kmalloc_accounted != 0, names),
+        cache,
     }
 }
 

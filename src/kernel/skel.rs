@@ -19,6 +19,7 @@ plain_types!(
     types::counters,
     types::live_obj,
     types::site_unseen,
+    types::backing_range,
 );
 
 impl From<types::alloc_stats> for crate::model::AllocStats {
@@ -57,6 +58,8 @@ impl_sum!(types::counters {
     cgroups_created,
     live_added,
     live_removed,
+    pages_reclassified;
+    source_frees
 });
 
 // The histogram width is defined once, in bpf/kheap.h: three counters, then

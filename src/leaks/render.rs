@@ -131,6 +131,17 @@ pub fn leak_header(r: &Report) -> String {
         "invisible free paths: {}",
         l.unseen_free_paths.join("; ")
     );
+    for a in &l.accounting {
+        let _ = writeln!(
+            s,
+            "accounting: {:<8} outstanding {:>8}  {} {:>8}  unexplained {:>8}",
+            a.source.name(),
+            human_size(a.outstanding_bytes),
+            a.meminfo,
+            crate::model::signed_size(a.meminfo_change_bytes),
+            crate::model::signed_size(a.unexplained_bytes),
+        );
+    }
     s
 }
 

@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup::CgroupRef;
+use crate::leaks::meminfo::AccountingRow;
 use crate::model::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
 use crate::model::snapshot::Snapshot;
 use crate::model::{round2, Counts};
@@ -133,6 +134,10 @@ pub struct LeakSummary {
     /// held on behalf of another, or of none).
     #[serde(default)]
     pub processes: Vec<ProcessRetention>,
+    /// With sources beyond kmalloc: outstanding bytes per source against
+    /// /proc/meminfo (filled by the command, which reads meminfo).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accounting: Vec<AccountingRow>,
 }
 
 /// Free paths of the kernel that emit no kmem:kfree/kmem_cache_free event.
@@ -214,7 +219,7 @@ pub fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Leak
     let scale = |v: u64| v * n as u64;
     LeakSummary {
         snapshot: l.kind == "snapshot",
-        retention: Retention::new(&idx.total(), duration_s),
+        retention: Retention::new(&counted_once(idx), duration_s),
         min_age_s: round3(l.min_age_ns as f64 / 1e9),
         sample_every: n,
         estimated: n > 1,
@@ -235,7 +240,20 @@ pub fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Leak
             .collect(),
         unseen_free_paths: UNSEEN_FREE_PATHS.iter().map(|s| s.to_string()).collect(),
         processes: process_rows(l, idx, duration_s),
+        accounting: Vec::new(),
     }
+}
+
+/// The run's retention with pages that back another source left out: that
+/// source counts their bytes already.
+fn counted_once(idx: &RetainedIndex) -> Retained {
+    let mut total = Retained::default();
+    for (cache, r) in idx.by_cache() {
+        if !cache.counted_elsewhere() {
+            total += r;
+        }
+    }
+    total
 }
 
 fn process_rows(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Vec<ProcessRetention> {

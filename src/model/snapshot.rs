@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::model::live::LeakInput;
-use crate::model::{AllocStats, CacheId, SiteKey};
+use crate::model::{AllocStats, CacheId, SiteKey, Source};
 pub use crate::model::{CgroupKey, CgroupSlot};
 
 /// Everything read from the kernel at the end of a run (or an interval),
@@ -22,6 +22,8 @@ pub struct Snapshot {
     /// The cgroup v2 id of each process in `procs`, where known.
     pub proc_cgroups: HashMap<u32, u64>,
     pub cache_frees: HashMap<CacheId, u64>,
+    /// Frees per source beyond the slab (the slab's are `cache_frees`).
+    pub source_frees: HashMap<Source, u64>,
     pub events: EventCounters,
     /// Outstanding objects, from `kheap leaks` only.
     pub leaks: Option<LeakInput>,

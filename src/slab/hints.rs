@@ -144,6 +144,8 @@ fn object_size_of(cache: &CacheId, sizes: &dyn ObjectSizes) -> Option<u64> {
         CacheId::Kmalloc { size, .. } => Some(*size),
         CacheId::ObjectSize(s) => Some(*s),
         CacheId::Named(n) => sizes.object_size(n),
+        // Not slab caches: no object size to hint about.
+        CacheId::Pages { .. } | CacheId::Vmalloc | CacheId::Percpu => None,
     }
 }
 

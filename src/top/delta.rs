@@ -212,6 +212,7 @@ pub struct Tracker {
     cgroups: MapTrack<CgroupKey, AllocStats>,
     caches: MapTrack<CacheId, u64>,
     prev_events: EventCounters,
+    prev_source_frees: HashMap<crate::model::Source, u64>,
     /// Stack frames of carried stacks (their ids may be gone from the map).
     carried_frames: HashMap<i64, Vec<u64>>,
 }
@@ -226,6 +227,15 @@ impl Tracker {
     pub fn interval(&mut self, cur: Snapshot) -> Snapshot {
         let events = events_delta(&cur.events, &self.prev_events);
         self.prev_events = cur.events;
+        let source_frees = cur
+            .source_frees
+            .iter()
+            .map(|(&s, &n)| {
+                let before = self.prev_source_frees.get(&s).copied().unwrap_or(0);
+                (s, n.saturating_sub(before))
+            })
+            .collect();
+        self.prev_source_frees = cur.source_frees;
         let sites = self.sites.step(cur.sites);
         let stacks = self.stacks.step(cur.stacks);
         let procs = self.procs.step(cur.procs);
@@ -251,6 +261,7 @@ impl Tracker {
             cgroups,
             proc_cgroups: cur.proc_cgroups,
             cache_frees,
+            source_frees,
             events,
             leaks: None,
         }

@@ -495,6 +495,8 @@ mod tests {
     fn cache_rows_have_frees_and_net_where_attributable() {
         let mut rep = report();
         rep.caches.push(crate::report::CacheRow {
+            source: Default::default(),
+            counted_elsewhere: false,
             name: "dentry".into(),
             frees: 30,
             counts: Counts {
