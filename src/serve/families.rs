@@ -41,6 +41,10 @@ pub struct Health {
     pub rss_bytes: u64,
     /// Label sets remembered for the top-N ranking.
     pub site_label_sets: u64,
+    /// Stacks the profiles keep their own cumulative counts for.
+    pub profile_stacks: u64,
+    /// Stacks folded into their site's "aged out" share (cumulative).
+    pub profile_stacks_folded: u64,
 }
 
 fn hist_value(h: &Hist, sum: u64) -> Value {
@@ -310,6 +314,18 @@ fn health_families(h: &Health, out: &mut Vec<Family>) {
         Kind::Gauge,
         "Site label sets remembered for the top-N ranking (exported or not)",
         Value::Int(h.site_label_sets),
+    ));
+    out.push(Family::single(
+        "kheap_profile_stacks",
+        Kind::Gauge,
+        "Stacks the pprof profiles keep their own cumulative counts for",
+        Value::Int(h.profile_stacks),
+    ));
+    out.push(Family::single(
+        "kheap_profile_stacks_folded",
+        Kind::Counter,
+        "Stacks folded into their site's aged-out share of the profiles (idle or over the cap)",
+        Value::Int(h.profile_stacks_folded),
     ));
     out.push(Family::single(
         "process_cpu_seconds",
