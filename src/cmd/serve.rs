@@ -24,11 +24,12 @@ use crate::model::live::OutstandingRead;
 use crate::model::snapshot::Snapshot;
 use crate::model::SiteKey;
 use crate::serve::exposition::{encode_groups, Family, Format, Kind, Value};
-use crate::serve::families::{self, Health, OutstandingSite};
+use crate::serve::families::{self, Health, OutstandingSite, SlabInput};
 use crate::serve::profile::{ProfileSnapshot, ProfileState, Which};
 use crate::serve::series::{SeriesState, SiteDelta, SiteLabel};
 use crate::signals::{install_reload_handler, take_reload_request};
-use crate::slab::slabinfo::{read_slabinfo, PROC_SLABINFO};
+use crate::slab::slabinfo::{read_slabinfo, SlabinfoRow, PROC_SLABINFO};
+use crate::slab::sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
 use crate::top::delta::Tracker;
 use crate::top::overhead::self_usage;
@@ -487,10 +488,15 @@ impl Daemon {
         };
         // A kernel without slabinfo still serves everything else.
         let slab = read_slabinfo(std::path::Path::new(PROC_SLABINFO)).ok();
+        let merged = slab.as_deref().map(merged_caches).unwrap_or_default();
         let fams = families::build(
             &self.state,
             outstanding.as_deref(),
-            slab.as_deref().map(|r| (r, page_size())),
+            slab.as_deref().map(|rows| SlabInput {
+                rows,
+                page_size: page_size(),
+                merged: &merged,
+            }),
             &health,
         );
         let profile = self.profile.snapshot(
@@ -527,6 +533,22 @@ impl Daemon {
             })
             .collect()
     }
+}
+
+/// (cache, merged name) for every cache of `/proc/slabinfo` that SLUB
+/// merged other caches into (from the /sys/kernel/slab symlinks); empty
+/// without SLUB's sysfs.
+fn merged_caches(rows: &[SlabinfoRow]) -> Vec<(String, String)> {
+    let Ok(Some(fs)) = SlabSysfs::open(std::path::Path::new(SYS_KERNEL_SLAB)) else {
+        return Vec::new();
+    };
+    rows.iter()
+        .flat_map(|r| {
+            fs.aliases_of(&r.name)
+                .into_iter()
+                .map(|alias| (r.name.clone(), alias))
+        })
+        .collect()
 }
 
 fn bpf_stats_sysctl() -> bool {

@@ -20,6 +20,16 @@ pub struct OutstandingSite {
     pub bytes: u64,
 }
 
+/// What `/proc/slabinfo` and sysfs say about the caches this interval.
+pub struct SlabInput<'a> {
+    pub rows: &'a [SlabinfoRow],
+    pub page_size: u64,
+    /// (cache, merged name) pairs: SLUB merges compatible caches, and the
+    /// allocations of every merged name are counted under the name the
+    /// kernel keeps (`skbuff_fclone_cache` under `pool_workqueue`, say).
+    pub merged: &'a [(String, String)],
+}
+
 /// kheap's own health at the end of an interval.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Health {
@@ -108,7 +118,7 @@ fn counter_families(
 pub fn build(
     state: &SeriesState,
     outstanding: Option<&[OutstandingSite]>,
-    slab: Option<(&[SlabinfoRow], u64)>,
+    slab: Option<SlabInput>,
     health: &Health,
 ) -> Vec<Family> {
     let mut out = Vec::new();
@@ -204,7 +214,12 @@ pub fn build(
         }
     }
 
-    if let Some((rows, page_size)) = slab {
+    if let Some(SlabInput {
+        rows,
+        page_size,
+        merged,
+    }) = slab
+    {
         let memory = |r: &SlabinfoRow| slab_bytes(r.num_slabs, r.pages_per_slab, page_size);
         let defs: [SlabGauge; 4] = [
             (
@@ -235,6 +250,16 @@ pub fn build(
             }
             out.push(f);
         }
+        let mut f = Family::new(
+            "kheap_slab_merged_info",
+            Kind::Gauge,
+            "Cache names the kernel merged into this cache (SLUB merging): their allocations are counted under cache",
+            &["cache", "merged"],
+        );
+        for (cache, name) in merged {
+            f.push(vec![cache.clone(), name.clone()], Value::Int(1));
+        }
+        out.push(f);
     }
 
     health_families(health, &mut out);
@@ -441,7 +466,11 @@ mod tests {
         let fams = build(
             &state(),
             Some(&objs),
-            Some((&slab, 4096)),
+            Some(SlabInput {
+                rows: &slab,
+                page_size: 4096,
+                merged: &[("pool_workqueue".into(), "skbuff_fclone_cache".into())],
+            }),
             &Health::default(),
         );
         let text = encode(&fams, Format::Prometheus);
@@ -458,6 +487,7 @@ mod tests {
             "kheap_cache_outstanding_bytes{cache=\"kmalloc-128\"} 384",
             "kheap_slab_memory_bytes{cache=\"dentry\"} 4096",
             "kheap_slab_loss_bytes{cache=\"dentry\"} 2176",
+            "kheap_slab_merged_info{cache=\"pool_workqueue\",merged=\"skbuff_fclone_cache\"} 1",
             "process_resident_memory_bytes 0",
         ] {
             assert!(
