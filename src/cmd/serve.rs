@@ -373,6 +373,10 @@ impl Daemon {
             self.state = SeriesState::new(new.labels.0.clone(), new.sites);
         }
         self.state.set_max_sites(new.sites);
+        self.profile.set_limits(
+            new.max_entries as usize,
+            new.stacks.sample_every(STACK_SAMPLE_EVERY),
+        );
         let targets_same = new.filters.targets.pids == args.filters.targets.pids;
         let reattach = !targets_same
             || new.filters.comm != cfg.comm

@@ -108,6 +108,13 @@ impl ProfileState {
         }
     }
 
+    /// New settings (SIGHUP): the cap applies from the next interval; the
+    /// sampling period is what the profiles' comment states.
+    pub fn set_limits(&mut self, max_stacks: usize, stack_sample_every: u32) {
+        self.max_stacks = max_stacks;
+        self.stack_sample_every = stack_sample_every;
+    }
+
     /// Adds one interval's deltas (sites exact, stacks sampled), with the
     /// frames of new stacks symbolized once.
     pub fn add_interval(&mut self, delta: &Snapshot, syms: &dyn Symbolize) {
