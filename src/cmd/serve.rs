@@ -408,8 +408,10 @@ impl Daemon {
     /// publishes the metric families and the profiles' rows.
     fn read_and_publish(&mut self, att: &mut Attached) -> Result<()> {
         let t0 = Instant::now();
-        let snap: Snapshot = att.tracer.counts_snapshot()?;
+        // Live objects first, then the totals: events keep arriving, and
+        // this order keeps every site's allocations >= its outstanding.
         let live = att.tracer.outstanding()?;
+        let snap: Snapshot = att.tracer.counts_snapshot()?;
         let read_duration_s = t0.elapsed().as_secs_f64();
         let site_entries = snap.sites.len();
         let stack_entries = snap.stacks.len();
