@@ -417,7 +417,16 @@ fn go_tool_pprof_reads_alloc_and_inuse_over_http() {
     let comm = format!("ksp{}", std::process::id() % 100_000);
     let load = private_load(dir.path(), &comm);
     let port = free_port();
-    let mut serve = start_serve(port, &["--comm", &comm, "--track-outstanding"]);
+    let mut serve = start_serve(
+        port,
+        &[
+            "--comm",
+            &comm,
+            "--track-outstanding",
+            "--outstanding-interval",
+            "1",
+        ],
+    );
     let base = format!("http://127.0.0.1:{port}");
 
     let (code, index) = curl_status(&format!("{base}/"));

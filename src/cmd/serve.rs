@@ -54,9 +54,15 @@ pub struct ServeArgs {
     /// Seconds between reads of the kernel maps (scrapes see the last read)
     #[arg(long, value_parser = parse_duration, default_value = "5", value_name = "SECS")]
     pub interval: Duration,
-    /// Track every live object (outstanding bytes and objects gauges; costlier)
+    /// Track every live object (outstanding bytes and objects gauges,
+    /// /pprof/inuse; costlier)
     #[arg(long)]
     pub track_outstanding: bool,
+    /// Seconds between reads of the live-object map (--track-outstanding):
+    /// walking it is most of the daemon's cost, so it is read less often
+    /// than the counters
+    #[arg(long, value_parser = parse_duration, default_value = "30", value_name = "SECS")]
+    pub outstanding_interval: Duration,
     /// Site series kept (the busiest N label sets); the rest is summed into
     /// site="other"
     #[arg(long, default_value = "100", value_name = "N")]
@@ -262,6 +268,8 @@ struct Attached<'obj> {
     cfg: Config,
     /// Whether BPF run-time statistics advance (exported only then).
     bpf_stats: bool,
+    /// The last read of the live objects, and when it was made.
+    live: Option<(OutstandingRead, Instant)>,
 }
 
 /// The daemon's state: settings, everything cumulative (kept across
@@ -314,6 +322,7 @@ impl Daemon {
             cfg: cfg.clone(),
             // Turned on for every program by the sysctl: run times advance.
             bpf_stats: stats.is_some() || bpf_stats_sysctl(),
+            live: None,
         };
         eprintln!(
             "kheap: serving on http://{}/metrics (tracing kernel heap allocations: {}); SIGHUP reloads, SIGTERM stops",
@@ -410,7 +419,16 @@ impl Daemon {
         let t0 = Instant::now();
         // Live objects first, then the totals: events keep arriving, and
         // this order keeps every site's allocations >= its outstanding.
-        let live = att.tracer.outstanding()?;
+        let due = att
+            .live
+            .as_ref()
+            .is_none_or(|(_, at)| at.elapsed() >= self.args.outstanding_interval);
+        if due || stop_requested() {
+            if let Some(read) = att.tracer.outstanding()? {
+                att.live = Some((read, Instant::now()));
+            }
+        }
+        let live = att.live.as_ref().map(|(read, _)| read);
         let snap: Snapshot = att.tracer.counts_snapshot()?;
         let read_duration_s = t0.elapsed().as_secs_f64();
         let site_entries = snap.sites.len();
@@ -443,7 +461,7 @@ impl Daemon {
                 stack_entries as f64 / cfg.max_stacks.max(1) as f64,
             ));
         }
-        let outstanding = live.as_ref().map(|l| {
+        let outstanding = live.map(|l| {
             if let Some(lc) = cfg.live {
                 let objects: u64 = l.groups.values().map(|o| o.objects).sum();
                 map_fill.push(("live", objects as f64 / lc.max_objects.max(1) as f64));
@@ -472,7 +490,7 @@ impl Daemon {
             ("alloc_failed", e.alloc_failed),
             ("lost_stack", e.lost_stack_other),
         ];
-        if let Some(l) = &live {
+        if let Some(l) = live {
             events_lost.push(("map_full_live", l.map_full_live));
         }
         let usage = self_usage();
@@ -506,7 +524,7 @@ impl Daemon {
             &health,
         );
         let profile = self.profile.snapshot(
-            live.as_ref().map(|l| &l.groups),
+            live.map(|l| &l.groups),
             self.started.elapsed().as_secs_f64(),
         );
         let published = Arc::new(Published {
