@@ -415,6 +415,19 @@ mod tests {
         }
     }
 
+    /// One site (call site 0x10, cache "c") with `total` allocations of
+    /// `size` bytes and sampled stacks (id, count) of frames [0x10, 0x100 + id].
+    fn site_with_stacks(total: u64, size: u64, stacks: &[(i64, u64)]) -> (SiteKey, Snapshot) {
+        let site = key(0x10, "c");
+        let mut d = Snapshot::default();
+        d.sites.insert(site.clone(), stats(total, size));
+        for &(id, count) in stacks {
+            d.stacks.insert((site.clone(), id), stats(count, size));
+            d.stack_frames.insert(id, vec![0x10, 0x100 + id as u64]);
+        }
+        (site, d)
+    }
+
     fn decode(gz: &[u8]) -> proto::Profile {
         let mut raw = Vec::new();
         std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz), &mut raw).unwrap();
@@ -448,13 +461,7 @@ mod tests {
     #[test]
     fn stacks_share_the_exact_site_totals_and_inuse_follows_live_objects() {
         let mut p = ProfileState::new(10, 1024);
-        let site = key(0x10, "c");
-        let mut d = Snapshot::default();
-        d.sites.insert(site.clone(), stats(1001, 64));
-        d.stacks.insert((site.clone(), 7), stats(2, 64));
-        d.stacks.insert((site.clone(), 9), stats(1, 64));
-        d.stack_frames.insert(7, vec![0x10, 0x70]);
-        d.stack_frames.insert(9, vec![0x10, 0x90]);
+        let (site, d) = site_with_stacks(1001, 64, &[(7, 2), (9, 1)]);
         p.add_interval(&d, &Syms);
         let mut live = HashMap::new();
         let obj = |objects, bytes_alloc| Outstanding {
@@ -472,7 +479,10 @@ mod tests {
             (100, 6400),
             "outstanding is exact per site"
         );
-        let r9 = rows.iter().find(|r| r.frames[1].function == "f90").unwrap();
+        let r9 = rows
+            .iter()
+            .find(|r| r.frames[1].function == "f109")
+            .unwrap();
         // One third of the sampled stacks: a third of each exact total.
         assert_eq!(r9.values, [334, 21_355, 100, 6400]);
         assert!(rows.iter().all(|r| r.estimated));
@@ -491,13 +501,7 @@ mod tests {
     #[test]
     fn stale_and_excess_stacks_fold_into_their_site_keeping_totals() {
         let mut p = ProfileState::new(2, 1024);
-        let site = key(0x10, "c");
-        let mut d = Snapshot::default();
-        d.sites.insert(site.clone(), stats(100, 8));
-        for id in 1..=4 {
-            d.stacks.insert((site.clone(), id), stats(id as u64, 8));
-            d.stack_frames.insert(id, vec![0x10, 0x100 + id as u64]);
-        }
+        let (_, d) = site_with_stacks(100, 8, &[(1, 1), (2, 2), (3, 3), (4, 4)]);
         p.add_interval(&d, &Syms);
         assert_eq!(p.stacks_held(), 2, "capped");
         assert_eq!(p.stacks_folded, 2);
