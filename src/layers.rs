@@ -76,6 +76,7 @@ mod tests {
         ("serve::series", Report),
         ("serve::families", Render),
         ("serve::exposition", Render),
+        ("serve::profile", Render),
         ("top", Cmd),
         ("top::clock", Base),
         ("top::delta", Report),

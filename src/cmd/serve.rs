@@ -5,27 +5,31 @@
 //! format the current one, so concurrent scrapes never see half an update
 //! and never touch the kernel.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser};
 
-use crate::cli::{parse_duration, parse_map_entries, FilterArgs};
+use crate::cli::{parse_duration, parse_map_entries, FilterArgs, StackArgs};
 use crate::cmd::run::{stop_requested, Targets};
 use crate::kernel::features;
 use crate::kernel::kmem::{self, Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
+use crate::model::live::OutstandingRead;
 use crate::model::snapshot::Snapshot;
 use crate::model::SiteKey;
 use crate::serve::exposition::{encode_groups, Family, Format, Kind, Value};
-use crate::serve::families::{self, Health, OutstandingSite};
+use crate::serve::families::{self, Health, OutstandingSite, SlabInput};
+use crate::serve::profile::{ProfileSnapshot, ProfileState, Which};
 use crate::serve::series::{SeriesState, SiteDelta, SiteLabel};
 use crate::signals::{install_reload_handler, take_reload_request};
-use crate::slab::slabinfo::{read_slabinfo, PROC_SLABINFO};
+use crate::slab::slabinfo::{read_slabinfo, SlabinfoRow, PROC_SLABINFO};
+use crate::slab::sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
 use crate::top::delta::Tracker;
 use crate::top::overhead::self_usage;
@@ -50,9 +54,15 @@ pub struct ServeArgs {
     /// Seconds between reads of the kernel maps (scrapes see the last read)
     #[arg(long, value_parser = parse_duration, default_value = "5", value_name = "SECS")]
     pub interval: Duration,
-    /// Track every live object (outstanding bytes and objects gauges; costlier)
+    /// Track every live object (outstanding bytes and objects gauges,
+    /// /pprof/inuse; costlier)
     #[arg(long)]
     pub track_outstanding: bool,
+    /// Seconds between reads of the live-object map (--track-outstanding):
+    /// walking it is most of the daemon's cost, so it is read less often
+    /// than the counters
+    #[arg(long, value_parser = parse_duration, default_value = "30", value_name = "SECS")]
+    pub outstanding_interval: Duration,
     /// Site series kept (the busiest N label sets); the rest is summed into
     /// site="other"
     #[arg(long, default_value = "100", value_name = "N")]
@@ -66,7 +76,10 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
     #[command(flatten)]
     pub filters: FilterArgs,
-    /// Capacity of the per-site map
+    #[command(flatten)]
+    pub stacks: StackArgs,
+    /// Capacity of the per-site map (and of the per-stack map, and of the
+    /// stacks the profiles keep their own counts for)
     #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
     /// Delete map entries idle for this many intervals (their counts are
@@ -129,8 +142,9 @@ fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
         pids: targets.pids.clone(),
         comm: f.comm.clone(),
         attach: f.attach,
-        // Metrics need call sites only.
-        stack_sample_every: 0,
+        // Metrics need call sites only; the profiles' stacks are sampled
+        // (sites stay exact).
+        stack_sample_every: args.stacks.sample_every(STACK_SAMPLE_EVERY),
         max_sites: args.max_entries,
         max_stacks: args.max_entries,
         trace_frees: true,
@@ -139,11 +153,43 @@ fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
     }
 }
 
+/// Stacks sampled by default: about one allocation in this many (as
+/// `record`); `--stack-sample N`, `--exact-stacks`, `--no-stacks` change it.
+const STACK_SAMPLE_EVERY: u32 = 1024;
+
 /// What the HTTP threads serve: replaced whole each interval.
 struct Published {
     families: Vec<Family>,
+    /// The profiles' rows, encoded on the first request of the interval
+    /// (and kept for the next requests of the same interval).
+    profile: ProfileSnapshot,
+    alloc_pprof: OnceLock<Vec<u8>>,
+    inuse_pprof: OnceLock<Vec<u8>>,
     at: Instant,
     interval: Duration,
+}
+
+impl Published {
+    fn empty(interval: Duration) -> Published {
+        Published {
+            families: Vec::new(),
+            profile: ProfileSnapshot::default(),
+            alloc_pprof: OnceLock::new(),
+            inuse_pprof: OnceLock::new(),
+            at: Instant::now(),
+            interval,
+        }
+    }
+
+    /// The encoded profile, built once per interval by whichever request
+    /// comes first.
+    fn pprof(&self, which: Which) -> &[u8] {
+        let cell = match which {
+            Which::Alloc => &self.alloc_pprof,
+            Which::Inuse => &self.inuse_pprof,
+        };
+        cell.get_or_init(|| self.profile.encode(which))
+    }
 }
 
 struct Shared {
@@ -154,7 +200,7 @@ struct Shared {
 
 pub fn run(args: ServeArgs) -> Result<i32> {
     install_reload_handler();
-    let mut args = match &args.config {
+    let args = match &args.config {
         Some(path) => load_settings(Some(path))?,
         None => args,
     };
@@ -167,11 +213,7 @@ pub fn run(args: ServeArgs) -> Result<i32> {
             .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?,
     );
     let shared = Arc::new(Shared {
-        current: RwLock::new(Arc::new(Published {
-            families: Vec::new(),
-            at: Instant::now(),
-            interval: args.interval,
-        })),
+        current: RwLock::new(Arc::new(Published::empty(args.interval))),
         last_scrape_ns: AtomicU64::new(0),
     });
     let workers: Vec<_> = (0..4)
@@ -181,14 +223,11 @@ pub fn run(args: ServeArgs) -> Result<i32> {
         })
         .collect();
 
-    let syms = CachingSymbols::new(KernelSymbols::new(None));
-    let _ = syms.symbolize(&[0]);
-    let mut state = SeriesState::new(args.labels.0.clone(), args.sites);
-    let mut totals = Totals::default();
+    let mut daemon = Daemon::new(args, shared);
     let result = loop {
-        let targets = Targets::start(&args.filters.targets)?;
-        let cfg = kernel_config(&args, &targets);
-        match serve_attached(&mut args, &cfg, &mut state, &mut totals, &syms, &shared) {
+        let targets = Targets::start(&daemon.args.filters.targets)?;
+        let cfg = kernel_config(&daemon.args, &targets);
+        match daemon.serve_attached(&cfg) {
             Ok(Next::Stop) => break Ok(0),
             Ok(Next::Reattach) => continue,
             Err(e) => break Err(e),
@@ -222,245 +261,322 @@ struct Totals {
     bpf_base: crate::model::snapshot::ProgRunTime,
 }
 
-fn serve_attached(
-    args: &mut ServeArgs,
-    cfg: &Config,
-    state: &mut SeriesState,
-    totals: &mut Totals,
-    syms: &CachingSymbols<KernelSymbols>,
-    shared: &Shared,
-) -> Result<Next> {
-    let mut storage = ObjectStorage::default();
-    let tracer = Tracer::start(cfg, &mut storage, None)?;
-    let stats = match kmem::enable_run_time_stats() {
-        Ok(fd) => Some(fd),
-        Err(e) => {
-            // Turned on for every program by the sysctl: run times advance.
-            let sysctl = std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
-                .is_ok_and(|s| s.trim() == "1");
-            if !sysctl {
-                eprintln!(
-                    "kheap: warning: {e:#} (needs CAP_SYS_ADMIN, or sysctl kernel.bpf_stats_enabled=1); BPF run time will not be exported"
-                );
-            }
-            None
-        }
-    };
-    let bpf_stats = stats.is_some()
-        || std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled")
-            .is_ok_and(|s| s.trim() == "1");
-    let mut tracker = Tracker::new();
-    eprintln!(
-        "kheap: serving on http://{}/metrics (tracing kernel heap allocations: {}); SIGHUP reloads, SIGTERM stops",
-        args.listen,
-        tracer.attached.join(", ")
-    );
-    let mut deadline = Instant::now();
-    loop {
-        // Wakes often enough to see a signal, rarely enough to cost nothing.
-        while Instant::now() < deadline {
-            if stop_requested() {
-                break;
-            }
-            if take_reload_request() {
-                match reload(args, cfg, state) {
-                    Ok(true) => {
-                        read_and_publish(
-                            &tracer,
-                            &mut tracker,
-                            args,
-                            cfg,
-                            state,
-                            totals,
-                            syms,
-                            shared,
-                            bpf_stats,
-                        )?;
-                        // One read of the programs' stats, not one per field.
-                        let ran = tracer.run_time();
-                        totals.bpf_base.run_time_ns += ran.run_time_ns;
-                        totals.bpf_base.run_cnt += ran.run_cnt;
-                        totals.bpf_base.recursion_misses += ran.recursion_misses;
-                        return Ok(Next::Reattach);
-                    }
-                    Ok(false) => {}
-                    Err(e) => eprintln!("kheap: reload refused, settings unchanged: {e:#}"),
-                }
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            std::thread::sleep(left.min(Duration::from_millis(100)));
-        }
-        // The last read before detaching: nothing counted is lost.
-        read_and_publish(
-            &tracer,
-            &mut tracker,
-            args,
-            cfg,
-            state,
-            totals,
+/// One attachment of the tracer and what reading it needs.
+struct Attached<'obj> {
+    tracer: Tracer<'obj>,
+    tracker: Tracker,
+    cfg: Config,
+    /// Whether BPF run-time statistics advance (exported only then).
+    bpf_stats: bool,
+    /// The last read of the live objects, and when it was made.
+    live: Option<(OutstandingRead, Instant)>,
+}
+
+/// The daemon's state: settings, everything cumulative (kept across
+/// re-attaches), and what it publishes to the HTTP threads.
+struct Daemon {
+    args: ServeArgs,
+    state: SeriesState,
+    profile: ProfileState,
+    totals: Totals,
+    syms: CachingSymbols<KernelSymbols>,
+    shared: Arc<Shared>,
+    started: Instant,
+}
+
+impl Daemon {
+    fn new(args: ServeArgs, shared: Arc<Shared>) -> Daemon {
+        let syms = CachingSymbols::new(KernelSymbols::new(None));
+        let _ = syms.symbolize(&[0]);
+        Daemon {
+            state: SeriesState::new(args.labels.0.clone(), args.sites),
+            profile: ProfileState::new(
+                args.max_entries as usize,
+                args.stacks.sample_every(STACK_SAMPLE_EVERY),
+            ),
+            totals: Totals::default(),
             syms,
             shared,
-            bpf_stats,
-        )?;
-        if stop_requested() {
-            return Ok(Next::Stop);
+            started: Instant::now(),
+            args,
         }
-        deadline = (deadline + args.interval).max(Instant::now());
     }
-}
 
-/// Applies a SIGHUP: re-reads the settings. Returns whether the tracer must
-/// be attached again (its filters or mode changed).
-fn reload(args: &mut ServeArgs, cfg: &Config, state: &mut SeriesState) -> Result<bool> {
-    let new = load_settings(args.config.as_ref())?;
-    check(&new)?;
-    if new.listen != args.listen {
+    fn serve_attached(&mut self, cfg: &Config) -> Result<Next> {
+        let mut storage = ObjectStorage::default();
+        let tracer = Tracer::start(cfg, &mut storage, None)?;
+        let stats = match kmem::enable_run_time_stats() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                if !bpf_stats_sysctl() {
+                    eprintln!(
+                        "kheap: warning: {e:#} (needs CAP_SYS_ADMIN, or sysctl kernel.bpf_stats_enabled=1); BPF run time will not be exported"
+                    );
+                }
+                None
+            }
+        };
+        let mut att = Attached {
+            tracer,
+            tracker: Tracker::new(),
+            cfg: cfg.clone(),
+            // Turned on for every program by the sysctl: run times advance.
+            bpf_stats: stats.is_some() || bpf_stats_sysctl(),
+            live: None,
+        };
         eprintln!(
-            "kheap: warning: --listen changed to {}; restart kheap serve to move it (still on {})",
-            new.listen, args.listen
+            "kheap: serving on http://{}/metrics (tracing kernel heap allocations: {}); SIGHUP reloads, SIGTERM stops",
+            self.args.listen,
+            att.tracer.attached.join(", ")
         );
-    }
-    let listen = args.listen;
-    if new.labels != args.labels {
-        // Series of the old label sets end; the new ones count from here.
-        *state = SeriesState::new(new.labels.0.clone(), new.sites);
-    }
-    state.set_max_sites(new.sites);
-    let targets_same = new.filters.targets.pids == args.filters.targets.pids;
-    let reattach = !targets_same
-        || new.filters.comm != cfg.comm
-        || new.filters.min_size != cfg.min_size
-        || new.filters.max_size != cfg.max_size
-        || new.filters.attach != cfg.attach
-        || new.track_outstanding != cfg.live.is_some()
-        || new.max_entries != cfg.max_sites;
-    *args = ServeArgs { listen, ..new };
-    eprintln!(
-        "kheap: reloaded settings{}",
-        if reattach { "; attaching again" } else { "" }
-    );
-    Ok(reattach)
-}
-
-fn function_name(syms: &CachingSymbols<KernelSymbols>, addr: u64) -> String {
-    syms.symbolize(&[addr])
-        .into_iter()
-        .next()
-        .map(|f| f.name().to_string())
-        .unwrap_or_else(|| format!("{addr:#x}"))
-}
-
-#[allow(clippy::too_many_arguments)]
-fn read_and_publish(
-    tracer: &Tracer,
-    tracker: &mut Tracker,
-    args: &ServeArgs,
-    cfg: &Config,
-    state: &mut SeriesState,
-    totals: &mut Totals,
-    syms: &CachingSymbols<KernelSymbols>,
-    shared: &Shared,
-    bpf_stats: bool,
-) -> Result<()> {
-    let t0 = Instant::now();
-    let mut snap: Snapshot = tracer.snapshot()?;
-    let read_duration_s = t0.elapsed().as_secs_f64();
-    let site_entries = snap.sites.len();
-    let live = snap.leaks.take();
-    let delta = tracker.interval(snap);
-    let sites: Vec<SiteDelta> = delta
-        .sites
-        .iter()
-        .map(|(k, s)| SiteDelta {
-            site: function_name(syms, k.call_site),
-            cache: k.cache.name(),
-            stats: *s,
-        })
-        .collect();
-    let frees: Vec<(String, u64)> = delta
-        .cache_frees
-        .iter()
-        .map(|(c, n)| (c.name(), *n))
-        .collect();
-    state.add_interval(&sites, &frees);
-    add_events(&mut totals.events, &delta.events);
-    totals.reads += 1;
-
-    let mut map_fill = vec![("sites", site_entries as f64 / cfg.max_sites.max(1) as f64)];
-    let outstanding = live.map(|l| {
-        if let Some(lc) = cfg.live {
-            map_fill.push(("live", l.live.len() as f64 / lc.max_objects.max(1) as f64));
+        let mut deadline = Instant::now();
+        loop {
+            // Wakes often enough to see a signal, rarely enough to cost nothing.
+            while Instant::now() < deadline {
+                if stop_requested() {
+                    break;
+                }
+                if take_reload_request() {
+                    match self.reload(cfg) {
+                        Ok(true) => {
+                            self.read_and_publish(&mut att)?;
+                            // One read of the programs' stats, not one per field.
+                            let ran = att.tracer.run_time();
+                            let base = &mut self.totals.bpf_base;
+                            base.run_time_ns += ran.run_time_ns;
+                            base.run_cnt += ran.run_cnt;
+                            base.recursion_misses += ran.recursion_misses;
+                            return Ok(Next::Reattach);
+                        }
+                        Ok(false) => {}
+                        Err(e) => eprintln!("kheap: reload refused, settings unchanged: {e:#}"),
+                    }
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                std::thread::sleep(left.min(Duration::from_millis(100)));
+            }
+            // The last read before detaching: nothing counted is lost.
+            self.read_and_publish(&mut att)?;
+            if stop_requested() {
+                return Ok(Next::Stop);
+            }
+            deadline = (deadline + self.args.interval).max(Instant::now());
         }
-        let mut by: std::collections::HashMap<SiteKey, (u64, u64)> = Default::default();
-        for o in &l.live {
-            let e = by.entry(o.site.clone()).or_default();
-            e.0 += 1;
+    }
+
+    /// Applies a SIGHUP: re-reads the settings. Returns whether the tracer
+    /// must be attached again (its filters or mode changed).
+    fn reload(&mut self, cfg: &Config) -> Result<bool> {
+        let args = &mut self.args;
+        let new = load_settings(args.config.as_ref())?;
+        check(&new)?;
+        if new.listen != args.listen {
+            eprintln!(
+                "kheap: warning: --listen changed to {}; restart kheap serve to move it (still on {})",
+                new.listen, args.listen
+            );
+        }
+        let listen = args.listen;
+        if new.labels != args.labels {
+            // Series of the old label sets end; the new ones count from here.
+            self.state = SeriesState::new(new.labels.0.clone(), new.sites);
+        }
+        self.state.set_max_sites(new.sites);
+        self.profile.set_limits(
+            new.max_entries as usize,
+            new.stacks.sample_every(STACK_SAMPLE_EVERY),
+        );
+        let targets_same = new.filters.targets.pids == args.filters.targets.pids;
+        let reattach = !targets_same
+            || new.filters.comm != cfg.comm
+            || new.filters.min_size != cfg.min_size
+            || new.filters.max_size != cfg.max_size
+            || new.filters.attach != cfg.attach
+            || new.track_outstanding != cfg.live.is_some()
+            || new.max_entries != cfg.max_sites
+            || new.stacks.sample_every(STACK_SAMPLE_EVERY) != cfg.stack_sample_every;
+        *args = ServeArgs { listen, ..new };
+        eprintln!(
+            "kheap: reloaded settings{}",
+            if reattach { "; attaching again" } else { "" }
+        );
+        Ok(reattach)
+    }
+
+    fn function_name(&self, addr: u64) -> String {
+        self.syms
+            .symbolize(&[addr])
+            .into_iter()
+            .next()
+            .map(|f| f.name().to_string())
+            .unwrap_or_else(|| format!("{addr:#x}"))
+    }
+
+    /// One interval: reads the maps (never from an HTTP thread), adds the
+    /// deltas to the cumulative state, ages out idle map entries, and
+    /// publishes the metric families and the profiles' rows.
+    fn read_and_publish(&mut self, att: &mut Attached) -> Result<()> {
+        let t0 = Instant::now();
+        // Live objects first, then the totals: events keep arriving, and
+        // this order keeps every site's allocations >= its outstanding.
+        let due = att
+            .live
+            .as_ref()
+            .is_none_or(|(_, at)| at.elapsed() >= self.args.outstanding_interval);
+        if due || stop_requested() {
+            if let Some(read) = att.tracer.outstanding()? {
+                att.live = Some((read, Instant::now()));
+            }
+        }
+        let live = att.live.as_ref().map(|(read, _)| read);
+        let snap: Snapshot = att.tracer.counts_snapshot()?;
+        let read_duration_s = t0.elapsed().as_secs_f64();
+        let site_entries = snap.sites.len();
+        let stack_entries = snap.stacks.len();
+        let delta = att.tracker.interval(snap);
+        let sites: Vec<SiteDelta> = delta
+            .sites
+            .iter()
+            .map(|(k, s)| SiteDelta {
+                site: self.function_name(k.call_site),
+                cache: k.cache.name(),
+                stats: *s,
+            })
+            .collect();
+        let frees: Vec<(String, u64)> = delta
+            .cache_frees
+            .iter()
+            .map(|(c, n)| (c.name(), *n))
+            .collect();
+        self.state.add_interval(&sites, &frees);
+        self.profile.add_interval(&delta, &self.syms);
+        add_events(&mut self.totals.events, &delta.events);
+        self.totals.reads += 1;
+
+        let cfg = &att.cfg;
+        let mut map_fill = vec![("sites", site_entries as f64 / cfg.max_sites.max(1) as f64)];
+        if cfg.stack_sample_every > 0 {
+            map_fill.push((
+                "stacks",
+                stack_entries as f64 / cfg.max_stacks.max(1) as f64,
+            ));
+        }
+        let outstanding = live.map(|l| {
+            if let Some(lc) = cfg.live {
+                let objects: u64 = l.groups.values().map(|o| o.objects).sum();
+                map_fill.push(("live", objects as f64 / lc.max_objects.max(1) as f64));
+            }
+            self.outstanding_sites(l)
+        });
+
+        if self.args.idle_intervals > 0 {
+            let idle = att.tracker.idle_keys(self.args.idle_intervals);
+            if !idle.is_empty() {
+                let removed = att.tracer.remove_idle(&idle)?;
+                self.totals.aged_out +=
+                    (removed.sites.len() + removed.stacks.len() + removed.cache_frees.len()) as u64;
+                att.tracker.forget(&removed);
+            }
+        }
+
+        let ran = att.tracer.run_time();
+        let bpf = att.bpf_stats.then_some(ran);
+        let totals = &self.totals;
+        let e = &totals.events;
+        let mut events_lost = vec![
+            ("map_full_sites", e.map_full_sites),
+            ("map_full_stacks", e.map_full_stacks),
+            ("map_full_caches", e.map_full_caches),
+            ("alloc_failed", e.alloc_failed),
+            ("lost_stack", e.lost_stack_other),
+        ];
+        if let Some(l) = live {
+            events_lost.push(("map_full_live", l.map_full_live));
+        }
+        let usage = self_usage();
+        let health = Health {
+            bpf_run_time_ns: bpf.map(|b| totals.bpf_base.run_time_ns + b.run_time_ns),
+            bpf_runs: bpf.map(|b| totals.bpf_base.run_cnt + b.run_cnt),
+            bpf_recursion_misses: totals.bpf_base.recursion_misses + ran.recursion_misses,
+            events_lost,
+            stack_collisions: e.lost_stack_collision,
+            map_fill,
+            aged_out: totals.aged_out,
+            read_duration_s,
+            reads: totals.reads,
+            cpu_seconds: usage.cpu_ns as f64 / 1e9,
+            rss_bytes: resident_bytes(),
+            site_label_sets: self.state.remembered() as u64,
+            profile_stacks: self.profile.stacks_held() as u64,
+            profile_stacks_folded: self.profile.stacks_folded,
+        };
+        // A kernel without slabinfo still serves everything else.
+        let slab = read_slabinfo(std::path::Path::new(PROC_SLABINFO)).ok();
+        let merged = slab.as_deref().map(merged_caches).unwrap_or_default();
+        let fams = families::build(
+            &self.state,
+            outstanding.as_deref(),
+            slab.as_deref().map(|rows| SlabInput {
+                rows,
+                page_size: page_size(),
+                merged: &merged,
+            }),
+            &health,
+        );
+        let profile = self.profile.snapshot(
+            live.map(|l| &l.groups),
+            self.started.elapsed().as_secs_f64(),
+        );
+        let published = Arc::new(Published {
+            families: fams,
+            profile,
+            alloc_pprof: OnceLock::new(),
+            inuse_pprof: OnceLock::new(),
+            at: Instant::now(),
+            interval: self.args.interval,
+        });
+        *self.shared.current.write().unwrap() = published;
+        Ok(())
+    }
+
+    /// Outstanding objects per (site, cache) name: the stacks of a site
+    /// summed (the gauges carry no stacks).
+    fn outstanding_sites(&self, l: &OutstandingRead) -> Vec<OutstandingSite> {
+        let mut by: HashMap<&SiteKey, (u64, u64)> = HashMap::new();
+        for ((site, _), o) in &l.groups {
+            let e = by.entry(site).or_default();
+            e.0 += o.objects;
             e.1 += o.bytes_alloc;
         }
-        (
-            by.into_iter()
-                .map(|(k, (objects, bytes))| OutstandingSite {
-                    site: function_name(syms, k.call_site),
-                    cache: k.cache.name(),
-                    objects,
-                    bytes,
-                })
-                .collect::<Vec<_>>(),
-            l.events.map_full_live,
-        )
-    });
-
-    if args.idle_intervals > 0 {
-        let idle = tracker.idle_keys(args.idle_intervals);
-        if !idle.is_empty() {
-            let removed = tracer.remove_idle(&idle)?;
-            totals.aged_out += (removed.sites.len() + removed.cache_frees.len()) as u64;
-            tracker.forget(&removed);
-        }
+        by.into_iter()
+            .map(|(k, (objects, bytes))| OutstandingSite {
+                site: self.function_name(k.call_site),
+                cache: k.cache.name(),
+                objects,
+                bytes,
+            })
+            .collect()
     }
+}
 
-    let bpf = bpf_stats.then(|| tracer.run_time());
-    let e = &totals.events;
-    let mut events_lost = vec![
-        ("map_full_sites", e.map_full_sites),
-        ("map_full_caches", e.map_full_caches),
-        ("alloc_failed", e.alloc_failed),
-        ("lost_stack", e.lost_stack_other),
-    ];
-    if let Some((_, full_live)) = &outstanding {
-        events_lost.push(("map_full_live", *full_live));
-    }
-    let usage = self_usage();
-    let health = Health {
-        bpf_run_time_ns: bpf.map(|b| totals.bpf_base.run_time_ns + b.run_time_ns),
-        bpf_runs: bpf.map(|b| totals.bpf_base.run_cnt + b.run_cnt),
-        bpf_recursion_misses: totals.bpf_base.recursion_misses + tracer.run_time().recursion_misses,
-        events_lost,
-        stack_collisions: e.lost_stack_collision,
-        map_fill,
-        aged_out: totals.aged_out,
-        read_duration_s,
-        reads: totals.reads,
-        cpu_seconds: usage.cpu_ns as f64 / 1e9,
-        rss_bytes: resident_bytes(),
-        site_label_sets: state.remembered() as u64,
+/// (cache, merged name) for every cache of `/proc/slabinfo` that SLUB
+/// merged other caches into (from the /sys/kernel/slab symlinks); empty
+/// without SLUB's sysfs.
+fn merged_caches(rows: &[SlabinfoRow]) -> Vec<(String, String)> {
+    let Ok(Some(fs)) = SlabSysfs::open(std::path::Path::new(SYS_KERNEL_SLAB)) else {
+        return Vec::new();
     };
-    // A kernel without slabinfo still serves everything else.
-    let slab = read_slabinfo(std::path::Path::new(PROC_SLABINFO)).ok();
-    let page = page_size();
-    let fams = families::build(
-        state,
-        outstanding.as_ref().map(|(o, _)| o.as_slice()),
-        slab.as_deref().map(|r| (r, page)),
-        &health,
-    );
-    let published = Arc::new(Published {
-        families: fams,
-        at: Instant::now(),
-        interval: args.interval,
-    });
-    *shared.current.write().unwrap() = published;
-    Ok(())
+    rows.iter()
+        .flat_map(|r| {
+            fs.aliases_of(&r.name)
+                .into_iter()
+                .map(|alias| (r.name.clone(), alias))
+        })
+        .collect()
+}
+
+fn bpf_stats_sysctl() -> bool {
+    std::fs::read_to_string("/proc/sys/kernel/bpf_stats_enabled").is_ok_and(|s| s.trim() == "1")
 }
 
 fn add_events(
@@ -495,6 +611,8 @@ fn resident_bytes() -> u64 {
 const INDEX: &str = "<!doctype html><html><head><title>kheap serve</title></head><body>\
 <h1>kheap serve</h1><p>Kernel heap allocations, from kheap's eBPF tracer.</p><ul>\
 <li><a href=\"/metrics\">/metrics</a>: Prometheus text or OpenMetrics (by Accept)</li>\
+<li><a href=\"/pprof/alloc\">/pprof/alloc</a>: pprof profile of kernel heap allocations since the start (go tool pprof, Pyroscope, Parca)</li>\
+<li><a href=\"/pprof/inuse\">/pprof/inuse</a>: pprof profile of outstanding kernel heap memory now (needs --track-outstanding)</li>\
 <li><a href=\"/healthz\">/healthz</a>: ok while the maps are being read</li>\
 </ul></body></html>\n";
 
@@ -511,6 +629,30 @@ fn http_worker(server: &tiny_http::Server, shared: &Shared) {
 
 fn header(name: &str, value: &str) -> tiny_http::Header {
     tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("a valid header")
+}
+
+type Response = tiny_http::Response<std::io::Cursor<Vec<u8>>>;
+
+fn pprof_response(shared: &Shared, which: Which) -> Response {
+    let current = shared.current.read().unwrap().clone();
+    if current.families.is_empty() {
+        return tiny_http::Response::from_string(
+            "no profile yet: the kernel maps have not been read; retry after --interval\n",
+        )
+        .with_status_code(503);
+    }
+    if which == Which::Inuse && !current.profile.inuse {
+        return tiny_http::Response::from_string(
+            "/pprof/inuse needs outstanding-memory tracking: start kheap serve with --track-outstanding (or add it to --config and send SIGHUP); /pprof/alloc has allocations\n",
+        )
+        .with_status_code(404);
+    }
+    tiny_http::Response::from_data(current.pprof(which).to_vec())
+        .with_header(header("Content-Type", "application/octet-stream"))
+        .with_header(header(
+            "Content-Disposition",
+            "attachment; filename=\"profile.pb.gz\"",
+        ))
 }
 
 fn handle(req: tiny_http::Request, shared: &Shared) {
@@ -549,6 +691,8 @@ fn handle(req: tiny_http::Request, shared: &Shared) {
             };
             tiny_http::Response::from_string(text).with_status_code(code)
         }
+        "/pprof/alloc" => pprof_response(shared, Which::Alloc),
+        "/pprof/inuse" => pprof_response(shared, Which::Inuse),
         "/" => tiny_http::Response::from_string(INDEX)
             .with_header(header("Content-Type", "text/html; charset=utf-8")),
         _ => tiny_http::Response::from_string("not found; see /\n").with_status_code(404),

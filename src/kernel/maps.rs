@@ -22,15 +22,33 @@ type RawEntries = Vec<(Vec<u8>, Vec<u8>)>;
 /// `value_len` is the bytes per value (all CPUs' for a per-CPU map). `None`
 /// when the kernel has no batch operations for the map (before 5.6).
 fn lookup_all_batched<M: MapCore>(map: &M, value_len: usize) -> Result<Option<RawEntries>> {
+    let mut out = Vec::new();
+    let batched = visit_batched(map, value_len, &mut |k, v| {
+        out.push((k.to_vec(), v.to_vec()))
+    })?;
+    Ok(batched.then_some(out))
+}
+
+/// Calls `visit` with every (key bytes, value bytes) of a hash map, read in
+/// BPF_MAP_LOOKUP_BATCH calls, without copying entries: a map of a few
+/// hundred thousand entries is folded with no allocation per entry.
+/// Returns false (nothing visited) when the kernel has no batch operations
+/// for the map.
+fn visit_batched<M: MapCore>(
+    map: &M,
+    value_len: usize,
+    visit: &mut dyn FnMut(&[u8], &[u8]),
+) -> Result<bool> {
     let key_len = map.key_size() as usize;
     let mut batch = BATCH;
-    let mut out = Vec::new();
     // The kernel's cursor for hash maps is a bucket index (u32).
     let mut cursor = 0u64;
     let mut started = false;
+    let mut keys = Vec::new();
+    let mut values = Vec::new();
     loop {
-        let mut keys = vec![0u8; key_len * batch as usize];
-        let mut values = vec![0u8; value_len * batch as usize];
+        keys.resize(key_len * batch as usize, 0);
+        values.resize(value_len * batch as usize, 0);
         let mut count = batch;
         let opts = libbpf_sys::bpf_map_batch_opts {
             sz: std::mem::size_of::<libbpf_sys::bpf_map_batch_opts>() as _,
@@ -61,7 +79,7 @@ fn lookup_all_batched<M: MapCore>(map: &M, value_len: usize) -> Result<Option<Ra
                 continue;
             }
             Some(libc::EINVAL) | Some(libc::EOPNOTSUPP) | Some(524 /* ENOTSUPP */) if !started => {
-                return Ok(None)
+                return Ok(false)
             }
             None | Some(libc::ENOENT) => {}
             Some(_) => {
@@ -70,14 +88,14 @@ fn lookup_all_batched<M: MapCore>(map: &M, value_len: usize) -> Result<Option<Ra
             }
         }
         for i in 0..count as usize {
-            out.push((
-                keys[i * key_len..(i + 1) * key_len].to_vec(),
-                values[i * value_len..(i + 1) * value_len].to_vec(),
-            ));
+            visit(
+                &keys[i * key_len..(i + 1) * key_len],
+                &values[i * value_len..(i + 1) * value_len],
+            );
         }
         // ENOENT: that was the last batch.
         if errno == Some(libc::ENOENT) {
-            return Ok(Some(out));
+            return Ok(true);
         }
         cursor = next;
         started = true;
@@ -227,6 +245,26 @@ where
         }
     }
     Ok(out)
+}
+
+/// Folds every value of a (not per-CPU) hash map into `visit`, batched
+/// where the kernel can, without a copy per entry.
+pub fn visit_hash_values<V, M>(map: &M, visit: &mut dyn FnMut(&V)) -> Result<()>
+where
+    M: MapCore,
+    V: plain::Plain + Default + Copy,
+{
+    let batched = visit_batched(map, map.value_size() as usize, &mut |_, v| {
+        visit(&from_bytes::<V>(v))
+    })?;
+    if !batched {
+        for key in map.keys() {
+            if let Some(v) = map.lookup(&key, MapFlags::ANY)? {
+                visit(&from_bytes::<V>(&v));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Reads one stack from a map of stacks (a stack-trace map keyed by id, or

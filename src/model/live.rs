@@ -321,6 +321,23 @@ impl RetainedIndex {
     }
 }
 
+/// Outstanding objects of one (site, stack) group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Outstanding {
+    pub objects: u64,
+    pub bytes_alloc: u64,
+}
+
+/// The live-object map read folded by (site, stack) (the kernel layer's
+/// `Tracer::outstanding`).
+#[derive(Clone, Debug, Default)]
+pub struct OutstandingRead {
+    /// By (site, stack id); stack id 0: no stack was sampled for them.
+    pub groups: HashMap<(SiteKey, i64), Outstanding>,
+    /// Objects not tracked because the live map was full (cumulative).
+    pub map_full_live: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

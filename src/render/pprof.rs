@@ -271,7 +271,7 @@ impl Builder {
 
 /// An empty profile with Go's heap-profile sample types: `alloc_*`, and
 /// `inuse_*` (the default view) when outstanding memory is known.
-fn heap_profile(inuse: bool, duration_s: f64) -> Builder {
+pub fn heap_profile(inuse: bool, duration_s: f64) -> Builder {
     const ALLOC: &[SampleType] = &[SampleType::AllocObjects, SampleType::AllocSpace];
     const ALLOC_AND_INUSE: &[SampleType] = &[
         SampleType::AllocObjects,

@@ -20,6 +20,16 @@ pub struct OutstandingSite {
     pub bytes: u64,
 }
 
+/// What `/proc/slabinfo` and sysfs say about the caches this interval.
+pub struct SlabInput<'a> {
+    pub rows: &'a [SlabinfoRow],
+    pub page_size: u64,
+    /// (cache, merged name) pairs: SLUB merges compatible caches, and the
+    /// allocations of every merged name are counted under the name the
+    /// kernel keeps (`skbuff_fclone_cache` under `pool_workqueue`, say).
+    pub merged: &'a [(String, String)],
+}
+
 /// kheap's own health at the end of an interval.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Health {
@@ -41,6 +51,10 @@ pub struct Health {
     pub rss_bytes: u64,
     /// Label sets remembered for the top-N ranking.
     pub site_label_sets: u64,
+    /// Stacks the profiles keep their own cumulative counts for.
+    pub profile_stacks: u64,
+    /// Stacks folded into their site's "aged out" share (cumulative).
+    pub profile_stacks_folded: u64,
 }
 
 fn hist_value(h: &Hist, sum: u64) -> Value {
@@ -104,7 +118,7 @@ fn counter_families(
 pub fn build(
     state: &SeriesState,
     outstanding: Option<&[OutstandingSite]>,
-    slab: Option<(&[SlabinfoRow], u64)>,
+    slab: Option<SlabInput>,
     health: &Health,
 ) -> Vec<Family> {
     let mut out = Vec::new();
@@ -200,129 +214,186 @@ pub fn build(
         }
     }
 
-    if let Some((rows, page_size)) = slab {
-        let mut active = Family::new(
-            "kheap_slab_active_objects",
-            Kind::Gauge,
-            "Objects in use (/proc/slabinfo active_objs)",
-            &["cache"],
-        );
-        let mut capacity = Family::new(
-            "kheap_slab_objects",
-            Kind::Gauge,
-            "Objects the cache's slabs can hold (/proc/slabinfo num_objs)",
-            &["cache"],
-        );
-        let mut memory = Family::new(
-            "kheap_slab_memory_bytes",
-            Kind::Gauge,
-            "Memory held by the cache's slabs",
-            &["cache"],
-        );
-        let mut loss = Family::new(
-            "kheap_slab_loss_bytes",
-            Kind::Gauge,
-            "Slab memory not holding objects in use (free slots, padding, slab tails)",
-            &["cache"],
-        );
-        for r in rows {
-            let l = vec![r.name.clone()];
-            let mem = slab_bytes(r.num_slabs, r.pages_per_slab, page_size);
-            active.push(l.clone(), Value::Int(r.active_objs));
-            capacity.push(l.clone(), Value::Int(r.num_objs));
-            memory.push(l.clone(), Value::Int(mem));
-            loss.push(l, Value::Int(slab_loss(mem, r.active_objs, r.objsize)));
+    if let Some(SlabInput {
+        rows,
+        page_size,
+        merged,
+    }) = slab
+    {
+        let memory = |r: &SlabinfoRow| slab_bytes(r.num_slabs, r.pages_per_slab, page_size);
+        let defs: [SlabGauge; 4] = [
+            (
+                "kheap_slab_active_objects",
+                "Objects in use (/proc/slabinfo active_objs)",
+                &|r| r.active_objs,
+            ),
+            (
+                "kheap_slab_objects",
+                "Objects the cache's slabs can hold (/proc/slabinfo num_objs)",
+                &|r| r.num_objs,
+            ),
+            (
+                "kheap_slab_memory_bytes",
+                "Memory held by the cache's slabs",
+                &memory,
+            ),
+            (
+                "kheap_slab_loss_bytes",
+                "Slab memory not holding objects in use (free slots, padding, slab tails)",
+                &|r| slab_loss(memory(r), r.active_objs, r.objsize),
+            ),
+        ];
+        for (name, help, get) in defs {
+            let mut f = Family::new(name, Kind::Gauge, help, &["cache"]);
+            for r in rows {
+                f.push(vec![r.name.clone()], Value::Int(get(r)));
+            }
+            out.push(f);
         }
-        out.extend([active, capacity, memory, loss]);
+        let mut f = Family::new(
+            "kheap_slab_merged_info",
+            Kind::Gauge,
+            "Cache names the kernel merged into this cache (SLUB merging): their allocations are counted under cache",
+            &["cache", "merged"],
+        );
+        for (cache, name) in merged {
+            f.push(vec![cache.clone(), name.clone()], Value::Int(1));
+        }
+        out.push(f);
     }
 
     health_families(health, &mut out);
     out
 }
 
+/// A per-cache gauge from /proc/slabinfo: name, help, value of a row.
+type SlabGauge<'a> = (&'static str, &'static str, &'a dyn Fn(&SlabinfoRow) -> u64);
+
+/// A family with one unlabelled sample: name, type, help, value.
+type Single = (&'static str, Kind, &'static str, Value);
+
+/// A family of one label: name, type, help, label name, (value, sample)s.
+type Labelled<'a> = (
+    &'static str,
+    Kind,
+    &'static str,
+    &'static str,
+    Vec<(&'a str, Value)>,
+);
+
 fn health_families(h: &Health, out: &mut Vec<Family>) {
     if let (Some(ns), Some(runs)) = (h.bpf_run_time_ns, h.bpf_runs) {
-        out.push(Family::single(
-            "kheap_bpf_run_time_seconds",
-            Kind::Counter,
-            "Time kheap's BPF programs ran (kernel run-time statistics)",
-            Value::Float(ns as f64 / 1e9),
-        ));
-        out.push(Family::single(
-            "kheap_bpf_runs",
-            Kind::Counter,
-            "Runs of kheap's BPF programs",
-            Value::Int(runs),
-        ));
+        out.extend(singles([
+            (
+                "kheap_bpf_run_time_seconds",
+                Kind::Counter,
+                "Time kheap's BPF programs ran (kernel run-time statistics)",
+                Value::Float(ns as f64 / 1e9),
+            ),
+            (
+                "kheap_bpf_runs",
+                Kind::Counter,
+                "Runs of kheap's BPF programs",
+                Value::Int(runs),
+            ),
+        ]));
     }
-    out.push(Family::single(
+    out.extend(singles([(
         "kheap_bpf_recursion_misses",
         Kind::Counter,
         "Events skipped because a BPF program was already running on the CPU",
         Value::Int(h.bpf_recursion_misses),
-    ));
-    let mut lost = Family::new(
-        "kheap_events_lost",
-        Kind::Counter,
-        "Events not counted (or stacks not captured), by reason",
-        &["reason"],
-    );
-    for (reason, n) in &h.events_lost {
-        lost.push(vec![reason.to_string()], Value::Int(*n));
+    )]));
+    let labelled: [Labelled; 2] = [
+        (
+            "kheap_events_lost",
+            Kind::Counter,
+            "Events not counted (or stacks not captured), by reason",
+            "reason",
+            h.events_lost
+                .iter()
+                .map(|(r, n)| (*r, Value::Int(*n)))
+                .collect(),
+        ),
+        (
+            "kheap_map_fill_ratio",
+            Kind::Gauge,
+            "Entries of a BPF map over its capacity",
+            "map",
+            h.map_fill
+                .iter()
+                .map(|(m, r)| (*m, Value::Float(*r)))
+                .collect(),
+        ),
+    ];
+    for (name, kind, help, label, rows) in labelled {
+        let mut f = Family::new(name, kind, help, &[label]);
+        for (v, value) in rows {
+            f.push(vec![v.to_string()], value);
+        }
+        out.push(f);
     }
-    out.push(lost);
-    out.push(Family::single(
-        "kheap_stack_collisions",
-        Kind::Counter,
-        "Stacks lost to stack-map collisions",
-        Value::Int(h.stack_collisions),
-    ));
-    let mut fill = Family::new(
-        "kheap_map_fill_ratio",
-        Kind::Gauge,
-        "Entries of a BPF map over its capacity",
-        &["map"],
-    );
-    for (map, r) in &h.map_fill {
-        fill.push(vec![map.to_string()], Value::Float(*r));
-    }
-    out.push(fill);
-    out.push(Family::single(
-        "kheap_map_entries_aged_out",
-        Kind::Counter,
-        "Map entries deleted after being idle (their counts are kept)",
-        Value::Int(h.aged_out),
-    ));
-    out.push(Family::single(
-        "kheap_read_duration_seconds",
-        Kind::Gauge,
-        "Time the last read of the maps took",
-        Value::Float(h.read_duration_s),
-    ));
-    out.push(Family::single(
-        "kheap_reads",
-        Kind::Counter,
-        "Reads of the maps (one per --interval)",
-        Value::Int(h.reads),
-    ));
-    out.push(Family::single(
-        "kheap_site_label_sets",
-        Kind::Gauge,
-        "Site label sets remembered for the top-N ranking (exported or not)",
-        Value::Int(h.site_label_sets),
-    ));
-    out.push(Family::single(
-        "process_cpu_seconds",
-        Kind::Counter,
-        "CPU time of the kheap process (user and system)",
-        Value::Float(h.cpu_seconds),
-    ));
-    out.push(Family::single(
-        "process_resident_memory_bytes",
-        Kind::Gauge,
-        "Resident memory of the kheap process",
-        Value::Int(h.rss_bytes),
-    ));
+    out.extend(singles([
+        (
+            "kheap_stack_collisions",
+            Kind::Counter,
+            "Stacks lost to stack-map collisions",
+            Value::Int(h.stack_collisions),
+        ),
+        (
+            "kheap_map_entries_aged_out",
+            Kind::Counter,
+            "Map entries deleted after being idle (their counts are kept)",
+            Value::Int(h.aged_out),
+        ),
+        (
+            "kheap_read_duration_seconds",
+            Kind::Gauge,
+            "Time the last read of the maps took",
+            Value::Float(h.read_duration_s),
+        ),
+        (
+            "kheap_reads",
+            Kind::Counter,
+            "Reads of the maps (one per --interval)",
+            Value::Int(h.reads),
+        ),
+        (
+            "kheap_site_label_sets",
+            Kind::Gauge,
+            "Site label sets remembered for the top-N ranking (exported or not)",
+            Value::Int(h.site_label_sets),
+        ),
+        (
+            "kheap_profile_stacks",
+            Kind::Gauge,
+            "Stacks the pprof profiles keep their own cumulative counts for",
+            Value::Int(h.profile_stacks),
+        ),
+        (
+            "kheap_profile_stacks_folded",
+            Kind::Counter,
+            "Stacks folded into their site's aged-out share of the profiles (idle or over the cap)",
+            Value::Int(h.profile_stacks_folded),
+        ),
+        (
+            "process_cpu_seconds",
+            Kind::Counter,
+            "CPU time of the kheap process (user and system)",
+            Value::Float(h.cpu_seconds),
+        ),
+        (
+            "process_resident_memory_bytes",
+            Kind::Gauge,
+            "Resident memory of the kheap process",
+            Value::Int(h.rss_bytes),
+        ),
+    ]));
+}
+
+fn singles<const N: usize>(defs: [Single; N]) -> impl Iterator<Item = Family> {
+    defs.into_iter()
+        .map(|(name, kind, help, value)| Family::single(name, kind, help, value))
 }
 
 #[cfg(test)]
@@ -395,7 +466,11 @@ mod tests {
         let fams = build(
             &state(),
             Some(&objs),
-            Some((&slab, 4096)),
+            Some(SlabInput {
+                rows: &slab,
+                page_size: 4096,
+                merged: &[("pool_workqueue".into(), "skbuff_fclone_cache".into())],
+            }),
             &Health::default(),
         );
         let text = encode(&fams, Format::Prometheus);
@@ -412,6 +487,7 @@ mod tests {
             "kheap_cache_outstanding_bytes{cache=\"kmalloc-128\"} 384",
             "kheap_slab_memory_bytes{cache=\"dentry\"} 4096",
             "kheap_slab_loss_bytes{cache=\"dentry\"} 2176",
+            "kheap_slab_merged_info{cache=\"pool_workqueue\",merged=\"skbuff_fclone_cache\"} 1",
             "process_resident_memory_bytes 0",
         ] {
             assert!(

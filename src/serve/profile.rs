@@ -1,0 +1,523 @@
+//! The pprof profiles `kheap serve` answers on `/pprof/alloc` and
+//! `/pprof/inuse`, from state the reading thread keeps. Pure: interval
+//! deltas and outstanding groups in, profile rows and pprof bytes out.
+//!
+//! - Site totals are exact (every allocation counted) and cumulative since
+//!   the daemon started; stacks are sampled (about one allocation in
+//!   `--stack-sample-every`), so each site's exact totals are apportioned
+//!   over its sampled stacks (largest remainder: the rows of a site add up
+//!   to its exact totals to the unit) and those rows carry
+//!   `estimated=true`. A site with no sampled stack is one single-frame row.
+//! - Memory is bounded: at most `max_stacks` stacks keep their own
+//!   cumulative counts. A stack idle for [`FORGET_AFTER`] intervals, or the
+//!   least recently active ones beyond the cap, are folded into their
+//!   site's "stack aged out" share: the site's totals never change, only
+//!   that part of its breakdown loses its frames.
+//! - Outstanding memory (`inuse_*`) is the live-object map read that
+//!   interval: exact per site, apportioned over the site's sampled stacks
+//!   the same way.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::model::live::Outstanding;
+use crate::model::snapshot::Snapshot;
+use crate::model::{AllocStats, SiteKey};
+use crate::render::pprof::{heap_profile, Frame, Label, Sample};
+use crate::serve::series::FORGET_AFTER;
+use crate::symbolize::{strip_tracing_frames, Symbolize};
+
+/// The stack id of rows without a stack (the site's own frame).
+const NO_STACK: i64 = 0;
+
+#[derive(Clone, Debug, Default)]
+struct StackState {
+    /// Sampled allocations, cumulative.
+    sampled: AllocStats,
+    /// Intervals since the stack was last sampled.
+    idle: u32,
+}
+
+/// Cumulative per-site and per-stack allocation counts of the daemon.
+#[derive(Default)]
+pub struct ProfileState {
+    sites: HashMap<SiteKey, AllocStats>,
+    stacks: HashMap<(SiteKey, i64), StackState>,
+    /// Per site: sampled counts of stacks folded away (aged out, capped).
+    folded: HashMap<SiteKey, AllocStats>,
+    /// Symbolized frames of the stacks held, innermost first.
+    frames: HashMap<i64, Arc<[Frame]>>,
+    /// The call site's frame and the cache name of each site.
+    site_frames: HashMap<SiteKey, (Arc<[Frame]>, Arc<str>)>,
+    max_stacks: usize,
+    stack_sample_every: u32,
+    /// Stacks folded away so far.
+    pub stacks_folded: u64,
+}
+
+/// One row of a profile: a stack (or a site's own frame) and its values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProfileRow {
+    pub frames: Arc<[Frame]>,
+    pub cache: Arc<str>,
+    /// alloc_objects, alloc_space, inuse_objects, inuse_space.
+    pub values: [i64; 4],
+    pub estimated: bool,
+    /// The site's share of stacks folded away (aged out or over the cap).
+    pub aged_out: bool,
+}
+
+/// What the HTTP threads encode on request.
+#[derive(Clone, Debug, Default)]
+pub struct ProfileSnapshot {
+    pub rows: Vec<ProfileRow>,
+    /// Whether outstanding memory is known (`--track-outstanding`).
+    pub inuse: bool,
+    pub duration_s: f64,
+    pub stack_sample_every: u32,
+}
+
+/// Splits `total` over `weights` in proportion, exactly: floors, then the
+/// largest remainders get one more each. All-zero weights give all zeros.
+pub fn apportion(total: u64, weights: &[u64]) -> Vec<u64> {
+    let sum: u128 = weights.iter().map(|&w| w as u128).sum();
+    if sum == 0 {
+        return vec![0; weights.len()];
+    }
+    let mut out: Vec<u64> = Vec::with_capacity(weights.len());
+    let mut rems: Vec<(u128, usize)> = Vec::with_capacity(weights.len());
+    for (i, &w) in weights.iter().enumerate() {
+        let exact = total as u128 * w as u128;
+        out.push((exact / sum) as u64);
+        rems.push((exact % sum, i));
+    }
+    let left = total - out.iter().sum::<u64>();
+    rems.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for &(_, i) in rems.iter().take(left as usize) {
+        out[i] += 1;
+    }
+    out
+}
+
+impl ProfileState {
+    pub fn new(max_stacks: usize, stack_sample_every: u32) -> ProfileState {
+        ProfileState {
+            max_stacks,
+            stack_sample_every,
+            ..Default::default()
+        }
+    }
+
+    /// New settings (SIGHUP): the cap applies from the next interval; the
+    /// sampling period is what the profiles' comment states.
+    pub fn set_limits(&mut self, max_stacks: usize, stack_sample_every: u32) {
+        self.max_stacks = max_stacks;
+        self.stack_sample_every = stack_sample_every;
+    }
+
+    /// Adds one interval's deltas (sites exact, stacks sampled), with the
+    /// frames of new stacks symbolized once.
+    pub fn add_interval(&mut self, delta: &Snapshot, syms: &dyn Symbolize) {
+        for (k, s) in &delta.sites {
+            *self.sites.entry(k.clone()).or_default() += *s;
+            if !self.site_frames.contains_key(k) {
+                let frame = syms
+                    .symbolize(&[k.call_site])
+                    .into_iter()
+                    .map(|f| Frame::kernel(&f.display()))
+                    .collect();
+                self.site_frames
+                    .insert(k.clone(), (frame, Arc::from(k.cache.name())));
+            }
+        }
+        for s in self.stacks.values_mut() {
+            s.idle = s.idle.saturating_add(1);
+        }
+        for ((site, id), s) in &delta.stacks {
+            let e = self.stacks.entry((site.clone(), *id)).or_default();
+            e.sampled += *s;
+            e.idle = 0;
+            if !self.frames.contains_key(id) {
+                if let Some(addrs) = delta.stack_frames.get(id) {
+                    let frames = strip_tracing_frames(syms.symbolize(addrs))
+                        .iter()
+                        .map(|f| Frame::kernel(&f.display()))
+                        .collect();
+                    self.frames.insert(*id, frames);
+                }
+            }
+        }
+        self.fold_stale_stacks();
+    }
+
+    /// Folds stacks idle too long, then the least recently active beyond
+    /// the cap, into their site's aged-out share.
+    fn fold_stale_stacks(&mut self) {
+        let mut fold: Vec<(SiteKey, i64)> = self
+            .stacks
+            .iter()
+            .filter(|(_, s)| s.idle >= FORGET_AFTER)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let over = self
+            .stacks
+            .len()
+            .saturating_sub(fold.len() + self.max_stacks);
+        if over > 0 {
+            let mut live: Vec<(&(SiteKey, i64), &StackState)> = self
+                .stacks
+                .iter()
+                .filter(|(_, s)| s.idle < FORGET_AFTER)
+                .collect();
+            // Longest idle first, then the smallest.
+            live.sort_by(|a, b| {
+                b.1.idle
+                    .cmp(&a.1.idle)
+                    .then(a.1.sampled.bytes_alloc.cmp(&b.1.sampled.bytes_alloc))
+                    .then(a.0 .1.cmp(&b.0 .1))
+            });
+            fold.extend(live.into_iter().take(over).map(|(k, _)| k.clone()));
+        }
+        for k in &fold {
+            if let Some(s) = self.stacks.remove(k) {
+                *self.folded.entry(k.0.clone()).or_default() += s.sampled;
+                self.stacks_folded += 1;
+            }
+        }
+        if !fold.is_empty() {
+            let used: std::collections::HashSet<i64> =
+                self.stacks.keys().map(|(_, id)| *id).collect();
+            self.frames.retain(|id, _| used.contains(id));
+        }
+    }
+
+    /// Stacks with their own cumulative counts now.
+    pub fn stacks_held(&self) -> usize {
+        self.stacks.len()
+    }
+
+    /// The rows of both profiles: allocations since the start and, given
+    /// the live objects grouped by (site, stack), what is outstanding now.
+    pub fn rows(
+        &self,
+        outstanding: Option<&HashMap<(SiteKey, i64), Outstanding>>,
+    ) -> Vec<ProfileRow> {
+        // Per site: its stacks (sampled alloc, sampled outstanding).
+        #[derive(Default)]
+        struct Parts {
+            alloc: HashMap<i64, (u64, u64)>,
+            inuse: HashMap<i64, (u64, u64)>,
+            inuse_exact: (u64, u64),
+        }
+        let mut by_site: HashMap<&SiteKey, Parts> = HashMap::new();
+        for ((site, id), s) in &self.stacks {
+            let p = by_site.entry(site).or_default();
+            p.alloc
+                .insert(*id, (s.sampled.count, s.sampled.bytes_alloc));
+        }
+        for (site, s) in &self.folded {
+            let p = by_site.entry(site).or_default();
+            p.alloc.insert(NO_STACK, (s.count, s.bytes_alloc));
+        }
+        for ((site, id), o) in outstanding.into_iter().flatten() {
+            // Only sites the daemon has counted can be named.
+            let Some((site, _)) = self.sites.get_key_value(site) else {
+                continue;
+            };
+            let p = by_site.entry(site).or_default();
+            p.inuse_exact.0 += o.objects;
+            p.inuse_exact.1 += o.bytes_alloc;
+            if *id != NO_STACK && self.frames.contains_key(id) {
+                let e = p.inuse.entry(*id).or_default();
+                e.0 += o.objects;
+                e.1 += o.bytes_alloc;
+            }
+        }
+        let mut rows = Vec::new();
+        for (site, exact) in &self.sites {
+            let parts = by_site.remove(site).unwrap_or_default();
+            let mut values: HashMap<i64, [u64; 4]> = HashMap::new();
+            split(
+                &parts.alloc,
+                (exact.count, exact.bytes_alloc),
+                0,
+                &mut values,
+            );
+            split(&parts.inuse, parts.inuse_exact, 2, &mut values);
+            let (site_frame, cache) = &self.site_frames[site];
+            for (id, v) in values {
+                if v == [0; 4] {
+                    continue;
+                }
+                let frames = match self.frames.get(&id) {
+                    Some(f) if id != NO_STACK => f.clone(),
+                    _ => site_frame.clone(),
+                };
+                rows.push(ProfileRow {
+                    frames,
+                    cache: cache.clone(),
+                    values: v.map(|x| x as i64),
+                    estimated: id != NO_STACK || parts.alloc.len() > 1 || parts.inuse.len() > 1,
+                    aged_out: id == NO_STACK && parts.alloc.contains_key(&NO_STACK),
+                });
+            }
+        }
+        rows.sort_by(|a, b| {
+            b.values[1].cmp(&a.values[1]).then_with(|| {
+                let names = |r: &ProfileRow| {
+                    r.frames
+                        .iter()
+                        .map(|f| f.function.clone())
+                        .collect::<Vec<_>>()
+                };
+                names(a).cmp(&names(b))
+            })
+        });
+        rows
+    }
+
+    pub fn snapshot(
+        &self,
+        outstanding: Option<&HashMap<(SiteKey, i64), Outstanding>>,
+        duration_s: f64,
+    ) -> ProfileSnapshot {
+        ProfileSnapshot {
+            rows: self.rows(outstanding),
+            inuse: outstanding.is_some(),
+            duration_s,
+            stack_sample_every: self.stack_sample_every,
+        }
+    }
+}
+
+/// Apportions a site's exact (objects, bytes) over its sampled parts (by
+/// stack id) into `values[at]` and `values[at + 1]`; with no sampled part
+/// all of it goes to the site's own row.
+fn split(
+    parts: &HashMap<i64, (u64, u64)>,
+    exact: (u64, u64),
+    at: usize,
+    values: &mut HashMap<i64, [u64; 4]>,
+) {
+    let mut ids: Vec<i64> = parts.keys().copied().collect();
+    ids.sort_unstable();
+    let sampled_objects: u64 = ids.iter().map(|id| parts[id].0).sum();
+    if sampled_objects == 0 {
+        if exact != (0, 0) {
+            let v = values.entry(NO_STACK).or_default();
+            v[at] += exact.0;
+            v[at + 1] += exact.1;
+        }
+        return;
+    }
+    let objects = apportion(
+        exact.0,
+        &ids.iter().map(|id| parts[id].0).collect::<Vec<_>>(),
+    );
+    let bytes = apportion(
+        exact.1,
+        &ids.iter().map(|id| parts[id].1).collect::<Vec<_>>(),
+    );
+    for (i, id) in ids.iter().enumerate() {
+        let v = values.entry(*id).or_default();
+        v[at] += objects[i];
+        v[at + 1] += bytes[i];
+    }
+}
+
+/// Which profile a request asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Which {
+    /// Allocations since the daemon started (`alloc_*`).
+    Alloc,
+    /// Outstanding memory now, with the allocations beside it, as in Go's
+    /// heap profiles (`inuse_*` shown by default).
+    Inuse,
+}
+
+impl ProfileSnapshot {
+    /// The gzip-compressed profile.proto of `which`.
+    pub fn encode(&self, which: Which) -> Vec<u8> {
+        let inuse = which == Which::Inuse;
+        let mut b = heap_profile(inuse, self.duration_s);
+        b.comment(&format!(
+            "kheap serve: kernel heap, {} since the daemon started ({:.0} s)",
+            if inuse {
+                "outstanding objects now, allocations"
+            } else {
+                "allocations"
+            },
+            self.duration_s
+        ));
+        if self.stack_sample_every > 1 {
+            b.comment(&format!(
+                "stacks sampled 1 in {}: per-stack values are estimates (label estimated=true), apportioned so that each site's stacks add up to its exact totals",
+                self.stack_sample_every
+            ));
+        }
+        let n = if inuse { 4 } else { 2 };
+        for r in &self.rows {
+            if r.values[..n].iter().all(|&v| v == 0) {
+                continue;
+            }
+            let mut labels = vec![Label::Str("cache".into(), r.cache.to_string())];
+            if r.estimated {
+                labels.push(Label::Str("estimated".into(), "true".into()));
+            }
+            if r.aged_out {
+                labels.push(Label::Str("stack".into(), "aged out".into()));
+            }
+            b.add(&Sample {
+                frames: r.frames.to_vec(),
+                values: r.values[..n].to_vec(),
+                labels,
+            });
+        }
+        b.encode_gzip()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::CacheId;
+    use crate::render::pprof::proto;
+    use crate::symbolize::Frame as SymFrame;
+    use prost::Message as _;
+
+    struct Syms;
+    impl Symbolize for Syms {
+        fn symbolize(&self, addrs: &[u64]) -> Vec<SymFrame> {
+            addrs
+                .iter()
+                .map(|&a| SymFrame {
+                    addr: a,
+                    function: Some(format!("f{a:x}")),
+                    offset: 0x40,
+                })
+                .collect()
+        }
+    }
+
+    fn key(site: u64, cache: &str) -> SiteKey {
+        SiteKey {
+            call_site: site,
+            cache: CacheId::Named(cache.into()),
+        }
+    }
+
+    fn stats(count: u64, size: u64) -> AllocStats {
+        AllocStats {
+            count,
+            bytes_req: count * size,
+            bytes_alloc: count * size,
+            ..Default::default()
+        }
+    }
+
+    /// One site (call site 0x10, cache "c") with `total` allocations of
+    /// `size` bytes and sampled stacks (id, count) of frames [0x10, 0x100 + id].
+    fn site_with_stacks(total: u64, size: u64, stacks: &[(i64, u64)]) -> (SiteKey, Snapshot) {
+        let site = key(0x10, "c");
+        let mut d = Snapshot::default();
+        d.sites.insert(site.clone(), stats(total, size));
+        for &(id, count) in stacks {
+            d.stacks.insert((site.clone(), id), stats(count, size));
+            d.stack_frames.insert(id, vec![0x10, 0x100 + id as u64]);
+        }
+        (site, d)
+    }
+
+    fn decode(gz: &[u8]) -> proto::Profile {
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz), &mut raw).unwrap();
+        proto::Profile::decode(&raw[..]).unwrap()
+    }
+
+    #[test]
+    fn apportion_is_exact_and_proportional() {
+        assert_eq!(apportion(10, &[1, 1, 1]), vec![4, 3, 3]);
+        assert_eq!(apportion(100, &[3, 1]), vec![75, 25]);
+        assert_eq!(apportion(7, &[0, 0]), vec![0, 0]);
+        let v = apportion(1_000_003, &[7, 13, 1, 999]);
+        assert_eq!(v.iter().sum::<u64>(), 1_000_003);
+    }
+
+    #[test]
+    fn sites_without_stacks_are_exact_single_frame_rows() {
+        let mut p = ProfileState::new(10, 1024);
+        let mut d = Snapshot::default();
+        d.sites.insert(key(0x10, "kmalloc-4k"), stats(300, 4096));
+        p.add_interval(&d, &Syms);
+        p.add_interval(&d, &Syms);
+        let rows = p.rows(None);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].values, [600, 600 * 4096, 0, 0]);
+        assert!(!rows[0].estimated);
+        assert_eq!(rows[0].frames[0].function, "f10");
+        assert_eq!(&*rows[0].cache, "kmalloc-4k");
+    }
+
+    #[test]
+    fn stacks_share_the_exact_site_totals_and_inuse_follows_live_objects() {
+        let mut p = ProfileState::new(10, 1024);
+        let (site, d) = site_with_stacks(1001, 64, &[(7, 2), (9, 1)]);
+        p.add_interval(&d, &Syms);
+        let mut live = HashMap::new();
+        let obj = |objects, bytes_alloc| Outstanding {
+            objects,
+            bytes_alloc,
+        };
+        live.insert((site.clone(), 0), obj(99, 99 * 64));
+        live.insert((site.clone(), 9), obj(1, 64));
+        let rows = p.rows(Some(&live));
+        assert_eq!(rows.len(), 2);
+        let sum = |i: usize| rows.iter().map(|r| r.values[i]).sum::<i64>();
+        assert_eq!((sum(0), sum(1)), (1001, 1001 * 64));
+        assert_eq!(
+            (sum(2), sum(3)),
+            (100, 6400),
+            "outstanding is exact per site"
+        );
+        let r9 = rows
+            .iter()
+            .find(|r| r.frames[1].function == "f109")
+            .unwrap();
+        // One third of the sampled stacks: a third of each exact total.
+        assert_eq!(r9.values, [334, 21_355, 100, 6400]);
+        assert!(rows.iter().all(|r| r.estimated));
+        // Read back as pprof: the inuse profile has four types, alloc two.
+        let snap = p.snapshot(Some(&live), 5.0);
+        let inuse = decode(&snap.encode(Which::Inuse));
+        assert_eq!(inuse.sample_type.len(), 4);
+        let total: i64 = inuse.sample.iter().map(|s| s.value[3]).sum();
+        assert_eq!(total, 6400);
+        let alloc = decode(&snap.encode(Which::Alloc));
+        assert_eq!(alloc.sample_type.len(), 2);
+        let s = |i: i64| alloc.string_table[i as usize].as_str();
+        assert!(alloc.comment.iter().any(|&c| s(c).contains("1 in 1024")));
+    }
+
+    #[test]
+    fn stale_and_excess_stacks_fold_into_their_site_keeping_totals() {
+        let mut p = ProfileState::new(2, 1024);
+        let (_, d) = site_with_stacks(100, 8, &[(1, 1), (2, 2), (3, 3), (4, 4)]);
+        p.add_interval(&d, &Syms);
+        assert_eq!(p.stacks_held(), 2, "capped");
+        assert_eq!(p.stacks_folded, 2);
+        let rows = p.rows(None);
+        assert_eq!(rows.iter().map(|r| r.values[0]).sum::<i64>(), 100);
+        let folded = rows.iter().find(|r| r.aged_out).unwrap();
+        // Stacks 1 and 2 (the smallest) folded: 3 of 10 sampled.
+        assert_eq!(folded.values[0], 30);
+        // Idle long enough, the rest fold too; the site total stays.
+        for _ in 0..FORGET_AFTER {
+            p.add_interval(&Snapshot::default(), &Syms);
+        }
+        assert_eq!(p.stacks_held(), 0);
+        let rows = p.rows(None);
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].values[0], 100);
+        assert!(rows[0].aged_out);
+    }
+}
