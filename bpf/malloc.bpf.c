@@ -181,6 +181,8 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	t->last_sp = sp;
 	t->last_ret = key.caller;
 	t->last_func = key.func;
+	/* A block freed before may be handed out again from here on. */
+	t->free_active = 0;
 
 	/* A stack not kept (map full, or not captured) is counted as lost. */
 	stack = store_stack(ctx, BPF_F_USER_STACK, &stack_id, &frames);
@@ -317,24 +319,57 @@ int BPF_URETPROBE(alloc_return, __u64 ret)
 	return 0;
 }
 
-/* free(ptr). User space may attach this, like the other probes, past a first
- * instruction that changes no argument register nor the stack pointer (see
- * src/malloc/probes.rs, probe_skip). */
-SEC("uprobe")
-int BPF_UPROBE(free_entry, __u64 ptr)
+/* A free: free(ptr), or (outer) a runtime's free that may end in another
+ * probed free of the same block: operator delete (sized -> unsized -> free),
+ * __rust_dealloc. Probed only with cfg.track_live. User space may attach
+ * these, like the other probes, past first instructions that change no
+ * argument register nor the stack pointer (src/malloc/probes.rs,
+ * probe_skip). */
+static __always_inline void on_free(struct pt_regs *ctx, __u64 ptr, bool outer)
 {
 	struct live_key lk = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .ptr = ptr};
+	__u64 sp = PT_REGS_SP(ctx);
+	struct thread_state *t;
 
 	if (!pid_traced(lk.tgid))
-		return 0;
+		return;
+	t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), NULL,
+				 outer ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	if (t && t->free_active && t->free_ptr == ptr && sp <= t->free_sp) {
+		/* Made inside the outer free (by a call, or a jump with the
+		 * same stack pointer). free() calls no other: the chain ends
+		 * there. */
+		if (!outer)
+			t->free_active = 0;
+		COUNT(nested);
+		return;
+	}
+	if (t && outer) {
+		t->free_active = 1;
+		t->free_ptr = ptr;
+		t->free_sp = sp;
+	}
 	if (!ptr) {
 		COUNT(frees_null);
-		return 0;
+		return;
 	}
 	COUNT(frees);
-	if (cfg.track_live && bpf_map_delete_elem(&live, &lk))
+	if (bpf_map_delete_elem(&live, &lk))
 		COUNT(frees_untracked);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(free_entry, __u64 ptr)
+{
+	on_free(ctx, ptr, false);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(outer_free_entry, __u64 ptr)
+{
+	on_free(ctx, ptr, true);
 	return 0;
 }
 
