@@ -140,6 +140,24 @@ static __always_inline void record_stack_vmas(struct stack_frames *frames,
 
 /* ---- allocations ---- */
 
+/* The state of the current thread if its process is traced. Only traced
+ * threads get state (and a process stays traced while it lives), so a
+ * thread that has state skips the PID filter lookup. */
+static __always_inline struct thread_state *traced_thread(__u32 tgid)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct thread_state *t;
+
+	t = bpf_task_storage_get(&threads, task, NULL, 0);
+	if (t || !pid_traced(tgid))
+		return t;
+	t = bpf_task_storage_get(&threads, task, NULL,
+				 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!t)
+		COUNT(no_thread_state);
+	return t;
+}
+
 static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 				     __u64 old_ptr, __u64 memptr)
 {
@@ -153,14 +171,9 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	__u64 stack_id = 0;
 	__u32 bucket;
 
-	if (!pid_traced(key.tgid))
+	t = traced_thread(key.tgid);
+	if (!t)
 		return;
-	t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), NULL,
-				 BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!t) {
-		COUNT(no_thread_state);
-		return;
-	}
 	key.func = bpf_get_attach_cookie(ctx);
 	key.mm = (__u64)bpf_get_current_task_btf()->mm;
 	/* On the first instruction the return address is at the stack
@@ -332,11 +345,10 @@ static __always_inline void on_free(struct pt_regs *ctx, __u64 ptr, bool outer)
 	__u64 sp = PT_REGS_SP(ctx);
 	struct thread_state *t;
 
-	if (!pid_traced(lk.tgid))
+	t = traced_thread(lk.tgid);
+	if (!t)
 		return;
-	t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), NULL,
-				 outer ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
-	if (t && t->free_active && t->free_ptr == ptr && sp <= t->free_sp) {
+	if (t->free_active && t->free_ptr == ptr && sp <= t->free_sp) {
 		/* Made inside the outer free (by a call, or a jump with the
 		 * same stack pointer). free() calls no other: the chain ends
 		 * there. */
@@ -345,7 +357,7 @@ static __always_inline void on_free(struct pt_regs *ctx, __u64 ptr, bool outer)
 		COUNT(nested);
 		return;
 	}
-	if (t && outer) {
+	if (outer) {
 		t->free_active = 1;
 		t->free_ptr = ptr;
 		t->free_sp = sp;

@@ -25,19 +25,25 @@ fn build(link: &[&str]) -> Workload {
     let src = dir.path().join("w.cc");
     std::fs::write(&src, SOURCE).unwrap();
     let exe = dir.path().join("cxx_workload");
-    let out = Command::new("g++")
-        .args(["-O2", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .args(link)
-        .output()
-        .expect("g++ is needed by the tests (scripts/setup installs it)");
+    let mut gxx = Command::new("g++");
+    gxx.args(["-O2", "-o"]).arg(&exe).arg(&src).args(link);
+    compile(gxx, "building the C++ workload");
+    Workload { _dir: dir, exe }
+}
+
+/// Runs a compiler; a failure shows its messages.
+fn compile(mut cmd: Command, what: &str) {
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!(
+            "{what}: cannot run {:?} ({e}); scripts/setup installs the compilers",
+            cmd.get_program()
+        )
+    });
     assert!(
         out.status.success(),
-        "building the C++ workload failed: {}",
+        "{what} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Workload { _dir: dir, exe }
 }
 
 /// Runs `kheap malloc ARGS --format json -o FILE` and parses the report.
@@ -190,17 +196,11 @@ fn check_linked_allocator(link: &str, library: &str) {
     let src = dir.path().join("w.c");
     std::fs::write(&src, ALLOC_LIB_SOURCE).unwrap();
     let exe = dir.path().join("alloc_lib_workload");
-    let out = Command::new("cc")
-        .args(["-O1", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg(link)
-        .output()
-        .expect("cc is needed by the tests");
-    assert!(
-        out.status.success(),
-        "building against {link} failed (scripts/setup installs the allocator packages): {}",
-        String::from_utf8_lossy(&out.stderr)
+    let mut cc = Command::new("cc");
+    cc.args(["-O1", "-o"]).arg(&exe).arg(&src).arg(link);
+    compile(
+        cc,
+        &format!("building against {link} (scripts/setup installs the allocator packages)"),
     );
     let r = malloc_json(&["--outstanding", "--", exe.to_str().unwrap()]);
     let probes = r["probes"].as_array().unwrap();
@@ -252,17 +252,12 @@ fn check_rust(tracking: bool) {
     let src = dir.path().join("w.rs");
     std::fs::write(&src, RUST_SOURCE).unwrap();
     let exe = dir.path().join("rust_workload");
-    let out = Command::new(rustc())
+    let mut rustc = Command::new(rustc());
+    rustc
         .args(["-C", "opt-level=2", "-C", "force-frame-pointers=no", "-o"])
         .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("rustc is needed by the tests");
-    assert!(
-        out.status.success(),
-        "building the Rust workload failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .arg(&src);
+    compile(rustc, "building the Rust workload");
     let mut args = vec![];
     if tracking {
         args.push("--outstanding");
@@ -336,16 +331,9 @@ const PREFIXED_ALLOCATOR: &str = include_str!("data/malloc_prefixed_allocator.c"
 const PREFIXED_WORKLOAD: &str = include_str!("data/malloc_prefixed_workload.c");
 
 fn cc(dir: &std::path::Path, args: &[&str]) {
-    let out = Command::new("cc")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("cc is needed by the tests");
-    assert!(
-        out.status.success(),
-        "cc {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let mut cc = Command::new("cc");
+    cc.current_dir(dir).args(args);
+    compile(cc, &format!("cc {args:?}"));
 }
 
 /// An allocator exporting je_-prefixed names (see the allocator's source
