@@ -140,6 +140,24 @@ static __always_inline void record_stack_vmas(struct stack_frames *frames,
 
 /* ---- allocations ---- */
 
+/* The state of the current thread if its process is traced. Only traced
+ * threads get state (and a process stays traced while it lives), so a
+ * thread that has state skips the PID filter lookup. */
+static __always_inline struct thread_state *traced_thread(__u32 tgid)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct thread_state *t;
+
+	t = bpf_task_storage_get(&threads, task, NULL, 0);
+	if (t || !pid_traced(tgid))
+		return t;
+	t = bpf_task_storage_get(&threads, task, NULL,
+				 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!t)
+		COUNT(no_thread_state);
+	return t;
+}
+
 static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 				     __u64 old_ptr, __u64 memptr)
 {
@@ -153,16 +171,11 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	__u64 stack_id = 0;
 	__u32 bucket;
 
-	if (!pid_traced(key.tgid))
+	t = traced_thread(key.tgid);
+	if (!t)
 		return;
 	if (cfg.cgroups && !cgroup_traced())
 		return;
-	t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), NULL,
-				 BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (!t) {
-		COUNT(no_thread_state);
-		return;
-	}
 	key.func = bpf_get_attach_cookie(ctx);
 	key.mm = (__u64)bpf_get_current_task_btf()->mm;
 	/* On the first instruction the return address is at the stack
@@ -183,6 +196,8 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	t->last_sp = sp;
 	t->last_ret = key.caller;
 	t->last_func = key.func;
+	/* A block freed before may be handed out again from here on. */
+	t->free_active = 0;
 
 	/* A stack not kept (map full, or not captured) is counted as lost. */
 	stack = store_stack(ctx, BPF_F_USER_STACK, &stack_id, &frames);
@@ -322,24 +337,56 @@ int BPF_URETPROBE(alloc_return, __u64 ret)
 	return 0;
 }
 
-/* free(ptr). User space may attach this, like the other probes, past a first
- * instruction that changes no argument register nor the stack pointer (see
- * src/malloc/probes.rs, probe_skip). */
-SEC("uprobe")
-int BPF_UPROBE(free_entry, __u64 ptr)
+/* A free: free(ptr), or (outer) a runtime's free that may end in another
+ * probed free of the same block: operator delete (sized -> unsized -> free),
+ * __rust_dealloc. Probed only with cfg.track_live. User space may attach
+ * these, like the other probes, past first instructions that change no
+ * argument register nor the stack pointer (src/malloc/probes.rs,
+ * probe_skip). */
+static __always_inline void on_free(struct pt_regs *ctx, __u64 ptr, bool outer)
 {
 	struct live_key lk = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .ptr = ptr};
+	__u64 sp = PT_REGS_SP(ctx);
+	struct thread_state *t;
 
-	if (!pid_traced(lk.tgid))
-		return 0;
+	t = traced_thread(lk.tgid);
+	if (!t)
+		return;
+	if (t->free_active && t->free_ptr == ptr && sp <= t->free_sp) {
+		/* Made inside the outer free (by a call, or a jump with the
+		 * same stack pointer). free() calls no other: the chain ends
+		 * there. */
+		if (!outer)
+			t->free_active = 0;
+		COUNT(nested);
+		return;
+	}
+	if (outer) {
+		t->free_active = 1;
+		t->free_ptr = ptr;
+		t->free_sp = sp;
+	}
 	if (!ptr) {
 		COUNT(frees_null);
-		return 0;
+		return;
 	}
 	COUNT(frees);
-	if (cfg.track_live && bpf_map_delete_elem(&live, &lk))
+	if (bpf_map_delete_elem(&live, &lk))
 		COUNT(frees_untracked);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(free_entry, __u64 ptr)
+{
+	on_free(ctx, ptr, false);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(outer_free_entry, __u64 ptr)
+{
+	on_free(ctx, ptr, true);
 	return 0;
 }
 

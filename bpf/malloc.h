@@ -69,6 +69,15 @@ struct thread_state {
 	 * own (nested) calls. */
 	__u32 pending_active;
 	struct pending_alloc pending;
+	/* cfg.track_live: the last outer free counted (operator delete,
+	 * __rust_dealloc). A free of the same block at the same or a deeper
+	 * stack pointer before the next allocation is one it makes inside
+	 * (the block cannot be freed again before it is handed out again),
+	 * and is not counted twice. */
+	__u64 free_sp;
+	__u64 free_ptr;
+	__u32 free_active;
+	__u32 pad;
 };
 
 /* A file-backed mapping a stack frame fell in, recorded when the stack is

@@ -19,23 +19,31 @@ struct Workload {
     exe: PathBuf,
 }
 
-fn build() -> Workload {
+/// `link`: extra linker arguments (another allocator library).
+fn build(link: &[&str]) -> Workload {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("w.cc");
     std::fs::write(&src, SOURCE).unwrap();
     let exe = dir.path().join("cxx_workload");
-    let out = Command::new("g++")
-        .args(["-O2", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("g++ is needed by the tests (scripts/setup installs it)");
+    let mut gxx = Command::new("g++");
+    gxx.args(["-O2", "-o"]).arg(&exe).arg(&src).args(link);
+    compile(gxx, "building the C++ workload");
+    Workload { _dir: dir, exe }
+}
+
+/// Runs a compiler; a failure shows its messages.
+fn compile(mut cmd: Command, what: &str) {
+    let out = cmd.output().unwrap_or_else(|e| {
+        panic!(
+            "{what}: cannot run {:?} ({e}); scripts/setup installs the compilers",
+            cmd.get_program()
+        )
+    });
     assert!(
         out.status.success(),
-        "building the C++ workload failed: {}",
+        "{what} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    Workload { _dir: dir, exe }
 }
 
 /// Runs `kheap malloc ARGS --format json -o FILE` and parses the report.
@@ -61,21 +69,61 @@ fn site(r: &Value, allocator: &str, function: &str) -> (u64, u64, Option<u64>) {
     )
 }
 
-fn check(tracking: bool) {
-    let w = build();
+/// The workload's frees: make_arrays' delete[]s, the deletes of
+/// make_objects, make_nothrow and make_aligned, plain_malloc's frees.
+const WORKLOAD_FREES: u64 = 1000 + 300 + 70 + 40 + 11;
+
+/// `allocator`: the library the workload is linked against, whose operator
+/// new and delete replace libstdc++'s (None: libstdc++'s, which end in the
+/// C library's malloc and free).
+/// The functions probed in one file (the `probes` lines read
+/// `path: malloc, free@+3 (not exported: …)`), without their offsets.
+fn probed_in(r: &Value, file: &str) -> Vec<String> {
+    let line = r["probes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .find(|p| p.split(": ").next().unwrap().ends_with(file))
+        .unwrap_or_else(|| panic!("{file} is probed: {:#}", r["probes"]));
+    let names = line.split_once(": ").unwrap().1;
+    let names = names.split(" (not exported").next().unwrap();
+    names
+        .split(", ")
+        .map(|n| n.split('@').next().unwrap().to_string())
+        .collect()
+}
+
+fn check(tracking: bool, allocator: Option<(&str, &str)>) {
+    let w = build(allocator.map(|(link, _)| link).as_slice());
     let mut args = vec![];
     if tracking {
         args.push("--outstanding");
     }
     args.extend(["--", w.exe.to_str().unwrap()]);
     let r = malloc_json(&args);
-    let probes = r["probes"].as_array().unwrap();
+    let runtime = allocator.map_or("libstdc++.so.6", |(_, lib)| lib);
+    let probed = probed_in(&r, runtime);
     assert!(
-        probes
+        ["new", "new[]", "new(align)"]
             .iter()
-            .any(|p| p.as_str().unwrap().contains("libstdc++.so.6: new, new[]")),
-        "libstdc++ probed without --lib: {probes:?}"
+            .all(|f| probed.contains(&f.to_string())),
+        "{runtime}'s operator new probed without --lib: {probed:?}"
     );
+    // operator delete, in every variant, only to follow blocks
+    let deletes = ["delete", "delete[]", "delete(sized)", "delete[](sized)"]
+        .iter()
+        .filter(|f| probed.contains(&f.to_string()))
+        .count();
+    assert_eq!(deletes, if tracking { 4 } else { 0 }, "{probed:?}");
+    if tracking {
+        // Each free counted once: libstdc++'s delete calls free, and
+        // delete[] calls delete; jemalloc's sized delete frees without
+        // free(), which only its own probe sees.
+        let totals = &r["totals"];
+        assert_eq!(u(&totals["frees"]), WORKLOAD_FREES, "{totals:#}");
+        assert_eq!(u(&totals["frees_untracked"]), 0, "{totals:#}");
+    }
     let live = |n| tracking.then_some(n);
     // sizes: int[50] = 200 bytes, Big = 200, Al = 128 (100 rounded up to
     // its 64-byte alignment), int[10] = 40, malloc(33)
@@ -113,8 +161,9 @@ fn check(tracking: bool) {
         workload_calls + others,
         "totals are the rows' sum"
     );
+    // (jemalloc's operators allocate without calling its malloc)
     assert!(
-        u(&r["totals"]["nested_calls"]) >= 1000 + 1000 + 300 + 70 + 40 + 25,
+        allocator.is_some() || u(&r["totals"]["nested_calls"]) >= 1000 + 1000 + 300 + 70 + 40 + 25,
         "new[] -> new -> malloc counted as nested: {:#}",
         r["totals"]
     );
@@ -122,12 +171,19 @@ fn check(tracking: bool) {
 
 #[test]
 fn cxx_new_is_counted_once_at_the_calling_function() {
-    check(false);
+    check(false, None);
 }
 
 #[test]
 fn cxx_leaks_through_new_are_exact() {
-    check(true);
+    check(true, None);
+}
+
+/// jemalloc's operator delete (sized, as g++ calls it) frees without
+/// free(): only a probe on delete sees those blocks go.
+#[test]
+fn cxx_leaks_with_jemalloc_operators_are_exact() {
+    check(true, Some(("-ljemalloc", "libjemalloc.so.2")));
 }
 
 const ALLOC_LIB_SOURCE: &str = include_str!("data/malloc_alloc_lib_workload.c");
@@ -140,17 +196,11 @@ fn check_linked_allocator(link: &str, library: &str) {
     let src = dir.path().join("w.c");
     std::fs::write(&src, ALLOC_LIB_SOURCE).unwrap();
     let exe = dir.path().join("alloc_lib_workload");
-    let out = Command::new("cc")
-        .args(["-O1", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg(link)
-        .output()
-        .expect("cc is needed by the tests");
-    assert!(
-        out.status.success(),
-        "building against {link} failed (scripts/setup installs the allocator packages): {}",
-        String::from_utf8_lossy(&out.stderr)
+    let mut cc = Command::new("cc");
+    cc.args(["-O1", "-o"]).arg(&exe).arg(&src).arg(link);
+    compile(
+        cc,
+        &format!("building against {link} (scripts/setup installs the allocator packages)"),
     );
     let r = malloc_json(&["--outstanding", "--", exe.to_str().unwrap()]);
     let probes = r["probes"].as_array().unwrap();
@@ -202,17 +252,12 @@ fn check_rust(tracking: bool) {
     let src = dir.path().join("w.rs");
     std::fs::write(&src, RUST_SOURCE).unwrap();
     let exe = dir.path().join("rust_workload");
-    let out = Command::new(rustc())
+    let mut rustc = Command::new(rustc());
+    rustc
         .args(["-C", "opt-level=2", "-C", "force-frame-pointers=no", "-o"])
         .arg(&exe)
-        .arg(&src)
-        .output()
-        .expect("rustc is needed by the tests");
-    assert!(
-        out.status.success(),
-        "building the Rust workload failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+        .arg(&src);
+    compile(rustc, "building the Rust workload");
     let mut args = vec![];
     if tracking {
         args.push("--outstanding");
@@ -220,13 +265,21 @@ fn check_rust(tracking: bool) {
     args.extend(["--", exe.to_str().unwrap()]);
     let r = malloc_json(&args);
     let probes = r["probes"].as_array().unwrap();
+    let entry_points = if tracking {
+        "rust_workload: rust, rust_zeroed, rust_realloc, rust_dealloc"
+    } else {
+        "rust_workload: rust, rust_zeroed, rust_realloc"
+    };
     assert!(
-        probes.iter().any(|p| p
-            .as_str()
-            .unwrap()
-            .ends_with("rust_workload: rust, rust_zeroed, rust_realloc")),
+        probes
+            .iter()
+            .any(|p| p.as_str().unwrap().ends_with(entry_points)),
         "the program's entry points probed: {probes:?}"
     );
+    if tracking {
+        // __rust_dealloc ends in free(): one free, not two
+        assert_eq!(u(&r["totals"]["frees_untracked"]), 0, "{:#}", r["totals"]);
+    }
     let live = |n| tracking.then_some(n);
     // Vec<u64> of 10 or 11 elements, alternately
     assert_eq!(
@@ -272,4 +325,90 @@ fn rust_allocations_are_counted_once_at_the_calling_function() {
 #[test]
 fn rust_leaks_are_exact() {
     check_rust(true);
+}
+
+const PREFIXED_ALLOCATOR: &str = include_str!("data/malloc_prefixed_allocator.c");
+const PREFIXED_WORKLOAD: &str = include_str!("data/malloc_prefixed_workload.c");
+
+fn cc(dir: &std::path::Path, args: &[&str]) {
+    let mut cc = Command::new("cc");
+    cc.current_dir(dir).args(args);
+    compile(cc, &format!("cc {args:?}"));
+}
+
+/// An allocator exporting je_-prefixed names (see the allocator's source
+/// for what it stands for), in a shared library or linked into the
+/// program, is found by its symbols and probed without --lib; its calls are
+/// rows of their own (`je_malloc`), and the C library calls it makes inside
+/// are not counted again.
+fn check_prefixed(shared: bool, tracking: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("je.c"), PREFIXED_ALLOCATOR).unwrap();
+    std::fs::write(dir.path().join("w.c"), PREFIXED_WORKLOAD).unwrap();
+    let file = if shared {
+        cc(
+            dir.path(),
+            &["-O2", "-fPIC", "-shared", "-o", "libje_shim.so", "je.c"],
+        );
+        cc(
+            dir.path(),
+            &[
+                "-O1",
+                "-o",
+                "prefixed_workload",
+                "w.c",
+                "-L.",
+                "-lje_shim",
+                "-Wl,-rpath,$ORIGIN",
+            ],
+        );
+        "libje_shim.so"
+    } else {
+        cc(dir.path(), &["-O2", "-c", "-o", "je.o", "je.c"]);
+        cc(
+            dir.path(),
+            &["-O1", "-o", "prefixed_workload", "w.c", "je.o"],
+        );
+        "prefixed_workload"
+    };
+    let exe = dir.path().join("prefixed_workload");
+    let mut args = vec![];
+    if tracking {
+        args.push("--outstanding");
+    }
+    args.extend(["--", exe.to_str().unwrap()]);
+    let r = malloc_json(&args);
+    let expect: &[&str] = if tracking {
+        &["je_malloc", "je_calloc", "je_free"]
+    } else {
+        &["je_malloc", "je_calloc"]
+    };
+    assert_eq!(probed_in(&r, file), expect);
+    // 123 calls; i % 3 == 0 (41 of them) never freed
+    let live = tracking.then_some(41);
+    assert_eq!(site(&r, "je_malloc", "je_work"), (123, 123 * 77, live));
+    for s in r["sites"].as_array().unwrap() {
+        let f = s["function"].as_str().unwrap();
+        assert!(
+            !f.starts_with("je_malloc") && !f.starts_with("je_calloc"),
+            "the C library's malloc inside je_malloc was counted again: {s:#}"
+        );
+    }
+    if tracking {
+        let totals = &r["totals"];
+        assert_eq!(u(&totals["frees"]), 82, "{totals:#}");
+        assert_eq!(u(&totals["frees_untracked"]), 0, "{totals:#}");
+    }
+}
+
+#[test]
+fn prefixed_allocator_library_is_found_without_lib() {
+    check_prefixed(true, false);
+    check_prefixed(true, true);
+}
+
+#[test]
+fn prefixed_allocator_linked_into_the_program_is_found_without_lib() {
+    check_prefixed(false, false);
+    check_prefixed(false, true);
 }

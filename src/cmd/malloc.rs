@@ -2,7 +2,7 @@
 //! its children), then print who allocated what, and with --outstanding
 //! what was never freed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,9 @@ use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
 use crate::kernel::storage::ObjectStorage;
-use crate::malloc::probes::{check_elf, extra_allocators_of_program, libc_of_program};
+use crate::malloc::probes::{
+    check_elf, defines_allocator, extra_allocators_of_program, libc_of_program,
+};
 use crate::malloc::procmaps;
 use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
 use crate::malloc::report::{self, BuildOptions, MallocReport};
@@ -107,8 +109,8 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
         if !libs.contains(&libc) {
             libs.push(libc);
         }
-        for lib in procmaps::find_extra_allocators(&maps) {
-            if let Some(p) = host_path(pid, lib).filter(|p| !libs.contains(p)) {
+        for p in other_allocators(pid, &maps, &mut HashSet::new()) {
+            if !libs.contains(&p) {
                 libs.push(p);
             }
         }
@@ -119,9 +121,10 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
         if !libs.contains(&libc) {
             libs.push(libc);
         }
-        // A Rust program's global allocator entry points are in itself.
+        // A Rust program's global allocator entry points are in itself, as
+        // is an allocator linked in statically (prefixed or not).
         let exe = crate::malloc::probes::executable_of(&path)?;
-        if has_rust_entry_points(&exe) && !libs.contains(&exe) {
+        if defines_allocator(&exe) && !libs.contains(&exe) {
             libs.push(exe);
         }
         for lib in extra_allocators_of_program(&path)? {
@@ -133,9 +136,33 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
     Ok(libs)
 }
 
-fn has_rust_entry_points(exe: &std::path::Path) -> bool {
-    use crate::malloc::probes::{lookup_symbols, FIRST_RUST};
-    lookup_symbols(exe).is_ok_and(|s| s[FIRST_RUST..].iter().any(Option::is_some))
+/// The allocator files a process maps besides its C library: C++ runtimes
+/// and allocator libraries known by name, and any other file (the program
+/// too) that defines allocator functions. `inspected` holds the files
+/// whose symbols were read already, by (device, inode): each is read once.
+fn other_allocators(
+    pid: u32,
+    maps: &[procmaps::Mapping],
+    inspected: &mut HashSet<(u32, u64)>,
+) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for m in procmaps::mapped_files(maps) {
+        if !inspected.insert((m.dev, m.inode)) {
+            continue;
+        }
+        let Some(path) = host_path(pid, m) else {
+            continue;
+        };
+        let by_name = m
+            .path
+            .as_deref()
+            .is_some_and(procmaps::is_extra_allocator_name);
+        let libc = m.path.as_deref().is_some_and(procmaps::is_libc_name);
+        if by_name || !libc && defines_allocator(&path) {
+            out.push(path);
+        }
+    }
+    out
 }
 
 fn comm(pid: u32) -> String {
@@ -364,6 +391,8 @@ struct Scanner {
     /// Each process's cgroup v2 when last read.
     cgroups: HashMap<u32, crate::cgroup::CgroupRef>,
     cgroup_mount: Option<PathBuf>,
+    /// Files whose symbols were read for allocator functions.
+    inspected: HashSet<(u32, u64)>,
 }
 
 /// Known processes are re-read this often (for libraries they load later);
@@ -408,14 +437,15 @@ impl Scanner {
                 self.cgroups.insert(pid, c);
             }
             modules.add_maps(pid, &maps);
-            if !probe_new_libraries {
+            // Until it execs, the held command is a copy of kheap.
+            if !probe_new_libraries || not_yet_execd {
                 continue;
             }
             // The C library, the C++ runtime whose operator new the
             // program may call, and allocator libraries (jemalloc…).
-            let mut found = procmaps::find_extra_allocators(&maps);
-            found.extend(procmaps::find_libc(&maps));
-            for path in found.into_iter().filter_map(|m| host_path(pid, m)) {
+            let mut found = other_allocators(pid, &maps, &mut self.inspected);
+            found.extend(procmaps::find_libc(&maps).and_then(|m| host_path(pid, m)));
+            for path in found {
                 if session.has_library(&path) {
                     continue;
                 }

@@ -153,7 +153,7 @@ impl<'obj> MallocSession<'obj> {
         // free is probed only to follow blocks (--outstanding): without
         // it, a malloc+free pair costs one probe hit instead of two.
         if !self.track_live {
-            plan.retain(|p| p.layout != Layout::Free);
+            plan.retain(|p| !p.layout.is_free());
         }
         if self.probes_at_entry {
             for p in &mut plan {
@@ -187,6 +187,7 @@ impl<'obj> MallocSession<'obj> {
             Layout::Realloc => &progs.realloc_entry,
             Layout::Reallocarray => &progs.reallocarray_entry,
             Layout::Free => &progs.free_entry,
+            Layout::OuterFree => &progs.outer_free_entry,
             Layout::RustRealloc => &progs.rust_realloc_entry,
         };
         let opts = |retprobe| UprobeOpts {
@@ -199,7 +200,7 @@ impl<'obj> MallocSession<'obj> {
         // Past a skipped instruction the return address is still at the
         // stack pointer, which is all a return probe needs.
         let offset = (p.file_offset + p.skip) as usize;
-        if self.track_live && p.layout != Layout::Free {
+        if self.track_live && !p.layout.is_free() {
             self.links.push(progs.alloc_return.attach_uprobe_with_opts(
                 -1,
                 path,
@@ -250,9 +251,8 @@ impl<'obj> MallocSession<'obj> {
 
     /// Row labels by attach cookie: aliases joined (`aligned_alloc|memalign`).
     pub fn func_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = probes::FUNCTIONS
-            .iter()
-            .map(|f| f.name.to_string())
+        let mut names: Vec<String> = (0..probes::slot_count())
+            .map(|i| probes::slot(i).label)
             .collect();
         for l in &self.libraries {
             for p in &l.probes {

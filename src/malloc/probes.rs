@@ -26,10 +26,21 @@ pub enum Layout {
     Reallocarray,
     /// `free(ptr)`
     Free,
+    /// `operator delete(ptr…)`, `__rust_dealloc(ptr, size, align)`: frees
+    /// that may end in another probed free of the same block
+    OuterFree,
     /// `__rust_realloc(ptr, old_size, align, new_size)`
     RustRealloc,
 }
 
+impl Layout {
+    /// Whether the function frees (no size, no return probe).
+    pub fn is_free(self) -> bool {
+        matches!(self, Layout::Free | Layout::OuterFree)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
 pub struct AllocFn {
     /// The row label (`allocator` column).
     pub name: &'static str,
@@ -38,125 +49,88 @@ pub struct AllocFn {
     pub layout: Layout,
 }
 
+/// The C library's allocation family (and free).
+const C_FUNCTIONS: [AllocFn; 10] = [
+    c_fn("malloc", Layout::Size),
+    c_fn("calloc", Layout::Calloc),
+    c_fn("realloc", Layout::Realloc),
+    c_fn("reallocarray", Layout::Reallocarray),
+    c_fn("posix_memalign", Layout::PosixMemalign),
+    c_fn("aligned_alloc", Layout::AlignSize),
+    c_fn("memalign", Layout::AlignSize),
+    c_fn("valloc", Layout::Size),
+    c_fn("pvalloc", Layout::Size),
+    c_fn("free", Layout::Free),
+];
+
+const fn c_fn(name: &'static str, layout: Layout) -> AllocFn {
+    AllocFn {
+        name,
+        symbol: name,
+        layout,
+    }
+}
+
+/// A C++ operator (`new` and `new[]`, or `delete` and `delete[]`) in each of
+/// its variants: `(label suffix, mangled parameters after the first)`. The
+/// single-object and array forms alternate.
+macro_rules! cxx_operators {
+    ($layout:expr, ($one:literal, $one_mangled:literal), ($array:literal, $array_mangled:literal):
+     $(($label:literal, $params:literal)),* $(,)?) => {
+        [$(
+            AllocFn {
+                name: concat!($one, $label),
+                symbol: concat!($one_mangled, $params),
+                layout: $layout,
+            },
+            AllocFn {
+                name: concat!($array, $label),
+                symbol: concat!($array_mangled, $params),
+                layout: $layout,
+            },
+        )*]
+    };
+}
+
 /// C++ `operator new` and `new[]` (plain, nothrow, aligned): allocation
 /// functions of their own, whose row label is the program's code that calls
 /// them. libstdc++ and libc++ implement them with malloc (or aligned_alloc),
 /// and new[] by calling new: those inner calls are the allocator's own and
-/// counted once, as the outer call (see `crate::kernel::malloc`).
-/// `operator delete` is not probed: it frees through free(), which is.
-const CXX_NEW: &[(&str, &str)] = &[
-    ("new", "_Znwm"),
-    ("new[]", "_Znam"),
-    ("new(nothrow)", "_ZnwmRKSt9nothrow_t"),
-    ("new[](nothrow)", "_ZnamRKSt9nothrow_t"),
-    ("new(align)", "_ZnwmSt11align_val_t"),
-    ("new[](align)", "_ZnamSt11align_val_t"),
-    ("new(align,nothrow)", "_ZnwmSt11align_val_tRKSt9nothrow_t"),
-    ("new[](align,nothrow)", "_ZnamSt11align_val_tRKSt9nothrow_t"),
-];
+/// counted once, as the outer call (see `crate::kernel::malloc`). All take
+/// the size first.
+const CXX_NEW: [AllocFn; 8] = cxx_operators!(Layout::Size, ("new", "_Znwm"), ("new[]", "_Znam"):
+    ("", ""),
+    ("(nothrow)", "RKSt9nothrow_t"),
+    ("(align)", "St11align_val_t"),
+    ("(align,nothrow)", "St11align_val_tRKSt9nothrow_t"),
+);
+
+/// C++ `operator delete` and `delete[]` (plain, sized, nothrow, aligned):
+/// frees, probed with the other frees when outstanding memory is tracked.
+/// libstdc++'s (and jemalloc's unsized) end in free(), whose call of the
+/// same block is the allocator's own and not counted again; jemalloc's and
+/// tcmalloc's sized ones free without free(), and are only seen here. All
+/// take the pointer first.
+const CXX_DELETE: [AllocFn; 12] = cxx_operators!(Layout::OuterFree, ("delete", "_ZdlPv"), ("delete[]", "_ZdaPv"):
+    ("", ""),
+    ("(sized)", "m"),
+    ("(nothrow)", "RKSt9nothrow_t"),
+    ("(align)", "St11align_val_t"),
+    ("(sized,align)", "mSt11align_val_t"),
+    ("(align,nothrow)", "St11align_val_tRKSt9nothrow_t"),
+);
 
 /// Index of the first C++ entry point in FUNCTIONS.
-pub const FIRST_CXX: usize = 10;
+pub const FIRST_CXX: usize = C_FUNCTIONS.len();
 /// Index of the first Rust entry point in FUNCTIONS: the global allocator's
-/// entry points, in the program itself. `__rust_dealloc` is not probed: the
-/// default allocator frees through free(), which is.
-pub const FIRST_RUST: usize = FIRST_CXX + CXX_NEW.len();
+/// entry points, in the program itself.
+pub const FIRST_RUST: usize = FIRST_CXX + CXX_NEW.len() + CXX_DELETE.len();
 
-/// The allocation family. A probe's attach cookie is its index here, which
-/// is how rows know their function.
-pub const FUNCTIONS: &[AllocFn] = &[
-    AllocFn {
-        name: "malloc",
-        symbol: "malloc",
-        layout: Layout::Size,
-    },
-    AllocFn {
-        name: "calloc",
-        symbol: "calloc",
-        layout: Layout::Calloc,
-    },
-    AllocFn {
-        name: "realloc",
-        symbol: "realloc",
-        layout: Layout::Realloc,
-    },
-    AllocFn {
-        name: "reallocarray",
-        symbol: "reallocarray",
-        layout: Layout::Reallocarray,
-    },
-    AllocFn {
-        name: "posix_memalign",
-        symbol: "posix_memalign",
-        layout: Layout::PosixMemalign,
-    },
-    AllocFn {
-        name: "aligned_alloc",
-        symbol: "aligned_alloc",
-        layout: Layout::AlignSize,
-    },
-    AllocFn {
-        name: "memalign",
-        symbol: "memalign",
-        layout: Layout::AlignSize,
-    },
-    AllocFn {
-        name: "valloc",
-        symbol: "valloc",
-        layout: Layout::Size,
-    },
-    AllocFn {
-        name: "pvalloc",
-        symbol: "pvalloc",
-        layout: Layout::Size,
-    },
-    AllocFn {
-        name: "free",
-        symbol: "free",
-        layout: Layout::Free,
-    },
-    // FIRST_CXX: CXX_NEW in order (all take the size first).
-    AllocFn {
-        name: CXX_NEW[0].0,
-        symbol: CXX_NEW[0].1,
-        layout: Layout::Size,
-    },
-    AllocFn {
-        name: CXX_NEW[1].0,
-        symbol: CXX_NEW[1].1,
-        layout: Layout::Size,
-    },
-    AllocFn {
-        name: CXX_NEW[2].0,
-        symbol: CXX_NEW[2].1,
-        layout: Layout::Size,
-    },
-    AllocFn {
-        name: CXX_NEW[3].0,
-        symbol: CXX_NEW[3].1,
-        layout: Layout::Size,
-    },
-    AllocFn {
-        name: CXX_NEW[4].0,
-        symbol: CXX_NEW[4].1,
-        layout: Layout::Size,
-    },
-    AllocFn {
-        name: CXX_NEW[5].0,
-        symbol: CXX_NEW[5].1,
-        layout: Layout::Size,
-    },
-    AllocFn {
-        name: CXX_NEW[6].0,
-        symbol: CXX_NEW[6].1,
-        layout: Layout::Size,
-    },
-    AllocFn {
-        name: CXX_NEW[7].0,
-        symbol: CXX_NEW[7].1,
-        layout: Layout::Size,
-    },
-    // FIRST_RUST: `__rust_alloc(size, align)`…, found by demangled name.
+/// Rust's global allocator entry points, `__rust_alloc(size, align)`…,
+/// found by demangled name. `__rust_dealloc(ptr, size, align)` is a free:
+/// the default allocator's ends in free() (not counted again), others
+/// (jemallocator: sdallocx) are only seen here.
+const RUST: [AllocFn; 4] = [
     AllocFn {
         name: "rust",
         symbol: "__rust_alloc",
@@ -172,7 +146,85 @@ pub const FUNCTIONS: &[AllocFn] = &[
         symbol: "__rust_realloc",
         layout: Layout::RustRealloc,
     },
+    AllocFn {
+        name: "rust_dealloc",
+        symbol: "__rust_dealloc",
+        layout: Layout::OuterFree,
+    },
 ];
+
+/// The allocation family. A probe's attach cookie is its index here, which
+/// is how rows know their function.
+pub const FUNCTIONS: &[AllocFn] =
+    &concat_tables::<{ FIRST_RUST + RUST.len() }>(&[&C_FUNCTIONS, &CXX_NEW, &CXX_DELETE, &RUST]);
+
+/// The tables one after another (N: their total length).
+const fn concat_tables<const N: usize>(tables: &[&[AllocFn]]) -> [AllocFn; N] {
+    let mut out = [C_FUNCTIONS[0]; N];
+    let (mut t, mut n) = (0, 0);
+    while t < tables.len() {
+        let mut i = 0;
+        while i < tables[t].len() {
+            out[n] = tables[t][i];
+            n += 1;
+            i += 1;
+        }
+        t += 1;
+    }
+    assert!(n == N, "N is the tables' total length");
+    out
+}
+
+/// Prefixes under which an allocator exports the C family instead of (or
+/// besides) the plain names: jemalloc configured with
+/// `--with-jemalloc-prefix=je_`, its documented convention, as programs
+/// that link it statically or beside the C library's malloc build it.
+pub const PREFIXES: &[&str] = &["je_"];
+
+/// How many functions can be probed: FUNCTIONS, then the C family under
+/// each of PREFIXES. A probe's attach cookie is its index in this order.
+pub const fn slot_count() -> usize {
+    FUNCTIONS.len() + PREFIXES.len() * FIRST_CXX
+}
+
+/// One probe-able function: its row label, the symbol probed, its layout.
+pub struct Slot {
+    pub label: String,
+    pub symbol: String,
+    pub layout: Layout,
+}
+
+/// The function at a cookie (`i < slot_count()`).
+pub fn slot(i: usize) -> Slot {
+    if let Some(f) = FUNCTIONS.get(i) {
+        return Slot {
+            label: f.name.into(),
+            symbol: f.symbol.into(),
+            layout: f.layout,
+        };
+    }
+    let (prefix, f) = (
+        (i - FUNCTIONS.len()) / FIRST_CXX,
+        (i - FUNCTIONS.len()) % FIRST_CXX,
+    );
+    let name = format!("{}{}", PREFIXES[prefix], FUNCTIONS[f].name);
+    // A prefixed allocator may sit on another one (a wrapper): its free
+    // of a block may end in that one's free of the same block.
+    let layout = match FUNCTIONS[f].layout {
+        Layout::Free => Layout::OuterFree,
+        other => other,
+    };
+    Slot {
+        label: name.clone(),
+        symbol: name,
+        layout,
+    }
+}
+
+/// The cookies of malloc itself: plain, then under each prefix.
+fn malloc_slots() -> impl Iterator<Item = usize> {
+    std::iter::once(0).chain((0..PREFIXES.len()).map(|p| FUNCTIONS.len() + p * FIRST_CXX))
+}
 
 /// Whether an ELF symbol is the Rust runtime function `name`: unmangled
 /// (older toolchains), or v0-mangled with a crate hash
@@ -216,29 +268,41 @@ pub struct Probe {
 /// Where a function's probe goes, in bytes past its first instruction.
 ///
 /// A uprobe whose instruction the kernel can emulate costs ~0.5 us a hit;
-/// one it has to single-step out of line ~9 us (measured on the reference
-/// VM). Several glibc allocator functions start with an instruction that is
-/// stepped but changes no register the probes read (the argument registers,
-/// the stack pointer) and cannot jump, followed by one that is emulated (a
-/// push or a branch). The probe, entry and return alike, goes on that second
+/// one it has to single-step out of line ~9-15 us (measured on the reference
+/// VM). Many allocator functions start with instructions that are stepped
+/// but change no register the probes read (the argument registers, the
+/// stack pointer) and cannot jump, followed by one that is emulated (a push
+/// or a branch). The probe, entry and return alike, goes on that emulated
 /// instruction: the arguments and the return address at the stack pointer
 /// are still as on entry. glibc 2.36: free starts `test %rdi,%rdi; je`;
 /// memalign, posix_memalign, valloc and pvalloc start `cmpb $0,x(%rip)`
-/// followed by `je` or `push`. Any other prologue keeps the first
-/// instruction.
+/// followed by `je` or `push`. libstdc++ (built for CET) starts every
+/// operator with `endbr64`: `operator new` goes on to `test %rdi,%rdi;
+/// mov $1,%eax; push %rbx`, `new[]` and `delete` to a `jmp`. Any other
+/// prologue keeps the first instruction.
 pub fn probe_skip(code: &[u8]) -> u64 {
-    let (skip, next) = match code {
-        // test %rdi,%rdi
-        [0x48, 0x85, 0xff, next @ ..] => (3, next),
-        // cmpb $imm8, disp32(%rip)
-        [0x80, 0x3d, _, _, _, _, _, next @ ..] => (7, next),
-        _ => return 0,
-    };
-    if emulated(next) {
-        skip
-    } else {
-        0
+    let mut skip = 0;
+    let mut rest = code;
+    // A few harmless instructions at most: the code read is 16 bytes.
+    for _ in 0..4 {
+        if emulated(rest) {
+            return skip as u64;
+        }
+        let len = match rest {
+            // endbr64
+            [0xf3, 0x0f, 0x1e, 0xfa, ..] => 4,
+            // test %rdi,%rdi
+            [0x48, 0x85, 0xff, ..] => 3,
+            // cmpb $imm8, disp32(%rip)
+            [0x80, 0x3d, _, _, _, _, _, ..] => 7,
+            // mov $imm32,%eax: the return register, no argument
+            [0xb8, _, _, _, _, ..] => 5,
+            _ => return 0,
+        };
+        skip += len;
+        rest = &rest[len..];
     }
+    0
 }
 
 /// Instructions x86 uprobes emulate instead of single-stepping: push of a
@@ -260,32 +324,38 @@ fn emulated(code: &[u8]) -> bool {
 /// A library that exports operator new but not malloc (libstdc++, libc++)
 /// gets probes on its operators only.
 pub fn plan(symbols: &[Option<Symbol>]) -> Result<(Vec<Probe>, Vec<&'static str>)> {
-    let has_malloc = symbols.first().is_some_and(Option::is_some);
+    let has_plain_malloc = symbols.first().is_some_and(Option::is_some);
+    let has_malloc = malloc_slots().any(|i| symbols.get(i).is_some_and(Option::is_some));
     // C++ operators or Rust entry points
-    let has_new = symbols.iter().skip(FIRST_CXX).any(Option::is_some);
+    let has_new = symbols[FIRST_CXX..FUNCTIONS.len().min(symbols.len())]
+        .iter()
+        .any(Option::is_some);
     if !has_malloc && !has_new {
         bail!("it does not export malloc (nor C++ operator new)");
     }
     let mut probes: Vec<Probe> = Vec::new();
     let mut missing = Vec::new();
-    for (i, (f, sym)) in FUNCTIONS.iter().zip(symbols).enumerate() {
+    for (i, sym) in symbols.iter().enumerate() {
         let Some(sym) = sym else {
-            if i < FIRST_CXX && has_malloc {
-                missing.push(f.name);
+            if i < FIRST_CXX && has_plain_malloc {
+                missing.push(FUNCTIONS[i].name);
             }
             continue;
         };
-        if let Some(p) = probes
-            .iter_mut()
-            .find(|p| p.file_offset == sym.file_offset && p.layout == f.layout)
-        {
-            p.label = format!("{}|{}", p.label, f.name);
+        let f = slot(i);
+        // Aliases: one probe, whose label names them all (a free that is
+        // also operator delete, as in tcmalloc, is a plain free).
+        if let Some(p) = probes.iter_mut().find(|p| {
+            p.file_offset == sym.file_offset
+                && (p.layout == f.layout || p.layout.is_free() && f.layout.is_free())
+        }) {
+            p.label = format!("{}|{}", p.label, f.label);
             continue;
         }
         let skip = probe_skip(&sym.code);
         probes.push(Probe {
             cookie: i as u32,
-            label: f.name.to_string(),
+            label: f.label,
             layout: f.layout,
             file_offset: sym.file_offset,
             size: sym.size,
@@ -299,7 +369,8 @@ pub fn plan(symbols: &[Option<Symbol>]) -> Result<(Vec<Probe>, Vec<&'static str>
 pub fn lookup_symbols(lib: &Path) -> Result<Vec<Option<Symbol>>> {
     use blazesym::inspect::{source::Elf, source::Source, Inspector};
     check_elf(lib)?;
-    let names: Vec<&str> = FUNCTIONS.iter().map(|f| f.symbol).collect();
+    let names: Vec<String> = (0..slot_count()).map(|i| slot(i).symbol).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let mut elf = Elf::new(lib);
     elf.debug_syms = false;
     let inspector = Inspector::new();
@@ -332,8 +403,10 @@ pub fn lookup_symbols(lib: &Path) -> Result<Vec<Option<Symbol>>> {
         let found = infos
             .iter()
             .find_map(|s| Some((s.file_offset?, s.size.unwrap_or(0) as u64)));
-        let Some((off, size)) = found.or_else(|| i.checked_sub(FIRST_RUST).and_then(|r| rust[r]))
-        else {
+        let in_program = i
+            .checked_sub(FIRST_RUST)
+            .and_then(|r| rust.get(r).copied().flatten());
+        let Some((off, size)) = found.or(in_program) else {
             out.push(None);
             continue;
         };
@@ -457,7 +530,7 @@ fn parse_ld_list_for(text: &str, matches: fn(&Path) -> bool) -> Option<PathBuf> 
 }
 
 /// Every library in the output of `ld.so --list` whose name matches.
-fn parse_ld_list_all(text: &str, matches: fn(&Path) -> bool) -> Vec<PathBuf> {
+fn parse_ld_list_all(text: &str, matches: impl Fn(&Path) -> bool) -> Vec<PathBuf> {
     text.lines()
         .filter_map(|l| {
             let (name, rest) = l.trim().split_once(" => ")?;
@@ -467,8 +540,17 @@ fn parse_ld_list_all(text: &str, matches: fn(&Path) -> bool) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Whether a file defines allocator functions kheap probes: the malloc
+/// family (plain or prefixed, e.g. `je_malloc`), C++ operator new, or a
+/// Rust global allocator. Finds allocators linked into a program, and
+/// libraries not known by name.
+pub fn defines_allocator(path: &Path) -> bool {
+    lookup_symbols(path).is_ok_and(|s| plan(&s).is_ok())
+}
+
 /// The C++ runtime (libstdc++ or libc++, for operator new) and allocator
-/// libraries (jemalloc, tcmalloc, mimalloc, linked or in LD_PRELOAD) a
+/// libraries (jemalloc, tcmalloc, mimalloc by name, or any other library
+/// that defines the family, plain or prefixed; linked or in LD_PRELOAD) a
 /// program will load, as its dynamic loader lists them.
 pub fn extra_allocators_of_program(program: &Path) -> Result<Vec<PathBuf>> {
     let exe = executable_of(program)?;
@@ -484,10 +566,13 @@ pub fn extra_allocators_of_program(program: &Path) -> Result<Vec<PathBuf>> {
         .output()
         .with_context(|| format!("running {} --list", interp.display()))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    Ok(parse_ld_list_all(
-        &text,
-        super::procmaps::is_extra_allocator_name,
-    ))
+    Ok(parse_ld_list_all(&text, |_| true)
+        .into_iter()
+        .filter(|lib| {
+            super::procmaps::is_extra_allocator_name(lib)
+                || !super::procmaps::is_libc_name(lib) && defines_allocator(lib)
+        })
+        .collect())
 }
 
 /// The C library a program will load when run: asks its own dynamic loader
@@ -549,11 +634,29 @@ mod tests {
         assert_eq!(probe_skip(&[0x48, 0x85, 0xff, 0x48, 0x89]), 0);
         // truncated code
         assert_eq!(probe_skip(&[0x80, 0x3d, 0x01]), 0);
+        assert_eq!(probe_skip(&[0x48, 0x85, 0xff]), 0);
+        // libstdc++ operator new: endbr64; test %rdi,%rdi; mov $1,%eax;
+        // push %rbx
+        let endbr = [0xf3, 0x0f, 0x1e, 0xfa];
+        let new = [&endbr[..], &[0x48, 0x85, 0xff, 0xb8, 1, 0, 0, 0, 0x53]].concat();
+        assert_eq!(probe_skip(&new), 12);
+        // operator delete: endbr64; jmp free@plt
+        assert_eq!(
+            probe_skip(&[&endbr[..], &[0xe9, 0x87, 0x2f, 0xff, 0xff]].concat()),
+            4
+        );
+        // nothrow new: endbr64; sub $8,%rsp (moves the stack pointer): stays
+        assert_eq!(
+            probe_skip(&[&endbr[..], &[0x48, 0x83, 0xec, 0x08]].concat()),
+            0
+        );
+        // an emulated first instruction stays
+        assert_eq!(probe_skip(&[0xe9, 0x87, 0x2f, 0xff, 0xff]), 0);
     }
 
     #[test]
     fn aliases_share_one_probe_and_missing_names_are_listed() {
-        let mut syms: Vec<Option<Symbol>> = (0..FUNCTIONS.len() as u64)
+        let mut syms: Vec<Option<Symbol>> = (0..slot_count() as u64)
             .map(|i| sym(0x1000 * (i + 1), &[0x55]))
             .collect();
         // a C library: no C++ operators
@@ -578,8 +681,60 @@ mod tests {
     }
 
     #[test]
+    fn prefixed_families_get_cookies_and_labels_of_their_own() {
+        let mut syms = vec![None; slot_count()];
+        let je = FUNCTIONS.len();
+        assert_eq!(slot(je).label, "je_malloc");
+        assert_eq!(slot(je + FIRST_CXX - 1).symbol, "je_free");
+        assert_eq!(slot(je + FIRST_CXX - 1).layout, Layout::OuterFree);
+        syms[je] = sym(0x1000, &[0x55]);
+        syms[je + FIRST_CXX - 1] = sym(0x2000, &[0x55]);
+        let (probes, missing) = plan(&syms).unwrap();
+        assert!(missing.is_empty(), "only plain names are listed missing");
+        let got: Vec<(u32, &str)> = probes
+            .iter()
+            .map(|p| (p.cookie, p.label.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (je as u32, "je_malloc"),
+                ((je + FIRST_CXX - 1) as u32, "je_free")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_free_that_is_also_operator_delete_is_one_plain_free() {
+        // tcmalloc: free, operator delete and delete[] at one address
+        let mut syms = vec![None; slot_count()];
+        syms[0] = sym(0x1000, &[0x55]);
+        syms[FIRST_CXX - 1] = sym(0x2000, &[0x55]);
+        let delete = FUNCTIONS.iter().position(|f| f.symbol == "_ZdlPv").unwrap();
+        let sized = FUNCTIONS
+            .iter()
+            .position(|f| f.symbol == "_ZdlPvm")
+            .unwrap();
+        syms[delete] = sym(0x2000, &[0x55]);
+        syms[sized] = sym(0x3000, &[0x55]);
+        let (probes, _) = plan(&syms).unwrap();
+        let frees: Vec<(&str, Layout)> = probes
+            .iter()
+            .filter(|p| p.layout.is_free())
+            .map(|p| (p.label.as_str(), p.layout))
+            .collect();
+        assert_eq!(
+            frees,
+            [
+                ("free|delete", Layout::Free),
+                ("delete(sized)", Layout::OuterFree)
+            ]
+        );
+    }
+
+    #[test]
     fn a_library_without_malloc_is_refused() {
-        let e = plan(&vec![None; FUNCTIONS.len()]).unwrap_err().to_string();
+        let e = plan(&vec![None; slot_count()]).unwrap_err().to_string();
         assert!(e.contains("does not export malloc"), "{e}");
     }
 
@@ -606,7 +761,7 @@ mod tests {
 
     #[test]
     fn a_cxx_runtime_gets_its_operators_only() {
-        let mut syms = vec![None; FUNCTIONS.len()];
+        let mut syms = vec![None; slot_count()];
         syms[FIRST_CXX] = sym(0xa9570, &[0xf3, 0x0f, 0x1e, 0xfa]);
         syms[FIRST_CXX + 1] = sym(0xa95d0, &[0xf3, 0x0f, 0x1e, 0xfa]);
         let (probes, missing) = plan(&syms).unwrap();
@@ -614,10 +769,27 @@ mod tests {
         let labels: Vec<&str> = probes.iter().map(|p| p.label.as_str()).collect();
         assert_eq!(labels, ["new", "new[]"]);
         assert_eq!(FUNCTIONS[FIRST_CXX].symbol, "_Znwm");
-        assert_eq!(FIRST_RUST, FIRST_CXX + CXX_NEW.len());
-        for (f, (name, symbol)) in FUNCTIONS[FIRST_CXX..].iter().zip(CXX_NEW) {
-            assert_eq!((f.name, f.symbol), (*name, *symbol));
-        }
+        let deletes = &FUNCTIONS[FIRST_CXX + CXX_NEW.len()..FIRST_RUST];
+        assert_eq!(deletes[3].symbol, "_ZdaPvm");
+        assert_eq!(deletes[11].symbol, "_ZdaPvSt11align_val_tRKSt9nothrow_t");
+        assert!(deletes.iter().all(|f| f.layout == Layout::OuterFree));
+        let cxx: Vec<(&str, &str)> = FUNCTIONS[FIRST_CXX..FIRST_CXX + CXX_NEW.len()]
+            .iter()
+            .map(|f| (f.name, f.symbol))
+            .collect();
+        assert_eq!(
+            cxx,
+            [
+                ("new", "_Znwm"),
+                ("new[]", "_Znam"),
+                ("new(nothrow)", "_ZnwmRKSt9nothrow_t"),
+                ("new[](nothrow)", "_ZnamRKSt9nothrow_t"),
+                ("new(align)", "_ZnwmSt11align_val_t"),
+                ("new[](align)", "_ZnamSt11align_val_t"),
+                ("new(align,nothrow)", "_ZnwmSt11align_val_tRKSt9nothrow_t"),
+                ("new[](align,nothrow)", "_ZnamSt11align_val_tRKSt9nothrow_t"),
+            ]
+        );
     }
 
     #[test]

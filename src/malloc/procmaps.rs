@@ -88,10 +88,18 @@ pub fn is_extra_allocator_name(path: &Path) -> bool {
 /// The C++ runtimes and allocator libraries a process maps, one mapping
 /// each.
 pub fn find_extra_allocators(maps: &[Mapping]) -> Vec<&Mapping> {
+    mapped_files(maps)
+        .into_iter()
+        .filter(|m| m.path.as_deref().is_some_and(is_extra_allocator_name))
+        .collect()
+}
+
+/// Every file a process maps, one mapping each.
+pub fn mapped_files(maps: &[Mapping]) -> Vec<&Mapping> {
     let mut out: Vec<&Mapping> = Vec::new();
     for m in maps {
         if m.inode != 0
-            && m.path.as_deref().is_some_and(is_extra_allocator_name)
+            && m.path.is_some()
             && !out.iter().any(|o| (o.dev, o.inode) == (m.dev, m.inode))
         {
             out.push(m);
