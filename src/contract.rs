@@ -31,8 +31,10 @@ impl Kind {
         match self {
             Kind::Record | Kind::Leaks | Kind::Top => 2,
             // malloc 2: `frees` and `frees_null` only with --outstanding
-            // (frees are not probed otherwise).
-            Kind::Malloc => 2,
+            // (frees are not probed otherwise). 3: `stack_depth` says how
+            // stacks were unwound (frame_pointer, dwarf, unwind_samples);
+            // `lost.unwind_*`.
+            Kind::Malloc => 3,
             Kind::Slab | Kind::Diff => SCHEMA_VERSION,
         }
     }

@@ -66,12 +66,15 @@ impl<'obj> MallocSession<'obj> {
     /// instruction (for scripts/bench-malloc, which measures what
     /// `probes::probe_skip` saves).
     /// `max_live` sizes the outstanding-block map (--max-outstanding).
+    /// `stack_sample_every`: how often a copy of the user stack is sent to
+    /// be unwound (see `crate::kernel::user_stack::configure`).
     pub fn start(
         storage: &'obj mut ObjectStorage,
         pids: &[u32],
         track_live: bool,
         max_live: u32,
         probes_at_entry: bool,
+        stack_sample_every: u32,
     ) -> Result<MallocSession<'obj>> {
         let slot = storage.slots().next().context("no object storage left")?;
         let mut open = MallocSkelBuilder::default()
@@ -89,6 +92,7 @@ impl<'obj> MallocSession<'obj> {
             .live
             .set_max_entries(if track_live { max_live } else { 1 })
             .context("sizing the outstanding-block map")?;
+        crate::kernel::user_stack::configure(&mut open, stack_sample_every)?;
         let skel = open
             .load()
             .context("loading the BPF programs into the kernel")?;
@@ -266,6 +270,14 @@ impl<'obj> MallocSession<'obj> {
             .collect()
     }
 
+    pub(crate) fn user_stacks_map(&self) -> &libbpf_rs::Map<'obj> {
+        &self.skel.maps.user_stacks
+    }
+
+    pub(crate) fn user_stack_counters_map(&self) -> &libbpf_rs::Map<'obj> {
+        &self.skel.maps.user_stack_counters
+    }
+
     pub fn detach(&mut self) {
         self.links.clear();
     }
@@ -334,7 +346,7 @@ impl<'obj> MallocSession<'obj> {
     }
 }
 
-fn key_of(k: &types::malloc_key) -> Key {
+pub(crate) fn key_of(k: &types::malloc_key) -> Key {
     Key {
         mm: k.mm,
         tgid: k.tgid,

@@ -18,6 +18,8 @@ plain_types!(
     types::malloc_counters,
     types::file_id,
     types::exec_path,
+    types::user_stack_sample,
+    types::user_stack_counters,
 );
 
 // The histogram width is defined once, in bpf/size_bucket.h.
@@ -49,4 +51,9 @@ impl_sum!(types::malloc_counters {
     vma_lookup_failed,
     nested,
     no_thread_state,
+});
+impl_sum!(types::user_stack_counters {
+    sampled,
+    dropped,
+    copy_failed,
 });

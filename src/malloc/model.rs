@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use super::unwind::UnwoundStack;
 use super::usersyms::UserFrame;
 use crate::model::AllocStats;
 
@@ -36,6 +37,21 @@ pub struct Events {
     pub no_thread_state: u64,
 }
 
+/// What became of the sampled copies of user stacks (bpf/user_stack.bpf.h
+/// and `super::unwind`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindEvents {
+    /// Copies sent by the kernel.
+    pub sampled: u64,
+    /// Not sent: the ring buffer was full.
+    pub dropped: u64,
+    /// Not sent: the stack could not be read.
+    pub copy_failed: u64,
+    /// Received, not unwound: the process was gone and its mappings
+    /// unknown.
+    pub no_mappings: u64,
+}
+
 /// A probed function's code: (kernel device, inode) of its file and its
 /// file offsets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,4 +79,7 @@ pub struct Snapshot {
     /// is the allocator function itself.
     pub stacks: HashMap<i64, Vec<u64>>,
     pub events: Events,
+    /// Stacks unwound from sampled copies, per key.
+    pub unwound: HashMap<Key, Vec<UnwoundStack>>,
+    pub unwind: UnwindEvents,
 }

@@ -1,0 +1,84 @@
+//! The kernel side of unwinding without frame pointers: configuring the
+//! sampled stack copies of `bpf/user_stack.bpf.h` before load, and reading
+//! them from their ring buffer.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use libbpf_rs::{RingBuffer, RingBufferBuilder};
+
+use crate::kernel::malloc::MallocSession;
+use crate::kernel::malloc_skel::{types, OpenMallocSkel};
+use crate::kernel::maps;
+use crate::malloc::model::UnwindEvents;
+use crate::malloc::unwind::Sample;
+
+/// The ring buffer's size: about 1000 copies of 16 KiB waiting to be read.
+const RING_BYTES: u32 = 16 << 20;
+
+/// Sets up the copies before load: `sample_every` 0 turns them off, 1
+/// copies every call, N about one call in N (a power of two).
+pub fn configure(open: &mut OpenMallocSkel, sample_every: u32) -> Result<()> {
+    let rodata = open
+        .maps
+        .rodata_data
+        .as_deref_mut()
+        .expect("the BPF object has read-only data");
+    rodata.user_stack_copy = (sample_every > 0) as u8;
+    rodata.user_stack_sample_mask = sample_every.saturating_sub(1);
+    // Unused, the ring keeps one page.
+    open.maps
+        .user_stacks
+        .set_max_entries(if sample_every > 0 { RING_BYTES } else { 4096 })
+        .context("sizing the user stack ring buffer")
+}
+
+/// Reads stack copies as they come; each is handed to the callback.
+pub struct UserStackRing<'cb>(RingBuffer<'cb>);
+
+impl<'cb> UserStackRing<'cb> {
+    pub fn new(
+        session: &MallocSession,
+        mut on_sample: impl FnMut(&Sample) + 'cb,
+    ) -> Result<UserStackRing<'cb>> {
+        let mut b = RingBufferBuilder::new();
+        b.add(session.user_stacks_map(), move |data: &[u8]| {
+            if let Ok(s) = plain::from_bytes::<types::user_stack_sample>(data) {
+                let len = (s.len as usize).min(s.data.len());
+                on_sample(&Sample {
+                    key: crate::kernel::malloc::key_of(&s.key),
+                    size: s.size,
+                    sp: s.sp,
+                    bp: s.bp,
+                    start: s.start,
+                    stack: &s.data[..len],
+                });
+            }
+            0
+        })?;
+        Ok(UserStackRing(b.build()?))
+    }
+
+    /// Handles what is waiting, waiting at most `timeout` for something.
+    pub fn poll(&self, timeout: Duration) -> Result<()> {
+        self.0.poll(timeout).context("reading the user stack ring")
+    }
+
+    /// Handles everything waiting.
+    pub fn drain(&self) -> Result<()> {
+        self.0.consume().context("reading the user stack ring")
+    }
+}
+
+impl MallocSession<'_> {
+    pub fn user_stack_events(&self) -> Result<UnwindEvents> {
+        let c: types::user_stack_counters =
+            maps::read_percpu_slot0(self.user_stack_counters_map())?;
+        Ok(UnwindEvents {
+            sampled: c.sampled,
+            dropped: c.dropped,
+            copy_failed: c.copy_failed,
+            ..Default::default()
+        })
+    }
+}
