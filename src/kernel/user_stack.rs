@@ -59,9 +59,17 @@ impl<'cb> UserStackRing<'cb> {
         Ok(UserStackRing(b.build()?))
     }
 
-    /// Handles what is waiting, waiting at most `timeout` for something.
+    /// Handles what is waiting, waiting at most `timeout` for something. A
+    /// signal (Ctrl-C) ends the wait early, and is not an error.
     pub fn poll(&self, timeout: Duration) -> Result<()> {
-        self.0.poll(timeout).context("reading the user stack ring")
+        let n = self.0.poll_raw(timeout);
+        if n < 0 && n != -libc::EINTR {
+            anyhow::bail!(
+                "reading the user stack ring: {}",
+                std::io::Error::from_raw_os_error(-n)
+            );
+        }
+        Ok(())
     }
 
     /// Handles everything waiting.
