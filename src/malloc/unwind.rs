@@ -395,6 +395,96 @@ fn file_name(m: &Mapping) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::FileExt;
+
+    /// The registers an allocator probe reads on entry.
+    #[derive(Default)]
+    #[repr(C)]
+    struct EntryRegs {
+        sp: u64,
+        bp: u64,
+    }
+
+    /// Called like an allocator: on entry the return address is at sp.
+    #[unsafe(naked)]
+    extern "C" fn enter(regs: *mut EntryRegs) {
+        std::arch::naked_asm!("mov [rdi], rsp", "mov [rdi + 8], rbp", "ret")
+    }
+
+    /// This thread's stack from the page of `sp` up, as the BPF side copies
+    /// it: whole pages, up to the first that cannot be read.
+    fn copy_stack(sp: u64) -> (u64, Vec<u8>) {
+        let mem = std::fs::File::open("/proc/self/mem").unwrap();
+        let start = sp & !0xfff;
+        let mut data = vec![0u8; 16384];
+        let mut len = 0;
+        while len < data.len() {
+            let page = &mut data[len..len + 4096];
+            if mem.read_exact_at(page, start + len as u64).is_err() {
+                break;
+            }
+            len += 4096;
+        }
+        data.truncate(len);
+        (start, data)
+    }
+
+    /// (return address into `inner`, entry registers, stack copy)
+    #[inline(never)]
+    fn inner() -> (u64, EntryRegs, u64, Vec<u8>) {
+        let mut regs = EntryRegs::default();
+        enter(&mut regs);
+        // The return address is still at sp: nothing has been called since.
+        let ret = unsafe { std::ptr::read_volatile(regs.sp as *const u64) };
+        let (start, stack) = copy_stack(regs.sp);
+        (ret, regs, start, std::hint::black_box(stack))
+    }
+
+    #[inline(never)]
+    fn outer() -> (u64, EntryRegs, u64, Vec<u8>) {
+        let r = inner();
+        std::hint::black_box(&r);
+        r
+    }
+
+    /// A real stack of this process, unwound from its own .eh_frame: the
+    /// frames are the return addresses into inner, then outer, then this
+    /// test.
+    #[test]
+    fn unwinds_a_real_stack_from_eh_frame() {
+        let (ret, regs, start, stack) = outer();
+        let key = Key {
+            mm: 1,
+            tgid: std::process::id(),
+            func: 0,
+            caller: ret,
+            stack_id: -1,
+        };
+        let mut u = StackUnwinder::default();
+        u.add(&Sample {
+            key,
+            size: 8,
+            sp: regs.sp,
+            bp: regs.bp,
+            start,
+            stack: &stack,
+        });
+        assert_eq!(u.counts.samples, 1);
+        let stacks = &u.stacks[&key];
+        assert_eq!(
+            (stacks.len(), stacks[0].samples, stacks[0].bytes),
+            (1, 1, 8)
+        );
+        let frames = &stacks[0].frames;
+        let within = |addr: u64, f: usize| (f as u64) < addr && addr - (f as u64) < 0x1000;
+        type Captured = fn() -> (u64, EntryRegs, u64, Vec<u8>);
+        assert!(within(frames[0], inner as Captured as usize), "{frames:x?}");
+        assert!(within(frames[1], outer as Captured as usize), "{frames:x?}");
+        let test_fn = unwinds_a_real_stack_from_eh_frame as fn() as usize;
+        assert!(within(frames[2], test_fn), "{frames:x?}");
+        assert!(frames.len() > 3, "on into the test harness: {frames:x?}");
+        assert!(u.vmas().any(|(mm, v)| mm == 1 && !v.is_empty()));
+    }
 
     #[test]
     fn base_address_of_a_mapping() {
