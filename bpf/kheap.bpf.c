@@ -218,10 +218,15 @@ static __always_inline void add_unseen(const struct live_obj *o)
 /* leaks: remembers the object by address, then counts it under its site. */
 static __always_inline void track_alloc(void *ctx, struct site_key *key,
 					__u64 ptr, __u64 req, __u64 alloc,
-					__u32 tgid, const char *name,
+					__u32 tgid, bool accounted,
+					bool interrupt, const char *name,
 					const struct kmem_cache *s)
 {
-	struct live_obj obj = {.site = *key};
+	struct live_obj obj = {
+		.site = *key,
+		.accounted = accounted,
+		.interrupt = interrupt,
+	};
 	bool created = false;
 	__u32 bucket;
 	int err; /* int: 6.1 zero-extends helper errors from 32 bits */
@@ -238,6 +243,10 @@ static __always_inline void track_alloc(void *ctx, struct site_key *key,
 	 * allocation on a KVM guest, and a tick is fine for ages. */
 	obj.ts = bpf_jiffies64();
 	obj.tgid = tgid;
+	/* Every outstanding object names its cgroup: process rows carry it
+	 * even without --by cgroup. */
+	if (!interrupt)
+		obj.cgroup = bpf_get_current_cgroup_id();
 	err = bpf_map_update_elem(&live, &ptr, &obj, BPF_NOEXIST);
 	if (err == -KHEAP_EEXIST) {
 		/* The allocator handed out an address we still track: its
@@ -265,6 +274,9 @@ static __always_inline void track_alloc(void *ctx, struct site_key *key,
 	}
 	if (created)
 		remember_cache_name(key->cache, name, s);
+	/* Allocations per cgroup, beside what each still holds. */
+	if (cfg.by_cgroup)
+		count_cgroup(accounted, interrupt, req, alloc, bucket);
 }
 
 /* record/top/slab: counts the event under its site (and stack). */
@@ -330,7 +342,8 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 	/* An allocation in interrupt context is not the running task's: it
 	 * goes to the interrupt row, and no cgroup filter matches it. */
 	if (cfg.by_cgroup || cfg.filter.cgroups) {
-		interrupt = !classic && args_in_interrupt(ctx);
+		interrupt = classic ? record_in_interrupt(ctx)
+				    : args_in_interrupt(ctx);
 		if (interrupt && cfg.filter.cgroups)
 			return;
 	}
@@ -346,7 +359,8 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 		return;
 	}
 	if (cfg.track_live)
-		track_alloc(ctx, key, (__u64)ptr, req, alloc, tgid, name, s);
+		track_alloc(ctx, key, (__u64)ptr, req, alloc, tgid, accounted,
+			    interrupt, name, s);
 	else
 		count_alloc(ctx, key, req, alloc, tgid, accounted, interrupt,
 			    name, s);
@@ -454,7 +468,8 @@ int BPF_PROG(kmalloc_btf, unsigned long call_site, const void *ptr,
 	     size_t bytes_req, size_t bytes_alloc, gfp_t gfp_flags, int node)
 {
 	on_kmalloc(ctx, false,
-		   cfg.by_cgroup && ptr ? kmalloc_slab_flags(ptr) : 0,
+		   cfg.by_cgroup && ptr ? kmalloc_slab_flags(ptr, bytes_alloc)
+					: 0,
 		   call_site, ptr, bytes_req, bytes_alloc, gfp_flags);
 	return 0;
 }
@@ -493,8 +508,12 @@ int BPF_PROG(cache_free_btf, unsigned long call_site, const void *ptr,
 SEC("raw_tp/kmalloc")
 int kmalloc_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	on_kmalloc(ctx, false, 0, ctx->args[0], (const void *)ctx->args[1],
-		   ctx->args[2], ctx->args[3], ctx->args[4]);
+	const void *ptr = (const void *)ctx->args[1];
+
+	on_kmalloc(ctx, false,
+		   cfg.by_cgroup ? kmalloc_slab_flags_by_page(ptr, ctx->args[3])
+				 : 0,
+		   ctx->args[0], ptr, ctx->args[2], ctx->args[3], ctx->args[4]);
 	return 0;
 }
 
@@ -547,8 +566,11 @@ int kmalloc_tp(void *ctx)
 	struct kmem_alloc_event e;
 
 	read_kmalloc_record(ctx, &e);
-	on_kmalloc(ctx, true, 0, e.call_site, e.ptr, e.bytes_req, e.bytes_alloc,
-		   e.gfp_flags);
+	on_kmalloc(ctx, true,
+		   cfg.by_cgroup
+			   ? kmalloc_slab_flags_by_page(e.ptr, e.bytes_alloc)
+			   : 0,
+		   e.call_site, e.ptr, e.bytes_req, e.bytes_alloc, e.gfp_flags);
 	return 0;
 }
 

@@ -110,9 +110,15 @@ struct live_obj {
 	__u32 bytes_req;
 	__u32 bytes_alloc;
 	__u32 tgid;
-	__u32 _pad;
+	/* charged to the memory cgroup (only computed with --by cgroup) */
+	__u8 accounted;
+	/* allocated in interrupt context (only with --by cgroup / --cgroup) */
+	__u8 interrupt;
+	__u8 _pad[2];
 	/* jiffies64 at the allocation (see struct clock_sample) */
 	__u64 ts;
+	/* cgroup v2 id of the allocating task; 0 in interrupt context */
+	__u64 cgroup;
 };
 
 /* Tracked objects of a site whose address the allocator handed out again

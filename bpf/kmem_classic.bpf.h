@@ -53,22 +53,38 @@ struct trace_event_raw_kmem_cache_alloc___accounted {
  * outside the current task's stack mean interrupt context. Softirqs run by
  * ksoftirqd are on its stack and count under ksoftirqd's (root) cgroup.
  *
- * Classic tracepoints cannot tell: their record is in a per-CPU buffer, and
- * its common_flags are overwritten for BPF (the kernel stores a pt_regs
- * pointer in the record's first 8 bytes), and a BPF program's own frame may
- * be on a private per-CPU stack (6.13+). They count everything under the
- * current task. */
+ * Classic tracepoint records are in a per-CPU buffer instead (and their
+ * common_flags are overwritten for BPF); see record_in_interrupt(). */
 /* x86-64 THREAD_SIZE (16 KiB; 32 KiB only with KASAN, not in distribution
  * kernels). */
 #define KHEAP_THREAD_SIZE (16 * 1024)
 
-static __always_inline bool args_in_interrupt(void *ctx)
+/* Whether a kernel stack address is off the current task's stack. */
+static __always_inline bool off_task_stack(__u64 at)
 {
 	struct task_struct *t = (void *)bpf_get_current_task();
 	__u64 lo = (__u64)BPF_CORE_READ(t, stack);
-	__u64 at = (__u64)ctx;
 
 	return at < lo || at >= lo + KHEAP_THREAD_SIZE;
+}
+
+static __always_inline bool args_in_interrupt(void *ctx)
+{
+	return off_task_stack((__u64)ctx);
+}
+
+/* The same for a classic tracepoint's record. Before it runs the program,
+ * perf_trace_run_bpf_submit() stores in the record's first 8 bytes the
+ * pt_regs the event filled (perf_fetch_caller_regs()), whose sp is the frame
+ * of the perf_trace_<event> function: on the stack of the code that fired
+ * the event. */
+static __always_inline bool record_in_interrupt(void *ctx)
+{
+	struct pt_regs *regs = NULL;
+
+	if (bpf_probe_read_kernel(&regs, sizeof(regs), ctx) || !regs)
+		return false;
+	return off_task_stack(BPF_CORE_READ(regs, sp));
 }
 
 /* kmalloc events name no cache, and since 6.11 some kmalloc memory comes
@@ -77,13 +93,53 @@ static __always_inline bool args_in_interrupt(void *ctx)
  * an object (a kfunc for typed tracing programs, so tp_btf only). */
 extern struct kmem_cache *bpf_get_kmem_cache(__u64 addr) __ksym __weak;
 
-/* The cache's SLAB_ACCOUNT bits of a kmalloc'ed object, 0 when unknown. */
-static __always_inline __u64 kmalloc_slab_flags(const void *ptr)
+/* The same without the kfunc (6.11-6.12; raw_tp and classic programs, which
+ * may not call it): the slab of a kmalloc'ed object found from its
+ * address as the kernel's virt_to_slab() does, through the direct map and
+ * vmemmap bases (randomized with KASLR; readable when kallsyms lists data
+ * symbols, CONFIG_KALLSYMS_ALL, as distribution kernels do). */
+extern const void page_offset_base __ksym __weak;
+extern const void vmemmap_base __ksym __weak;
+
+/* Objects up to 2 pages come from kmalloc caches; larger ones from the page
+ * allocator, whose pages have no slab to ask. */
+#define KHEAP_KMALLOC_MAX_CACHE_SIZE 8192
+
+static __always_inline __u64 kmalloc_slab_flags_by_page(const void *ptr,
+							__u64 alloc)
+{
+	__u64 direct_map = 0, vmemmap = 0, head;
+	struct kmem_cache *s;
+	struct page *page;
+
+	if (!ptr || alloc > KHEAP_KMALLOC_MAX_CACHE_SIZE ||
+	    !bpf_ksym_exists(&page_offset_base) ||
+	    !bpf_ksym_exists(&vmemmap_base))
+		return 0;
+	bpf_probe_read_kernel(&direct_map, sizeof(direct_map),
+			      &page_offset_base);
+	bpf_probe_read_kernel(&vmemmap, sizeof(vmemmap), &vmemmap_base);
+	if (!direct_map || !vmemmap || (__u64)ptr < direct_map)
+		return 0;
+	page = (void *)(vmemmap + (((__u64)ptr - direct_map) >> 12) *
+					  bpf_core_type_size(struct page));
+	/* A tail page of a multi-page slab points at its head, bit 0 set. */
+	head = BPF_CORE_READ(page, compound_head);
+	if (head & 1)
+		page = (void *)(head - 1);
+	s = BPF_CORE_READ((struct slab *)page, slab_cache);
+	return s ? BPF_CORE_READ(s, flags) : 0;
+}
+
+/* The cache flags of a kmalloc'ed object (for SLAB_ACCOUNT), 0 when
+ * unknown: from the kfunc where it exists (typed programs only), else from
+ * the object's page. */
+static __always_inline __u64 kmalloc_slab_flags(const void *ptr, __u64 alloc)
 {
 	struct kmem_cache *s;
 
 	if (!bpf_ksym_exists(bpf_get_kmem_cache))
-		return 0;
+		return kmalloc_slab_flags_by_page(ptr, alloc);
 	s = bpf_get_kmem_cache((__u64)ptr);
 	return s ? s->flags : 0;
 }

@@ -156,6 +156,8 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 
 	if (!pid_traced(key.tgid))
 		return;
+	if (cfg.cgroups && !cgroup_traced())
+		return;
 	t = bpf_task_storage_get(&threads, bpf_get_current_task_btf(), NULL,
 				 BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!t) {

@@ -119,6 +119,8 @@ struct malloc_counters {
 
 struct malloc_config {
 	__u8 track_live; /* --outstanding: return probes and free tracking */
+	/* --cgroup: only tasks in a cgroup of cgroup_filter or below one */
+	__u8 cgroups;
 };
 
 #endif /* KHEAP_MALLOC_H */

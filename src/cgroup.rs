@@ -114,6 +114,49 @@ pub fn resolve_target(arg: &str, mount: &Path) -> Result<CgroupTarget> {
     })
 }
 
+/// The processes in `dir` (a cgroup directory) and in every cgroup below
+/// it, as their cgroup.procs files list them now.
+pub fn pids_in(dir: &Path) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) {
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue; // removed meanwhile
+        };
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(e.path());
+            }
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// The cgroup v2 path in a /proc/PID/cgroup text (its `0::` line).
+pub fn v2_path_in(proc_cgroup: &str) -> Option<&str> {
+    proc_cgroup.lines().find_map(|l| l.strip_prefix("0::"))
+}
+
+/// The cgroup v2 a process is in now, resolved under `mount`; None when it
+/// has exited or its cgroup is gone.
+pub fn of_pid(pid: u32, mount: &Path) -> Option<CgroupRef> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = v2_path_in(&text)?.trim_end();
+    let id = std::fs::metadata(mount.join(path.trim_start_matches('/')))
+        .ok()?
+        .ino();
+    Some(CgroupRef {
+        id,
+        path: Some(path.to_string()),
+        container: container_of(path),
+    })
+}
+
 fn rel_path(rel: &Path) -> String {
     format!("/{}", rel.to_string_lossy())
 }
@@ -196,7 +239,7 @@ impl CgroupNames {
 }
 
 /// A cgroup as reports carry it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct CgroupRef {
     pub id: u64,
     /// Relative to the cgroup2 mount; null if it could not be found (a
@@ -206,7 +249,7 @@ pub struct CgroupRef {
 }
 
 /// What a cgroup path says runs in it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Container {
     /// docker, containerd, cri-o, podman, kubernetes (a pod-level cgroup or
     /// a container whose runtime the path does not name), systemd-service,
@@ -467,6 +510,21 @@ mod tests {
         // A docker scope whose id is not hex is only a scope.
         let c = container_of("/system.slice/docker-compose.scope").unwrap();
         assert_eq!(c.kind, "systemd-scope");
+    }
+
+    #[test]
+    fn processes_of_a_cgroup_and_cgroup_of_a_process() {
+        let hybrid = "12:memory:/system.slice/a.service\n0::/system.slice/a.service\n";
+        assert_eq!(v2_path_in(hybrid), Some("/system.slice/a.service"));
+        assert_eq!(v2_path_in("3:cpu:/\n"), None);
+
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("a/cgroup.procs"), "30\n10\n").unwrap();
+        std::fs::write(dir.path().join("a/b/cgroup.procs"), "20\n10\n").unwrap();
+        assert_eq!(pids_in(&dir.path().join("a")), vec![10, 20, 30]);
+        assert_eq!(pids_in(&dir.path().join("a/b")), vec![10, 20]);
+        assert!(pids_in(&dir.path().join("missing")).is_empty());
     }
 
     #[test]

@@ -29,12 +29,15 @@ impl Kind {
     /// `lost.map_full_cgroups`.
     pub fn schema_version(self) -> u32 {
         match self {
-            Kind::Record | Kind::Leaks | Kind::Top => 2,
+            Kind::Record | Kind::Top => 2,
+            // leaks 3: retention on `cgroups` rows (--by cgroup), `cgroup`
+            // on `leaks.processes` rows.
+            Kind::Leaks => 3,
             // malloc 2: `frees` and `frees_null` only with --outstanding
-            // (frees are not probed otherwise). 3: `stack_depth` says how
-            // stacks were unwound (frame_pointer, dwarf, unwind_samples);
-            // `lost.unwind_*`.
-            Kind::Malloc => 3,
+            // (frees are not probed otherwise); 3: `cgroup` on process
+            // entries; 4: `stack_depth` says how stacks were unwound
+            // (frame_pointer, dwarf, unwind_samples), `lost.unwind_*`.
+            Kind::Malloc => 4,
             Kind::Slab | Kind::Diff => SCHEMA_VERSION,
         }
     }
@@ -129,7 +132,7 @@ mod tests {
         };
         let text = pretty(Kind::Leaks, &body);
         assert!(
-            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 2,\n"),
+            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 3,\n"),
             "{text}"
         );
         assert!(text.ends_with("}\n"));

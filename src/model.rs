@@ -348,6 +348,23 @@ pub fn human_count(n: u64) -> String {
     }
 }
 
+/// Who an allocation is charged to in the per-cgroup view: a cgroup v2 id,
+/// or no task at all (interrupt context).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CgroupSlot {
+    Cgroup(u64),
+    Interrupt,
+}
+
+/// One entry of the kernel's per-cgroup map.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CgroupKey {
+    pub slot: CgroupSlot,
+    /// Charged to the memory cgroup (`__GFP_ACCOUNT` or a `SLAB_ACCOUNT`
+    /// cache): counted against the cgroup's memory limit.
+    pub accounted: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
 // Kept at their old paths until every branch imports them from the model.
 use crate::cgroup::{CgroupNames, CgroupRef};
-use crate::model::snapshot::{CgroupSlot, EventCounters, Snapshot};
+use crate::model::snapshot::{CgroupKey, CgroupSlot, EventCounters, Snapshot};
 use crate::model::{Counts, LatencyRow, SiteKey};
 
 /// How stacks were captured in this run.
@@ -177,9 +177,24 @@ pub struct CgroupRow {
     pub counts: Counts,
     #[serde(flatten)]
     pub accounting: Accounting,
+    /// kheap leaks: what the cgroup's allocations still hold.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
+    /// kheap leaks: the outstanding bytes split by memory-cgroup charging.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub outstanding_accounting: Option<OutstandingAccounting>,
     /// Its id, until `name_cgroups` resolves it.
     #[serde(skip)]
     pub cgroup_id: Option<u64>,
+}
+
+/// Outstanding objects (kheap leaks) split by memory-cgroup charging.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutstandingAccounting {
+    pub outstanding_accounted_count: u64,
+    pub outstanding_accounted_bytes: u64,
+    pub outstanding_unaccounted_count: u64,
+    pub outstanding_unaccounted_bytes: u64,
 }
 
 /// Allocated bytes and counts split by memory-cgroup charging.
@@ -191,8 +206,9 @@ pub struct Accounting {
     pub unaccounted_bytes: u64,
 }
 
-/// One row per cgroup slot, accounted and unaccounted entries folded.
-fn cgroup_rows(snap: &Snapshot) -> Vec<CgroupRow> {
+/// One row per cgroup slot, accounted and unaccounted entries folded; with
+/// leaks, what each still holds.
+fn cgroup_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CgroupRow> {
     let mut by_slot: HashMap<CgroupSlot, (AllocStats, Accounting)> = HashMap::new();
     for (k, s) in &snap.cgroups {
         let (all, acc) = by_slot.entry(k.slot).or_default();
@@ -212,15 +228,44 @@ fn cgroup_rows(snap: &Snapshot) -> Vec<CgroupRow> {
                 CgroupSlot::Cgroup(id) => Some(id),
                 CgroupSlot::Interrupt => None,
             };
+            let (retention, outstanding_accounting) = match retained {
+                Some((idx, duration_s)) => {
+                    let (ret, split) = cgroup_retention(idx, slot);
+                    (Some(Retention::new(&ret, duration_s)), Some(split))
+                }
+                None => (None, None),
+            };
             CgroupRow {
                 cgroup: cgroup_id.map(unnamed_cgroup),
                 interrupt: cgroup_id.is_none(),
                 counts: (&s).into(),
                 accounting,
+                retention,
+                outstanding_accounting,
                 cgroup_id,
             }
         })
         .collect()
+}
+
+/// What one cgroup slot holds, charged and uncharged entries folded.
+fn cgroup_retention(idx: &RetainedIndex, slot: CgroupSlot) -> (Retained, OutstandingAccounting) {
+    let mut all = Retained::default();
+    let mut split = OutstandingAccounting::default();
+    for accounted in [true, false] {
+        let Some(r) = idx.cgroups.get(&CgroupKey { slot, accounted }) else {
+            continue;
+        };
+        all += *r;
+        if accounted {
+            split.outstanding_accounted_count += r.count;
+            split.outstanding_accounted_bytes += r.bytes_alloc;
+        } else {
+            split.outstanding_unaccounted_count += r.count;
+            split.outstanding_unaccounted_bytes += r.bytes_alloc;
+        }
+    }
+    (all, split)
 }
 
 fn unnamed_cgroup(id: u64) -> CgroupRef {
@@ -235,8 +280,10 @@ impl Report {
     /// Fills in the path and container of every cgroup the rows carry.
     pub fn name_cgroups(&mut self, names: &mut CgroupNames) {
         let ids = self.cgroups.iter().filter_map(|r| r.cgroup_id);
+        let leak_procs = self.leaks.iter().flat_map(|l| &l.processes);
         let ids: Vec<u64> = ids
             .chain(self.processes.iter().filter_map(|r| r.cgroup_id))
+            .chain(leak_procs.filter_map(|r| r.cgroup_id))
             .collect();
         names.learn(ids);
         for r in &mut self.cgroups {
@@ -245,11 +292,18 @@ impl Report {
         for r in &mut self.processes {
             r.cgroup = r.cgroup_id.map(|id| names.describe(id));
         }
+        for r in self.leaks.iter_mut().flat_map(|l| &mut l.processes) {
+            r.cgroup = r.cgroup_id.map(|id| names.describe(id));
+        }
     }
 
     /// Every cgroup id the report names, for a caller that keeps names.
     pub fn cgroup_ids(&self) -> impl Iterator<Item = u64> + '_ {
-        self.cgroups.iter().filter_map(|r| r.cgroup_id)
+        let leak_procs = self.leaks.iter().flat_map(|l| &l.processes);
+        self.cgroups
+            .iter()
+            .filter_map(|r| r.cgroup_id)
+            .chain(leak_procs.filter_map(|r| r.cgroup_id))
     }
 }
 
@@ -299,7 +353,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
     let retained = snap
         .leaks
         .as_ref()
-        .map(|l| retention::retained_index(l, &snap.sites));
+        .map(|l| retention::retained_index(l, snap));
     // With address sampling (kheap leaks --sample N) one object in about N
     // was traced: every allocation and retention figure is scaled by N.
     let address_sampled;
@@ -388,7 +442,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         stacks,
         caches,
         processes,
-        cgroups: cgroup_rows(snap),
+        cgroups: cgroup_rows(snap, ret),
         latency: Vec::new(),
         leaks,
     }
@@ -734,10 +788,20 @@ pub mod tests {
     /// The sample snapshot as seen by kheap leaks: of the 1000 load_msg
     /// allocations, 400 are live (40 of them with a sampled stack, 1.5 s
     /// old); 20 kvmalloc objects are live (10 with stack 2, 10 with stack 3).
+    /// The messages are cgroup 42's (charged), the kvmalloc objects were
+    /// allocated in interrupt context (300 of them, not charged).
     pub fn leak_snapshot(sample_every: u32) -> Snapshot {
         use crate::model::live::{LeakInput, LiveObject, Unseen};
         let mut snap = sample_snapshot();
         let (msg, kv) = msg_and_kv();
+        let svc = CgroupKey {
+            slot: CgroupSlot::Cgroup(42),
+            accounted: true,
+        };
+        let irq = CgroupKey {
+            slot: CgroupSlot::Interrupt,
+            accounted: false,
+        };
         let obj = |site: &SiteKey, stack: Option<i64>, req: u64, age_ms: u64| LiveObject {
             site: site.clone(),
             stack_id: stack,
@@ -745,6 +809,7 @@ pub mod tests {
             bytes_alloc: 4096,
             age_ns: age_ms * 1_000_000,
             tgid: 7,
+            cgroup: if *site == msg { svc } else { irq },
         };
         let mut live = Vec::new();
         for i in 0..400 {
@@ -752,6 +817,17 @@ pub mod tests {
         }
         for i in 0..20 {
             live.push(obj(&kv, Some(2 + (i % 2)), 2100, 10));
+        }
+        for (key, count) in [(svc, 1000), (irq, 300)] {
+            snap.cgroups.insert(
+                key,
+                AllocStats {
+                    count,
+                    bytes_req: count * 2148,
+                    bytes_alloc: count * 4096,
+                    ..Default::default()
+                },
+            );
         }
         let mut leaks = LeakInput {
             live,
@@ -816,8 +892,58 @@ pub mod tests {
         for rows in ["sites", "stacks", "caches"] {
             assert_keys(&v[rows][0], rows, &keys);
         }
-        let back: Report = serde_json::from_value(v).unwrap();
-        assert_eq!(back, r);
+        let back: Report = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&back).unwrap(), v);
+    }
+
+    #[test]
+    fn leaks_cgroup_rows_hold_what_each_cgroup_allocated_and_name_processes() {
+        let mut r = build(&leak_snapshot(1), &fixture_symbols(), opts(10));
+        let mut names = CgroupNames::new(None);
+        names.insert(42, "/system.slice/msgd.service".into());
+        r.name_cgroups(&mut names);
+        let svc = r.cgroups.iter().find(|c| !c.interrupt).unwrap();
+        assert_eq!(
+            svc.cgroup.as_ref().unwrap().path.as_deref(),
+            Some("/system.slice/msgd.service")
+        );
+        let ret = svc.retention.as_ref().unwrap();
+        assert_eq!((ret.outstanding_count, ret.freed_count), (400, 600));
+        assert_eq!(ret.outstanding_bytes, 400 * 4096);
+        let split = svc.outstanding_accounting.unwrap();
+        assert_eq!(split.outstanding_accounted_count, 400);
+        assert_eq!(split.outstanding_accounted_bytes, 400 * 4096);
+        assert_eq!(split.outstanding_unaccounted_count, 0);
+        assert_eq!(svc.accounting.accounted_count, 1000);
+
+        let irq = r.cgroups.iter().find(|c| c.interrupt).unwrap();
+        assert!(irq.cgroup.is_none());
+        let ret = irq.retention.as_ref().unwrap();
+        assert_eq!((ret.outstanding_count, ret.freed_count), (20, 280));
+        let split = irq.outstanding_accounting.unwrap();
+        assert_eq!(split.outstanding_unaccounted_bytes, 20 * 4096);
+        assert_eq!(split.outstanding_accounted_count, 0);
+
+        // Process 7's newest object is an interrupt one (no cgroup): its
+        // cgroup is that of its newest object that has one.
+        let p = &r.leaks.as_ref().unwrap().processes[0];
+        assert_eq!(
+            p.cgroup
+                .as_ref()
+                .and_then(|c| c.container.as_ref())
+                .map(|c| c.name.as_str()),
+            Some("msgd.service")
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        let keys = [
+            "outstanding_count",
+            "outstanding_accounted_bytes",
+            "accounted_bytes",
+        ];
+        assert_keys(&v["cgroups"][0], "cgroups", &keys);
+        // Ids are carried by the named cgroups in JSON.
+        let back: Report = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&back).unwrap(), v);
     }
 
     #[test]

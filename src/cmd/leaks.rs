@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::Args;
 
+use crate::cgroup::{cgroup2_mount, CgroupNames};
 use crate::cli::{parse_duration, parse_sample, parse_tracked_objects, OutputArgs, TraceArgs};
 use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::contract::{self, Kind};
@@ -62,6 +63,7 @@ fn kernel_config(args: &LeaksArgs, targets: &Targets) -> Config {
             sample_every: args.sample,
             max_objects: args.max_objects,
         }),
+        by_cgroup: args.by == LeakGroupBy::Cgroup,
         ..run::kmem_config(&args.trace, targets, DEFAULT_STACK_SAMPLE)
     }
 }
@@ -156,7 +158,13 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
 
     let mut snapshots = 0u32;
     let mut next_snapshot = args.snapshot_every;
+    // Paths are learned while the run goes on: a cgroup removed before the
+    // end keeps the path it had.
+    let mut cgroup_names = CgroupNames::new(cgroup2_mount().ok());
     let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
+        if let Ok(ids) = session.cgroup_ids() {
+            cgroup_names.learn(ids);
+        }
         let secs = start.elapsed().as_secs_f64();
         let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
         if periodic {
@@ -168,7 +176,8 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         snapshots += 1;
         let path = snapshot_dir.join(format!("snapshot-{snapshots:03}.json"));
         let written = session.snapshot().and_then(|mut snap| {
-            let r = build(&mut snap, "snapshot", secs, info.clone());
+            let mut r = build(&mut snap, "snapshot", secs, info.clone());
+            r.name_cgroups(&mut cgroup_names);
             write_json(&r, &path).map(|_| r)
         });
         match written {
@@ -192,12 +201,15 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     });
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
+    // Before the command's own cgroup is removed with it (terminate).
+    cgroup_names.learn(session.cgroup_ids()?);
     let exit_code = ended.report();
     targets.terminate();
     let mut snap = session.snapshot()?;
     let info = run_info(&session);
     drop(session);
-    let report = build(&mut snap, "leaks", duration_s, info);
+    let mut report = build(&mut snap, "leaks", duration_s, info);
+    report.name_cgroups(&mut cgroup_names);
     write_report(report, &args)?;
     Ok(exit_code)
 }

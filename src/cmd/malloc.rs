@@ -39,6 +39,11 @@ pub struct MallocArgs {
     // --attach) have no counterpart here: the probes are in user space.
     #[command(flatten)]
     pub targets: TargetArgs,
+    /// Trace the processes in this cgroup v2 and below it, and count only
+    /// allocations made there (repeatable; a directory under the cgroup2
+    /// mount, or a path relative to it)
+    #[arg(long = "cgroup", value_name = "PATH")]
+    pub cgroups: Vec<String>,
     // Every call's stack is walked by frame pointers; these say which
     // calls also send a copy of their stack to be unwound from .eh_frame
     // (code without frame pointers).
@@ -149,9 +154,11 @@ fn comm(pid: u32) -> String {
 }
 
 pub fn run(args: MallocArgs) -> Result<i32> {
-    if args.targets.pids.is_empty() && args.targets.command.is_empty() {
-        bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...]");
+    if args.targets.pids.is_empty() && args.targets.command.is_empty() && args.cgroups.is_empty() {
+        bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...], or --cgroup PATH");
     }
+    let cgroup_mount = crate::cgroup::cgroup2_mount().ok();
+    let cgroups = resolve_cgroups(&args.cgroups, cgroup_mount.as_deref())?;
     if args.sort == MallocSortBy::Outstanding && !args.outstanding {
         bail!("--sort outstanding needs --outstanding");
     }
@@ -167,6 +174,14 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     for &p in &args.targets.pids {
         user_pids.push(resolve_pid(p)?);
     }
+    for (c, pids) in &cgroups {
+        if pids.is_empty() && args.targets.is_empty() {
+            bail!("--cgroup {}: no process runs in it or below it", c.path);
+        }
+        user_pids.extend(pids);
+    }
+    user_pids.sort_unstable();
+    user_pids.dedup();
     let mut pids = user_pids.clone();
     let libs = initial_libraries(&args, &pids)?;
     let mut modules = Modules::default();
@@ -193,6 +208,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     let mut session = MallocSession::start(
         &mut storage,
         &pids,
+        &cgroups.iter().map(|(c, _)| c.id).collect::<Vec<_>>(),
         args.outstanding,
         args.max_outstanding,
         args.probes_at_entry,
@@ -227,7 +243,10 @@ pub fn run(args: MallocArgs) -> Result<i32> {
 
     let start = Instant::now();
     let mut exit_code = 0;
-    let mut scanner = Scanner::default();
+    let mut scanner = Scanner {
+        cgroup_mount,
+        ..Scanner::default()
+    };
     if let Some(c) = &command {
         // Until it execs, the held child is a copy of kheap: name it after
         // the program, as the kernel will (comm is 15 bytes at most).
@@ -308,18 +327,42 @@ pub fn run(args: MallocArgs) -> Result<i32> {
                 kernel: features::kernel_release(),
                 attach: vec!["uprobes".into()],
                 skipped: Vec::new(),
-                filters: vec![describe_targets(&user_pids, &args.targets.command)],
+                filters: std::iter::once(describe_targets(&user_pids, &args.targets.command))
+                    .chain(cgroups.iter().map(|(c, _)| format!("cgroup {}", c.path)))
+                    .collect(),
                 command: (!args.targets.command.is_empty()).then(|| args.targets.command.join(" ")),
             },
             probes: session.libraries.iter().map(|l| l.describe()).collect(),
             func_names: session.func_names(),
             allocator_code: session.allocator_code(),
             comms: scanner.comms,
+            cgroups: scanner.cgroups,
         },
     );
     drop(session);
     write_report(report, &args)?;
     Ok(exit_code)
+}
+
+/// The --cgroup targets, each with the processes in it and below it now.
+fn resolve_cgroups(
+    args: &[String],
+    mount: Option<&std::path::Path>,
+) -> Result<Vec<(crate::cgroup::CgroupTarget, Vec<u32>)>> {
+    if args.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mount = match mount {
+        Some(m) => m.to_path_buf(),
+        None => crate::cgroup::cgroup2_mount()?, // says what is missing
+    };
+    args.iter()
+        .map(|a| {
+            let t = crate::cgroup::resolve_target(a, &mount)?;
+            let pids = crate::cgroup::pids_in(&mount.join(t.path.trim_start_matches('/')));
+            Ok((t, pids))
+        })
+        .collect()
 }
 
 fn describe_targets(pids: &[u32], command: &[String]) -> String {
@@ -341,6 +384,9 @@ struct Scanner {
     comms: HashMap<u32, String>,
     /// The command kheap started: its name is read once it has exec'd.
     held: Option<u32>,
+    /// Each process's cgroup v2 when last read.
+    cgroups: HashMap<u32, crate::cgroup::CgroupRef>,
+    cgroup_mount: Option<PathBuf>,
 }
 
 /// Known processes are re-read this often (for libraries they load later);
@@ -376,6 +422,13 @@ impl Scanner {
                 std::fs::read_to_string(format!("/proc/{pid}/comm")),
             ) {
                 self.comms.insert(pid, c.trim().to_string());
+            }
+            if let Some(c) = self
+                .cgroup_mount
+                .as_deref()
+                .and_then(|m| crate::cgroup::of_pid(pid, m))
+            {
+                self.cgroups.insert(pid, c);
             }
             modules.add_maps(pid, &maps);
             if !probe_new_libraries {

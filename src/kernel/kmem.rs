@@ -489,6 +489,14 @@ impl<'obj> Tracer<'obj> {
                     bytes_alloc: o.bytes_alloc as u64,
                     age_ns: jiffies_to_ns(now.jiffies.saturating_sub(o.ts), hz),
                     tgid: o.tgid,
+                    cgroup: CgroupKey {
+                        slot: if o.interrupt != 0 {
+                            CgroupSlot::Interrupt
+                        } else {
+                            CgroupSlot::Cgroup(o.cgroup)
+                        },
+                        accounted: o.accounted != 0,
+                    },
                 })
                 .collect(),
             unseen,

@@ -66,11 +66,14 @@ impl<'obj> MallocSession<'obj> {
     /// instruction (for scripts/bench-malloc, which measures what
     /// `probes::probe_skip` saves).
     /// `max_live` sizes the outstanding-block map (--max-outstanding).
+    /// With `cgroups` (v2 ids), only tasks in those cgroups or below them
+    /// count.
     /// `stack_sample_every`: how often a copy of the user stack is sent to
     /// be unwound (see `crate::kernel::user_stack::configure`).
     pub fn start(
         storage: &'obj mut ObjectStorage,
         pids: &[u32],
+        cgroups: &[u64],
         track_live: bool,
         max_live: u32,
         probes_at_entry: bool,
@@ -86,6 +89,7 @@ impl<'obj> MallocSession<'obj> {
             .as_deref_mut()
             .expect("the BPF object has read-only data");
         rodata.cfg.track_live = track_live as u8;
+        rodata.cfg.cgroups = u8::from(!cgroups.is_empty());
         // The block map is preallocated (~60 bytes a block): keep a token
         // entry when it is not used.
         open.maps
@@ -109,6 +113,13 @@ impl<'obj> MallocSession<'obj> {
                 .pid_filter
                 .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
                 .context("adding a PID to the filter map")?;
+        }
+        for &id in cgroups {
+            s.skel
+                .maps
+                .cgroup_filter
+                .update(&id.to_ne_bytes(), &[1u8], MapFlags::ANY)
+                .context("adding a cgroup to the filter map")?;
         }
         let progs = &s.skel.progs;
         for (prog, tp) in [

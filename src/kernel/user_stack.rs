@@ -16,6 +16,11 @@ use crate::malloc::unwind::Sample;
 /// The ring buffer's size: about 1000 copies of 16 KiB waiting to be read.
 const RING_BYTES: u32 = 16 << 20;
 
+/// With every call copied (--exact-stacks), about 4000: a burst of calls
+/// (calls made inside the allocator are copied too: they are told apart in
+/// user space) must fit while a slow machine unwinds the first copies.
+const RING_BYTES_EXACT: u32 = 64 << 20;
+
 /// Sets up the copies before load: `sample_every` 0 turns them off, 1
 /// copies every call, N about one call in N (a power of two).
 pub fn configure(open: &mut OpenMallocSkel, sample_every: u32) -> Result<()> {
@@ -27,9 +32,14 @@ pub fn configure(open: &mut OpenMallocSkel, sample_every: u32) -> Result<()> {
     rodata.user_stack_copy = (sample_every > 0) as u8;
     rodata.user_stack_sample_mask = sample_every.saturating_sub(1);
     // Unused, the ring keeps one page.
+    let size = match sample_every {
+        0 => 4096,
+        1 => RING_BYTES_EXACT,
+        _ => RING_BYTES,
+    };
     open.maps
         .user_stacks
-        .set_max_entries(if sample_every > 0 { RING_BYTES } else { 4096 })
+        .set_max_entries(size)
         .context("sizing the user stack ring buffer")
 }
 

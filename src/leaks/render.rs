@@ -22,6 +22,9 @@ pub enum LeakGroupBy {
     Cache,
     /// The process that allocated the outstanding objects
     Process,
+    /// The cgroup v2 that allocated them (container, service), with the
+    /// bytes charged to its memory cgroup and not; interrupts apart
+    Cgroup,
 }
 
 /// Sorts every row list (largest outstanding, then oldest, first) and keeps
@@ -30,6 +33,7 @@ pub fn apply_top(r: &mut Report, by: LeakGroupBy, n: Option<usize>) -> usize {
     sort_by_retention(&mut r.sites, |r| (&r.retention, &r.counts));
     sort_by_retention(&mut r.stacks, |r| (&r.retention, &r.counts));
     sort_by_retention(&mut r.caches, |r| (&r.retention, &r.counts));
+    sort_by_retention(&mut r.cgroups, |r| (&r.retention, &r.counts));
     let processes = r
         .leaks
         .as_mut()
@@ -39,12 +43,14 @@ pub fn apply_top(r: &mut Report, by: LeakGroupBy, n: Option<usize>) -> usize {
         top_n::keep(&mut r.stacks, n),
         top_n::keep(&mut r.caches, n),
         processes,
+        top_n::keep(&mut r.cgroups, n),
     ];
     match by {
         LeakGroupBy::Site => hidden[0],
         LeakGroupBy::Stack => hidden[1],
         LeakGroupBy::Cache => hidden[2],
         LeakGroupBy::Process => hidden[3],
+        LeakGroupBy::Cgroup => hidden[4],
     }
 }
 
@@ -223,6 +229,30 @@ pub fn table(
             let headers = ["pid", "comm", "live", "live bytes", "oldest", "growth"];
             out.push_str("Outstanding objects by the process that allocated them:\n");
             out.push_str(&table_text((&headers, &[]), &[1], rows, width));
+        }
+        LeakGroupBy::Cgroup => {
+            let rows = r.cgroups.iter().map(|row| {
+                let split = row.outstanding_accounting.unwrap_or_default();
+                with_retention(
+                    [
+                        Cell::new(render::cgroup_label(row)),
+                        Cell::new(human_size(split.outstanding_accounted_bytes)),
+                        Cell::new(human_size(split.outstanding_unaccounted_bytes)),
+                    ],
+                    &row.retention,
+                    &row.counts,
+                )
+            });
+            out.push_str("Outstanding objects by the cgroup that allocated them (live bytes charged to its memory cgroup, and not):\n");
+            out.push_str(&table_text(
+                (
+                    &["cgroup", "live charged", "live uncharged"],
+                    &RETENTION_HEADERS,
+                ),
+                &[0],
+                rows,
+                width,
+            ));
         }
         LeakGroupBy::Cache => {
             let rows = r
@@ -408,6 +438,32 @@ mod tests {
             .find(|l| l.contains("msgd"))
             .unwrap_or_else(|| panic!("{t}"));
         assert!(row.contains("420") && row.contains("1.6M"), "{row}");
+    }
+
+    #[test]
+    fn cgroup_view_shows_what_each_cgroup_holds_charged_or_not() {
+        let mut r = report(1);
+        let mut names = crate::cgroup::CgroupNames::new(None);
+        names.insert(42, "/system.slice/msgd.service".into());
+        r.name_cgroups(&mut names);
+        let hidden = apply_top(&mut r, LeakGroupBy::Cgroup, Some(5));
+        let t = table(&r, LeakGroupBy::Cgroup, hidden, 0, None);
+        let row = |label: &str| {
+            t.lines()
+                .find(|l| l.contains(label))
+                .unwrap_or_else(|| panic!("no {label} row: {t}"))
+                .to_string()
+        };
+        let svc = row("/system.slice/msgd.service");
+        for cell in ["400", "1.6M", "1000", "600"] {
+            assert!(svc.contains(cell), "{cell} missing in {svc}");
+        }
+        let irq = row("[interrupt]");
+        assert!(irq.contains("20") && irq.contains("280"), "{irq}");
+        assert!(
+            t.find("msgd.service").unwrap() < t.find("[interrupt]").unwrap(),
+            "largest outstanding first: {t}"
+        );
     }
 
     #[test]

@@ -3,13 +3,12 @@
 //! sampled data. Pure; `report::build` calls it when a snapshot carries a
 //! `LeakInput`.
 
-use std::collections::HashMap;
-
 use serde::{Deserialize, Serialize};
 
+use crate::cgroup::CgroupRef;
 use crate::model::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
 use crate::model::snapshot::Snapshot;
-use crate::model::{round2, AllocStats, Counts, SiteKey};
+use crate::model::{round2, Counts};
 
 /// What is still allocated of a row (kheap leaks and its snapshots only),
 /// flattened into the row's JSON beside the allocation counts.
@@ -85,6 +84,13 @@ pub struct ProcessRetention {
     pub pid: u32,
     /// Empty when the process had exited by the time of the snapshot.
     pub comm: String,
+    /// The cgroup v2 it allocated its newest outstanding object in; null
+    /// when unknown (all its objects were allocated in interrupt context).
+    #[serde(default)]
+    pub cgroup: Option<CgroupRef>,
+    /// Its id, until `Report::name_cgroups` resolves it.
+    #[serde(skip)]
+    pub cgroup_id: Option<u64>,
     #[serde(flatten)]
     pub retention: Retention,
 }
@@ -144,10 +150,16 @@ fn round3(v: f64) -> f64 {
 
 /// The outstanding objects folded per site and stack, from the traced
 /// (unscaled) totals, then scaled as a whole by the address sampling rate.
-pub fn retained_index(l: &LeakInput, sites: &HashMap<SiteKey, AllocStats>) -> RetainedIndex {
-    let idx = RetainedIndex::build(l, sites);
+pub fn retained_index(l: &LeakInput, snap: &Snapshot) -> RetainedIndex {
+    let idx = RetainedIndex::build(l, &snap.sites, &snap.cgroups);
     let n = l.sample_every.max(1) as f64;
     RetainedIndex {
+        cgroups: idx
+            .cgroups
+            .iter()
+            .map(|(k, r)| (*k, r.scaled(n, n)))
+            .collect(),
+        proc_cgroups: idx.proc_cgroups.clone(),
         sites: idx
             .sites
             .iter()
@@ -191,6 +203,9 @@ pub fn scale_for_address_sampling(snap: &Snapshot, n: u32) -> Snapshot {
     for s in out.stacks.values_mut() {
         *s = s.scaled(n);
     }
+    for s in out.cgroups.values_mut() {
+        *s = s.scaled(n);
+    }
     out
 }
 
@@ -230,6 +245,8 @@ fn process_rows(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Vec<Proc
         .map(|(&pid, r)| ProcessRetention {
             pid,
             comm: l.comms.get(&pid).cloned().unwrap_or_default(),
+            cgroup: None,
+            cgroup_id: idx.proc_cgroups.get(&pid).copied(),
             retention: Retention::new(r, duration_s),
         })
         .collect();

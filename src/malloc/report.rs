@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::merge::{self, DepthAcc, Method, SampledStack};
 use super::usersyms::UserFrame;
+use crate::cgroup::CgroupRef;
 use crate::model::{AllocStats, Counts};
 use crate::report::RunInfo;
 
@@ -29,6 +30,9 @@ pub struct Process {
     pub pid: u32,
     /// Its command name when last seen (empty if it was never seen alive).
     pub comm: String,
+    /// Its cgroup v2 when last seen (null if it was never seen alive).
+    #[serde(default)]
+    pub cgroup: Option<CgroupRef>,
 }
 
 /// Malloc sees the sizes asked for, not what the allocator rounded them up
@@ -213,6 +217,8 @@ pub struct BuildOptions {
     pub allocator_code: Vec<AllocatorCode>,
     /// Command names of the traced processes, as last seen.
     pub comms: HashMap<u32, String>,
+    /// Their cgroups, as last seen.
+    pub cgroups: HashMap<u32, CgroupRef>,
 }
 
 /// The frames of a key: the direct caller, then the walked stack past the
@@ -288,6 +294,7 @@ impl Acc {
                 .map(|&pid| Process {
                     pid,
                     comm: comms.get(&pid).cloned().unwrap_or_default(),
+                    cgroup: None,
                 })
                 .collect(),
             counts: (&self.stats).into(),
@@ -398,9 +405,17 @@ pub fn build(
             unwind_no_mappings: snap.unwind.no_mappings,
         },
         stack_depth: depth,
-        sites: rows(sites, &name_of, &opts.comms),
-        stacks: rows(stacks, &name_of, &opts.comms),
+        sites: with_cgroups(rows(sites, &name_of, &opts.comms), &opts.cgroups),
+        stacks: with_cgroups(rows(stacks, &name_of, &opts.comms), &opts.cgroups),
     }
+}
+
+/// Names the cgroup of every process of the rows.
+fn with_cgroups(mut rows: Vec<MallocRow>, cgroups: &HashMap<u32, CgroupRef>) -> Vec<MallocRow> {
+    for p in rows.iter_mut().flat_map(|r| &mut r.processes) {
+        p.cgroup = cgroups.get(&p.pid).cloned();
+    }
+    rows
 }
 
 /// The stacks unwound for a key's sampled calls, symbolized and cut like
@@ -564,6 +579,7 @@ pub mod tests {
                 end: 0x600,
             }],
             comms: HashMap::from([(10, "w10".to_string())]),
+            cgroups: HashMap::new(),
         }
     }
 
@@ -783,7 +799,7 @@ pub mod tests {
         );
         assert_eq!(
             m["processes"][0],
-            serde_json::json!({"pid": 10, "comm": "w10"})
+            serde_json::json!({"pid": 10, "comm": "w10", "cgroup": null})
         );
         let back: MallocReport = serde_json::from_value(v).unwrap();
         assert_eq!(back.totals, r.totals);

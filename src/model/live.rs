@@ -7,7 +7,7 @@ use std::ops::AddAssign;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{AllocStats, CacheId, SiteKey};
+use crate::model::{AllocStats, CacheId, CgroupKey, CgroupSlot, SiteKey};
 
 /// One object allocated while tracing and not seen freed (yet).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,6 +20,9 @@ pub struct LiveObject {
     /// Time since the allocation when the snapshot was read.
     pub age_ns: u64,
     pub tgid: u32,
+    /// The allocating task's cgroup (or interrupt context), and whether the
+    /// object is charged to its memory cgroup (known with --by cgroup).
+    pub cgroup: CgroupKey,
 }
 
 /// Ticks to nanoseconds at `hz` ticks per second.
@@ -230,24 +233,49 @@ pub struct RetainedIndex {
     pub stacks: HashMap<(SiteKey, i64), Retained>,
     /// By the process (tgid) that allocated them.
     pub procs: HashMap<u32, Retained>,
+    /// The cgroup of each process's newest outstanding object: where it
+    /// runs now, or ran last.
+    pub proc_cgroups: HashMap<u32, u64>,
+    /// By the cgroup that allocated them (or interrupt context), charged to
+    /// the memory cgroup or not.
+    pub cgroups: HashMap<CgroupKey, Retained>,
 }
 
 impl RetainedIndex {
     /// Folds the live objects at least `min_age_ns` old. What each site
     /// freed is what it allocated (`allocs`, from the kernel's per-site
     /// totals) minus what is live (of any age) minus what was freed unseen.
-    pub fn build(input: &LeakInput, allocs: &HashMap<SiteKey, AllocStats>) -> RetainedIndex {
+    /// Per cgroup, freed is what the cgroup allocated (`cgroup_allocs`,
+    /// with --by cgroup) minus what is live.
+    pub fn build(
+        input: &LeakInput,
+        allocs: &HashMap<SiteKey, AllocStats>,
+        cgroup_allocs: &HashMap<CgroupKey, AllocStats>,
+    ) -> RetainedIndex {
         let mut idx = RetainedIndex::default();
         let mut live_any_age: HashMap<&SiteKey, (u64, u64)> = HashMap::new();
+        let mut cgroup_live: HashMap<CgroupKey, (u64, u64)> = HashMap::new();
+        let mut newest: HashMap<u32, u64> = HashMap::new();
         for o in &input.live {
             let l = live_any_age.entry(&o.site).or_default();
             l.0 += 1;
             l.1 += o.bytes_alloc;
+            let l = cgroup_live.entry(o.cgroup).or_default();
+            l.0 += 1;
+            l.1 += o.bytes_alloc;
+            if let CgroupSlot::Cgroup(id) = o.cgroup.slot {
+                let age = newest.entry(o.tgid).or_insert(u64::MAX);
+                if o.age_ns <= *age && id != 0 {
+                    *age = o.age_ns;
+                    idx.proc_cgroups.insert(o.tgid, id);
+                }
+            }
             if o.age_ns < input.min_age_ns {
                 continue;
             }
             idx.sites.entry(o.site.clone()).or_default().add_object(o);
             idx.procs.entry(o.tgid).or_default().add_object(o);
+            idx.cgroups.entry(o.cgroup).or_default().add_object(o);
             if let Some(id) = o.stack_id {
                 idx.stacks
                     .entry((o.site.clone(), id))
@@ -264,6 +292,13 @@ impl RetainedIndex {
             r.freed = a.count.saturating_sub(live + u.count);
             r.freed_bytes_alloc = a.bytes_alloc.saturating_sub(live_bytes + u.bytes_alloc);
             r.freed_unseen = u.count;
+        }
+        // Frees unseen are known per site only: here they count as freed.
+        for (key, a) in cgroup_allocs {
+            let (live, live_bytes) = cgroup_live.get(key).copied().unwrap_or_default();
+            let r = idx.cgroups.entry(*key).or_default();
+            r.freed = a.count.saturating_sub(live);
+            r.freed_bytes_alloc = a.bytes_alloc.saturating_sub(live_bytes);
         }
         idx
     }
@@ -308,6 +343,10 @@ mod tests {
             bytes_alloc: 4096,
             age_ns: age_ms * 1_000_000,
             tgid: 1,
+            cgroup: CgroupKey {
+                slot: CgroupSlot::Cgroup(42),
+                accounted: true,
+            },
         }
     }
 
@@ -363,7 +402,7 @@ mod tests {
             },
         );
         let allocs = HashMap::from([(site(0x10), allocated(6)), (site(0x20), allocated(1))]);
-        let idx = RetainedIndex::build(&input, &allocs);
+        let idx = RetainedIndex::build(&input, &allocs, &HashMap::new());
         let a = idx.sites[&site(0x10)];
         assert_eq!((a.count, a.bytes_alloc, a.bytes_req), (2, 8192, 4296));
         assert_eq!(
@@ -390,7 +429,7 @@ mod tests {
             ..Default::default()
         };
         let allocs = HashMap::from([(site(0x10), allocated(3))]);
-        let idx = RetainedIndex::build(&input, &allocs);
+        let idx = RetainedIndex::build(&input, &allocs, &HashMap::new());
         assert_eq!(idx.sites[&site(0x10)].count, 1);
         assert_eq!(
             idx.sites[&site(0x10)].freed,

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use crate::model::live::LeakInput;
 use crate::model::{AllocStats, CacheId, SiteKey};
+pub use crate::model::{CgroupKey, CgroupSlot};
 
 /// Everything read from the kernel at the end of a run (or an interval),
 /// summed over CPUs, before symbolization.
@@ -24,23 +25,6 @@ pub struct Snapshot {
     pub events: EventCounters,
     /// Outstanding objects, from `kheap leaks` only.
     pub leaks: Option<LeakInput>,
-}
-
-/// Who an allocation is charged to in the per-cgroup view: a cgroup v2 id,
-/// or no task at all (interrupt context).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum CgroupSlot {
-    Cgroup(u64),
-    Interrupt,
-}
-
-/// One entry of the kernel's per-cgroup map.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct CgroupKey {
-    pub slot: CgroupSlot,
-    /// Charged to the memory cgroup (`__GFP_ACCOUNT` or a `SLAB_ACCOUNT`
-    /// cache): counted against the cgroup's memory limit.
-    pub accounted: bool,
 }
 
 /// Counters of events that are not allocations: frees, and everything
