@@ -219,7 +219,9 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     let unwinder = Rc::new(RefCell::new(StackUnwinder::default()));
     let ring = {
         let unwinder = unwinder.clone();
-        UserStackRing::new(&session, move |s| unwinder.borrow_mut().add(s))?
+        UserStackRing::new(session.user_stacks_map(), move |s| {
+            unwinder.borrow_mut().add(s)
+        })?
     };
     for l in &libs {
         session.probe_library(l)?;

@@ -285,8 +285,8 @@ impl<'obj> MallocSession<'obj> {
         &self.skel.maps.user_stacks
     }
 
-    pub(crate) fn user_stack_counters_map(&self) -> &libbpf_rs::Map<'obj> {
-        &self.skel.maps.user_stack_counters
+    pub fn user_stack_events(&self) -> Result<crate::malloc::model::UnwindEvents> {
+        crate::kernel::user_stack::events(&self.skel.maps.user_stack_counters)
     }
 
     pub fn detach(&mut self) {
@@ -298,7 +298,7 @@ impl<'obj> MallocSession<'obj> {
         let mut snap = Snapshot::default();
         for (k, v) in maps::read_percpu_hash::<types::malloc_key, types::malloc_stats, _>(&m.sites)?
         {
-            let key = key_of(&k);
+            let key = Key::from(&k);
             if key.stack_id >= 0 && !snap.stacks.contains_key(&key.stack_id) {
                 if let Some(frames) =
                     maps::read_stack(&m.stack_traces, &key.stack_id.to_ne_bytes())?
@@ -312,7 +312,7 @@ impl<'obj> MallocSession<'obj> {
             let mut live: HashMap<Key, (u64, u64)> = HashMap::new();
             for (_, a) in maps::read_hash_entries::<types::live_key, types::live_alloc, _>(&m.live)?
             {
-                let e = live.entry(key_of(&a.key)).or_default();
+                let e = live.entry((&a.key).into()).or_default();
                 e.0 += 1;
                 e.1 += a.size;
             }
@@ -354,15 +354,5 @@ impl<'obj> MallocSession<'obj> {
             v.sort_by_key(|v| v.start);
         }
         Ok(out)
-    }
-}
-
-pub(crate) fn key_of(k: &types::malloc_key) -> Key {
-    Key {
-        mm: k.mm,
-        tgid: k.tgid,
-        func: k.func,
-        caller: k.caller,
-        stack_id: k.stack_id,
     }
 }

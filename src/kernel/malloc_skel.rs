@@ -6,7 +6,20 @@ skeleton!("malloc");
 pub use skel::types;
 pub use skel::{MallocSkel, MallocSkelBuilder, OpenMallocSkel};
 
+use crate::malloc::model::Key;
 use crate::model::{AllocStats, Hist, HIST_BUCKETS};
+
+impl From<&types::malloc_key> for Key {
+    fn from(k: &types::malloc_key) -> Self {
+        Key {
+            mm: k.mm,
+            tgid: k.tgid,
+            func: k.func,
+            caller: k.caller,
+            stack_id: k.stack_id,
+        }
+    }
+}
 
 plain_types!(
     types::malloc_key,

@@ -7,11 +7,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use libbpf_rs::{RingBuffer, RingBufferBuilder};
 
-use crate::kernel::malloc::MallocSession;
 use crate::kernel::malloc_skel::{types, OpenMallocSkel};
 use crate::kernel::maps;
-use crate::malloc::model::UnwindEvents;
-use crate::malloc::unwind::Sample;
+use crate::malloc::model::{Sample, UnwindEvents};
 
 /// The ring buffer's size: about 1000 copies of 16 KiB waiting to be read.
 const RING_BYTES: u32 = 16 << 20;
@@ -47,16 +45,17 @@ pub fn configure(open: &mut OpenMallocSkel, sample_every: u32) -> Result<()> {
 pub struct UserStackRing<'cb>(RingBuffer<'cb>);
 
 impl<'cb> UserStackRing<'cb> {
+    /// `ring`: the object's `user_stacks` map.
     pub fn new(
-        session: &MallocSession,
+        ring: &libbpf_rs::Map,
         mut on_sample: impl FnMut(&Sample) + 'cb,
     ) -> Result<UserStackRing<'cb>> {
         let mut b = RingBufferBuilder::new();
-        b.add(session.user_stacks_map(), move |data: &[u8]| {
+        b.add(ring, move |data: &[u8]| {
             if let Ok(s) = plain::from_bytes::<types::user_stack_sample>(data) {
                 let len = (s.len as usize).min(s.data.len());
                 on_sample(&Sample {
-                    key: crate::kernel::malloc::key_of(&s.key),
+                    key: (&s.key).into(),
                     size: s.size,
                     sp: s.sp,
                     bp: s.bp,
@@ -88,15 +87,13 @@ impl<'cb> UserStackRing<'cb> {
     }
 }
 
-impl MallocSession<'_> {
-    pub fn user_stack_events(&self) -> Result<UnwindEvents> {
-        let c: types::user_stack_counters =
-            maps::read_percpu_slot0(self.user_stack_counters_map())?;
-        Ok(UnwindEvents {
-            sampled: c.sampled,
-            dropped: c.dropped,
-            copy_failed: c.copy_failed,
-            ..Default::default()
-        })
-    }
+/// What became of the copies, from the object's `user_stack_counters`.
+pub fn events(counters: &libbpf_rs::Map) -> Result<UnwindEvents> {
+    let c: types::user_stack_counters = maps::read_percpu_slot0(counters)?;
+    Ok(UnwindEvents {
+        sampled: c.sampled,
+        dropped: c.dropped,
+        copy_failed: c.copy_failed,
+        ..Default::default()
+    })
 }

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 
-use super::unwind::UnwoundStack;
 use super::usersyms::UserFrame;
 use crate::model::AllocStats;
 
@@ -35,6 +34,28 @@ pub struct Events {
     /// such in the kernel), not counted twice.
     pub nested: u64,
     pub no_thread_state: u64,
+}
+
+/// One sampled allocator call, as the BPF side sent it.
+pub struct Sample<'a> {
+    pub key: Key,
+    pub size: u64,
+    /// Stack pointer at the allocator's entry: the return address is there.
+    pub sp: u64,
+    pub bp: u64,
+    /// Where `stack` was copied from (at or below `sp`).
+    pub start: u64,
+    pub stack: &'a [u8],
+}
+
+/// One distinct unwound stack of a row, with the sampled calls that had it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnwoundStack {
+    /// Return addresses, innermost (the direct caller) first.
+    pub frames: Vec<u64>,
+    pub samples: u64,
+    /// Bytes asked for by those calls.
+    pub bytes: u64,
 }
 
 /// What became of the sampled copies of user stacks (bpf/user_stack.bpf.h

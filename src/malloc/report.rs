@@ -478,7 +478,7 @@ fn rows<K>(
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use crate::malloc::unwind::UnwoundStack;
+    use crate::malloc::model::UnwoundStack;
     use crate::model::Hist;
 
     fn stats(count: u64, size: u64) -> AllocStats {

@@ -18,7 +18,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::{Object, ObjectSection, ObjectSegment};
 
-use super::model::Key;
+use super::model::{Key, Sample, UnwoundStack};
 use super::procmaps::{self, Mapping};
 use super::usersyms::{host_path, Modules, Vma};
 
@@ -33,18 +33,6 @@ const MAX_DEFERRED: usize = 1024;
 /// How many times the mappings of one address space are read again for a
 /// caller they do not cover (a library loaded since, with dlopen).
 const MAX_REREADS: u32 = 16;
-
-/// One sampled allocator call, as the BPF side sent it.
-pub struct Sample<'a> {
-    pub key: Key,
-    pub size: u64,
-    /// Stack pointer at the allocator's entry: the return address is there.
-    pub sp: u64,
-    pub bp: u64,
-    /// Where `stack` was copied from (at or below `sp`).
-    pub start: u64,
-    pub stack: &'a [u8],
-}
 
 struct OwnedSample {
     key: Key,
@@ -66,16 +54,6 @@ impl OwnedSample {
             stack: &self.stack,
         }
     }
-}
-
-/// One distinct unwound stack of a row, with the sampled calls that had it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct UnwoundStack {
-    /// Return addresses, innermost (the direct caller) first.
-    pub frames: Vec<u64>,
-    pub samples: u64,
-    /// Bytes asked for by those calls.
-    pub bytes: u64,
 }
 
 /// What the unwinder did with the samples it was given.
