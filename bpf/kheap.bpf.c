@@ -32,6 +32,7 @@
 #include "alloc_stats.bpf.h"
 #include "kmem_classic.bpf.h"
 #include "stack_store.bpf.h"
+#include "sampler.bpf.h"
 #include "task_filter.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -61,9 +62,7 @@ KHEAP_HASH(cache_names, __u64, struct cache_name, 2048);
 
 KHEAP_PERCPU_SLOT(counters, struct counters);
 
-/* Per-CPU countdown to the next sampled stack. Refilled with a random gap
- * of 1..2N (mean ~N): a helper call once per sample instead of per event,
- * and random gaps keep periodic allocation patterns from aliasing. */
+/* Per-CPU countdown to the next sampled stack (bpf/sampler.bpf.h). */
 KHEAP_PERCPU_SLOT(sample_countdown, __u32);
 
 /* leaks: live objects by address. Sized from user space (1 entry unless
@@ -94,17 +93,7 @@ static __always_inline struct counters *counters_get(void)
 
 static __always_inline bool sample_now(void)
 {
-	__u32 zero = 0;
-	__u32 *left = bpf_map_lookup_elem(&sample_countdown, &zero);
-
-	if (!left)
-		return false;
-	if (*left > 1) {
-		(*left)--;
-		return false;
-	}
-	*left = (bpf_get_prandom_u32() & (2 * cfg.stack_sample_mask + 1)) + 1;
-	return true;
+	return sample_by_countdown(&sample_countdown, cfg.stack_sample_mask);
 }
 
 /* Records a cache's name the first time the cache is seen. The name comes

@@ -27,6 +27,7 @@
 #include "malloc.h"
 #include "task_filter.bpf.h"
 #include "stack_store.bpf.h"
+#include "user_stack.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -231,6 +232,9 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 			frames->ip[1] = 0;
 		record_stack_vmas(frames, key.mm, key.caller);
 	}
+	/* Sampled calls (and each row's first) also send a copy of the stack
+	 * to be unwound without frame pointers. */
+	maybe_copy_user_stack(ctx, &key, size, created);
 
 	if (cfg.track_live) {
 		t->pending.key = key;

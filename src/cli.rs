@@ -131,7 +131,8 @@ pub struct StackArgs {
     pub exact_stacks: bool,
     /// Capture the stack of about one allocation in N (a power of two; sites
     /// are exact regardless). Default: 1024 for record, top and slab, 256
-    /// for leaks
+    /// for leaks; for malloc, 1024 and each row's first call (the stacks
+    /// copied to be unwound without frame pointers)
     #[arg(long, value_parser = parse_sample, value_name = "N")]
     pub stack_sample: Option<u32>,
     /// Capture no stacks at all (cheapest; per-site numbers only)

@@ -36,8 +36,9 @@ impl Kind {
             Kind::Record | Kind::Leaks | Kind::Top => 3,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
-            // entries.
-            Kind::Malloc => 3,
+            // entries; 4: `stack_depth` says how stacks were unwound
+            // (frame_pointer, dwarf, unwind_samples), `lost.unwind_*`.
+            Kind::Malloc => 4,
             Kind::Slab | Kind::Diff => SCHEMA_VERSION,
         }
     }

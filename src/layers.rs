@@ -60,6 +60,10 @@ mod tests {
         ("malloc::usersyms", Base),
         ("malloc::model", Model),
         ("malloc::report", Report),
+        // Unwinding sampled stack copies, and which stack a row is shown
+        // along: processing between the model and the rows.
+        ("malloc::unwind", Report),
+        ("malloc::merge", Report),
         ("malloc::render", Render),
         ("slab", Cmd),
         ("slab::slabinfo", Base),

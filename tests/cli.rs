@@ -42,18 +42,16 @@ fn filters_and_stacks_are_where_they_mean_something() {
             assert!(h.contains(flag), "kheap {sub}: no {flag}");
         }
     }
-    // malloc's probes are in user space: no kernel-side filters or stacks
-    // options that it would ignore.
+    // malloc's probes are in user space: no kernel-side filters that it
+    // would ignore. Its stack options say which calls' stacks are copied
+    // to be unwound without frame pointers.
     let h = help("malloc");
     assert!(h.contains("-p, --pid <PID>") && h.contains("[-- <CMD>...]"));
-    for flag in [
-        "--comm",
-        "--min-size",
-        "--attach",
-        "--stack-sample",
-        "--exact-stacks",
-    ] {
+    for flag in ["--comm", "--min-size", "--attach"] {
         assert!(!h.contains(flag), "kheap malloc: {flag} would be ignored");
+    }
+    for flag in ["--exact-stacks", "--stack-sample <N>", "--no-stacks"] {
+        assert!(h.contains(flag), "kheap malloc: no {flag}");
     }
 }
 
@@ -66,7 +64,7 @@ fn refused(args: &[&str]) -> String {
 
 #[test]
 fn conflicting_stack_flags_are_an_error() {
-    for sub in ["record", "leaks", "top", "slab"] {
+    for sub in ["record", "leaks", "top", "slab", "malloc"] {
         let e = refused(&[sub, "--no-stacks", "--stack-sample", "4"]);
         assert!(e.contains("cannot be used with"), "kheap {sub}: {e}");
         let e = refused(&[sub, "--exact-stacks", "--no-stacks"]);

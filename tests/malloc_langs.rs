@@ -304,6 +304,31 @@ fn check_rust(tracking: bool) {
         boxes.contains(&(300, 300 * 48, live(300))),
         "make_boxes' Box::new calls: {boxes:?}"
     );
+    // Stacks through code without frame pointers: each row's first call is
+    // unwound from .eh_frame, so main shows above the allocating function.
+    let vec_stacks: Vec<&Value> = r["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["allocator"] == "rust" && s["function"] == "w::make_vecs")
+        .collect();
+    assert_eq!(
+        vec_stacks.iter().map(|s| u(&s["count"])).sum::<u64>(),
+        1000,
+        "{vec_stacks:#?}"
+    );
+    for s in &vec_stacks {
+        let frames: Vec<&str> = s["frames"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap())
+            .collect();
+        assert!(
+            frames.iter().any(|f| f.starts_with("w::main+")),
+            "main unwound past make_vecs: {frames:?}"
+        );
+    }
     // The default allocator's malloc is not counted again.
     for s in r["sites"].as_array().unwrap() {
         let f = s["function"].as_str().unwrap();

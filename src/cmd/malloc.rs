@@ -2,26 +2,30 @@
 //! its children), then print who allocated what, and with --outstanding
 //! what was never freed.
 
+use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cli::{parse_duration, parse_tracked_objects, OutputArgs, TargetArgs};
+use crate::cli::{parse_duration, parse_tracked_objects, OutputArgs, StackArgs, TargetArgs};
 use crate::cmd::progress::StatusLine;
 use crate::cmd::run::{install_stop_handler, stop_requested};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
 use crate::kernel::storage::ObjectStorage;
+use crate::kernel::user_stack::UserStackRing;
 use crate::malloc::probes::{
     check_elf, defines_allocator, extra_allocators_of_program, libc_of_program,
 };
 use crate::malloc::procmaps;
 use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
 use crate::malloc::report::{self, BuildOptions, MallocReport};
+use crate::malloc::unwind::StackUnwinder;
 use crate::malloc::usersyms::{host_path, symbolize_return_addresses, Blaze, Modules};
 use crate::render::Format;
 use crate::report::RunInfo;
@@ -35,8 +39,7 @@ pub struct MallocArgs {
     pub duration: Option<Duration>,
     // The processes to trace (with the children they fork from now on).
     // The kernel-side filters of the other subcommands (--comm, sizes,
-    // --attach) and the stack options have no counterpart here: the probes
-    // are in user space and always capture the stack.
+    // --attach) have no counterpart here: the probes are in user space.
     #[command(flatten)]
     pub targets: TargetArgs,
     /// Trace the processes in this cgroup v2 and below it, and count only
@@ -44,6 +47,11 @@ pub struct MallocArgs {
     /// mount, or a path relative to it)
     #[arg(long = "cgroup", value_name = "PATH")]
     pub cgroups: Vec<String>,
+    // Every call's stack is walked by frame pointers; these say which
+    // calls also send a copy of their stack to be unwound from .eh_frame
+    // (code without frame pointers).
+    #[command(flatten)]
+    pub stacks: StackArgs,
     #[command(flatten)]
     pub output: OutputArgs<Format>,
     #[command(flatten)]
@@ -86,6 +94,10 @@ pub struct MallocArgs {
 /// processes that exec'd (maybe a program with another C library) are read
 /// then.
 const SCAN_EVERY: Duration = Duration::from_millis(100);
+
+/// By default, about one call in this many (and each row's first) sends a
+/// copy of its stack to be unwound.
+const UNWIND_SAMPLE_EVERY: u32 = 1024;
 
 /// The allocator libraries to probe before anything runs.
 fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
@@ -231,7 +243,17 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         args.outstanding,
         args.max_outstanding,
         args.probes_at_entry,
+        args.stacks.sample_every(UNWIND_SAMPLE_EVERY),
     )?;
+    // Stack copies are unwound as they come, while their processes (and
+    // so their mappings) are still there.
+    let unwinder = Rc::new(RefCell::new(StackUnwinder::default()));
+    let ring = {
+        let unwinder = unwinder.clone();
+        UserStackRing::new(session.user_stacks_map(), move |s| {
+            unwinder.borrow_mut().add(s)
+        })?
+    };
     for l in &libs {
         session.probe_library(l)?;
     }
@@ -299,7 +321,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         if args.duration.is_some_and(|d| start.elapsed() >= d) {
             break;
         }
-        std::thread::sleep(Duration::from_millis(10));
+        ring.poll(Duration::from_millis(10))?;
     }
     drop(status); // erases the status line before the report
     let duration_s = start.elapsed().as_secs_f64();
@@ -308,14 +330,28 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     if let Some(c) = command.as_mut() {
         c.terminate();
     }
+    ring.drain()?;
+    drop(ring);
 
-    let snap = session.snapshot()?;
-    let vmas = session.vmas()?;
+    let mut snap = session.snapshot()?;
+    let mut vmas = session.vmas()?;
     for (key, path) in session.exec_paths()? {
         // Relative paths were relative to the exec'ing process's directory;
         // kheap's own is the likeliest (the command was started from it).
         modules.add_named(key, &path);
     }
+    let mut unwinder = Rc::try_unwrap(unwinder)
+        .map_err(|_| anyhow::anyhow!("the stack ring buffer is still in use"))?
+        .into_inner();
+    unwinder.finish(&vmas, &modules);
+    for (mm, read) in unwinder.vmas() {
+        let v = vmas.entry(mm).or_default();
+        v.extend(read.iter().cloned());
+        v.sort_by_key(|v| v.start);
+    }
+    snap.unwind = session.user_stack_events()?;
+    snap.unwind.no_mappings = unwinder.counts.no_mappings;
+    snap.unwound = unwinder.stacks;
     let frames = symbolize_return_addresses(
         &report::addresses(&snap),
         &vmas,

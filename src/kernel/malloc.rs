@@ -68,6 +68,8 @@ impl<'obj> MallocSession<'obj> {
     /// `max_live` sizes the outstanding-block map (--max-outstanding).
     /// With `cgroups` (v2 ids), only tasks in those cgroups or below them
     /// count.
+    /// `stack_sample_every`: how often a copy of the user stack is sent to
+    /// be unwound (see `crate::kernel::user_stack::configure`).
     pub fn start(
         storage: &'obj mut ObjectStorage,
         pids: &[u32],
@@ -75,6 +77,7 @@ impl<'obj> MallocSession<'obj> {
         track_live: bool,
         max_live: u32,
         probes_at_entry: bool,
+        stack_sample_every: u32,
     ) -> Result<MallocSession<'obj>> {
         let slot = storage.slots().next().context("no object storage left")?;
         let mut open = MallocSkelBuilder::default()
@@ -93,6 +96,7 @@ impl<'obj> MallocSession<'obj> {
             .live
             .set_max_entries(if track_live { max_live } else { 1 })
             .context("sizing the outstanding-block map")?;
+        crate::kernel::user_stack::configure(&mut open, stack_sample_every)?;
         let skel = open
             .load()
             .context("loading the BPF programs into the kernel")?;
@@ -277,6 +281,14 @@ impl<'obj> MallocSession<'obj> {
             .collect()
     }
 
+    pub(crate) fn user_stacks_map(&self) -> &libbpf_rs::Map<'obj> {
+        &self.skel.maps.user_stacks
+    }
+
+    pub fn user_stack_events(&self) -> Result<crate::malloc::model::UnwindEvents> {
+        crate::kernel::user_stack::events(&self.skel.maps.user_stack_counters)
+    }
+
     pub fn detach(&mut self) {
         self.links.clear();
     }
@@ -286,7 +298,7 @@ impl<'obj> MallocSession<'obj> {
         let mut snap = Snapshot::default();
         for (k, v) in maps::read_percpu_hash::<types::malloc_key, types::malloc_stats, _>(&m.sites)?
         {
-            let key = key_of(&k);
+            let key = Key::from(&k);
             if key.stack_id >= 0 && !snap.stacks.contains_key(&key.stack_id) {
                 if let Some(frames) =
                     maps::read_stack(&m.stack_traces, &key.stack_id.to_ne_bytes())?
@@ -300,7 +312,7 @@ impl<'obj> MallocSession<'obj> {
             let mut live: HashMap<Key, (u64, u64)> = HashMap::new();
             for (_, a) in maps::read_hash_entries::<types::live_key, types::live_alloc, _>(&m.live)?
             {
-                let e = live.entry(key_of(&a.key)).or_default();
+                let e = live.entry((&a.key).into()).or_default();
                 e.0 += 1;
                 e.1 += a.size;
             }
@@ -362,15 +374,5 @@ impl<'obj> MallocSession<'obj> {
             v.sort_by_key(|v| v.start);
         }
         Ok(out)
-    }
-}
-
-fn key_of(k: &types::malloc_key) -> Key {
-    Key {
-        mm: k.mm,
-        tgid: k.tgid,
-        func: k.func,
-        caller: k.caller,
-        stack_id: k.stack_id,
     }
 }

@@ -6,7 +6,20 @@ skeleton!("malloc");
 pub use skel::types;
 pub use skel::{MallocSkel, MallocSkelBuilder, OpenMallocSkel};
 
+use crate::malloc::model::Key;
 use crate::model::{AllocStats, Hist, HIST_BUCKETS};
+
+impl From<&types::malloc_key> for Key {
+    fn from(k: &types::malloc_key) -> Self {
+        Key {
+            mm: k.mm,
+            tgid: k.tgid,
+            func: k.func,
+            caller: k.caller,
+            stack_id: k.stack_id,
+        }
+    }
+}
 
 plain_types!(
     types::malloc_key,
@@ -18,6 +31,8 @@ plain_types!(
     types::malloc_counters,
     types::file_id,
     types::exec_path,
+    types::user_stack_sample,
+    types::user_stack_counters,
 );
 
 // The histogram width is defined once, in bpf/size_bucket.h.
@@ -51,4 +66,9 @@ impl_sum!(types::malloc_counters {
     no_thread_state,
     allocs,
     sites_created,
+});
+impl_sum!(types::user_stack_counters {
+    sampled,
+    dropped,
+    copy_failed,
 });

@@ -48,3 +48,4 @@ pub mod malloc_skel;
 pub mod maps;
 pub mod skel;
 pub mod storage;
+pub mod user_stack;

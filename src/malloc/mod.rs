@@ -4,11 +4,15 @@
 //! Kernel-facing parts live in `crate::kernel::malloc`. Pure here:
 //! `probes` (what to probe where), `procmaps`, `usersyms` (addresses to
 //! symbols via recorded mappings), `model` (what the kernel side reads),
-//! `report`, `render`.
+//! `report`, `render`; `unwind` (stacks through code without frame
+//! pointers, from sampled stack copies) and `merge` (which stack a row is
+//! shown along).
 
+pub mod merge;
 pub mod model;
 pub mod probes;
 pub mod procmaps;
 pub mod render;
 pub mod report;
+pub mod unwind;
 pub mod usersyms;

@@ -36,6 +36,43 @@ pub struct Events {
     pub no_thread_state: u64,
 }
 
+/// One sampled allocator call, as the BPF side sent it.
+pub struct Sample<'a> {
+    pub key: Key,
+    pub size: u64,
+    /// Stack pointer at the allocator's entry: the return address is there.
+    pub sp: u64,
+    pub bp: u64,
+    /// Where `stack` was copied from (at or below `sp`).
+    pub start: u64,
+    pub stack: &'a [u8],
+}
+
+/// One distinct unwound stack of a row, with the sampled calls that had it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnwoundStack {
+    /// Return addresses, innermost (the direct caller) first.
+    pub frames: Vec<u64>,
+    pub samples: u64,
+    /// Bytes asked for by those calls.
+    pub bytes: u64,
+}
+
+/// What became of the sampled copies of user stacks (bpf/user_stack.bpf.h
+/// and `super::unwind`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UnwindEvents {
+    /// Copies sent by the kernel.
+    pub sampled: u64,
+    /// Not sent: the ring buffer was full.
+    pub dropped: u64,
+    /// Not sent: the stack could not be read.
+    pub copy_failed: u64,
+    /// Received, not unwound: the process was gone and its mappings
+    /// unknown.
+    pub no_mappings: u64,
+}
+
 /// A probed function's code: (kernel device, inode) of its file and its
 /// file offsets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,4 +100,7 @@ pub struct Snapshot {
     /// is the allocator function itself.
     pub stacks: HashMap<i64, Vec<u64>>,
     pub events: Events,
+    /// Stacks unwound from sampled copies, per key.
+    pub unwound: HashMap<Key, Vec<UnwoundStack>>,
+    pub unwind: UnwindEvents,
 }

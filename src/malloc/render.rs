@@ -140,10 +140,28 @@ pub fn header(r: &MallocReport) -> String {
         );
     }
     let d = &r.stack_depth;
+    if d.stacks > 0 {
+        let (fp, dw) = (&d.frame_pointer, &d.dwarf);
+        let _ = writeln!(
+            s,
+            "stacks: {} walked by frame pointers (max {} frames, mean {}), {} unwound from .eh_frame (max {}, mean {}) from {} sampled stack copies",
+            fp.stacks, fp.max_depth, fp.mean_depth, dw.stacks, dw.max_depth, dw.mean_depth, d.unwind_samples
+        );
+    }
+    if l.unwind_dropped + l.unwind_copy_failed + l.unwind_no_mappings > 0 {
+        let _ = writeln!(
+            s,
+            "lost: {} sampled stack copies ({} ring buffer full, {} unreadable, {} of processes gone with unknown mappings); those calls show the frame-pointer walk",
+            l.unwind_dropped + l.unwind_copy_failed + l.unwind_no_mappings,
+            l.unwind_dropped,
+            l.unwind_copy_failed,
+            l.unwind_no_mappings
+        );
+    }
     if d.shallow > 0 {
         let _ = writeln!(
             s,
-            "note: {} of {} stacks are only 1-2 frames deep: the user stack walk follows frame pointers and stops at code built without them (most distribution binaries); the direct caller is always right",
+            "note: {} of {} stacks are only 1-2 frames deep: the frame-pointer walk stops at code built without them (most distribution binaries) and no deeper stack was unwound from a sampled copy (--exact-stacks copies every call); the direct caller is always right",
             d.shallow, d.stacks
         );
     }
@@ -267,6 +285,7 @@ mod tests {
         assert_contains(&table(&r, MallocGroupBy::Site, 0, None), &[
             "do_malloc+0x10", "live bytes", "outstanding at the end: 3 blocks",
             "lost: 7 stacks", "probes: libc.so.6: malloc, calloc",
+            "stacks: 2 walked by frame pointers (max 3 frames, mean 3), 0 unwound from .eh_frame",
         ]);
         #[rustfmt::skip]
         assert_contains(&table(&r, MallocGroupBy::Stack, 0, None), &[

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::merge::{self, DepthAcc, Method, SampledStack};
 use super::usersyms::UserFrame;
 use crate::cgroup::CgroupRef;
 use crate::model::{AllocStats, Counts};
@@ -144,14 +145,53 @@ pub struct MallocLost {
     /// the map was full, or the lookup found the address space busy.
     pub map_full_vmas: u64,
     pub vma_lookup_failed: u64,
+    /// Sampled stack copies not sent: the ring buffer was full.
+    #[serde(default)]
+    pub unwind_dropped: u64,
+    /// Sampled stacks that could not be read.
+    #[serde(default)]
+    pub unwind_copy_failed: u64,
+    /// Sampled stacks not unwound: the process was gone before its
+    /// mappings were read, and none were recorded.
+    #[serde(default)]
+    pub unwind_no_mappings: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StackDepth {
     pub stacks: u64,
     /// Stacks of one or two frames: the frame-pointer walk stopped at code
-    /// built without frame pointers.
+    /// built without frame pointers, and no deeper stack was unwound.
     pub shallow: u64,
+    /// Calls whose user stack was copied to be unwound from .eh_frame
+    /// (sampled, and each row's first).
+    #[serde(default)]
+    pub unwind_samples: u64,
+    /// Stacks shown as the frame-pointer walk found them.
+    #[serde(default)]
+    pub frame_pointer: UnwindDepth,
+    /// Stacks shown as unwound from .eh_frame (deeper than the walk).
+    #[serde(default)]
+    pub dwarf: UnwindDepth,
+}
+
+/// How many distinct stacks one unwinding method gave, and how deep
+/// (frames, the direct caller included).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UnwindDepth {
+    pub stacks: u64,
+    pub max_depth: u64,
+    pub mean_depth: f64,
+}
+
+impl From<DepthAcc> for UnwindDepth {
+    fn from(d: DepthAcc) -> Self {
+        UnwindDepth {
+            stacks: d.stacks,
+            max_depth: d.max,
+            mean_depth: d.mean(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -204,6 +244,11 @@ pub fn addresses(snap: &Snapshot) -> Vec<(u64, u64)> {
                 .map(move |a| (k.mm, a))
         })
         .collect();
+    for (k, unwound) in &snap.unwound {
+        for s in unwound {
+            out.extend(s.frames.iter().map(|&a| (k.mm, a)));
+        }
+    }
     out.sort_unstable();
     out.dedup();
     out
@@ -282,42 +327,49 @@ pub fn build(
     let mut stacks: HashMap<(u32, Vec<String>), Acc> = HashMap::new();
     let mut total = AllocStats::default();
     let mut depth = StackDepth::default();
-    let mut seen_stacks: Vec<(u64, i64)> = Vec::new();
+    let (mut by_fp, mut by_dwarf) = (DepthAcc::default(), DepthAcc::default());
+    let mut seen_stacks: std::collections::HashSet<(u64, Vec<u64>)> = Default::default();
     let mut nested = snap.events.nested;
     for (key, stats) in &snap.sites {
         let live = snap.live.as_ref().and_then(|l| l.get(key).copied());
-        let user = walked_frames(
-            key_frames(key, &snap.stacks)
-                .into_iter()
-                .map(|a| frame(key.mm, a))
-                .collect(),
-        );
+        let addrs = key_frames(key, &snap.stacks);
+        let user = walked_frames(addrs.iter().map(|&a| frame(key.mm, a)).collect());
         if opts.allocator_code.iter().any(|c| c.contains(&user[0])) {
             nested += stats.count;
             continue;
         }
         total += *stats;
-        let shown: Vec<String> = user.iter().map(UserFrame::display).collect();
-        if key.stack_id >= 0 && !seen_stacks.contains(&(key.mm, key.stack_id)) {
-            seen_stacks.push((key.mm, key.stack_id));
-            depth.stacks += 1;
-            if user.len() <= 2 {
-                depth.shallow += 1;
-            }
-        }
-
-        let site = sites.entry((key.func, shown[0].clone())).or_default();
+        let site = sites.entry((key.func, user[0].display())).or_default();
         site.add(key, stats, live, tracking);
         site.first.get_or_insert_with(|| user[0].clone());
 
-        let stack = stacks.entry((key.func, shown.clone())).or_default();
-        stack.add(key, stats, live, tracking);
-        stack.first.get_or_insert_with(|| user[0].clone());
-        if stack.frames.is_empty() {
-            stack.frames = shown;
-            stack.user_frames = user.clone();
+        let sampled = sampled_stacks(key, snap, &frame);
+        let walked = (user.clone(), addrs[..user.len()].to_vec());
+        for share in merge::shares(walked, sampled, stats, live) {
+            let counted = key.stack_id >= 0 || share.method == Method::Dwarf;
+            if counted && seen_stacks.insert((key.mm, share.addrs.clone())) {
+                depth.stacks += 1;
+                if share.frames.len() <= 2 {
+                    depth.shallow += 1;
+                }
+                match share.method {
+                    Method::FramePointer => by_fp.add(share.frames.len()),
+                    Method::Dwarf => by_dwarf.add(share.frames.len()),
+                }
+            }
+            let shown: Vec<String> = share.frames.iter().map(UserFrame::display).collect();
+            let stack = stacks.entry((key.func, shown.clone())).or_default();
+            stack.add(key, &share.stats, share.live, tracking);
+            stack.first.get_or_insert_with(|| user[0].clone());
+            if stack.frames.is_empty() {
+                stack.frames = shown;
+                stack.user_frames = share.frames;
+            }
         }
     }
+    depth.unwind_samples = snap.unwind.sampled;
+    depth.frame_pointer = by_fp.into();
+    depth.dwarf = by_dwarf.into();
     let live_total = snap.live.as_ref().map(|l| {
         l.values()
             .fold(Outstanding::default(), |o, &(c, b)| Outstanding {
@@ -348,6 +400,9 @@ pub fn build(
             no_thread_state: ev.no_thread_state,
             map_full_vmas: ev.map_full_vmas,
             vma_lookup_failed: ev.vma_lookup_failed,
+            unwind_dropped: snap.unwind.dropped,
+            unwind_copy_failed: snap.unwind.copy_failed,
+            unwind_no_mappings: snap.unwind.no_mappings,
         },
         stack_depth: depth,
         sites: with_cgroups(rows(sites, &name_of, &opts.comms), &opts.cgroups),
@@ -361,6 +416,30 @@ fn with_cgroups(mut rows: Vec<MallocRow>, cgroups: &HashMap<u32, CgroupRef>) -> 
         p.cgroup = cgroups.get(&p.pid).cloned();
     }
     rows
+}
+
+/// The stacks unwound for a key's sampled calls, symbolized and cut like
+/// walked ones.
+fn sampled_stacks(
+    key: &Key,
+    snap: &Snapshot,
+    frame: &dyn Fn(u64, u64) -> UserFrame,
+) -> Vec<SampledStack> {
+    let Some(unwound) = snap.unwound.get(key) else {
+        return Vec::new();
+    };
+    unwound
+        .iter()
+        .map(|u| {
+            let frames = walked_frames(u.frames.iter().map(|&a| frame(key.mm, a)).collect());
+            SampledStack {
+                addrs: u.frames[..frames.len()].to_vec(),
+                frames,
+                samples: u.samples,
+                bytes: u.bytes,
+            }
+        })
+        .collect()
 }
 
 /// The frames of a stack worth showing: the direct caller (read from the
@@ -399,6 +478,7 @@ fn rows<K>(
 #[cfg(test)]
 pub mod tests {
     use super::*;
+    use crate::malloc::model::UnwoundStack;
     use crate::model::Hist;
 
     fn stats(count: u64, size: u64) -> AllocStats {
@@ -567,9 +647,97 @@ pub mod tests {
             r.stack_depth,
             StackDepth {
                 stacks: 2,
-                shallow: 0
+                shallow: 0,
+                frame_pointer: UnwindDepth {
+                    stacks: 2,
+                    max_depth: 3,
+                    mean_depth: 3.0
+                },
+                ..Default::default()
             }
         );
+    }
+
+    /// The walk of do_calloc's key was lost; two sampled calls were
+    /// unwound, along two different stacks: the key's 7 calls are shared
+    /// out along them, and counted as unwound from .eh_frame.
+    #[test]
+    fn unwound_stacks_replace_shallow_walks() {
+        let (mut snap, mut frames) = sample();
+        let calloc = *snap.sites.keys().find(|k| k.func == 1).unwrap();
+        frames.insert((0x1000, 0x1e00), uf(0x1e00, "parse", 0x9));
+        frames.insert((0x1000, 0x1e40), uf(0x1e40, "load", 0x4));
+        snap.unwound.insert(
+            calloc,
+            vec![
+                UnwoundStack {
+                    frames: vec![0x1050, 0x1e00, 0x1f00],
+                    samples: 1,
+                    bytes: 1000,
+                },
+                UnwoundStack {
+                    frames: vec![0x1050, 0x1e40, 0x1f00],
+                    samples: 1,
+                    bytes: 1000,
+                },
+            ],
+        );
+        snap.unwind.sampled = 2;
+        let r = build(&snap, &frames, opts());
+        let rows: Vec<&MallocRow> = r
+            .stacks
+            .iter()
+            .filter(|s| s.allocator == "calloc")
+            .collect();
+        assert_eq!(rows.len(), 2);
+        let mut shown: Vec<(Vec<String>, u64)> = rows
+            .iter()
+            .map(|s| (s.frames.clone(), s.counts.count))
+            .collect();
+        shown.sort();
+        assert_eq!(
+            shown,
+            vec![
+                (
+                    vec![
+                        "do_calloc+0x8".into(),
+                        "load+0x4".into(),
+                        "main+0x20".into()
+                    ],
+                    3
+                ),
+                (
+                    vec![
+                        "do_calloc+0x8".into(),
+                        "parse+0x9".into(),
+                        "main+0x20".into()
+                    ],
+                    4
+                ),
+            ]
+        );
+        assert_eq!(rows.iter().map(|s| s.counts.bytes_req).sum::<u64>(), 7000);
+        assert_eq!(
+            r.sites
+                .iter()
+                .find(|s| s.allocator == "calloc")
+                .unwrap()
+                .counts
+                .count,
+            7,
+            "sites are unchanged"
+        );
+        let d = &r.stack_depth;
+        assert_eq!((d.stacks, d.unwind_samples), (4, 2));
+        assert_eq!(
+            d.dwarf,
+            UnwindDepth {
+                stacks: 2,
+                max_depth: 3,
+                mean_depth: 3.0
+            }
+        );
+        assert_eq!(d.frame_pointer.stacks, 2);
     }
 
     #[test]

@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Sampled copies of user stacks for unwinding in user space (as perf
+ * --call-graph dwarf does): the registers an unwinder needs and the top
+ * USER_STACK_BYTES of the stack (from the page holding the stack pointer)
+ * go into a ring buffer. Calls that are not
+ * sampled cost one per-CPU countdown decrement (bpf/sampler.bpf.h).
+ * Include after vmlinux.h, the libbpf headers, maps.bpf.h and kheap.h.
+ */
+#ifndef KHEAP_USER_STACK_BPF_H
+#define KHEAP_USER_STACK_BPF_H
+
+#include "user_stack.h"
+#include "sampler.bpf.h"
+
+/* Off (0) unless user space asks for copies; then one call in about
+ * user_stack_sample_mask + 1 is copied (mask 0: every call), plus the
+ * first call of each new row. */
+const volatile __u8 user_stack_copy = 0;
+const volatile __u32 user_stack_sample_mask = 0;
+
+/* Sized from user space before load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 << 20);
+} user_stacks SEC(".maps");
+
+KHEAP_PERCPU_SLOT(user_stack_counters, struct user_stack_counters);
+
+/* Never set: puts the record's type into the object's BTF, where the Rust
+ * skeleton's types come from (a ring buffer map names no value type). */
+struct user_stack_sample *user_stack_sample_type;
+
+KHEAP_PERCPU_SLOT(user_stack_countdown, __u32);
+
+#define USER_STACK_COUNT(field)                                            \
+	do {                                                               \
+		__u32 __zero = 0;                                          \
+		struct user_stack_counters *__c =                          \
+			bpf_map_lookup_elem(&user_stack_counters, &__zero); \
+		if (__c)                                                   \
+			__c->field++;                                      \
+	} while (0)
+
+#define USER_STACK_PAGE 4096
+
+/* Copies the stack pages from the one holding sp up: USER_STACK_BYTES if
+ * they can all be read, else the pages up to the first that cannot. Near
+ * the top of a main thread's stack the kernel leaves up to 8 KiB untouched
+ * (exec randomises the first stack pointer), and an untouched page cannot
+ * be read here. Whole pages at fixed offsets keep the verifier's bounds
+ * simple. Returns the bytes copied. */
+static __always_inline __u32 copy_stack_top(__u8 *dst, __u64 start)
+{
+	__u32 copied = 0;
+
+	if (!bpf_probe_read_user(dst, USER_STACK_BYTES, (void *)start))
+		return USER_STACK_BYTES;
+#pragma unroll
+	for (int i = 0; i < USER_STACK_BYTES / USER_STACK_PAGE; i++) {
+		if (bpf_probe_read_user(dst + i * USER_STACK_PAGE,
+					USER_STACK_PAGE,
+					(void *)(start + i * USER_STACK_PAGE)))
+			break;
+		copied += USER_STACK_PAGE;
+	}
+	return copied;
+}
+
+/* Called on the counted path of an allocator's entry probe: copies this
+ * call's stack if it is sampled. `first` forces a copy (a new row). */
+static __always_inline void maybe_copy_user_stack(struct pt_regs *ctx,
+						  const struct malloc_key *key,
+						  __u64 size, bool first)
+{
+	struct user_stack_sample *s;
+
+	if (!user_stack_copy)
+		return;
+	if (!first && user_stack_sample_mask &&
+	    !sample_by_countdown(&user_stack_countdown,
+				 user_stack_sample_mask))
+		return;
+	s = bpf_ringbuf_reserve(&user_stacks, sizeof(*s), 0);
+	if (!s) {
+		USER_STACK_COUNT(dropped);
+		return;
+	}
+	s->key = *key;
+	s->size = size;
+	s->sp = PT_REGS_SP(ctx);
+	s->bp = PT_REGS_FP(ctx);
+	s->pad = 0;
+	s->start = s->sp & ~(__u64)(USER_STACK_PAGE - 1);
+	s->len = copy_stack_top(s->data, s->start);
+	if (!s->len) {
+		USER_STACK_COUNT(copy_failed);
+		bpf_ringbuf_discard(s, 0);
+		return;
+	}
+	USER_STACK_COUNT(sampled);
+	bpf_ringbuf_submit(s, 0);
+}
+
+#endif /* KHEAP_USER_STACK_BPF_H */
