@@ -33,13 +33,13 @@ struct user_stack_sample *user_stack_sample_type;
 
 KHEAP_PERCPU_SLOT(user_stack_countdown, __u32);
 
-#define USER_STACK_COUNT(field)                                            \
-	do {                                                               \
-		__u32 __zero = 0;                                          \
-		struct user_stack_counters *__c =                          \
+#define USER_STACK_COUNT(field)                                             \
+	do {                                                                \
+		__u32 __zero = 0;                                           \
+		struct user_stack_counters *__c =                           \
 			bpf_map_lookup_elem(&user_stack_counters, &__zero); \
-		if (__c)                                                   \
-			__c->field++;                                      \
+		if (__c)                                                    \
+			__c->field++;                                       \
 	} while (0)
 
 #define USER_STACK_PAGE 4096
@@ -78,8 +78,7 @@ static __always_inline void maybe_copy_user_stack(struct pt_regs *ctx,
 	if (!user_stack_copy)
 		return;
 	if (!first && user_stack_sample_mask &&
-	    !sample_by_countdown(&user_stack_countdown,
-				 user_stack_sample_mask))
+	    !sample_by_countdown(&user_stack_countdown, user_stack_sample_mask))
 		return;
 	s = bpf_ringbuf_reserve(&user_stacks, sizeof(*s), 0);
 	if (!s) {
