@@ -143,6 +143,51 @@ fn vmalloc_source_counts_a_large_bpf_array() {
     }
 }
 
+/// Before 6.2, where kprobes exist: the kretprobe/kprobe fallback (forced:
+/// fentry is preferred) counts the same one area as fexit does.
+#[test]
+fn vmalloc_kprobe_fallback_counts_the_same_area() {
+    require_root();
+    if !kernel_before(6, 2)
+        || !std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists()
+    {
+        eprintln!("SKIPPED: this kernel has vmalloc tracepoints or no kprobes");
+        return;
+    }
+    let forced = ForcedKprobes::new();
+    let r = record_json(
+        &["--source", "vmalloc", "--exact-stacks"],
+        &["bpf-array", "array", "256", "4096"],
+    );
+    drop(forced);
+    let attach = r["run"]["attach"].as_array().unwrap();
+    assert!(
+        attach.contains(&Value::from(
+            "alloc_vmap_area: kprobe/kretprobe on alloc_vmap_area"
+        )),
+        "{attach:?}"
+    );
+    let (count, req, alloc, caches) = stacks_through(&r, "vmalloc", "array_map_alloc");
+    assert_eq!((count, req, alloc), (1, 258 * PAGE, 258 * PAGE));
+    assert_eq!(caches, ["vmalloc"]);
+}
+
+/// `KHEAP_FALLBACK=kprobe` for the kheap runs of one test (threads: 1).
+struct ForcedKprobes;
+
+impl ForcedKprobes {
+    fn new() -> ForcedKprobes {
+        std::env::set_var("KHEAP_FALLBACK", "kprobe");
+        ForcedKprobes
+    }
+}
+
+impl Drop for ForcedKprobes {
+    fn drop(&mut self) {
+        std::env::remove_var("KHEAP_FALLBACK");
+    }
+}
+
 #[test]
 fn pages_of_new_slabs_are_the_slab_layer() {
     // 2000 messages of 4000 bytes: 4 KiB kmalloc objects, several new

@@ -72,7 +72,8 @@ impl Mechanism {
 /// How a source's hooks are attached on this kernel: `Ok(None)` through
 /// their tracepoints (raw_tp), `Ok(Some(_))` through the kernel functions
 /// the tracepoints sit in (fentry where BTF names the functions, else
-/// kprobes), Err: the line that says why the source cannot be traced.
+/// kprobes; `KHEAP_FALLBACK=kprobe` forces kprobes, for the tests), Err:
+/// the line that says why the source cannot be traced.
 pub fn source_mechanism(
     source: Source,
     kbtf: &KernelBtf,
@@ -90,6 +91,11 @@ pub fn source_mechanism(
     let functions: Vec<&str> = hooks.iter().filter_map(|h| h.function).collect();
     if functions.len() < hooks.len() {
         return Err(no_tracepoints);
+    }
+    // For the tests: the kprobe path on a kernel that also allows fentry.
+    if std::env::var_os("KHEAP_FALLBACK").is_some_and(|v| v == "kprobe") && features::has_kprobes()
+    {
+        return Ok(Some(Fallback::Kprobe));
     }
     if functions
         .iter()
