@@ -5,10 +5,11 @@
  * as kmalloc, under a site key whose `source` names the allocator, so sites,
  * stacks, processes, cgroups and live objects work alike for all of them.
  *
- * Only raw_tp programs: their arguments are the tracepoints' prototypes,
- * which are the same on 6.1, 6.12 and 6.18, and they cost what tp_btf
- * costs. Their autoload is off unless the run asks for the source, so the
- * default (slab only) loads and pays for none of this.
+ * raw_tp programs (and, for vmalloc before 6.2, fentry or kprobes on the
+ * functions the tracepoints sit in): the tracepoints' arguments are the
+ * tracepoints' prototypes, which are the same on 6.1, 6.12 and 6.18, and they
+ * cost what tp_btf costs. Their autoload is off unless the run asks for the
+ * source, so the default (slab only) loads and pays for none of this.
  *
  * Included by kheap.bpf.c after on_alloc() and on_free().
  */
@@ -126,20 +127,21 @@ int page_free_batched_raw(struct bpf_raw_tracepoint_args *ctx)
 /* ---- vmalloc: vmalloc:alloc_vmap_area, free_vmap_area_noflush ---- */
 
 /* Every vmap area: vmalloc proper, vmap, ioremap and vm_map_ram blocks. The
- * size includes the guard page; the free event has no size, so leaks keeps
- * it with the live area. Kernels before 6.x (6.1) have no such tracepoint. */
+ * size is the area's, guard page included; the free event has no size, so
+ * leaks keeps it with the live area. */
+static __always_inline void count_vmap_area(void *ctx, __u64 addr, __u64 size)
+{
+	struct site_key key = {.source = KHEAP_SOURCE_VMALLOC};
+
+	on_alloc(ctx, false, &key, (const void *)addr, size, size, false, NULL,
+		 NULL);
+}
+
 SEC("raw_tp/alloc_vmap_area")
 int vmalloc_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	__u64 addr = ctx->args[0];
-	__u64 size = ctx->args[1];
-	struct site_key key = {.source = KHEAP_SOURCE_VMALLOC};
-
 	/* failed: addr holds an error, not an area */
-	if (ctx->args[5])
-		addr = 0;
-	on_alloc(ctx, false, &key, (const void *)addr, size, size, false, NULL,
-		 NULL);
+	count_vmap_area(ctx, ctx->args[5] ? 0 : ctx->args[0], ctx->args[1]);
 	return 0;
 }
 
@@ -147,6 +149,63 @@ SEC("raw_tp/free_vmap_area_noflush")
 int vmalloc_free_raw(struct bpf_raw_tracepoint_args *ctx)
 {
 	count_source_free((const void *)ctx->args[0], KHEAP_SOURCE_VMALLOC);
+	return 0;
+}
+
+/* Kernels before 6.2 (6.1) have no vmalloc tracepoints: the functions they
+ * sit in are hooked instead, fentry where allowed, kprobes otherwise (user
+ * space loads one pair, only then). The area alloc_vmap_area() returns
+ * holds its start and end (the tracepoint's addr and size: same quantity,
+ * guard page included); reading them there needs none of its arguments,
+ * whose number changes between kernels. */
+static __always_inline void count_returned_area(void *ctx,
+						const struct vmap_area *va)
+{
+	__u64 start;
+
+	/* ERR_PTR(-ENOMEM/-EBUSY): a failed allocation of unknown size */
+	if ((unsigned long)va >= (unsigned long)-4095) {
+		count_vmap_area(ctx, 0, 0);
+		return;
+	}
+	start = BPF_CORE_READ(va, va_start);
+	count_vmap_area(ctx, start, BPF_CORE_READ(va, va_end) - start);
+}
+
+static __always_inline void count_area_free(const struct vmap_area *va)
+{
+	count_source_free((const void *)BPF_CORE_READ(va, va_start),
+			  KHEAP_SOURCE_VMALLOC);
+}
+
+SEC("fexit/alloc_vmap_area")
+int vmalloc_alloc_fexit(__u64 *ctx)
+{
+	__u64 ret = 0;
+
+	bpf_get_func_ret(ctx, &ret);
+	count_returned_area(ctx, (const struct vmap_area *)ret);
+	return 0;
+}
+
+SEC("fentry/free_vmap_area_noflush")
+int BPF_PROG(vmalloc_free_fentry, struct vmap_area *va)
+{
+	count_area_free(va);
+	return 0;
+}
+
+SEC("kretprobe/alloc_vmap_area")
+int BPF_KRETPROBE(vmalloc_alloc_kretprobe, struct vmap_area *va)
+{
+	count_returned_area(ctx, va);
+	return 0;
+}
+
+SEC("kprobe/free_vmap_area_noflush")
+int BPF_KPROBE(vmalloc_free_kprobe, struct vmap_area *va)
+{
+	count_area_free(va);
 	return 0;
 }
 

@@ -111,6 +111,18 @@ fn vmalloc_source_counts_a_large_bpf_array() {
     // above 32 KiB).
     let r = record_all(&["bpf-array", "array", "256", "4096"]);
     assert_totals_add_up(&r);
+    // Before Linux 6.2 there are no vmalloc tracepoints: the fexit/fentry
+    // fallback on the functions they sit in must count the same area.
+    let how = if kernel_before(6, 2) {
+        "fentry/fexit on alloc_vmap_area"
+    } else {
+        "raw_tp"
+    };
+    let attach = r["run"]["attach"].as_array().unwrap();
+    assert!(
+        attach.contains(&Value::from(format!("alloc_vmap_area: {how}"))),
+        "{attach:?}"
+    );
     let (count, req, alloc, caches) = stacks_through(&r, "vmalloc", "array_map_alloc");
     assert_eq!((count, req, alloc), (1, 258 * PAGE, 258 * PAGE));
     assert_eq!(caches, ["vmalloc"]);
@@ -128,6 +140,51 @@ fn vmalloc_source_counts_a_large_bpf_array() {
         assert_eq!(caches, ["pages-order0-vmalloc"]);
         let page_totals = rows(&r["totals"], "sources", "source", "page");
         assert!(u(&page_totals[0]["counted_elsewhere_bytes"]) >= 257 * PAGE);
+    }
+}
+
+/// Before 6.2, where kprobes exist: the kretprobe/kprobe fallback (forced:
+/// fentry is preferred) counts the same one area as fexit does.
+#[test]
+fn vmalloc_kprobe_fallback_counts_the_same_area() {
+    require_root();
+    if !kernel_before(6, 2)
+        || !std::path::Path::new("/sys/bus/event_source/devices/kprobe").exists()
+    {
+        eprintln!("SKIPPED: this kernel has vmalloc tracepoints or no kprobes");
+        return;
+    }
+    let forced = ForcedKprobes::new();
+    let r = record_json(
+        &["--source", "vmalloc", "--exact-stacks"],
+        &["bpf-array", "array", "256", "4096"],
+    );
+    drop(forced);
+    let attach = r["run"]["attach"].as_array().unwrap();
+    assert!(
+        attach.contains(&Value::from(
+            "alloc_vmap_area: kprobe/kretprobe on alloc_vmap_area"
+        )),
+        "{attach:?}"
+    );
+    let (count, req, alloc, caches) = stacks_through(&r, "vmalloc", "array_map_alloc");
+    assert_eq!((count, req, alloc), (1, 258 * PAGE, 258 * PAGE));
+    assert_eq!(caches, ["vmalloc"]);
+}
+
+/// `KHEAP_FALLBACK=kprobe` for the kheap runs of one test (threads: 1).
+struct ForcedKprobes;
+
+impl ForcedKprobes {
+    fn new() -> ForcedKprobes {
+        std::env::set_var("KHEAP_FALLBACK", "kprobe");
+        ForcedKprobes
+    }
+}
+
+impl Drop for ForcedKprobes {
+    fn drop(&mut self) {
+        std::env::remove_var("KHEAP_FALLBACK");
     }
 }
 
@@ -216,6 +273,16 @@ fn an_unknown_source_is_one_line() {
 }
 
 /// `/sys/devices/system/cpu/possible`: "0-1", "0", "0-3,8-11".
+/// Whether the running kernel is older than `major.minor`.
+fn kernel_before(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap(), parts.next().unwrap()) < (major, minor)
+}
+
 fn possible_cpus() -> u64 {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
     text.trim()

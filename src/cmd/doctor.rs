@@ -3,6 +3,7 @@
 use anyhow::Result;
 
 use crate::kernel::attach::kmem_hooks;
+use crate::kernel::attach::source_mechanism;
 use crate::kernel::features::{self, Tracefs};
 use crate::kernel::hooks::source_hooks;
 use crate::model::Source;
@@ -92,17 +93,19 @@ pub fn run() -> Result<i32> {
                 format!("{}:{} {}", h.system, h.tracepoint, yes_no(have))
             })
             .collect();
-        let usable = kbtf.as_ref().is_some_and(|k| {
-            source_hooks(source).all(|h| k.btf_tracepoints.iter().any(|t| t == h.tracepoint))
-        });
-        let how = if usable {
-            "raw_tp".to_string()
-        } else if source == Source::Vmalloc {
-            // vmalloc's tracepoints came with 6.2; the kprobe/fentry
-            // fallback on __vmalloc_node_range is not written yet.
-            "unavailable (no vmalloc tracepoints on this kernel)".to_string()
-        } else {
-            "unavailable".to_string()
+        let how = match kbtf.as_ref().map(|k| source_mechanism(source, k)) {
+            Some(Ok(None)) => "raw_tp".to_string(),
+            Some(Ok(Some(via))) => {
+                let functions: Vec<&str> =
+                    source_hooks(source).filter_map(|h| h.function).collect();
+                format!(
+                    "{} on {} (no tracepoints on this kernel)",
+                    via.name(),
+                    functions.join(", ")
+                )
+            }
+            Some(Err(why)) => format!("unavailable: {why}"),
+            None => "unavailable: no kernel BTF".to_string(),
         };
         row(
             &format!("--source {source}"),

@@ -4,8 +4,10 @@
 use anyhow::Result;
 use clap::ValueEnum;
 
+use crate::kernel::features;
 use crate::kernel::features::{KernelBtf, Tracefs};
-pub use crate::kernel::hooks::{kmem_hooks, Hook, Role, HOOKS};
+pub use crate::kernel::hooks::{kmem_hooks, Fallback, Hook, Role, HOOKS};
+use crate::model::Source;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum AttachMode {
@@ -65,6 +67,49 @@ impl Mechanism {
             }
         }
     }
+}
+
+/// How a source's hooks are attached on this kernel: `Ok(None)` through
+/// their tracepoints (raw_tp), `Ok(Some(_))` through the kernel functions
+/// the tracepoints sit in (fentry where BTF names the functions, else
+/// kprobes; `KHEAP_FALLBACK=kprobe` forces kprobes, for the tests), Err:
+/// the line that says why the source cannot be traced.
+pub fn source_mechanism(
+    source: Source,
+    kbtf: &KernelBtf,
+) -> std::result::Result<Option<Fallback>, String> {
+    let hooks: Vec<&Hook> = crate::kernel::hooks::source_hooks(source).collect();
+    let missing: Vec<String> = hooks
+        .iter()
+        .filter(|h| !Mechanism::Raw.has_hook(h, kbtf, None))
+        .map(|h| format!("{}:{}", h.system, h.tracepoint))
+        .collect();
+    if missing.is_empty() {
+        return Ok(None);
+    }
+    let no_tracepoints = format!("this kernel has no {} tracepoint", missing.join(", "));
+    let functions: Vec<&str> = hooks.iter().filter_map(|h| h.function).collect();
+    if functions.len() < hooks.len() {
+        return Err(no_tracepoints);
+    }
+    // For the tests: the kprobe path on a kernel that also allows fentry.
+    if std::env::var_os("KHEAP_FALLBACK").is_some_and(|v| v == "kprobe") && features::has_kprobes()
+    {
+        return Ok(Some(Fallback::Kprobe));
+    }
+    if functions
+        .iter()
+        .all(|f| kbtf.btf_functions.iter().any(|b| b == f))
+    {
+        return Ok(Some(Fallback::Fentry));
+    }
+    if features::has_kprobes() {
+        return Ok(Some(Fallback::Kprobe));
+    }
+    Err(format!(
+        "{no_tracepoints}, its BTF does not name {} (for fentry) and it has no kprobes",
+        functions.join(", ")
+    ))
 }
 
 /// The mechanisms to try, cheapest first.
@@ -128,9 +173,51 @@ mod tests {
                 );
             }
         }
+        // Hooks with a kernel function have its fentry and kprobe programs.
+        for hook in HOOKS.iter().filter(|h| h.function.is_some()) {
+            for via in [Fallback::Fentry, Fallback::Kprobe] {
+                let name = hook.fallback_program(via);
+                assert!(
+                    src.contains(&format!("({name},")) || src.contains(&format!(" {name}(")),
+                    "{name} not defined"
+                );
+            }
+        }
+        assert_eq!(
+            HOOKS[10].fallback_program(Fallback::Fentry),
+            "vmalloc_alloc_fexit"
+        );
+        assert_eq!(
+            HOOKS[4].fallback_program(Fallback::Kprobe),
+            "vmalloc_free_kprobe"
+        );
         // Frees are attached before allocations.
         let first_alloc = HOOKS.iter().position(|h| h.role == Role::Alloc).unwrap();
         assert!(HOOKS[first_alloc..].iter().all(|h| h.role != Role::Free));
+    }
+
+    #[test]
+    fn a_source_without_tracepoints_falls_back_to_its_functions() {
+        let all_tracepoints = KernelBtf {
+            btf_tracepoints: HOOKS.iter().map(|h| h.tracepoint.to_string()).collect(),
+            ..Default::default()
+        };
+        assert_eq!(
+            source_mechanism(Source::Vmalloc, &all_tracepoints),
+            Ok(None)
+        );
+        // 6.1: no vmalloc tracepoints, BTF names the functions they sit in.
+        let v6_1 = KernelBtf {
+            btf_functions: vec!["alloc_vmap_area".into(), "free_vmap_area_noflush".into()],
+            ..Default::default()
+        };
+        assert_eq!(
+            source_mechanism(Source::Vmalloc, &v6_1),
+            Ok(Some(Fallback::Fentry))
+        );
+        // A source with no functions to fall back to says what is missing.
+        let err = source_mechanism(Source::Percpu, &v6_1).unwrap_err();
+        assert!(err.starts_with("this kernel has no percpu:percpu_free_percpu, percpu:percpu_alloc_percpu tracepoint"), "{err}");
     }
 
     #[test]

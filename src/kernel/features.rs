@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use anyhow::{bail, Result};
-use libbpf_rs::btf::types::{Enum, Typedef};
+use libbpf_rs::btf::types::{Enum, Func, Typedef};
 use libbpf_rs::btf::Btf;
 
 const CAP_PERFMON: u32 = 38;
@@ -82,6 +82,9 @@ pub fn check_btf() -> Result<()> {
 pub struct KernelBtf {
     /// `btf_trace_<name>` typedefs: the tracepoint can be attached as tp_btf.
     pub btf_tracepoints: Vec<String>,
+    /// The hooks' kernel functions that BTF names (fentry can attach to
+    /// them): the fallback where a tracepoint is missing.
+    pub btf_functions: Vec<String>,
     /// `__GFP_ACCOUNT` as a mask, from the kernel's own enum when it has one.
     pub gfp_account_mask: u64,
     /// `SLAB_ACCOUNT` (caches whose every object is charged to a memory
@@ -120,6 +123,12 @@ fn read_kernel_btf() -> Result<KernelBtf> {
             btf_tracepoints.push(tp.to_string());
         }
     }
+    let btf_functions = crate::kernel::hooks::HOOKS
+        .iter()
+        .filter_map(|h| h.function)
+        .filter(|f| btf.type_by_name::<Func>(f).is_some())
+        .map(str::to_string)
+        .collect();
     let gfp_account_mask = btf
         .type_by_kind::<Enum>()
         .find_map(|e| {
@@ -138,6 +147,7 @@ fn read_kernel_btf() -> Result<KernelBtf> {
         .unwrap_or(SLAB_ACCOUNT_FALLBACK);
     Ok(KernelBtf {
         btf_tracepoints,
+        btf_functions,
         gfp_account_mask,
         slab_account_mask,
     })

@@ -27,6 +27,25 @@ pub struct Hook {
     /// Only a raw_tp program exists (bpf/sources.bpf.h): whatever the
     /// mechanism of the run, this hook is attached as raw_tp.
     pub raw_only: bool,
+    /// The kernel function the tracepoint sits in, hooked instead (fentry or
+    /// kprobe) on kernels that lack the tracepoint: vmalloc's came with 6.2.
+    pub function: Option<&'static str>,
+}
+
+/// How a hook whose tracepoint is missing is attached to its function.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Fallback {
+    Fentry,
+    Kprobe,
+}
+
+impl Fallback {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fallback::Fentry => "fentry/fexit",
+            Fallback::Kprobe => "kprobe/kretprobe",
+        }
+    }
 }
 
 impl Hook {
@@ -34,6 +53,18 @@ impl Hook {
     /// `kmalloc_btf`, `cache_alloc_raw`, `fork_tp`…
     pub fn program_with_suffix(&self, suffix: &str) -> String {
         format!("{}_{suffix}", self.program)
+    }
+
+    /// The program that hooks this hook's function instead of its
+    /// tracepoint: allocations on return (the area is known then), frees on
+    /// entry.
+    pub fn fallback_program(&self, via: Fallback) -> String {
+        self.program_with_suffix(match (via, self.role) {
+            (Fallback::Fentry, Role::Alloc) => "fexit",
+            (Fallback::Fentry, _) => "fentry",
+            (Fallback::Kprobe, Role::Alloc) => "kretprobe",
+            (Fallback::Kprobe, _) => "kprobe",
+        })
     }
 }
 
@@ -47,6 +78,7 @@ pub const HOOKS: [Hook; 12] = [
         program: "kfree",
         source: Source::Kmalloc,
         raw_only: false,
+        function: None,
     },
     Hook {
         tracepoint: "kmem_cache_free",
@@ -55,6 +87,7 @@ pub const HOOKS: [Hook; 12] = [
         program: "cache_free",
         source: Source::Kmalloc,
         raw_only: false,
+        function: None,
     },
     Hook {
         tracepoint: "mm_page_free",
@@ -63,6 +96,7 @@ pub const HOOKS: [Hook; 12] = [
         program: "page_free",
         source: Source::Page,
         raw_only: true,
+        function: None,
     },
     Hook {
         tracepoint: "mm_page_free_batched",
@@ -71,6 +105,7 @@ pub const HOOKS: [Hook; 12] = [
         program: "page_free_batched",
         source: Source::Page,
         raw_only: true,
+        function: None,
     },
     Hook {
         tracepoint: "free_vmap_area_noflush",
@@ -79,6 +114,7 @@ pub const HOOKS: [Hook; 12] = [
         program: "vmalloc_free",
         source: Source::Vmalloc,
         raw_only: true,
+        function: Some("free_vmap_area_noflush"),
     },
     Hook {
         tracepoint: "percpu_free_percpu",
@@ -87,6 +123,7 @@ pub const HOOKS: [Hook; 12] = [
         program: "percpu_free",
         source: Source::Percpu,
         raw_only: true,
+        function: None,
     },
     Hook {
         tracepoint: "sched_process_fork",
@@ -95,6 +132,7 @@ pub const HOOKS: [Hook; 12] = [
         program: "fork",
         source: Source::Kmalloc,
         raw_only: false,
+        function: None,
     },
     Hook {
         tracepoint: "kmalloc",
@@ -103,6 +141,7 @@ pub const HOOKS: [Hook; 12] = [
         program: "kmalloc",
         source: Source::Kmalloc,
         raw_only: false,
+        function: None,
     },
     Hook {
         tracepoint: "kmem_cache_alloc",
@@ -111,6 +150,7 @@ pub const HOOKS: [Hook; 12] = [
         program: "cache_alloc",
         source: Source::Kmalloc,
         raw_only: false,
+        function: None,
     },
     Hook {
         tracepoint: "mm_page_alloc",
@@ -119,6 +159,7 @@ pub const HOOKS: [Hook; 12] = [
         program: "page_alloc",
         source: Source::Page,
         raw_only: true,
+        function: None,
     },
     Hook {
         tracepoint: "alloc_vmap_area",
@@ -127,6 +168,7 @@ pub const HOOKS: [Hook; 12] = [
         program: "vmalloc_alloc",
         source: Source::Vmalloc,
         raw_only: true,
+        function: Some("alloc_vmap_area"),
     },
     Hook {
         tracepoint: "percpu_alloc_percpu",
@@ -135,6 +177,7 @@ pub const HOOKS: [Hook; 12] = [
         program: "percpu_alloc",
         source: Source::Percpu,
         raw_only: true,
+        function: None,
     },
 ];
 

@@ -15,7 +15,7 @@ use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, Program, ProgramInput, ProgramMut};
 
-use crate::kernel::attach::{self, Hook, Mechanism, Role, HOOKS};
+use crate::kernel::attach::{self, Fallback, Hook, Mechanism, Role, HOOKS};
 use crate::kernel::features::{self, KernelBtf, Tracefs};
 use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
@@ -118,6 +118,9 @@ pub struct Tracer<'obj> {
     links: Vec<Link>,
     cfg: Config,
     mech: Mechanism,
+    /// How hooks whose tracepoint this kernel lacks attach to their
+    /// function instead (vmalloc before 6.2), if any does.
+    fallback: Option<Fallback>,
     /// The hooks attached.
     hooks: Vec<&'static Hook>,
     /// Hook → how it is attached ("kmalloc: tp_btf").
@@ -171,6 +174,7 @@ impl<'obj> Tracer<'obj> {
         let trace_frees = cfg.trace_frees || cfg.live.is_some();
         let mut skipped = Vec::new();
         let mut enabled: Vec<&'static Hook> = Vec::new();
+        let mut fallback = None;
         for hook in HOOKS.iter().filter(|h| h.source == Source::Kmalloc) {
             let wanted = match hook.role {
                 Role::Alloc => cfg.sources.contains(Source::Kmalloc),
@@ -192,7 +196,12 @@ impl<'obj> Tracer<'obj> {
         }
         for source in cfg.sources.iter().filter(|&s| s != Source::Kmalloc) {
             match source_hooks_available(source, trace_frees, kbtf) {
-                Ok(hooks) => enabled.extend(hooks),
+                Ok((hooks, via)) => {
+                    if via.is_some() {
+                        fallback = via;
+                    }
+                    enabled.extend(hooks)
+                }
                 Err(why) => skipped.push(why),
             }
         }
@@ -223,7 +232,9 @@ impl<'obj> Tracer<'obj> {
             let on = if name == "clock" {
                 cfg.live.is_some()
             } else {
-                enabled.iter().any(|h| h.program(mech) == name)
+                enabled
+                    .iter()
+                    .any(|h| program_name(h, mech, fallback) == name)
             };
             prog.set_autoload(on);
         }
@@ -235,6 +246,7 @@ impl<'obj> Tracer<'obj> {
             links: Vec::new(),
             cfg: cfg.clone(),
             mech,
+            fallback,
             hooks: Vec::new(),
             attached: Vec::new(),
             skipped,
@@ -284,15 +296,19 @@ impl<'obj> Tracer<'obj> {
                 .with_context(|| format!("attaching to {tp}"))?;
             tracer.links.push(link);
             tracer.hooks.push(hook);
-            let how = if hook.raw_only { Mechanism::Raw } else { mech };
-            tracer.attached.push(format!("{tp}: {}", how.name()));
+            let how = match (hook.function, fallback) {
+                (Some(f), Some(via)) => format!("{} on {f}", via.name()),
+                _ if hook.raw_only => Mechanism::Raw.name().to_string(),
+                _ => mech.name().to_string(),
+            };
+            tracer.attached.push(format!("{tp}: {how}"));
         }
         Ok(tracer)
     }
 
     /// The loaded program of one hook, for this tracer's mechanism.
     fn program(&self, hook: &Hook) -> Option<&ProgramMut<'obj>> {
-        let name = hook.program(self.mech);
+        let name = program_name(hook, self.mech, self.fallback);
         let p = &self.skel.progs;
         let all = [
             &p.kmalloc_btf,
@@ -315,6 +331,10 @@ impl<'obj> Tracer<'obj> {
             &p.page_free_batched_raw,
             &p.vmalloc_alloc_raw,
             &p.vmalloc_free_raw,
+            &p.vmalloc_alloc_fexit,
+            &p.vmalloc_free_fentry,
+            &p.vmalloc_alloc_kretprobe,
+            &p.vmalloc_free_kprobe,
             &p.percpu_alloc_raw,
             &p.percpu_free_raw,
         ];
@@ -904,33 +924,28 @@ fn configure(
 
 /// The hooks of a source beyond the slab, all of them or none: a source
 /// without its free hook would look like it leaks, one without its
-/// allocation hook would count nothing. Err: the line that says why.
+/// allocation hook would count nothing. With how they attach where the
+/// tracepoints are missing (`attach::source_mechanism`). Err: the line
+/// that says why.
 fn source_hooks_available(
     source: Source,
     trace_frees: bool,
     kbtf: &KernelBtf,
-) -> std::result::Result<Vec<&'static Hook>, String> {
-    let hooks: Vec<&'static Hook> = crate::kernel::hooks::source_hooks(source)
+) -> std::result::Result<(Vec<&'static Hook>, Option<Fallback>), String> {
+    let via = attach::source_mechanism(source, kbtf)
+        .map_err(|why| format!("{source}: not traced: {why}"))?;
+    let hooks = crate::kernel::hooks::source_hooks(source)
         .filter(|h| h.role == Role::Alloc || trace_frees)
         .collect();
-    let missing: Vec<String> = hooks
-        .iter()
-        .filter(|h| !Mechanism::Raw.has_hook(h, kbtf, None))
-        .map(|h| format!("{}:{}", h.system, h.tracepoint))
-        .collect();
-    if missing.is_empty() {
-        return Ok(hooks);
+    Ok((hooks, via))
+}
+
+/// The program of a hook: its function's when the hook falls back to it.
+fn program_name(hook: &Hook, mech: Mechanism, fallback: Option<Fallback>) -> String {
+    match (hook.function, fallback) {
+        (Some(_), Some(via)) => hook.fallback_program(via),
+        _ => hook.program(mech),
     }
-    Err(format!(
-        "{source}: not traced: this kernel has no {} tracepoint{}",
-        missing.join(", "),
-        match source {
-            // vmalloc's tracepoints came with Linux 6.2.
-            Source::Vmalloc =>
-                " (Linux 6.2+); kprobes on __vmalloc_node_range are not implemented yet",
-            _ => "",
-        }
-    ))
 }
 
 /// With the page source and a source whose pages it would count again:
