@@ -72,13 +72,30 @@ impl Mechanism {
 /// How a source's hooks are attached on this kernel: `Ok(None)` through
 /// their tracepoints (raw_tp), `Ok(Some(_))` through the kernel functions
 /// the tracepoints sit in (fentry where BTF names the functions, else
-/// kprobes; `KHEAP_FALLBACK=kprobe` forces kprobes, for the tests), Err:
+/// kprobes; `KHEAP_FALLBACK=kprobe` forces kprobes even where the
+/// tracepoints exist, for the tests), Err:
 /// the line that says why the source cannot be traced.
 pub fn source_mechanism(
     source: Source,
     kbtf: &KernelBtf,
 ) -> std::result::Result<Option<Fallback>, String> {
     let hooks: Vec<&Hook> = crate::kernel::hooks::source_hooks(source).collect();
+    let functions: Vec<&str> = hooks.iter().filter_map(|h| h.function).collect();
+    // For the tests: the kprobe path even where the tracepoints exist (or
+    // fentry would be preferred), so every kernel tests it or its refusal.
+    if std::env::var_os("KHEAP_FALLBACK").is_some_and(|v| v == "kprobe")
+        && !functions.is_empty()
+        && functions.len() == hooks.len()
+    {
+        return if features::has_kprobes() {
+            Ok(Some(Fallback::Kprobe))
+        } else {
+            Err(format!(
+                "kprobes on {} were asked for (KHEAP_FALLBACK=kprobe) and this kernel has none",
+                functions.join(", ")
+            ))
+        };
+    }
     let missing: Vec<String> = hooks
         .iter()
         .filter(|h| !Mechanism::Raw.has_hook(h, kbtf, None))
@@ -88,14 +105,8 @@ pub fn source_mechanism(
         return Ok(None);
     }
     let no_tracepoints = format!("this kernel has no {} tracepoint", missing.join(", "));
-    let functions: Vec<&str> = hooks.iter().filter_map(|h| h.function).collect();
     if functions.len() < hooks.len() {
         return Err(no_tracepoints);
-    }
-    // For the tests: the kprobe path on a kernel that also allows fentry.
-    if std::env::var_os("KHEAP_FALLBACK").is_some_and(|v| v == "kprobe") && features::has_kprobes()
-    {
-        return Ok(Some(Fallback::Kprobe));
     }
     if functions
         .iter()
