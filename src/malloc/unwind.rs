@@ -122,12 +122,23 @@ impl FileUnwindInfo {
     }
 
     /// Where the file's virtual address 0 is in a process that maps file
-    /// offset `offset` at `start`.
-    fn base_avma(&self, start: u64, offset: u64) -> Option<u64> {
+    /// offset `offset` over `start..end`. A page can hold the end of one
+    /// segment and the start of the next (each mapped on its own, e.g. the
+    /// read-only data and the code): the segment is the one that holds
+    /// most of the mapping, so that a code mapping alone (all the BPF side
+    /// records for a process gone) is not taken for the data before it.
+    fn base_avma(&self, start: u64, end: u64, offset: u64) -> Option<u64> {
+        let mapped = offset..offset.saturating_add(end.saturating_sub(start));
+        let overlap = |p_off: u64, size: u64| {
+            let from = mapped.start.max(p_off & !0xfff);
+            let to = mapped.end.min(p_off + size);
+            to.saturating_sub(from)
+        };
         let &(p_off, _, p_vaddr) = self
             .loads
             .iter()
-            .find(|&&(p_off, size, _)| p_off & !0xfff <= offset && offset < p_off + size)?;
+            .filter(|&&(p_off, size, _)| p_off & !0xfff <= offset && offset < p_off + size)
+            .max_by_key(|&&(p_off, size, _)| (overlap(p_off, size), std::cmp::Reverse(p_off)))?;
         let svma = p_vaddr.wrapping_add(offset).wrapping_sub(p_off);
         Some(start.wrapping_sub(svma))
     }
@@ -272,7 +283,7 @@ impl StackUnwinder {
                 continue;
             };
             let first = maps.iter().min_by_key(|m| m.start).expect("not empty");
-            let Some(base) = info.base_avma(first.start, first.offset) else {
+            let Some(base) = info.base_avma(first.start, first.end, first.offset) else {
                 continue;
             };
             let range: Range<u64> =
@@ -474,16 +485,41 @@ mod tests {
             ],
             sections: ExplicitModuleSectionInfo::default(),
         };
-        assert_eq!(info.base_avma(0x5555_0000_0000, 0), Some(0x5555_0000_0000));
         assert_eq!(
-            info.base_avma(0x5555_0000_1000, 0x1000),
+            info.base_avma(0x5555_0000_0000, 0x5555_0000_1000, 0),
+            Some(0x5555_0000_0000)
+        );
+        assert_eq!(
+            info.base_avma(0x5555_0000_1000, 0x5555_0000_6000, 0x1000),
             Some(0x5555_0000_0000)
         );
         // The data segment's page is mapped from its page-aligned offset.
         assert_eq!(
-            info.base_avma(0x5555_0000_7000, 0x6000),
+            info.base_avma(0x5555_0000_7000, 0x5555_0000_8000, 0x6000),
             Some(0x5555_0000_0000)
         );
-        assert_eq!(info.base_avma(0x1000, 0x9000), None);
+        assert_eq!(info.base_avma(0x1000, 0x2000, 0x9000), None);
+    }
+
+    /// As lld lays out a Rust program: the read-only segment ends and the
+    /// code starts in the same file page, which is mapped twice, a page
+    /// apart. The code mapping alone gives the code segment's base.
+    #[test]
+    fn base_address_of_a_code_mapping_sharing_a_page() {
+        let info = FileUnwindInfo {
+            loads: vec![
+                (0, 0x12efc, 0),
+                (0x12f00, 0x3d910, 0x13f00),
+                (0x50810, 0x2748, 0x52810),
+            ],
+            sections: ExplicitModuleSectionInfo::default(),
+        };
+        let base = 0x564a_2b44_d000;
+        // r--p at offset 0, then r-xp from offset 0x12000 at 0x13000
+        assert_eq!(info.base_avma(base, base + 0x13000, 0), Some(base));
+        assert_eq!(
+            info.base_avma(base + 0x13000, base + 0x52000, 0x12000),
+            Some(base)
+        );
     }
 }
