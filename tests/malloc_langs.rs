@@ -318,12 +318,7 @@ fn check_rust(tracking: bool) {
         "{vec_stacks:#?}"
     );
     for s in &vec_stacks {
-        let frames: Vec<&str> = s["frames"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|f| f.as_str().unwrap())
-            .collect();
+        let frames = frames(s);
         assert!(
             frames.iter().any(|f| f.starts_with("w::main+")),
             "main unwound past make_vecs: {frames:?}"

@@ -91,12 +91,7 @@ fn exact_stacks_attribute_every_allocation() {
             "count {count}, lost {lost}"
         );
     }
-    let frames: Vec<&str> = s["frames"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f.as_str().unwrap())
-        .collect();
+    let frames = frames(s);
     assert!(
         frames[0].starts_with("__kmalloc"),
         "innermost frame is the allocator: {frames:?}"

@@ -77,12 +77,7 @@ fn page_source_counts_anonymous_pages_faulted_in_by_madvise() {
     let anon: Vec<&Value> = rows(&r, "stacks", "source", "page")
         .into_iter()
         .filter(|s| {
-            let frames: Vec<&str> = s["frames"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|f| f.as_str().unwrap())
-                .collect();
+            let frames = frames(s);
             frames.iter().any(|f| f.starts_with("do_madvise"))
                 && frames.iter().any(|f| f.starts_with("handle_mm_fault"))
                 && !frames

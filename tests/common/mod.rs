@@ -180,6 +180,16 @@ pub fn rows<'a>(report: &'a Value, list: &str, field: &str, value: &str) -> Vec<
         .collect()
 }
 
+/// A stack row's frames, innermost first.
+pub fn frames(row: &Value) -> Vec<&str> {
+    row["frames"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap())
+        .collect()
+}
+
 pub fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
 }
