@@ -78,6 +78,7 @@ mod tests {
         ("slab::cmd", Cmd),
         ("serve", Cmd),
         ("serve::series", Report),
+        ("serve::cgroups", Report),
         ("serve::families", Render),
         ("serve::exposition", Render),
         ("serve::profile", Render),

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::cgroup::{run_in, TestCgroup};
 use common::*;
 use serde_json::Value;
 
@@ -101,6 +102,30 @@ fn run_load(path: &Path, args: &[&str]) {
         .status()
         .unwrap();
     assert!(st.success(), "{} {args:?}", path.display());
+}
+
+/// `promtool check metrics` finds nothing to say about `body`.
+fn promtool_check(body: &str) {
+    let mut check = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool");
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = check.wait_with_output().unwrap();
+    assert!(
+        out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -208,26 +233,7 @@ fn prometheus_scrapes_exact_counts_from_two_instances() {
         );
 
         // promtool agrees the exposition is clean (both formats parse).
-        let mut check = Command::new("promtool")
-            .args(["check", "metrics"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("promtool");
-        check
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(body.as_bytes())
-            .unwrap();
-        let out = check.wait_with_output().unwrap();
-        assert!(
-            out.status.success() && out.stdout.is_empty() && out.stderr.is_empty(),
-            "promtool check metrics: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        promtool_check(&body);
     }
     // Every query of the Grafana dashboard is valid PromQL over these
     // series, and the per-cache and per-site panels have data.
@@ -488,4 +494,74 @@ fn inuse_without_outstanding_tracking_says_which_flag() {
     assert_eq!(alloc, "200");
     serve.signal(libc::SIGTERM);
     assert!(serve.wait());
+}
+
+/// The per-cgroup counters of one cgroup path in a /metrics body, summed
+/// over its accounted/unaccounted series: (allocations, allocated bytes).
+fn cgroup_counts(body: &str, path: &str) -> (u64, u64) {
+    let sum = |family: &str| -> u64 {
+        let prefix = format!("{family}{{cgroup=\"{path}\",container=\"\",accounted=");
+        body.lines()
+            .filter(|l| l.starts_with(&prefix))
+            .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+            .sum()
+    };
+    (
+        sum("kheap_cgroup_allocations_total"),
+        sum("kheap_cgroup_allocated_bytes_total"),
+    )
+}
+
+#[test]
+fn by_cgroup_exports_each_cgroups_exact_counts_and_keeps_removed_paths() {
+    require_root();
+    let cg = TestCgroup::top("serve");
+    let port = free_port();
+    // Only the 144-byte requests of the test's cgroup: a SysV message of 96
+    // bytes is one kmalloc of 48 + 96 bytes (see tests/cgroup.rs).
+    let mut serve = start_serve(
+        port,
+        &[
+            "--by-cgroup",
+            "--cgroups",
+            "5",
+            "--cgroup",
+            cg.path(),
+            "--min-size",
+            "144",
+            "--max-size",
+            "144",
+        ],
+    );
+    run_in(&cg, &["msg", "500", "96"]);
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let rel = cg.rel();
+    wait_for_value("the cgroup's allocations", 500, || {
+        cgroup_counts(&curl(&[&url]), &rel).0
+    });
+    let body = curl(&[&url]);
+    assert_eq!(
+        cgroup_counts(&body, &rel),
+        (500, 500 * 192),
+        "144 bytes round up to 192:\n{body}"
+    );
+    promtool_check(&body);
+
+    // Removed, the cgroup keeps its series under its last path, unchanged.
+    cg.remove();
+    assert!(!cg.dir.exists());
+    let reads = |b: &str| -> u64 {
+        b.lines()
+            .find(|l| l.starts_with("kheap_reads_total "))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = reads(&body);
+    wait_for_value("two more reads", before + 2, || {
+        reads(&curl(&[&url])).min(before + 2)
+    });
+    let after = curl(&[&url]);
+    assert_eq!(cgroup_counts(&after, &rel), (500, 500 * 192), "{after}");
+    serve.signal(libc::SIGTERM);
+    assert!(serve.wait(), "{:#?}", serve.seen);
 }

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser};
 
+use crate::cgroup::{cgroup2_mount, CgroupNames};
 use crate::cli::{parse_duration, parse_map_entries, FilterArgs, StackArgs};
 use crate::cmd::run::{stop_requested, Targets};
 use crate::kernel::features;
@@ -23,10 +24,11 @@ use crate::kernel::storage::ObjectStorage;
 use crate::model::live::OutstandingRead;
 use crate::model::snapshot::Snapshot;
 use crate::model::SiteKey;
+use crate::serve::cgroups;
 use crate::serve::exposition::{encode_groups, Family, Format, Kind, Value};
 use crate::serve::families::{self, Health, OutstandingSite, SlabInput};
 use crate::serve::profile::{ProfileSnapshot, ProfileState, Which};
-use crate::serve::series::{SeriesState, SiteDelta, SiteLabel};
+use crate::serve::series::{Ranked, SeriesState, SiteDelta, SiteLabel};
 use crate::signals::{install_reload_handler, take_reload_request};
 use crate::slab::slabinfo::{read_slabinfo, SlabinfoRow, PROC_SLABINFO};
 use crate::slab::sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
@@ -67,6 +69,14 @@ pub struct ServeArgs {
     /// site="other"
     #[arg(long, default_value = "100", value_name = "N")]
     pub sites: usize,
+    /// Count per cgroup too (in the kernel) and export the
+    /// kheap_cgroup_* families (labels cgroup, container, accounted)
+    #[arg(long)]
+    pub by_cgroup: bool,
+    /// Cgroup series kept with --by-cgroup (the busiest N label sets); the
+    /// rest is summed into cgroup="other"
+    #[arg(long = "cgroups", default_value = "50", value_name = "N")]
+    pub cgroup_series: usize,
     /// Labels of the site series: site, cache, or both (comma-separated)
     #[arg(long, value_parser = parse_labels, default_value = "site,cache", value_name = "LIST")]
     pub labels: Labels,
@@ -128,6 +138,9 @@ fn check(args: &ServeArgs) -> Result<()> {
     if args.sites == 0 {
         bail!("--sites 0: give at least 1 (everything else goes to site=\"other\")");
     }
+    if args.cgroup_series == 0 {
+        bail!("--cgroups 0: give at least 1 (everything else goes to cgroup=\"other\")");
+    }
     if !args.filters.targets.command.is_empty() {
         bail!("kheap serve is a daemon and runs no command: select processes with --comm or -p");
     }
@@ -148,6 +161,8 @@ fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
         max_sites: args.max_entries,
         max_stacks: args.max_entries,
         trace_frees: true,
+        by_cgroup: args.by_cgroup,
+        cgroups: f.cgroups.iter().map(|c| c.id).collect(),
         live: args.track_outstanding.then(LiveConfig::default),
         ..Config::default()
     }
@@ -277,6 +292,11 @@ struct Attached<'obj> {
 struct Daemon {
     args: ServeArgs,
     state: SeriesState,
+    /// The per-cgroup series (exported with --by-cgroup).
+    cgroups: Ranked,
+    /// Cgroup paths learned while the run goes on: a removed cgroup keeps
+    /// its last path.
+    cgroup_names: CgroupNames,
     profile: ProfileState,
     totals: Totals,
     syms: CachingSymbols<KernelSymbols>,
@@ -290,6 +310,8 @@ impl Daemon {
         let _ = syms.symbolize(&[0]);
         Daemon {
             state: SeriesState::new(args.labels.0.clone(), args.sites),
+            cgroups: Ranked::new(args.cgroup_series),
+            cgroup_names: CgroupNames::new(cgroup2_mount().ok()),
             profile: ProfileState::new(
                 args.max_entries as usize,
                 args.stacks.sample_every(STACK_SAMPLE_EVERY),
@@ -316,6 +338,9 @@ impl Daemon {
                 None
             }
         };
+        for target in &self.args.filters.cgroups {
+            self.cgroup_names.insert(target.id, target.path.clone());
+        }
         let mut att = Attached {
             tracer,
             tracker: Tracker::new(),
@@ -382,6 +407,7 @@ impl Daemon {
             self.state = SeriesState::new(new.labels.0.clone(), new.sites);
         }
         self.state.set_max_sites(new.sites);
+        self.cgroups.set_max(new.cgroup_series);
         self.profile.set_limits(
             new.max_entries as usize,
             new.stacks.sample_every(STACK_SAMPLE_EVERY),
@@ -393,6 +419,13 @@ impl Daemon {
             || new.filters.max_size != cfg.max_size
             || new.filters.attach != cfg.attach
             || new.track_outstanding != cfg.live.is_some()
+            || new.by_cgroup != cfg.by_cgroup
+            || new
+                .filters
+                .cgroups
+                .iter()
+                .map(|c| c.id)
+                .ne(cfg.cgroups.iter().copied())
             || new.max_entries != cfg.max_sites
             || new.stacks.sample_every(STACK_SAMPLE_EVERY) != cfg.stack_sample_every;
         *args = ServeArgs { listen, ..new };
@@ -430,6 +463,11 @@ impl Daemon {
         }
         let live = att.live.as_ref().map(|(read, _)| read);
         let snap: Snapshot = att.tracer.counts_snapshot()?;
+        if att.cfg.by_cgroup {
+            // Before the rows are named: a cgroup seen now is walked for
+            // while it still exists.
+            self.cgroup_names.learn(att.tracer.cgroup_ids()?);
+        }
         let read_duration_s = t0.elapsed().as_secs_f64();
         let site_entries = snap.sites.len();
         let stack_entries = snap.stacks.len();
@@ -449,6 +487,10 @@ impl Daemon {
             .map(|(c, n)| (c.name(), *n))
             .collect();
         self.state.add_interval(&sites, &frees);
+        if att.cfg.by_cgroup {
+            self.cgroups
+                .add_interval(cgroups::by_values(&delta.cgroups, &self.cgroup_names));
+        }
         self.profile.add_interval(&delta, &self.syms);
         add_events(&mut self.totals.events, &delta.events);
         self.totals.reads += 1;
@@ -493,6 +535,9 @@ impl Daemon {
         if let Some(l) = live {
             events_lost.push(("map_full_live", l.map_full_live));
         }
+        if cfg.by_cgroup {
+            events_lost.push(("map_full_cgroups", e.map_full_cgroups));
+        }
         let usage = self_usage();
         let health = Health {
             bpf_run_time_ns: bpf.map(|b| totals.bpf_base.run_time_ns + b.run_time_ns),
@@ -515,6 +560,7 @@ impl Daemon {
         let merged = slab.as_deref().map(merged_caches).unwrap_or_default();
         let fams = families::build(
             &self.state,
+            cfg.by_cgroup.then_some(&self.cgroups),
             outstanding.as_deref(),
             slab.as_deref().map(|rows| SlabInput {
                 rows,
@@ -593,6 +639,7 @@ fn add_events(
     total.map_full_stacks += d.map_full_stacks;
     total.map_full_procs += d.map_full_procs;
     total.map_full_caches += d.map_full_caches;
+    total.map_full_cgroups += d.map_full_cgroups;
 }
 
 fn page_size() -> u64 {

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 
 use crate::model::{Hist, HIST_BUCKETS};
+use crate::serve::cgroups;
 use crate::serve::exposition::{Family, Kind, Value};
-use crate::serve::series::{LabelValues, SeriesCounters, SeriesState, OTHER};
+use crate::serve::series::{LabelValues, Ranked, SeriesCounters, SeriesState, OTHER};
 use crate::slab::loss::{slab_bytes, slab_loss};
 use crate::slab::slabinfo::SlabinfoRow;
 
@@ -114,9 +115,11 @@ fn counter_families(
         .collect()
 }
 
-/// Every family of one interval.
+/// Every family of one interval (`cgroups`: the per-cgroup series, with
+/// `--by-cgroup`).
 pub fn build(
     state: &SeriesState,
+    cgroups: Option<&Ranked>,
     outstanding: Option<&[OutstandingSite]>,
     slab: Option<SlabInput>,
     health: &Health,
@@ -156,6 +159,12 @@ pub fn build(
     let label_names: Vec<&'static str> = state.labels().iter().map(|l| l.name()).collect();
     let sites = state.site_series();
     out.extend(counter_families("kheap_site", &label_names, &sites));
+
+    // Per cgroup: the top N and other.
+    if let Some(c) = cgroups {
+        let rows = c.series(cgroups::LABELS.len());
+        out.extend(counter_families("kheap_cgroup", &cgroups::LABELS, &rows));
+    }
 
     if let Some(objs) = outstanding {
         let mut by_cache: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
@@ -402,6 +411,7 @@ mod tests {
     use crate::model::AllocStats;
     use crate::serve::exposition::{encode, Format};
     use crate::serve::series::{SiteDelta, SiteLabel};
+    use std::collections::HashMap;
 
     fn state() -> SeriesState {
         let mut s = SeriesState::new(vec![SiteLabel::Site, SiteLabel::Cache], 1);
@@ -463,8 +473,30 @@ mod tests {
             active_slabs: 1,
             num_slabs: 1,
         }];
+        let mut cgroups = Ranked::new(1);
+        cgroups.add_interval(HashMap::from([
+            (
+                vec!["/a".to_string(), String::new(), "true".to_string()],
+                AllocStats {
+                    count: 5,
+                    bytes_req: 500,
+                    bytes_alloc: 640,
+                    hist: Hist::default(),
+                },
+            ),
+            (
+                vec!["/b".to_string(), String::new(), "false".to_string()],
+                AllocStats {
+                    count: 1,
+                    bytes_req: 8,
+                    bytes_alloc: 8,
+                    hist: Hist::default(),
+                },
+            ),
+        ]));
         let fams = build(
             &state(),
+            Some(&cgroups),
             Some(&objs),
             Some(SlabInput {
                 rows: &slab,
@@ -489,6 +521,9 @@ mod tests {
             "kheap_slab_loss_bytes{cache=\"dentry\"} 2176",
             "kheap_slab_merged_info{cache=\"pool_workqueue\",merged=\"skbuff_fclone_cache\"} 1",
             "process_resident_memory_bytes 0",
+            "kheap_cgroup_allocations_total{cgroup=\"/a\",container=\"\",accounted=\"true\"} 5",
+            "kheap_cgroup_allocated_bytes_total{cgroup=\"/a\",container=\"\",accounted=\"true\"} 640",
+            "kheap_cgroup_allocations_total{cgroup=\"other\",container=\"other\",accounted=\"other\"} 1",
         ] {
             assert!(
                 text.contains(&format!("{line}\n")),

@@ -14,6 +14,9 @@
 //!   series ever goes backwards while the daemon runs. Sets idle for a long
 //!   time are forgotten (memory stays flat); one that recurs after that is a
 //!   new series starting from zero, which Prometheus treats like a restart.
+//!
+//! Cgroups (`--by-cgroup`) are ranked the same way ([`Ranked`]), capped by
+//! `--cgroups N`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -119,27 +122,108 @@ const DECAY: f64 = 0.9;
 /// is forgotten.
 pub const FORGET_AFTER: u32 = 600;
 
+/// Series of many possible label sets, at most N of them exported (the
+/// best-ranked) and everything else summed into one series whose label
+/// values are all `other`. Sites use it, and so do cgroups (`--by-cgroup`).
+#[derive(Clone, Debug)]
+pub struct Ranked {
+    max: usize,
+    sets: HashMap<LabelValues, SiteState>,
+    /// The label sets with their own series now.
+    members: HashSet<LabelValues>,
+    other: SeriesCounters,
+}
+
+impl Ranked {
+    pub fn new(max: usize) -> Ranked {
+        Ranked {
+            max,
+            sets: HashMap::new(),
+            members: HashSet::new(),
+            other: SeriesCounters::default(),
+        }
+    }
+
+    /// A new N takes effect at the next interval's ranking (SIGHUP).
+    pub fn set_max(&mut self, n: usize) {
+        self.max = n;
+    }
+
+    /// Adds one interval's deltas, one per label set (summed by the caller).
+    pub fn add_interval(&mut self, by_values: HashMap<LabelValues, AllocStats>) {
+        for s in self.sets.values_mut() {
+            s.score *= DECAY;
+            s.idle = s.idle.saturating_add(1);
+        }
+        for (v, stats) in &by_values {
+            let s = self.sets.entry(v.clone()).or_default();
+            s.score += stats.bytes_alloc as f64;
+            s.idle = 0;
+        }
+        self.rank();
+        for (v, stats) in by_values {
+            if self.members.contains(&v) {
+                self.sets.get_mut(&v).unwrap().counters.add(&stats);
+            } else {
+                self.other.add(&stats);
+            }
+        }
+        let members = &self.members;
+        self.sets
+            .retain(|v, s| members.contains(v) || s.idle < FORGET_AFTER);
+    }
+
+    /// Picks the N best-scored label sets (ties by label values, so the
+    /// choice is stable).
+    fn rank(&mut self) {
+        let mut all: Vec<(&LabelValues, f64)> =
+            self.sets.iter().map(|(v, s)| (v, s.score)).collect();
+        all.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+        self.members = all
+            .into_iter()
+            .take(self.max)
+            .map(|(v, _)| v.clone())
+            .collect();
+    }
+
+    /// The exported series (label values, counters), sorted, then `other`
+    /// (its `labels` label values all `other`).
+    pub fn series(&self, labels: usize) -> Vec<(LabelValues, SeriesCounters)> {
+        let mut out: Vec<(LabelValues, SeriesCounters)> = self
+            .members
+            .iter()
+            .map(|v| (v.clone(), self.sets[v].counters))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.push((vec![OTHER.to_string(); labels], self.other));
+        out
+    }
+
+    /// Whether a label set has its own series now.
+    pub fn is_member(&self, v: &LabelValues) -> bool {
+        self.members.contains(v)
+    }
+
+    /// Label sets remembered (exported or not): what memory grows with.
+    pub fn remembered(&self) -> usize {
+        self.sets.len()
+    }
+}
+
 /// Everything the daemon accumulates from interval deltas.
 #[derive(Clone, Debug)]
 pub struct SeriesState {
     labels: Vec<SiteLabel>,
-    max_sites: usize,
     caches: BTreeMap<String, CacheCounters>,
-    sites: HashMap<LabelValues, SiteState>,
-    /// The label sets with their own series now.
-    members: HashSet<LabelValues>,
-    other: SeriesCounters,
+    sites: Ranked,
 }
 
 impl SeriesState {
     pub fn new(labels: Vec<SiteLabel>, max_sites: usize) -> SeriesState {
         SeriesState {
             labels,
-            max_sites,
             caches: BTreeMap::new(),
-            sites: HashMap::new(),
-            members: HashSet::new(),
-            other: SeriesCounters::default(),
+            sites: Ranked::new(max_sites),
         }
     }
 
@@ -149,7 +233,7 @@ impl SeriesState {
 
     /// A new N takes effect at the next interval's ranking (SIGHUP).
     pub fn set_max_sites(&mut self, n: usize) {
-        self.max_sites = n;
+        self.sites.set_max(n);
     }
 
     fn values(&self, d: &SiteDelta) -> LabelValues {
@@ -179,39 +263,7 @@ impl SeriesState {
         for d in sites {
             *by_values.entry(self.values(d)).or_default() += d.stats;
         }
-        for s in self.sites.values_mut() {
-            s.score *= DECAY;
-            s.idle = s.idle.saturating_add(1);
-        }
-        for (v, stats) in &by_values {
-            let s = self.sites.entry(v.clone()).or_default();
-            s.score += stats.bytes_alloc as f64;
-            s.idle = 0;
-        }
-        self.rank();
-        for (v, stats) in by_values {
-            if self.members.contains(&v) {
-                self.sites.get_mut(&v).unwrap().counters.add(&stats);
-            } else {
-                self.other.add(&stats);
-            }
-        }
-        let members = &self.members;
-        self.sites
-            .retain(|v, s| members.contains(v) || s.idle < FORGET_AFTER);
-    }
-
-    /// Picks the N best-scored label sets (ties by label values, so the
-    /// choice is stable).
-    fn rank(&mut self) {
-        let mut all: Vec<(&LabelValues, f64)> =
-            self.sites.iter().map(|(v, s)| (v, s.score)).collect();
-        all.sort_by(|a, b| b.1.total_cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-        self.members = all
-            .into_iter()
-            .take(self.max_sites)
-            .map(|(v, _)| v.clone())
-            .collect();
+        self.sites.add_interval(by_values);
     }
 
     pub fn caches(&self) -> &BTreeMap<String, CacheCounters> {
@@ -221,19 +273,12 @@ impl SeriesState {
     /// The exported site series (label values, counters), sorted, then
     /// `other` (all its label values `other`).
     pub fn site_series(&self) -> Vec<(LabelValues, SeriesCounters)> {
-        let mut out: Vec<(LabelValues, SeriesCounters)> = self
-            .members
-            .iter()
-            .map(|v| (v.clone(), self.sites[v].counters))
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out.push((vec![OTHER.to_string(); self.labels.len()], self.other));
-        out
+        self.sites.series(self.labels.len())
     }
 
     /// Whether a label set has its own series now.
     pub fn is_member(&self, v: &LabelValues) -> bool {
-        self.members.contains(v)
+        self.sites.is_member(v)
     }
 
     /// The label values a site has under the chosen labels.
@@ -247,7 +292,7 @@ impl SeriesState {
 
     /// Label sets remembered (exported or not): what memory grows with.
     pub fn remembered(&self) -> usize {
-        self.sites.len()
+        self.sites.remembered()
     }
 }
 

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod cgroup;
 pub mod schema;
 pub mod tmux;
 pub mod workload;
