@@ -3,6 +3,7 @@
 // frame pointers (g++ -O2); the allocations must be attributed to the
 // functions below, which grow them.
 #include <cstdio>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -44,5 +45,12 @@ int main()
 	size_t a = grow_vectors();
 	size_t b = build_strings();
 	std::printf("%zu %zu\n", a, b);
+	/* Stay a second: kheap unwinds a copy with /proc/PID/maps while the
+	 * process lives. A process that exits before kheap has drained its
+	 * copies (--exact-stacks under qemu TCG) is unwound with the mappings
+	 * the BPF side recorded, which can miss files; lost.unwind_no_mappings
+	 * counts those (docs/design.md). This test checks attribution, not
+	 * that race. */
+	sleep(1);
 	return 0;
 }
