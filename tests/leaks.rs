@@ -273,7 +273,9 @@ fn frees_of_objects_allocated_before_tracing_are_not_negative_growth() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     // The messages exist before kheap starts; kheap sees only their frees.
-    let mut load = spawn_load(&["msg", "400", "2100", "3"]);
+    // Held 10 s: kheap must be attached before they go, and attaching
+    // takes seconds in a qemu TCG guest.
+    let mut load = spawn_load(&["msg", "400", "2100", "10"]);
     load.wait_for("holding 400 messages");
     let mut k = start_leaks(dir.path(), &[]);
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);

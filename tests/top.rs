@@ -22,6 +22,10 @@ const RATE: u64 = 20_000;
 const TOLERANCE: f64 = 0.10;
 
 /// A paced writev loop, killed when dropped (even if the test fails).
+/// A writev loop for `-p`. Its runs are long (20 s) so that kheap attaches
+/// well inside them even in a qemu TCG guest, where loading the BPF object
+/// takes seconds (libbpf reads /proc/kallsyms for its __ksym externs); the
+/// tests drop the loop as soon as kheap is done.
 struct Loop(Option<Child>);
 
 impl Loop {
@@ -144,7 +148,7 @@ fn batch_json_rates_match_the_loop() {
 #[test]
 fn batch_table_is_plain_text_with_timestamps() {
     require_root();
-    let load = Loop::start(6);
+    let load = Loop::start(20);
     let out = kheap(&[
         "top",
         "-b",
@@ -182,7 +186,7 @@ fn batch_table_is_plain_text_with_timestamps() {
 #[test]
 fn process_view_counts_the_loop_process() {
     require_root();
-    let load = Loop::start(6);
+    let load = Loop::start(20);
     let pid = load.pid();
     let out = kheap(&[
         "top",
@@ -247,7 +251,7 @@ fn duration_ends_top_with_a_last_shorter_interval() {
 #[test]
 fn kheap_leaves_itself_out() {
     require_root();
-    let load = Loop::start(6);
+    let load = Loop::start(20);
     let top = Command::new(KHEAP)
         .args([
             "top",
