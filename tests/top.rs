@@ -97,7 +97,7 @@ fn iovec_site(interval: &Value) -> Option<&Value> {
 #[test]
 fn batch_json_rates_match_the_loop() {
     require_root();
-    let load = Loop::start(10);
+    let load = Loop::start(15);
     let out = kheap(&[
         "top",
         "-b",
