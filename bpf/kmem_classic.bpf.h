@@ -96,10 +96,13 @@ extern struct kmem_cache *bpf_get_kmem_cache(__u64 addr) __ksym __weak;
 /* The same without the kfunc (6.11-6.12; raw_tp and classic programs, which
  * may not call it): the slab of a kmalloc'ed object found from its
  * address as the kernel's virt_to_slab() does, through the direct map and
- * vmemmap bases (randomized with KASLR; readable when kallsyms lists data
- * symbols, CONFIG_KALLSYMS_ALL, as distribution kernels do). */
-extern const void page_offset_base __ksym __weak;
-extern const void vmemmap_base __ksym __weak;
+ * vmemmap bases. Both are variables randomized with KASLR; user space
+ * looks their addresses up in /proc/kallsyms (data symbols are listed with
+ * CONFIG_KALLSYMS_ALL, as distribution kernels have) only when this path
+ * runs. Not __ksym externs: libbpf would read all of kallsyms on every
+ * load of the object, which takes seconds on slow machines. 0: unknown. */
+const volatile __u64 direct_map_base_addr = 0;
+const volatile __u64 vmemmap_base_addr = 0;
 
 /* Objects up to 2 pages come from kmalloc caches; larger ones from the page
  * allocator, whose pages have no slab to ask. */
@@ -113,12 +116,12 @@ static __always_inline __u64 kmalloc_slab_flags_by_page(const void *ptr,
 	struct page *page;
 
 	if (!ptr || alloc > KHEAP_KMALLOC_MAX_CACHE_SIZE ||
-	    !bpf_ksym_exists(&page_offset_base) ||
-	    !bpf_ksym_exists(&vmemmap_base))
+	    !direct_map_base_addr || !vmemmap_base_addr)
 		return 0;
 	bpf_probe_read_kernel(&direct_map, sizeof(direct_map),
-			      &page_offset_base);
-	bpf_probe_read_kernel(&vmemmap, sizeof(vmemmap), &vmemmap_base);
+			      (const void *)direct_map_base_addr);
+	bpf_probe_read_kernel(&vmemmap, sizeof(vmemmap),
+			      (const void *)vmemmap_base_addr);
 	if (!direct_map || !vmemmap || (__u64)ptr < direct_map)
 		return 0;
 	page = (void *)(vmemmap + (((__u64)ptr - direct_map) >> 12) *

@@ -7,6 +7,7 @@
 //! render, cmd) or from the kernel layer.
 
 pub mod backing;
+pub mod kallsyms;
 pub mod live;
 pub mod progress;
 pub mod snapshot;

@@ -90,6 +90,12 @@ pub struct KernelBtf {
     /// `SLAB_ACCOUNT` (caches whose every object is charged to a memory
     /// cgroup), from the kernel's enum when it has one.
     pub slab_account_mask: u64,
+    /// 6.11+: kmalloc memory can come from dedicated bucket caches, which
+    /// kmalloc events do not name.
+    pub kmalloc_buckets: bool,
+    /// 6.13+: the `bpf_get_kmem_cache` kfunc names an object's cache (for
+    /// typed tracing programs).
+    pub kmem_cache_kfunc: bool,
 }
 
 /// `SLAB_ACCOUNT` on kernels that define it as a macro (before 6.9).
@@ -150,6 +156,8 @@ fn read_kernel_btf() -> Result<KernelBtf> {
         btf_functions,
         gfp_account_mask,
         slab_account_mask,
+        kmalloc_buckets: btf.type_by_name::<Func>("kmem_buckets_create").is_some(),
+        kmem_cache_kfunc: btf.type_by_name::<Func>("bpf_get_kmem_cache").is_some(),
     })
 }
 

@@ -220,7 +220,7 @@ impl<'obj> Tracer<'obj> {
         let mut open = KheapSkelBuilder::default()
             .open(slot)
             .context("opening the BPF object")?;
-        configure(&mut open, cfg, kbtf, lat_starts)?;
+        configure(&mut open, cfg, kbtf, mech, lat_starts)?;
         let backing = backing_ranges(cfg)?;
         if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
             rodata.cfg.backing_ranges = backing.len() as u32;
@@ -857,6 +857,7 @@ fn configure(
     open: &mut OpenKheapSkel<'_>,
     cfg: &Config,
     kbtf: &KernelBtf,
+    mech: Mechanism,
     lat_starts: Option<BorrowedFd<'_>>,
 ) -> Result<()> {
     let rodata = open
@@ -886,6 +887,11 @@ fn configure(
     }
     c.sources = cfg.sources.bits();
     c.page_shift = page_shift();
+    if cfg.by_cgroup && finds_bucket_caches_by_page(kbtf, mech) {
+        let (direct_map, vmemmap) = direct_map_and_vmemmap_bases();
+        rodata.direct_map_base_addr = direct_map;
+        rodata.vmemmap_base_addr = vmemmap;
+    }
     if let Some(live) = cfg.live {
         c.track_live = 1;
         c.ptr_sample_mask = live.sample_every.max(1) - 1;
@@ -920,6 +926,30 @@ fn configure(
         open.maps.proc_comms.set_max_entries(1)?;
     }
     Ok(())
+}
+
+/// Whether the kmalloc programs find an object's bucket cache from its
+/// address (bpf/kmem_classic.bpf.h): on 6.11+ kernels, unless the program is
+/// typed and the kernel has the kfunc that names the cache.
+fn finds_bucket_caches_by_page(kbtf: &KernelBtf, mech: Mechanism) -> bool {
+    kbtf.kmalloc_buckets && !(mech == Mechanism::Btf && kbtf.kmem_cache_kfunc)
+}
+
+/// The addresses of the kernel's `page_offset_base` and `vmemmap_base`
+/// variables (0 where kallsyms does not list them: bucket-cache memory is
+/// then shown as not charged, and kheap says so).
+fn direct_map_and_vmemmap_bases() -> (u64, u64) {
+    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
+    let find = |name| crate::model::kallsyms::address_of(&kallsyms, name);
+    match (find("page_offset_base"), find("vmemmap_base")) {
+        (Some(direct_map), Some(vmemmap)) => (direct_map, vmemmap),
+        _ => {
+            eprintln!(
+                "kheap: warning: /proc/kallsyms lists no page_offset_base/vmemmap_base (a kernel without CONFIG_KALLSYMS_ALL): memory of the kmalloc bucket caches shows as not charged to a memory cgroup"
+            );
+            (0, 0)
+        }
+    }
 }
 
 /// The hooks of a source beyond the slab, all of them or none: a source

@@ -40,23 +40,12 @@ pub struct BackingRange {
 pub fn backing_ranges(kallsyms: &str) -> Vec<BackingRange> {
     let mut starts: Vec<u64> = Vec::new();
     let mut found: Vec<(u64, PageUse)> = Vec::new();
-    for line in kallsyms.lines() {
-        let mut parts = line.split_whitespace();
-        let (Some(addr), Some(_kind), Some(name)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        let Ok(addr) = u64::from_str_radix(addr, 16) else {
-            continue;
-        };
-        if addr == 0 {
-            continue;
-        }
-        starts.push(addr);
-        let base = name.split_once('.').map_or(name, |(b, _)| b);
-        if parts.next().is_none() {
+    for sym in crate::model::kallsyms::symbols(kallsyms) {
+        starts.push(sym.address);
+        let base = sym.name.split_once('.').map_or(sym.name, |(b, _)| b);
+        if !sym.in_module {
             if let Some(&(_, u)) = BACKING_FUNCTIONS.iter().find(|(n, _)| *n == base) {
-                found.push((addr, u));
+                found.push((sym.address, u));
             }
         }
     }
