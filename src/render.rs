@@ -183,7 +183,7 @@ pub fn header(r: &Report) -> String {
 /// (`Report::shows_sources`), so `--source page` and `--source all` tables
 /// read alike and a default table keeps its columns. Process and cgroup
 /// rows sum every source: they have none.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SourceColumn(pub bool);
 
 impl SourceColumn {

@@ -545,11 +545,8 @@ fn source_totals(snap: &Snapshot) -> Vec<SourceTotals> {
         let i = row(&mut rows, source);
         rows[i].frees = frees;
     }
-    // kfree() names no cache: the slab's frees are what the other sources
-    // did not free.
-    let others: u64 = snap.source_frees.values().sum();
     if let Some(r) = rows.iter_mut().find(|r| r.source == Source::Kmalloc) {
-        r.frees = snap.events.frees.saturating_sub(others);
+        r.frees = snap.slab_frees();
     }
     rows.sort_by_key(|r| r.source);
     rows
@@ -686,10 +683,8 @@ fn label_sites<'a>(
                 .get(&addr)
                 .cloned()
                 .unwrap_or_else(|| Frame::unknown(addr));
-            // Page and vmalloc events carry no call site: their one site per
-            // source is the whole allocator, and its stacks name the callers.
-            if addr == 0 && source != Source::Kmalloc {
-                let whole = Frame::named(&format!("[{source}]"));
+            if let Some(name) = k.whole_allocator() {
+                let whole = Frame::named(&name);
                 return ((addr, source), (whole.clone(), whole));
             }
             let mut label = cs.clone();

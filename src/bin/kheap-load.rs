@@ -25,9 +25,12 @@
 //!       BPF map of KIND `array` (above 32 KiB its values are one vmalloc
 //!       area) or `percpu` (one percpu allocation per entry) through the bpf
 //!       syscall, and holds it HOLD_SECS; the map goes with the process.
-//!   kheap-load page-cycle COUNT             COUNT times: one write to an
+//!   kheap-load page-cycle COUNT [wait]      COUNT times: one write to an
 //!       anonymous page (one order-0 page allocation in the fault handler),
-//!       then MADV_DONTNEED (its free). Prints CPU ns per call.
+//!       then MADV_DONTNEED (its free). Prints CPU ns per call. With
+//!       `wait`, prints `ready` once the page and its page table are set
+//!       up, and starts after reading a line from stdin: from then on the
+//!       process allocates exactly COUNT pages.
 //!   kheap-load bpf-maps KIND COUNT ENTRIES VALUE_SIZE   creates and closes
 //!       COUNT BPF maps as bpf-array does (`array` above 32 KiB: one
 //!       vmalloc area each; `percpu`: ENTRIES percpu allocations each; the
@@ -42,7 +45,7 @@ use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | pages COUNT | bpf-array array|percpu ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | pages COUNT | bpf-array array|percpu ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
     );
     std::process::exit(2);
 }
@@ -87,7 +90,7 @@ fn main() {
             arg(&args, 4),
             args.get(5).map(|_| arg(&args, 5)),
         ),
-        Some("page-cycle") => page_cycle(arg(&args, 2)),
+        Some("page-cycle") => page_cycle(arg(&args, 2), args.get(3).is_some_and(|a| a == "wait")),
         Some("bpf-maps") => bpf_maps(
             &arg::<String>(&args, 2),
             arg(&args, 3),
@@ -425,7 +428,7 @@ fn bpf_maps(kind: &str, count: u64, entries: u32, value_size: u32) {
 /// COUNT page faults and frees of one anonymous page, for the benchmark's
 /// page modes: each write faults in one order-0 page (mm_page_alloc), each
 /// MADV_DONTNEED frees it (mm_page_free or mm_page_free_batched).
-fn page_cycle(count: u64) {
+fn page_cycle(count: u64, wait: bool) {
     // SAFETY: a fresh private anonymous page, written only inside it and
     // unmapped before return.
     unsafe {
@@ -443,6 +446,12 @@ fn page_cycle(count: u64) {
         // The page table is allocated by this first fault, not in the loop.
         std::ptr::write_volatile(p as *mut u8, 1);
         libc::madvise(p, 4096, libc::MADV_DONTNEED);
+        if wait {
+            // Also allocates stdout's buffer, used again below.
+            println!("ready");
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+        }
         let start = cpu_time_ns();
         for i in 0..count {
             std::ptr::write_volatile(p as *mut u8, i as u8);
