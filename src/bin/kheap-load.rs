@@ -30,7 +30,8 @@
 //!       then MADV_DONTNEED (its free). Prints CPU ns per call. With
 //!       `wait`, prints `ready` once the page and its page table are set
 //!       up, and starts after reading a line from stdin: from then on the
-//!       process allocates exactly COUNT pages.
+//!       process allocates exactly COUNT pages, then prints its line and
+//!       waits for stdin to end before it unmaps the page and exits.
 //!   kheap-load bpf-maps KIND COUNT ENTRIES VALUE_SIZE   creates and closes
 //!       COUNT BPF maps as bpf-array does (`array` above 32 KiB: one
 //!       vmalloc area each; `percpu`: ENTRIES percpu allocations each; the
@@ -460,7 +461,14 @@ fn page_cycle(count: u64, wait: bool) {
             }
         }
         let ns = (cpu_time_ns() - start) as f64 / count.max(1) as f64;
-        libc::munmap(p, 4096);
         println!("{count} page faults and frees, {ns:.1} ns per call");
+        if wait {
+            // Exiting allocates pages too (TLB batches while the address
+            // space is torn down): alive until stdin ends, so a tracer can
+            // read exactly COUNT first.
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+        }
+        libc::munmap(p, 4096);
     }
 }
