@@ -222,7 +222,7 @@ impl SourceColumn {
     /// A stack's frames, callers first, under a root frame naming its
     /// source (`[page]`), so a flame graph of several sources has one tower
     /// per allocator.
-    pub fn root<'a>(self, source: Source, callers_first: Vec<&'a str>) -> Vec<String> {
+    pub fn root(self, source: Source, callers_first: Vec<&str>) -> Vec<String> {
         let root = self.0.then(|| format!("[{source}]"));
         root.into_iter()
             .chain(callers_first.into_iter().map(str::to_string))
