@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{human_count, human_size, pct, signed_size, Counts, Source};
 use crate::render::{cgroup_label, short_list, GroupBy, SourceColumn};
-use crate::report::Report;
+use crate::report::{CacheRow, Report};
 use crate::top::overhead::Overhead;
 
 /// Columns `kheap top` can sort by (all per second except the ratios).
@@ -133,9 +133,10 @@ impl ObjectSizes {
 }
 
 /// Frees of kmalloc memory go through kfree(), whose event names no cache:
-/// only dedicated caches have attributable frees.
-pub fn frees_attributable(cache: &str) -> bool {
-    !cache.starts_with("kmalloc-")
+/// only dedicated caches have attributable frees. The other sources' frees
+/// are counted per source, not per cache (`totals.sources`).
+pub fn frees_attributable(cache: &CacheRow) -> bool {
+    cache.source == Source::Kmalloc && !cache.name.starts_with("kmalloc-")
 }
 
 /// The rows of one grouping of an interval report.
@@ -182,7 +183,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
             .caches
             .iter()
             .map(|c| {
-                let net = if frees_attributable(&c.name) {
+                let net = if frees_attributable(c) {
                     sizes
                         .get(&c.name)
                         .map(|size| (c.counts.count as i64 - c.frees as i64) * size as i64)
@@ -192,7 +193,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
                 TopRow {
                     key: c.name.clone(),
                     name: c.name.clone(),
-                    detail: if frees_attributable(&c.name) {
+                    detail: if frees_attributable(c) {
                         c.frees.to_string()
                     } else {
                         "-".into()
@@ -579,7 +580,18 @@ mod tests {
                 assert_eq!(c[1], r.source.unwrap().name());
             }
             let pages = mixed.iter().filter(|r| r.source == Some(Source::Page));
-            assert_eq!(pages.map(|r| r.counts.count).sum::<u64>(), 52, "{by:?}");
+            assert_eq!(
+                pages.clone().map(|r| r.counts.count).sum::<u64>(),
+                52,
+                "{by:?}"
+            );
+            if by == GroupBy::Cache {
+                // Page frees are counted per source, not per cache: no
+                // frees/s and no net for page caches.
+                for r in pages {
+                    assert_eq!((r.detail.as_str(), r.net_bytes), ("-", None));
+                }
+            }
         }
         // Process rows sum every source: no column.
         let procs = rows_of(sources_snapshot(), GroupBy::Process);
