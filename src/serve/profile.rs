@@ -474,6 +474,42 @@ mod tests {
     }
 
     #[test]
+    fn page_sites_are_the_whole_allocator_and_samples_name_their_source() {
+        let mut p = ProfileState::new(10, 1024);
+        let mut d = Snapshot::default();
+        d.sites.insert(key(0x10, "kmalloc-4k"), stats(3, 4096));
+        let labels = |p: &ProfileState| {
+            let prof = decode(&p.snapshot(None, 1.0).encode(Which::Alloc));
+            let s = |i: i64| prof.string_table[i as usize].clone();
+            prof.sample
+                .iter()
+                .map(|smp| {
+                    let source = smp.label.iter().find(|l| s(l.key) == "source");
+                    (source.map(|l| s(l.str)), smp.value[0])
+                })
+                .collect::<Vec<_>>()
+        };
+        p.add_interval(&d, &Syms);
+        assert_eq!(labels(&p), [(None, 3)], "slab only: no source label");
+        let pages = SiteKey {
+            call_site: 0,
+            cache: CacheId::Pages {
+                order: 0,
+                used_for: crate::model::PageUse::Direct,
+            },
+        };
+        let mut d = Snapshot::default();
+        d.sites.insert(pages, stats(5, 4096));
+        p.add_interval(&d, &Syms);
+        let rows = p.rows(None);
+        let page = rows.iter().find(|r| r.source == Source::Page).unwrap();
+        assert_eq!(page.frames[0].function, "[page]");
+        let mut got = labels(&p);
+        got.sort();
+        assert_eq!(got, [(Some("kmalloc".into()), 3), (Some("page".into()), 5)]);
+    }
+
+    #[test]
     fn stacks_share_the_exact_site_totals_and_inuse_follows_live_objects() {
         let mut p = ProfileState::new(10, 1024);
         let (site, d) = site_with_stacks(1001, 64, &[(7, 2), (9, 1)]);
