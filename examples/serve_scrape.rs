@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use kheap::model::{AllocStats, Hist};
+use kheap::model::{AllocStats, Hist, Source};
 use kheap::serve::exposition::{encode, Format};
 use kheap::serve::families::{self, Health};
 use kheap::serve::series::{SeriesState, SiteDelta, SiteLabel};
@@ -23,6 +23,8 @@ fn main() {
             SiteDelta {
                 site: format!("kernel_function_{i}"),
                 cache: format!("cache-{}", i % 200),
+                source: Source::Kmalloc,
+                counted_elsewhere: false,
                 stats: AllocStats {
                     count: 10 + i as u64,
                     bytes_req: size * 10,

@@ -174,17 +174,25 @@ pub struct TraceArgs {
     /// Capacity of the per-site and per-stack maps
     #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
     pub max_entries: u32,
-    /// Kernel allocators to trace: kmalloc (the slab), page, vmalloc,
-    /// percpu, comma-separated, or all
-    #[arg(long = "source", default_value = "kmalloc", value_name = "LIST")]
-    pub sources: Sources,
+    #[command(flatten)]
+    pub source: SourceArgs,
 }
 
 impl TraceArgs {
     /// Whether any tracing option was given.
     pub fn any(&self) -> bool {
-        self.filters.any() || self.stacks.any() || !self.sources.is_default()
+        self.filters.any() || self.stacks.any() || !self.source.sources.is_default()
     }
+}
+
+/// `--source`: which kernel allocators the kmem tracer follows (record,
+/// top, leaks, slab's traced mode and serve).
+#[derive(Args, Debug, Clone, PartialEq, Eq)]
+pub struct SourceArgs {
+    /// Kernel allocators to trace: kmalloc (the slab), page, vmalloc,
+    /// percpu, comma-separated, or all
+    #[arg(long = "source", default_value = "kmalloc", value_name = "LIST")]
+    pub sources: Sources,
 }
 
 /// An output format: tables for people, JSON for scripts.

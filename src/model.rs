@@ -276,6 +276,16 @@ pub struct SiteKey {
     pub cache: CacheId,
 }
 
+impl SiteKey {
+    /// `[page]`, `[vmalloc]`: the label of a site that is a whole
+    /// allocator. Page and vmalloc events carry no call site, so each of
+    /// those sources has one site, and its stacks name the callers.
+    pub fn whole_allocator(&self) -> Option<String> {
+        let source = self.cache.source();
+        (self.call_site == 0 && source != Source::Kmalloc).then(|| format!("[{source}]"))
+    }
+}
+
 /// kmalloc cache names use "k" for multiples of 1024 (kmalloc-4k, kmalloc-96).
 pub fn kmalloc_size_name(size: u64) -> String {
     if size >= 1024 && size.is_multiple_of(1024) {

@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use clap::ValueEnum;
 use comfy_table::Cell;
 
-use crate::model::{human_count, human_size, Counts};
+use crate::model::{human_count, human_size, Counts, Source};
 use crate::report::{top_n, Report, SiteRow};
 use table::{hidden_note, new_table, table_text};
 
@@ -113,11 +113,7 @@ pub fn header(r: &Report) -> String {
         human_count(r.totals.frees),
     );
     // Per source, once more than the slab is traced.
-    if r.totals
-        .sources
-        .iter()
-        .any(|t| t.source != crate::model::Source::Kmalloc)
-    {
+    if r.shows_sources() {
         let parts: Vec<String> = r
             .totals
             .sources
@@ -182,6 +178,58 @@ pub fn header(r: &Report) -> String {
     s
 }
 
+/// The `source` column of site, stack and cache tables: shown right after
+/// a table's first column when the report traces more than the slab
+/// (`Report::shows_sources`), so `--source page` and `--source all` tables
+/// read alike and a default table keeps its columns. Process and cgroup
+/// rows sum every source: they have none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceColumn(pub bool);
+
+impl SourceColumn {
+    pub fn of(r: &Report) -> SourceColumn {
+        SourceColumn(r.shows_sources())
+    }
+
+    /// Headers with `source` after the first.
+    pub fn headers<'a>(self, names: &[&'a str]) -> Vec<&'a str> {
+        let mut out = names.to_vec();
+        if self.0 {
+            out.insert(1.min(out.len()), "source");
+        }
+        out
+    }
+
+    /// The text (left-aligned) columns of `headers`: the source column, and
+    /// the ones after it moved along.
+    pub fn text(self, text: &[usize]) -> Vec<usize> {
+        if !self.0 {
+            return text.to_vec();
+        }
+        std::iter::once(1)
+            .chain(text.iter().map(|&i| if i >= 1 { i + 1 } else { i }))
+            .collect()
+    }
+
+    /// A row's cells with its source after the first, matching `headers`.
+    pub fn cells<T: From<&'static str>>(self, mut cells: Vec<T>, source: Source) -> Vec<T> {
+        if self.0 {
+            cells.insert(1.min(cells.len()), T::from(source.name()));
+        }
+        cells
+    }
+
+    /// A stack's frames, callers first, under a root frame naming its
+    /// source (`[page]`), so a flame graph of several sources has one tower
+    /// per allocator.
+    pub fn root(self, source: Source, callers_first: Vec<&str>) -> Vec<String> {
+        let root = self.0.then(|| format!("[{source}]"));
+        root.into_iter()
+            .chain(callers_first.into_iter().map(str::to_string))
+            .collect()
+    }
+}
+
 /// The naming cells of a site row: where, and from which caches.
 pub fn site_names(row: &SiteRow) -> [Cell; 2] {
     [
@@ -218,15 +266,16 @@ pub fn table(
 ) -> String {
     let mut out = header(r);
     out.push('\n');
+    let source = SourceColumn::of(r);
     match by {
         GroupBy::Site => {
             let rows = r
                 .sites
                 .iter()
-                .map(|row| with_counts(site_names(row), &row.counts));
+                .map(|row| source.cells(with_counts(site_names(row), &row.counts), row.source));
             out.push_str(&table_text(
-                (&["site", "cache"], &COUNT_HEADERS),
-                &[1],
+                (&source.headers(&["site", "cache"]), &COUNT_HEADERS),
+                &source.text(&[1]),
                 rows,
                 width,
             ));
@@ -237,13 +286,13 @@ pub fn table(
         }
         GroupBy::Stack => out.push_str(&stack_details_text(r, r.stacks.len(), width)),
         GroupBy::Cache => {
-            let rows = r
-                .caches
-                .iter()
-                .map(|row| with_counts([Cell::new(&row.name), Cell::new(row.frees)], &row.counts));
+            let rows = r.caches.iter().map(|row| {
+                let names = [Cell::new(&row.name), Cell::new(row.frees)];
+                source.cells(with_counts(names, &row.counts), row.source)
+            });
             out.push_str(&table_text(
-                (&["cache", "frees"], &COUNT_HEADERS),
-                &[],
+                (&source.headers(&["cache", "frees"]), &COUNT_HEADERS),
+                &source.text(&[]),
                 rows,
                 width,
             ));
@@ -351,11 +400,12 @@ pub fn short_list(items: &[String], n: usize) -> String {
 
 fn stack_details_text(r: &Report, n: usize, width: Option<u16>) -> String {
     let mut out = String::new();
+    let source = SourceColumn::of(r);
     for (i, s) in r.stacks.iter().take(n).enumerate() {
         let est = if s.estimated { "~" } else { "" };
         let _ = writeln!(
             out,
-            "#{} {}  {}{} allocs, {}{} req, {}{} alloc, {} wasted ({:.1}%), cache {}",
+            "#{} {}  {}{} allocs, {}{} req, {}{} alloc, {} wasted ({:.1}%), cache {}{}",
             i + 1,
             s.function,
             est,
@@ -366,7 +416,8 @@ fn stack_details_text(r: &Report, n: usize, width: Option<u16>) -> String {
             human_size(s.counts.bytes_alloc),
             human_size(s.counts.waste_bytes),
             s.counts.waste_pct,
-            s.cache
+            s.cache,
+            source_note(source, s.source),
         );
         out.push_str(&stack_body(
             &s.frames,
@@ -374,6 +425,15 @@ fn stack_details_text(r: &Report, n: usize, width: Option<u16>) -> String {
         ));
     }
     out
+}
+
+/// `, source page` after a stack's title when sources are shown.
+pub fn source_note(column: SourceColumn, source: Source) -> String {
+    if column.0 {
+        format!(", source {source}")
+    } else {
+        String::new()
+    }
 }
 
 /// Under a stack's title line: its frames, then its histogram, indented,
@@ -393,10 +453,16 @@ pub fn stack_body(frames: &[String], histogram: &str) -> String {
 pub fn folded(r: &Report) -> String {
     let mut out = String::new();
     for s in &r.stacks {
-        let names: Vec<&str> = s.frames.iter().rev().map(|f| strip_offset(f)).collect();
-        let _ = writeln!(out, "{} {}", names.join(";"), s.counts.count);
+        let _ = writeln!(out, "{} {}", callers_first(r, s).join(";"), s.counts.count);
     }
     out
+}
+
+/// A stack's function names, callers first, under its source's root frame
+/// when sources are shown: what folded stacks and flame graphs draw.
+pub fn callers_first(r: &Report, s: &crate::report::StackRow) -> Vec<String> {
+    let names = s.frames.iter().rev().map(|f| strip_offset(f)).collect();
+    SourceColumn::of(r).root(s.source, names)
 }
 
 /// The stacks of `folded`, with all their numbers, for a flame graph.
@@ -404,12 +470,7 @@ pub fn flame_samples(r: &Report) -> Vec<flame::Sample> {
     r.stacks
         .iter()
         .map(|s| flame::Sample {
-            frames: s
-                .frames
-                .iter()
-                .rev()
-                .map(|f| strip_offset(f).to_string())
-                .collect(),
+            frames: callers_first(r, s),
             count: s.counts.count,
             bytes: s.counts.bytes_alloc,
             waste: s.counts.waste_bytes,
@@ -425,7 +486,7 @@ fn strip_offset(frame: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{report_of, sample_snapshot};
+    use crate::report::tests::{report_of, sample_snapshot, sources_snapshot};
     use crate::testing::{assert_contains, assert_line};
 
     fn report() -> Report {
@@ -485,6 +546,84 @@ mod tests {
         assert_eq!(l(&["a"]), "a");
         assert_eq!(l(&["a", "b"]), "a,b");
         assert_eq!(l(&["a", "b", "c", "d"]), "a,b +2");
+    }
+
+    /// The cells of the table line that names `what`.
+    fn cells_of<'a>(t: &'a str, what: &str) -> Vec<&'a str> {
+        let line = t
+            .lines()
+            .find(|l| l.starts_with('│') && l.contains(what))
+            .unwrap_or_else(|| panic!("no {what} in {t}"));
+        line.split(['│', '┆']).map(str::trim).collect()
+    }
+
+    #[test]
+    fn the_source_column_is_there_only_beyond_the_slab() {
+        let plain = report();
+        assert!(!plain.shows_sources());
+        for by in [GroupBy::Site, GroupBy::Cache] {
+            let t = table(&plain, by, 0, 0, None);
+            assert!(!t.contains("source"), "{t}");
+        }
+        let r = report_of(&sources_snapshot(), 10, 2.0);
+        assert!(r.shows_sources());
+        let t = table(&r, GroupBy::Site, 0, 1, None);
+        assert_eq!(
+            cells_of(&t, "waste%"),
+            [
+                "", "site", "source", "cache", "count", "req", "alloc", "waste", "waste%", "avg",
+                ""
+            ]
+        );
+        assert_eq!(
+            cells_of(&t, "load_msg+0x10"),
+            [
+                "",
+                "load_msg+0x10",
+                "kmalloc",
+                "kmalloc-cg-4k",
+                "1000",
+                "2.0M",
+                "3.9M",
+                "1.9M",
+                "47.6%",
+                "2148",
+                ""
+            ]
+        );
+        // Page events carry no call site: one site per source, all layers.
+        assert_eq!(
+            &cells_of(&t, "[page]")[1..5],
+            ["[page]", "page", "pages-order0,pages-order0-slab", "52"]
+        );
+        assert!(t.contains("sources: kmalloc 1.3k allocs"), "{t}");
+        let t = table(&r, GroupBy::Cache, 0, 0, None);
+        assert_eq!(
+            &cells_of(&t, "frees")[1..5],
+            ["cache", "source", "frees", "count"]
+        );
+        assert_eq!(
+            &cells_of(&t, "pages-order0-slab")[1..5],
+            ["pages-order0-slab", "page", "0", "2"]
+        );
+        let t = table(&r, GroupBy::Stack, 0, 0, None);
+        assert!(
+            t.contains("cache pages-order0, source page\n"),
+            "stack titles name the source: {t}"
+        );
+    }
+
+    #[test]
+    fn folded_stacks_of_several_sources_stand_on_a_root_per_source() {
+        let f = folded(&report_of(&sources_snapshot(), 10, 2.0));
+        assert_line(&f, "[page];do_anonymous_page;__alloc_pages_noprof 50");
+        assert_line(
+            &f,
+            "[page];__kmalloc_noprof;allocate_slab;__alloc_pages_noprof 2",
+        );
+        assert_line(&f, "[kmalloc];do_msgsnd;load_msg;__kmalloc_noprof 1000");
+        let samples = flame_samples(&report_of(&sources_snapshot(), 10, 2.0));
+        assert!(samples.iter().all(|s| s.frames[0].starts_with('[')));
     }
 
     #[test]

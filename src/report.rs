@@ -306,6 +306,19 @@ fn unnamed_cgroup(id: u64) -> CgroupRef {
 }
 
 impl Report {
+    /// Whether the run traced an allocator beyond the slab (`--source`):
+    /// then site, stack and cache rows show their `source` (a column, a
+    /// root frame, a profile label); a default, slab-only report keeps the
+    /// shape it always had. Every traced source beyond the slab has a row
+    /// in `totals.sources` (its frees are read even when it saw no event),
+    /// so the answer holds for every interval of `top`.
+    pub fn shows_sources(&self) -> bool {
+        self.totals
+            .sources
+            .iter()
+            .any(|t| t.source != Source::Kmalloc)
+    }
+
     /// Outstanding bytes per source (kheap leaks), pages that back another
     /// source left out: the input of the /proc/meminfo accounting.
     pub fn outstanding_by_source(&self) -> HashMap<Source, u64> {
@@ -532,11 +545,8 @@ fn source_totals(snap: &Snapshot) -> Vec<SourceTotals> {
         let i = row(&mut rows, source);
         rows[i].frees = frees;
     }
-    // kfree() names no cache: the slab's frees are what the other sources
-    // did not free.
-    let others: u64 = snap.source_frees.values().sum();
     if let Some(r) = rows.iter_mut().find(|r| r.source == Source::Kmalloc) {
-        r.frees = snap.events.frees.saturating_sub(others);
+        r.frees = snap.slab_frees();
     }
     rows.sort_by_key(|r| r.source);
     rows
@@ -673,10 +683,8 @@ fn label_sites<'a>(
                 .get(&addr)
                 .cloned()
                 .unwrap_or_else(|| Frame::unknown(addr));
-            // Page and vmalloc events carry no call site: their one site per
-            // source is the whole allocator, and its stacks name the callers.
-            if addr == 0 && source != Source::Kmalloc {
-                let whole = Frame::named(&format!("[{source}]"));
+            if let Some(name) = k.whole_allocator() {
+                let whole = Frame::named(&name);
                 return ((addr, source), (whole.clone(), whole));
             }
             let mut label = cs.clone();
@@ -799,7 +807,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use crate::model::Hist;
+    use crate::model::{Hist, PageUse};
     use crate::testing::assert_keys;
 
     /// A symbolizer over a fixed table, for tests: (start, name), sorted.
@@ -852,6 +860,9 @@ pub mod tests {
             (0x4000, "simple_xattr_alloc"),
             (0x4100, "vmemdup_user"),
             (0x4200, "setxattr_copy"),
+            (0x5000, "__alloc_pages_noprof"),
+            (0x5100, "do_anonymous_page"),
+            (0x5200, "allocate_slab"),
         ])
     }
 
@@ -899,6 +910,27 @@ pub mod tests {
         snap.events.frees = 900;
         snap.events.stack_samples = 130;
         snap.events.lost_stack_collision = 2;
+        snap
+    }
+
+    /// The sample snapshot of a `--source kmalloc,page` run: 50 order-0
+    /// pages faulted in by do_anonymous_page (40 freed), and 2 that back
+    /// new slabs (the page source's slab layer).
+    pub fn sources_snapshot() -> Snapshot {
+        let mut snap = sample_snapshot();
+        let page = |used_for| SiteKey {
+            call_site: 0,
+            cache: CacheId::Pages { order: 0, used_for },
+        };
+        let (anon, slab) = (page(PageUse::Direct), page(PageUse::Slab));
+        snap.sites.insert(anon.clone(), stats(50, 4096, 4096));
+        snap.sites.insert(slab.clone(), stats(2, 4096, 4096));
+        snap.stacks.insert((anon, 4), stats(50, 4096, 4096));
+        snap.stacks.insert((slab, 5), stats(2, 4096, 4096));
+        snap.stack_frames.insert(4, vec![0x1010, 0x5010, 0x5110]);
+        snap.stack_frames
+            .insert(5, vec![0x1010, 0x5010, 0x5210, 0x2010]);
+        snap.source_frees.insert(Source::Page, 40);
         snap
     }
 

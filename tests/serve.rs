@@ -95,6 +95,36 @@ fn start_serve(port: u16, extra: &[&str]) -> Background {
     b
 }
 
+/// A real Prometheus on `port`, scraping the kheap serve instances on
+/// `targets` every second (job "kheap"), once it sees them all up.
+fn start_prometheus(dir: &Path, port: u16, targets: &[u16]) -> Background {
+    let config = dir.join("prometheus.yml");
+    let targets: Vec<String> = targets.iter().map(|t| format!("'127.0.0.1:{t}'")).collect();
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n  - job_name: kheap\n    static_configs:\n      - targets: [{}]\n",
+            targets.join(", ")
+        ),
+    )
+    .unwrap();
+    let storage = dir.join("tsdb");
+    let mut prom = Background::spawn(
+        "prometheus",
+        &[
+            &format!("--config.file={}", config.display()),
+            &format!("--storage.tsdb.path={}", storage.display()),
+            &format!("--web.listen-address=127.0.0.1:{port}"),
+        ],
+    );
+    prom.wait_for("Server is ready to receive web requests");
+    let up = targets.len() as f64;
+    wait_query(port, "sum(up{job=\"kheap\"})", |r| {
+        r.len() == 1 && r[0].1 == up
+    });
+    prom
+}
+
 fn run_load(path: &Path, args: &[&str]) {
     let st = Command::new(path)
         .args(args)
@@ -144,29 +174,7 @@ fn prometheus_scrapes_exact_counts_from_two_instances() {
     let mut serve_a = start_serve(port_a, &["--comm", &comm_a, "--sites", "3"]);
     let mut serve_b = start_serve(port_b, &["--comm", &comm_b, "--sites", "3"]);
 
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n  - job_name: kheap\n    static_configs:\n      - targets: ['127.0.0.1:{port_a}', '127.0.0.1:{port_b}']\n"
-        ),
-    )
-    .unwrap();
-    let storage = dir.path().join("tsdb");
-    let mut prom = Background::spawn(
-        "prometheus",
-        &[
-            &format!("--config.file={}", config.display()),
-            &format!("--storage.tsdb.path={}", storage.display()),
-            &format!("--web.listen-address=127.0.0.1:{port_p}"),
-        ],
-    );
-    prom.wait_for("Server is ready to receive web requests");
-
-    // Both targets up.
-    wait_query(port_p, "sum(up{job=\"kheap\"})", |r| {
-        r.len() == 1 && r[0].1 == 2.0
-    });
+    let mut prom = start_prometheus(dir.path(), port_p, &[port_a, port_b]);
 
     // The workloads: 300 and 500 SysV messages of 2100 bytes, one kmalloc
     // each in load_msg (kmalloc-4k).
@@ -352,9 +360,9 @@ const COUNT: u64 = 300;
 const OBJECT: u64 = 4096;
 
 /// `go tool pprof -top` of `url` (fetched over HTTP by pprof itself) for
-/// one sample type, only the samples of cache kmalloc-4k: the cumulative
-/// value of `function`, 0 when it is not in the profile.
-fn pprof_cum(dir: &Path, url: &str, sample_index: &str, function: &str) -> u64 {
+/// one sample type, only the samples with the label `tag` (`cache=…`): the
+/// cumulative value of `function`, 0 when it is not in the profile.
+fn pprof_cum(dir: &Path, url: &str, sample_index: &str, tag: &str, function: &str) -> u64 {
     let out = Command::new("go")
         .args([
             "tool",
@@ -363,7 +371,7 @@ fn pprof_cum(dir: &Path, url: &str, sample_index: &str, function: &str) -> u64 {
             "-nodecount=1000",
             "-unit=B",
             &format!("-sample_index={sample_index}"),
-            "-tagfocus=cache=kmalloc-4k",
+            &format!("-tagfocus={tag}"),
             url,
         ])
         // pprof saves each fetched profile under $PPROF_TMPDIR.
@@ -444,7 +452,8 @@ fn go_tool_pprof_reads_alloc_and_inuse_over_http() {
     let count = COUNT.to_string();
     let mut holder = Background::spawn(load.to_str().unwrap(), &["msg", &count, "2100", "20"]);
     let (alloc, inuse) = (format!("{base}/pprof/alloc"), format!("{base}/pprof/inuse"));
-    let cum = |url: &str, index: &str| pprof_cum(dir.path(), url, index, "load_msg");
+    let cum =
+        |url: &str, index: &str| pprof_cum(dir.path(), url, index, "cache=kmalloc-4k", "load_msg");
     // While held: every message outstanding, exactly.
     wait_for_value("inuse_objects of load_msg", COUNT, || {
         cum(&inuse, "inuse_objects")
@@ -564,4 +573,107 @@ fn by_cgroup_exports_each_cgroups_exact_counts_and_keeps_removed_paths() {
     assert_eq!(cgroup_counts(&after, &rel), (500, 500 * 192), "{after}");
     serve.signal(libc::SIGTERM);
     assert!(serve.wait(), "{:#?}", serve.seen);
+}
+
+/// kheap-load page-cycle COUNT wait: set up and waiting for a line on
+/// stdin; killed if the test fails before it ends.
+struct WaitingLoad {
+    child: std::process::Child,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl WaitingLoad {
+    fn start(count: u64) -> WaitingLoad {
+        let mut child = Command::new(LOAD)
+            .args(["page-cycle", &count.to_string(), "wait"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut load = WaitingLoad { child, stdout };
+        assert_eq!(load.line(), "ready\n");
+        load
+    }
+
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut self.stdout, &mut line).unwrap();
+        line
+    }
+
+    /// Lets it run its loop and waits until it is done (it stays alive:
+    /// its exit would allocate pages of its own).
+    fn run_loop(&mut self) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+        let done = self.line();
+        assert!(done.contains("page faults and frees"), "{done}");
+    }
+
+    /// Ends its stdin: it unmaps its page and exits.
+    fn finish(mut self) {
+        drop(self.child.stdin.take());
+        assert!(wait_or_kill(&mut self.child, Duration::from_secs(60)).success());
+    }
+}
+
+impl Drop for WaitingLoad {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `--source page`: a real Prometheus scrape and `go tool pprof` over
+/// HTTP both show the exact number of pages a process faulted in. The
+/// process is traced by PID from after its set-up, so its only page
+/// allocations are its COUNT faults (each freed again by MADV_DONTNEED).
+#[test]
+fn page_source_is_scraped_with_its_exact_count() {
+    require_root();
+    const N: u64 = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let mut load = WaitingLoad::start(N);
+    let pid = load.child.id().to_string();
+    let (port, port_p) = (free_port(), free_port());
+    let mut serve = start_serve(port, &["-p", &pid, "--source", "page", "--exact-stacks"]);
+    let mut prom = start_prometheus(dir.path(), port_p, &[port]);
+    load.run_loop();
+
+    let page = |q: &str, want: f64| {
+        wait_query(port_p, q, |r| r.len() == 1 && r[0].1 == want);
+    };
+    page("kheap_source_allocations_total{source=\"page\"}", N as f64);
+    page(
+        "kheap_source_allocated_bytes_total{source=\"page\"}",
+        (N * 4096) as f64,
+    );
+    page("kheap_site_allocations_total{site=\"[page]\"}", N as f64);
+    page(
+        "kheap_cache_allocations_total{cache=\"pages-order0\"}",
+        N as f64,
+    );
+    // Each page freed: mm_page_free (and mm_page_free_batched) fire.
+    let frees = query(port_p, "kheap_source_frees_total{source=\"page\"}");
+    assert!(frees[0].1 >= N as f64, "{frees:?}");
+    // Only the traced source has series.
+    let sources = query(port_p, "kheap_source_allocations_total");
+    assert_eq!(sources.len(), 1, "{sources:?}");
+    let body = curl(&[&format!("http://127.0.0.1:{port}/metrics")]);
+    promtool_check(&body);
+
+    // The profile labels each sample with its source; every page came
+    // through the fault handler.
+    let url = format!("http://127.0.0.1:{port}/pprof/alloc");
+    let cum = |index: &str| pprof_cum(dir.path(), &url, index, "source=page", "handle_mm_fault");
+    assert_eq!(cum("alloc_objects"), N);
+    assert_eq!(cum("alloc_space"), N * 4096);
+    load.finish();
+
+    serve.signal(libc::SIGTERM);
+    assert!(serve.wait(), "{:#?}", serve.seen);
+    prom.signal(libc::SIGTERM);
+    prom.wait();
 }

@@ -369,3 +369,101 @@ fn wait_for_quiet_vmalloc() {
         last = now;
     }
 }
+
+/// The tables of a run with more than the slab name each row's source:
+/// the site table has a `source` column, each stack of the stack view says
+/// its source, and the anonymous pages' stacks there add up to the exact
+/// count. A default run's table has no such column.
+#[test]
+fn tables_name_the_source_of_every_row() {
+    require_root();
+    const N: u64 = 1000;
+    let dir = tempfile::tempdir().unwrap();
+    let table_of = |args: &[&str], load: &[&str]| -> String {
+        let path = dir.path().join("report.txt");
+        let mut all = vec!["record", "-n", "10000", "-o", path.to_str().unwrap()];
+        all.extend(args);
+        all.extend(["--", LOAD]);
+        all.extend(load);
+        assert_ok(&kheap(&all));
+        std::fs::read_to_string(&path).unwrap()
+    };
+    let cells = |line: &str| -> Vec<String> {
+        line.split(['│', '┆'])
+            .map(|c| c.trim().to_string())
+            .collect()
+    };
+    let header_of = |t: &str| cells(t.lines().find(|l| l.contains("waste%")).unwrap());
+
+    let plain = table_of(&[], &["msg", "10", "100"]);
+    assert_eq!(
+        &header_of(&plain)[1..4],
+        ["site", "cache", "count"],
+        "{plain}"
+    );
+
+    let n = N.to_string();
+    let sites = table_of(&["--source", "kmalloc,page"], &["pages", &n]);
+    assert_eq!(
+        &header_of(&sites)[1..4],
+        ["site", "source", "cache"],
+        "{sites}"
+    );
+    let page = sites.lines().find(|l| l.contains("[page]")).unwrap();
+    let page = cells(page);
+    assert_eq!(page[2], "page", "{sites}");
+    assert!(page[4].parse::<u64>().unwrap() >= N, "{sites}");
+    let kmalloc_rows = sites
+        .lines()
+        .filter(|l| l.starts_with('│') && !l.contains("waste%"))
+        .filter(|l| cells(l)[2] == "kmalloc")
+        .count();
+    assert!(
+        kmalloc_rows > 0,
+        "the command's own slab allocations: {sites}"
+    );
+
+    // Stack blocks: a title "#i function  N allocs, …, cache C, source S",
+    // then the frames, indented.
+    let stacks = table_of(
+        &[
+            "--source",
+            "kmalloc,page",
+            "--exact-stacks",
+            "--by",
+            "stack",
+        ],
+        &["pages", &n],
+    );
+    let mut anon = 0;
+    for block in stacks.split("\n#").skip(1) {
+        let title = block.lines().next().unwrap();
+        let frames: Vec<&str> = block
+            .lines()
+            .skip(1)
+            .map(str::trim)
+            .filter(|f| f.contains("+0x"))
+            .collect();
+        let through = |name: &str| frames.iter().any(|f| f.starts_with(name));
+        assert!(
+            title.ends_with(", source page") || title.ends_with(", source kmalloc"),
+            "{title}"
+        );
+        // The fault path's own slab allocations (anon_vma…) are kmalloc's.
+        let anon_page = title.ends_with(", source page")
+            && through("do_madvise")
+            && through("handle_mm_fault")
+            && !frames
+                .iter()
+                .any(|f| f.contains("pte_alloc") || f.contains("pmd_alloc"));
+        if anon_page {
+            assert!(
+                title.ends_with("cache pages-order0, source page"),
+                "{title}"
+            );
+            let count = title.split("  ").nth(1).unwrap();
+            anon += count.split(' ').next().unwrap().parse::<u64>().unwrap();
+        }
+    }
+    assert_eq!(anon, N, "{stacks}");
+}

@@ -25,6 +25,17 @@
 //!       BPF map of KIND `array` (above 32 KiB its values are one vmalloc
 //!       area) or `percpu` (one percpu allocation per entry) through the bpf
 //!       syscall, and holds it HOLD_SECS; the map goes with the process.
+//!   kheap-load page-cycle COUNT [wait]      COUNT times: one write to an
+//!       anonymous page (one order-0 page allocation in the fault handler),
+//!       then MADV_DONTNEED (its free). Prints CPU ns per call. With
+//!       `wait`, prints `ready` once the page and its page table are set
+//!       up, and starts after reading a line from stdin: from then on the
+//!       process allocates exactly COUNT pages, then prints its line and
+//!       waits for stdin to end before it unmaps the page and exits.
+//!   kheap-load bpf-maps KIND COUNT ENTRIES VALUE_SIZE   creates and closes
+//!       COUNT BPF maps as bpf-array does (`array` above 32 KiB: one
+//!       vmalloc area each; `percpu`: ENTRIES percpu allocations each; the
+//!       kernel frees them later, in a kworker). Prints CPU ns per call.
 //!
 //! With KHEAP_LOAD_WAIT set, any mode prints `ready` once started and then
 //! waits for a line on stdin: a test can then move the process into a
@@ -35,7 +46,7 @@ use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | pages COUNT | bpf-array array|percpu ENTRIES VALUE_SIZE [HOLD_SECS]"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | pages COUNT | bpf-array array|percpu ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
     );
     std::process::exit(2);
 }
@@ -79,6 +90,13 @@ fn main() {
             arg(&args, 3),
             arg(&args, 4),
             args.get(5).map(|_| arg(&args, 5)),
+        ),
+        Some("page-cycle") => page_cycle(arg(&args, 2), args.get(3).is_some_and(|a| a == "wait")),
+        Some("bpf-maps") => bpf_maps(
+            &arg::<String>(&args, 2),
+            arg(&args, 3),
+            arg(&args, 4),
+            arg(&args, 5),
         ),
         Some("writev-rate") => {
             if args.get(4).is_some_and(|a| a == "wait") {
@@ -355,6 +373,16 @@ fn pages(count: usize) {
 /// A BPF array map made with the raw bpf(2) syscall; closed (and freed by
 /// the kernel) when the process exits.
 fn bpf_array(kind: &str, entries: u32, value_size: u32, hold_secs: Option<u64>) {
+    create_bpf_map(kind, entries, value_size);
+    if let Some(secs) = hold_secs {
+        println!("created");
+        std::thread::sleep(Duration::from_secs(secs));
+    }
+}
+
+/// A BPF map of KIND `array` or `percpu` made with the raw bpf(2) syscall;
+/// returns its fd.
+fn create_bpf_map(kind: &str, entries: u32, value_size: u32) -> i32 {
     const BPF_MAP_CREATE: libc::c_long = 0;
     let map_type: u32 = match kind {
         "array" => 2,  // BPF_MAP_TYPE_ARRAY
@@ -381,8 +409,66 @@ fn bpf_array(kind: &str, entries: u32, value_size: u32, hold_secs: Option<u64>) 
         eprintln!("bpf(BPF_MAP_CREATE): {}", std::io::Error::last_os_error());
         std::process::exit(1);
     }
-    if let Some(secs) = hold_secs {
-        println!("created");
-        std::thread::sleep(Duration::from_secs(secs));
+    fd as i32
+}
+
+/// COUNT maps created and closed, for the benchmark's vmalloc and percpu
+/// modes: the allocations happen in this thread; the frees run later in a
+/// kworker (the map is freed after its last reference goes), outside the
+/// CPU time measured here.
+fn bpf_maps(kind: &str, count: u64, entries: u32, value_size: u32) {
+    let start = cpu_time_ns();
+    for _ in 0..count {
+        let fd = create_bpf_map(kind, entries, value_size);
+        unsafe { libc::close(fd) };
+    }
+    let ns = (cpu_time_ns() - start) as f64 / count.max(1) as f64;
+    println!("{count} {kind} maps created and closed, {ns:.1} ns per call");
+}
+
+/// COUNT page faults and frees of one anonymous page, for the benchmark's
+/// page modes: each write faults in one order-0 page (mm_page_alloc), each
+/// MADV_DONTNEED frees it (mm_page_free or mm_page_free_batched).
+fn page_cycle(count: u64, wait: bool) {
+    // SAFETY: a fresh private anonymous page, written only inside it and
+    // unmapped before return.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            fail("mmap");
+        }
+        // The page table is allocated by this first fault, not in the loop.
+        std::ptr::write_volatile(p as *mut u8, 1);
+        libc::madvise(p, 4096, libc::MADV_DONTNEED);
+        if wait {
+            // Also allocates stdout's buffer, used again below.
+            println!("ready");
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+        }
+        let start = cpu_time_ns();
+        for i in 0..count {
+            std::ptr::write_volatile(p as *mut u8, i as u8);
+            if libc::madvise(p, 4096, libc::MADV_DONTNEED) != 0 {
+                fail("madvise(MADV_DONTNEED)");
+            }
+        }
+        let ns = (cpu_time_ns() - start) as f64 / count.max(1) as f64;
+        println!("{count} page faults and frees, {ns:.1} ns per call");
+        if wait {
+            // Exiting allocates pages too (TLB batches while the address
+            // space is torn down): alive until stdin ends, so a tracer can
+            // read exactly COUNT first.
+            let mut line = String::new();
+            let _ = std::io::stdin().read_line(&mut line);
+        }
+        libc::munmap(p, 4096);
     }
 }

@@ -165,7 +165,7 @@ pub fn kmem_config(t: &TraceArgs, targets: &Targets, default_sample: u32) -> Con
         stack_sample_every: t.stacks.sample_every(default_sample),
         max_sites: t.max_entries,
         max_stacks: t.max_entries,
-        sources: t.sources,
+        sources: t.source.sources,
         ..Config::default()
     }
 }

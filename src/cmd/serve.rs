@@ -16,14 +16,14 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser};
 
 use crate::cgroup::{cgroup2_mount, CgroupNames};
-use crate::cli::{parse_duration, parse_map_entries, FilterArgs, StackArgs};
+use crate::cli::{parse_duration, parse_map_entries, FilterArgs, SourceArgs, StackArgs};
 use crate::cmd::run::{stop_requested, Targets};
 use crate::kernel::features;
 use crate::kernel::kmem::{self, Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::model::live::OutstandingRead;
 use crate::model::snapshot::Snapshot;
-use crate::model::SiteKey;
+use crate::model::{SiteKey, Source};
 use crate::serve::cgroups;
 use crate::serve::exposition::{encode_groups, Family, Format, Kind, Value};
 use crate::serve::families::{self, Health, OutstandingSite, SlabInput};
@@ -88,6 +88,8 @@ pub struct ServeArgs {
     pub filters: FilterArgs,
     #[command(flatten)]
     pub stacks: StackArgs,
+    #[command(flatten)]
+    pub source: SourceArgs,
     /// Capacity of the per-site map (and of the per-stack map, and of the
     /// stacks the profiles keep their own counts for)
     #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
@@ -164,6 +166,7 @@ fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
         by_cgroup: args.by_cgroup,
         cgroups: f.cgroups.iter().map(|c| c.id).collect(),
         live: args.track_outstanding.then(LiveConfig::default),
+        sources: args.source.sources,
         ..Config::default()
     }
 }
@@ -427,6 +430,7 @@ impl Daemon {
                 .map(|c| c.id)
                 .ne(cfg.cgroups.iter().copied())
             || new.max_entries != cfg.max_sites
+            || new.source.sources != cfg.sources
             || new.stacks.sample_every(STACK_SAMPLE_EVERY) != cfg.stack_sample_every;
         *args = ServeArgs { listen, ..new };
         eprintln!(
@@ -436,7 +440,13 @@ impl Daemon {
         Ok(reattach)
     }
 
-    fn function_name(&self, addr: u64) -> String {
+    /// The `site` label of a site: its function, or the whole allocator
+    /// (`[page]`) for sources whose events carry no call site.
+    fn site_name(&self, k: &SiteKey) -> String {
+        if let Some(name) = k.whole_allocator() {
+            return name;
+        }
+        let addr = k.call_site;
         self.syms
             .symbolize(&[addr])
             .into_iter()
@@ -476,8 +486,10 @@ impl Daemon {
             .sites
             .iter()
             .map(|(k, s)| SiteDelta {
-                site: self.function_name(k.call_site),
+                site: self.site_name(k),
                 cache: k.cache.name(),
+                source: k.cache.source(),
+                counted_elsewhere: k.cache.counted_elsewhere(),
                 stats: *s,
             })
             .collect();
@@ -487,6 +499,12 @@ impl Daemon {
             .map(|(c, n)| (c.name(), *n))
             .collect();
         self.state.add_interval(&sites, &frees);
+        let mut source_frees: Vec<(Source, u64)> =
+            delta.source_frees.iter().map(|(&s, &n)| (s, n)).collect();
+        if att.cfg.sources.contains(Source::Kmalloc) {
+            source_frees.push((Source::Kmalloc, delta.slab_frees()));
+        }
+        self.state.add_source_frees(&source_frees);
         if att.cfg.by_cgroup {
             self.cgroups
                 .add_interval(cgroups::by_values(&delta.cgroups, &self.cgroup_names));
@@ -596,8 +614,9 @@ impl Daemon {
         }
         by.into_iter()
             .map(|(k, (objects, bytes))| OutstandingSite {
-                site: self.function_name(k.call_site),
+                site: self.site_name(k),
                 cache: k.cache.name(),
+                source: k.cache.source(),
                 objects,
                 bytes,
             })

@@ -10,9 +10,9 @@ use comfy_table::Cell;
 use crate::leaks::retention::{sort_by_retention, Retention};
 use crate::model::live::AgeBucket;
 use crate::model::{human_count, human_size, Counts};
-use crate::render;
 use crate::render::hist::{self, HistLine};
 use crate::render::table::{hidden_note, table_text};
+use crate::render::{self, SourceColumn};
 use crate::report::{top_n, Report};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -189,15 +189,16 @@ pub fn table(
 ) -> String {
     let mut out = leak_header(r);
     out.push('\n');
+    let source = SourceColumn::of(r);
     match by {
         LeakGroupBy::Site => {
-            let rows = r
-                .sites
-                .iter()
-                .map(|row| with_retention(render::site_names(row), &row.retention, &row.counts));
+            let rows = r.sites.iter().map(|row| {
+                let cells = with_retention(render::site_names(row), &row.retention, &row.counts);
+                source.cells(cells, row.source)
+            });
             out.push_str(&table_text(
-                (&["site", "cache"], &RETENTION_HEADERS),
-                &[1],
+                (&source.headers(&["site", "cache"]), &RETENTION_HEADERS),
+                &source.text(&[1]),
                 rows,
                 width,
             ));
@@ -266,13 +267,13 @@ pub fn table(
             ));
         }
         LeakGroupBy::Cache => {
-            let rows = r
-                .caches
-                .iter()
-                .map(|row| with_retention([Cell::new(&row.name)], &row.retention, &row.counts));
+            let rows = r.caches.iter().map(|row| {
+                let cells = with_retention([Cell::new(&row.name)], &row.retention, &row.counts);
+                source.cells(cells, row.source)
+            });
             out.push_str(&table_text(
-                (&["cache"], &RETENTION_HEADERS),
-                &[],
+                (&source.headers(&["cache"]), &RETENTION_HEADERS),
+                &source.text(&[]),
                 rows,
                 width,
             ));
@@ -284,12 +285,13 @@ pub fn table(
 
 fn stack_details(r: &Report, n: usize, width: Option<u16>) -> String {
     let mut out = String::new();
+    let source = SourceColumn::of(r);
     for (i, s) in r.stacks.iter().take(n).enumerate() {
         let ret = s.retention.clone().unwrap_or_default();
         let est = if s.estimated { "~" } else { "" };
         let _ = writeln!(
             out,
-            "#{} {}  {est}{} live ({est}{}), oldest {}; {est}{} allocated, {est}{} freed; cache {}",
+            "#{} {}  {est}{} live ({est}{}), oldest {}; {est}{} allocated, {est}{} freed; cache {}{}",
             i + 1,
             s.function,
             ret.outstanding_count,
@@ -297,7 +299,8 @@ fn stack_details(r: &Report, n: usize, width: Option<u16>) -> String {
             human_age(ret.oldest_s),
             s.counts.count,
             ret.freed_count,
-            s.cache
+            s.cache,
+            render::source_note(source, s.source),
         );
         out.push_str(&render::stack_body(
             &s.frames,
@@ -339,13 +342,7 @@ pub fn folded(r: &Report) -> String {
         if bytes == 0 {
             continue;
         }
-        let names: Vec<&str> = s
-            .frames
-            .iter()
-            .rev()
-            .map(|f| f.split_once('+').map_or(f.as_str(), |(n, _)| n))
-            .collect();
-        let _ = writeln!(out, "{} {bytes}", names.join(";"));
+        let _ = writeln!(out, "{} {bytes}", render::callers_first(r, s).join(";"));
     }
     out
 }
@@ -358,12 +355,7 @@ pub fn flame_samples(r: &Report) -> Vec<crate::render::flame::Sample> {
         .filter_map(|s| {
             let ret = s.retention.as_ref().filter(|r| r.outstanding_bytes > 0)?;
             Some(crate::render::flame::Sample {
-                frames: s
-                    .frames
-                    .iter()
-                    .rev()
-                    .map(|f| f.split_once('+').map_or(f.as_str(), |(n, _)| n).to_string())
-                    .collect(),
+                frames: render::callers_first(r, s),
                 count: ret.outstanding_count,
                 bytes: ret.outstanding_bytes,
                 waste: ret
@@ -383,6 +375,33 @@ mod tests {
 
     fn report(sample_every: u32) -> Report {
         report_of(&leak_snapshot(sample_every), 10, 2.0)
+    }
+
+    #[test]
+    fn site_and_cache_tables_name_the_source_beyond_the_slab() {
+        let r = report(1);
+        for by in [LeakGroupBy::Site, LeakGroupBy::Cache] {
+            assert!(!table(&r, by, 0, 0, None).contains("source"));
+        }
+        let r = crate::report::tests::report_of(&crate::report::tests::sources_snapshot(), 10, 2.0);
+        let header = |by| {
+            let t = table(&r, by, 0, 0, None);
+            let line = t.lines().find(|l| l.contains("live")).unwrap().to_string();
+            let cols: Vec<String> = line
+                .split(['│', '┆'])
+                .map(|c| c.trim().to_string())
+                .collect();
+            (t, cols)
+        };
+        let (t, cols) = header(LeakGroupBy::Site);
+        assert_eq!(&cols[1..4], ["site", "source", "cache"], "{t}");
+        assert!(
+            t.lines()
+                .any(|l| l.contains("[page]") && l.contains("┆ page ")),
+            "{t}"
+        );
+        let (t, cols) = header(LeakGroupBy::Cache);
+        assert_eq!(&cols[1..3], ["cache", "source"], "{t}");
     }
 
     #[test]

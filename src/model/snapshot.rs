@@ -29,6 +29,15 @@ pub struct Snapshot {
     pub leaks: Option<LeakInput>,
 }
 
+impl Snapshot {
+    /// Frees of the slab: kfree() names no cache, so they are every free
+    /// the other sources did not count.
+    pub fn slab_frees(&self) -> u64 {
+        let others: u64 = self.source_frees.values().sum();
+        self.events.frees.saturating_sub(others)
+    }
+}
+
 /// Counters of events that are not allocations: frees, and everything
 /// dropped or sampled on the way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -24,6 +24,8 @@ use prost::Message as _;
 use crate::diff::{Diff, DiffBy, Measure};
 use crate::malloc::report::MallocReport;
 use crate::malloc::usersyms::UserFrame;
+use crate::model::Source;
+use crate::render::SourceColumn;
 use crate::report::Report;
 
 /// The mapping kernel frames belong to, named as `perf` names it.
@@ -292,6 +294,7 @@ pub fn heap_profile(inuse: bool, duration_s: f64) -> Builder {
 /// `inuse_*` values when the report knows what is outstanding.
 pub fn from_report(r: &Report) -> Builder {
     let inuse = r.leaks.is_some();
+    let sources = SourceColumn::of(r);
     let mut b = heap_profile(inuse, r.duration_s);
     b.comment(&format!("kheap: kernel heap, {:.2} s", r.duration_s));
     if r.sampling.stacks_estimated {
@@ -317,19 +320,22 @@ pub fn from_report(r: &Report) -> Builder {
             b.comment("no stacks captured: one single-frame sample per call site");
         }
         for s in &r.sites {
+            let mut labels: Vec<Label> = s
+                .caches
+                .iter()
+                .map(|c| Label::Str("cache".into(), c.clone()))
+                .collect();
+            labels.extend(source_label(sources, s.source));
             b.add(&Sample {
                 frames: vec![Frame::kernel(&s.location)],
                 values: values(&s.counts, s.retention.as_ref()),
-                labels: s
-                    .caches
-                    .iter()
-                    .map(|c| Label::Str("cache".into(), c.clone()))
-                    .collect(),
+                labels,
             });
         }
     }
     for s in &r.stacks {
         let mut labels = vec![Label::Str("cache".into(), s.cache.clone())];
+        labels.extend(source_label(sources, s.source));
         if s.estimated {
             labels.push(Label::Str("estimated".into(), "true".into()));
         }
@@ -344,6 +350,14 @@ pub fn from_report(r: &Report) -> Builder {
         });
     }
     b
+}
+
+/// The `source` label of a sample (`-tagfocus source=page`), when the
+/// report traces more than the slab.
+pub fn source_label(shown: SourceColumn, source: Source) -> Option<Label> {
+    shown
+        .0
+        .then(|| Label::Str("source".into(), source.name().into()))
 }
 
 /// A user frame: its binary as the mapping, `file:line` where known.
@@ -524,6 +538,37 @@ mod tests {
         assert_eq!(p.location[1].line[0].line, 42);
         assert_eq!(s(p.comment[0]), "hello");
         assert_eq!(p.sample[0].value, vec![3, 300]);
+    }
+
+    #[test]
+    fn samples_beyond_the_slab_are_labelled_with_their_source() {
+        let label_values = |r: &Report| {
+            let p = decode(&from_report(r));
+            let s = |i: i64| p.string_table[i as usize].clone();
+            p.sample
+                .iter()
+                .map(|smp| {
+                    let source = smp.label.iter().find(|l| s(l.key) == "source");
+                    (source.map(|l| s(l.str)), smp.value[0])
+                })
+                .collect::<Vec<_>>()
+        };
+        let plain = label_values(&report_of(&sample_snapshot(), 10, 2.0));
+        assert!(plain.iter().all(|(l, _)| l.is_none()), "{plain:?}");
+        let mixed = label_values(&report_of(
+            &crate::report::tests::sources_snapshot(),
+            10,
+            2.0,
+        ));
+        let count = |source: &str| -> i64 {
+            mixed
+                .iter()
+                .filter(|(l, _)| l.as_deref() == Some(source))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        assert_eq!((count("page"), count("kmalloc")), (52, 1300), "{mixed:?}");
+        assert!(mixed.iter().all(|(l, _)| l.is_some()));
     }
 
     #[test]

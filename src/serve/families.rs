@@ -4,10 +4,12 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::{Hist, HIST_BUCKETS};
+use crate::model::{Hist, Source, HIST_BUCKETS};
 use crate::serve::cgroups;
 use crate::serve::exposition::{Family, Kind, Value};
-use crate::serve::series::{LabelValues, Ranked, SeriesCounters, SeriesState, OTHER};
+use crate::serve::series::{
+    LabelValues, Ranked, SeriesCounters, SeriesState, SourceCounters, OTHER,
+};
 use crate::slab::loss::{slab_bytes, slab_loss};
 use crate::slab::slabinfo::SlabinfoRow;
 
@@ -17,6 +19,7 @@ use crate::slab::slabinfo::SlabinfoRow;
 pub struct OutstandingSite {
     pub site: String,
     pub cache: String,
+    pub source: Source,
     pub objects: u64,
     pub bytes: u64,
 }
@@ -154,6 +157,7 @@ pub fn build(
     }
     out.push(frees);
     out.push(hist);
+    source_families(state, &mut out);
 
     // Per site: the top N and other.
     let label_names: Vec<&'static str> = state.labels().iter().map(|l| l.name()).collect();
@@ -168,15 +172,24 @@ pub fn build(
 
     if let Some(objs) = outstanding {
         let mut by_cache: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        let mut by_source: BTreeMap<Source, (u64, u64)> = state
+            .sources()
+            .keys()
+            .map(|&source| (source, (0, 0)))
+            .collect();
         // Every exported site series has a value, zero included, so a site
         // whose objects were all freed reads 0 rather than vanishing.
         let mut by_site: BTreeMap<LabelValues, (u64, u64)> =
             sites.iter().map(|(v, _)| (v.clone(), (0, 0))).collect();
         let other = vec![OTHER.to_string(); label_names.len()];
         for o in objs {
-            let c = by_cache.entry(&o.cache).or_default();
-            c.0 += o.objects;
-            c.1 += o.bytes;
+            for c in [
+                by_cache.entry(&o.cache).or_default(),
+                by_source.entry(o.source).or_default(),
+            ] {
+                c.0 += o.objects;
+                c.1 += o.bytes;
+            }
             let v = state.values_of(&o.site, &o.cache);
             let key = if state.is_member(&v) {
                 v
@@ -195,6 +208,14 @@ pub fn build(
                     .into_iter()
                     .map(|(k, v)| (vec![k.to_string()], v))
                     .collect::<Vec<_>>(),
+            ),
+            (
+                "kheap_source",
+                vec!["source"],
+                by_source
+                    .into_iter()
+                    .map(|(k, v)| (vec![k.name().to_string()], v))
+                    .collect(),
             ),
             (
                 "kheap_site",
@@ -274,6 +295,41 @@ pub fn build(
     health_families(health, &mut out);
     out
 }
+
+/// Per kernel allocator (`--source`): what it allocated, its frees, and
+/// the bytes of its pages that back another source (pages of new slabs,
+/// vmalloc areas, percpu chunks: counted by that source too, so a sum over
+/// sources leaves them out).
+fn source_families(state: &SeriesState, out: &mut Vec<Family>) {
+    let sources = state.sources();
+    let rows: Vec<(LabelValues, SeriesCounters)> = sources
+        .iter()
+        .map(|(s, c)| (vec![s.name().to_string()], c.counters))
+        .collect();
+    out.extend(counter_families("kheap_source", &["source"], &rows));
+    let defs: [SourceCounter; 2] = [
+        (
+            "kheap_source_frees",
+            "Frees counted per kernel allocator (the slab's: every free the other allocators did not count)",
+            |c| c.frees,
+        ),
+        (
+            "kheap_source_counted_elsewhere_bytes",
+            "Allocated bytes of pages that back another allocator's memory (new slabs, vmalloc areas, percpu chunks), also counted by that allocator",
+            |c| c.counted_elsewhere_bytes,
+        ),
+    ];
+    for (name, help, get) in defs {
+        let mut f = Family::new(name, Kind::Counter, help, &["source"]);
+        for (s, c) in sources {
+            f.push(vec![s.name().to_string()], Value::Int(get(c)));
+        }
+        out.push(f);
+    }
+}
+
+/// A per-source counter: name, help, its value.
+type SourceCounter = (&'static str, &'static str, fn(&SourceCounters) -> u64);
 
 /// A per-cache gauge from /proc/slabinfo: name, help, value of a row.
 type SlabGauge<'a> = (&'static str, &'static str, &'a dyn Fn(&SlabinfoRow) -> u64);
@@ -428,11 +484,15 @@ mod tests {
                 SiteDelta {
                     site: "load_msg".into(),
                     cache: "kmalloc-128".into(),
+                    source: Source::Kmalloc,
+                    counted_elsewhere: false,
                     stats,
                 },
                 SiteDelta {
                     site: "small".into(),
                     cache: "kmalloc-128".into(),
+                    source: Source::Kmalloc,
+                    counted_elsewhere: false,
                     stats: AllocStats {
                         count: 1,
                         bytes_req: 8,
@@ -452,12 +512,14 @@ mod tests {
             OutstandingSite {
                 site: "load_msg".into(),
                 cache: "kmalloc-128".into(),
+                source: Source::Kmalloc,
                 objects: 2,
                 bytes: 256,
             },
             OutstandingSite {
                 site: "small".into(),
                 cache: "kmalloc-128".into(),
+                source: Source::Kmalloc,
                 objects: 1,
                 bytes: 128,
             },
@@ -534,5 +596,58 @@ mod tests {
             !text.contains("kheap_bpf_runs"),
             "no run-time figures without run-time stats"
         );
+    }
+
+    #[test]
+    fn every_traced_source_has_its_own_series() {
+        let mut s = state();
+        let page = |cache: &str, n: u64, counted_elsewhere| SiteDelta {
+            site: "[page]".into(),
+            cache: cache.into(),
+            source: Source::Page,
+            counted_elsewhere,
+            stats: AllocStats {
+                count: n,
+                bytes_req: n * 4096,
+                bytes_alloc: n * 4096,
+                hist: Hist::default(),
+            },
+        };
+        s.add_interval(
+            &[
+                page("pages-order0", 5, false),
+                page("pages-order0-slab", 2, true),
+            ],
+            &[],
+        );
+        s.add_source_frees(&[(Source::Page, 3), (Source::Vmalloc, 0)]);
+        let objs = [OutstandingSite {
+            site: "[page]".into(),
+            cache: "pages-order0".into(),
+            source: Source::Page,
+            objects: 2,
+            bytes: 8192,
+        }];
+        let text = encode(
+            &build(&s, None, Some(&objs), None, &Health::default()),
+            Format::Prometheus,
+        );
+        for line in [
+            "kheap_source_allocations_total{source=\"kmalloc\"} 4",
+            "kheap_source_allocations_total{source=\"page\"} 7",
+            "kheap_source_allocated_bytes_total{source=\"page\"} 28672",
+            "kheap_source_counted_elsewhere_bytes_total{source=\"page\"} 8192",
+            "kheap_source_frees_total{source=\"page\"} 3",
+            // Traced, nothing seen yet: a series at 0.
+            "kheap_source_allocations_total{source=\"vmalloc\"} 0",
+            "kheap_source_outstanding_bytes{source=\"page\"} 8192",
+            "kheap_source_outstanding_objects{source=\"kmalloc\"} 0",
+            "kheap_cache_allocations_total{cache=\"pages-order0-slab\"} 2",
+        ] {
+            assert!(
+                text.contains(&format!("{line}\n")),
+                "{line} missing in\n{text}"
+            );
+        }
     }
 }

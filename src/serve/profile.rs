@@ -22,8 +22,9 @@ use std::sync::Arc;
 
 use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
-use crate::model::{AllocStats, SiteKey};
-use crate::render::pprof::{heap_profile, Frame, Label, Sample};
+use crate::model::{AllocStats, SiteKey, Source};
+use crate::render::pprof::{heap_profile, source_label, Frame, Label, Sample};
+use crate::render::SourceColumn;
 use crate::serve::series::FORGET_AFTER;
 use crate::symbolize::{strip_tracing_frames, Symbolize};
 
@@ -60,6 +61,7 @@ pub struct ProfileState {
 pub struct ProfileRow {
     pub frames: Arc<[Frame]>,
     pub cache: Arc<str>,
+    pub source: Source,
     /// alloc_objects, alloc_space, inuse_objects, inuse_space.
     pub values: [i64; 4],
     pub estimated: bool,
@@ -75,6 +77,9 @@ pub struct ProfileSnapshot {
     pub inuse: bool,
     pub duration_s: f64,
     pub stack_sample_every: u32,
+    /// Whether samples carry a `source` label: once an allocator beyond
+    /// the slab has been seen (as reports do, `SourceColumn`).
+    pub sources: SourceColumn,
 }
 
 /// Splits `total` over `weights` in proportion, exactly: floors, then the
@@ -121,11 +126,14 @@ impl ProfileState {
         for (k, s) in &delta.sites {
             *self.sites.entry(k.clone()).or_default() += *s;
             if !self.site_frames.contains_key(k) {
-                let frame = syms
-                    .symbolize(&[k.call_site])
-                    .into_iter()
-                    .map(|f| Frame::kernel(&f.display()))
-                    .collect();
+                let frame = match k.whole_allocator() {
+                    Some(name) => Arc::from([Frame::kernel(&name)]),
+                    None => syms
+                        .symbolize(&[k.call_site])
+                        .into_iter()
+                        .map(|f| Frame::kernel(&f.display()))
+                        .collect(),
+                };
                 self.site_frames
                     .insert(k.clone(), (frame, Arc::from(k.cache.name())));
             }
@@ -256,6 +264,7 @@ impl ProfileState {
                 rows.push(ProfileRow {
                     frames,
                     cache: cache.clone(),
+                    source: site.cache.source(),
                     values: v.map(|x| x as i64),
                     estimated: id != NO_STACK || parts.alloc.len() > 1 || parts.inuse.len() > 1,
                     aged_out: id == NO_STACK && parts.alloc.contains_key(&NO_STACK),
@@ -286,6 +295,11 @@ impl ProfileState {
             inuse: outstanding.is_some(),
             duration_s,
             stack_sample_every: self.stack_sample_every,
+            sources: SourceColumn(
+                self.sites
+                    .keys()
+                    .any(|k| k.cache.source() != Source::Kmalloc),
+            ),
         }
     }
 }
@@ -361,6 +375,7 @@ impl ProfileSnapshot {
                 continue;
             }
             let mut labels = vec![Label::Str("cache".into(), r.cache.to_string())];
+            labels.extend(source_label(self.sources, r.source));
             if r.estimated {
                 labels.push(Label::Str("estimated".into(), "true".into()));
             }
@@ -456,6 +471,42 @@ mod tests {
         assert!(!rows[0].estimated);
         assert_eq!(rows[0].frames[0].function, "f10");
         assert_eq!(&*rows[0].cache, "kmalloc-4k");
+    }
+
+    #[test]
+    fn page_sites_are_the_whole_allocator_and_samples_name_their_source() {
+        let mut p = ProfileState::new(10, 1024);
+        let mut d = Snapshot::default();
+        d.sites.insert(key(0x10, "kmalloc-4k"), stats(3, 4096));
+        let labels = |p: &ProfileState| {
+            let prof = decode(&p.snapshot(None, 1.0).encode(Which::Alloc));
+            let s = |i: i64| prof.string_table[i as usize].clone();
+            prof.sample
+                .iter()
+                .map(|smp| {
+                    let source = smp.label.iter().find(|l| s(l.key) == "source");
+                    (source.map(|l| s(l.str)), smp.value[0])
+                })
+                .collect::<Vec<_>>()
+        };
+        p.add_interval(&d, &Syms);
+        assert_eq!(labels(&p), [(None, 3)], "slab only: no source label");
+        let pages = SiteKey {
+            call_site: 0,
+            cache: CacheId::Pages {
+                order: 0,
+                used_for: crate::model::PageUse::Direct,
+            },
+        };
+        let mut d = Snapshot::default();
+        d.sites.insert(pages, stats(5, 4096));
+        p.add_interval(&d, &Syms);
+        let rows = p.rows(None);
+        let page = rows.iter().find(|r| r.source == Source::Page).unwrap();
+        assert_eq!(page.frames[0].function, "[page]");
+        let mut got = labels(&p);
+        got.sort();
+        assert_eq!(got, [(Some("kmalloc".into()), 3), (Some("page".into()), 5)]);
     }
 
     #[test]

@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use crate::model::{AllocStats, Hist};
+use crate::model::{AllocStats, Hist, Source};
 
 /// The labels a site series may carry, chosen with `--labels`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -62,11 +62,15 @@ impl SiteLabel {
     }
 }
 
-/// One site delta of an interval: its function and cache names.
+/// One site delta of an interval: its function and cache names, and the
+/// allocator (`--source`) the cache belongs to.
 #[derive(Clone, Debug)]
 pub struct SiteDelta {
     pub site: String,
     pub cache: String,
+    pub source: Source,
+    /// Pages that back another source (`CacheId::counted_elsewhere`).
+    pub counted_elsewhere: bool,
     pub stats: AllocStats,
 }
 
@@ -97,6 +101,16 @@ pub struct CacheCounters {
     pub frees: u64,
     /// Requested sizes (log2 buckets, see `Hist`).
     pub hist: Hist,
+}
+
+/// Cumulative counters of one source (`--source`): every allocation it
+/// saw, its frees, and the bytes of pages that back another source (also
+/// counted by that source, so left out of a sum over sources).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceCounters {
+    pub counters: SeriesCounters,
+    pub frees: u64,
+    pub counted_elsewhere_bytes: u64,
 }
 
 /// Label values of one site series, in the order of the chosen labels.
@@ -215,6 +229,7 @@ impl Ranked {
 pub struct SeriesState {
     labels: Vec<SiteLabel>,
     caches: BTreeMap<String, CacheCounters>,
+    sources: BTreeMap<Source, SourceCounters>,
     sites: Ranked,
 }
 
@@ -223,6 +238,7 @@ impl SeriesState {
         SeriesState {
             labels,
             caches: BTreeMap::new(),
+            sources: BTreeMap::new(),
             sites: Ranked::new(max_sites),
         }
     }
@@ -236,22 +252,17 @@ impl SeriesState {
         self.sites.set_max(n);
     }
 
-    fn values(&self, d: &SiteDelta) -> LabelValues {
-        self.labels
-            .iter()
-            .map(|l| match l {
-                SiteLabel::Site => d.site.clone(),
-                SiteLabel::Cache => d.cache.clone(),
-            })
-            .collect()
-    }
-
     /// Adds one interval: its site deltas and its frees per cache.
     pub fn add_interval(&mut self, sites: &[SiteDelta], cache_frees: &[(String, u64)]) {
         for d in sites {
             let c = self.caches.entry(d.cache.clone()).or_default();
             c.counters.add(&d.stats);
             c.hist += d.stats.hist;
+            let s = self.sources.entry(d.source).or_default();
+            s.counters.add(&d.stats);
+            if d.counted_elsewhere {
+                s.counted_elsewhere_bytes += d.stats.bytes_alloc;
+            }
         }
         for (cache, frees) in cache_frees {
             self.caches.entry(cache.clone()).or_default().frees += frees;
@@ -261,13 +272,27 @@ impl SeriesState {
         // one function, or labels without the site): summed first.
         let mut by_values: HashMap<LabelValues, AllocStats> = HashMap::new();
         for d in sites {
-            *by_values.entry(self.values(d)).or_default() += d.stats;
+            *by_values
+                .entry(self.values_of(&d.site, &d.cache))
+                .or_default() += d.stats;
         }
         self.sites.add_interval(by_values);
     }
 
     pub fn caches(&self) -> &BTreeMap<String, CacheCounters> {
         &self.caches
+    }
+
+    /// Adds one interval's frees per source. A traced source has a series
+    /// from its first interval on, events or not.
+    pub fn add_source_frees(&mut self, frees: &[(Source, u64)]) {
+        for &(source, n) in frees {
+            self.sources.entry(source).or_default().frees += n;
+        }
+    }
+
+    pub fn sources(&self) -> &BTreeMap<Source, SourceCounters> {
+        &self.sources
     }
 
     /// The exported site series (label values, counters), sorted, then
@@ -283,11 +308,13 @@ impl SeriesState {
 
     /// The label values a site has under the chosen labels.
     pub fn values_of(&self, site: &str, cache: &str) -> LabelValues {
-        self.values(&SiteDelta {
-            site: site.to_string(),
-            cache: cache.to_string(),
-            stats: AllocStats::default(),
-        })
+        self.labels
+            .iter()
+            .map(|l| match l {
+                SiteLabel::Site => site.to_string(),
+                SiteLabel::Cache => cache.to_string(),
+            })
+            .collect()
     }
 
     /// Label sets remembered (exported or not): what memory grows with.
@@ -306,6 +333,8 @@ mod tests {
         SiteDelta {
             site: site.into(),
             cache: cache.into(),
+            source: Source::Kmalloc,
+            counted_elsewhere: false,
             stats: AllocStats {
                 count,
                 bytes_req: count * size,

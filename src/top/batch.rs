@@ -27,7 +27,8 @@ pub fn text(
     // Cache lists and command names are text; the cache view's second
     // column is a number (frees/s).
     let text: &[usize] = if v.by == GroupBy::Cache { &[] } else { &[1] };
-    let mut t = new_table(&headers(v.by), text, width);
+    let source = view::source_column(&rows);
+    let mut t = new_table(&headers(v.by, source), &source.text(text), width);
     for r in &rows {
         t.add_row(cells(r, v.by, iv.interval_s));
     }
@@ -122,6 +123,36 @@ mod tests {
         assert!(!t.contains("simple_xattr_alloc"), "cut to one row: {t}");
         assert!(t.contains("rows: 1 of 2 (1 hidden)"), "{t}");
         assert!(t.contains("allocs/s") && t.contains("net/s"), "{t}");
+    }
+
+    #[test]
+    fn text_has_a_source_column_beyond_the_slab() {
+        let mut iv = interval();
+        let t = text(
+            &iv,
+            &opts(GroupBy::Site, TopSort::Bytes),
+            &ObjectSizes::default(),
+            5,
+            None,
+        );
+        assert!(!t.contains("source"), "{t}");
+        iv.report = report_of(&crate::report::tests::sources_snapshot(), 10, 1.0);
+        let t = text(
+            &iv,
+            &opts(GroupBy::Site, TopSort::Bytes),
+            &ObjectSizes::default(),
+            5,
+            None,
+        );
+        let header = t.lines().find(|l| l.contains("allocs/s ")).unwrap();
+        let cols: Vec<&str> = header.split(['│', '┆']).map(str::trim).collect();
+        assert_eq!(&cols[1..4], ["site", "source", "cache"], "{t}");
+        let page = t.lines().find(|l| l.contains("[page]")).unwrap();
+        let cols: Vec<&str> = page.split(['│', '┆']).map(str::trim).collect();
+        assert_eq!(
+            &cols[1..5],
+            ["[page]", "page", "pages-order0,pages-order0-slab", "52"]
+        );
     }
 
     #[test]

@@ -18,7 +18,7 @@ use ratatui::{Frame, Terminal};
 use crate::model::human_size;
 use crate::render::{hist, GroupBy};
 use crate::top::view::{
-    cells, header_lines, headers, next_group, per_sec, Interval, TopRow, ViewOptions,
+    cells, header_lines, headers, next_group, per_sec, source_column, Interval, TopRow, ViewOptions,
 };
 
 /// Refresh intervals offered by + and -.
@@ -201,7 +201,8 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App, rows: &[TopRow], interval_s:
     let sorted = app.view.sort.column();
     // The naming columns are left-aligned, the numbers right-aligned (the
     // cache view's second column is frees/s).
-    let names = if by == GroupBy::Cache { 1 } else { 2 };
+    let source = source_column(rows);
+    let names = if by == GroupBy::Cache { 1 } else { 2 } + usize::from(source.0);
     let align = |i: usize, line: Line<'static>| {
         if i < names {
             line
@@ -209,7 +210,7 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App, rows: &[TopRow], interval_s:
             line.right_aligned()
         }
     };
-    let header = Row::new(headers(by).into_iter().enumerate().map(|(i, h)| {
+    let header = Row::new(headers(by, source).into_iter().enumerate().map(|(i, h)| {
         let style = if h == sorted {
             Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED)
         } else {
@@ -232,6 +233,9 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App, rows: &[TopRow], interval_s:
         .unwrap_or(0)
         .clamp(8, 40) as u16;
     let mut widths = vec![Constraint::Fill(1), Constraint::Length(detail_w)];
+    if source.0 {
+        widths.insert(1, Constraint::Length(7));
+    }
     widths.extend([Constraint::Length(9); 7]);
     let table = Table::new(body, widths)
         .header(header)

@@ -8,9 +8,9 @@ use std::fmt::Write as _;
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-use crate::model::{human_count, human_size, pct, signed_size, Counts};
-use crate::render::{cgroup_label, short_list, GroupBy};
-use crate::report::Report;
+use crate::model::{human_count, human_size, pct, signed_size, Counts, Source};
+use crate::render::{cgroup_label, short_list, GroupBy, SourceColumn};
+use crate::report::{CacheRow, Report};
 use crate::top::overhead::Overhead;
 
 /// Columns `kheap top` can sort by (all per second except the ratios).
@@ -109,6 +109,9 @@ pub struct TopRow {
     pub stacks: Vec<Vec<String>>,
     /// Whether the counts are scaled from sampled stacks.
     pub estimated: bool,
+    /// The row's allocator, when the run traces more than the slab (site,
+    /// stack and cache rows; `SourceColumn`).
+    pub source: Option<Source>,
 }
 
 /// Object sizes of caches, remembered across intervals: a cache that only
@@ -130,13 +133,16 @@ impl ObjectSizes {
 }
 
 /// Frees of kmalloc memory go through kfree(), whose event names no cache:
-/// only dedicated caches have attributable frees.
-pub fn frees_attributable(cache: &str) -> bool {
-    !cache.starts_with("kmalloc-")
+/// only dedicated caches have attributable frees. The other sources' frees
+/// are counted per source, not per cache (`totals.sources`).
+pub fn frees_attributable(cache: &CacheRow) -> bool {
+    cache.source == Source::Kmalloc && !cache.name.starts_with("kmalloc-")
 }
 
 /// The rows of one grouping of an interval report.
 pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
+    let shown = SourceColumn::of(report).0;
+    let source = |s: Source| shown.then_some(s);
     match by {
         GroupBy::Site => report
             .sites
@@ -156,6 +162,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
                     .map(|st| st.frames.clone())
                     .collect(),
                 estimated: false,
+                source: source(s.source),
             })
             .collect(),
         GroupBy::Stack => report
@@ -169,13 +176,14 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
                 net_bytes: None,
                 stacks: vec![s.frames.clone()],
                 estimated: s.estimated,
+                source: source(s.source),
             })
             .collect(),
         GroupBy::Cache => report
             .caches
             .iter()
             .map(|c| {
-                let net = if frees_attributable(&c.name) {
+                let net = if frees_attributable(c) {
                     sizes
                         .get(&c.name)
                         .map(|size| (c.counts.count as i64 - c.frees as i64) * size as i64)
@@ -185,7 +193,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
                 TopRow {
                     key: c.name.clone(),
                     name: c.name.clone(),
-                    detail: if frees_attributable(&c.name) {
+                    detail: if frees_attributable(c) {
                         c.frees.to_string()
                     } else {
                         "-".into()
@@ -194,6 +202,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
                     net_bytes: net,
                     stacks: Vec::new(),
                     estimated: false,
+                    source: source(c.source),
                 }
             })
             .collect(),
@@ -208,6 +217,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
                 net_bytes: None,
                 stacks: Vec::new(),
                 estimated: false,
+                source: None,
             })
             .collect(),
         GroupBy::Cgroup => report
@@ -224,10 +234,16 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
                     net_bytes: None,
                     stacks: Vec::new(),
                     estimated: false,
+                    source: None,
                 }
             })
             .collect(),
     }
+}
+
+/// The source column of a view: shown when its rows carry their source.
+pub fn source_column(rows: &[TopRow]) -> SourceColumn {
+    SourceColumn(rows.iter().any(|r| r.source.is_some()))
 }
 
 fn sort_value(r: &TopRow, by: TopSort) -> f64 {
@@ -253,8 +269,9 @@ pub fn sort_rows(rows: &mut [TopRow], by: TopSort) {
     });
 }
 
-/// Column headers: two identifying columns, then the rates.
-pub fn headers(by: GroupBy) -> Vec<&'static str> {
+/// Column headers: two identifying columns (and the source after the
+/// first, when shown), then the rates.
+pub fn headers(by: GroupBy, source: SourceColumn) -> Vec<&'static str> {
     let first: [&str; 2] = match by {
         GroupBy::Site => ["site", "cache"],
         GroupBy::Stack => ["stack", "cache"],
@@ -262,6 +279,7 @@ pub fn headers(by: GroupBy) -> Vec<&'static str> {
         GroupBy::Process => ["pid", "comm"],
         GroupBy::Cgroup => ["cgroup", "unacct/s"],
     };
+    let first = source.headers(&first);
     first.into_iter().chain(RATE_HEADERS).collect()
 }
 
@@ -278,7 +296,8 @@ pub fn per_sec(v: u64, interval_s: f64) -> f64 {
     }
 }
 
-/// The formatted cells of one row, matching `headers`.
+/// The formatted cells of one row, matching `headers` (the source column
+/// is there when the row has a source).
 pub fn cells(r: &TopRow, by: GroupBy, interval_s: f64) -> Vec<String> {
     let c = &r.counts;
     let rate = |v: u64| per_sec(v, interval_s);
@@ -294,20 +313,28 @@ pub fn cells(r: &TopRow, by: GroupBy, interval_s: f64) -> Vec<String> {
         },
         _ => r.detail.clone(),
     };
-    vec![
-        r.name.clone(),
-        detail,
-        format!("{est}{}", human_count(rate(c.count).round() as u64)),
-        format!("{est}{}", human_size(rate(c.bytes_req).round() as u64)),
-        format!("{est}{}", human_size(rate(c.bytes_alloc).round() as u64)),
-        format!("{est}{}", human_size(rate(c.waste_bytes).round() as u64)),
-        format!("{:.1}%", c.waste_pct),
-        format!("{:.0}", c.avg_size),
-        match r.net_bytes {
-            Some(n) => signed_size((n as f64 / interval_s.max(f64::MIN_POSITIVE)).round() as i64),
-            None => "-".into(),
-        },
-    ]
+    let names = vec![r.name.clone(), detail];
+    let names = match r.source {
+        Some(s) => SourceColumn(true).cells(names, s),
+        None => names,
+    };
+    names
+        .into_iter()
+        .chain([
+            format!("{est}{}", human_count(rate(c.count).round() as u64)),
+            format!("{est}{}", human_size(rate(c.bytes_req).round() as u64)),
+            format!("{est}{}", human_size(rate(c.bytes_alloc).round() as u64)),
+            format!("{est}{}", human_size(rate(c.waste_bytes).round() as u64)),
+            format!("{:.1}%", c.waste_pct),
+            format!("{:.0}", c.avg_size),
+            match r.net_bytes {
+                Some(n) => {
+                    signed_size((n as f64 / interval_s.max(f64::MIN_POSITIVE)).round() as i64)
+                }
+                None => "-".into(),
+            },
+        ])
+        .collect()
 }
 
 /// One interval as read and reported, with how it was read.
@@ -407,7 +434,8 @@ pub fn header_lines(iv: &Interval, v: &ViewOptions, shown: usize, total: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{report_of, sample_snapshot};
+    use crate::model::snapshot::Snapshot;
+    use crate::report::tests::{report_of, sample_snapshot, sources_snapshot};
     use crate::testing::assert_contains;
 
     fn report() -> Report {
@@ -472,7 +500,7 @@ mod tests {
         r.counts.avg_size = 2148.0;
         r.detail = "kmalloc-4k".into();
         let c = cells(&r, GroupBy::Site, 2.0);
-        assert_eq!(c.len(), headers(GroupBy::Site).len());
+        assert_eq!(c.len(), headers(GroupBy::Site, SourceColumn(false)).len());
         assert_eq!(
             c,
             [
@@ -532,6 +560,42 @@ mod tests {
             .find(|r| r.name == "simple_xattr_alloc+0x10")
             .unwrap();
         assert_eq!(kv.stacks.len(), 2);
+    }
+
+    #[test]
+    fn rows_beyond_the_slab_carry_their_source_in_a_column() {
+        let rows_of =
+            |snap: Snapshot, by| rows(&report_of(&snap, 10, 2.0), by, &ObjectSizes::default());
+        for by in [GroupBy::Site, GroupBy::Stack, GroupBy::Cache] {
+            let plain = rows_of(sample_snapshot(), by);
+            assert!(plain.iter().all(|r| r.source.is_none()));
+            assert!(!source_column(&plain).0);
+            let mixed = rows_of(sources_snapshot(), by);
+            assert!(source_column(&mixed).0);
+            let hs = headers(by, source_column(&mixed));
+            assert_eq!(hs[1], "source", "{hs:?}");
+            for r in &mixed {
+                let c = cells(r, by, 2.0);
+                assert_eq!(c.len(), hs.len());
+                assert_eq!(c[1], r.source.unwrap().name());
+            }
+            let pages = mixed.iter().filter(|r| r.source == Some(Source::Page));
+            assert_eq!(
+                pages.clone().map(|r| r.counts.count).sum::<u64>(),
+                52,
+                "{by:?}"
+            );
+            if by == GroupBy::Cache {
+                // Page frees are counted per source, not per cache: no
+                // frees/s and no net for page caches.
+                for r in pages {
+                    assert_eq!((r.detail.as_str(), r.net_bytes), ("-", None));
+                }
+            }
+        }
+        // Process rows sum every source: no column.
+        let procs = rows_of(sources_snapshot(), GroupBy::Process);
+        assert!(!source_column(&procs).0);
     }
 
     #[test]
