@@ -39,7 +39,7 @@ static __always_inline void count_source_free(const void *ptr, __u32 source)
 	c->source_frees[source & (KHEAP_SOURCES - 1)]++;
 }
 
-/* ---- page allocator: kmem:mm_page_alloc, mm_page_free(_batched) ---- */
+/* ---- page allocator: kmem:mm_page_alloc, mm_page_free ---- */
 
 KHEAP_MAP(BPF_MAP_TYPE_ARRAY, backing_ranges, __u32, struct backing_range,
 	  KHEAP_BACKING_RANGES);
@@ -110,15 +110,12 @@ int page_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
+/* Every page freed passes free_pages_prepare(), which fires mm_page_free,
+ * also those freed in batches (free_unref_folios/free_unref_page_list),
+ * which fire mm_page_free_batched besides: that one is not traced, or each
+ * batched page would count as two frees. */
 SEC("raw_tp/mm_page_free")
 int page_free_raw(struct bpf_raw_tracepoint_args *ctx)
-{
-	count_source_free((const void *)ctx->args[0], KHEAP_SOURCE_PAGE);
-	return 0;
-}
-
-SEC("raw_tp/mm_page_free_batched")
-int page_free_batched_raw(struct bpf_raw_tracepoint_args *ctx)
 {
 	count_source_free((const void *)ctx->args[0], KHEAP_SOURCE_PAGE);
 	return 0;

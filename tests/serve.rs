@@ -655,9 +655,18 @@ fn page_source_is_scraped_with_its_exact_count() {
         "kheap_cache_allocations_total{cache=\"pages-order0\"}",
         N as f64,
     );
-    // Each page freed: mm_page_free (and mm_page_free_batched) fire.
+    // Each page freed is counted once (mm_page_free; the batched event
+    // fires too, and counted such pages twice before): about the
+    // workload's N. Not exactly N: -p counts the frees this process makes,
+    // and a page still held by a per-CPU LRU batch is freed later by
+    // whichever task drains it (and a few pages of the process's own,
+    // page tables, are freed here too): 976-1012 of 1000 in runs on 6.18,
+    // 2072 when both events were counted.
     let frees = query(port_p, "kheap_source_frees_total{source=\"page\"}");
-    assert!(frees[0].1 >= N as f64, "{frees:?}");
+    assert!(
+        (N as f64 * 0.95..N as f64 * 1.05).contains(&frees[0].1),
+        "{frees:?}"
+    );
     // Only the traced source has series.
     let sources = query(port_p, "kheap_source_allocations_total");
     assert_eq!(sources.len(), 1, "{sources:?}");

@@ -428,7 +428,7 @@ fn bpf_maps(kind: &str, count: u64, entries: u32, value_size: u32) {
 
 /// COUNT page faults and frees of one anonymous page, for the benchmark's
 /// page modes: each write faults in one order-0 page (mm_page_alloc), each
-/// MADV_DONTNEED frees it (mm_page_free or mm_page_free_batched).
+/// MADV_DONTNEED frees it (mm_page_free).
 fn page_cycle(count: u64, wait: bool) {
     // SAFETY: a fresh private anonymous page, written only inside it and
     // unmapped before return.

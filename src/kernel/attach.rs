@@ -171,10 +171,10 @@ mod tests {
         ]
         .concat();
         assert_eq!(HOOKS[0].program(Mechanism::Btf), "kfree_btf");
-        assert_eq!(HOOKS[8].program(Mechanism::Raw), "cache_alloc_raw");
-        assert_eq!(HOOKS[6].program(Mechanism::Classic), "fork_tp");
+        assert_eq!(HOOKS[7].program(Mechanism::Raw), "cache_alloc_raw");
+        assert_eq!(HOOKS[5].program(Mechanism::Classic), "fork_tp");
         // The other sources have raw_tp programs only.
-        assert_eq!(HOOKS[9].program(Mechanism::Btf), "page_alloc_raw");
+        assert_eq!(HOOKS[8].program(Mechanism::Btf), "page_alloc_raw");
         for hook in &HOOKS {
             for m in [Mechanism::Btf, Mechanism::Raw, Mechanism::Classic] {
                 let name = hook.program(m);
@@ -195,11 +195,11 @@ mod tests {
             }
         }
         assert_eq!(
-            HOOKS[10].fallback_program(Fallback::Fentry),
+            HOOKS[9].fallback_program(Fallback::Fentry),
             "vmalloc_alloc_fexit"
         );
         assert_eq!(
-            HOOKS[4].fallback_program(Fallback::Kprobe),
+            HOOKS[3].fallback_program(Fallback::Kprobe),
             "vmalloc_free_kprobe"
         );
         // Frees are attached before allocations.

@@ -70,7 +70,7 @@ impl Hook {
 
 /// Every hook, in attach order: frees before allocations, so that no
 /// tracked object's free can be missed at start.
-pub const HOOKS: [Hook; 12] = [
+pub const HOOKS: [Hook; 11] = [
     Hook {
         tracepoint: "kfree",
         system: "kmem",
@@ -94,15 +94,6 @@ pub const HOOKS: [Hook; 12] = [
         system: "kmem",
         role: Role::Free,
         program: "page_free",
-        source: Source::Page,
-        raw_only: true,
-        function: None,
-    },
-    Hook {
-        tracepoint: "mm_page_free_batched",
-        system: "kmem",
-        role: Role::Free,
-        program: "page_free_batched",
         source: Source::Page,
         raw_only: true,
         function: None,

@@ -328,7 +328,6 @@ impl<'obj> Tracer<'obj> {
             &p.fork_tp,
             &p.page_alloc_raw,
             &p.page_free_raw,
-            &p.page_free_batched_raw,
             &p.vmalloc_alloc_raw,
             &p.vmalloc_free_raw,
             &p.vmalloc_alloc_fexit,
