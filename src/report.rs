@@ -7,11 +7,12 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::leaks::meminfo::{Geometry, SourceOutstanding};
 use crate::leaks::retention::{self, sort_by_retention};
 pub use crate::leaks::retention::{LeakSummary, ProgramMisses, Retention};
 use crate::model::live::{Retained, RetainedIndex};
-use crate::model::Source;
 use crate::model::{AllocStats, CacheId};
+use crate::model::{Source, VmapKind};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
 // Kept at their old paths until every branch imports them from the model.
@@ -307,13 +308,30 @@ fn unnamed_cgroup(id: u64) -> CgroupRef {
 
 impl Report {
     /// Outstanding bytes per source (kheap leaks), pages that back another
-    /// source left out: the input of the /proc/meminfo accounting.
-    pub fn outstanding_by_source(&self) -> HashMap<Source, u64> {
-        let mut by_source = HashMap::new();
+    /// source left out: the input of the /proc/meminfo accounting, with
+    /// the part each source's meminfo line does not count by design.
+    pub fn outstanding_by_source(&self, geometry: Geometry) -> HashMap<Source, SourceOutstanding> {
+        let mut by_source: HashMap<Source, SourceOutstanding> = HashMap::new();
         for c in self.caches.iter().filter(|c| !c.counted_elsewhere) {
-            if let Some(r) = &c.retention {
-                *by_source.entry(c.source).or_default() += r.outstanding_bytes;
-            }
+            let Some(r) = &c.retention else { continue };
+            let excluded = match c.source {
+                // VmallocUsed counts the pages behind vmalloc proper only:
+                // not its areas' guard pages, nor vmap, ioremap and
+                // vm_map_ram areas (their memory is pages or devices').
+                Source::Vmalloc if c.name == VmapKind::Vmalloc.name() => {
+                    r.outstanding_count * geometry.page_size
+                }
+                Source::Vmalloc => r.outstanding_bytes,
+                // Percpu counts the copies on every CPU, not the obj_cgroup
+                // pointers the footprint adds.
+                Source::Percpu => r
+                    .outstanding_bytes
+                    .saturating_sub(r.outstanding_bytes_req * geometry.possible_cpus),
+                _ => 0,
+            };
+            let e = by_source.entry(c.source).or_default();
+            e.bytes += r.outstanding_bytes;
+            e.excluded += excluded.min(r.outstanding_bytes);
         }
         by_source
     }

@@ -138,6 +138,55 @@ fn vmalloc_source_counts_a_large_bpf_array() {
     }
 }
 
+#[test]
+fn vmap_areas_are_labelled_apart_from_vmalloc() {
+    // A BPF ring buffer of 1 MiB: ringbuf_map_alloc allocates its 3 header
+    // and 256 data pages one by one and maps them with vmap(), the data
+    // pages twice (records wrap around): one vmap area of 3 + 2 x 256
+    // pages and a guard page, with no vmalloc behind it. Its page array
+    // (515 pointers) is kmalloc'd.
+    let r = record_all(&["bpf-array", "ringbuf", "1048576", "0"]);
+    assert_totals_add_up(&r);
+    let (count, req, alloc, caches) = stacks_through(&r, "vmalloc", "ringbuf_map_alloc");
+    assert_eq!((count, req, alloc), (1, 516 * PAGE, 516 * PAGE));
+    assert_eq!(caches, ["vmap"]);
+    // The label is the area's, not its stack's: the cache row says it too,
+    // and the one vmalloc site has both kinds when the workload also
+    // vmallocs (its thread stack does not: its parent allocates that).
+    let vmap = rows(&r, "caches", "name", "vmap");
+    assert_eq!(vmap.len(), 1, "{:#}", r["caches"]);
+    assert_eq!(vmap[0]["source"], "vmalloc");
+    assert!(u(&vmap[0]["count"]) >= 1);
+    let site = rows(&r, "sites", "source", "vmalloc");
+    assert_eq!(site.len(), 1);
+    assert!(site[0]["caches"]
+        .as_array()
+        .unwrap()
+        .contains(&Value::from("vmap")));
+    // No vmalloc-proper stack is labelled vmap, and the other way round.
+    for s in rows(&r, "stacks", "source", "vmalloc") {
+        let frames = frames(s);
+        let proper = frames.iter().any(|f| f.starts_with("__vmalloc_node_range"));
+        let mapped = frames.iter().any(|f| f.starts_with("vmap+"));
+        let want = match (proper, mapped) {
+            (true, _) => "vmalloc",
+            (false, true) => "vmap",
+            _ => continue,
+        };
+        assert_eq!(s["cache"], want, "{s:#}");
+    }
+    // Its pages are the ring buffer's own page allocations: direct.
+    let ring_pages: u64 = rows(&r, "stacks", "source", "page")
+        .into_iter()
+        .filter(|s| {
+            s["cache"] == "pages-order0"
+                && frames(s).iter().any(|f| f.starts_with("ringbuf_map_alloc"))
+        })
+        .map(|s| u(&s["count"]))
+        .sum();
+    assert_eq!(ring_pages, 259);
+}
+
 /// The kretprobe/kprobe fallback (forced with KHEAP_FALLBACK=kprobe, since
 /// tracepoints or fentry are preferred where they exist): where the kernel
 /// has kprobes (6.1, 6.12), it counts the same one area as the tracepoints
@@ -311,36 +360,98 @@ fn memcg_kmem() -> bool {
     memcg_on && !cmdline.contains("cgroup.memory=nokmem")
 }
 
-#[test]
-fn leaks_accounting_matches_meminfo_for_a_held_vmalloc_area() {
+/// What `kheap leaks --source all` compares a held amount with, and how
+/// far apart they may be: /proc/meminfo is system-wide, so the rest of the
+/// machine's change of the line over the run (a few hundred KiB on a quiet
+/// machine: thread stacks, slab churn) is in the remainder. Measured on
+/// 6.18 with 128 MiB held: vmalloc 0.2%, percpu 0.01%, kmalloc 0.6%.
+const ACCOUNTING_BOUND_PCT: i64 = 3;
+
+/// `kheap leaks --source all -d 8 -- kheap-load LOAD…` (the load holds its
+/// memory past the end), on an interval no other BPF user disturbed:
+/// another kheap starting or ending moves VmallocUsed by 20 to 50 MiB and
+/// Percpu by about 8 MiB, which is not the remainder the test is about. A
+/// run during which BPF maps of other processes came or went (their ids
+/// differ before and after; the workload's and kheap's own are gone by
+/// then) is measured again, at most three times; then it fails.
+fn held_accounting(load: &[&str], line: &str) -> Value {
     require_root();
-    // The BPF maps of the kheap runs before this one are freed lazily
-    // (vmalloc'd map memory): let VmallocUsed settle first.
-    wait_for_quiet_vmalloc();
-    // A 128 MiB BPF array held past the end of the run (-d 2 ends it while
-    // the map is alive): 32770 pages of vmap area (one header page, one
-    // guard page). VmallocUsed counts the 32769 pages with memory behind
-    // them; the rest of the machine (thread stacks, other BPF maps) moves
-    // it by a few hundred pages while the test runs.
-    let r = report_json(
-        "leaks",
-        &["--source", "all", "-d", "2"],
-        &["bpf-array", "array", "32768", "4096", "8"],
-    );
+    for attempt in 1..=3 {
+        // Memory freed lazily by earlier runs (BPF maps) settles first.
+        wait_for_quiet(line);
+        let before = bpf_map_ids();
+        let r = report_json("leaks", &["--source", "all", "-d", "8"], load);
+        let after = bpf_map_ids();
+        if before == after {
+            return r;
+        }
+        eprintln!(
+            "kheap test: attempt {attempt}: BPF maps of other processes came or went during the run ({before:?} -> {after:?}): measuring again"
+        );
+    }
+    panic!("other processes kept creating or freeing BPF maps: no quiet interval to compare /proc/meminfo over");
+}
+
+/// The ids of the BPF maps in the kernel (BPF_MAP_GET_NEXT_ID).
+fn bpf_map_ids() -> Vec<u32> {
+    const BPF_MAP_GET_NEXT_ID: libc::c_long = 12;
+    let mut ids = Vec::new();
+    let mut attr = [0u32; 4]; // start_id, next_id, open_flags
+    loop {
+        // SAFETY: attr outlives the call and its size is passed.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_GET_NEXT_ID,
+                attr.as_mut_ptr(),
+                std::mem::size_of_val(&attr),
+            )
+        };
+        if ret != 0 {
+            return ids;
+        }
+        ids.push(attr[1]);
+        attr[0] = attr[1];
+    }
+}
+
+/// The accounting row of `source`, checked against the held amount: the
+/// bytes compared (outstanding less what the line does not count) are at
+/// least `held`, and the remainder is within the bound of the line's
+/// change.
+#[track_caller]
+fn assert_accounting_closes(r: &Value, source: &str, held: u64) -> Value {
     let acc = r["leaks"]["accounting"].as_array().expect("no accounting");
     let sources: Vec<&str> = acc.iter().map(|a| a["source"].as_str().unwrap()).collect();
     assert_eq!(sources, ["kmalloc", "page", "vmalloc", "percpu"]);
-    let vmalloc = acc.iter().find(|a| a["source"] == "vmalloc").unwrap();
-    let outstanding = u(&vmalloc["outstanding_bytes"]);
-    assert!(outstanding >= 32770 * PAGE, "{vmalloc:#}");
-    let change = vmalloc["meminfo_change_bytes"].as_i64().unwrap();
-    let unexplained = vmalloc["unexplained_bytes"].as_i64().unwrap();
-    assert_eq!(unexplained, change - outstanding as i64);
+    let row = acc.iter().find(|a| a["source"] == source).unwrap().clone();
+    let compared = u(&row["outstanding_bytes"]) - u(&row["excluded_bytes"]);
+    assert!(compared >= held, "{compared} < {held}: {row:#}");
+    let change = row["meminfo_change_bytes"].as_i64().unwrap();
+    let unexplained = row["unexplained_bytes"].as_i64().unwrap();
+    assert_eq!(unexplained, change - compared as i64);
     assert!(
-        unexplained.abs() * 100 <= change.abs() * 5,
-        "more than 5% unexplained: {vmalloc:#}"
+        unexplained.abs() * 100 <= change.abs() * ACCOUNTING_BOUND_PCT,
+        "more than {ACCOUNTING_BOUND_PCT}% unexplained: {row:#}"
     );
+    row
+}
+
+#[test]
+fn leaks_accounting_matches_vmalloc_used_for_a_held_vmalloc_area() {
+    // A 128 MiB BPF array held past the end of the run: one vmalloc area of
+    // 32770 pages (a header page, a guard page). VmallocUsed counts the
+    // pages behind it, not the guard page: the accounting leaves out one
+    // page per outstanding vmalloc area.
+    let r = held_accounting(
+        &["bpf-array", "array", "32768", "4096", "60"],
+        "VmallocUsed",
+    );
+    let vmalloc = assert_accounting_closes(&r, "vmalloc", 32769 * PAGE);
+    assert!(u(&vmalloc["excluded_bytes"]) >= PAGE, "{vmalloc:#}");
+    assert_eq!(vmalloc["meminfo"], "VmallocUsed");
     // The area's pages are vmalloc's: not outstanding again as pages.
+    let acc = r["leaks"]["accounting"].as_array().unwrap();
     let page = acc.iter().find(|a| a["source"] == "page").unwrap();
     assert!(
         u(&page["outstanding_bytes"]) < 16384 * PAGE / 10,
@@ -349,13 +460,49 @@ fn leaks_accounting_matches_meminfo_for_a_held_vmalloc_area() {
     assert_eq!(page["meminfo"], "-MemFree - Slab - VmallocUsed - Percpu");
 }
 
-/// Waits (at most 10 s) until VmallocUsed has not moved for a second.
-fn wait_for_quiet_vmalloc() {
+#[test]
+fn leaks_accounting_matches_percpu_for_a_held_percpu_array() {
+    // 128 MiB of per-CPU memory whatever the CPUs: a per-CPU array of
+    // 4 KiB values, one percpu allocation per entry. Percpu counts the
+    // populated chunk pages on every CPU; the obj_cgroup pointers in the
+    // allocations' footprint live in chunk metadata (slab or vmalloc), so
+    // the accounting leaves them out.
+    let cpus = possible_cpus();
+    let entries = (128 << 20) / (4096 * cpus);
+    let r = held_accounting(
+        &["bpf-array", "percpu", &entries.to_string(), "4096", "60"],
+        "Percpu",
+    );
+    let percpu = assert_accounting_closes(&r, "percpu", entries * 4096 * cpus);
+    let memcg_ptrs = if memcg_kmem() {
+        entries * 4096 / 4 * 8
+    } else {
+        0
+    };
+    assert!(u(&percpu["excluded_bytes"]) >= memcg_ptrs, "{percpu:#}");
+    assert_eq!(percpu["meminfo"], "Percpu");
+}
+
+#[test]
+fn leaks_accounting_matches_slab_for_held_messages() {
+    // 32768 SysV messages of 4000 bytes held past the end of the run: one
+    // 4 KiB kmalloc object each (48 + 4000 bytes in load_msg), 128 MiB,
+    // which fill order-3 slabs of 8 objects exactly: Slab grows by what
+    // kmalloc holds (the queues' own objects are in both).
+    const MSGS: u64 = 32768;
+    let r = held_accounting(&["msg", &MSGS.to_string(), "4000", "60"], "Slab");
+    let kmalloc = assert_accounting_closes(&r, "kmalloc", MSGS * 4096);
+    assert_eq!(kmalloc["meminfo"], "Slab");
+}
+
+/// Waits (at most 10 s) until the /proc/meminfo line `name` has not moved
+/// for a second.
+fn wait_for_quiet(name: &str) {
     let read = || {
         std::fs::read_to_string("/proc/meminfo")
             .unwrap()
             .lines()
-            .find(|l| l.starts_with("VmallocUsed:"))
+            .find(|l| l.split(':').next() == Some(name))
             .map(str::to_string)
     };
     let start = std::time::Instant::now();
