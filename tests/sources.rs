@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::io::Write;
+
 use common::*;
 use serde_json::Value;
 
@@ -430,6 +432,16 @@ fn assert_accounting_closes(r: &Value, source: &str, held: u64) -> Value {
     let change = row["meminfo_change_bytes"].as_i64().unwrap();
     let unexplained = row["unexplained_bytes"].as_i64().unwrap();
     assert_eq!(unexplained, change - compared as i64);
+    // The figures docs/design.md quotes, on the real stderr (past the
+    // harness's capture) so a guest run's log has them.
+    let _ = writeln!(
+        std::io::stderr(),
+        "kheap test: accounting {source}: compared {compared} ({} outstanding, {} left out), {} {change:+}, remainder {unexplained:+} ({:+.2}%)",
+        row["outstanding_bytes"],
+        row["excluded_bytes"],
+        row["meminfo"].as_str().unwrap(),
+        unexplained as f64 * 100.0 / change.abs().max(1) as f64
+    );
     assert!(
         unexplained.abs() * 100 <= change.abs() * ACCOUNTING_BOUND_PCT,
         "more than {ACCOUNTING_BOUND_PCT}% unexplained: {row:#}"
