@@ -820,6 +820,45 @@ pub mod tests {
     use crate::model::Hist;
     use crate::testing::assert_keys;
 
+    #[test]
+    fn accounting_leaves_out_what_meminfo_lines_do_not_count() {
+        let row = |source, cache: &str, count, bytes, req, elsewhere| CacheRow {
+            source,
+            name: cache.to_string(),
+            counted_elsewhere: elsewhere,
+            retention: Some(Retention {
+                outstanding_count: count,
+                outstanding_bytes: bytes,
+                outstanding_bytes_req: req,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let report = Report {
+            caches: vec![
+                // two vmalloc areas of 3 pages and a guard page each
+                row(Source::Vmalloc, "vmalloc", 2, 8 * 4096, 8 * 4096, false),
+                row(Source::Vmalloc, "vmap", 1, 5 * 4096, 5 * 4096, false),
+                // 100 bytes on 2 CPUs, and 200 bytes of obj_cgroup pointers
+                row(Source::Percpu, "percpu", 1, 400, 100, false),
+                row(Source::Kmalloc, "kmalloc-64", 3, 192, 150, false),
+                // the vmalloc areas' pages: vmalloc's, not the page source's
+                row(Source::Page, "pages-order0-vmalloc", 6, 6 * 4096, 0, true),
+                row(Source::Page, "pages-order0", 1, 4096, 4096, false),
+            ],
+            ..Default::default()
+        };
+        let by = report.outstanding_by_source(Geometry {
+            page_size: 4096,
+            possible_cpus: 2,
+        });
+        let held = |bytes, excluded| SourceOutstanding { bytes, excluded };
+        assert_eq!(by[&Source::Vmalloc], held(13 * 4096, 7 * 4096));
+        assert_eq!(by[&Source::Percpu], held(400, 200));
+        assert_eq!(by[&Source::Kmalloc], held(192, 0));
+        assert_eq!(by[&Source::Page], held(4096, 0));
+    }
+
     /// A symbolizer over a fixed table, for tests: (start, name), sorted.
     pub struct FixtureSymbols(pub Vec<(u64, &'static str)>);
 
