@@ -43,18 +43,33 @@ enum kheap_page_use {
 	KHEAP_PAGE_PERCPU = 3,
 };
 
-/* Innermost frames of a page allocation that are searched for the
- * allocator it serves (tracing frames come first), and how many function
- * ranges can name one. */
-#define KHEAP_BACKING_DEPTH  12
-#define KHEAP_BACKING_RANGES 24
+/* What a vmap area is for, from the function on its stack that asked for it:
+ * vmalloc proper has pages behind it that VmallocUsed counts; vmap,
+ * ioremap and vm_map_ram map memory someone else allocated (or device
+ * memory). OTHER: none of those functions was found (get_vm_area callers
+ * such as BPF arenas, or a stack too deep). */
+enum kheap_vmap_kind {
+	KHEAP_VMAP_OTHER = 0,
+	KHEAP_VMAP_VMALLOC = 1,
+	KHEAP_VMAP_VMAP = 2,
+	KHEAP_VMAP_IOREMAP = 3,
+	KHEAP_VMAP_VM_MAP_RAM = 4,
+};
 
-/* A kernel function's text [start, end) whose page allocations back
- * another source: filled from /proc/kallsyms by user space. */
+/* Innermost frames of a page allocation or vmap area that are searched
+ * for the function it serves (tracing frames come first), and how many
+ * function ranges can name one: the page ranges first, then the vmap ones. */
+#define KHEAP_BACKING_DEPTH  12
+#define KHEAP_BACKING_RANGES 40
+
+/* A kernel function's text [start, end) that labels the events below it:
+ * page allocations that back another source (label: enum kheap_page_use),
+ * or vmap areas of one kind (enum kheap_vmap_kind). Filled from
+ * /proc/kallsyms by user space. */
 struct backing_range {
 	__u64 start;
 	__u64 end;
-	__u32 page_use; /* enum kheap_page_use */
+	__u32 label;
 	__u32 _pad;
 };
 
@@ -83,7 +98,8 @@ struct site_key {
 	__u8 source; /* enum kheap_source */
 	/* pages: which allocator the pages went to (enum kheap_page_use) */
 	__u8 page_use;
-	__u8 _pad;
+	/* vmalloc: what the area is for (enum kheap_vmap_kind) */
+	__u8 vmap_kind;
 };
 
 struct stack_key {
@@ -237,8 +253,10 @@ struct kheap_config {
 	 * programs are loaded; separates the layers between them */
 	__u8 sources;
 	__u8 page_shift;
-	/* entries of backing_ranges in use; 0: pages are not classified */
+	/* entries of backing_ranges in use: page ranges first, then vmap
+	 * ranges; 0 of a kind: its events are not classified */
 	__u32 backing_ranges;
+	__u32 vmap_ranges;
 };
 
 /* --latency: time inside the allocator entry points, per call site. */

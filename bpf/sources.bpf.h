@@ -46,27 +46,24 @@ KHEAP_MAP(BPF_MAP_TYPE_ARRAY, backing_ranges, __u32, struct backing_range,
 
 KHEAP_PERCPU_SLOT(backing_scratch, struct backing_frames);
 
-/* What a page allocation is for: a page whose innermost frames pass
- * through a slab, vmalloc or percpu function that allocates backing pages
- * (allocate_slab, __vmalloc_area_node, pcpu_alloc_pages…; the ranges come
- * from user space) backs that source, which counts the bytes already. A
- * short stack (KHEAP_BACKING_DEPTH frames) keeps the unwinding cheap and
- * leaves out pages allocated deeper below those functions (the page tables
- * of a vmalloc mapping). */
-static __always_inline __u8 page_use(void *ctx)
+/* The label of the first of ranges [first, end) of backing_ranges that holds
+ * one of the event's innermost frames, or `none`. A short stack
+ * (KHEAP_BACKING_DEPTH frames) keeps the unwinding cheap. */
+static __always_inline __u32 stack_label(void *ctx, __u32 first, __u32 end,
+					 __u32 none)
 {
 	__u32 zero = 0;
 	struct backing_frames *f;
 	long len;
 
-	if (!cfg.backing_ranges)
-		return KHEAP_PAGE_DIRECT;
+	if (first >= end)
+		return none;
 	f = bpf_map_lookup_elem(&backing_scratch, &zero);
 	if (!f)
-		return KHEAP_PAGE_DIRECT;
+		return none;
 	len = bpf_get_stack(ctx, f->ip, sizeof(f->ip), 0);
 	if (len <= 0)
-		return KHEAP_PAGE_DIRECT;
+		return none;
 	for (__u32 i = 0; i < KHEAP_BACKING_DEPTH; i++) {
 		__u64 ip;
 
@@ -74,17 +71,28 @@ static __always_inline __u8 page_use(void *ctx)
 			break;
 		ip = f->ip[i];
 		for (__u32 r = 0; r < KHEAP_BACKING_RANGES; r++) {
-			__u32 idx = r;
+			__u32 idx = first + r;
 			struct backing_range *b;
 
-			if (r >= cfg.backing_ranges)
+			if (idx >= end)
 				break;
 			b = bpf_map_lookup_elem(&backing_ranges, &idx);
 			if (b && ip >= b->start && ip < b->end)
-				return b->page_use;
+				return b->label;
 		}
 	}
-	return KHEAP_PAGE_DIRECT;
+	return none;
+}
+
+/* What a page allocation is for: a page whose innermost frames pass
+ * through a slab, vmalloc or percpu function that allocates backing pages
+ * (allocate_slab, __vmalloc_area_node, pcpu_alloc_pages…; the ranges come
+ * from user space) backs that source, which counts the bytes already. The
+ * short stack leaves out pages allocated deeper below those functions (the
+ * page tables of a vmalloc mapping). */
+static __always_inline __u8 page_use(void *ctx)
+{
+	return stack_label(ctx, 0, cfg.backing_ranges, KHEAP_PAGE_DIRECT);
 }
 
 /* Pages carry no call site: the site is (order, use) and the sampled stacks
@@ -123,12 +131,21 @@ int page_free_raw(struct bpf_raw_tracepoint_args *ctx)
 
 /* ---- vmalloc: vmalloc:alloc_vmap_area, free_vmap_area_noflush ---- */
 
-/* Every vmap area: vmalloc proper, vmap, ioremap and vm_map_ram blocks. The
- * size is the area's, guard page included; the free event has no size, so
- * leaks keeps it with the live area. */
+/* Every vmap area: vmalloc proper, vmap, ioremap and vm_map_ram blocks,
+ * told apart by the function on the stack that asked for the area
+ * (__vmalloc_node_range, vmap, __ioremap_caller…; ranges after the page
+ * ones). Exact per area, unlike the sampled stacks, and only vmalloc events
+ * pay for the unwinding (they are rare). The size is the area's, guard page
+ * included; the free event has no size, so leaks keeps it with the live
+ * area. */
 static __always_inline void count_vmap_area(void *ctx, __u64 addr, __u64 size)
 {
-	struct site_key key = {.source = KHEAP_SOURCE_VMALLOC};
+	struct site_key key = {
+		.source = KHEAP_SOURCE_VMALLOC,
+		.vmap_kind = stack_label(ctx, cfg.backing_ranges,
+					 cfg.backing_ranges + cfg.vmap_ranges,
+					 KHEAP_VMAP_OTHER),
+	};
 
 	on_alloc(ctx, false, &key, (const void *)addr, size, size, false, NULL,
 		 NULL);

@@ -13,7 +13,7 @@ pub mod progress;
 pub mod snapshot;
 pub mod source;
 
-pub use source::{PageUse, Source, Sources};
+pub use source::{PageUse, Source, Sources, VmapKind};
 
 use std::ops::{AddAssign, Sub};
 
@@ -210,8 +210,9 @@ pub enum CacheId {
     ObjectSize(u64),
     /// Pages of one order from the page allocator, and what they went to.
     Pages { order: u32, used_for: PageUse },
-    /// vmalloc areas (vmalloc, vmap, ioremap), guard page included.
-    Vmalloc,
+    /// vmap areas, guard page included, by what they are for (vmalloc
+    /// proper, vmap, ioremap, vm_map_ram).
+    Vmalloc { area: VmapKind },
     /// Per-CPU allocations.
     Percpu,
 }
@@ -238,7 +239,7 @@ impl CacheId {
                 None => format!("pages-order{order}"),
                 Some(_) => format!("pages-order{order}-{}", page_use_name(*used_for)),
             },
-            CacheId::Vmalloc => "vmalloc".into(),
+            CacheId::Vmalloc { area } => area.name().into(),
             CacheId::Percpu => "percpu".into(),
         }
     }
@@ -248,7 +249,7 @@ impl CacheId {
         match self {
             CacheId::Kmalloc { .. } | CacheId::Named(_) | CacheId::ObjectSize(_) => Source::Kmalloc,
             CacheId::Pages { .. } => Source::Page,
-            CacheId::Vmalloc => Source::Vmalloc,
+            CacheId::Vmalloc { .. } => Source::Vmalloc,
             CacheId::Percpu => Source::Percpu,
         }
     }

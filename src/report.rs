@@ -7,11 +7,12 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::leaks::meminfo::{Geometry, SourceOutstanding};
 use crate::leaks::retention::{self, sort_by_retention};
 pub use crate::leaks::retention::{LeakSummary, ProgramMisses, Retention};
 use crate::model::live::{Retained, RetainedIndex};
-use crate::model::Source;
 use crate::model::{AllocStats, CacheId};
+use crate::model::{Source, VmapKind};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
 // Kept at their old paths until every branch imports them from the model.
@@ -320,13 +321,30 @@ impl Report {
     }
 
     /// Outstanding bytes per source (kheap leaks), pages that back another
-    /// source left out: the input of the /proc/meminfo accounting.
-    pub fn outstanding_by_source(&self) -> HashMap<Source, u64> {
-        let mut by_source = HashMap::new();
+    /// source left out: the input of the /proc/meminfo accounting, with
+    /// the part each source's meminfo line does not count by design.
+    pub fn outstanding_by_source(&self, geometry: Geometry) -> HashMap<Source, SourceOutstanding> {
+        let mut by_source: HashMap<Source, SourceOutstanding> = HashMap::new();
         for c in self.caches.iter().filter(|c| !c.counted_elsewhere) {
-            if let Some(r) = &c.retention {
-                *by_source.entry(c.source).or_default() += r.outstanding_bytes;
-            }
+            let Some(r) = &c.retention else { continue };
+            let excluded = match c.source {
+                // VmallocUsed counts the pages behind vmalloc proper only:
+                // not its areas' guard pages, nor vmap, ioremap and
+                // vm_map_ram areas (their memory is pages or devices').
+                Source::Vmalloc if c.name == VmapKind::Vmalloc.name() => {
+                    r.outstanding_count * geometry.page_size
+                }
+                Source::Vmalloc => r.outstanding_bytes,
+                // Percpu counts the copies on every CPU, not the obj_cgroup
+                // pointers the footprint adds.
+                Source::Percpu => r
+                    .outstanding_bytes
+                    .saturating_sub(r.outstanding_bytes_req * geometry.possible_cpus),
+                _ => 0,
+            };
+            let e = by_source.entry(c.source).or_default();
+            e.bytes += r.outstanding_bytes;
+            e.excluded += excluded.min(r.outstanding_bytes);
         }
         by_source
     }
@@ -809,6 +827,45 @@ pub mod tests {
     use super::*;
     use crate::model::{Hist, PageUse};
     use crate::testing::assert_keys;
+
+    #[test]
+    fn accounting_leaves_out_what_meminfo_lines_do_not_count() {
+        let row = |source, cache: &str, count, bytes, req, elsewhere| CacheRow {
+            source,
+            name: cache.to_string(),
+            counted_elsewhere: elsewhere,
+            retention: Some(Retention {
+                outstanding_count: count,
+                outstanding_bytes: bytes,
+                outstanding_bytes_req: req,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let report = Report {
+            caches: vec![
+                // two vmalloc areas of 3 pages and a guard page each
+                row(Source::Vmalloc, "vmalloc", 2, 8 * 4096, 8 * 4096, false),
+                row(Source::Vmalloc, "vmap", 1, 5 * 4096, 5 * 4096, false),
+                // 100 bytes on 2 CPUs, and 200 bytes of obj_cgroup pointers
+                row(Source::Percpu, "percpu", 1, 400, 100, false),
+                row(Source::Kmalloc, "kmalloc-64", 3, 192, 150, false),
+                // the vmalloc areas' pages: vmalloc's, not the page source's
+                row(Source::Page, "pages-order0-vmalloc", 6, 6 * 4096, 0, true),
+                row(Source::Page, "pages-order0", 1, 4096, 4096, false),
+            ],
+            ..Default::default()
+        };
+        let by = report.outstanding_by_source(Geometry {
+            page_size: 4096,
+            possible_cpus: 2,
+        });
+        let held = |bytes, excluded| SourceOutstanding { bytes, excluded };
+        assert_eq!(by[&Source::Vmalloc], held(13 * 4096, 7 * 4096));
+        assert_eq!(by[&Source::Percpu], held(400, 200));
+        assert_eq!(by[&Source::Kmalloc], held(192, 0));
+        assert_eq!(by[&Source::Page], held(4096, 0));
+    }
 
     /// A symbolizer over a fixed table, for tests: (start, name), sorted.
     pub struct FixtureSymbols(pub Vec<(u64, &'static str)>);

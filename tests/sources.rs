@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::io::Write;
+
 use common::*;
 use serde_json::Value;
 
@@ -136,6 +138,55 @@ fn vmalloc_source_counts_a_large_bpf_array() {
         let page_totals = rows(&r["totals"], "sources", "source", "page");
         assert!(u(&page_totals[0]["counted_elsewhere_bytes"]) >= 257 * PAGE);
     }
+}
+
+#[test]
+fn vmap_areas_are_labelled_apart_from_vmalloc() {
+    // A BPF ring buffer of 1 MiB: ringbuf_map_alloc allocates its 3 header
+    // and 256 data pages one by one and maps them with vmap(), the data
+    // pages twice (records wrap around): one vmap area of 3 + 2 x 256
+    // pages and a guard page, with no vmalloc behind it. Its page array
+    // (515 pointers) is kmalloc'd.
+    let r = record_all(&["bpf-array", "ringbuf", "1048576", "0"]);
+    assert_totals_add_up(&r);
+    let (count, req, alloc, caches) = stacks_through(&r, "vmalloc", "ringbuf_map_alloc");
+    assert_eq!((count, req, alloc), (1, 516 * PAGE, 516 * PAGE));
+    assert_eq!(caches, ["vmap"]);
+    // The label is the area's, not its stack's: the cache row says it too,
+    // and the one vmalloc site has both kinds when the workload also
+    // vmallocs (its thread stack does not: its parent allocates that).
+    let vmap = rows(&r, "caches", "name", "vmap");
+    assert_eq!(vmap.len(), 1, "{:#}", r["caches"]);
+    assert_eq!(vmap[0]["source"], "vmalloc");
+    assert!(u(&vmap[0]["count"]) >= 1);
+    let site = rows(&r, "sites", "source", "vmalloc");
+    assert_eq!(site.len(), 1);
+    assert!(site[0]["caches"]
+        .as_array()
+        .unwrap()
+        .contains(&Value::from("vmap")));
+    // No vmalloc-proper stack is labelled vmap, and the other way round.
+    for s in rows(&r, "stacks", "source", "vmalloc") {
+        let frames = frames(s);
+        let proper = frames.iter().any(|f| f.starts_with("__vmalloc_node_range"));
+        let mapped = frames.iter().any(|f| f.starts_with("vmap+"));
+        let want = match (proper, mapped) {
+            (true, _) => "vmalloc",
+            (false, true) => "vmap",
+            _ => continue,
+        };
+        assert_eq!(s["cache"], want, "{s:#}");
+    }
+    // Its pages are the ring buffer's own page allocations: direct.
+    let ring_pages: u64 = rows(&r, "stacks", "source", "page")
+        .into_iter()
+        .filter(|s| {
+            s["cache"] == "pages-order0"
+                && frames(s).iter().any(|f| f.starts_with("ringbuf_map_alloc"))
+        })
+        .map(|s| u(&s["count"]))
+        .sum();
+    assert_eq!(ring_pages, 259);
 }
 
 /// The kretprobe/kprobe fallback (forced with KHEAP_FALLBACK=kprobe, since
@@ -311,36 +362,153 @@ fn memcg_kmem() -> bool {
     memcg_on && !cmdline.contains("cgroup.memory=nokmem")
 }
 
-#[test]
-fn leaks_accounting_matches_meminfo_for_a_held_vmalloc_area() {
+/// What `kheap leaks --source all` compares a held amount with, and how
+/// far apart they may be: /proc/meminfo is system-wide, so the rest of the
+/// machine's change of the line over the run (a few hundred KiB on a quiet
+/// machine: thread stacks, slab churn) is in the remainder. Measured with
+/// 128 MiB held: at most 0.3% (vmalloc), 0.01% (percpu), 0.6% (kmalloc) on
+/// 6.1, 6.12 and 6.18.
+const ACCOUNTING_BOUND_PCT: i64 = 3;
+
+/// `kheap leaks --source all -d 8 -- kheap-load LOAD…` (the load holds its
+/// memory past the end), on an interval no other BPF user disturbed much:
+/// another kheap starting or ending moves VmallocUsed by 20 to 50 MiB and
+/// Percpu by about 8 MiB, which is not the remainder the test is about.
+/// The kernel's BPF maps are listed before and after the run (the
+/// workload's and kheap's own are gone by then); when the maps of other
+/// processes that came or went hold more than 1% of `held` (by the kernel's
+/// own figure, `memlock`), the run is measured again, at most five times,
+/// each after the set of maps stayed the same for two seconds; then the
+/// test fails (on a machine where other BPF tools keep starting and
+/// ending, as when several test suites share it).
+fn held_accounting(load: &[&str], line: &str, held: u64) -> Value {
     require_root();
-    // The BPF maps of the kheap runs before this one are freed lazily
-    // (vmalloc'd map memory): let VmallocUsed settle first.
-    wait_for_quiet_vmalloc();
-    // A 128 MiB BPF array held past the end of the run (-d 2 ends it while
-    // the map is alive): 32770 pages of vmap area (one header page, one
-    // guard page). VmallocUsed counts the 32769 pages with memory behind
-    // them; the rest of the machine (thread stacks, other BPF maps) moves
-    // it by a few hundred pages while the test runs.
-    let r = report_json(
-        "leaks",
-        &["--source", "all", "-d", "2"],
-        &["bpf-array", "array", "32768", "4096", "8"],
-    );
+    for attempt in 1..=5 {
+        // Memory freed lazily by earlier runs (BPF maps) settles first.
+        wait_for_quiet(line);
+        wait_for_quiet_maps();
+        let before = bpf_maps();
+        let r = report_json("leaks", &["--source", "all", "-d", "8"], load);
+        let after = bpf_maps();
+        let moved: u64 = before
+            .iter()
+            .filter(|(id, _)| !after.contains_key(id))
+            .chain(after.iter().filter(|(id, _)| !before.contains_key(id)))
+            .map(|(_, bytes)| bytes)
+            .sum();
+        if moved * 100 <= held {
+            return r;
+        }
+        let _ = writeln!(
+            std::io::stderr(),
+            "kheap test: attempt {attempt}: BPF maps of other processes holding {moved} bytes came or went during the run: measuring again"
+        );
+    }
+    panic!("other processes kept creating or freeing large BPF maps: no quiet interval to compare /proc/meminfo over");
+}
+
+/// Waits (at most 60 s) until no BPF map came or went for two seconds.
+fn wait_for_quiet_maps() {
+    let ids = || {
+        let mut ids: Vec<u32> = bpf_maps().into_keys().collect();
+        ids.sort_unstable();
+        ids
+    };
+    let start = std::time::Instant::now();
+    let (mut last, mut since) = (ids(), std::time::Instant::now());
+    while start.elapsed() < std::time::Duration::from_secs(60)
+        && since.elapsed() < std::time::Duration::from_secs(2)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        let now = ids();
+        if now != last {
+            (last, since) = (now, std::time::Instant::now());
+        }
+    }
+}
+
+/// The BPF maps in the kernel (BPF_MAP_GET_NEXT_ID), each with the memory
+/// the kernel says it holds (`memlock` in its fdinfo; 0 if it went away
+/// while listed).
+fn bpf_maps() -> std::collections::HashMap<u32, u64> {
+    const BPF_MAP_GET_NEXT_ID: libc::c_long = 12;
+    const BPF_MAP_GET_FD_BY_ID: libc::c_long = 14;
+    let bpf = |cmd: libc::c_long, attr: &mut [u32; 4]| {
+        // SAFETY: attr outlives the call and its size is passed.
+        unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), 16usize) }
+    };
+    let mut maps = std::collections::HashMap::new();
+    let mut next = [0u32; 4]; // start_id, next_id
+    while bpf(BPF_MAP_GET_NEXT_ID, &mut next) == 0 {
+        let id = next[1];
+        next[0] = id;
+        let fd = bpf(BPF_MAP_GET_FD_BY_ID, &mut [id, 0, 0, 0]);
+        let mut memlock = 0;
+        if fd >= 0 {
+            let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{fd}"));
+            memlock = info
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| l.strip_prefix("memlock:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            // SAFETY: the fd was just opened here and is not used again.
+            unsafe { libc::close(fd as i32) };
+        }
+        maps.insert(id, memlock);
+    }
+    maps
+}
+
+/// The accounting row of `source`, checked against the held amount: the
+/// bytes compared (outstanding less what the line does not count) are at
+/// least `held`, and the remainder is within the bound of the line's
+/// change.
+#[track_caller]
+fn assert_accounting_closes(r: &Value, source: &str, held: u64) -> Value {
     let acc = r["leaks"]["accounting"].as_array().expect("no accounting");
     let sources: Vec<&str> = acc.iter().map(|a| a["source"].as_str().unwrap()).collect();
     assert_eq!(sources, ["kmalloc", "page", "vmalloc", "percpu"]);
-    let vmalloc = acc.iter().find(|a| a["source"] == "vmalloc").unwrap();
-    let outstanding = u(&vmalloc["outstanding_bytes"]);
-    assert!(outstanding >= 32770 * PAGE, "{vmalloc:#}");
-    let change = vmalloc["meminfo_change_bytes"].as_i64().unwrap();
-    let unexplained = vmalloc["unexplained_bytes"].as_i64().unwrap();
-    assert_eq!(unexplained, change - outstanding as i64);
-    assert!(
-        unexplained.abs() * 100 <= change.abs() * 5,
-        "more than 5% unexplained: {vmalloc:#}"
+    let row = acc.iter().find(|a| a["source"] == source).unwrap().clone();
+    let compared = u(&row["outstanding_bytes"]) - u(&row["excluded_bytes"]);
+    assert!(compared >= held, "{compared} < {held}: {row:#}");
+    let change = row["meminfo_change_bytes"].as_i64().unwrap();
+    let unexplained = row["unexplained_bytes"].as_i64().unwrap();
+    assert_eq!(unexplained, change - compared as i64);
+    // The figures docs/design.md quotes, on the real stderr (past the
+    // harness's capture) so a guest run's log has them.
+    let _ = writeln!(
+        std::io::stderr(),
+        "kheap test: accounting {source}: compared {compared} ({} outstanding, {} left out), {} {change:+}, remainder {unexplained:+} ({:+.2}%)",
+        row["outstanding_bytes"],
+        row["excluded_bytes"],
+        row["meminfo"].as_str().unwrap(),
+        unexplained as f64 * 100.0 / change.abs().max(1) as f64
     );
+    assert!(
+        unexplained.abs() * 100 <= change.abs() * ACCOUNTING_BOUND_PCT,
+        "more than {ACCOUNTING_BOUND_PCT}% unexplained: {row:#}"
+    );
+    row
+}
+
+#[test]
+fn leaks_accounting_matches_vmalloc_used_for_a_held_vmalloc_area() {
+    // A 128 MiB BPF array held past the end of the run: one vmalloc area of
+    // 32770 pages (a header page, a guard page). VmallocUsed counts the
+    // pages behind it, not the guard page: the accounting leaves out one
+    // page per outstanding vmalloc area.
+    let held = 32769 * PAGE;
+    let r = held_accounting(
+        &["bpf-array", "array", "32768", "4096", "60"],
+        "VmallocUsed",
+        held,
+    );
+    let vmalloc = assert_accounting_closes(&r, "vmalloc", held);
+    assert!(u(&vmalloc["excluded_bytes"]) >= PAGE, "{vmalloc:#}");
+    assert_eq!(vmalloc["meminfo"], "VmallocUsed");
     // The area's pages are vmalloc's: not outstanding again as pages.
+    let acc = r["leaks"]["accounting"].as_array().unwrap();
     let page = acc.iter().find(|a| a["source"] == "page").unwrap();
     assert!(
         u(&page["outstanding_bytes"]) < 16384 * PAGE / 10,
@@ -349,13 +517,55 @@ fn leaks_accounting_matches_meminfo_for_a_held_vmalloc_area() {
     assert_eq!(page["meminfo"], "-MemFree - Slab - VmallocUsed - Percpu");
 }
 
-/// Waits (at most 10 s) until VmallocUsed has not moved for a second.
-fn wait_for_quiet_vmalloc() {
+#[test]
+fn leaks_accounting_matches_percpu_for_a_held_percpu_array() {
+    // 128 MiB of per-CPU memory whatever the CPUs: a per-CPU array of
+    // 4 KiB values, one percpu allocation per entry. Percpu counts the
+    // populated chunk pages on every CPU; the obj_cgroup pointers in the
+    // allocations' footprint live in chunk metadata (slab or vmalloc), so
+    // the accounting leaves them out.
+    let cpus = possible_cpus();
+    let entries = (128 << 20) / (4096 * cpus);
+    let held = entries * 4096 * cpus;
+    let r = held_accounting(
+        &["bpf-array", "percpu", &entries.to_string(), "4096", "60"],
+        "Percpu",
+        held,
+    );
+    let percpu = assert_accounting_closes(&r, "percpu", held);
+    let memcg_ptrs = if memcg_kmem() {
+        entries * 4096 / 4 * 8
+    } else {
+        0
+    };
+    assert!(u(&percpu["excluded_bytes"]) >= memcg_ptrs, "{percpu:#}");
+    assert_eq!(percpu["meminfo"], "Percpu");
+}
+
+#[test]
+fn leaks_accounting_matches_slab_for_held_messages() {
+    // 32768 SysV messages of 4000 bytes held past the end of the run: one
+    // 4 KiB kmalloc object each (48 + 4000 bytes in load_msg), 128 MiB,
+    // which fill order-3 slabs of 8 objects exactly: Slab grows by what
+    // kmalloc holds (the queues' own objects are in both).
+    const MSGS: u64 = 32768;
+    let r = held_accounting(
+        &["msg", &MSGS.to_string(), "4000", "60"],
+        "Slab",
+        MSGS * 4096,
+    );
+    let kmalloc = assert_accounting_closes(&r, "kmalloc", MSGS * 4096);
+    assert_eq!(kmalloc["meminfo"], "Slab");
+}
+
+/// Waits (at most 10 s) until the /proc/meminfo line `name` has not moved
+/// for a second.
+fn wait_for_quiet(name: &str) {
     let read = || {
         std::fs::read_to_string("/proc/meminfo")
             .unwrap()
             .lines()
-            .find(|l| l.starts_with("VmallocUsed:"))
+            .find(|l| l.split(':').next() == Some(name))
             .map(str::to_string)
     };
     let start = std::time::Instant::now();

@@ -18,13 +18,18 @@
 //!       Prints the calls made, the time taken and the rate achieved. With
 //!       `wait`, starts only after reading a line from stdin (so a tracer
 //!       can be attached to its PID first).
-//!   kheap-load pages COUNT                  COUNT anonymous pages, without
+//!   kheap-load pages COUNT [HOLD_SECS]      COUNT anonymous pages, without
 //!       huge pages, faulted in for writing by MADV_POPULATE_WRITE: COUNT
-//!       order-0 allocations in do_anonymous_page under madvise_populate.
+//!       order-0 allocations in do_anonymous_page under madvise_populate;
+//!       held HOLD_SECS, then unmapped.
 //!   kheap-load bpf-array KIND ENTRIES VALUE_SIZE [HOLD_SECS]  creates a
 //!       BPF map of KIND `array` (above 32 KiB its values are one vmalloc
 //!       area) or `percpu` (one percpu allocation per entry) through the bpf
 //!       syscall, and holds it HOLD_SECS; the map goes with the process.
+//!       KIND `ringbuf` is a BPF ring buffer of ENTRIES bytes (a power of
+//!       2, multiple of the page size; VALUE_SIZE must be 0): its pages are
+//!       allocated one by one and mapped twice with vmap(), a vmap area
+//!       without vmalloc (its page array is vmalloc'd above 32 KiB).
 //!   kheap-load page-cycle COUNT [wait]      COUNT times: one write to an
 //!       anonymous page (one order-0 page allocation in the fault handler),
 //!       then MADV_DONTNEED (its free). Prints CPU ns per call. With
@@ -46,7 +51,7 @@ use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | pages COUNT | bpf-array array|percpu ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
     );
     std::process::exit(2);
 }
@@ -84,7 +89,7 @@ fn main() {
         ),
         Some("writev") => writev(arg(&args, 2)),
         Some("malloc") => malloc_free(arg(&args, 2), arg(&args, 3)),
-        Some("pages") => pages(arg(&args, 2)),
+        Some("pages") => pages(arg(&args, 2), args.get(3).map(|_| arg(&args, 3))),
         Some("bpf-array") => bpf_array(
             &arg::<String>(&args, 2),
             arg(&args, 3),
@@ -343,7 +348,7 @@ fn malloc_free(count: u64, size: usize) {
 
 /// COUNT order-0 anonymous pages, allocated by one madvise(2) call so the
 /// allocations have a path no start-up fault shares.
-fn pages(count: usize) {
+fn pages(count: usize, hold_secs: Option<u64>) {
     const MADV_POPULATE_WRITE: i32 = 23;
     let len = count * 4096;
     // SAFETY: a fresh private anonymous mapping, unmapped before return.
@@ -366,6 +371,10 @@ fn pages(count: usize) {
             eprintln!("MADV_POPULATE_WRITE: {}", std::io::Error::last_os_error());
             std::process::exit(1);
         }
+        if let Some(secs) = hold_secs {
+            println!("populated");
+            std::thread::sleep(Duration::from_secs(secs));
+        }
         libc::munmap(p, len);
     }
 }
@@ -385,15 +394,16 @@ fn bpf_array(kind: &str, entries: u32, value_size: u32, hold_secs: Option<u64>) 
 fn create_bpf_map(kind: &str, entries: u32, value_size: u32) -> i32 {
     const BPF_MAP_CREATE: libc::c_long = 0;
     let map_type: u32 = match kind {
-        "array" => 2,  // BPF_MAP_TYPE_ARRAY
-        "percpu" => 6, // BPF_MAP_TYPE_PERCPU_ARRAY
+        "array" => 2,    // BPF_MAP_TYPE_ARRAY
+        "percpu" => 6,   // BPF_MAP_TYPE_PERCPU_ARRAY
+        "ringbuf" => 27, // BPF_MAP_TYPE_RINGBUF: no key, no value
         _ => usage(),
     };
     // union bpf_attr for BPF_MAP_CREATE: map_type, key_size, value_size,
     // max_entries, map_flags; the rest zero.
     let mut attr = [0u32; 32];
     attr[0] = map_type;
-    attr[1] = 4;
+    attr[1] = if kind == "ringbuf" { 0 } else { 4 };
     attr[2] = value_size;
     attr[3] = entries;
     // SAFETY: attr outlives the call and its size is passed.

@@ -17,7 +17,7 @@ use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
-use crate::leaks::meminfo::{account, MemInfo};
+use crate::leaks::meminfo::{account, Geometry, MemInfo};
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
 use crate::model::snapshot::Snapshot;
 use crate::render::Format;
@@ -223,7 +223,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     drop(session);
     let mut report = build(&mut snap, "leaks", duration_s, info);
     report.name_cgroups(&mut cgroup_names);
-    let outstanding = report.outstanding_by_source();
+    let outstanding = report.outstanding_by_source(Geometry::read());
     if let (Some(before), Some(l)) = (&meminfo_before, report.leaks.as_mut()) {
         l.accounting = account(cfg.sources, &outstanding, before, &meminfo_after);
     }

@@ -20,7 +20,6 @@ use crate::kernel::features::{self, KernelBtf, Tracefs};
 use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 use crate::kernel::storage::ObjectStorage;
-use crate::model::backing::BackingRange;
 use crate::model::live::{
     jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Outstanding, OutstandingRead,
     Unseen,
@@ -28,7 +27,7 @@ use crate::model::live::{
 use crate::model::snapshot::{
     CgroupKey, CgroupSlot, EventCounters, IdleKeys, ProgRunTime, Snapshot,
 };
-use crate::model::{progress, CacheId, PageUse, SiteKey, Source, Sources};
+use crate::model::{progress, CacheId, PageUse, SiteKey, Source, Sources, VmapKind};
 
 pub use crate::kernel::attach::AttachMode;
 
@@ -221,9 +220,10 @@ impl<'obj> Tracer<'obj> {
             .open(slot)
             .context("opening the BPF object")?;
         configure(&mut open, cfg, kbtf, mech, lat_starts)?;
-        let backing = backing_ranges(cfg)?;
+        let labels = label_ranges(cfg)?;
         if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
-            rodata.cfg.backing_ranges = backing.len() as u32;
+            rodata.cfg.backing_ranges = labels.page;
+            rodata.cfg.vmap_ranges = labels.vmap;
         }
         // Exactly the programs of the chosen mechanism and hooks load; any
         // other program left in the object would fail the whole load.
@@ -257,13 +257,7 @@ impl<'obj> Tracer<'obj> {
         if cfg.live.is_some() {
             tracer.clock0 = tracer.clock()?;
         }
-        for (i, r) in backing.iter().enumerate() {
-            let value = types::backing_range {
-                start: r.start,
-                end: r.end,
-                page_use: r.page_use.raw(),
-                ..Default::default()
-            };
+        for (i, value) in labels.ranges.iter().enumerate() {
             tracer
                 .skel
                 .maps
@@ -271,10 +265,10 @@ impl<'obj> Tracer<'obj> {
                 .update(
                     &(i as u32).to_ne_bytes(),
                     // SAFETY: a plain C struct of integers (explicit padding).
-                    unsafe { plain::as_bytes(&value) },
+                    unsafe { plain::as_bytes(value) },
                     MapFlags::ANY,
                 )
-                .context("writing the backing-function ranges")?;
+                .context("writing the stack-label function ranges")?;
         }
         for &pid in &cfg.pids {
             tracer.add_pid(pid)?;
@@ -419,7 +413,7 @@ impl<'obj> Tracer<'obj> {
         }
         let m = &self.skel.maps;
         // Raw keys first (plain integers), names once per group.
-        type RawKey = (u64, u64, u32, u8, u8, u8, i64);
+        type RawKey = (u64, u64, u32, u8, u8, u8, u8, i64);
         let mut raw: HashMap<RawKey, Outstanding> = HashMap::new();
         maps::visit_hash_values::<types::live_obj, _>(&m.live, &mut |o| {
             let s = &o.site;
@@ -430,6 +424,7 @@ impl<'obj> Tracer<'obj> {
                 s.kmalloc_accounted,
                 s.source,
                 s.page_use,
+                s.vmap_kind,
                 o.stack_id,
             );
             let e = raw.entry(k).or_default();
@@ -438,8 +433,19 @@ impl<'obj> Tracer<'obj> {
         })?;
         let names = self.cache_names()?;
         let mut groups: HashMap<(SiteKey, i64), Outstanding> = HashMap::new();
-        for ((call_site, cache, kmalloc_size, kmalloc_accounted, source, page_use, stack_id), v) in
-            raw
+        for (
+            (
+                call_site,
+                cache,
+                kmalloc_size,
+                kmalloc_accounted,
+                source,
+                page_use,
+                vmap_kind,
+                stack_id,
+            ),
+            v,
+        ) in raw
         {
             let site = site_key(
                 &types::site_key {
@@ -449,7 +455,7 @@ impl<'obj> Tracer<'obj> {
                     kmalloc_accounted,
                     source,
                     page_use,
-                    ..Default::default()
+                    vmap_kind,
                 },
                 &names,
             );
@@ -977,29 +983,64 @@ fn program_name(hook: &Hook, mech: Mechanism, fallback: Option<Fallback>) -> Str
     }
 }
 
-/// With the page source and a source whose pages it would count again:
-/// the text ranges of the functions that allocate those pages (only for the
-/// sources traced, so a page is left out of the totals only when another
-/// source counts it).
-fn backing_ranges(cfg: &Config) -> Result<Vec<BackingRange>> {
-    if !cfg.sources.contains(Source::Page) {
-        return Ok(Vec::new());
+/// The text ranges that label events by the functions on their stack
+/// (bpf/sources.bpf.h, `stack_label`), in the map's order: with the page
+/// source and a source whose pages it would count again, the functions
+/// that allocate those pages (only for the sources traced, so a page is
+/// left out of the totals only when another source counts it); then, with
+/// vmalloc, the functions that say what a vmap area is for.
+#[derive(Default)]
+struct LabelRanges {
+    ranges: Vec<types::backing_range>,
+    page: u32,
+    vmap: u32,
+}
+
+fn label_ranges(cfg: &Config) -> Result<LabelRanges> {
+    let pages = cfg.sources.contains(Source::Page);
+    let vmap = cfg.sources.contains(Source::Vmalloc);
+    if !pages && !vmap {
+        return Ok(LabelRanges::default());
     }
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
-    let mut ranges: Vec<BackingRange> = crate::model::backing::backing_ranges(&kallsyms)
-        .into_iter()
-        .filter(|r| {
-            r.page_use
-                .counted_by()
-                .is_some_and(|s| cfg.sources.contains(s))
-        })
-        .collect();
+    let range = |start, end, label| types::backing_range {
+        start,
+        end,
+        label,
+        ..Default::default()
+    };
+    let mut ranges: Vec<types::backing_range> = Vec::new();
+    if pages {
+        ranges.extend(
+            crate::model::backing::backing_ranges(&kallsyms)
+                .into_iter()
+                .filter(|r| {
+                    r.label
+                        .counted_by()
+                        .is_some_and(|s| cfg.sources.contains(s))
+                })
+                .map(|r| range(r.start, r.end, r.label.raw())),
+        );
+    }
     ranges.truncate(KHEAP_BACKING_RANGES);
-    Ok(ranges)
+    let page = ranges.len() as u32;
+    if vmap {
+        ranges.extend(
+            crate::model::backing::vmap_ranges(&kallsyms)
+                .into_iter()
+                .map(|r| range(r.start, r.end, r.label.raw())),
+        );
+    }
+    ranges.truncate(KHEAP_BACKING_RANGES);
+    Ok(LabelRanges {
+        page,
+        vmap: ranges.len() as u32 - page,
+        ranges,
+    })
 }
 
 /// Must match KHEAP_BACKING_RANGES in bpf/kheap.h (the map's size).
-const KHEAP_BACKING_RANGES: usize = 24;
+const KHEAP_BACKING_RANGES: usize = 40;
 
 /// log2 of the page size, for the page allocator's bytes (PAGE_SIZE << order).
 fn page_shift() -> u8 {
@@ -1018,7 +1059,9 @@ fn site_key(k: &types::site_key, names: &HashMap<u64, String>) -> SiteKey {
             order: k.kmalloc_size,
             used_for: PageUse::from_raw(k.page_use),
         },
-        Some(Source::Vmalloc) => CacheId::Vmalloc,
+        Some(Source::Vmalloc) => CacheId::Vmalloc {
+            area: VmapKind::from_raw(k.vmap_kind),
+        },
         Some(Source::Percpu) => CacheId::Percpu,
         _ => cache_id(k.cache, k.kmalloc_size, k.kmalloc_accounted != 0, names),
     };

@@ -56,6 +56,17 @@ fn meminfo_line(source: Source) -> &'static str {
     }
 }
 
+/// What one source holds at the end of the run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceOutstanding {
+    /// Allocated since kheap attached and not seen freed (pages backing
+    /// another source are that source's).
+    pub bytes: u64,
+    /// The part of `bytes` its /proc/meminfo line does not count by design
+    /// (`AccountingRow::excluded_bytes`).
+    pub excluded: u64,
+}
+
 /// One source's line of the accounting.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct AccountingRow {
@@ -63,18 +74,60 @@ pub struct AccountingRow {
     /// Allocated since kheap attached and not seen freed (pages backing
     /// another source are that source's).
     pub outstanding_bytes: u64,
+    /// The part of outstanding_bytes the meminfo line does not count by
+    /// design: vmalloc guard pages and vmap, ioremap and vm_map_ram areas
+    /// (address space over memory counted elsewhere); percpu's obj_cgroup
+    /// pointers (kept in chunk metadata, which is slab or vmalloc memory).
+    #[serde(default)]
+    pub excluded_bytes: u64,
     /// What it is compared with, e.g. "VmallocUsed" or "-MemFree - Slab".
     pub meminfo: String,
     pub meminfo_change_bytes: i64,
-    /// meminfo_change_bytes - outstanding_bytes.
+    /// meminfo_change_bytes - (outstanding_bytes - excluded_bytes).
     pub unexplained_bytes: i64,
+}
+
+/// The machine's page size and possible CPUs (percpu allocations have a
+/// copy on each), which the outstanding bytes are converted with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    pub page_size: u64,
+    pub possible_cpus: u64,
+}
+
+impl Geometry {
+    pub fn read() -> Geometry {
+        // SAFETY: sysconf has no preconditions.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+        let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible");
+        Geometry {
+            page_size: if page > 0 { page as u64 } else { 4096 },
+            possible_cpus: possible.map_or(1, |t| count_cpus(&t)),
+        }
+    }
+}
+
+/// The CPUs of a cpu list such as "0-1", "0" or "0-3,8-11".
+pub fn count_cpus(list: &str) -> u64 {
+    list.trim()
+        .split(',')
+        .filter(|r| !r.is_empty())
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => match (a.parse::<u64>(), b.parse::<u64>()) {
+                (Ok(a), Ok(b)) if b >= a => b - a + 1,
+                _ => 1,
+            },
+            None => 1,
+        })
+        .sum::<u64>()
+        .max(1)
 }
 
 /// Per traced source: outstanding bytes against the change of its
 /// /proc/meminfo line between `before` and `after`.
 pub fn account(
     sources: Sources,
-    outstanding: &HashMap<Source, u64>,
+    outstanding: &HashMap<Source, SourceOutstanding>,
     before: &MemInfo,
     after: &MemInfo,
 ) -> Vec<AccountingRow> {
@@ -98,13 +151,14 @@ pub fn account(
                     change(meminfo_line(source)),
                 )
             };
-            let outstanding_bytes = outstanding.get(&source).copied().unwrap_or(0);
+            let held = outstanding.get(&source).copied().unwrap_or_default();
             AccountingRow {
                 source,
-                outstanding_bytes,
+                outstanding_bytes: held.bytes,
+                excluded_bytes: held.excluded,
                 meminfo,
                 meminfo_change_bytes: delta,
-                unexplained_bytes: delta - outstanding_bytes as i64,
+                unexplained_bytes: delta - held.bytes.saturating_sub(held.excluded) as i64,
             }
         })
         .collect()
@@ -127,10 +181,11 @@ mod tests {
 
     #[test]
     fn page_allocator_is_memfree_less_the_other_traced_lines() {
+        let held = |bytes, excluded| SourceOutstanding { bytes, excluded };
         let outstanding = HashMap::from([
-            (Source::Kmalloc, 10_000 * 1024),
-            (Source::Vmalloc, 64_000 * 1024 + 4096),
-            (Source::Page, 20_000 * 1024),
+            (Source::Kmalloc, held(10_000 * 1024, 0)),
+            (Source::Vmalloc, held(64_000 * 1024 + 3 * 4096, 2 * 4096)),
+            (Source::Page, held(20_000 * 1024, 0)),
         ]);
         let rows = account(
             Sources::all(),
@@ -143,7 +198,10 @@ mod tests {
         // 100000 kB left the free pool: 10000 slab, 64000 vmalloc.
         assert_eq!(page.meminfo_change_bytes, 26_000 * 1024);
         assert_eq!(page.unexplained_bytes, 6_000 * 1024);
+        // What VmallocUsed does not count (a guard page, a vmap area) is
+        // no remainder.
         let vmalloc = rows.iter().find(|r| r.source == Source::Vmalloc).unwrap();
+        assert_eq!(vmalloc.excluded_bytes, 2 * 4096);
         assert_eq!(vmalloc.unexplained_bytes, -4096);
         let percpu = rows.iter().find(|r| r.source == Source::Percpu).unwrap();
         assert_eq!((percpu.outstanding_bytes, percpu.unexplained_bytes), (0, 0));
@@ -155,5 +213,13 @@ mod tests {
             &MemInfo::parse(AFTER),
         );
         assert_eq!(only[0].meminfo_change_bytes, 100_000 * 1024);
+    }
+
+    #[test]
+    fn counts_cpu_lists() {
+        assert_eq!(count_cpus("0-1\n"), 2);
+        assert_eq!(count_cpus("0"), 1);
+        assert_eq!(count_cpus("0-3,8-11"), 8);
+        assert_eq!(count_cpus(""), 1);
     }
 }

@@ -132,9 +132,14 @@ pub fn leak_header(r: &Report) -> String {
         l.unseen_free_paths.join("; ")
     );
     for a in &l.accounting {
+        let excluded = if a.excluded_bytes > 0 {
+            format!(" ({} not in {})", human_size(a.excluded_bytes), a.meminfo)
+        } else {
+            String::new()
+        };
         let _ = writeln!(
             s,
-            "accounting: {:<8} outstanding {:>8}  {} {:>8}  unexplained {:>8}",
+            "accounting: {:<8} outstanding {:>8}{excluded}  {} {:>8}  unexplained {:>8}",
             a.source.name(),
             human_size(a.outstanding_bytes),
             a.meminfo,

@@ -177,6 +177,63 @@ impl PageUse {
     }
 }
 
+/// What a vmap area is for (`enum kheap_vmap_kind` in bpf/kheap.h), from
+/// the function on its stack that asked for it. Only vmalloc proper has
+/// pages behind it that `VmallocUsed` counts; vmap, ioremap and vm_map_ram
+/// areas map memory allocated elsewhere (or device memory).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum VmapKind {
+    /// None of the functions below was on the stack (get_vm_area callers
+    /// such as BPF arenas, or a stack deeper than kheap looks).
+    #[default]
+    Other,
+    /// `__vmalloc_node_range`: vmalloc(), kvmalloc() above a page, module
+    /// and thread-stack memory.
+    Vmalloc,
+    /// `vmap()`/`vmap_pfn()`: pages the caller allocated, mapped together.
+    Vmap,
+    /// `ioremap*()`: device (or firmware) memory mapped into the kernel.
+    Ioremap,
+    /// `vm_map_ram()`: short-lived mappings of pages (filesystem buffers).
+    VmMapRam,
+}
+
+impl VmapKind {
+    pub const ALL: [VmapKind; 5] = [
+        VmapKind::Other,
+        VmapKind::Vmalloc,
+        VmapKind::Vmap,
+        VmapKind::Ioremap,
+        VmapKind::VmMapRam,
+    ];
+
+    pub fn from_raw(v: u8) -> VmapKind {
+        VmapKind::ALL
+            .get(v as usize)
+            .copied()
+            .unwrap_or(VmapKind::Other)
+    }
+
+    /// The raw value of `enum kheap_vmap_kind`.
+    pub fn raw(self) -> u32 {
+        self as u32
+    }
+
+    /// The row's cache name: the kernel interface that made the area.
+    pub fn name(self) -> &'static str {
+        match self {
+            VmapKind::Other => "vmap-other",
+            VmapKind::Vmalloc => "vmalloc",
+            VmapKind::Vmap => "vmap",
+            VmapKind::Ioremap => "ioremap",
+            VmapKind::VmMapRam => "vm_map_ram",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -214,5 +271,16 @@ mod tests {
         assert_eq!(PageUse::Percpu.raw(), 3);
         assert_eq!(PageUse::from_raw(1), PageUse::Slab);
         assert_eq!(PageUse::Slab.counted_by(), Some(Source::Kmalloc));
+        for (k, n) in [
+            (VmapKind::Other, "KHEAP_VMAP_OTHER = 0"),
+            (VmapKind::Vmalloc, "KHEAP_VMAP_VMALLOC = 1"),
+            (VmapKind::Vmap, "KHEAP_VMAP_VMAP = 2"),
+            (VmapKind::Ioremap, "KHEAP_VMAP_IOREMAP = 3"),
+            (VmapKind::VmMapRam, "KHEAP_VMAP_VM_MAP_RAM = 4"),
+        ] {
+            assert!(h.contains(n), "{n}");
+            assert_eq!(VmapKind::from_raw(k.raw() as u8), k);
+        }
+        assert_eq!(VmapKind::from_raw(9), VmapKind::Other);
     }
 }

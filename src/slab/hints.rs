@@ -145,7 +145,7 @@ fn object_size_of(cache: &CacheId, sizes: &dyn ObjectSizes) -> Option<u64> {
         CacheId::ObjectSize(s) => Some(*s),
         CacheId::Named(n) => sizes.object_size(n),
         // Not slab caches: no object size to hint about.
-        CacheId::Pages { .. } | CacheId::Vmalloc | CacheId::Percpu => None,
+        CacheId::Pages { .. } | CacheId::Vmalloc { .. } | CacheId::Percpu => None,
     }
 }
 
