@@ -90,6 +90,13 @@ struct stack_key {
 	struct site_key site;
 	/* hash of the frames (stack_store.bpf.h), > 0 */
 	__s64 stack_id;
+	/* Who made the allocations (cfg.stack_owners; zero otherwise): the
+	 * allocating task's cgroup v2 id and process, or interrupt context,
+	 * which is no task's (cgroup and tgid 0 then). */
+	__u64 cgroup;
+	__u32 tgid;
+	__u8 interrupt;
+	__u8 _pad[3];
 };
 
 /* One kernel stack, innermost frame first, zero-filled past the last. */
@@ -231,6 +238,9 @@ struct kheap_config {
 	__u8 capture_stacks;
 	__u8 by_process;
 	__u8 by_cgroup;
+	/* key stacks by who made them too (process and cgroup, or interrupt
+	 * context), for the labels of exported profiles */
+	__u8 stack_owners;
 	__u8 latency_active; /* lat_starts is shared with the latency object */
 	__u8 track_live;     /* remember every object until its free */
 	/* bit (1 << enum kheap_source) per source beyond kmalloc whose

@@ -196,6 +196,30 @@ pub fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
+/// Splits `total` in proportion to `weights`, in whole units that add up
+/// to `total` exactly (largest remainders get the units rounding leaves
+/// over; ties go to the earlier weight). All zeros when the weights are.
+/// Splits a stack's scaled estimate among the processes that made it.
+pub fn apportion(total: u64, weights: &[u64]) -> Vec<u64> {
+    let sum: u128 = weights.iter().map(|&w| w as u128).sum();
+    if sum == 0 {
+        return vec![0; weights.len()];
+    }
+    let share = |w: u64| total as u128 * w as u128;
+    let mut parts: Vec<u64> = weights.iter().map(|&w| (share(w) / sum) as u64).collect();
+    let mut left = total - parts.iter().sum::<u64>();
+    let mut by_remainder: Vec<usize> = (0..weights.len()).collect();
+    by_remainder.sort_by_key(|&i| std::cmp::Reverse(share(weights[i]) % sum));
+    for i in by_remainder {
+        if left == 0 {
+            break;
+        }
+        parts[i] += 1;
+        left -= 1;
+    }
+    parts
+}
+
 /// Which slab cache an allocation came from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CacheId {
@@ -398,6 +422,16 @@ pub enum CgroupSlot {
     Interrupt,
 }
 
+/// Who made a stack's allocations: a process, in the cgroup v2 it ran in
+/// then, or interrupt context, which is no task's (the task it interrupted
+/// is not blamed). Stacks are kept per owner so that exported profiles can
+/// label each sample with its process and cgroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Owner {
+    Process { tgid: u32, cgroup: u64 },
+    Interrupt,
+}
+
 /// One entry of the kernel's per-cgroup map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CgroupKey {
@@ -476,6 +510,21 @@ mod tests {
         assert_eq!(b.hist.0[4], 2);
         assert_eq!((b - a).count, 1);
         assert_eq!((a - b).count, 0, "a reset counter must not wrap");
+    }
+
+    #[test]
+    fn apportion_keeps_proportions_and_the_total() {
+        assert_eq!(apportion(10, &[1, 1]), vec![5, 5]);
+        assert_eq!(apportion(10, &[2, 3]), vec![4, 6]);
+        // 1000 over three equal parts: 333.33 each, one unit left over.
+        assert_eq!(apportion(1000, &[1, 1, 1]), vec![334, 333, 333]);
+        // 7 * 2/3 = 4.67 and 7 * 1/3 = 2.33: the larger remainder wins.
+        assert_eq!(apportion(7, &[2, 1]), vec![5, 2]);
+        assert_eq!(apportion(5, &[0, 0]), vec![0, 0]);
+        assert_eq!(apportion(0, &[3, 4]), vec![0, 0]);
+        // Exact when the weights already add up to the total.
+        assert_eq!(apportion(9, &[4, 5]), vec![4, 5]);
+        assert_eq!(apportion(u64::MAX, &[u64::MAX, 0]), vec![u64::MAX, 0]);
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::leaks::retention::{self, sort_by_retention};
 pub use crate::leaks::retention::{LeakSummary, ProgramMisses, Retention};
 use crate::model::live::{Retained, RetainedIndex};
 use crate::model::Source;
-use crate::model::{AllocStats, CacheId};
+use crate::model::{apportion, AllocStats, CacheId, Owner};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
 // Kept at their old paths until every branch imports them from the model.
@@ -160,6 +160,37 @@ pub struct StackRow {
     pub counts: Counts,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
+    /// Who made this stack's allocations, largest first; their numbers add
+    /// up to the row's. Absent where the run did not keep stacks per
+    /// process (top).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<StackProcess>,
+}
+
+/// One process's share of a stack row (in the cgroup it ran in then), or
+/// interrupt context's, which is no process's.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StackProcess {
+    /// null in interrupt context.
+    pub pid: Option<u32>,
+    /// null in interrupt context; empty when the name is not known.
+    pub comm: Option<String>,
+    /// The cgroup v2 the allocations were made in; null in interrupt
+    /// context.
+    pub cgroup: Option<CgroupRef>,
+    /// Allocated in hard/soft interrupt or NMI context.
+    pub interrupt: bool,
+    /// Its id, until `name_cgroups` resolves it.
+    #[serde(skip)]
+    pub cgroup_id: Option<u64>,
+    pub count: u64,
+    pub bytes_req: u64,
+    pub bytes_alloc: u64,
+    /// kheap leaks: what of it is still outstanding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outstanding_count: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outstanding_bytes: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -322,9 +353,11 @@ impl Report {
     pub fn name_cgroups(&mut self, names: &mut CgroupNames) {
         let ids = self.cgroups.iter().filter_map(|r| r.cgroup_id);
         let leak_procs = self.leaks.iter().flat_map(|l| &l.processes);
+        let stack_procs = self.stacks.iter().flat_map(|s| &s.processes);
         let ids: Vec<u64> = ids
             .chain(self.processes.iter().filter_map(|r| r.cgroup_id))
             .chain(leak_procs.filter_map(|r| r.cgroup_id))
+            .chain(stack_procs.filter_map(|r| r.cgroup_id))
             .collect();
         names.learn(ids);
         for r in &mut self.cgroups {
@@ -336,15 +369,20 @@ impl Report {
         for r in self.leaks.iter_mut().flat_map(|l| &mut l.processes) {
             r.cgroup = r.cgroup_id.map(|id| names.describe(id));
         }
+        for r in self.stacks.iter_mut().flat_map(|s| &mut s.processes) {
+            r.cgroup = r.cgroup_id.map(|id| names.describe(id));
+        }
     }
 
     /// Every cgroup id the report names, for a caller that keeps names.
     pub fn cgroup_ids(&self) -> impl Iterator<Item = u64> + '_ {
         let leak_procs = self.leaks.iter().flat_map(|l| &l.processes);
+        let stack_procs = self.stacks.iter().flat_map(|s| &s.processes);
         self.cgroups
             .iter()
             .filter_map(|r| r.cgroup_id)
             .chain(leak_procs.filter_map(|r| r.cgroup_id))
+            .chain(stack_procs.filter_map(|r| r.cgroup_id))
     }
 }
 
@@ -596,6 +634,15 @@ fn stack_rows<'a>(
             *sampled_retained.entry(site).or_default() += *r;
         }
     }
+    // Names as the kernel saw them, else as leaks read them from /proc.
+    let leak_comms = snap.leaks.as_ref().map(|l| &l.comms);
+    let comm_of = |tgid: u32| {
+        snap.comms
+            .get(&tgid)
+            .or_else(|| leak_comms.and_then(|c| c.get(&tgid)))
+            .cloned()
+            .unwrap_or_default()
+    };
     let mut rows = Vec::new();
     for ((site, id), s) in &snap.stacks {
         let stats = match (estimated, snap.sites.get(site), sampled.get(site)) {
@@ -618,6 +665,12 @@ fn stack_rows<'a>(
             ret.freed_bytes = stats.bytes_alloc.saturating_sub(r.bytes_alloc);
             ret
         });
+        let key = (site.clone(), *id);
+        let owners = Owners {
+            allocated: snap.stack_owners.get(&key),
+            held: retained.and_then(|(idx, _)| idx.stack_owners.get(&key)),
+        };
+        let processes = owners.split(&stats, retention.as_ref(), &comm_of);
         rows.push(StackRow {
             function: label_frame(frames)
                 .map(|f| f.name().to_string())
@@ -628,10 +681,94 @@ fn stack_rows<'a>(
             cache: site.cache.name(),
             counts: (&stats).into(),
             retention,
+            processes,
         });
     }
     rows.sort_by_key(|r| std::cmp::Reverse(r.counts.bytes_alloc));
     rows
+}
+
+/// Who made one stack's allocations, and (leaks) who made what it still
+/// holds, as traced (before any scaling).
+struct Owners<'a> {
+    allocated: Option<&'a HashMap<Owner, AllocStats>>,
+    held: Option<&'a HashMap<Owner, Retained>>,
+}
+
+impl Owners<'_> {
+    /// The stack row's numbers (scaled estimates, when sampled) split
+    /// among its owners in proportion to what each was traced with, so
+    /// that the shares add up to the row exactly. Largest first; empty
+    /// when the run did not key stacks by owner (no allocation split).
+    fn split(
+        &self,
+        row: &AllocStats,
+        row_held: Option<&Retention>,
+        comm_of: &dyn Fn(u32) -> String,
+    ) -> Vec<StackProcess> {
+        if self.allocated.is_none() {
+            return Vec::new();
+        }
+        let allocated = |o: &Owner| {
+            self.allocated
+                .and_then(|m| m.get(o))
+                .copied()
+                .unwrap_or_default()
+        };
+        let held = |o: &Owner| {
+            self.held
+                .and_then(|m| m.get(o))
+                .copied()
+                .unwrap_or_default()
+        };
+        let mut owners: Vec<Owner> = self
+            .allocated
+            .iter()
+            .flat_map(|m| m.keys())
+            .copied()
+            .collect();
+        owners.extend(self.held.iter().flat_map(|m| m.keys()));
+        owners.sort_unstable();
+        owners.dedup();
+        let split = |total: u64, weight: &dyn Fn(&Owner) -> u64| {
+            apportion(total, &owners.iter().map(weight).collect::<Vec<_>>())
+        };
+        let count = split(row.count, &|o| allocated(o).count);
+        let bytes_req = split(row.bytes_req, &|o| allocated(o).bytes_req);
+        let bytes_alloc = split(row.bytes_alloc, &|o| allocated(o).bytes_alloc);
+        let held_count = row_held.map(|r| split(r.outstanding_count, &|o| held(o).count));
+        let held_bytes = row_held.map(|r| split(r.outstanding_bytes, &|o| held(o).bytes_alloc));
+        let mut rows: Vec<StackProcess> = owners
+            .iter()
+            .enumerate()
+            .map(|(i, owner)| {
+                let (pid, cgroup_id) = match *owner {
+                    Owner::Process { tgid, cgroup } => {
+                        (Some(tgid), (cgroup != 0).then_some(cgroup))
+                    }
+                    Owner::Interrupt => (None, None),
+                };
+                StackProcess {
+                    pid,
+                    comm: pid.map(comm_of),
+                    cgroup: cgroup_id.map(unnamed_cgroup),
+                    interrupt: pid.is_none(),
+                    cgroup_id,
+                    count: count[i],
+                    bytes_req: bytes_req[i],
+                    bytes_alloc: bytes_alloc[i],
+                    outstanding_count: held_count.as_ref().map(|v| v[i]),
+                    outstanding_bytes: held_bytes.as_ref().map(|v| v[i]),
+                }
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            (b.outstanding_bytes, b.bytes_alloc)
+                .cmp(&(a.outstanding_bytes, a.bytes_alloc))
+                .then(a.pid.cmp(&b.pid))
+        });
+        rows
+    }
 }
 
 /// Scales one sampled stack so that all stacks of a site sum to the site's
@@ -966,6 +1103,117 @@ pub mod tests {
         leaks.events.frees_null = 9;
         snap.leaks = Some(leaks);
         snap
+    }
+
+    /// The load_msg stack (100 sampled allocations) as made by two
+    /// processes in two cgroups and by interrupt context: 60, 30 and 10.
+    pub fn owned_snapshot() -> Snapshot {
+        let mut snap = sample_snapshot();
+        let (msg, _) = msg_and_kv();
+        let owners = [
+            (
+                Owner::Process {
+                    tgid: 7,
+                    cgroup: 42,
+                },
+                60,
+            ),
+            (
+                Owner::Process {
+                    tgid: 8,
+                    cgroup: 43,
+                },
+                30,
+            ),
+            (Owner::Interrupt, 10),
+        ];
+        snap.stack_owners.insert(
+            (msg, 1),
+            owners
+                .into_iter()
+                .map(|(o, n)| (o, stats(n, 2148, 4096)))
+                .collect(),
+        );
+        snap.comms.insert(7, "msgd".into());
+        snap.comms.insert(8, "msgc".into());
+        snap
+    }
+
+    #[test]
+    fn stack_rows_split_by_process_and_add_up_when_scaled() {
+        let mut r = build(&owned_snapshot(), &fixture_symbols(), opts(10));
+        let mut names = CgroupNames::new(None);
+        names.insert(42, "/system.slice/msgd.service".into());
+        r.name_cgroups(&mut names);
+        let msg = r.stacks.iter().find(|s| s.function == "load_msg").unwrap();
+        // Sampled 1 in 10: the stack is scaled to the site's 1000, and its
+        // processes' shares with it, adding up exactly.
+        assert_eq!(msg.counts.count, 1000);
+        let p = &msg.processes;
+        let got: Vec<_> = p.iter().map(|p| (p.pid, p.count, p.bytes_alloc)).collect();
+        assert_eq!(
+            got,
+            [
+                (Some(7), 600, 600 * 4096),
+                (Some(8), 300, 300 * 4096),
+                (None, 100, 100 * 4096)
+            ]
+        );
+        assert_eq!(
+            p.iter().map(|p| p.bytes_req).sum::<u64>(),
+            msg.counts.bytes_req
+        );
+        assert_eq!(p[0].comm.as_deref(), Some("msgd"));
+        assert_eq!(
+            p[0].cgroup.as_ref().unwrap().path.as_deref(),
+            Some("/system.slice/msgd.service")
+        );
+        // Not walked for: the id, no path.
+        assert_eq!(
+            p[1].cgroup.as_ref().map(|c| (c.id, c.path.clone())),
+            Some((43, None))
+        );
+        assert!(p[2].interrupt && p[2].comm.is_none() && p[2].cgroup.is_none());
+        // Stacks without owners (as top's) have none in JSON either.
+        let v = serde_json::to_value(&r).unwrap();
+        let rows = v["stacks"].as_array().unwrap();
+        let json_msg = rows.iter().find(|s| s["function"] == "load_msg").unwrap();
+        #[rustfmt::skip]
+        assert_keys(&json_msg["processes"][0], "stack processes", &[
+            "pid", "comm", "cgroup", "interrupt", "count", "bytes_req", "bytes_alloc",
+        ]);
+        assert!(json_msg["processes"][0].get("outstanding_count").is_none());
+        assert!(rows.iter().any(|s| s.get("processes").is_none()));
+        let back: Report = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&back).unwrap(), v);
+    }
+
+    #[test]
+    fn leaks_stack_processes_hold_their_outstanding_share() {
+        let mut snap = leak_snapshot(1);
+        let (msg, _) = msg_and_kv();
+        let owner = Owner::Process {
+            tgid: 7,
+            cgroup: 42,
+        };
+        snap.stack_owners
+            .insert((msg, 1), HashMap::from([(owner, stats(100, 2148, 4096))]));
+        let r = build(&snap, &fixture_symbols(), opts(10));
+        let st = r.stacks.iter().find(|s| s.function == "load_msg").unwrap();
+        let p = &st.processes;
+        assert_eq!(p.len(), 1, "{p:?}");
+        // 40 live objects with this stack, scaled to the site's 400, all
+        // process 7's (its name read by leaks from /proc).
+        assert_eq!(
+            (p[0].pid, p[0].comm.as_deref(), p[0].count),
+            (Some(7), Some("msgd"), 1000)
+        );
+        assert_eq!(
+            (p[0].outstanding_count, p[0].outstanding_bytes),
+            (Some(400), Some(400 * 4096))
+        );
+        let ret = st.retention.as_ref().unwrap();
+        assert_eq!(ret.outstanding_count, 400);
     }
 
     #[test]
