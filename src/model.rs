@@ -196,28 +196,28 @@ pub fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
-/// Splits `total` in proportion to `weights`, in whole units that add up
-/// to `total` exactly (largest remainders get the units rounding leaves
-/// over; ties go to the earlier weight). All zeros when the weights are.
-/// Splits a stack's scaled estimate among the processes that made it.
+/// Splits `total` over `weights` in proportion, exactly: floors, then the
+/// largest remainders get one more each (ties: the earlier weight).
+/// All-zero weights give all zeros. Sampled estimates are split so (a
+/// site's over its stacks, a stack's over its processes).
 pub fn apportion(total: u64, weights: &[u64]) -> Vec<u64> {
     let sum: u128 = weights.iter().map(|&w| w as u128).sum();
     if sum == 0 {
         return vec![0; weights.len()];
     }
-    let share = |w: u64| total as u128 * w as u128;
-    let mut parts: Vec<u64> = weights.iter().map(|&w| (share(w) / sum) as u64).collect();
-    let mut left = total - parts.iter().sum::<u64>();
-    let mut by_remainder: Vec<usize> = (0..weights.len()).collect();
-    by_remainder.sort_by_key(|&i| std::cmp::Reverse(share(weights[i]) % sum));
-    for i in by_remainder {
-        if left == 0 {
-            break;
-        }
-        parts[i] += 1;
-        left -= 1;
+    let mut out: Vec<u64> = Vec::with_capacity(weights.len());
+    let mut rems: Vec<(u128, usize)> = Vec::with_capacity(weights.len());
+    for (i, &w) in weights.iter().enumerate() {
+        let exact = total as u128 * w as u128;
+        out.push((exact / sum) as u64);
+        rems.push((exact % sum, i));
     }
-    parts
+    let left = total - out.iter().sum::<u64>();
+    rems.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for &(_, i) in rems.iter().take(left as usize) {
+        out[i] += 1;
+    }
+    out
 }
 
 /// Which slab cache an allocation came from.
@@ -525,6 +525,9 @@ mod tests {
         // Exact when the weights already add up to the total.
         assert_eq!(apportion(9, &[4, 5]), vec![4, 5]);
         assert_eq!(apportion(u64::MAX, &[u64::MAX, 0]), vec![u64::MAX, 0]);
+        assert_eq!(apportion(100, &[3, 1]), vec![75, 25]);
+        let v = apportion(1_000_003, &[7, 13, 1, 999]);
+        assert_eq!(v.iter().sum::<u64>(), 1_000_003);
     }
 
     #[test]
