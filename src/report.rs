@@ -1,6 +1,7 @@
 //! From merged map contents to a symbolized report: per site, per stack, per
 //! cache and per process. Pure: no kernel access, tested with fixtures.
 
+pub mod processes;
 pub mod top_n;
 
 use std::collections::HashMap;
@@ -11,8 +12,10 @@ use crate::leaks::retention::{self, sort_by_retention};
 pub use crate::leaks::retention::{LeakSummary, ProgramMisses, Retention};
 use crate::model::live::{Retained, RetainedIndex};
 use crate::model::Source;
-use crate::model::{apportion, AllocStats, CacheId, Owner};
+use crate::model::{AllocStats, CacheId};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
+use processes::Owners;
+pub use processes::StackProcess;
 
 // Kept at their old paths until every branch imports them from the model.
 use crate::cgroup::{CgroupNames, CgroupRef};
@@ -167,32 +170,6 @@ pub struct StackRow {
     pub processes: Vec<StackProcess>,
 }
 
-/// One process's share of a stack row (in the cgroup it ran in then), or
-/// interrupt context's, which is no process's.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct StackProcess {
-    /// null in interrupt context.
-    pub pid: Option<u32>,
-    /// null in interrupt context; empty when the name is not known.
-    pub comm: Option<String>,
-    /// The cgroup v2 the allocations were made in; null in interrupt
-    /// context.
-    pub cgroup: Option<CgroupRef>,
-    /// Allocated in hard/soft interrupt or NMI context.
-    pub interrupt: bool,
-    /// Its id, until `name_cgroups` resolves it.
-    #[serde(skip)]
-    pub cgroup_id: Option<u64>,
-    pub count: u64,
-    pub bytes_req: u64,
-    pub bytes_alloc: u64,
-    /// kheap leaks: what of it is still outstanding.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outstanding_count: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub outstanding_bytes: Option<u64>,
-}
-
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CacheRow {
     #[serde(default)]
@@ -296,7 +273,7 @@ fn cgroup_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CgroupRow> {
                 None => (None, None),
             };
             CgroupRow {
-                cgroup: cgroup_id.map(unnamed_cgroup),
+                cgroup: cgroup_id.map(CgroupRef::unnamed),
                 interrupt: cgroup_id.is_none(),
                 counts: (&s).into(),
                 accounting,
@@ -326,14 +303,6 @@ fn cgroup_retention(idx: &RetainedIndex, slot: CgroupSlot) -> (Retained, Outstan
         }
     }
     (all, split)
-}
-
-fn unnamed_cgroup(id: u64) -> CgroupRef {
-    CgroupRef {
-        id,
-        path: None,
-        container: None,
-    }
 }
 
 impl Report {
@@ -469,7 +438,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
             ProcRow {
                 pid,
                 comm: comm.clone(),
-                cgroup: cgroup_id.map(unnamed_cgroup),
+                cgroup: cgroup_id.map(CgroupRef::unnamed),
                 cgroup_id,
                 counts: s.into(),
             }
@@ -688,89 +657,6 @@ fn stack_rows<'a>(
     rows
 }
 
-/// Who made one stack's allocations, and (leaks) who made what it still
-/// holds, as traced (before any scaling).
-struct Owners<'a> {
-    allocated: Option<&'a HashMap<Owner, AllocStats>>,
-    held: Option<&'a HashMap<Owner, Retained>>,
-}
-
-impl Owners<'_> {
-    /// The stack row's numbers (scaled estimates, when sampled) split
-    /// among its owners in proportion to what each was traced with, so
-    /// that the shares add up to the row exactly. Largest first; empty
-    /// when the run did not key stacks by owner (no allocation split).
-    fn split(
-        &self,
-        row: &AllocStats,
-        row_held: Option<&Retention>,
-        comm_of: &dyn Fn(u32) -> String,
-    ) -> Vec<StackProcess> {
-        if self.allocated.is_none() {
-            return Vec::new();
-        }
-        let allocated = |o: &Owner| {
-            self.allocated
-                .and_then(|m| m.get(o))
-                .copied()
-                .unwrap_or_default()
-        };
-        let held = |o: &Owner| {
-            self.held
-                .and_then(|m| m.get(o))
-                .copied()
-                .unwrap_or_default()
-        };
-        let mut owners: Vec<Owner> = self
-            .allocated
-            .iter()
-            .flat_map(|m| m.keys())
-            .copied()
-            .collect();
-        owners.extend(self.held.iter().flat_map(|m| m.keys()));
-        owners.sort_unstable();
-        owners.dedup();
-        let split = |total: u64, weight: &dyn Fn(&Owner) -> u64| {
-            apportion(total, &owners.iter().map(weight).collect::<Vec<_>>())
-        };
-        let count = split(row.count, &|o| allocated(o).count);
-        let bytes_req = split(row.bytes_req, &|o| allocated(o).bytes_req);
-        let bytes_alloc = split(row.bytes_alloc, &|o| allocated(o).bytes_alloc);
-        let held_count = row_held.map(|r| split(r.outstanding_count, &|o| held(o).count));
-        let held_bytes = row_held.map(|r| split(r.outstanding_bytes, &|o| held(o).bytes_alloc));
-        let mut rows: Vec<StackProcess> = owners
-            .iter()
-            .enumerate()
-            .map(|(i, owner)| {
-                let (pid, cgroup_id) = match *owner {
-                    Owner::Process { tgid, cgroup } => {
-                        (Some(tgid), (cgroup != 0).then_some(cgroup))
-                    }
-                    Owner::Interrupt => (None, None),
-                };
-                StackProcess {
-                    pid,
-                    comm: pid.map(comm_of),
-                    cgroup: cgroup_id.map(unnamed_cgroup),
-                    interrupt: pid.is_none(),
-                    cgroup_id,
-                    count: count[i],
-                    bytes_req: bytes_req[i],
-                    bytes_alloc: bytes_alloc[i],
-                    outstanding_count: held_count.as_ref().map(|v| v[i]),
-                    outstanding_bytes: held_bytes.as_ref().map(|v| v[i]),
-                }
-            })
-            .collect();
-        rows.sort_by(|a, b| {
-            (b.outstanding_bytes, b.bytes_alloc)
-                .cmp(&(a.outstanding_bytes, a.bytes_alloc))
-                .then(a.pid.cmp(&b.pid))
-        });
-        rows
-    }
-}
-
 /// Scales one sampled stack so that all stacks of a site sum to the site's
 /// exact counts: each quantity by its own exact/sampled ratio.
 pub fn scale_to(stack: &AllocStats, sampled: &AllocStats, exact: &AllocStats) -> AllocStats {
@@ -936,7 +822,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use crate::model::Hist;
+    use crate::model::{Hist, Owner};
     use crate::testing::assert_keys;
 
     /// A symbolizer over a fixed table, for tests: (start, name), sorted.
