@@ -180,7 +180,8 @@ struct live_obj {
 	__u32 tgid;
 	/* charged to the memory cgroup (only computed with --by cgroup) */
 	__u8 accounted;
-	/* allocated in interrupt context (only with --by cgroup / --cgroup) */
+	/* allocated in interrupt context (known with --by cgroup / --cgroup,
+	 * and when its stack was sampled with cfg.stack_owners) */
 	__u8 interrupt;
 	__u8 _pad[2];
 	/* jiffies64 at the allocation (see struct clock_sample) */
