@@ -67,8 +67,14 @@ fn pprof_value(file: &Path, focus: &[&str], sample_type: &str, function: &str) -
 
 /// The kernel heap's pprof focus on the workload's messages: load_msg's
 /// own allocations are the kmalloc-4k ones (slab pages it triggers land in
-/// other caches), and the cache label picks them.
-const MSG_FOCUS: &[&str] = &["-tagfocus=cache=kmalloc-4k"];
+/// other caches), and the cache label picks them. On 6.1 and 6.12 the
+/// messages are charged and land in kmalloc-cg-4k (docs/design.md).
+const MSG_FOCUS: &[&str] = &["-tagfocus=cache=^kmalloc-(cg-)?4k$"];
+
+/// The cache of the messages, by its name.
+fn is_msg_cache(name: &Value) -> bool {
+    name == "kmalloc-4k" || name == "kmalloc-cg-4k"
+}
 
 /// Runs `kheap SUBCOMMAND --format pprof -o P --json J ARGS` and returns
 /// the profile's path and the JSON report of the same run.
@@ -90,17 +96,11 @@ fn profile_and_json(dir: &Path, subcommand: &str, args: &[&str]) -> (PathBuf, Va
     (profile, report)
 }
 
-/// The one JSON site row of load_msg in kmalloc-4k.
+/// The one JSON site row of load_msg in the messages' cache.
 fn msg_site(report: &Value) -> &Value {
     let sites: Vec<_> = rows_of_fn(report, "sites", "load_msg")
         .into_iter()
-        .filter(|r| {
-            r["caches"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|c| c == "kmalloc-4k")
-        })
+        .filter(|r| r["caches"].as_array().unwrap().iter().any(is_msg_cache))
         .collect();
     assert_eq!(sites.len(), 1, "one load_msg site: {:#}", report["sites"]);
     sites[0]
@@ -364,7 +364,7 @@ fn json_share(report: &Value, pid: u32) -> ([i64; 4], Vec<(String, String)>) {
     let mut sums = [0; 4];
     let mut names = Vec::new();
     let stacks = rows_of_fn(report, "stacks", "load_msg");
-    let msg_stacks = stacks.iter().filter(|s| s["cache"] == "kmalloc-4k");
+    let msg_stacks = stacks.iter().filter(|s| is_msg_cache(&s["cache"]));
     for p in msg_stacks.flat_map(|s| s["processes"].as_array().expect("stack processes")) {
         if p["pid"] != pid {
             continue;
@@ -388,7 +388,7 @@ fn json_share(report: &Value, pid: u32) -> ([i64; 4], Vec<(String, String)>) {
 /// What pprof shows for load_msg's kmalloc-4k samples with a label that
 /// matches, under each sample type.
 fn labelled(file: &Path, label: &str, types: &[&str]) -> Vec<i64> {
-    let focus = format!("-tagfocus=cache:kmalloc-4k,{label}");
+    let focus = format!("-tagfocus=cache:kmalloc-(cg-)?4k$,{label}");
     types
         .iter()
         .map(|t| pprof_value(file, &[&focus], t, "load_msg"))
@@ -415,7 +415,7 @@ fn check_labels(file: &Path, r: &Value, senders: &[Sender; 2], types: &[&str]) {
         &[
             "-tags",
             "-focus=^load_msg$",
-            "-tagfocus=cache=kmalloc-4k",
+            MSG_FOCUS[0],
             "-sample_index=alloc_objects",
         ],
         file,
