@@ -165,16 +165,19 @@ static __always_inline bool stack_owner(void *ctx, bool classic,
 	return false;
 }
 
-/* The name of a process that made a new stack entry. Rewritten at each new
+/* The name of a process that made a new stack entry: its main thread's
+ * (what ps and /proc/PID/comm show), not the allocating thread's, which
+ * may be a helper thread ("ctrl-c" in kheap-load). Rewritten at each new
  * entry, so a process named before its exec (a `-- CMD` child) ends up
  * under its new name; the cgroup of its first allocation (--by process)
  * stays. */
 static __always_inline void remember_comm(__u32 tgid)
 {
+	struct task_struct *task = (void *)bpf_get_current_task();
 	struct proc_info *known = bpf_map_lookup_elem(&proc_comms, &tgid);
 	struct proc_info info = {};
 
-	bpf_get_current_comm(info.comm, sizeof(info.comm));
+	BPF_CORE_READ_STR_INTO(&info.comm, task, group_leader, comm);
 	info.cgroup = known ? known->cgroup : bpf_get_current_cgroup_id();
 	bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
 }
