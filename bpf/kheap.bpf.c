@@ -149,13 +149,49 @@ static __always_inline void count_cgroup(bool accounted, bool interrupt,
 		COUNT(cgroups_created);
 }
 
-/* Captures the kernel stack and counts the event under it. Returns the
- * stack's id, or 0 if the stack or its entry could not be recorded (counted
- * as lost). */
-static __always_inline __s64 record_stack(void *ctx, struct site_key *key,
-					  __u64 req, __u64 alloc, __u32 bucket,
+/* cfg.stack_owners: who made a sampled stack's allocation. One made in
+ * interrupt context is not the interrupted task's: it gets no process and
+ * no cgroup (the same test as --by cgroup's interrupt row). Returns whether
+ * it was in interrupt context. Only on the sampled stack path. */
+static __always_inline bool stack_owner(void *ctx, bool classic,
+					struct stack_key *skey)
+{
+	skey->interrupt =
+		classic ? record_in_interrupt(ctx) : args_in_interrupt(ctx);
+	if (skey->interrupt)
+		return true;
+	skey->tgid = bpf_get_current_pid_tgid() >> 32;
+	skey->cgroup = bpf_get_current_cgroup_id();
+	return false;
+}
+
+/* The name of a process that made a new stack entry: its main thread's
+ * (what ps and /proc/PID/comm show), not the allocating thread's, which
+ * may be a helper thread ("ctrl-c" in kheap-load). Rewritten at each new
+ * entry, so a process named before its exec (a `-- CMD` child) ends up
+ * under its new name; the cgroup of its first allocation (--by process)
+ * stays. */
+static __always_inline void remember_comm(__u32 tgid)
+{
+	struct task_struct *task = (void *)bpf_get_current_task();
+	struct proc_info *known = bpf_map_lookup_elem(&proc_comms, &tgid);
+	struct proc_info info = {};
+
+	BPF_CORE_READ_STR_INTO(&info.comm, task, group_leader, comm);
+	info.cgroup = known ? known->cgroup : bpf_get_current_cgroup_id();
+	bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
+}
+
+/* Captures the kernel stack and counts the event under it (and, with
+ * cfg.stack_owners, under who made it; *interrupt is set when that was
+ * interrupt context). Returns the stack's id, or 0 if the stack or its
+ * entry could not be recorded (counted as lost). */
+static __always_inline __s64 record_stack(void *ctx, bool classic,
+					  struct site_key *key, __u64 req,
+					  __u64 alloc, __u32 bucket,
 					  const char *name,
-					  const struct kmem_cache *s)
+					  const struct kmem_cache *s,
+					  bool *interrupt)
 {
 	struct stack_key skey = {.site = *key};
 	struct stack_frames *frames;
@@ -173,6 +209,8 @@ static __always_inline __s64 record_stack(void *ctx, struct site_key *key,
 		return 0;
 	}
 	skey.stack_id = id;
+	if (cfg.stack_owners && stack_owner(ctx, classic, &skey) && interrupt)
+		*interrupt = true;
 	if (!upsert_stats(&stacks, &skey, req, alloc, bucket, &created)) {
 		COUNT(map_full_stacks);
 		return 0;
@@ -182,6 +220,8 @@ static __always_inline __s64 record_stack(void *ctx, struct site_key *key,
 		COUNT(stacks_created);
 		if (name || s)
 			remember_cache_name(key->cache, name, s);
+		if (cfg.stack_owners && !skey.interrupt)
+			remember_comm(skey.tgid);
 	}
 	return id;
 }
@@ -223,16 +263,14 @@ static __always_inline void add_unseen(const struct live_obj *o)
 }
 
 /* leaks: remembers the object by address, then counts it under its site. */
-static __always_inline void track_alloc(void *ctx, struct site_key *key,
-					__u64 ptr, __u64 req, __u64 alloc,
-					__u32 tgid, bool accounted,
-					bool interrupt, const char *name,
-					const struct kmem_cache *s)
+static __always_inline void
+track_alloc(void *ctx, bool classic, struct site_key *key, __u64 ptr, __u64 req,
+	    __u64 alloc, __u32 tgid, bool accounted, bool interrupt,
+	    const char *name, const struct kmem_cache *s)
 {
 	struct live_obj obj = {
 		.site = *key,
 		.accounted = accounted,
-		.interrupt = interrupt,
 	};
 	bool created = false, reused;
 	__u32 bucket;
@@ -241,9 +279,13 @@ static __always_inline void track_alloc(void *ctx, struct site_key *key,
 	if (!ptr_traced(ptr))
 		return;
 	bucket = size_bucket(req);
+	/* A sampled stack learns (with cfg.stack_owners) whether this is
+	 * interrupt context: the object then has no task's cgroup either, as
+	 * its stack entry has none. */
 	if (cfg.capture_stacks && (!cfg.stack_sample_mask || sample_now()))
-		obj.stack_id =
-			record_stack(ctx, key, req, alloc, bucket, NULL, NULL);
+		obj.stack_id = record_stack(ctx, classic, key, req, alloc,
+					    bucket, NULL, NULL, &interrupt);
+	obj.interrupt = interrupt;
 	obj.bytes_req = req;
 	obj.bytes_alloc = alloc;
 	/* Jiffies, not bpf_ktime_get_ns(): measured 60-70 ns cheaper per
@@ -295,10 +337,10 @@ static __always_inline void track_alloc(void *ctx, struct site_key *key,
 }
 
 /* record/top/slab: counts the event under its site (and stack). */
-static __always_inline void count_alloc(void *ctx, struct site_key *key,
-					__u64 req, __u64 alloc, __u32 tgid,
-					bool accounted, bool interrupt,
-					const char *name,
+static __always_inline void count_alloc(void *ctx, bool classic,
+					struct site_key *key, __u64 req,
+					__u64 alloc, __u32 tgid, bool accounted,
+					bool interrupt, const char *name,
 					const struct kmem_cache *s)
 {
 	bool created = false;
@@ -313,7 +355,7 @@ static __always_inline void count_alloc(void *ctx, struct site_key *key,
 	 * space sums stacks into sites. An event whose stack is lost still
 	 * lands in the site map below, so site totals stay exact. */
 	if (cfg.capture_stacks && !cfg.stack_sample_mask &&
-	    record_stack(ctx, key, req, alloc, bucket, name, s))
+	    record_stack(ctx, classic, key, req, alloc, bucket, name, s, NULL))
 		return;
 
 	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
@@ -330,7 +372,8 @@ static __always_inline void count_alloc(void *ctx, struct site_key *key,
 	/* A site's first allocation always gets a stack, so every site can be
 	 * attributed to its caller; after that, about one event in N. */
 	if (created || sample_now())
-		record_stack(ctx, key, req, alloc, bucket, NULL, NULL);
+		record_stack(ctx, classic, key, req, alloc, bucket, NULL, NULL,
+			     NULL);
 }
 
 /* The common path of every allocation event. `name` is only read when the
@@ -377,11 +420,11 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 	}
 	COUNT(allocs);
 	if (cfg.track_live)
-		track_alloc(ctx, key, (__u64)ptr, req, alloc, tgid, accounted,
-			    interrupt, name, s);
+		track_alloc(ctx, classic, key, (__u64)ptr, req, alloc, tgid,
+			    accounted, interrupt, name, s);
 	else
-		count_alloc(ctx, key, req, alloc, tgid, accounted, interrupt,
-			    name, s);
+		count_alloc(ctx, classic, key, req, alloc, tgid, accounted,
+			    interrupt, name, s);
 }
 
 /* leaks: forgets a freed object. Any task may free it. */

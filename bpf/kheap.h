@@ -106,6 +106,13 @@ struct stack_key {
 	struct site_key site;
 	/* hash of the frames (stack_store.bpf.h), > 0 */
 	__s64 stack_id;
+	/* Who made the allocations (cfg.stack_owners; zero otherwise): the
+	 * allocating task's cgroup v2 id and process, or interrupt context,
+	 * which is no task's (cgroup and tgid 0 then). */
+	__u64 cgroup;
+	__u32 tgid;
+	__u8 interrupt;
+	__u8 _pad[3];
 };
 
 /* One kernel stack, innermost frame first, zero-filled past the last. */
@@ -189,7 +196,8 @@ struct live_obj {
 	__u32 tgid;
 	/* charged to the memory cgroup (only computed with --by cgroup) */
 	__u8 accounted;
-	/* allocated in interrupt context (only with --by cgroup / --cgroup) */
+	/* allocated in interrupt context (known with --by cgroup / --cgroup,
+	 * and when its stack was sampled with cfg.stack_owners) */
 	__u8 interrupt;
 	__u8 _pad[2];
 	/* jiffies64 at the allocation (see struct clock_sample) */
@@ -247,6 +255,9 @@ struct kheap_config {
 	__u8 capture_stacks;
 	__u8 by_process;
 	__u8 by_cgroup;
+	/* key stacks by who made them too (process and cgroup, or interrupt
+	 * context), for the labels of exported profiles */
+	__u8 stack_owners;
 	__u8 latency_active; /* lat_starts is shared with the latency object */
 	__u8 track_live;     /* remember every object until its free */
 	/* bit (1 << enum kheap_source) per source beyond kmalloc whose

@@ -248,6 +248,17 @@ pub struct CgroupRef {
     pub container: Option<Container>,
 }
 
+impl CgroupRef {
+    /// A cgroup known by its id only, until `CgroupNames` names it.
+    pub fn unnamed(id: u64) -> CgroupRef {
+        CgroupRef {
+            id,
+            path: None,
+            container: None,
+        }
+    }
+}
+
 /// What a cgroup path says runs in it.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Container {

@@ -27,16 +27,16 @@ pub enum Kind {
 impl Kind {
     /// record, leaks, top 2: `cgroups` rows, `cgroup` on process rows,
     /// `lost.map_full_cgroups`; 3: `source` on site, stack and cache rows,
-    /// `totals.sources` (`--source`).
+    /// `totals.sources` (`--source`); 4: `processes` on stack rows.
     pub fn schema_version(self) -> u32 {
         match self {
             // 3: per-source rows and totals (--source); leaks also retention
             // on `cgroups` rows (--by cgroup) and `cgroup` on
-            // `leaks.processes` rows.
-            Kind::Record | Kind::Top => 3,
-            // leaks 4: `excluded_bytes` in `leaks.accounting` rows, which
+            // `leaks.processes` rows. 4: who made each stack (`processes`
+            // on stack rows; top shares the stack row and never fills it);
+            // leaks also `excluded_bytes` in `leaks.accounting` rows, which
             // `unexplained_bytes` now leaves out.
-            Kind::Leaks => 4,
+            Kind::Record | Kind::Leaks | Kind::Top => 4,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound
@@ -142,7 +142,7 @@ mod tests {
         assert!(text.ends_with("}\n"));
         let l = line(Kind::Top, &body);
         assert!(
-            l.starts_with("{\"kind\":\"top\",\"schema_version\":3,\"duration_s\":1.5"),
+            l.starts_with("{\"kind\":\"top\",\"schema_version\":4,\"duration_s\":1.5"),
             "{l}"
         );
         assert_eq!(l.lines().count(), 1);

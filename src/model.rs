@@ -197,6 +197,30 @@ pub fn pct(part: u64, whole: u64) -> f64 {
     }
 }
 
+/// Splits `total` over `weights` in proportion, exactly: floors, then the
+/// largest remainders get one more each (ties: the earlier weight).
+/// All-zero weights give all zeros. Sampled estimates are split so (a
+/// site's over its stacks, a stack's over its processes).
+pub fn apportion(total: u64, weights: &[u64]) -> Vec<u64> {
+    let sum: u128 = weights.iter().map(|&w| w as u128).sum();
+    if sum == 0 {
+        return vec![0; weights.len()];
+    }
+    let mut out: Vec<u64> = Vec::with_capacity(weights.len());
+    let mut rems: Vec<(u128, usize)> = Vec::with_capacity(weights.len());
+    for (i, &w) in weights.iter().enumerate() {
+        let exact = total as u128 * w as u128;
+        out.push((exact / sum) as u64);
+        rems.push((exact % sum, i));
+    }
+    let left = total - out.iter().sum::<u64>();
+    rems.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for &(_, i) in rems.iter().take(left as usize) {
+        out[i] += 1;
+    }
+    out
+}
+
 /// Which slab cache an allocation came from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CacheId {
@@ -410,6 +434,16 @@ pub enum CgroupSlot {
     Interrupt,
 }
 
+/// Who made a stack's allocations: a process, in the cgroup v2 it ran in
+/// then, or interrupt context, which is no task's (the task it interrupted
+/// is not blamed). Stacks are kept per owner so that exported profiles can
+/// label each sample with its process and cgroup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Owner {
+    Process { tgid: u32, cgroup: u64 },
+    Interrupt,
+}
+
 /// One entry of the kernel's per-cgroup map.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct CgroupKey {
@@ -488,6 +522,24 @@ mod tests {
         assert_eq!(b.hist.0[4], 2);
         assert_eq!((b - a).count, 1);
         assert_eq!((a - b).count, 0, "a reset counter must not wrap");
+    }
+
+    #[test]
+    fn apportion_keeps_proportions_and_the_total() {
+        assert_eq!(apportion(10, &[1, 1]), vec![5, 5]);
+        assert_eq!(apportion(10, &[2, 3]), vec![4, 6]);
+        // 1000 over three equal parts: 333.33 each, one unit left over.
+        assert_eq!(apportion(1000, &[1, 1, 1]), vec![334, 333, 333]);
+        // 7 * 2/3 = 4.67 and 7 * 1/3 = 2.33: the larger remainder wins.
+        assert_eq!(apportion(7, &[2, 1]), vec![5, 2]);
+        assert_eq!(apportion(5, &[0, 0]), vec![0, 0]);
+        assert_eq!(apportion(0, &[3, 4]), vec![0, 0]);
+        // Exact when the weights already add up to the total.
+        assert_eq!(apportion(9, &[4, 5]), vec![4, 5]);
+        assert_eq!(apportion(u64::MAX, &[u64::MAX, 0]), vec![u64::MAX, 0]);
+        assert_eq!(apportion(100, &[3, 1]), vec![75, 25]);
+        let v = apportion(1_000_003, &[7, 13, 1, 999]);
+        assert_eq!(v.iter().sum::<u64>(), 1_000_003);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! From merged map contents to a symbolized report: per site, per stack, per
 //! cache and per process. Pure: no kernel access, tested with fixtures.
 
+pub mod processes;
 pub mod top_n;
 
 use std::collections::HashMap;
@@ -14,6 +15,8 @@ use crate::model::live::{Retained, RetainedIndex};
 use crate::model::{AllocStats, CacheId};
 use crate::model::{Source, VmapKind};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
+use processes::Owners;
+pub use processes::StackProcess;
 
 // Kept at their old paths until every branch imports them from the model.
 use crate::cgroup::{CgroupNames, CgroupRef};
@@ -161,6 +164,11 @@ pub struct StackRow {
     pub counts: Counts,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
+    /// Who made this stack's allocations, largest first; their numbers add
+    /// up to the row's. Absent where the run did not keep stacks per
+    /// process (top).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub processes: Vec<StackProcess>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -266,7 +274,7 @@ fn cgroup_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CgroupRow> {
                 None => (None, None),
             };
             CgroupRow {
-                cgroup: cgroup_id.map(unnamed_cgroup),
+                cgroup: cgroup_id.map(CgroupRef::unnamed),
                 interrupt: cgroup_id.is_none(),
                 counts: (&s).into(),
                 accounting,
@@ -296,14 +304,6 @@ fn cgroup_retention(idx: &RetainedIndex, slot: CgroupSlot) -> (Retained, Outstan
         }
     }
     (all, split)
-}
-
-fn unnamed_cgroup(id: u64) -> CgroupRef {
-    CgroupRef {
-        id,
-        path: None,
-        container: None,
-    }
 }
 
 impl Report {
@@ -353,9 +353,11 @@ impl Report {
     pub fn name_cgroups(&mut self, names: &mut CgroupNames) {
         let ids = self.cgroups.iter().filter_map(|r| r.cgroup_id);
         let leak_procs = self.leaks.iter().flat_map(|l| &l.processes);
+        let stack_procs = self.stacks.iter().flat_map(|s| &s.processes);
         let ids: Vec<u64> = ids
             .chain(self.processes.iter().filter_map(|r| r.cgroup_id))
             .chain(leak_procs.filter_map(|r| r.cgroup_id))
+            .chain(stack_procs.filter_map(|r| r.cgroup_id))
             .collect();
         names.learn(ids);
         for r in &mut self.cgroups {
@@ -367,15 +369,20 @@ impl Report {
         for r in self.leaks.iter_mut().flat_map(|l| &mut l.processes) {
             r.cgroup = r.cgroup_id.map(|id| names.describe(id));
         }
+        for r in self.stacks.iter_mut().flat_map(|s| &mut s.processes) {
+            r.cgroup = r.cgroup_id.map(|id| names.describe(id));
+        }
     }
 
     /// Every cgroup id the report names, for a caller that keeps names.
     pub fn cgroup_ids(&self) -> impl Iterator<Item = u64> + '_ {
         let leak_procs = self.leaks.iter().flat_map(|l| &l.processes);
+        let stack_procs = self.stacks.iter().flat_map(|s| &s.processes);
         self.cgroups
             .iter()
             .filter_map(|r| r.cgroup_id)
             .chain(leak_procs.filter_map(|r| r.cgroup_id))
+            .chain(stack_procs.filter_map(|r| r.cgroup_id))
     }
 }
 
@@ -462,7 +469,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
             ProcRow {
                 pid,
                 comm: comm.clone(),
-                cgroup: cgroup_id.map(unnamed_cgroup),
+                cgroup: cgroup_id.map(CgroupRef::unnamed),
                 cgroup_id,
                 counts: s.into(),
             }
@@ -624,6 +631,15 @@ fn stack_rows<'a>(
             *sampled_retained.entry(site).or_default() += *r;
         }
     }
+    // Names as the kernel saw them, else as leaks read them from /proc.
+    let leak_comms = snap.leaks.as_ref().map(|l| &l.comms);
+    let comm_of = |tgid: u32| {
+        snap.comms
+            .get(&tgid)
+            .or_else(|| leak_comms.and_then(|c| c.get(&tgid)))
+            .cloned()
+            .unwrap_or_default()
+    };
     let mut rows = Vec::new();
     for ((site, id), s) in &snap.stacks {
         let stats = match (estimated, snap.sites.get(site), sampled.get(site)) {
@@ -646,6 +662,12 @@ fn stack_rows<'a>(
             ret.freed_bytes = stats.bytes_alloc.saturating_sub(r.bytes_alloc);
             ret
         });
+        let key = (site.clone(), *id);
+        let owners = Owners {
+            allocated: snap.stack_owners.get(&key),
+            held: retained.and_then(|(idx, _)| idx.stack_owners.get(&key)),
+        };
+        let processes = owners.split(&stats, retention.as_ref(), &comm_of);
         rows.push(StackRow {
             function: label_frame(frames)
                 .map(|f| f.name().to_string())
@@ -656,6 +678,7 @@ fn stack_rows<'a>(
             cache: site.cache.name(),
             counts: (&stats).into(),
             retention,
+            processes,
         });
     }
     rows.sort_by_key(|r| std::cmp::Reverse(r.counts.bytes_alloc));
@@ -825,7 +848,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use crate::model::{Hist, PageUse};
+    use crate::model::{Hist, Owner, PageUse};
     use crate::testing::assert_keys;
 
     #[test]
@@ -1055,6 +1078,117 @@ pub mod tests {
         leaks.events.frees_null = 9;
         snap.leaks = Some(leaks);
         snap
+    }
+
+    /// The load_msg stack (100 sampled allocations) as made by two
+    /// processes in two cgroups and by interrupt context: 60, 30 and 10.
+    pub fn owned_snapshot() -> Snapshot {
+        let mut snap = sample_snapshot();
+        let (msg, _) = msg_and_kv();
+        let owners = [
+            (
+                Owner::Process {
+                    tgid: 7,
+                    cgroup: 42,
+                },
+                60,
+            ),
+            (
+                Owner::Process {
+                    tgid: 8,
+                    cgroup: 43,
+                },
+                30,
+            ),
+            (Owner::Interrupt, 10),
+        ];
+        snap.stack_owners.insert(
+            (msg, 1),
+            owners
+                .into_iter()
+                .map(|(o, n)| (o, stats(n, 2148, 4096)))
+                .collect(),
+        );
+        snap.comms.insert(7, "msgd".into());
+        snap.comms.insert(8, "msgc".into());
+        snap
+    }
+
+    #[test]
+    fn stack_rows_split_by_process_and_add_up_when_scaled() {
+        let mut r = build(&owned_snapshot(), &fixture_symbols(), opts(10));
+        let mut names = CgroupNames::new(None);
+        names.insert(42, "/system.slice/msgd.service".into());
+        r.name_cgroups(&mut names);
+        let msg = r.stacks.iter().find(|s| s.function == "load_msg").unwrap();
+        // Sampled 1 in 10: the stack is scaled to the site's 1000, and its
+        // processes' shares with it, adding up exactly.
+        assert_eq!(msg.counts.count, 1000);
+        let p = &msg.processes;
+        let got: Vec<_> = p.iter().map(|p| (p.pid, p.count, p.bytes_alloc)).collect();
+        assert_eq!(
+            got,
+            [
+                (Some(7), 600, 600 * 4096),
+                (Some(8), 300, 300 * 4096),
+                (None, 100, 100 * 4096)
+            ]
+        );
+        assert_eq!(
+            p.iter().map(|p| p.bytes_req).sum::<u64>(),
+            msg.counts.bytes_req
+        );
+        assert_eq!(p[0].comm.as_deref(), Some("msgd"));
+        assert_eq!(
+            p[0].cgroup.as_ref().unwrap().path.as_deref(),
+            Some("/system.slice/msgd.service")
+        );
+        // Not walked for: the id, no path.
+        assert_eq!(
+            p[1].cgroup.as_ref().map(|c| (c.id, c.path.clone())),
+            Some((43, None))
+        );
+        assert!(p[2].interrupt && p[2].comm.is_none() && p[2].cgroup.is_none());
+        // Stacks without owners (as top's) have none in JSON either.
+        let v = serde_json::to_value(&r).unwrap();
+        let rows = v["stacks"].as_array().unwrap();
+        let json_msg = rows.iter().find(|s| s["function"] == "load_msg").unwrap();
+        #[rustfmt::skip]
+        assert_keys(&json_msg["processes"][0], "stack processes", &[
+            "pid", "comm", "cgroup", "interrupt", "count", "bytes_req", "bytes_alloc",
+        ]);
+        assert!(json_msg["processes"][0].get("outstanding_count").is_none());
+        assert!(rows.iter().any(|s| s.get("processes").is_none()));
+        let back: Report = serde_json::from_value(v.clone()).unwrap();
+        assert_eq!(serde_json::to_value(&back).unwrap(), v);
+    }
+
+    #[test]
+    fn leaks_stack_processes_hold_their_outstanding_share() {
+        let mut snap = leak_snapshot(1);
+        let (msg, _) = msg_and_kv();
+        let owner = Owner::Process {
+            tgid: 7,
+            cgroup: 42,
+        };
+        snap.stack_owners
+            .insert((msg, 1), HashMap::from([(owner, stats(100, 2148, 4096))]));
+        let r = build(&snap, &fixture_symbols(), opts(10));
+        let st = r.stacks.iter().find(|s| s.function == "load_msg").unwrap();
+        let p = &st.processes;
+        assert_eq!(p.len(), 1, "{p:?}");
+        // 40 live objects with this stack, scaled to the site's 400, all
+        // process 7's (its name read by leaks from /proc).
+        assert_eq!(
+            (p[0].pid, p[0].comm.as_deref(), p[0].count),
+            (Some(7), Some("msgd"), 1000)
+        );
+        assert_eq!(
+            (p[0].outstanding_count, p[0].outstanding_bytes),
+            (Some(400), Some(400 * 4096))
+        );
+        let ret = st.retention.as_ref().unwrap();
+        assert_eq!(ret.outstanding_count, 400);
     }
 
     #[test]

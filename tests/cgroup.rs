@@ -289,14 +289,12 @@ fn interrupt_rows(extra: &[&str]) -> Value {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("r.json");
+    // Every stack, with room for every (stack, process, cgroup) of the
+    // machine: the stacks' interrupt share is then the interrupt row.
+    #[rustfmt::skip]
     let mut args = vec![
-        "record",
-        "--by",
-        "cgroup",
-        "--format",
-        "json",
-        "-o",
-        out.to_str().unwrap(),
+        "record", "--by", "cgroup", "--exact-stacks", "--max-entries", "65536",
+        "--format", "json", "-o", out.to_str().unwrap(),
     ];
     args.extend(extra);
     let mut kheap = Tracing::start(&args);
@@ -346,7 +344,43 @@ fn interrupt_rows(extra: &[&str]) -> Value {
         u(&mine["count"]) >= 5000,
         "the sends are the test's: {mine:#}"
     );
+    stacks_blame_interrupts_on_no_process(&r, irq[0]);
     r
+}
+
+/// The stacks' interrupt entries have no process and no cgroup, and with
+/// every stack kept they add up to the interrupt row exactly (the same test
+/// of context on the same events); no process entry is flagged.
+fn stacks_blame_interrupts_on_no_process(r: &Value, irq_row: &Value) {
+    assert_eq!(
+        (u(&r["lost"]["stacks"]), u(&r["lost"]["map_full_stacks"])),
+        (0, 0),
+        "every stack kept: {:#}",
+        r["lost"]
+    );
+    let entries = r["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["processes"].as_array().expect("stack processes"));
+    let (mut count, mut bytes) = (0, 0);
+    for p in entries {
+        if p["interrupt"] == true {
+            assert!(
+                p["pid"].is_null() && p["comm"].is_null() && p["cgroup"].is_null(),
+                "{p:#}"
+            );
+            count += u(&p["count"]);
+            bytes += u(&p["bytes_alloc"]);
+        } else {
+            assert!(p["pid"].is_u64() && p["cgroup"]["id"].is_u64(), "{p:#}");
+        }
+    }
+    assert_eq!(
+        (count, bytes),
+        (u(&irq_row["count"]), u(&irq_row["bytes_alloc"])),
+        "interrupt entries of the stacks vs the interrupt row"
+    );
 }
 
 /// Brings up `lo` in the calling thread's network namespace.

@@ -8,6 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::cgroup::{TestCgroup, Workload as Load};
 use common::workload::{line_of, Workload};
 use common::*;
 use serde_json::Value;
@@ -66,8 +67,14 @@ fn pprof_value(file: &Path, focus: &[&str], sample_type: &str, function: &str) -
 
 /// The kernel heap's pprof focus on the workload's messages: load_msg's
 /// own allocations are the kmalloc-4k ones (slab pages it triggers land in
-/// other caches), and the cache label picks them.
-const MSG_FOCUS: &[&str] = &["-tagfocus=cache=kmalloc-4k"];
+/// other caches), and the cache label picks them. On 6.1 and 6.12 the
+/// messages are charged and land in kmalloc-cg-4k (docs/design.md).
+const MSG_FOCUS: &[&str] = &["-tagfocus=cache=^kmalloc-(cg-)?4k$"];
+
+/// The cache of the messages, by its name.
+fn is_msg_cache(name: &Value) -> bool {
+    name == "kmalloc-4k" || name == "kmalloc-cg-4k"
+}
 
 /// Runs `kheap SUBCOMMAND --format pprof -o P --json J ARGS` and returns
 /// the profile's path and the JSON report of the same run.
@@ -89,17 +96,11 @@ fn profile_and_json(dir: &Path, subcommand: &str, args: &[&str]) -> (PathBuf, Va
     (profile, report)
 }
 
-/// The one JSON site row of load_msg in kmalloc-4k.
+/// The one JSON site row of load_msg in the messages' cache.
 fn msg_site(report: &Value) -> &Value {
     let sites: Vec<_> = rows_of_fn(report, "sites", "load_msg")
         .into_iter()
-        .filter(|r| {
-            r["caches"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|c| c == "kmalloc-4k")
-        })
+        .filter(|r| r["caches"].as_array().unwrap().iter().any(is_msg_cache))
         .collect();
     assert_eq!(sites.len(), 1, "one load_msg site: {:#}", report["sites"]);
     sites[0]
@@ -300,4 +301,160 @@ fn go_pprof_reads_a_diff_with_negative_changes() {
     let change = |f: &str| n(&msg_site(&after)[f]) - n(&msg_site(&before)[f]);
     assert_eq!((objects, space), (change("count"), change("bytes_alloc")));
     assert_eq!((objects, space), (-600, -2457600));
+}
+
+/// One kheap-load process of [`two_processes`]: its PID, its cgroup and
+/// the messages it sent.
+struct Sender {
+    pid: u32,
+    cgroup: String,
+    messages: u64,
+}
+
+/// Two kheap-load processes at once, each in a test cgroup of its own,
+/// sending 300 and 700 messages of 2100 bytes (one kmalloc-4k object
+/// each), traced by `kheap SUBCOMMAND --exact-stacks --cgroup A --cgroup B`
+/// until SIGINT, which writes the profile and the JSON of the same run.
+/// With `hold`, each still holds its messages when kheap stops (leaks).
+fn two_processes(dir: &Path, subcommand: &str, hold: bool) -> (PathBuf, Value, [Sender; 2]) {
+    let cgroups = [TestCgroup::top("pprof-a"), TestCgroup::top("pprof-b")];
+    let counts = ["300", "700"];
+    let mut loads: Vec<Load> = cgroups
+        .iter()
+        .zip(counts)
+        .map(|(cg, n)| {
+            let mut load_args = vec!["msg", n, "2100"];
+            if hold {
+                load_args.push("60"); // seconds, or until dropped
+            }
+            Load::spawn_in(cg, &load_args)
+        })
+        .collect();
+    let senders = [0, 1].map(|i| Sender {
+        pid: loads[i].child.id(),
+        cgroup: cgroups[i].rel(),
+        messages: counts[i].parse().unwrap(),
+    });
+    let (profile, json) = (dir.join("heap.pb.gz"), dir.join("report.json"));
+    #[rustfmt::skip]
+    let args = [
+        subcommand, "--exact-stacks", "--cgroup", cgroups[0].path(), "--cgroup", cgroups[1].path(),
+        "--format", "pprof", "-o", profile.to_str().unwrap(), "--json", json.to_str().unwrap(),
+    ];
+    let mut kheap = Background::spawn(KHEAP, &args);
+    kheap.wait_for("tracing");
+    for l in &mut loads {
+        l.go();
+    }
+    if hold {
+        loads.iter_mut().for_each(Load::wait_holding);
+    } else {
+        loads.into_iter().for_each(Load::finish);
+    }
+    kheap.signal(libc::SIGINT);
+    assert!(kheap.wait(), "kheap {args:?} failed: {:#?}", kheap.seen);
+    let report = parse_valid(&std::fs::read_to_string(&json).expect("no --json report"));
+    (profile, report, senders)
+}
+
+/// The JSON's load_msg kmalloc-4k stacks summed for one process: count,
+/// bytes_alloc, outstanding count and bytes, and the comm and cgroup path
+/// its entries name.
+fn json_share(report: &Value, pid: u32) -> ([i64; 4], Vec<(String, String)>) {
+    let mut sums = [0; 4];
+    let mut names = Vec::new();
+    let stacks = rows_of_fn(report, "stacks", "load_msg");
+    let msg_stacks = stacks.iter().filter(|s| is_msg_cache(&s["cache"]));
+    for p in msg_stacks.flat_map(|s| s["processes"].as_array().expect("stack processes")) {
+        if p["pid"] != pid {
+            continue;
+        }
+        let fields = [
+            "count",
+            "bytes_alloc",
+            "outstanding_count",
+            "outstanding_bytes",
+        ];
+        for (sum, f) in sums.iter_mut().zip(fields) {
+            *sum += p.get(f).map_or(0, n);
+        }
+        let comm = p["comm"].as_str().unwrap().to_string();
+        names.push((comm, p["cgroup"]["path"].as_str().unwrap().to_string()));
+    }
+    names.dedup();
+    (sums, names)
+}
+
+/// What pprof shows for load_msg's kmalloc-4k samples with a label that
+/// matches, under each sample type.
+fn labelled(file: &Path, label: &str, types: &[&str]) -> Vec<i64> {
+    let focus = format!("-tagfocus=cache:kmalloc-(cg-)?4k$,{label}");
+    types
+        .iter()
+        .map(|t| pprof_value(file, &[&focus], t, "load_msg"))
+        .collect()
+}
+
+/// Each sender's samples, picked by its `process` label and by its
+/// `cgroup` label, have exactly its messages, as the JSON's stack rows
+/// have them for its PID.
+fn check_labels(file: &Path, r: &Value, senders: &[Sender; 2], types: &[&str]) {
+    for s in senders {
+        let (json, names) = json_share(r, s.pid);
+        let want = [s.messages as i64, s.messages as i64 * 4096];
+        assert_eq!(json[..2], want, "JSON stacks of pid {}: {r:#}", s.pid);
+        assert_eq!(names, [("kheap-load".to_string(), s.cgroup.clone())]);
+        let json = &json[..types.len()];
+        let process = format!("process:kheap-load \\[{}\\]$", s.pid);
+        assert_eq!(labelled(file, &process, types), json, "{process}");
+        let cgroup = format!("cgroup:{}$", s.cgroup);
+        assert_eq!(labelled(file, &cgroup, types), json, "{cgroup}");
+    }
+    // The numeric pid label: pprof's tag view counts each PID's samples.
+    let tags = pprof(
+        &[
+            "-tags",
+            "-focus=^load_msg$",
+            MSG_FOCUS[0],
+            "-sample_index=alloc_objects",
+        ],
+        file,
+    );
+    // Lines such as "700.0 (70.00%): 32540" under "pid: Total 1000.0".
+    for s in senders {
+        let shown = tags
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with("pid:"))
+            .find(|l| l.trim_end().ends_with(&format!(": {}", s.pid)))
+            .and_then(|l| l.split_whitespace().next()?.parse::<f64>().ok());
+        assert_eq!(shown, Some(s.messages as f64), "pid {} in:\n{tags}", s.pid);
+    }
+}
+
+#[test]
+fn go_pprof_labels_kernel_samples_with_their_process_and_cgroup() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let (file, r, senders) = two_processes(dir.path(), "record", false);
+    check_labels(&file, &r, &senders, &["alloc_objects", "alloc_space"]);
+}
+
+#[test]
+fn go_pprof_labels_what_each_process_holds_in_leaks() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let (file, r, senders) = two_processes(dir.path(), "leaks", true);
+    // Every message is still held: in use is what each process sent.
+    for s in &senders {
+        let (json, _) = json_share(&r, s.pid);
+        let n = s.messages as i64;
+        assert_eq!(json, [n, n * 4096, n, n * 4096], "pid {}", s.pid);
+    }
+    let all = [
+        "alloc_objects",
+        "alloc_space",
+        "inuse_objects",
+        "inuse_space",
+    ];
+    check_labels(&file, &r, &senders, &all);
 }

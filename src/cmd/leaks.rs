@@ -67,6 +67,8 @@ fn kernel_config(args: &LeaksArgs, targets: &Targets) -> Config {
             max_objects: args.max_objects,
         }),
         by_cgroup: args.by == LeakGroupBy::Cgroup,
+        // Each stack row says who made it (JSON, pprof labels).
+        stack_owners: true,
         ..run::kmem_config(&args.trace, targets, DEFAULT_STACK_SAMPLE)
     }
 }
@@ -219,6 +221,9 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let exit_code = ended.report();
     targets.terminate();
     let mut snap = session.snapshot()?;
+    if let Some(cmd) = &targets.command {
+        run::name_command_process(&mut snap, cmd);
+    }
     let info = run_info(&session);
     drop(session);
     let mut report = build(&mut snap, "leaks", duration_s, info);

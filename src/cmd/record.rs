@@ -56,6 +56,8 @@ fn kernel_config(args: &RecordArgs, targets: &Targets) -> Config {
     Config {
         by_process: args.by == GroupBy::Process,
         by_cgroup: args.by == GroupBy::Cgroup,
+        // Each stack row says who made it (JSON, pprof labels).
+        stack_owners: true,
         trace_frees: !args.no_frees,
         ..run::kmem_config(&args.trace, targets, DEFAULT_STACK_SAMPLE)
     }
@@ -123,7 +125,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     targets.terminate();
     let mut snap = session.snapshot()?;
     if let Some(cmd) = &targets.command {
-        run::name_command_process(&mut snap.procs, cmd);
+        run::name_command_process(&mut snap, cmd);
     }
     let run = run::run_info(&session.attached, &session.skipped, &args.trace.filters);
     drop(session);

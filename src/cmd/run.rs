@@ -14,6 +14,7 @@ use crate::cli::{FilterArgs, TargetArgs, TraceArgs};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::Config;
+use crate::model::snapshot::Snapshot;
 use crate::report::RunInfo;
 use crate::target::{resolve_pid, HeldCommand};
 
@@ -76,11 +77,12 @@ impl Targets {
 
 /// Rows counted for the command's PID before its exec carry kheap's own
 /// name (it was a fork of kheap then): name them after the command.
-pub fn name_command_process(
-    procs: &mut std::collections::HashMap<u32, (String, crate::model::AllocStats)>,
-    command: &HeldCommand,
-) {
-    if let Some((comm, _)) = procs.get_mut(&command.pid) {
+pub fn name_command_process(snap: &mut Snapshot, command: &HeldCommand) {
+    let process_row = snap.procs.get_mut(&command.pid).map(|(comm, _)| comm);
+    for comm in process_row
+        .into_iter()
+        .chain(snap.comms.get_mut(&command.pid))
+    {
         if comm == "kheap" {
             *comm = command.name_after_exec.clone();
         }
@@ -286,12 +288,20 @@ mod tests {
     #[test]
     fn the_command_row_is_named_after_exec() {
         let held = HeldCommand::spawn(&["sh".into(), "-c".into(), "true".into()]).unwrap();
-        let mut procs = std::collections::HashMap::new();
-        procs.insert(held.pid, ("kheap".to_string(), Default::default()));
-        procs.insert(1, ("kheap".to_string(), Default::default()));
-        name_command_process(&mut procs, &held);
-        assert_eq!(procs[&held.pid].0, "sh");
+        let mut snap = Snapshot::default();
+        for pid in [held.pid, 1] {
+            snap.procs
+                .insert(pid, ("kheap".to_string(), Default::default()));
+            snap.comms.insert(pid, "kheap".to_string());
+        }
+        name_command_process(&mut snap, &held);
+        assert_eq!(snap.procs[&held.pid].0, "sh");
+        assert_eq!(
+            snap.comms[&held.pid], "sh",
+            "the name stacks are labelled with"
+        );
         // Only the command's own PID: another kheap stays kheap.
-        assert_eq!(procs[&1].0, "kheap");
+        assert_eq!(snap.procs[&1].0, "kheap");
+        assert_eq!(snap.comms[&1], "kheap");
     }
 }

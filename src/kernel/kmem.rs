@@ -27,7 +27,7 @@ use crate::model::live::{
 use crate::model::snapshot::{
     CgroupKey, CgroupSlot, EventCounters, IdleKeys, ProgRunTime, Snapshot,
 };
-use crate::model::{progress, CacheId, PageUse, SiteKey, Source, Sources, VmapKind};
+use crate::model::{progress, CacheId, Owner, PageUse, SiteKey, Source, Sources, VmapKind};
 
 pub use crate::kernel::attach::AttachMode;
 
@@ -46,6 +46,10 @@ pub struct Config {
     pub by_cgroup: bool,
     /// Only tasks in these cgroup v2 ids or below them.
     pub cgroups: Vec<u64>,
+    /// Key sampled stacks by who made them too (process and cgroup, or
+    /// interrupt context): `Snapshot::stack_owners`, the labels of exported
+    /// profiles. Costs a few helper calls on the sampled stack path only.
+    pub stack_owners: bool,
     pub attach: AttachMode,
     pub max_sites: u32,
     pub max_stacks: u32,
@@ -93,6 +97,7 @@ impl Default for Config {
             by_process: false,
             by_cgroup: false,
             cgroups: Vec::new(),
+            stack_owners: false,
             attach: AttachMode::Auto,
             max_sites: 8192,
             max_stacks: 8192,
@@ -105,6 +110,11 @@ impl Default for Config {
 }
 
 impl Config {
+    /// Stacks are captured and keyed by who made them.
+    fn stacks_by_owner(&self) -> bool {
+        self.stack_owners && self.stack_sample_every != 0
+    }
+
     /// Every stack is captured and counted under its stack only; sites are
     /// summed from stacks in user space (one map update per event).
     fn sites_from_stacks(&self) -> bool {
@@ -360,6 +370,14 @@ impl<'obj> Tracer<'obj> {
             let infos = maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?;
             ids.extend(infos.values().map(|i| i.cgroup).filter(|&id| id != 0));
         }
+        if self.cfg.stacks_by_owner() {
+            for raw in maps::keys(&m.stacks)? {
+                let k = from_bytes::<types::stack_key>(&raw);
+                if k.interrupt == 0 && k.cgroup != 0 {
+                    ids.push(k.cgroup);
+                }
+            }
+        }
         ids.sort_unstable();
         ids.dedup();
         Ok(ids)
@@ -497,13 +515,18 @@ impl<'obj> Tracer<'obj> {
         }
         // Processes right after sites (both are counted on every event):
         // the slower stack reads below would widen the gap between them.
-        if self.cfg.by_process {
-            let procs = maps::read_percpu_hash::<u32, types::alloc_stats, _>(&m.procs)?;
-            let comms: HashMap<u32, (String, u64)> =
+        let comms: HashMap<u32, (String, u64)> =
+            if self.cfg.by_process || self.cfg.stacks_by_owner() {
                 maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?
                     .into_iter()
                     .map(|(k, v)| (k, (c_str(&v.comm), v.cgroup)))
-                    .collect();
+                    .collect()
+            } else {
+                HashMap::new()
+            };
+        snap.comms = comms.iter().map(|(&k, (c, _))| (k, c.clone())).collect();
+        if self.cfg.by_process {
+            let procs = maps::read_percpu_hash::<u32, types::alloc_stats, _>(&m.procs)?;
             for (pid, v) in procs {
                 let (comm, cgroup) = comms.get(&pid).cloned().unwrap_or_default();
                 if cgroup != 0 {
@@ -529,6 +552,7 @@ impl<'obj> Tracer<'obj> {
             }
         }
         let sites_from_stacks = self.cfg.sites_from_stacks();
+        let owners = self.cfg.stacks_by_owner();
         for (k, v) in maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(&m.stacks)?
         {
             let id = k.stack_id;
@@ -541,7 +565,22 @@ impl<'obj> Tracer<'obj> {
             if sites_from_stacks {
                 *snap.sites.entry(site.clone()).or_default() += v.into();
             }
+            if owners {
+                *snap
+                    .stack_owners
+                    .entry((site.clone(), id))
+                    .or_default()
+                    .entry(stack_owner(&k))
+                    .or_default() += v.into();
+            }
             *snap.stacks.entry((site, id)).or_default() += v.into();
+        }
+        // A process the name map had no room for: its name now, if alive.
+        let owner_pids = snap.stack_owners.values().flat_map(|m| m.keys());
+        for owner in owner_pids {
+            if let Owner::Process { tgid, .. } = *owner {
+                snap.comms.entry(tgid).or_insert_with(|| comm_now(tgid));
+            }
         }
         for (cache, v) in maps::read_percpu_hash::<u64, types::cache_frees, _>(&m.cache_frees)? {
             *snap
@@ -641,11 +680,7 @@ impl<'obj> Tracer<'obj> {
         }
         let mut comms = HashMap::new();
         for o in &live {
-            comms.entry(o.tgid).or_insert_with(|| {
-                std::fs::read_to_string(format!("/proc/{}/comm", o.tgid))
-                    .map(|c| c.trim_end().to_string())
-                    .unwrap_or_default()
-            });
+            comms.entry(o.tgid).or_insert_with(|| comm_now(o.tgid));
         }
         Ok(LeakInput {
             live: live
@@ -880,6 +915,7 @@ fn configure(
     c.capture_stacks = u8::from(cfg.stack_sample_every > 0);
     c.stack_sample_mask = cfg.stack_sample_every.saturating_sub(1);
     c.by_process = u8::from(cfg.by_process);
+    c.stack_owners = u8::from(cfg.stacks_by_owner());
     c.filter.pids = u8::from(!cfg.pids.is_empty());
     if !cfg.include_self {
         c.filter.ignore_tgid = std::process::id();
@@ -928,6 +964,10 @@ fn configure(
     }
     if !cfg.by_process {
         open.maps.procs.set_max_entries(1)?;
+    }
+    // Process names: of process rows, and of the processes stacks are
+    // keyed by.
+    if !cfg.by_process && !cfg.stacks_by_owner() {
         open.maps.proc_comms.set_max_entries(1)?;
     }
     Ok(())
@@ -1050,6 +1090,26 @@ fn page_shift() -> u8 {
         (size as u64).trailing_zeros() as u8
     } else {
         12
+    }
+}
+
+/// A process's name as /proc says now; empty once it has exited.
+fn comm_now(tgid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{tgid}/comm"))
+        .map(|c| c.trim_end().to_string())
+        .unwrap_or_default()
+}
+
+/// Who made the allocations of a stack entry (keyed so with
+/// `Config::stack_owners`).
+fn stack_owner(k: &types::stack_key) -> Owner {
+    if k.interrupt != 0 {
+        Owner::Interrupt
+    } else {
+        Owner::Process {
+            tgid: k.tgid,
+            cgroup: k.cgroup,
+        }
     }
 }
 

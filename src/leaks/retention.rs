@@ -175,6 +175,14 @@ pub fn retained_index(l: &LeakInput, snap: &Snapshot) -> RetainedIndex {
             .iter()
             .map(|(k, r)| (k.clone(), r.scaled(n, n)))
             .collect(),
+        stack_owners: idx
+            .stack_owners
+            .iter()
+            .map(|(k, owners)| {
+                let scaled = owners.iter().map(|(o, r)| (*o, r.scaled(n, n)));
+                (k.clone(), scaled.collect())
+            })
+            .collect(),
         procs: idx
             .procs
             .iter()
@@ -206,6 +214,9 @@ pub fn scale_for_address_sampling(snap: &Snapshot, n: u32) -> Snapshot {
         *s = s.scaled(n);
     }
     for s in out.stacks.values_mut() {
+        *s = s.scaled(n);
+    }
+    for s in out.stack_owners.values_mut().flat_map(|o| o.values_mut()) {
         *s = s.scaled(n);
     }
     for s in out.cgroups.values_mut() {

@@ -7,7 +7,7 @@ use std::ops::AddAssign;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{AllocStats, CacheId, CgroupKey, CgroupSlot, SiteKey};
+use crate::model::{AllocStats, CacheId, CgroupKey, CgroupSlot, Owner, SiteKey};
 
 /// One object allocated while tracing and not seen freed (yet).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +23,20 @@ pub struct LiveObject {
     /// The allocating task's cgroup (or interrupt context), and whether the
     /// object is charged to its memory cgroup (known with --by cgroup).
     pub cgroup: CgroupKey,
+}
+
+impl LiveObject {
+    /// Who made it, as its stack entry is keyed: interrupt context, or its
+    /// process in its cgroup.
+    pub fn owner(&self) -> Owner {
+        match self.cgroup.slot {
+            CgroupSlot::Interrupt => Owner::Interrupt,
+            CgroupSlot::Cgroup(cgroup) => Owner::Process {
+                tgid: self.tgid,
+                cgroup,
+            },
+        }
+    }
 }
 
 /// Ticks to nanoseconds at `hz` ticks per second.
@@ -231,6 +245,8 @@ pub struct LeakInput {
 pub struct RetainedIndex {
     pub sites: HashMap<SiteKey, Retained>,
     pub stacks: HashMap<(SiteKey, i64), Retained>,
+    /// The same stacks split by who made the objects.
+    pub stack_owners: HashMap<(SiteKey, i64), HashMap<Owner, Retained>>,
     /// By the process (tgid) that allocated them.
     pub procs: HashMap<u32, Retained>,
     /// The cgroup of each process's newest outstanding object: where it
@@ -277,10 +293,14 @@ impl RetainedIndex {
             idx.procs.entry(o.tgid).or_default().add_object(o);
             idx.cgroups.entry(o.cgroup).or_default().add_object(o);
             if let Some(id) = o.stack_id {
-                idx.stacks
-                    .entry((o.site.clone(), id))
+                let key = (o.site.clone(), id);
+                idx.stack_owners
+                    .entry(key.clone())
+                    .or_default()
+                    .entry(o.owner())
                     .or_default()
                     .add_object(o);
+                idx.stacks.entry(key).or_default().add_object(o);
             }
         }
         for (site, a) in allocs {
@@ -432,6 +452,11 @@ mod tests {
         assert_eq!(a.ages.buckets()[0].bytes, 8192);
         assert_eq!(idx.stacks[&(site(0x10), 7)].count, 1);
         assert_eq!(idx.stacks.len(), 2);
+        let owner = Owner::Process {
+            tgid: 1,
+            cgroup: 42,
+        };
+        assert_eq!(idx.stack_owners[&(site(0x10), 7)][&owner].count, 1);
         assert_eq!(idx.procs[&1].count, 3, "all allocated by tgid 1");
         let t = idx.total();
         assert_eq!((t.count, t.bytes_alloc), (3, 3 * 4096));

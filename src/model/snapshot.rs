@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use crate::model::live::LeakInput;
-use crate::model::{AllocStats, CacheId, SiteKey, Source};
+use crate::model::{AllocStats, CacheId, Owner, SiteKey, Source};
 pub use crate::model::{CgroupKey, CgroupSlot};
 
 /// Everything read from the kernel at the end of a run (or an interval),
@@ -16,6 +16,13 @@ pub struct Snapshot {
     /// Sampled (or, in exact mode, all) stacks of each site.
     pub stacks: HashMap<(SiteKey, i64), AllocStats>,
     pub stack_frames: HashMap<i64, Vec<u64>>,
+    /// The same stacks split by who made them (record and leaks; empty
+    /// where the run did not key stacks by owner, as in top's intervals).
+    /// Each stack's owners add up to its entry in `stacks`.
+    pub stack_owners: HashMap<(SiteKey, i64), HashMap<Owner, AllocStats>>,
+    /// Names of the processes (tgid) that made stacks or process rows, as
+    /// the kernel saw them last.
+    pub comms: HashMap<u32, String>,
     pub procs: HashMap<u32, (String, AllocStats)>,
     /// `--by cgroup`: per cgroup, charged to its memory controller or not.
     pub cgroups: HashMap<CgroupKey, AllocStats>,

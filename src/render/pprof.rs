@@ -4,7 +4,8 @@
 //! Conventions follow Go's heap profiles, so readers label the views as
 //! they do for Go: sample types `alloc_objects/count`, `alloc_space/bytes`
 //! and, where outstanding memory is known, `inuse_objects/count`,
-//! `inuse_space/bytes`. One sample per stack; every location has a mapping
+//! `inuse_space/bytes`. One sample per stack (kernel stacks: per stack and
+//! process, labelled `process`, `pid` and `cgroup`); every location has a mapping
 //! (`[kernel.kallsyms]` for kernel frames, the binary for user frames)
 //! marked as already symbolized, so readers never try to symbolize.
 //!
@@ -26,7 +27,7 @@ use crate::malloc::report::MallocReport;
 use crate::malloc::usersyms::UserFrame;
 use crate::model::Source;
 use crate::render::SourceColumn;
-use crate::report::Report;
+use crate::report::{Report, StackProcess};
 
 /// The mapping kernel frames belong to, named as `perf` names it.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
@@ -339,15 +340,30 @@ pub fn from_report(r: &Report) -> Builder {
         if s.estimated {
             labels.push(Label::Str("estimated".into(), "true".into()));
         }
-        // No process or cgroup label: the kernel counts stacks per (site,
-        // stack), so a stack row does not know who made it (--by process
-        // and --by cgroup are rows of their own). They go here once the
-        // model keeps stacks per process or cgroup.
-        b.add(&Sample {
-            frames: s.frames.iter().map(|f| Frame::kernel(f)).collect(),
-            values: values(&s.counts, s.retention.as_ref()),
-            labels,
-        });
+        let frames: Vec<Frame> = s.frames.iter().map(|f| Frame::kernel(f)).collect();
+        if s.processes.is_empty() {
+            b.add(&Sample {
+                frames,
+                values: values(&s.counts, s.retention.as_ref()),
+                labels,
+            });
+            continue;
+        }
+        // One sample per process (and cgroup) that made the stack.
+        for p in &s.processes {
+            let mut v = vec![p.count as i64, p.bytes_alloc as i64];
+            if inuse {
+                v.push(p.outstanding_count.unwrap_or(0) as i64);
+                v.push(p.outstanding_bytes.unwrap_or(0) as i64);
+            }
+            let mut labels = labels.clone();
+            labels.extend(owner_labels(p));
+            b.add(&Sample {
+                frames: frames.clone(),
+                values: v,
+                labels,
+            });
+        }
     }
     b
 }
@@ -358,6 +374,34 @@ pub fn source_label(shown: SourceColumn, source: Source) -> Option<Label> {
     shown
         .0
         .then(|| Label::Str("source".into(), source.name().into()))
+}
+
+/// `process` as `comm [pid]` (as malloc profiles have it), the same as a
+/// number in `pid` (for `-tagfocus=pid=N`), and `cgroup`, the cgroup v2
+/// path (its id when the path is not known). Interrupt context is
+/// `process=interrupt`, with no pid and no cgroup.
+fn owner_labels(p: &StackProcess) -> Vec<Label> {
+    let Some(pid) = p.pid else {
+        return vec![Label::Str("process".into(), "interrupt".into())];
+    };
+    let comm = p.comm.as_deref().unwrap_or_default();
+    let mut labels = vec![
+        Label::Str("process".into(), process_label(comm, pid)),
+        Label::Num("pid".into(), pid.into(), None),
+    ];
+    if let Some(c) = &p.cgroup {
+        let path = c
+            .path
+            .clone()
+            .unwrap_or_else(|| format!("cgroup id {}", c.id));
+        labels.push(Label::Str("cgroup".into(), path));
+    }
+    labels
+}
+
+/// The `process` label of a sample.
+fn process_label(comm: &str, pid: u32) -> String {
+    format!("{comm} [{pid}]")
 }
 
 /// A user frame: its binary as the mapping, `file:line` where known.
@@ -408,7 +452,7 @@ pub fn from_malloc(r: &MallocReport) -> Builder {
         labels.extend(
             s.processes
                 .iter()
-                .map(|p| Label::Str("process".into(), format!("{} [{}]", p.comm, p.pid))),
+                .map(|p| Label::Str("process".into(), process_label(&p.comm, p.pid))),
         );
         b.add(&Sample {
             frames,
@@ -456,7 +500,7 @@ pub fn from_diff(d: &Diff) -> Builder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{report_of, sample_snapshot};
+    use crate::report::tests::{owned_snapshot, report_of, sample_snapshot};
 
     fn decode(b: &Builder) -> proto::Profile {
         let gz = b.encode_gzip();
@@ -586,6 +630,61 @@ mod tests {
             .sample
             .iter()
             .all(|smp| smp.label.iter().any(|l| s(l.key) == "cache")));
+    }
+
+    #[test]
+    fn kernel_stacks_have_one_sample_per_process_with_labels() {
+        let r = report_of(&owned_snapshot(), 10, 2.0);
+        let p = decode(&from_report(&r));
+        assert_valid(&p);
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        // load_msg's stack thrice (two processes, interrupt context), the
+        // two others once each.
+        assert_eq!(p.sample.len(), r.stacks.len() + 2);
+        let label = |smp: &proto::Sample, key: &str| {
+            smp.label.iter().find(|l| s(l.key) == key).map(|l| {
+                if l.str != 0 {
+                    s(l.str).to_string()
+                } else {
+                    l.num.to_string()
+                }
+            })
+        };
+        let mut by_process: Vec<_> = p
+            .sample
+            .iter()
+            .filter_map(|smp| {
+                Some((
+                    label(smp, "process")?,
+                    label(smp, "pid"),
+                    label(smp, "cgroup"),
+                    smp.value[0],
+                ))
+            })
+            .collect();
+        by_process.sort();
+        assert_eq!(
+            by_process,
+            [
+                ("interrupt".to_string(), None, None, 100),
+                (
+                    "msgc [8]".into(),
+                    Some("8".into()),
+                    Some("cgroup id 43".into()),
+                    300
+                ),
+                (
+                    "msgd [7]".into(),
+                    Some("7".into()),
+                    Some("cgroup id 42".into()),
+                    600
+                ),
+            ]
+        );
+        // The profile still adds up to the stacks.
+        let total: i64 = p.sample.iter().map(|s| s.value[1]).sum();
+        let want: u64 = r.stacks.iter().map(|s| s.counts.bytes_alloc).sum();
+        assert_eq!(total, want as i64);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
-use crate::model::{AllocStats, SiteKey, Source};
+use crate::model::{apportion, AllocStats, SiteKey, Source};
 use crate::render::pprof::{heap_profile, source_label, Frame, Label, Sample};
 use crate::render::SourceColumn;
 use crate::serve::series::FORGET_AFTER;
@@ -80,28 +80,6 @@ pub struct ProfileSnapshot {
     /// Whether samples carry a `source` label: once an allocator beyond
     /// the slab has been seen (as reports do, `SourceColumn`).
     pub sources: SourceColumn,
-}
-
-/// Splits `total` over `weights` in proportion, exactly: floors, then the
-/// largest remainders get one more each. All-zero weights give all zeros.
-pub fn apportion(total: u64, weights: &[u64]) -> Vec<u64> {
-    let sum: u128 = weights.iter().map(|&w| w as u128).sum();
-    if sum == 0 {
-        return vec![0; weights.len()];
-    }
-    let mut out: Vec<u64> = Vec::with_capacity(weights.len());
-    let mut rems: Vec<(u128, usize)> = Vec::with_capacity(weights.len());
-    for (i, &w) in weights.iter().enumerate() {
-        let exact = total as u128 * w as u128;
-        out.push((exact / sum) as u64);
-        rems.push((exact % sum, i));
-    }
-    let left = total - out.iter().sum::<u64>();
-    rems.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-    for &(_, i) in rems.iter().take(left as usize) {
-        out[i] += 1;
-    }
-    out
 }
 
 impl ProfileState {
@@ -447,15 +425,6 @@ mod tests {
         let mut raw = Vec::new();
         std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz), &mut raw).unwrap();
         proto::Profile::decode(&raw[..]).unwrap()
-    }
-
-    #[test]
-    fn apportion_is_exact_and_proportional() {
-        assert_eq!(apportion(10, &[1, 1, 1]), vec![4, 3, 3]);
-        assert_eq!(apportion(100, &[3, 1]), vec![75, 25]);
-        assert_eq!(apportion(7, &[0, 0]), vec![0, 0]);
-        let v = apportion(1_000_003, &[7, 13, 1, 999]);
-        assert_eq!(v.iter().sum::<u64>(), 1_000_003);
     }
 
     #[test]

@@ -175,7 +175,10 @@ mod tests {
         assert_eq!(j.lines().count(), 1);
         let v: serde_json::Value = serde_json::from_str(&j).unwrap();
         assert_eq!(v["kind"], "top");
-        assert_eq!(v["schema_version"], 3);
+        assert_eq!(
+            v["schema_version"],
+            crate::contract::Kind::Top.schema_version()
+        );
         assert_eq!(v["time"], "2026-11-29T17:30:01Z");
         assert_eq!(v["interval_s"], 1.0);
         assert!(v["overhead"]["bpf_cpu_pct"].is_number());

@@ -264,6 +264,9 @@ impl Tracker {
             source_frees,
             events,
             leaks: None,
+            // top does not key stacks by owner.
+            stack_owners: HashMap::new(),
+            comms: HashMap::new(),
         }
     }
 
