@@ -257,6 +257,26 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     for l in &libs {
         session.probe_library(l)?;
     }
+    let mut scanner = Scanner {
+        cgroup_mount,
+        ..Scanner::default()
+    };
+    if let Some(c) = &command {
+        // Until it execs, the held child is a copy of kheap: name it after
+        // the program, as the kernel will (comm is 15 bytes at most).
+        let prog = std::path::Path::new(&args.targets.command[0]);
+        let name = prog
+            .file_name()
+            .unwrap_or(prog.as_os_str())
+            .to_string_lossy();
+        scanner.comms.insert(c.pid, name.chars().take(15).collect());
+        scanner.held = Some(c.pid);
+    }
+    // The processes already there are named and their allocator libraries
+    // probed before tracing is said to start: a process that runs briefly
+    // once told may be gone before a later scan (seen in the 6.1 guest).
+    scanner.scan(&mut session, &mut modules, args.lib.is_none(), false);
+    let mut next_scan = Instant::now() + SCAN_EVERY;
     eprintln!(
         "kheap: tracing malloc in {} (probes on {}){}",
         describe_targets(&user_pids, &args.targets.command),
@@ -276,22 +296,6 @@ pub fn run(args: MallocArgs) -> Result<i32> {
 
     let start = Instant::now();
     let mut exit_code = 0;
-    let mut scanner = Scanner {
-        cgroup_mount,
-        ..Scanner::default()
-    };
-    if let Some(c) = &command {
-        // Until it execs, the held child is a copy of kheap: name it after
-        // the program, as the kernel will (comm is 15 bytes at most).
-        let prog = std::path::Path::new(&args.targets.command[0]);
-        let name = prog
-            .file_name()
-            .unwrap_or(prog.as_os_str())
-            .to_string_lossy();
-        scanner.comms.insert(c.pid, name.chars().take(15).collect());
-        scanner.held = Some(c.pid);
-    }
-    let mut next_scan = Instant::now();
     let mut status = StatusLine::new();
     let mut next_status = start + Duration::from_secs(1);
     loop {
@@ -455,9 +459,8 @@ impl Scanner {
                 continue;
             }
             self.seen.insert(pid, (now, exec));
-            let Some(maps) = procmaps::read(pid) else {
-                continue;
-            };
+            // Name and cgroup first: a short-lived process may be gone by
+            // the time its mappings have been read.
             let not_yet_execd = self.held == Some(pid) && exec == 0;
             if let (false, Ok(c)) = (
                 not_yet_execd,
@@ -472,6 +475,9 @@ impl Scanner {
             {
                 self.cgroups.insert(pid, c);
             }
+            let Some(maps) = procmaps::read(pid) else {
+                continue;
+            };
             modules.add_maps(pid, &maps);
             // Until it execs, the held command is a copy of kheap.
             if !probe_new_libraries || not_yet_execd {
