@@ -430,53 +430,21 @@ impl<'obj> Tracer<'obj> {
             return Ok(None);
         }
         let m = &self.skel.maps;
-        // Raw keys first (plain integers), names once per group.
-        type RawKey = (u64, u64, u32, u8, u8, u8, u8, i64);
+        // Raw keys first (the site key's bytes), names once per group.
+        type RawKey = ([u8; std::mem::size_of::<types::site_key>()], i64);
         let mut raw: HashMap<RawKey, Outstanding> = HashMap::new();
         maps::visit_hash_values::<types::live_obj, _>(&m.live, &mut |o| {
-            let s = &o.site;
-            let k = (
-                s.call_site,
-                s.cache,
-                s.kmalloc_size,
-                s.kmalloc_accounted,
-                s.source,
-                s.page_use,
-                s.vmap_kind,
-                o.stack_id,
-            );
+            // SAFETY: a plain C struct of integers, without implicit padding.
+            let site = unsafe { plain::as_bytes(&o.site) };
+            let k = (site.try_into().expect("site_key size"), o.stack_id);
             let e = raw.entry(k).or_default();
             e.objects += 1;
             e.bytes_alloc += o.bytes_alloc as u64;
         })?;
         let names = self.cache_names()?;
         let mut groups: HashMap<(SiteKey, i64), Outstanding> = HashMap::new();
-        for (
-            (
-                call_site,
-                cache,
-                kmalloc_size,
-                kmalloc_accounted,
-                source,
-                page_use,
-                vmap_kind,
-                stack_id,
-            ),
-            v,
-        ) in raw
-        {
-            let site = site_key(
-                &types::site_key {
-                    call_site,
-                    cache,
-                    kmalloc_size,
-                    kmalloc_accounted,
-                    source,
-                    page_use,
-                    vmap_kind,
-                },
-                &names,
-            );
+        for ((site, stack_id), v) in raw {
+            let site = site_key(&from_bytes::<types::site_key>(&site), &names);
             let e = groups.entry((site, stack_id)).or_default();
             e.objects += v.objects;
             e.bytes_alloc += v.bytes_alloc;
