@@ -497,16 +497,39 @@ pub fn from_diff(d: &Diff) -> Builder {
     b
 }
 
+/// Reading profiles back, for the tests of every profile writer.
+#[cfg(test)]
+pub mod test_support {
+    use super::proto;
+    use prost::Message as _;
+
+    pub fn decode_gzip(gz: &[u8]) -> proto::Profile {
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz), &mut raw).unwrap();
+        proto::Profile::decode(&raw[..]).unwrap()
+    }
+
+    /// Each sample's string label `key` (None without one) and first value.
+    pub fn label_values(p: &proto::Profile, key: &str) -> Vec<(Option<String>, i64)> {
+        let s = |i: i64| p.string_table[i as usize].clone();
+        p.sample
+            .iter()
+            .map(|smp| {
+                let label = smp.label.iter().find(|l| s(l.key) == key);
+                (label.map(|l| s(l.str)), smp.value[0])
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_support::{decode_gzip, label_values};
     use super::*;
     use crate::report::tests::{owned_snapshot, report_of, sample_snapshot};
 
     fn decode(b: &Builder) -> proto::Profile {
-        let gz = b.encode_gzip();
-        let mut raw = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
-        proto::Profile::decode(&raw[..]).unwrap()
+        decode_gzip(&b.encode_gzip())
     }
 
     /// What pprof's CheckValid demands: string 0 empty, non-zero unique
@@ -586,17 +609,7 @@ mod tests {
 
     #[test]
     fn samples_beyond_the_slab_are_labelled_with_their_source() {
-        let label_values = |r: &Report| {
-            let p = decode(&from_report(r));
-            let s = |i: i64| p.string_table[i as usize].clone();
-            p.sample
-                .iter()
-                .map(|smp| {
-                    let source = smp.label.iter().find(|l| s(l.key) == "source");
-                    (source.map(|l| s(l.str)), smp.value[0])
-                })
-                .collect::<Vec<_>>()
-        };
+        let label_values = |r: &Report| label_values(&decode(&from_report(r)), "source");
         let plain = label_values(&report_of(&sample_snapshot(), 10, 2.0));
         assert!(plain.iter().all(|(l, _)| l.is_none()), "{plain:?}");
         let mixed = label_values(&report_of(

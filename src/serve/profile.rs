@@ -374,9 +374,7 @@ impl ProfileSnapshot {
 mod tests {
     use super::*;
     use crate::model::CacheId;
-    use crate::render::pprof::proto;
     use crate::symbolize::Frame as SymFrame;
-    use prost::Message as _;
 
     struct Syms;
     impl Symbolize for Syms {
@@ -421,11 +419,7 @@ mod tests {
         (site, d)
     }
 
-    fn decode(gz: &[u8]) -> proto::Profile {
-        let mut raw = Vec::new();
-        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(gz), &mut raw).unwrap();
-        proto::Profile::decode(&raw[..]).unwrap()
-    }
+    use crate::render::pprof::test_support::{decode_gzip as decode, label_values};
 
     #[test]
     fn sites_without_stacks_are_exact_single_frame_rows() {
@@ -448,15 +442,10 @@ mod tests {
         let mut d = Snapshot::default();
         d.sites.insert(key(0x10, "kmalloc-4k"), stats(3, 4096));
         let labels = |p: &ProfileState| {
-            let prof = decode(&p.snapshot(None, 1.0).encode(Which::Alloc));
-            let s = |i: i64| prof.string_table[i as usize].clone();
-            prof.sample
-                .iter()
-                .map(|smp| {
-                    let source = smp.label.iter().find(|l| s(l.key) == "source");
-                    (source.map(|l| s(l.str)), smp.value[0])
-                })
-                .collect::<Vec<_>>()
+            label_values(
+                &decode(&p.snapshot(None, 1.0).encode(Which::Alloc)),
+                "source",
+            )
         };
         p.add_interval(&d, &Syms);
         assert_eq!(labels(&p), [(None, 3)], "slab only: no source label");
