@@ -229,8 +229,11 @@ impl<'obj> Tracer<'obj> {
         let mut open = KheapSkelBuilder::default()
             .open(slot)
             .context("opening the BPF object")?;
-        configure(&mut open, cfg, kbtf, mech, lat_starts)?;
-        let labels = label_ranges(cfg)?;
+        // Read at most once, and only where a table of kernel addresses is
+        // needed (bucket-cache bases, label ranges).
+        let kallsyms = Kallsyms::default();
+        configure(&mut open, cfg, kbtf, mech, &kallsyms, lat_starts)?;
+        let labels = label_ranges(cfg, &kallsyms)?;
         if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
             rodata.cfg.backing_ranges = labels.page;
             rodata.cfg.vmap_ranges = labels.vmap;
@@ -866,6 +869,7 @@ fn configure(
     cfg: &Config,
     kbtf: &KernelBtf,
     mech: Mechanism,
+    kallsyms: &Kallsyms,
     lat_starts: Option<BorrowedFd<'_>>,
 ) -> Result<()> {
     let rodata = open
@@ -897,7 +901,8 @@ fn configure(
     c.sources = cfg.sources.bits();
     c.page_shift = page_shift();
     if cfg.by_cgroup && finds_bucket_caches_by_page(kbtf, mech) {
-        let (direct_map, vmemmap) = direct_map_and_vmemmap_bases();
+        let (direct_map, vmemmap) =
+            direct_map_and_vmemmap_bases(kallsyms.text().unwrap_or_default());
         rodata.direct_map_base_addr = direct_map;
         rodata.vmemmap_base_addr = vmemmap;
     }
@@ -951,9 +956,8 @@ fn finds_bucket_caches_by_page(kbtf: &KernelBtf, mech: Mechanism) -> bool {
 /// The addresses of the kernel's `page_offset_base` and `vmemmap_base`
 /// variables (0 where kallsyms does not list them: bucket-cache memory is
 /// then shown as not charged, and kheap says so).
-fn direct_map_and_vmemmap_bases() -> (u64, u64) {
-    let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
-    let find = |name| crate::model::kallsyms::address_of(&kallsyms, name);
+fn direct_map_and_vmemmap_bases(kallsyms: &str) -> (u64, u64) {
+    let find = |name| crate::model::kallsyms::address_of(kallsyms, name);
     match (find("page_offset_base"), find("vmemmap_base")) {
         (Some(direct_map), Some(vmemmap)) => (direct_map, vmemmap),
         _ => {
@@ -1004,13 +1008,27 @@ struct LabelRanges {
     vmap: u32,
 }
 
-fn label_ranges(cfg: &Config) -> Result<LabelRanges> {
+/// /proc/kallsyms, read on first use.
+#[derive(Default)]
+struct Kallsyms(std::cell::OnceCell<String>);
+
+impl Kallsyms {
+    fn text(&self) -> Result<&str> {
+        if let Some(t) = self.0.get() {
+            return Ok(t);
+        }
+        let t = std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
+        Ok(self.0.get_or_init(|| t))
+    }
+}
+
+fn label_ranges(cfg: &Config, kallsyms: &Kallsyms) -> Result<LabelRanges> {
     let pages = cfg.sources.contains(Source::Page);
     let vmap = cfg.sources.contains(Source::Vmalloc);
     if !pages && !vmap {
         return Ok(LabelRanges::default());
     }
-    let kallsyms = std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
+    let kallsyms = kallsyms.text()?;
     let range = |start, end, label| types::backing_range {
         start,
         end,
@@ -1020,7 +1038,7 @@ fn label_ranges(cfg: &Config) -> Result<LabelRanges> {
     let mut ranges: Vec<types::backing_range> = Vec::new();
     if pages {
         ranges.extend(
-            crate::model::backing::backing_ranges(&kallsyms)
+            crate::model::backing::backing_ranges(kallsyms)
                 .into_iter()
                 .filter(|r| {
                     r.label
@@ -1034,7 +1052,7 @@ fn label_ranges(cfg: &Config) -> Result<LabelRanges> {
     let page = ranges.len() as u32;
     if vmap {
         ranges.extend(
-            crate::model::backing::vmap_ranges(&kallsyms)
+            crate::model::backing::vmap_ranges(kallsyms)
                 .into_iter()
                 .map(|r| range(r.start, r.end, r.label.raw())),
         );
