@@ -266,13 +266,18 @@ fn sigusr1_does_not_cost_the_report() {
 fn slab_sampling_reports_after_a_signal() {
     require_root();
     for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
-        let child = Command::new(KHEAP)
+        let mut child = Command::new(KHEAP)
             .args(["slab", "-d", "10", "--no-trace", "--format", "json"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(Duration::from_millis(500));
+        // A fixed sleep was not enough under TCG: the signal came before
+        // kheap had started. The sampling line says it has.
+        let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut err, &mut line).unwrap();
+        assert!(line.contains("sampling /proc/slabinfo"), "{line}");
         unsafe { libc::kill(child.id() as i32, sig) };
         let out = child.wait_with_output().unwrap();
         assert!(out.status.success(), "signal {sig}: {out:?}");

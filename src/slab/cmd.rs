@@ -99,6 +99,12 @@ pub fn run_static(args: &SlabArgs) -> Result<()> {
     let interval = (total / 10).clamp(Duration::from_millis(200), Duration::from_secs(10));
     let start = Instant::now();
     let mut samples = vec![(0.0, args.read_static()?)];
+    // Like the traced run's line: a quiet terminal for -d seconds would look
+    // hung, and a script can wait for this line before it signals.
+    eprintln!(
+        "kheap: sampling /proc/slabinfo for {}s (Ctrl-C ends it early, the report is still printed)",
+        total.as_secs_f64()
+    );
     // A signal ends the sampling early; the report covers what was sampled.
     while start.elapsed() < total {
         let left = total.saturating_sub(start.elapsed());
