@@ -221,6 +221,14 @@ impl CgroupNames {
             .extend(unknown.into_iter().filter(|id| !found.contains_key(id)));
     }
 
+    /// Forgets every id but `keep` (those the maps still hold), so that a
+    /// daemon's memory does not grow with every cgroup that ever existed;
+    /// an id seen again later is walked for again.
+    pub fn retain(&mut self, keep: &std::collections::HashSet<u64>) {
+        self.paths.retain(|id, _| keep.contains(id));
+        self.missing.retain(|id| keep.contains(id));
+    }
+
     pub fn path(&self, id: u64) -> Option<&str> {
         self.paths.get(&id).map(String::as_str)
     }
@@ -398,6 +406,16 @@ mod tests {
     use super::*;
 
     const ID: &str = "4f1c9b0d3e2a5b6c7d8e9f0a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7f8a9b0c";
+
+    #[test]
+    fn names_keep_only_the_ids_still_in_use() {
+        let mut names = CgroupNames::new(None);
+        names.insert(1, "/a".into());
+        names.insert(2, "/b".into());
+        names.retain(&[2].into_iter().collect());
+        assert_eq!(names.path(1), None);
+        assert_eq!(names.path(2), Some("/b"));
+    }
 
     #[test]
     fn finds_cgroup2_on_hybrid_and_unified_hosts() {

@@ -540,6 +540,8 @@ fn by_cgroup_exports_each_cgroups_exact_counts_and_keeps_removed_paths() {
             "144",
             "--max-size",
             "144",
+            "--idle-intervals",
+            "2",
         ],
     );
     run_in(&cg, &["msg", "500", "96"]);
@@ -571,6 +573,19 @@ fn by_cgroup_exports_each_cgroups_exact_counts_and_keeps_removed_paths() {
     });
     let after = curl(&[&url]);
     assert_eq!(cgroup_counts(&after, &rel), (500, 500 * 192), "{after}");
+    // Idle for two reads, its map entry is deleted (a stopped container
+    // must not hold a slot for ever), and its series keeps its totals.
+    let cgroup_fill = |b: &str| -> Option<f64> {
+        b.lines()
+            .find(|l| l.starts_with("kheap_map_fill_ratio{map=\"cgroups\"} "))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    };
+    assert!(cgroup_fill(&body).is_some_and(|f| f > 0.0), "{body}");
+    wait_for_value("the idle cgroup's entry deleted", 1, || {
+        u64::from(cgroup_fill(&curl(&[&url])) == Some(0.0))
+    });
+    let aged = curl(&[&url]);
+    assert_eq!(cgroup_counts(&aged, &rel), (500, 500 * 192), "{aged}");
     serve.signal(libc::SIGTERM);
     assert!(serve.wait(), "{:#?}", serve.seen);
 }

@@ -481,6 +481,7 @@ impl Daemon {
         let read_duration_s = t0.elapsed().as_secs_f64();
         let site_entries = snap.sites.len();
         let stack_entries = snap.stacks.len();
+        let cgroup_entries = snap.cgroups.len();
         let delta = att.tracker.interval(snap);
         let sites: Vec<SiteDelta> = delta
             .sites
@@ -521,6 +522,12 @@ impl Daemon {
                 stack_entries as f64 / cfg.max_stacks.max(1) as f64,
             ));
         }
+        if cfg.by_cgroup {
+            map_fill.push((
+                "cgroups",
+                cgroup_entries as f64 / att.tracer.cgroup_capacity().max(1) as f64,
+            ));
+        }
         let outstanding = live.map(|l| {
             if let Some(lc) = cfg.live {
                 let objects: u64 = l.groups.values().map(|o| o.objects).sum();
@@ -533,9 +540,12 @@ impl Daemon {
             let idle = att.tracker.idle_keys(self.args.idle_intervals);
             if !idle.is_empty() {
                 let removed = att.tracer.remove_idle(&idle)?;
-                self.totals.aged_out +=
-                    (removed.sites.len() + removed.stacks.len() + removed.cache_frees.len()) as u64;
+                self.totals.aged_out += removed.map_entries() as u64;
                 att.tracker.forget(&removed);
+                if !removed.cgroups.is_empty() {
+                    let keep = att.tracer.cgroup_ids()?.into_iter().collect();
+                    self.cgroup_names.retain(&keep);
+                }
             }
         }
 

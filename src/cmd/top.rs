@@ -234,10 +234,7 @@ impl Top<'_> {
             let idle = self.tracker.idle_keys(self.idle_intervals);
             if !idle.is_empty() {
                 let removed = self.session.remove_idle(&idle)?;
-                aged_out = (removed.sites.len()
-                    + removed.stacks.len()
-                    + removed.procs.len()
-                    + removed.cache_frees.len()) as u64;
+                aged_out = removed.map_entries() as u64;
                 self.tracker.forget(&removed);
             }
         }

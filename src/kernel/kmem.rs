@@ -356,6 +356,11 @@ impl<'obj> Tracer<'obj> {
             .context("adding a PID to the filter map")
     }
 
+    /// Capacity of the per-cgroup map (`--by cgroup`).
+    pub fn cgroup_capacity(&self) -> u32 {
+        self.skel.maps.cgroups.max_entries()
+    }
+
     /// The cgroup v2 ids counted so far (per-cgroup rows and processes'
     /// cgroups), so their paths can be learned while the cgroups exist.
     pub fn cgroup_ids(&self) -> Result<Vec<u64>> {
@@ -510,16 +515,7 @@ impl<'obj> Tracer<'obj> {
             for (k, v) in
                 maps::read_percpu_hash::<types::cgroup_key, types::alloc_stats, _>(&m.cgroups)?
             {
-                let slot = if k.interrupt != 0 {
-                    CgroupSlot::Interrupt
-                } else {
-                    CgroupSlot::Cgroup(k.cgroup)
-                };
-                let key = CgroupKey {
-                    slot,
-                    accounted: k.accounted != 0,
-                };
-                *snap.cgroups.entry(key).or_default() += v.into();
+                *snap.cgroups.entry(cgroup_key(&k)).or_default() += v.into();
             }
         }
         let sites_from_stacks = self.cfg.sites_from_stacks();
@@ -790,6 +786,16 @@ impl<'obj> Tracer<'obj> {
                     .unwrap_or_default();
                 let _ = m.proc_comms.delete(&key);
                 removed.procs.insert(pid, (comm, v.into()));
+            }
+        }
+
+        let cgroups: HashSet<&CgroupKey> = idle.cgroups.iter().collect();
+        for raw in maps::keys(&m.cgroups)? {
+            let k = cgroup_key(&from_bytes::<types::cgroup_key>(&raw));
+            if cgroups.contains(&k) {
+                if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.cgroups, &raw)? {
+                    *removed.cgroups.entry(k).or_default() += v.into();
+                }
             }
         }
 
@@ -1138,6 +1144,18 @@ pub fn cache_id(
         return CacheId::ObjectSize(cache >> 1);
     }
     CacheId::Named(format!("cache@{cache:#x}"))
+}
+
+/// A cgroup map key as the model names it.
+fn cgroup_key(k: &types::cgroup_key) -> CgroupKey {
+    CgroupKey {
+        slot: if k.interrupt != 0 {
+            CgroupSlot::Interrupt
+        } else {
+            CgroupSlot::Cgroup(k.cgroup)
+        },
+        accounted: k.accounted != 0,
+    }
 }
 
 #[cfg(test)]

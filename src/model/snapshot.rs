@@ -43,6 +43,16 @@ impl Snapshot {
         let others: u64 = self.source_frees.values().sum();
         self.events.frees.saturating_sub(others)
     }
+
+    /// Map entries this snapshot holds (for the entries idle aging
+    /// deleted: how many were aged out).
+    pub fn map_entries(&self) -> usize {
+        self.sites.len()
+            + self.stacks.len()
+            + self.procs.len()
+            + self.cgroups.len()
+            + self.cache_frees.len()
+    }
 }
 
 /// Counters of events that are not allocations: frees, and everything
@@ -82,12 +92,19 @@ pub struct IdleKeys {
     pub sites: Vec<SiteKey>,
     pub stacks: Vec<(SiteKey, i64)>,
     pub procs: Vec<u32>,
+    /// Cgroups that allocate no more (a container that stopped) would
+    /// otherwise fill the map over days of `serve --by-cgroup`.
+    pub cgroups: Vec<CgroupKey>,
     pub caches: Vec<CacheId>,
 }
 
 impl IdleKeys {
     pub fn len(&self) -> usize {
-        self.sites.len() + self.stacks.len() + self.procs.len() + self.caches.len()
+        self.sites.len()
+            + self.stacks.len()
+            + self.procs.len()
+            + self.cgroups.len()
+            + self.caches.len()
     }
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -276,6 +276,7 @@ impl Tracker {
             sites: self.sites.idle.at_least(intervals),
             stacks: self.stacks.idle.at_least(intervals),
             procs: self.procs.idle.at_least(intervals),
+            cgroups: self.cgroups.idle.at_least(intervals),
             caches: self.caches.idle.at_least(intervals),
         }
     }
@@ -287,6 +288,7 @@ impl Tracker {
         self.sites.forget(&removed.sites);
         self.stacks.forget(&removed.stacks);
         self.procs.forget(&removed.procs);
+        self.cgroups.forget(&removed.cgroups);
         self.caches.forget(&removed.cache_frees);
         for (id, frames) in &removed.stack_frames {
             self.carried_frames.insert(*id, frames.clone());
@@ -297,7 +299,7 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::Hist;
+    use crate::model::{CgroupSlot, Hist};
 
     fn stats(count: u64, size: u64) -> AllocStats {
         let mut h = Hist::default();
@@ -436,6 +438,41 @@ mod tests {
         assert_eq!(d.cache_frees[&CacheId::Named("dentry".into())], 60);
         assert_eq!(d.events.frees, 90);
         assert_eq!(d.events.lost_stack_collision, 0);
+    }
+
+    #[test]
+    fn idle_cgroups_age_out_and_their_last_events_are_kept() {
+        let stopped = CgroupKey {
+            slot: CgroupSlot::Cgroup(7),
+            accounted: false,
+        };
+        let busy = CgroupKey {
+            slot: CgroupSlot::Interrupt,
+            accounted: false,
+        };
+        let with = |a: u64, b: u64| {
+            let mut s = Snapshot::default();
+            s.cgroups.insert(stopped, stats(a, 64));
+            s.cgroups.insert(busy, stats(b, 64));
+            s
+        };
+        let mut t = Tracker::new();
+        t.interval(with(5, 1));
+        t.interval(with(5, 2));
+        t.interval(with(5, 3));
+        let idle = t.idle_keys(2);
+        assert_eq!(idle.cgroups, vec![stopped]);
+        assert_eq!(idle.len(), 1);
+        // Deleted with one more allocation than the last read saw.
+        let mut removed = Snapshot::default();
+        removed.cgroups.insert(stopped, stats(6, 64));
+        assert_eq!(removed.map_entries(), 1);
+        t.forget(&removed);
+        let mut next = Snapshot::default();
+        next.cgroups.insert(busy, stats(4, 64));
+        let d = t.interval(next);
+        assert_eq!(d.cgroups[&stopped].count, 1);
+        assert_eq!(d.cgroups[&busy].count, 1);
     }
 
     #[test]
