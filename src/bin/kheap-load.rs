@@ -13,11 +13,15 @@
 //!   kheap-load malloc COUNT SIZE            COUNT pairs of malloc(SIZE) and
 //!       free() through the C library (for `kheap malloc`). Prints CPU ns
 //!       per pair.
-//!   kheap-load writev-rate RATE SECS [wait] the same call, paced at RATE
-//!       calls per second for SECS seconds (catching up if it falls behind).
-//!       Prints the calls made, the time taken and the rate achieved. With
-//!       `wait`, starts only after reading a line from stdin (so a tracer
-//!       can be attached to its PID first).
+//!   kheap-load writev-rate RATE SECS [wait] [ticks]  the same call, paced
+//!       at RATE calls per second for SECS seconds (catching up if it falls
+//!       behind). Prints the calls made, the time taken and the rate
+//!       achieved. With `wait`, starts only after reading a line from stdin
+//!       (so a tracer can be attached to its PID first). With `ticks`, also
+//!       prints `tick MS_BEFORE MS_AFTER CALLS` (Unix time in ms, calls
+//!       made so far) for every burst of calls, first: when the loop fell
+//!       behind (a busy or emulated CPU), a test can still count the calls
+//!       made in any time window.
 //!   kheap-load pages COUNT [HOLD_SECS]      COUNT anonymous pages, without
 //!       huge pages, faulted in for writing by MADV_POPULATE_WRITE: COUNT
 //!       order-0 allocations in do_anonymous_page under madvise_populate;
@@ -104,11 +108,12 @@ fn main() {
             arg(&args, 5),
         ),
         Some("writev-rate") => {
-            if args.get(4).is_some_and(|a| a == "wait") {
+            let flag = |f: &str| args.iter().skip(4).any(|a| a == f);
+            if flag("wait") {
                 let mut line = String::new();
                 let _ = std::io::stdin().read_line(&mut line);
             }
-            writev_rate(arg(&args, 2), arg(&args, 3))
+            writev_rate(arg(&args, 2), arg(&args, 3), flag("ticks"))
         }
         _ => usage(),
     }
@@ -307,8 +312,16 @@ fn writev(count: u64) {
     println!("{count} writev calls, {ns:.1} ns per call");
 }
 
-fn writev_rate(rate: u64, secs: f64) {
+fn writev_rate(rate: u64, secs: f64, ticks: bool) {
+    use std::io::Write;
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis()
+    };
     let null = DevNull::open();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     let start = Instant::now();
     let mut done = 0u64;
     loop {
@@ -319,12 +332,20 @@ fn writev_rate(rate: u64, secs: f64) {
         // Calls due by now: a late tick catches up, so the rate holds on
         // average even when the CPU is busy.
         let due = (elapsed * rate as f64) as u64;
-        while done < due {
-            null.writev9();
-            done += 1;
+        if done < due {
+            let before = ticks.then(unix_ms);
+            while done < due {
+                null.writev9();
+                done += 1;
+            }
+            if let Some(before) = before {
+                let _ = writeln!(out, "tick {before} {} {done}", unix_ms());
+            }
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+    let _ = out.flush();
+    drop(out);
     let elapsed = start.elapsed().as_secs_f64();
     println!(
         "{done} writev calls in {elapsed:.3} s, {:.1} per second",

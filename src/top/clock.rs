@@ -3,16 +3,20 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// `2026-11-29T17:30:01Z`.
+/// `2026-11-29T17:30:01.250Z`: to the millisecond, so that an interval can
+/// be lined up with other timestamped data (and one-second intervals told
+/// apart from their neighbours).
 pub fn rfc3339_utc(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let since = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
         rem / 3600,
         rem % 3600 / 60,
-        rem % 60
+        rem % 60,
+        since.subsec_millis()
     )
 }
 
@@ -39,9 +43,11 @@ mod tests {
     #[test]
     fn timestamps() {
         let at = |s| rfc3339_utc(UNIX_EPOCH + Duration::from_secs(s));
-        assert_eq!(at(0), "1970-01-01T00:00:00Z");
-        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(at(1_796_059_801), "2026-11-30T17:30:01Z");
-        assert_eq!(at(4_102_444_799), "2099-12-31T23:59:59Z");
+        assert_eq!(at(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(at(951_782_400), "2000-02-29T00:00:00.000Z");
+        assert_eq!(at(1_796_059_801), "2026-11-30T17:30:01.000Z");
+        assert_eq!(at(4_102_444_799), "2099-12-31T23:59:59.000Z");
+        let late = UNIX_EPOCH + Duration::from_millis(1_796_059_801_999);
+        assert_eq!(rfc3339_utc(late), "2026-11-30T17:30:01.999Z");
     }
 }
