@@ -287,7 +287,7 @@ impl Background {
 
     /// Waits for a stderr line containing `needle`.
     pub fn wait_for(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let deadline = Instant::now() + HANG_LIMIT;
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             match self.lines.recv_timeout(left) {
                 Ok(line) => {

@@ -71,7 +71,7 @@ impl Tmux {
     }
     /// Waits until the screen satisfies `pred`; panics with the screen if not.
     pub fn wait_for(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + super::HANG_LIMIT;
         loop {
             let screen = self.capture();
             if pred(&screen) {
