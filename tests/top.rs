@@ -25,17 +25,20 @@ const TOLERANCE: f64 = 0.10;
 /// A writev loop for `-p`. Its runs are long (20 s) so that kheap attaches
 /// well inside them even in a qemu TCG guest, where loading the BPF object
 /// takes seconds (libbpf reads /proc/kallsyms for its __ksym externs); the
-/// tests drop the loop as soon as kheap is done.
-struct Loop(Option<Child>);
+/// tests drop the loop as soon as kheap is done. It logs its bursts of
+/// calls to a file in its own directory.
+struct Loop(Option<Child>, tempfile::TempDir);
 
 impl Loop {
     fn start(secs: u32) -> Loop {
+        let dir = tempfile::tempdir().unwrap();
+        let ticks = format!("ticks={}", dir.path().join("ticks").display());
         let child = Command::new(LOAD)
-            .args(["writev-rate", &RATE.to_string(), &secs.to_string(), "ticks"])
+            .args(["writev-rate", &RATE.to_string(), &secs.to_string(), &ticks])
             .stdout(Stdio::piped())
             .spawn()
             .expect("starting kheap-load");
-        Loop(Some(child))
+        Loop(Some(child), dir)
     }
     fn pid(&self) -> u32 {
         self.0.as_ref().unwrap().id()
@@ -51,10 +54,11 @@ impl Loop {
             .read_to_string(&mut out)
             .unwrap();
         assert!(child.wait().unwrap().success());
+        let ticks = std::fs::read_to_string(self.1.path().join("ticks")).unwrap();
         let mut bursts = Vec::new();
         let mut before_burst = 0;
-        for line in out.lines().filter(|l| l.starts_with("tick ")) {
-            let w: Vec<u64> = line[5..].split(' ').map(|x| x.parse().unwrap()).collect();
+        for line in ticks.lines() {
+            let w: Vec<u64> = line.split(' ').map(|x| x.parse().unwrap()).collect();
             bursts.push(Burst {
                 from_ms: w[0],
                 to_ms: w[1],
@@ -64,7 +68,7 @@ impl Loop {
             before_burst = w[2];
         }
         // "N writev calls in S s, R per second"
-        let words: Vec<&str> = out.lines().last().unwrap().split_whitespace().collect();
+        let words: Vec<&str> = out.split_whitespace().collect();
         let calls: f64 = words[0].parse().unwrap();
         let secs: f64 = words[4].parse().unwrap();
         LoopLog {

@@ -13,15 +13,17 @@
 //!   kheap-load malloc COUNT SIZE            COUNT pairs of malloc(SIZE) and
 //!       free() through the C library (for `kheap malloc`). Prints CPU ns
 //!       per pair.
-//!   kheap-load writev-rate RATE SECS [wait] [ticks]  the same call, paced
-//!       at RATE calls per second for SECS seconds (catching up if it falls
-//!       behind). Prints the calls made, the time taken and the rate
+//!   kheap-load writev-rate RATE SECS [wait] [ticks=FILE]  the same call,
+//!       paced at RATE calls per second for SECS seconds (catching up if it
+//!       falls behind). Prints the calls made, the time taken and the rate
 //!       achieved. With `wait`, starts only after reading a line from stdin
-//!       (so a tracer can be attached to its PID first). With `ticks`, also
-//!       prints `tick MS_BEFORE MS_AFTER CALLS` (Unix time in ms, calls
-//!       made so far) for every burst of calls, first: when the loop fell
-//!       behind (a busy or emulated CPU), a test can still count the calls
-//!       made in any time window.
+//!       (so a tracer can be attached to its PID first). With `ticks=FILE`,
+//!       writes `MS_BEFORE MS_AFTER CALLS` (Unix time in ms, calls made so
+//!       far) to FILE for every burst of calls: when the loop fell behind (a
+//!       busy or emulated CPU), a test can still count the calls made in any
+//!       time window. They are kept in memory and written at the end: a
+//!       write while the loop runs would allocate kernel memory (page
+//!       cache, journal) under the loop's PID.
 //!   kheap-load pages COUNT [HOLD_SECS]      COUNT anonymous pages, without
 //!       huge pages, faulted in for writing by MADV_POPULATE_WRITE: COUNT
 //!       order-0 allocations in do_anonymous_page under madvise_populate;
@@ -108,12 +110,16 @@ fn main() {
             arg(&args, 5),
         ),
         Some("writev-rate") => {
-            let flag = |f: &str| args.iter().skip(4).any(|a| a == f);
-            if flag("wait") {
+            let extra = &args[args.len().min(4)..];
+            let ticks = extra.iter().find_map(|a| a.strip_prefix("ticks="));
+            let ticks = ticks.map(|path| {
+                std::fs::File::create(path).unwrap_or_else(|e| fail(&format!("{path}: {e}")))
+            });
+            if extra.iter().any(|a| a == "wait") {
                 let mut line = String::new();
                 let _ = std::io::stdin().read_line(&mut line);
             }
-            writev_rate(arg(&args, 2), arg(&args, 3), flag("ticks"))
+            writev_rate(arg(&args, 2), arg(&args, 3), ticks)
         }
         _ => usage(),
     }
@@ -312,7 +318,7 @@ fn writev(count: u64) {
     println!("{count} writev calls, {ns:.1} ns per call");
 }
 
-fn writev_rate(rate: u64, secs: f64, ticks: bool) {
+fn writev_rate(rate: u64, secs: f64, ticks: Option<std::fs::File>) {
     use std::io::Write;
     let unix_ms = || {
         std::time::SystemTime::now()
@@ -321,7 +327,18 @@ fn writev_rate(rate: u64, secs: f64, ticks: bool) {
             .as_millis()
     };
     let null = DevNull::open();
-    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    // Touched before the loop: growing it inside would fault in pages
+    // and map memory, kernel allocations of their own. One burst per 2 ms
+    // at most, with room to spare.
+    let mut bursts = vec![
+        (0u128, 0u128, 0u64);
+        if ticks.is_some() {
+            (secs * 600.0) as usize + 16
+        } else {
+            0
+        }
+    ];
+    let mut logged = 0;
     let start = Instant::now();
     let mut done = 0u64;
     loop {
@@ -333,19 +350,25 @@ fn writev_rate(rate: u64, secs: f64, ticks: bool) {
         // average even when the CPU is busy.
         let due = (elapsed * rate as f64) as u64;
         if done < due {
-            let before = ticks.then(unix_ms);
+            let before = ticks.is_some().then(unix_ms);
             while done < due {
                 null.writev9();
                 done += 1;
             }
-            if let Some(before) = before {
-                let _ = writeln!(out, "tick {before} {} {done}", unix_ms());
+            if let (Some(before), Some(slot)) = (before, bursts.get_mut(logged)) {
+                *slot = (before, unix_ms(), done);
+                logged += 1;
             }
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    let _ = out.flush();
-    drop(out);
+    if let Some(file) = ticks {
+        let mut out = std::io::BufWriter::new(file);
+        for (before, after, done) in &bursts[..logged] {
+            let _ = writeln!(out, "{before} {after} {done}");
+        }
+        let _ = out.flush();
+    }
     let elapsed = start.elapsed().as_secs_f64();
     println!(
         "{done} writev calls in {elapsed:.3} s, {:.1} per second",
