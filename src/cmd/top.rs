@@ -107,8 +107,8 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     // The first interval starts at a baseline read, not at attach time:
     // whatever happened before it is not in any interval.
     let mut tracker = Tracker::new();
-    tracker.interval(session.snapshot()?);
     let last_read = Instant::now();
+    tracker.interval(session.snapshot()?);
     let run_time = stats.as_ref().map(|_| session.run_time());
     let usage = self_usage();
     // Said once counting has begun: every event after this line is in an
@@ -198,10 +198,13 @@ impl Top<'_> {
     /// interval; then deletes entries idle for too long.
     fn read_interval(&mut self) -> Result<Interval> {
         // Everything that measures the interval is read together, before
-        // the slower symbolizing and building.
-        let snap = self.session.snapshot()?;
+        // the slower symbolizing and building. The clocks first: the
+        // snapshot reads the per-site counts right away and the stacks
+        // last (slowly, under emulation), so an interval ends when its
+        // counts were read, not when its stacks were.
         let now = Instant::now();
         let time = rfc3339_utc(SystemTime::now());
+        let snap = self.session.snapshot()?;
         let run_time = match self.run_time {
             Some(_) => Some(self.session.run_time()),
             None => None,
