@@ -68,7 +68,9 @@ impl<'cb> UserStackRing<'cb> {
         Ok(UserStackRing(b.build()?))
     }
 
-    /// Handles what is waiting, waiting at most `timeout` for something. A
+    /// Waits at most `timeout` for a wakeup, then handles what is waiting.
+    /// Most copies do not wake the reader (`copy_wakeup` in
+    /// bpf/user_stack.bpf.h): they are read when the wait times out. A
     /// signal (Ctrl-C) ends the wait early, and is not an error.
     pub fn poll(&self, timeout: Duration) -> Result<()> {
         let n = self.0.poll_raw(timeout);
@@ -78,7 +80,7 @@ impl<'cb> UserStackRing<'cb> {
                 std::io::Error::from_raw_os_error(-n)
             );
         }
-        Ok(())
+        self.drain()
     }
 
     /// Handles everything waiting.
