@@ -167,8 +167,7 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	struct stack_frames *frames = NULL;
 	struct thread_state *t;
 	struct malloc_stats *s;
-	bool created = false;
-	enum stack_result stack;
+	bool created = false, captured;
 	__u64 stack_id = 0;
 	__u32 bucket;
 
@@ -201,12 +200,21 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	t->free_active = 0;
 
 	/* A stack not kept (map full, or not captured) is counted as lost. */
-	stack = store_stack(ctx, BPF_F_USER_STACK, &stack_id, &frames);
-	key.stack_id = stack == STACK_OK ? (__s64)stack_id : -1;
-	if (stack != STACK_OK)
+	captured = capture_stack(ctx, BPF_F_USER_STACK, &stack_id, &frames);
+	key.stack_id = captured ? (__s64)stack_id : -1;
+	if (!captured)
 		COUNT(lost_stacks);
 
 	s = bpf_map_lookup_elem(&sites, &key);
+	/* A row's stack is stored before the row is created, and this object
+	 * never deletes stacks: a row found has its stack stored, and only a
+	 * new row's stack needs looking up in the stack map. */
+	if (!s && captured && frames &&
+	    keep_stack(stack_id, frames) == STACK_MAP_FULL) {
+		COUNT(lost_stacks);
+		key.stack_id = -1;
+		s = bpf_map_lookup_elem(&sites, &key);
+	}
 	if (!s) {
 		long err = bpf_map_update_elem(&sites, &key, &zero_stats,
 					       BPF_NOEXIST);
@@ -228,7 +236,7 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	s->hist[hist_index(bucket)]++;
 	if (created && frames) {
 		/* the frames of a failed capture are stale: keep none */
-		if (stack == STACK_NOT_CAPTURED)
+		if (!captured)
 			frames->ip[1] = 0;
 		record_stack_vmas(frames, key.mm, key.caller);
 	}

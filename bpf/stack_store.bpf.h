@@ -27,25 +27,25 @@ enum stack_result {
 };
 
 /* Captures the current stack (kernel, or user with BPF_F_USER_STACK in
- * flags), stores it if it is new, and sets *id to its hash (> 0). The frames
- * stay in *frames (per-CPU scratch) until the next capture on this CPU. */
-static __always_inline enum stack_result
-store_stack(void *ctx, __u64 flags, __u64 *id, struct stack_frames **frames)
+ * flags) into per-CPU scratch and sets *id to its hash (> 0). The frames
+ * stay in *frames until the next capture on this CPU (*frames is set even
+ * when the capture fails). Returns whether a stack was captured. */
+static __always_inline bool capture_stack(void *ctx, __u64 flags, __u64 *id,
+					  struct stack_frames **frames)
 {
 	__u32 zero = 0;
 	struct stack_frames *f = bpf_map_lookup_elem(&stack_scratch, &zero);
 	__u64 h = 0xcbf29ce484222325ULL;
 	long len;
-	int err;
 
 	if (!f)
-		return STACK_NOT_CAPTURED;
+		return false;
 	/* bpf_get_stack zeroes the buffer past the last frame, so equal
 	 * stacks are equal buffers. */
 	*frames = f;
 	len = bpf_get_stack(ctx, f->ip, sizeof(f->ip), flags);
 	if (len <= 0)
-		return STACK_NOT_CAPTURED;
+		return false;
 	for (int i = 0; i < KHEAP_STACK_DEPTH; i++) {
 		if (i * 8 >= len)
 			break;
@@ -59,13 +59,32 @@ store_stack(void *ctx, __u64 flags, __u64 *id, struct stack_frames **frames)
 	if (!h)
 		h = 1;
 	*id = h;
-	if (bpf_map_lookup_elem(&stack_traces, &h))
+	return true;
+}
+
+/* Stores a captured stack under its hash if it is not stored yet. */
+static __always_inline enum stack_result keep_stack(__u64 id,
+						    struct stack_frames *f)
+{
+	int err;
+
+	if (bpf_map_lookup_elem(&stack_traces, &id))
 		return STACK_OK;
 	/* int: 6.1 zero-extends helper errors from 32 bits */
-	err = bpf_map_update_elem(&stack_traces, &h, f, BPF_NOEXIST);
+	err = bpf_map_update_elem(&stack_traces, &id, f, BPF_NOEXIST);
 	if (err && err != -KHEAP_EEXIST)
 		return STACK_MAP_FULL;
 	return STACK_OK;
+}
+
+/* Captures the current stack and stores it if it is new: capture_stack,
+ * then keep_stack. */
+static __always_inline enum stack_result
+store_stack(void *ctx, __u64 flags, __u64 *id, struct stack_frames **frames)
+{
+	if (!capture_stack(ctx, flags, id, frames))
+		return STACK_NOT_CAPTURED;
+	return keep_stack(*id, *frames);
 }
 
 #endif /* KHEAP_STACK_STORE_BPF_H */

@@ -67,6 +67,25 @@ static __always_inline __u32 copy_stack_top(__u8 *dst, __u64 start)
 	return copied;
 }
 
+/* Whether a copy wakes the reader (submit flags). A wakeup is an irq_work:
+ * a self-interrupt on the traced CPU (a VM exit in a guest) and a context
+ * switch to kheap, once per copy when the reader keeps up. The reader looks
+ * at the ring every few milliseconds anyway, so only a new row's copy (read
+ * while its process still lives: user space reads its mappings then) and
+ * the copy that fills the ring past a quarter (so a burst cannot fill it
+ * before the next look) wake it. */
+static __always_inline __u64 copy_wakeup(bool first)
+{
+	__u64 quarter = bpf_ringbuf_query(&user_stacks, BPF_RB_RING_SIZE) / 4;
+	__u64 waiting = bpf_ringbuf_query(&user_stacks, BPF_RB_AVAIL_DATA);
+
+	if (first || (waiting >= quarter &&
+		      waiting < quarter + sizeof(struct user_stack_sample) +
+					BPF_RINGBUF_HDR_SZ))
+		return BPF_RB_FORCE_WAKEUP;
+	return BPF_RB_NO_WAKEUP;
+}
+
 /* Called on the counted path of an allocator's entry probe: copies this
  * call's stack if it is sampled. `first` forces a copy (a new row). */
 static __always_inline void maybe_copy_user_stack(struct pt_regs *ctx,
@@ -98,7 +117,7 @@ static __always_inline void maybe_copy_user_stack(struct pt_regs *ctx,
 		return;
 	}
 	USER_STACK_COUNT(sampled);
-	bpf_ringbuf_submit(s, 0);
+	bpf_ringbuf_submit(s, copy_wakeup(first));
 }
 
 #endif /* KHEAP_USER_STACK_BPF_H */

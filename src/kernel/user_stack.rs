@@ -68,10 +68,18 @@ impl<'cb> UserStackRing<'cb> {
         Ok(UserStackRing(b.build()?))
     }
 
-    /// Handles what is waiting, waiting at most `timeout` for something. A
+    /// Handles what is waiting; if nothing was, waits at most `timeout` for
+    /// a wakeup and handles what came. Most copies do not wake the reader
+    /// (`copy_wakeup` in bpf/user_stack.bpf.h): they are found here, and
+    /// while there are some, more may be coming, so there is no wait. A
     /// signal (Ctrl-C) ends the wait early, and is not an error.
     pub fn poll(&self, timeout: Duration) -> Result<()> {
-        let n = self.0.poll_raw(timeout);
+        let handled = self.0.consume_raw();
+        let n = if handled == 0 {
+            self.0.poll_raw(timeout)
+        } else {
+            handled
+        };
         if n < 0 && n != -libc::EINTR {
             anyhow::bail!(
                 "reading the user stack ring: {}",
