@@ -268,7 +268,7 @@ mod tests {
         fn top_interval() {
             use crate::top::view::{Interval, TopSort};
             let iv = Interval {
-                time: "2026-11-30T21:00:00Z".into(),
+                time: "2026-11-30T21:00:00.000Z".into(),
                 interval_s: 1.0,
                 aged_out: 3,
                 overhead: Default::default(),

@@ -92,7 +92,7 @@ mod tests {
 
     fn interval() -> Interval {
         Interval {
-            time: "2026-11-29T17:30:01Z".into(),
+            time: "2026-11-29T17:30:01.000Z".into(),
             interval_s: 1.0,
             aged_out: 0,
             overhead: Default::default(),
@@ -118,7 +118,7 @@ mod tests {
             None,
         );
         assert!(!t.contains('\x1b'), "no escape codes: {t:?}");
-        assert!(t.starts_with("kheap top  2026-11-29T17:30:01Z"), "{t}");
+        assert!(t.starts_with("kheap top  2026-11-29T17:30:01.000Z"), "{t}");
         assert!(t.contains("load_msg+0x10"), "{t}");
         assert!(!t.contains("simple_xattr_alloc"), "cut to one row: {t}");
         assert!(t.contains("rows: 1 of 2 (1 hidden)"), "{t}");
@@ -179,7 +179,7 @@ mod tests {
             v["schema_version"],
             crate::contract::Kind::Top.schema_version()
         );
-        assert_eq!(v["time"], "2026-11-29T17:30:01Z");
+        assert_eq!(v["time"], "2026-11-29T17:30:01.000Z");
         assert_eq!(v["interval_s"], 1.0);
         assert!(v["overhead"]["bpf_cpu_pct"].is_number());
         assert_eq!(v["sites"].as_array().unwrap().len(), 1);

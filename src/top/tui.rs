@@ -445,7 +445,7 @@ mod tests {
     fn screen_text(a: &App) -> String {
         let report = report_of(&sample_snapshot(), 10, 1.0);
         let iv = Interval {
-            time: "2026-11-29T17:30:01Z".into(),
+            time: "2026-11-29T17:30:01.000Z".into(),
             interval_s: 1.0,
             report,
             ..Default::default()
@@ -470,7 +470,7 @@ mod tests {
     fn draws_header_rows_and_expanded_stack() {
         let mut a = app();
         let s = screen_text(&a);
-        assert_contains(&s, &["kheap top  2026-11-29T17:30:01Z", "alloc/s"]);
+        assert_contains(&s, &["kheap top  2026-11-29T17:30:01.000Z", "alloc/s"]);
         let first = s.lines().position(|l| l.contains("load_msg+0x10")).unwrap();
         let second = s
             .lines()

@@ -601,7 +601,7 @@ mod tests {
     #[test]
     fn header_says_rates_losses_sampling_and_overhead() {
         let iv = Interval {
-            time: "2026-11-29T17:30:01Z".into(),
+            time: "2026-11-29T17:30:01.000Z".into(),
             interval_s: 2.0,
             aged_out: 3,
             overhead: Overhead {
@@ -624,7 +624,7 @@ mod tests {
         assert_contains(
             &h,
             &[
-                "2026-11-29T17:30:01Z",
+                "2026-11-29T17:30:01.000Z",
                 "[PAUSED]",
                 "650 allocs/s, 450 frees/s",
                 "sampled 1 in 10",
