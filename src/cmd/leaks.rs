@@ -233,7 +233,10 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let mut outstanding = report.outstanding_by_source(Geometry::read());
     if let Some(l) = &snap.leaks {
         if cfg.sources.contains(Source::Page) {
-            let freed = l.events.page_bytes_freed_untracked - page_frees_before;
+            let freed = l
+                .events
+                .page_bytes_freed_untracked
+                .saturating_sub(page_frees_before);
             outstanding.entry(Source::Page).or_default().freed_untracked =
                 freed * u64::from(l.sample_every.max(1));
         }
