@@ -183,6 +183,10 @@ struct counters {
 	__u64 source_frees[KHEAP_SOURCES];
 	/* pages whose use was reclassified (page to slab) after counting */
 	__u64 pages_reclassified;
+	/* leaks: bytes of the page frees of pages not tracked (allocated
+	 * before tracing), PAGE_SIZE << order each: the frees the
+	 * accounting's page row needs beside the outstanding pages */
+	__u64 page_bytes_freed_untracked;
 };
 
 /* One object allocated while tracking outstanding memory and not yet seen

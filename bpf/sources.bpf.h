@@ -16,27 +16,27 @@
 #ifndef KHEAP_SOURCES_BPF_H
 #define KHEAP_SOURCES_BPF_H
 
-/* Frees of a source: the total free counter and the source's own. */
-static __always_inline void count_source_free(const void *ptr, __u32 source)
+/* Frees of a source: the total free counter and the source's own. Under
+ * leaks, true when the object was not tracked. */
+static __always_inline bool count_source_free(const void *ptr, __u32 source)
 {
 	struct counters *c;
 
-	if (cfg.track_live) {
-		track_free((__u64)ptr);
-		return;
-	}
+	if (cfg.track_live)
+		return track_free((__u64)ptr);
 	if (filter_active(&cfg.filter) &&
 	    !task_passes(&cfg.filter, bpf_get_current_pid_tgid() >> 32))
-		return;
+		return false;
 	c = counters_get();
 	if (!c)
-		return;
+		return false;
 	if (!ptr) {
 		c->frees_null++;
-		return;
+		return false;
 	}
 	c->frees++;
 	c->source_frees[source & (KHEAP_SOURCES - 1)]++;
+	return false;
 }
 
 /* ---- page allocator: kmem:mm_page_alloc, mm_page_free ---- */
@@ -125,7 +125,13 @@ int page_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 SEC("raw_tp/mm_page_free")
 int page_free_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	count_source_free((const void *)ctx->args[0], KHEAP_SOURCE_PAGE);
+	__u32 order = ctx->args[1];
+
+	/* A page allocated before tracing: the accounting's page row needs
+	 * its bytes (MemFree rises by them), which no live entry holds. */
+	if (count_source_free((const void *)ctx->args[0], KHEAP_SOURCE_PAGE))
+		COUNT_ADD(page_bytes_freed_untracked,
+			  1ULL << ((cfg.page_shift + order) & 63));
 	return 0;
 }
 

@@ -20,6 +20,7 @@ use crate::kernel::storage::ObjectStorage;
 use crate::leaks::meminfo::{account, Geometry, MemInfo};
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
 use crate::model::snapshot::Snapshot;
+use crate::model::Source;
 use crate::render::Format;
 use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::symbolize::KernelSymbols;
@@ -134,6 +135,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
     // Sources beyond the slab are compared with /proc/meminfo over the run.
     let meminfo_before = (!cfg.sources.is_default()).then(MemInfo::read);
+    let page_frees_before = session.page_bytes_freed_untracked()?;
     // The traced time runs from attach to detach: the command may well be
     // done while the symbols below load.
     let start = Instant::now();
@@ -228,7 +230,17 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     drop(session);
     let mut report = build(&mut snap, "leaks", duration_s, info);
     report.name_cgroups(&mut cgroup_names);
-    let outstanding = report.outstanding_by_source(Geometry::read());
+    let mut outstanding = report.outstanding_by_source(Geometry::read());
+    if let Some(l) = &snap.leaks {
+        if cfg.sources.contains(Source::Page) {
+            let freed = l
+                .events
+                .page_bytes_freed_untracked
+                .saturating_sub(page_frees_before);
+            outstanding.entry(Source::Page).or_default().freed_untracked =
+                freed * u64::from(l.sample_every.max(1));
+        }
+    }
     if let (Some(before), Some(l)) = (&meminfo_before, report.leaks.as_mut()) {
         l.accounting = account(cfg.sources, &outstanding, before, &meminfo_after);
     }

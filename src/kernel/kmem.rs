@@ -590,6 +590,14 @@ impl<'obj> Tracer<'obj> {
         }
     }
 
+    /// Bytes of the page frees of pages not tracked so far (leaks): read
+    /// when /proc/meminfo is, so that frees between attaching and that read
+    /// (the tracer's own start-up memory going back) count on neither side.
+    pub fn page_bytes_freed_untracked(&self) -> Result<u64> {
+        let c: types::counters = maps::read_percpu_slot0(&self.skel.maps.counters)?;
+        Ok(c.page_bytes_freed_untracked)
+    }
+
     /// The status line's counters: one read of the per-CPU counters slot
     /// (no walk of the aggregation maps, however big they are). Map fill
     /// comes from entries counted as they are created, which holds while
@@ -676,6 +684,7 @@ impl<'obj> Tracer<'obj> {
                 reused_live: c.reused_live,
                 map_full_live: c.map_full_live,
                 map_busy: c.map_busy,
+                page_bytes_freed_untracked: c.page_bytes_freed_untracked,
             },
             sample_every: lcfg.sample_every.max(1),
             min_age_ns: 0,

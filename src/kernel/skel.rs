@@ -58,7 +58,8 @@ impl_sum!(types::counters {
     cgroups_created,
     live_added,
     live_removed,
-    pages_reclassified;
+    pages_reclassified,
+    page_bytes_freed_untracked;
     source_frees
 });
 

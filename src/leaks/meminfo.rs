@@ -35,9 +35,27 @@ impl MemInfo {
         MemInfo(fields)
     }
 
-    /// The running system's, or empty if it cannot be read.
+    /// The running system's, or empty if it cannot be read, with the free
+    /// pages on the per-CPU lists ([`PCP_LINE`], from /proc/zoneinfo) and
+    /// the kernel's own counts of pages allocated and freed ([`PGALLOC_LINE`],
+    /// [`PGFREE_LINE`], from /proc/vmstat), in bytes.
     pub fn read() -> MemInfo {
-        MemInfo::parse(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default())
+        let text = |path| std::fs::read_to_string(path).unwrap_or_default();
+        let mut m = MemInfo::parse(&text("/proc/meminfo"));
+        let page = Geometry::read().page_size;
+        let vmstat = text("/proc/vmstat");
+        let counts = [
+            (PCP_LINE, pcp_pages(&text("/proc/zoneinfo"))),
+            (
+                PGALLOC_LINE,
+                vmstat_sum(&vmstat, |n| n.starts_with("pgalloc_")),
+            ),
+            (PGFREE_LINE, vmstat_sum(&vmstat, |n| n == "pgfree")),
+        ];
+        for (line, pages) in counts {
+            m.0.insert(line.to_string(), pages * page);
+        }
+        m
     }
 
     fn get(&self, name: &str) -> i64 {
@@ -45,8 +63,42 @@ impl MemInfo {
     }
 }
 
+/// Free pages on the per-CPU lists, which MemFree does not count: a page
+/// freed there fires mm_page_free but reaches MemFree only when the list is
+/// drained, and an allocation served from there leaves MemFree alone. The
+/// lists hold tens to hundreds of MB on a busy machine (`count:` of every
+/// pageset in /proc/zoneinfo), so the page row compares with their sum.
+pub const PCP_LINE: &str = "pcp";
+
+/// Pages allocated (every zone's `pgalloc_*`) and freed (`pgfree`) by the
+/// page allocator, as /proc/vmstat counts them: beside kheap's events, they
+/// show the allocations that fire no mm_page_alloc (the bulk allocator's).
+pub const PGALLOC_LINE: &str = "pgalloc";
+pub const PGFREE_LINE: &str = "pgfree";
+
+/// The sum of the /proc/vmstat counters whose name passes `wanted`.
+fn vmstat_sum(vmstat: &str, wanted: impl Fn(&str) -> bool) -> u64 {
+    vmstat
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(name, _)| wanted(name))
+        .filter_map(|(_, n)| n.trim().parse::<u64>().ok())
+        .sum()
+}
+
+/// The pages on the per-CPU free lists: the `count:` lines of the pagesets
+/// in /proc/zoneinfo.
+pub fn pcp_pages(zoneinfo: &str) -> u64 {
+    zoneinfo
+        .lines()
+        .filter_map(|l| l.trim_start().strip_prefix("count:"))
+        .filter_map(|n| n.trim().parse::<u64>().ok())
+        .sum()
+}
+
 /// The /proc/meminfo line that counts each source's memory. The page
-/// allocator's is MemFree (its drop), less the other sources' lines.
+/// allocator's is the free pages (their drop): MemFree and the per-CPU
+/// lists.
 fn meminfo_line(source: Source) -> &'static str {
     match source {
         Source::Kmalloc => "Slab",
@@ -65,6 +117,12 @@ pub struct SourceOutstanding {
     /// The part of `bytes` its /proc/meminfo line does not count by design
     /// (`AccountingRow::excluded_bytes`).
     pub excluded: u64,
+    /// Outstanding pages that back another source (the page source's
+    /// layers counted elsewhere): not in `bytes`.
+    pub counted_elsewhere: u64,
+    /// Freed during the run though allocated before it (the page source's
+    /// frees of pages it never saw allocated): the line went down by them.
+    pub freed_untracked: u64,
 }
 
 /// One source's line of the accounting.
@@ -80,10 +138,30 @@ pub struct AccountingRow {
     /// pointers (kept in chunk metadata, which is slab or vmalloc memory).
     #[serde(default)]
     pub excluded_bytes: u64,
-    /// What it is compared with, e.g. "VmallocUsed" or "-MemFree - Slab".
+    /// Bytes freed during the run of what was allocated before it, which
+    /// the line lost: the page source's frees of pages it did not see
+    /// allocated (PAGE_SIZE << order each). 0 for the other sources, whose
+    /// free events carry no size.
+    #[serde(default)]
+    pub frees_untracked_bytes: u64,
+    /// The page source's outstanding pages that back slabs, vmalloc areas
+    /// and percpu chunks (not in outstanding_bytes): the page row compares
+    /// every page with the free pages' drop.
+    #[serde(default)]
+    pub counted_elsewhere_bytes: u64,
+    /// The page row only: pages the kernel counted allocated and freed
+    /// over the run (/proc/vmstat `pgalloc_*` and `pgfree`, in bytes), an
+    /// independent measure of what kheap's events should add up to: the
+    /// bulk allocator's pages are in `vmstat_pgalloc_bytes` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmstat_pgalloc_bytes: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vmstat_pgfree_bytes: Option<i64>,
+    /// What it is compared with, e.g. "VmallocUsed" or "-MemFree - pcp".
     pub meminfo: String,
     pub meminfo_change_bytes: i64,
-    /// meminfo_change_bytes - (outstanding_bytes - excluded_bytes).
+    /// meminfo_change_bytes - (outstanding_bytes - excluded_bytes +
+    /// counted_elsewhere_bytes - frees_untracked_bytes).
     pub unexplained_bytes: i64,
 }
 
@@ -136,15 +214,12 @@ pub fn account(
         .iter()
         .map(|source| {
             let (meminfo, delta) = if source == Source::Page {
-                // Memory that left the free pool, less what the other traced
-                // sources' own lines account for.
-                let mut name = "-MemFree".to_string();
-                let mut delta = -change("MemFree");
-                for other in sources.iter().filter(|&s| s != Source::Page) {
-                    name += &format!(" - {}", meminfo_line(other));
-                    delta -= change(meminfo_line(other));
-                }
-                (name, delta)
+                // Every page that left the free pool, whatever it backs:
+                // MemFree and the per-CPU lists it does not count.
+                (
+                    format!("-MemFree - {PCP_LINE}"),
+                    -change("MemFree") - change(PCP_LINE),
+                )
             } else {
                 (
                     meminfo_line(source).to_string(),
@@ -152,13 +227,20 @@ pub fn account(
                 )
             };
             let held = outstanding.get(&source).copied().unwrap_or_default();
+            let compared = held.bytes.saturating_sub(held.excluded) as i64
+                + held.counted_elsewhere as i64
+                - held.freed_untracked as i64;
             AccountingRow {
                 source,
                 outstanding_bytes: held.bytes,
                 excluded_bytes: held.excluded,
+                frees_untracked_bytes: held.freed_untracked,
+                counted_elsewhere_bytes: held.counted_elsewhere,
+                vmstat_pgalloc_bytes: (source == Source::Page).then(|| change(PGALLOC_LINE)),
+                vmstat_pgfree_bytes: (source == Source::Page).then(|| change(PGFREE_LINE)),
                 meminfo,
                 meminfo_change_bytes: delta,
-                unexplained_bytes: delta - held.bytes.saturating_sub(held.excluded) as i64,
+                unexplained_bytes: delta - compared,
             }
         })
         .collect()
@@ -168,8 +250,8 @@ pub fn account(
 mod tests {
     use super::*;
 
-    const BEFORE: &str = "MemTotal:       24684000 kB\nMemFree:         3288668 kB\nSlab:             722164 kB\nVmallocUsed:       73004 kB\nPercpu:            11024 kB\nHugePages_Total:       0\n";
-    const AFTER: &str = "MemFree:         3188668 kB\nSlab:             732164 kB\nVmallocUsed:      137004 kB\nPercpu:            11024 kB\n";
+    const BEFORE: &str = "MemTotal:       24684000 kB\nMemFree:         3288668 kB\nSlab:             722164 kB\nVmallocUsed:       73004 kB\nPercpu:            11024 kB\nHugePages_Total:       0\npcp:               40000 kB\n";
+    const AFTER: &str = "MemFree:         3188668 kB\nSlab:             732164 kB\nVmallocUsed:      137004 kB\nPercpu:            11024 kB\npcp:               50000 kB\n";
 
     #[test]
     fn parses_kilobytes_and_counts() {
@@ -180,12 +262,26 @@ mod tests {
     }
 
     #[test]
-    fn page_allocator_is_memfree_less_the_other_traced_lines() {
-        let held = |bytes, excluded| SourceOutstanding { bytes, excluded };
+    fn page_allocator_is_every_page_against_the_free_pages() {
+        let held = |bytes, excluded| SourceOutstanding {
+            bytes,
+            excluded,
+            ..Default::default()
+        };
         let outstanding = HashMap::from([
             (Source::Kmalloc, held(10_000 * 1024, 0)),
             (Source::Vmalloc, held(64_000 * 1024 + 3 * 4096, 2 * 4096)),
-            (Source::Page, held(20_000 * 1024, 0)),
+            (
+                Source::Page,
+                SourceOutstanding {
+                    // 12000 kB of direct pages, 74000 kB behind slabs and
+                    // vmalloc areas, 2000 kB freed that were allocated
+                    // before the run
+                    counted_elsewhere: 74_000 * 1024,
+                    freed_untracked: 2_000 * 1024,
+                    ..held(12_000 * 1024, 0)
+                },
+            ),
         ]);
         let rows = account(
             Sources::all(),
@@ -194,25 +290,39 @@ mod tests {
             &MemInfo::parse(AFTER),
         );
         let page = rows.iter().find(|r| r.source == Source::Page).unwrap();
-        assert_eq!(page.meminfo, "-MemFree - Slab - VmallocUsed - Percpu");
-        // 100000 kB left the free pool: 10000 slab, 64000 vmalloc.
-        assert_eq!(page.meminfo_change_bytes, 26_000 * 1024);
+        assert_eq!(page.meminfo, "-MemFree - pcp");
+        // 100000 kB left MemFree, 10000 kB of it free on the per-CPU lists.
+        assert_eq!(page.meminfo_change_bytes, 90_000 * 1024);
         assert_eq!(page.unexplained_bytes, 6_000 * 1024);
+        assert_eq!(
+            (page.counted_elsewhere_bytes, page.frees_untracked_bytes),
+            (74_000 * 1024, 2_000 * 1024)
+        );
         // What VmallocUsed does not count (a guard page, a vmap area) is
         // no remainder.
         let vmalloc = rows.iter().find(|r| r.source == Source::Vmalloc).unwrap();
         assert_eq!(vmalloc.excluded_bytes, 2 * 4096);
         assert_eq!(vmalloc.unexplained_bytes, -4096);
+        assert_eq!(vmalloc.vmstat_pgalloc_bytes, None);
         let percpu = rows.iter().find(|r| r.source == Source::Percpu).unwrap();
         assert_eq!((percpu.outstanding_bytes, percpu.unexplained_bytes), (0, 0));
-        // Only the page source: all of MemFree's drop is its.
+        // The page row does not depend on which other sources are traced.
         let only = account(
             Sources::only(Source::Page),
             &outstanding,
             &MemInfo::parse(BEFORE),
             &MemInfo::parse(AFTER),
         );
-        assert_eq!(only[0].meminfo_change_bytes, 100_000 * 1024);
+        assert_eq!(only[0], *page);
+    }
+
+    #[test]
+    fn reads_per_cpu_lists_and_vmstat_counters() {
+        let zoneinfo = "Node 0, zone   Normal\n  pages free     1000\n  pagesets\n    cpu: 0\n              count: 12\n              high:  100\n    cpu: 1\n              count: 30\n";
+        assert_eq!(pcp_pages(zoneinfo), 42);
+        let vmstat = "nr_free_pages 5\npgalloc_dma 1\npgalloc_normal 20\npgalloc_movable 3\npgfree 17\npgfree_x 9\n";
+        assert_eq!(vmstat_sum(vmstat, |n| n.starts_with("pgalloc_")), 24);
+        assert_eq!(vmstat_sum(vmstat, |n| n == "pgfree"), 17);
     }
 
     #[test]

@@ -132,10 +132,32 @@ pub fn leak_header(r: &Report) -> String {
         l.unseen_free_paths.join("; ")
     );
     for a in &l.accounting {
-        let excluded = if a.excluded_bytes > 0 {
-            format!(" ({} not in {})", human_size(a.excluded_bytes), a.meminfo)
-        } else {
+        let mut notes = Vec::new();
+        if a.excluded_bytes > 0 {
+            notes.push(format!(
+                "{} not in {}",
+                human_size(a.excluded_bytes),
+                a.meminfo
+            ));
+        }
+        // The page row compares every page: those backing other sources
+        // count, and so do frees of pages allocated before the run.
+        if a.counted_elsewhere_bytes > 0 {
+            notes.push(format!(
+                "+{} backing other sources",
+                human_size(a.counted_elsewhere_bytes)
+            ));
+        }
+        if a.frees_untracked_bytes > 0 {
+            notes.push(format!(
+                "-{} freed, allocated before the run",
+                human_size(a.frees_untracked_bytes)
+            ));
+        }
+        let excluded = if notes.is_empty() {
             String::new()
+        } else {
+            format!(" ({})", notes.join(", "))
         };
         let _ = writeln!(
             s,

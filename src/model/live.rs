@@ -217,6 +217,10 @@ pub struct LeakEvents {
     pub reused_live: u64,
     pub map_full_live: u64,
     pub map_busy: u64,
+    /// Bytes of the page frees among `frees_untracked` (PAGE_SIZE << order
+    /// each): pages allocated before tracing that went back to the
+    /// allocator.
+    pub page_bytes_freed_untracked: u64,
 }
 
 /// The leak tracer's view at one moment, as input to `report::build`.

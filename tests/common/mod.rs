@@ -287,7 +287,14 @@ impl Background {
 
     /// Waits for a stderr line containing `needle`.
     pub fn wait_for(&mut self, needle: &str) -> String {
-        let deadline = Instant::now() + HANG_LIMIT;
+        self.wait_for_within(needle, HANG_LIMIT)
+    }
+
+    /// Waits at most `limit` for a stderr line containing `needle` (a
+    /// kheap loading every source took over 20 s to start under TCG on
+    /// 6.1: a limit above HANG_LIMIT is for such starts).
+    pub fn wait_for_within(&mut self, needle: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
         while let Some(left) = deadline.checked_duration_since(Instant::now()) {
             match self.lines.recv_timeout(left) {
                 Ok(line) => {
