@@ -242,7 +242,15 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         }
     }
     if let (Some(before), Some(l)) = (&meminfo_before, report.leaks.as_mut()) {
-        l.accounting = account(cfg.sources, &outstanding, before, &meminfo_after);
+        let filters = args.trace.filters.describe();
+        if filters.is_empty() {
+            l.accounting = account(cfg.sources, &outstanding, before, &meminfo_after);
+        } else {
+            l.accounting_skipped = Some(format!(
+                "not compared with /proc/meminfo, which counts the whole machine: this run counted only {} (run without filters to compare)",
+                filters.join(", ")
+            ));
+        }
     }
     write_report(report, &args)?;
     Ok(exit_code)
