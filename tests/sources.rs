@@ -854,3 +854,81 @@ fn a_filtered_leaks_run_says_why_it_has_no_accounting() {
     assert!(why.contains("kheap-load' and its children"), "{why}");
     assert!(why.contains("run without filters"), "{why}");
 }
+
+/// A PCI device's expansion ROM (sysfs path, size of its ROM BAR), if the
+/// machine has one: the test guests of scripts/vm-test get an e1000 for it.
+fn pci_rom() -> Option<(std::path::PathBuf, u64)> {
+    let mut devices: Vec<_> = std::fs::read_dir("/sys/bus/pci/devices")
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    devices.sort();
+    devices.into_iter().find_map(|d| {
+        // resource: one "start end flags" line per BAR; the ROM's is the 7th.
+        let resources = std::fs::read_to_string(d.join("resource")).ok()?;
+        let rom: Vec<u64> = resources
+            .lines()
+            .nth(6)?
+            .split_whitespace()
+            .map(|x| u64::from_str_radix(x.trim_start_matches("0x"), 16).unwrap_or(0))
+            .collect();
+        let size = (rom[1] > rom[0]).then(|| rom[1] - rom[0] + 1)?;
+        d.join("rom").exists().then(|| (d.join("rom"), size))
+    })
+}
+
+/// Reading a ROM is enabled by writing 1 to its sysfs file; disabled again
+/// when dropped, also when the test fails.
+struct RomEnabled(std::path::PathBuf);
+
+impl RomEnabled {
+    fn new(rom: &std::path::Path) -> RomEnabled {
+        std::fs::write(rom, "1").expect("enabling the ROM");
+        RomEnabled(rom.to_path_buf())
+    }
+}
+
+impl Drop for RomEnabled {
+    fn drop(&mut self) {
+        let _ = std::fs::write(&self.0, "0");
+    }
+}
+
+/// One read(2) of a PCI expansion ROM through sysfs maps the whole ROM BAR
+/// with ioremap (pci_map_rom) and unmaps it: exactly one vmap area of the
+/// BAR's size and a guard page, labelled ioremap, not vmalloc.
+#[test]
+fn ioremap_areas_are_labelled_apart_from_vmalloc() {
+    require_root();
+    let Some((rom, size)) = pci_rom() else {
+        partial_check(
+            "no PCI device with an expansion ROM here (the scripts/vm-test guests have one): the ioremap label is checked there",
+        );
+        return;
+    };
+    let _enabled = RomEnabled::new(&rom);
+    let input = format!("if={}", rom.display());
+    let r = json_report(
+        "record",
+        &[
+            "--source",
+            "vmalloc",
+            "--exact-stacks",
+            "--",
+            "dd",
+            &input,
+            "of=/dev/null",
+            "bs=4096",
+            "count=1",
+        ],
+    );
+    let (count, req, alloc, caches) = stacks_through(&r, "vmalloc", "pci_map_rom");
+    assert_eq!(count, 1, "one read, one mapping: {:#}", r["stacks"]);
+    assert_eq!((req, alloc), (size + PAGE, size + PAGE));
+    assert_eq!(caches, ["ioremap"]);
+    let row = rows(&r, "caches", "name", "ioremap");
+    assert_eq!(row.len(), 1, "{:#}", r["caches"]);
+    assert_eq!(u(&row[0]["count"]), 1);
+    assert_eq!(row[0]["source"], "vmalloc");
+}
