@@ -228,14 +228,25 @@ static __always_inline __s64 record_stack(void *ctx, bool classic,
 	return id;
 }
 
-/* Fibonacci hashing: allocations are aligned, so the low bits of an address
- * are mostly zero; the high bits of the product mix all of them. */
+/* Whether an object's address is sampled (leaks --sample N). Allocations
+ * are aligned and sit in runs (objects of one slab, pages of one block), so
+ * every bit of the address must move every bit of the hash: a full 64-bit
+ * finalizer (MurmurHash3's fmix64). A middle slice of a Fibonacci product,
+ * used before, picked nearly all or none of 16 consecutive pages (its step
+ * per 4 KiB was 3.96 of 4), and estimates of 4 KiB objects came out 30%
+ * high. */
 static __always_inline bool ptr_traced(__u64 ptr)
 {
+	__u64 h = ptr;
+
 	if (!cfg.ptr_sample_mask)
 		return true;
-	return (((ptr * 0x9E3779B97F4A7C15ULL) >> 40) & cfg.ptr_sample_mask) ==
-	       0;
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdULL;
+	h ^= h >> 33;
+	h *= 0xc4ceb9fe1a85ec53ULL;
+	h ^= h >> 33;
+	return (h & cfg.ptr_sample_mask) == 0;
 }
 
 static __always_inline void count_update_error(int err)
