@@ -842,19 +842,6 @@ fn tables_name_the_source_of_every_row() {
     assert_eq!(anon, N, "{stacks}");
 }
 
-/// A filtered run counts a part of what the whole machine's /proc/meminfo
-/// counts: it says so (and what it counted) instead of an accounting.
-#[test]
-fn a_filtered_leaks_run_says_why_it_has_no_accounting() {
-    require_root();
-    let r = report_json("leaks", &["--source", "all"], &["msg", "10", "100"]);
-    let l = &r["leaks"];
-    assert!(l.get("accounting").is_none(), "{l:#}");
-    let why = l["accounting_skipped"].as_str().expect("no reason given");
-    assert!(why.contains("kheap-load' and its children"), "{why}");
-    assert!(why.contains("run without filters"), "{why}");
-}
-
 /// A PCI device's expansion ROM (sysfs path, size of its ROM BAR), if the
 /// machine has one: the test guests of scripts/vm-test get an e1000 for it.
 fn pci_rom() -> Option<(std::path::PathBuf, u64)> {

@@ -138,11 +138,6 @@ pub struct LeakSummary {
     /// /proc/meminfo (filled by the command, which reads meminfo).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accounting: Vec<AccountingRow>,
-    /// Why there is no accounting although sources beyond kmalloc were
-    /// traced: a filtered run counts a part of what /proc/meminfo, the
-    /// whole machine's, counts.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub accounting_skipped: Option<String>,
 }
 
 /// Free paths of the kernel that emit no kmem:kfree/kmem_cache_free event.
@@ -257,7 +252,6 @@ pub fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Leak
         unseen_free_paths: UNSEEN_FREE_PATHS.iter().map(|s| s.to_string()).collect(),
         processes: process_rows(l, idx, duration_s),
         accounting: Vec::new(),
-        accounting_skipped: None,
     }
 }
 
