@@ -135,7 +135,11 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
     // Sources beyond the slab are compared with /proc/meminfo over the run.
     let meminfo_before = (!cfg.sources.is_default()).then(MemInfo::read);
-    let page_frees_before = session.page_bytes_freed_untracked()?;
+    let page_frees_before = if cfg.sources.contains(Source::Page) {
+        session.page_bytes_freed_untracked()?
+    } else {
+        0
+    };
     // The traced time runs from attach to detach: the command may well be
     // done while the symbols below load.
     let start = Instant::now();
@@ -219,7 +223,8 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     session.detach();
     // Before the command's own cgroup is removed with it (terminate).
     cgroup_names.learn(session.cgroup_ids()?);
-    let meminfo_after = MemInfo::read();
+    // Only when compared: it reads /proc/zoneinfo and /proc/vmstat too.
+    let meminfo_after = meminfo_before.as_ref().map(|_| MemInfo::read());
     let exit_code = ended.report();
     targets.terminate();
     let mut snap = session.snapshot()?;
@@ -241,8 +246,10 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
                 freed * u64::from(l.sample_every.max(1));
         }
     }
-    if let (Some(before), Some(l)) = (&meminfo_before, report.leaks.as_mut()) {
-        l.accounting = account(cfg.sources, &outstanding, before, &meminfo_after);
+    if let (Some(before), Some(after), Some(l)) =
+        (&meminfo_before, &meminfo_after, report.leaks.as_mut())
+    {
+        l.accounting = account(cfg.sources, &outstanding, before, after);
     }
     write_report(report, &args)?;
     Ok(exit_code)

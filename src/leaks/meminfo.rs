@@ -96,16 +96,23 @@ pub fn pcp_pages(zoneinfo: &str) -> u64 {
         .sum()
 }
 
-/// The /proc/meminfo line that counts each source's memory. The page
-/// allocator's is the free pages (their drop): MemFree and the per-CPU
-/// lists.
-fn meminfo_line(source: Source) -> &'static str {
-    match source {
+/// What each source is compared with, and that quantity's change between
+/// two readings (`change` of one line). The page allocator's is every page
+/// that left the free pool, whatever it backs: MemFree's drop and that of
+/// the per-CPU lists MemFree does not count.
+fn compared_with(source: Source, change: impl Fn(&str) -> i64) -> (String, i64) {
+    let line = match source {
         Source::Kmalloc => "Slab",
         Source::Vmalloc => "VmallocUsed",
         Source::Percpu => "Percpu",
-        Source::Page => "MemFree",
-    }
+        Source::Page => {
+            return (
+                format!("-MemFree - {PCP_LINE}"),
+                -change("MemFree") - change(PCP_LINE),
+            )
+        }
+    };
+    (line.to_string(), change(line))
 }
 
 /// What one source holds at the end of the run.
@@ -213,19 +220,7 @@ pub fn account(
     sources
         .iter()
         .map(|source| {
-            let (meminfo, delta) = if source == Source::Page {
-                // Every page that left the free pool, whatever it backs:
-                // MemFree and the per-CPU lists it does not count.
-                (
-                    format!("-MemFree - {PCP_LINE}"),
-                    -change("MemFree") - change(PCP_LINE),
-                )
-            } else {
-                (
-                    meminfo_line(source).to_string(),
-                    change(meminfo_line(source)),
-                )
-            };
+            let (meminfo, delta) = compared_with(source, change);
             let held = outstanding.get(&source).copied().unwrap_or_default();
             let compared = held.bytes.saturating_sub(held.excluded) as i64
                 + held.counted_elsewhere as i64
