@@ -42,7 +42,7 @@ impl Kind {
             // allocated before the run, `frees_untracked_bytes`, taken off)
             // with `-MemFree - pcp`, beside /proc/vmstat's own counts
             // (`vmstat_pgalloc_bytes`, `vmstat_pgfree_bytes`).
-            Kind::Leaks => 5,
+            Kind::Leaks => 6,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound
@@ -142,7 +142,7 @@ mod tests {
         };
         let text = pretty(Kind::Leaks, &body);
         assert!(
-            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 5,\n"),
+            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 6,\n"),
             "{text}"
         );
         assert!(text.ends_with("}\n"));

@@ -249,7 +249,21 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     if let (Some(before), Some(after), Some(l)) =
         (&meminfo_before, &meminfo_after, report.leaks.as_mut())
     {
-        l.accounting = account(cfg.sources, &outstanding, before, after);
+        // The page row compares with the whole machine's free pages, and
+        // takes every task's frees of pages allocated before the run: a
+        // filtered run cannot be read against it. The other rows compare
+        // the traced part with its line, the rest of the machine being the
+        // remainder.
+        let filters = args.trace.filters.describe();
+        let mut sources = cfg.sources;
+        if !filters.is_empty() && sources.contains(Source::Page) {
+            sources = sources.without(Source::Page);
+            l.accounting_skipped = Some(format!(
+                "page row not compared with -MemFree - pcp, which counts the whole machine's pages: this run counted only {} (run without filters to compare it)",
+                filters.join(", ")
+            ));
+        }
+        l.accounting = account(sources, &outstanding, before, after);
     }
     write_report(report, &args)?;
     Ok(exit_code)

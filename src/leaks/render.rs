@@ -131,6 +131,9 @@ pub fn leak_header(r: &Report) -> String {
         "invisible free paths: {}",
         l.unseen_free_paths.join("; ")
     );
+    if let Some(why) = &l.accounting_skipped {
+        let _ = writeln!(s, "accounting: {why}");
+    }
     for a in &l.accounting {
         let mut notes = Vec::new();
         if a.excluded_bytes > 0 {

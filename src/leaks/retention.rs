@@ -138,6 +138,10 @@ pub struct LeakSummary {
     /// /proc/meminfo (filled by the command, which reads meminfo).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accounting: Vec<AccountingRow>,
+    /// Why a row of the accounting is left out: a filtered run cannot be
+    /// compared with the page row's whole-machine free pages.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accounting_skipped: Option<String>,
 }
 
 /// Free paths of the kernel that emit no kmem:kfree/kmem_cache_free event.
@@ -252,6 +256,7 @@ pub fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Leak
         unseen_free_paths: UNSEEN_FREE_PATHS.iter().map(|s| s.to_string()).collect(),
         processes: process_rows(l, idx, duration_s),
         accounting: Vec::new(),
+        accounting_skipped: None,
     }
 }
 

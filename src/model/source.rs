@@ -84,6 +84,11 @@ impl Sources {
         self.0 & (1 << s.raw()) != 0
     }
 
+    /// The set without `s`.
+    pub fn without(self, s: Source) -> Sources {
+        Sources(self.0 & !(1 << s.raw()))
+    }
+
     /// The BPF config's bitmap (`cfg.sources`).
     pub fn bits(self) -> u8 {
         self.0
@@ -246,6 +251,9 @@ mod tests {
         assert_eq!(s.to_string(), "kmalloc,page");
         assert_eq!("all".parse::<Sources>().unwrap(), Sources::all());
         assert_eq!(Sources::all().to_string(), "kmalloc,page,vmalloc,percpu");
+        let no_page = Sources::all().without(Source::Page);
+        assert_eq!(no_page.to_string(), "kmalloc,vmalloc,percpu");
+        assert_eq!(no_page.without(Source::Page), no_page);
         assert!("slab"
             .parse::<Sources>()
             .unwrap_err()
