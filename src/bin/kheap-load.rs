@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
     );
     std::process::exit(2);
 }
@@ -95,6 +95,7 @@ fn main() {
         ),
         Some("writev") => writev(arg(&args, 2)),
         Some("malloc") => malloc_free(arg(&args, 2), arg(&args, 3)),
+        Some("probe-site") => probe_site(&arg::<String>(&args, 2), arg(&args, 3)),
         Some("pages") => pages(arg(&args, 2), args.get(3).map(|_| arg(&args, 3))),
         Some("bpf-array") => bpf_array(
             &arg::<String>(&args, 2),
@@ -388,6 +389,62 @@ fn malloc_free(count: u64, size: usize) {
     }
     let ns = (cpu_time_ns() - start) as f64 / count.max(1) as f64;
     println!("{count} malloc+free pairs of {size} bytes, {ns:.1} ns per pair");
+}
+
+// Two functions that differ only in their first instruction, for
+// scripts/bench-malloc to measure what one uprobe hit costs at each: a
+// 5-byte NOP, which kernels from 6.18 on x86-64 replace with a call into a
+// trampoline after the first hit (an optimized uprobe), and `push %rbp`,
+// which the kernel emulates after a breakpoint trap (as at malloc's first
+// instruction). Global symbols, so that a probe names them.
+#[cfg(target_arch = "x86_64")]
+std::arch::global_asm!(
+    ".globl kheap_load_nop5_site",
+    ".type kheap_load_nop5_site, @function",
+    "kheap_load_nop5_site:",
+    ".byte 0x0f, 0x1f, 0x44, 0x00, 0x00",
+    "mov rax, rdi",
+    "ret",
+    ".size kheap_load_nop5_site, . - kheap_load_nop5_site",
+    ".globl kheap_load_push_site",
+    ".type kheap_load_push_site, @function",
+    "kheap_load_push_site:",
+    "push rbp",
+    "pop rbp",
+    "mov rax, rdi",
+    "ret",
+    ".size kheap_load_push_site, . - kheap_load_push_site",
+);
+
+#[cfg(target_arch = "x86_64")]
+unsafe extern "C" {
+    fn kheap_load_nop5_site(x: u64) -> u64;
+    fn kheap_load_push_site(x: u64) -> u64;
+}
+
+/// COUNT calls of one of the two probe sites above, timed as the malloc
+/// loop is (CPU time of this thread).
+#[cfg(target_arch = "x86_64")]
+fn probe_site(which: &str, count: u64) {
+    let f: unsafe extern "C" fn(u64) -> u64 = match which {
+        "nop5" => kheap_load_nop5_site,
+        "push" => kheap_load_push_site,
+        _ => usage(),
+    };
+    let start = cpu_time_ns();
+    let mut x = 0u64;
+    for i in 0..count {
+        // SAFETY: both functions return their argument and touch nothing.
+        x = x.wrapping_add(unsafe { f(std::hint::black_box(i)) });
+    }
+    let ns = (cpu_time_ns() - start) as f64 / count.max(1) as f64;
+    std::hint::black_box(x);
+    println!("{count} calls of the {which} site, {ns:.1} ns per call");
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn probe_site(_: &str, _: u64) {
+    fail("probe-site: x86-64 only");
 }
 
 /// COUNT order-0 anonymous pages, allocated by one madvise(2) call so the
