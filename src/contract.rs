@@ -47,7 +47,7 @@ impl Kind {
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound
             // (frame_pointer, dwarf, unwind_samples), `lost.unwind_*`.
-            Kind::Malloc => 4,
+            Kind::Malloc => 5,
             Kind::Slab | Kind::Diff => SCHEMA_VERSION,
         }
     }

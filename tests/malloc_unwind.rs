@@ -128,6 +128,7 @@ fn stacks_without_frame_pointers_show_every_function_exactly() {
     assert_eq!(rows.len(), 1, "one stack: {rows:#?}");
     assert_all_levels(rows[0]);
     assert_eq!(totals(&rows), (100, 100 * 48));
+    assert!(rows[0].get("estimated").is_none(), "every call unwound");
     let d = &r["stack_depth"];
     assert!(u(&d["dwarf"]["stacks"]) >= 1, "{d:#}");
     assert!(u(&d["dwarf"]["max_depth"]) >= 7, "{d:#}");
@@ -149,11 +150,82 @@ fn sampled_stacks_without_frame_pointers_show_every_function() {
     assert_eq!(rows.len(), 1, "{rows:#?}");
     assert_all_levels(rows[0]);
     assert_eq!(totals(&rows), (100, 100 * 48), "scaled to the exact counts");
+    assert_eq!(
+        rows[0]["estimated"], true,
+        "attributed from samples: {:#}",
+        rows[0]
+    );
     let d = &r["stack_depth"];
     let samples = u(&d["unwind_samples"]);
     assert!(
         (1..100).contains(&samples),
         "sampled, not every call: {d:#}"
+    );
+}
+
+fn split_c() -> Workload {
+    build(
+        "cc",
+        include_str!("data/malloc_unwind_split.c"),
+        "w.c",
+        &[
+            "-O2",
+            "-g",
+            "-fomit-frame-pointer",
+            "-fasynchronous-unwind-tables",
+        ],
+    )
+}
+
+/// One call site reached along two stacks that only unwinding tells apart:
+/// by default the site's 5000 calls are shared out between the stacks in
+/// proportion to the calls sampled along each, and those rows say they are
+/// estimates (the site row is exact); with --exact-stacks every call is
+/// unwound and each stack has its exact count.
+#[test]
+fn stacks_shared_out_from_samples_are_marked_estimated() {
+    require_root();
+    let w = split_c();
+    let exe = w.exe.to_str().unwrap();
+    let site_calls = |r: &Value| -> u64 {
+        r["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["allocator"] == "malloc" && s["function"] == "make_block")
+            .map(|s| u(&s["count"]))
+            .sum()
+    };
+
+    let r = json_report("malloc", &["--", exe]);
+    assert_no_unwind_losses(&r);
+    assert_eq!(site_calls(&r), 5000);
+    let (a, b) = (
+        stacks_through(&r, "malloc", "from_a"),
+        stacks_through(&r, "malloc", "from_b"),
+    );
+    let shared: Vec<&Value> = a.iter().chain(&b).copied().collect();
+    assert!(!shared.is_empty(), "{:#}", r["stacks"]);
+    assert!(shared.iter().all(|s| s["estimated"] == true), "{shared:#?}");
+    assert_eq!(totals(&shared), (5000, 5000 * 64), "{shared:#?}");
+    assert!(
+        u(&r["stack_depth"]["unwind_samples"]) < 5000,
+        "{:#}",
+        r["stack_depth"]
+    );
+
+    let r = json_report("malloc", &["--exact-stacks", "--", exe]);
+    assert_no_unwind_losses(&r);
+    assert_eq!(site_calls(&r), 5000);
+    let (a, b) = (
+        stacks_through(&r, "malloc", "from_a"),
+        stacks_through(&r, "malloc", "from_b"),
+    );
+    assert_eq!(totals(&a), (3000, 3000 * 64), "{a:#?}");
+    assert_eq!(totals(&b), (2000, 2000 * 64), "{b:#?}");
+    assert!(
+        a.iter().chain(&b).all(|s| s.get("estimated").is_none()),
+        "{a:#?} {b:#?}"
     );
 }
 
@@ -219,6 +291,7 @@ fn cxx_container_growth_is_attributed_to_the_growing_function() {
     assert_eq!(totals(&strings), (500, 500 * 41), "{strings:#?}");
     for row in strings.iter().chain(&vectors) {
         assert!(frame_names(row).contains(&"main"), "{row:#}");
+        assert!(row.get("estimated").is_none(), "{row:#}");
     }
     // The string's allocation is made inside libstdc++: its caller there
     // is the site, the user's function only in the stack.

@@ -31,6 +31,11 @@ pub struct Share {
     pub stats: AllocStats,
     /// Outstanding (count, bytes), shared out like the calls.
     pub live: Option<(u64, u64)>,
+    /// Not every call of the row was unwound: this share is the row's calls
+    /// attributed in proportion to the sampled calls that took its stack,
+    /// an estimate (the row's own total stays exact). Frame-pointer walks
+    /// are taken on every call and are exact.
+    pub estimated: bool,
 }
 
 /// Splits a row's counts over its stacks. `walked` is the frame-pointer
@@ -50,9 +55,11 @@ pub fn shares(
             method: Method::FramePointer,
             stats: *stats,
             live,
+            estimated: false,
         }];
     }
     let samples: Vec<u64> = sampled.iter().map(|s| s.samples).collect();
+    let estimated = samples.iter().sum::<u64>() < stats.count;
     let bytes: Vec<u64> = sampled.iter().map(|s| s.bytes).collect();
     let counts = split(stats.count, &samples);
     let byte_shares = split(stats.bytes_req, &bytes);
@@ -76,6 +83,7 @@ pub fn shares(
                 frames: s.frames,
                 addrs: s.addrs,
                 method: Method::Dwarf,
+                estimated,
                 stats: st,
                 live: live_counts
                     .as_ref()
@@ -201,6 +209,41 @@ mod tests {
         assert_eq!((s[1].stats.count, s[1].stats.bytes_req), (10, 1000));
         assert_eq!(s[0].stats.hist.0[Hist::bucket_of(100)], 30);
         assert_eq!((s[0].live, s[1].live), (Some((6, 600)), Some((2, 200))));
+        assert!(s.iter().all(|s| s.estimated), "4 of 40 calls unwound");
+    }
+
+    /// Shares are exact when every call was unwound (--exact-stacks); else
+    /// they are estimates, even when the sampled calls all took one stack
+    /// (the calls not sampled may have taken another).
+    #[test]
+    fn shares_are_estimates_unless_every_call_was_unwound() {
+        let sampled = |samples: [u64; 2]| {
+            vec![
+                SampledStack {
+                    frames: frames(&["f", "g", "main"]),
+                    addrs: vec![1, 2, 3],
+                    samples: samples[0],
+                    bytes: samples[0] * 100,
+                },
+                SampledStack {
+                    frames: frames(&["f", "h", "main"]),
+                    addrs: vec![1, 4, 3],
+                    samples: samples[1],
+                    bytes: samples[1] * 100,
+                },
+            ]
+        };
+        let walked = || (frames(&["f"]), vec![1]);
+        let every_call = shares(walked(), sampled([30, 10]), &stats(40, 100), None);
+        assert!(every_call.iter().all(|s| !s.estimated));
+        assert_eq!(every_call[0].stats.count, 30);
+        let some_calls = shares(walked(), sampled([3, 1]), &stats(40, 100), None);
+        assert!(some_calls.iter().all(|s| s.estimated));
+        let mut one = sampled([3, 1]);
+        one.truncate(1);
+        let one_stack = shares(walked(), one, &stats(40, 100), None);
+        assert_eq!((one_stack.len(), one_stack[0].estimated), (1, true));
+        assert_eq!(one_stack[0].stats.count, 40);
     }
 
     #[test]

@@ -202,10 +202,18 @@ pub fn table(r: &MallocReport, by: MallocGroupBy, hidden: usize, width: Option<u
             let _ = writeln!(out, "{}", table::render(t));
         }
         MallocGroupBy::Stack => {
+            let estimated = r.stacks.iter().filter(|s| s.estimated).count();
+            if estimated > 0 {
+                let _ = writeln!(
+                    out,
+                    "note: {estimated} stacks (~) are estimates: a call site's calls are shared out among the stacks unwound from some of them, in proportion (the sites' totals are exact; --exact-stacks unwinds every call)\n"
+                );
+            }
             for (i, s) in r.stacks.iter().enumerate() {
+                let approx = if s.estimated { "~" } else { "" };
                 let _ = write!(
                     out,
-                    "#{} {} from {}: {} calls, {}",
+                    "#{} {} from {}: {approx}{} calls, {approx}{}",
                     i + 1,
                     s.allocator,
                     s.function,
@@ -213,7 +221,12 @@ pub fn table(r: &MallocReport, by: MallocGroupBy, hidden: usize, width: Option<u
                     human_size(s.counts.bytes_req),
                 );
                 if let Some(o) = &s.outstanding {
-                    let _ = write!(out, ", outstanding {} ({})", o.count, human_size(o.bytes));
+                    let _ = write!(
+                        out,
+                        ", outstanding {approx}{} ({approx}{})",
+                        o.count,
+                        human_size(o.bytes)
+                    );
                 }
                 out.push('\n');
                 out.push_str(&stack_body(
@@ -291,6 +304,25 @@ mod tests {
         assert_contains(&table(&r, MallocGroupBy::Stack, 0, None), &[
             "malloc from do_malloc: 15 calls", "    main+0x20\n", "[64, 128)",
         ]);
+        assert!(!table(&r, MallocGroupBy::Stack, 0, None).contains('~'));
+    }
+
+    #[test]
+    fn estimated_stack_shares_are_marked() {
+        let mut r = report();
+        let i = r
+            .stacks
+            .iter()
+            .position(|s| s.allocator == "malloc")
+            .unwrap();
+        r.stacks[i].estimated = true;
+        let t = table(&r, MallocGroupBy::Stack, 0, None);
+        #[rustfmt::skip]
+        assert_contains(&t, &[
+            "note: 1 stacks (~) are estimates: a call site's calls are shared out", "--exact-stacks unwinds every call",
+            "malloc from do_malloc: ~15 calls, ~",
+        ]);
+        assert!(!table(&r, MallocGroupBy::Site, 0, None).contains("(~)"));
     }
 
     #[test]

@@ -99,6 +99,11 @@ pub struct MallocRow {
     /// With --outstanding: blocks from this row not freed by the end.
     #[serde(flatten)]
     pub outstanding: Option<Outstanding>,
+    /// Stack rows: the counts are the site's calls attributed to this stack
+    /// in proportion to the sampled calls unwound along it
+    /// (`merge::Share::estimated`). Absent when exact.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub estimated: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -262,6 +267,7 @@ struct Acc {
     first: Option<UserFrame>,
     frames: Vec<String>,
     user_frames: Vec<UserFrame>,
+    estimated: bool,
 }
 
 impl Acc {
@@ -299,6 +305,7 @@ impl Acc {
                 .collect(),
             counts: (&self.stats).into(),
             outstanding: self.live,
+            estimated: self.estimated,
         }
     }
 }
@@ -360,6 +367,7 @@ pub fn build(
             let shown: Vec<String> = share.frames.iter().map(UserFrame::display).collect();
             let stack = stacks.entry((key.func, shown.clone())).or_default();
             stack.add(key, &share.stats, share.live, tracking);
+            stack.estimated |= share.estimated;
             stack.first.get_or_insert_with(|| user[0].clone());
             if stack.frames.is_empty() {
                 stack.frames = shown;
@@ -717,6 +725,13 @@ pub mod tests {
             ]
         );
         assert_eq!(rows.iter().map(|s| s.counts.bytes_req).sum::<u64>(), 7000);
+        assert!(rows.iter().all(|s| s.estimated), "2 of 7 calls unwound");
+        assert!(r.sites.iter().all(|s| !s.estimated));
+        assert!(r
+            .stacks
+            .iter()
+            .filter(|s| s.allocator != "calloc")
+            .all(|s| !s.estimated));
         assert_eq!(
             r.sites
                 .iter()
