@@ -388,7 +388,7 @@ fn held_accounting(load: &[&str], line: &str, held: u64) -> Value {
         wait_for_quiet(line);
         wait_for_quiet_maps();
         let before = bpf_maps();
-        let r = report_json("leaks", &["--source", "all", "-d", "8"], load);
+        let r = leaks_until_held(load);
         let after = bpf_maps();
         let moved: u64 = before
             .iter()
@@ -405,6 +405,36 @@ fn held_accounting(load: &[&str], line: &str, held: u64) -> Value {
         );
     }
     panic!("other processes kept creating or freeing large BPF maps: no quiet interval to compare /proc/meminfo over");
+}
+
+/// `kheap leaks --source all -- kheap-load LOAD…`, ended (SIGINT: kheap
+/// reports and ends the command) two seconds after the workload says it
+/// holds everything (`holding …` on the stderr it shares with kheap):
+/// creating 128 MiB of per-CPU values took over 8 s in a TCG guest, so a
+/// fixed duration could end the run before the workload held it all.
+fn leaks_until_held(load: &[&str]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("leaks.json");
+    let mut args = vec![
+        "leaks",
+        "--source",
+        "all",
+        "--format",
+        "json",
+        "-o",
+        path.to_str().unwrap(),
+        "--",
+        LOAD,
+    ];
+    args.extend(load);
+    let mut tracer = Background::spawn(KHEAP, &args);
+    tracer.wait_for_within("tracing", std::time::Duration::from_secs(300));
+    tracer.wait_for_within("holding", std::time::Duration::from_secs(300));
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    tracer.signal(libc::SIGINT);
+    let status = wait_or_kill(&mut tracer.child, std::time::Duration::from_secs(600));
+    assert!(status.success(), "kheap leaks failed: {status}");
+    parse_valid(&std::fs::read_to_string(&path).expect("kheap wrote no report"))
 }
 
 /// Waits (at most 60 s) until no BPF map came or went for two seconds.
@@ -631,7 +661,7 @@ fn leaks_accounting_matches_free_pages_for_held_anonymous_memory() {
             );
             continue;
         }
-        assert_page_row_closes(row, held);
+        assert_page_row_closes(row, held, isolated);
         return;
     }
     panic!("page allocations without events, or free pages moved without allocations, kept exceeding 1% of the held memory: no interval to compare MemFree over");
@@ -710,11 +740,21 @@ impl Drop for Held {
 /// The page row compares every page kheap saw allocated and not freed
 /// (its direct pages and the layers that back other sources), less the
 /// pages freed that were allocated before the run, with the drop of the
-/// free pages (MemFree and the per-CPU lists).
+/// free pages (MemFree and the per-CPU lists). Every held page is
+/// outstanding, but for those compaction moved during the run: it copies a
+/// page into a free page it took off the free lists itself (no
+/// mm_page_alloc, nor pgalloc) and frees the old one (mm_page_free), so
+/// kheap sees a held page freed and not its new copy. `isolated` (the free
+/// pool's move beside /proc/vmstat's counts) measures those pages
+/// independently (seen in a 1 GiB 6.1 guest: 408 pages).
 #[track_caller]
-fn assert_page_row_closes(row: &Value, held: u64) {
+fn assert_page_row_closes(row: &Value, held: u64, isolated: i64) {
     assert_eq!(row["meminfo"], "-MemFree - pcp");
-    assert!(u(&row["outstanding_bytes"]) >= held, "{row:#}");
+    let moved = isolated.max(0) as u64;
+    assert!(
+        u(&row["outstanding_bytes"]) + moved >= held,
+        "{held} held, {moved} moved by compaction: {row:#}"
+    );
     let compared = u(&row["outstanding_bytes"]) as i64 + u(&row["counted_elsewhere_bytes"]) as i64
         - u(&row["frees_untracked_bytes"]) as i64;
     let change = row["meminfo_change_bytes"].as_i64().unwrap();

@@ -486,6 +486,9 @@ fn bpf_array(kind: &str, entries: u32, value_size: u32, hold_secs: Option<u64>) 
     create_bpf_map(kind, entries, value_size);
     if let Some(secs) = hold_secs {
         println!("created");
+        // On stderr too, as msg says it: a tracer running this as its
+        // command passes its stderr on.
+        eprintln!("holding a {kind} map of {entries} values of {value_size} bytes for {secs}s");
         std::thread::sleep(Duration::from_secs(secs));
     }
 }
