@@ -413,6 +413,18 @@ fn held_accounting(load: &[&str], line: &str, held: u64) -> Value {
 /// creating 128 MiB of per-CPU values took over 8 s in a TCG guest, so a
 /// fixed duration could end the run before the workload held it all.
 fn leaks_until_held(load: &[&str]) -> Value {
+    let mut extra = vec!["--", LOAD];
+    extra.extend(load);
+    leaks_interrupted(&extra, |tracer| {
+        tracer.wait_for_within("holding", std::time::Duration::from_secs(300));
+        std::thread::sleep(std::time::Duration::from_secs(2));
+    })
+}
+
+/// `kheap leaks --source all … EXTRA` in the background: once it traces,
+/// `until` waits for what the test holds; then SIGINT ends the run (kheap
+/// reports, and ends a command it started) and the report is read back.
+fn leaks_interrupted(extra: &[&str], until: impl FnOnce(&mut Background)) -> Value {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("leaks.json");
     let mut args = vec![
@@ -423,15 +435,13 @@ fn leaks_until_held(load: &[&str]) -> Value {
         "json",
         "-o",
         path.to_str().unwrap(),
-        "--",
-        LOAD,
     ];
-    args.extend(load);
+    args.extend(extra);
     let mut tracer = Background::spawn(KHEAP, &args);
     tracer.wait_for_within("tracing", std::time::Duration::from_secs(300));
-    tracer.wait_for_within("holding", std::time::Duration::from_secs(300));
-    std::thread::sleep(std::time::Duration::from_secs(2));
+    until(&mut tracer);
     tracer.signal(libc::SIGINT);
+    // The whole machine's live objects take a while to report under TCG.
     let status = wait_or_kill(&mut tracer.child, std::time::Duration::from_secs(600));
     assert!(status.success(), "kheap leaks failed: {status}");
     parse_valid(&std::fs::read_to_string(&path).expect("kheap wrote no report"))
@@ -684,46 +694,29 @@ fn held_pages() -> u64 {
 /// PAGES` (started once kheap traces) faults its pages in and holds them;
 /// interrupted half a second after the workload says it is done.
 fn unfiltered_leaks_while_holding(pages: u64) -> Value {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("leaks.json");
     // Room for the workload's pages and everything the others allocate.
     let max_objects = (pages * 4).to_string();
-    let mut tracer = Background::spawn(
-        KHEAP,
-        &[
-            "leaks",
-            "--source",
-            "all",
-            "--max-objects",
-            &max_objects,
-            "--format",
-            "json",
-            "-o",
-            path.to_str().unwrap(),
-        ],
-    );
-    tracer.wait_for_within("tracing", std::time::Duration::from_secs(300));
-    let mut load = Held(
-        std::process::Command::new(LOAD)
-            .args(["pages", &pages.to_string(), "600"])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .expect("starting kheap-load"),
-    );
-    let mut line = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(load.0.stdout.as_mut().unwrap()),
-        &mut line,
-    )
-    .unwrap();
-    assert_eq!(line.trim(), "populated", "kheap-load pages failed");
-    std::thread::sleep(std::time::Duration::from_millis(500));
-    tracer.signal(libc::SIGINT);
-    // The whole machine's live objects take a while to report under TCG.
-    let status = wait_or_kill(&mut tracer.child, std::time::Duration::from_secs(600));
-    assert!(status.success(), "kheap leaks failed: {status}");
+    let mut load = None;
+    let r = leaks_interrupted(&["--max-objects", &max_objects], |_| {
+        let held = load.insert(Held(
+            std::process::Command::new(LOAD)
+                .args(["pages", &pages.to_string(), "600"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("starting kheap-load"),
+        ));
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(held.0.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "populated", "kheap-load pages failed");
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    });
+    // Held past the end of the run, then killed and reaped.
     drop(load);
-    parse_valid(&std::fs::read_to_string(&path).expect("kheap wrote no report"))
+    r
 }
 
 /// A workload killed and reaped when dropped, so its memory goes with the
