@@ -17,7 +17,7 @@ use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
-use crate::leaks::meminfo::{account, Geometry, MemInfo};
+use crate::leaks::meminfo::{account, comparable, Geometry, MemInfo};
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
 use crate::model::snapshot::Snapshot;
 use crate::model::Source;
@@ -249,20 +249,8 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     if let (Some(before), Some(after), Some(l)) =
         (&meminfo_before, &meminfo_after, report.leaks.as_mut())
     {
-        // The page row compares with the whole machine's free pages, and
-        // takes every task's frees of pages allocated before the run: a
-        // filtered run cannot be read against it. The other rows compare
-        // the traced part with its line, the rest of the machine being the
-        // remainder.
-        let filters = args.trace.filters.describe();
-        let mut sources = cfg.sources;
-        if !filters.is_empty() && sources.contains(Source::Page) {
-            sources = sources.without(Source::Page);
-            l.accounting_skipped = Some(format!(
-                "page row not compared with -MemFree - pcp, which counts the whole machine's pages: this run counted only {} (run without filters to compare it)",
-                filters.join(", ")
-            ));
-        }
+        let (sources, skipped) = comparable(cfg.sources, &args.trace.filters.describe());
+        l.accounting_skipped = skipped;
         l.accounting = account(sources, &outstanding, before, after);
     }
     write_report(report, &args)?;

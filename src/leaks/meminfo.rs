@@ -208,6 +208,23 @@ pub fn count_cpus(list: &str) -> u64 {
         .max(1)
 }
 
+/// The sources a run can compare with /proc/meminfo, given its filters (as
+/// `Filters::describe` lists them), and why one was left out. The page row
+/// compares with the whole machine's free pages and takes every task's
+/// frees of pages allocated before the run: a filtered run cannot be read
+/// against it. The other rows compare the traced part with its line, the
+/// rest of the machine being their remainder.
+pub fn comparable(sources: Sources, filters: &[String]) -> (Sources, Option<String>) {
+    if filters.is_empty() || !sources.contains(Source::Page) {
+        return (sources, None);
+    }
+    let why = format!(
+        "page row not compared with -MemFree - {PCP_LINE}, which counts the whole machine's pages: this run counted only {} (run without filters to compare it)",
+        filters.join(", ")
+    );
+    (sources.without(Source::Page), Some(why))
+}
+
 /// Per traced source: outstanding bytes against the change of its
 /// /proc/meminfo line between `before` and `after`.
 pub fn account(
@@ -247,6 +264,20 @@ mod tests {
 
     const BEFORE: &str = "MemTotal:       24684000 kB\nMemFree:         3288668 kB\nSlab:             722164 kB\nVmallocUsed:       73004 kB\nPercpu:            11024 kB\nHugePages_Total:       0\npcp:               40000 kB\n";
     const AFTER: &str = "MemFree:         3188668 kB\nSlab:             732164 kB\nVmallocUsed:      137004 kB\nPercpu:            11024 kB\npcp:               50000 kB\n";
+
+    #[test]
+    fn a_filtered_run_has_no_page_row() {
+        assert_eq!(comparable(Sources::all(), &[]), (Sources::all(), None));
+        let (kept, why) = comparable(Sources::all(), &["pid [42]".to_string()]);
+        assert_eq!(kept.to_string(), "kmalloc,vmalloc,percpu");
+        let why = why.unwrap();
+        assert!(
+            why.contains("only pid [42]") && why.contains("run without filters"),
+            "{why}"
+        );
+        let slab = Sources::default();
+        assert_eq!(comparable(slab, &["comm x".to_string()]), (slab, None));
+    }
 
     #[test]
     fn parses_kilobytes_and_counts() {
