@@ -1,5 +1,7 @@
 //! Compiles every BPF object in bpf/ (`NAME.bpf.c`) and generates its Rust
-//! skeleton into OUT_DIR as `NAME.skel.rs`.
+//! skeleton into OUT_DIR as `NAME.skel.rs`; builds the preload library of
+//! `kheap malloc -- CMD` (preload/) into OUT_DIR, where src/malloc/preload.rs
+//! embeds it.
 
 use std::env;
 use std::ffi::OsStr;
@@ -40,6 +42,36 @@ fn main() {
                 )
             });
     }
+    build_preload(&manifest, &out);
     println!("cargo:rerun-if-changed=bpf");
+    println!("cargo:rerun-if-changed=preload");
     println!("cargo:rerun-if-changed=vmlinux");
+}
+
+/// libkheap-preload.so: optimised, with frame pointers (its probe sites find
+/// the caller's stack through them), its own symbols bound locally, built
+/// with `-fcf-protection=full`. (Debian's start files carry no CET marks,
+/// so the library built here has none either; whether it is marked where
+/// the toolchain's are was not checked.)
+///
+/// Its functions then start with `endbr64`, which matters here: a
+/// program that keeps malloc's address in its frame-pointer register (a
+/// Rust loop built without frame pointers, scripts/bench-malloc's workload)
+/// makes every frame-pointer walk read malloc's first bytes as the next
+/// frame. `endbr64; push %rbp` reads as a non-canonical address and ends
+/// the walk; `push %rbp; mov …` read as an unmapped user address, and the
+/// walks cost ~700 ns more (a fault each, we infer: docs/benchmarks.md).
+fn build_preload(manifest: &std::path::Path, out: &std::path::Path) {
+    let cc = env::var_os("CC").unwrap_or_else(|| "cc".into());
+    let status = std::process::Command::new(&cc)
+        .args(["-shared", "-fPIC", "-O2", "-g", "-Wall", "-Werror"])
+        .args(["-fno-omit-frame-pointer", "-fcf-protection=full"])
+        .args(["-Wl,-Bsymbolic", "-Wl,-z,now"])
+        .arg("-o")
+        .arg(out.join("libkheap-preload.so"))
+        .arg(manifest.join("preload/kheap_preload.c"))
+        .arg("-ldl")
+        .status()
+        .unwrap_or_else(|e| panic!("running {cc:?}: {e} (run scripts/setup)"));
+    assert!(status.success(), "building preload/kheap_preload.c failed");
 }

@@ -159,10 +159,28 @@ static __always_inline struct thread_state *traced_thread(__u32 tgid)
 	return t;
 }
 
-static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
-				     __u64 old_ptr, __u64 memptr)
+/* Where an allocator call was seen: at the entry of the allocator function
+ * (a uprobe on it), or at a site of the preload library after the call
+ * (preload/kheap_preload.c), which describes the entry it came from. */
+struct alloc_entry {
+	__u64 sp; /* the stack pointer at the function's entry */
+	__u64 bp; /* the caller's frame pointer */
+	/* or where it is saved (read only for a sampled stack copy) */
+	__u64 bp_at;
+	__u64 caller; /* the return address into the direct caller */
+	__u32 func;
+	/* frames of the current stack above the function's entry (the
+	 * preload library's site) */
+	__u32 skip;
+};
+
+/* Counts the call; with cfg.track_live, leaves it pending in t->pending and
+ * returns the thread's state (NULL: not counted, nothing pending). */
+static __always_inline struct thread_state *
+on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
+	    __u64 old_ptr, __u64 memptr)
 {
-	__u64 sp = PT_REGS_SP(ctx);
+	__u64 sp = e->sp;
 	struct malloc_key key = {.tgid = bpf_get_current_pid_tgid() >> 32};
 	struct stack_frames *frames = NULL;
 	struct thread_state *t;
@@ -173,16 +191,12 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 
 	t = traced_thread(key.tgid);
 	if (!t)
-		return;
+		return NULL;
 	if (cfg.cgroups && !cgroup_traced())
-		return;
-	key.func = bpf_get_attach_cookie(ctx);
+		return NULL;
+	key.func = e->func;
 	key.mm = (__u64)bpf_get_current_task_btf()->mm;
-	/* On the first instruction the return address is at the stack
-	 * pointer: the caller's own frame is not set up yet, so a
-	 * frame-pointer walk would skip it. */
-	if (bpf_probe_read_user(&key.caller, sizeof(key.caller), (void *)sp))
-		key.caller = 0;
+	key.caller = e->caller;
 
 	if (cfg.track_live ? (t->pending_active && sp <= t->pending.sp)
 			   : (t->last_sp == sp && t->last_ret == key.caller &&
@@ -191,7 +205,7 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 		 * the loop that called it has the same sp and return
 		 * address, and is a new call. */
 		COUNT(nested);
-		return;
+		return NULL;
 	}
 	t->last_sp = sp;
 	t->last_ret = key.caller;
@@ -200,7 +214,8 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	t->free_active = 0;
 
 	/* A stack not kept (map full, or not captured) is counted as lost. */
-	captured = capture_stack(ctx, BPF_F_USER_STACK, &stack_id, &frames);
+	captured = capture_stack(ctx, BPF_F_USER_STACK | e->skip, &stack_id,
+				 &frames);
 	key.stack_id = captured ? (__s64)stack_id : -1;
 	if (!captured)
 		COUNT(lost_stacks);
@@ -220,12 +235,12 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 					       BPF_NOEXIST);
 		if (err && err != -17 /* EEXIST: another CPU was first */) {
 			COUNT(map_full_sites);
-			return;
+			return NULL;
 		}
 		created = !err;
 		s = bpf_map_lookup_elem(&sites, &key);
 		if (!s)
-			return;
+			return NULL;
 	}
 	COUNT(allocs);
 	if (created)
@@ -242,7 +257,7 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	}
 	/* Sampled calls (and each row's first) also send a copy of the stack
 	 * to be unwound without frame pointers. */
-	maybe_copy_user_stack(ctx, &key, size, created);
+	maybe_copy_user_stack(&key, size, sp, e->bp, e->bp_at, created);
 
 	if (cfg.track_live) {
 		t->pending.key = key;
@@ -251,7 +266,27 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 		t->pending.memptr = memptr;
 		t->pending.sp = sp;
 		t->pending_active = 1;
+		return t;
 	}
+	return NULL;
+}
+
+/* At the first instruction of an allocator function (or past first
+ * instructions that leave the stack pointer alone). */
+static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
+				     __u64 old_ptr, __u64 memptr)
+{
+	struct alloc_entry e = {
+		.sp = PT_REGS_SP(ctx),
+		.bp = PT_REGS_FP(ctx),
+		.func = bpf_get_attach_cookie(ctx),
+	};
+
+	/* The return address is at the stack pointer: the caller's own
+	 * frame is not set up yet, so a frame-pointer walk would skip it. */
+	if (bpf_probe_read_user(&e.caller, sizeof(e.caller), (void *)e.sp))
+		e.caller = 0;
+	on_alloc_at(ctx, &e, size, old_ptr, memptr);
 }
 
 SEC("uprobe")
@@ -305,24 +340,14 @@ int BPF_UPROBE(rust_realloc_entry, __u64 ptr, __u64 old_size, __u64 align,
 	return 0;
 }
 
-/* One return probe for every allocator function: the pending call says what
- * it was. Only the return of that call (stack pointer back above its return
- * address) completes it; returns of nested calls come first and are ignored.
- * A tail call returns straight to the caller, with the same result. */
-SEC("uretprobe")
-int BPF_URETPROBE(alloc_return, __u64 ret)
+/* Completes the pending call of t, which returned ret: follows the block it
+ * returned, and the one it freed (realloc). */
+static __always_inline void complete_alloc(struct thread_state *t, __u64 ret)
 {
-	struct thread_state *t = bpf_task_storage_get(
-		&threads, bpf_get_current_task_btf(), NULL, 0);
 	struct live_key lk = {.tgid = bpf_get_current_pid_tgid() >> 32};
-	struct pending_alloc *p;
+	struct pending_alloc *p = &t->pending;
 	__u64 ptr = ret;
 
-	if (!t || !t->pending_active)
-		return 0;
-	p = &t->pending;
-	if (PT_REGS_SP(ctx) != p->sp + 8)
-		return 0;
 	t->pending_active = 0;
 	if (p->memptr) {
 		/* posix_memalign returns 0 and stores the block */
@@ -346,6 +371,50 @@ int BPF_URETPROBE(alloc_return, __u64 ret)
 	} else if (!(p->old_ptr && p->size == 0)) {
 		COUNT(failed);
 	}
+}
+
+/* One return probe for every allocator function: the pending call says what
+ * it was. Only the return of that call (stack pointer back above its return
+ * address) completes it; returns of nested calls come first and are ignored.
+ * A tail call returns straight to the caller, with the same result. */
+SEC("uretprobe")
+int BPF_URETPROBE(alloc_return, __u64 ret)
+{
+	struct thread_state *t = bpf_task_storage_get(
+		&threads, bpf_get_current_task_btf(), NULL, 0);
+
+	if (!t || !t->pending_active)
+		return 0;
+	if (PT_REGS_SP(ctx) != t->pending.sp + 8)
+		return 0;
+	complete_alloc(t, ret);
+	return 0;
+}
+
+/* kheap_alloc_site() of the preload library, called by its malloc family
+ * after the allocator returned: the size, the block (posix_memalign's
+ * already read), the return address into the caller, the function, the
+ * block realloc resized, and the frame of the function, whose entry the
+ * call is counted as. That frame holds the caller's frame pointer, and the
+ * stack pointer at its entry is just above it. The site and the library's
+ * function are the two innermost frames; the frame-pointer walk skips the
+ * first, and the caller stands in for the second, as for an entry probe. */
+SEC("uprobe")
+int BPF_UPROBE(preload_alloc, __u64 size, __u64 block, __u64 caller, __u64 func,
+	       __u64 old_block, __u64 frame)
+{
+	struct alloc_entry e = {
+		.sp = frame + 8,
+		.bp_at = frame,
+		.caller = caller,
+		.func = func,
+		.skip = 1,
+	};
+	struct thread_state *t;
+
+	t = on_alloc_at(ctx, &e, size, old_block, 0);
+	if (t)
+		complete_alloc(t, block);
 	return 0;
 }
 
@@ -355,11 +424,10 @@ int BPF_URETPROBE(alloc_return, __u64 ret)
  * these, like the other probes, past first instructions that change no
  * argument register nor the stack pointer (src/malloc/probes.rs,
  * probe_skip). */
-static __always_inline void on_free(struct pt_regs *ctx, __u64 ptr, bool outer)
+static __always_inline void on_free(__u64 sp, __u64 ptr, bool outer)
 {
 	struct live_key lk = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .ptr = ptr};
-	__u64 sp = PT_REGS_SP(ctx);
 	struct thread_state *t;
 
 	t = traced_thread(lk.tgid);
@@ -391,14 +459,27 @@ static __always_inline void on_free(struct pt_regs *ctx, __u64 ptr, bool outer)
 SEC("uprobe")
 int BPF_UPROBE(free_entry, __u64 ptr)
 {
-	on_free(ctx, ptr, false);
+	on_free(PT_REGS_SP(ctx), ptr, false);
 	return 0;
 }
 
 SEC("uprobe")
 int BPF_UPROBE(outer_free_entry, __u64 ptr)
 {
-	on_free(ctx, ptr, true);
+	on_free(PT_REGS_SP(ctx), ptr, true);
+	return 0;
+}
+
+/* kheap_free_site(block, frame) of the preload library: its free() before
+ * it frees. Counted as an outer free entered at that free()'s entry: the
+ * allocator's own free of the block is probed too where it is also operator
+ * delete (tcmalloc), and is not counted again. Not free(NULL), which a
+ * program may call many times in a row at one depth: outer, each would look
+ * made inside the one before (tcmalloc's probe counts it a second time). */
+SEC("uprobe")
+int BPF_UPROBE(preload_free, __u64 block, __u64 frame)
+{
+	on_free(frame + 8, block, block != 0);
 	return 0;
 }
 

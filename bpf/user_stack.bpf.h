@@ -86,11 +86,15 @@ static __always_inline __u64 copy_wakeup(bool first)
 	return BPF_RB_NO_WAKEUP;
 }
 
-/* Called on the counted path of an allocator's entry probe: copies this
- * call's stack if it is sampled. `first` forces a copy (a new row). */
-static __always_inline void maybe_copy_user_stack(struct pt_regs *ctx,
-						  const struct malloc_key *key,
-						  __u64 size, bool first)
+/* Called on the counted path of an allocator call: copies this call's stack
+ * if it is sampled. sp and bp are the stack and frame pointers at the
+ * allocator's entry (where user space starts unwinding); with bp_at, the
+ * frame pointer is read from that user address instead, and only for a copy.
+ * `first` forces a copy (a new row). */
+static __always_inline void maybe_copy_user_stack(const struct malloc_key *key,
+						  __u64 size, __u64 sp,
+						  __u64 bp, __u64 bp_at,
+						  bool first)
 {
 	struct user_stack_sample *s;
 
@@ -106,8 +110,10 @@ static __always_inline void maybe_copy_user_stack(struct pt_regs *ctx,
 	}
 	s->key = *key;
 	s->size = size;
-	s->sp = PT_REGS_SP(ctx);
-	s->bp = PT_REGS_FP(ctx);
+	s->sp = sp;
+	s->bp = bp;
+	if (bp_at && bpf_probe_read_user(&s->bp, sizeof(s->bp), (void *)bp_at))
+		s->bp = 0;
 	s->pad = 0;
 	s->start = s->sp & ~(__u64)(USER_STACK_PAGE - 1);
 	s->len = copy_stack_top(s->data, s->start);

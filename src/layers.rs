@@ -57,6 +57,7 @@ mod tests {
         ("malloc", Cmd),
         ("malloc::probes", Base),
         ("malloc::procmaps", Base),
+        ("malloc::preload", Base),
         ("malloc::usersyms", Base),
         ("malloc::model", Model),
         ("malloc::report", Report),

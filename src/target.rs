@@ -4,7 +4,7 @@
 
 use std::ffi::CString;
 use std::fs;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
@@ -78,6 +78,12 @@ const GO_ON_ITS_OWN: u8 = 2;
 
 impl HeldCommand {
     pub fn spawn(argv: &[String]) -> Result<HeldCommand> {
+        Self::spawn_with_env(argv, &[])
+    }
+
+    /// As `spawn`, with these variables set (or replaced) in the command's
+    /// environment.
+    pub fn spawn_with_env(argv: &[String], set: &[(&str, String)]) -> Result<HeldCommand> {
         let Some(prog) = argv.first() else {
             bail!("no command given after --");
         };
@@ -92,6 +98,19 @@ impl HeldCommand {
             .collect::<Result<_, _>>()?;
         let mut c_argv: Vec<*const libc::c_char> = c_args.iter().map(|a| a.as_ptr()).collect();
         c_argv.push(std::ptr::null());
+        let c_env: Vec<CString> = std::env::vars_os()
+            .filter(|(k, _)| !set.iter().any(|(name, _)| k == name))
+            .map(|(k, v)| {
+                let mut kv = k.into_vec();
+                kv.push(b'=');
+                kv.extend(v.into_vec());
+                kv
+            })
+            .chain(set.iter().map(|(k, v)| format!("{k}={v}").into_bytes()))
+            .map(CString::new)
+            .collect::<Result<_, _>>()?;
+        let mut c_envp: Vec<*const libc::c_char> = c_env.iter().map(|a| a.as_ptr()).collect();
+        c_envp.push(std::ptr::null());
 
         let mut fds = [0; 2];
         if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -119,7 +138,7 @@ impl HeldCommand {
                 if byte == GO_ON_ITS_OWN {
                     libc::prctl(libc::PR_SET_PDEATHSIG, 0 as libc::c_ulong);
                 }
-                libc::execv(c_path.as_ptr(), c_argv.as_ptr());
+                libc::execve(c_path.as_ptr(), c_argv.as_ptr(), c_envp.as_ptr());
                 libc::_exit(127);
             },
             pid => {

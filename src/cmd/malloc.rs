@@ -19,6 +19,7 @@ use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
 use crate::kernel::storage::ObjectStorage;
 use crate::kernel::user_stack::UserStackRing;
+use crate::malloc::preload::{self, PreloadLibrary};
 use crate::malloc::probes::{
     check_elf, defines_allocator, extra_allocators_of_program, libc_of_program,
 };
@@ -84,10 +85,50 @@ pub struct MallocArgs {
         requires = "outstanding"
     )]
     pub max_outstanding: u32,
+    /// With -- COMMAND: probe the C library's functions instead of running
+    /// the command with kheap's preload library (which costs less per call,
+    /// but does not reach static or set-user-ID programs it starts)
+    #[arg(long)]
+    pub no_preload: bool,
     /// Put every probe on its function's first instruction, even where the
     /// kernel must single-step it (for scripts/bench-malloc)
     #[arg(long, hide = true)]
     pub probes_at_entry: bool,
+}
+
+/// The preload library for this run, if the command runs with it: only a
+/// command is traced (other targets are running already), no --lib, it
+/// ends with the run, and the program can load it.
+fn preload_for(args: &MallocArgs, cgroups: usize) -> Result<Option<PreloadLibrary>> {
+    let Some(prog) = args.targets.command.first() else {
+        return Ok(None);
+    };
+    // --keep-running: the command outlives the run, and the library's
+    // file, which its later execs would look for.
+    if args.no_preload
+        || args.lib.is_some()
+        || !args.targets.pids.is_empty()
+        || cgroups > 0
+        || args.targets.keep_running
+    {
+        return Ok(None);
+    }
+    let program = find_program(prog)?;
+    if let Some(why) = preload::unusable_reason(&program) {
+        eprintln!(
+            "kheap: {} {why}: probing its allocator's functions instead of preloading",
+            program.display()
+        );
+        return Ok(None);
+    }
+    let Some(dir) = preload::choose_directory() else {
+        eprintln!(
+            "kheap: no writable directory that allows code ($TMPDIR, /tmp, /dev/shm, /run, /var/tmp are noexec or read-only): probing {}'s allocator functions instead of preloading",
+            program.display()
+        );
+        return Ok(None);
+    };
+    PreloadLibrary::install(&dir).map(Some)
 }
 
 /// How often the list of traced processes is checked: new processes and
@@ -222,11 +263,19 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     for l in &libs {
         modules.add_file(l);
     }
+    let preload = preload_for(&args, cgroups.len())?;
     // Held between fork and exec until the probes are attached.
     let mut command = if args.targets.command.is_empty() {
         None
     } else {
-        let mut held = HeldCommand::spawn(&args.targets.command)?;
+        let env: Vec<(&str, String)> = preload
+            .iter()
+            .map(|p| {
+                let current = std::env::var("LD_PRELOAD").ok();
+                ("LD_PRELOAD", p.ld_preload(current.as_deref()))
+            })
+            .collect();
+        let mut held = HeldCommand::spawn_with_env(&args.targets.command, &env)?;
         if args.targets.keep_running {
             held.keep_running();
         }
@@ -254,6 +303,9 @@ pub fn run(args: MallocArgs) -> Result<i32> {
             unwinder.borrow_mut().add(s)
         })?
     };
+    if let Some(p) = &preload {
+        session.probe_preload(&p.path, p.sites)?;
+    }
     for l in &libs {
         session.probe_library(l)?;
     }
@@ -278,12 +330,9 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     scanner.scan(&mut session, &mut modules, args.lib.is_none(), false);
     let mut next_scan = Instant::now() + SCAN_EVERY;
     eprintln!(
-        "kheap: tracing malloc in {} (probes on {}){}",
+        "kheap: tracing malloc in {} ({}){}",
         describe_targets(&user_pids, &args.targets.command),
-        libs.iter()
-            .map(|l| l.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", "),
+        describe_probes(&session, preload.as_ref()),
         if args.duration.is_none() && command.is_none() {
             "; Ctrl-C to stop"
         } else {
@@ -369,14 +418,18 @@ pub fn run(args: MallocArgs) -> Result<i32> {
             duration_s,
             run: RunInfo {
                 kernel: features::kernel_release(),
-                attach: vec!["uprobes".into()],
+                attach: attach_kinds(&session),
                 skipped: Vec::new(),
                 filters: std::iter::once(describe_targets(&user_pids, &args.targets.command))
                     .chain(cgroups.iter().map(|(c, _)| format!("cgroup {}", c.path)))
                     .collect(),
                 command: (!args.targets.command.is_empty()).then(|| args.targets.command.join(" ")),
             },
-            probes: session.libraries.iter().map(|l| l.describe()).collect(),
+            probes: preload
+                .iter()
+                .map(|p| format!("{}: malloc family (preloaded)", p.path.display()))
+                .chain(session.probed_libraries().map(|l| l.describe()))
+                .collect(),
             func_names: session.func_names(),
             allocator_code: session.allocator_code(),
             comms: scanner.comms,
@@ -386,6 +439,33 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     drop(session);
     write_report(report, &args)?;
     Ok(exit_code)
+}
+
+/// `run.attach`: "preload" when the command runs with the preload library,
+/// "uprobes" when functions of its libraries are probed.
+fn attach_kinds(session: &MallocSession) -> Vec<String> {
+    let preload = session.preloaded().then(|| "preload".to_string());
+    let uprobes = session
+        .probed_libraries()
+        .next()
+        .map(|_| "uprobes".to_string());
+    preload.into_iter().chain(uprobes).collect()
+}
+
+/// The header's `preloaded …; probes on …`.
+fn describe_probes(session: &MallocSession, preload: Option<&PreloadLibrary>) -> String {
+    let probed: Vec<String> = session
+        .probed_libraries()
+        .map(|l| l.path.display().to_string())
+        .collect();
+    let mut parts = Vec::new();
+    if let Some(p) = preload {
+        parts.push(format!("preloaded {}", p.path.display()));
+    }
+    if !probed.is_empty() {
+        parts.push(format!("probes on {}", probed.join(", ")));
+    }
+    parts.join("; ")
 }
 
 /// The --cgroup targets, each with the processes in it and below it now.
@@ -433,6 +513,11 @@ struct Scanner {
     cgroup_mount: Option<PathBuf>,
     /// Files whose symbols were read for allocator functions.
     inspected: HashSet<(u32, u64)>,
+    /// With the preload library, processes that run without it are named
+    /// once (`check_preloadable`). Why a program cannot load it (None: it can), by (device, inode).
+    preload_unusable: HashMap<(u64, u64), Option<String>>,
+    /// (process, program) pairs already named.
+    preload_warned: HashSet<(u32, (u64, u64))>,
 }
 
 /// Known processes are re-read this often (for libraries they load later);
@@ -480,7 +565,13 @@ impl Scanner {
             };
             modules.add_maps(pid, &maps);
             // Until it execs, the held command is a copy of kheap.
-            if !probe_new_libraries || not_yet_execd {
+            if not_yet_execd {
+                continue;
+            }
+            if session.preloaded() {
+                self.check_preloadable(pid, &maps);
+            }
+            if !probe_new_libraries {
                 continue;
             }
             // The C library, the C++ runtime whose operator new the
@@ -493,7 +584,8 @@ impl Scanner {
                 }
                 // Late by up to SCAN_EVERY: allocations before are missed.
                 match session.probe_library(&path) {
-                    Ok(()) => eprintln!(
+                    Ok(false) => {}
+                    Ok(true) => eprintln!(
                         "kheap: process {pid} maps another allocator library, now probed too: {}",
                         path.display()
                     ),
@@ -501,6 +593,50 @@ impl Scanner {
                 }
             }
         }
+    }
+}
+
+impl Scanner {
+    /// Says once when a traced process runs without the preload library,
+    /// so that its allocations are not seen: its program cannot load it
+    /// (static, set-user-ID, defines malloc itself), or its loader failed
+    /// to (it said why on the process's standard error). The second is
+    /// known only once the loader has mapped the C library, which it does
+    /// after the preloaded libraries.
+    fn check_preloadable(&mut self, pid: u32, maps: &[procmaps::Mapping]) {
+        use std::os::unix::fs::MetadataExt;
+        if preload::maps_it(maps) {
+            return;
+        }
+        let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+        let Ok(meta) = std::fs::metadata(&exe) else {
+            return;
+        };
+        let program = (meta.dev(), meta.ino());
+        if self.preload_warned.contains(&(pid, program)) {
+            return;
+        }
+        let why = self
+            .preload_unusable
+            .entry(program)
+            .or_insert_with(|| preload::unusable_reason(&exe))
+            .clone();
+        let name = std::fs::read_link(&exe).unwrap_or(exe);
+        let message = match why {
+            Some(why) => format!(
+                "process {pid} runs {}, which {why} and so does not load kheap's preload library",
+                name.display()
+            ),
+            None if procmaps::find_libc(maps).is_some() => format!(
+                "process {pid} ({}) did not load kheap's preload library (its loader said why on its standard error)",
+                name.display()
+            ),
+            None => return, // not loaded yet: the next scan looks again
+        };
+        self.preload_warned.insert((pid, program));
+        eprintln!(
+            "kheap: warning: {message}: its allocations are not seen; use --no-preload to probe the C library instead"
+        );
     }
 }
 

@@ -15,9 +15,9 @@ use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes};
 use crate::kernel::storage::ObjectStorage;
 use crate::malloc::model::{AllocatorCode, Events, Key, Snapshot};
+use crate::malloc::preload::Sites;
 use crate::malloc::probes::{self, Layout, Probe};
-use crate::malloc::procmaps::kernel_dev;
-use crate::malloc::usersyms::Vma;
+use crate::malloc::usersyms::{kernel_file, Vma};
 
 /// One library whose allocator functions are probed.
 pub struct ProbedLibrary {
@@ -57,6 +57,9 @@ pub struct MallocSession<'obj> {
     pub libraries: Vec<ProbedLibrary>,
     track_live: bool,
     probes_at_entry: bool,
+    /// The preload library, once its sites are probed: (kernel device,
+    /// inode) of its file.
+    preload: Option<(u32, u64)>,
 }
 
 impl<'obj> MallocSession<'obj> {
@@ -106,6 +109,7 @@ impl<'obj> MallocSession<'obj> {
             libraries: Vec::new(),
             track_live,
             probes_at_entry,
+            preload: None,
         };
         for &pid in pids {
             s.skel
@@ -145,15 +149,34 @@ impl<'obj> MallocSession<'obj> {
     /// (uprobes live on the file; the PID filter picks the processes). A
     /// file already probed (under any of its names) is left alone: probing
     /// it twice would count every call twice.
-    pub fn probe_library(&mut self, path: &Path) -> Result<()> {
+    /// Returns whether any function was probed in it.
+    pub fn probe_library(&mut self, path: &Path) -> Result<bool> {
         if self.has_library(path) {
-            return Ok(());
+            return Ok(false);
         }
         let meta = std::fs::metadata(path)
             .with_context(|| format!("cannot use {} as allocator library", path.display()))?;
-        let symbols = probes::lookup_symbols(path)?;
-        let (mut plan, missing) = probes::plan(&symbols)
-            .with_context(|| format!("{} is not an allocator library", path.display()))?;
+        let mut symbols = probes::lookup_symbols(path)?;
+        let file_key = (meta.dev(), meta.ino());
+        let kernel_file = kernel_file(&meta);
+        if self.preload.is_some() {
+            symbols = probes::without_interposed(symbols);
+        }
+        let planned = probes::plan(&symbols);
+        if self.preload.is_some() && planned.is_err() {
+            // Only the C family, which the preload library reports: kept,
+            // with no probes, as looked at.
+            self.libraries.push(ProbedLibrary {
+                path: path.to_path_buf(),
+                probes: Vec::new(),
+                missing: Vec::new(),
+                file_key,
+                kernel_file,
+            });
+            return Ok(false);
+        }
+        let (mut plan, missing) =
+            planned.with_context(|| format!("{} is not an allocator library", path.display()))?;
         // free is probed only to follow blocks (--outstanding): without
         // it, a malloc+free pair costs one probe hit instead of two.
         if !self.track_live {
@@ -172,13 +195,53 @@ impl<'obj> MallocSession<'obj> {
             path: path.to_path_buf(),
             probes: plan,
             missing,
-            file_key: (meta.dev(), meta.ino()),
-            kernel_file: (
-                kernel_dev(libc::major(meta.dev()), libc::minor(meta.dev())),
-                meta.ino(),
-            ),
+            file_key,
+            kernel_file,
         });
+        Ok(true)
+    }
+
+    /// Probes the sites of the preload library (`crate::malloc::preload`)
+    /// for every process that maps it; from then on, libraries are probed
+    /// without the C family that library reports (see
+    /// `probes::without_interposed`). Call before `probe_library`.
+    pub fn probe_preload(&mut self, path: &Path, sites: Sites) -> Result<()> {
+        let meta =
+            std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+        let progs = &self.skel.progs;
+        let (allocs, frees) = sites.all();
+        for offset in allocs {
+            let link = progs
+                .preload_alloc
+                .attach_uprobe_with_opts(-1, path, offset as usize, UprobeOpts::default())
+                .with_context(|| {
+                    format!("attaching to an allocation site of {}", path.display())
+                })?;
+            self.links.push(link);
+        }
+        // free is followed only for --outstanding, as with the C library.
+        if self.track_live {
+            for offset in frees {
+                let link = progs
+                    .preload_free
+                    .attach_uprobe_with_opts(-1, path, offset as usize, UprobeOpts::default())
+                    .with_context(|| format!("attaching to a free site of {}", path.display()))?;
+                self.links.push(link);
+            }
+        }
+        self.preload = Some(kernel_file(&meta));
         Ok(())
+    }
+
+    /// Whether the preload library's sites are probed.
+    pub fn preloaded(&self) -> bool {
+        self.preload.is_some()
+    }
+
+    /// The libraries with functions probed (not those left unprobed
+    /// because the preload library reports their whole family).
+    pub fn probed_libraries(&self) -> impl Iterator<Item = &ProbedLibrary> {
+        self.libraries.iter().filter(|l| !l.probes.is_empty())
     }
 
     fn attach_probe(&mut self, path: &Path, p: &Probe) -> Result<()> {
@@ -269,6 +332,11 @@ impl<'obj> MallocSession<'obj> {
     /// The code of every probed function: calls made from there are the
     /// allocator's own.
     pub fn allocator_code(&self) -> Vec<AllocatorCode> {
+        let preload = self.preload.map(|file| AllocatorCode {
+            file,
+            start: 0,
+            end: u64::MAX,
+        });
         self.libraries
             .iter()
             .flat_map(|l| {
@@ -278,6 +346,7 @@ impl<'obj> MallocSession<'obj> {
                     end: p.file_offset + p.size.max(1),
                 })
             })
+            .chain(preload)
             .collect()
     }
 

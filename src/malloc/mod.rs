@@ -4,12 +4,13 @@
 //! Kernel-facing parts live in `crate::kernel::malloc`. Pure here:
 //! `probes` (what to probe where), `procmaps`, `usersyms` (addresses to
 //! symbols via recorded mappings), `model` (what the kernel side reads),
-//! `report`, `render`; `unwind` (stacks through code without frame
+//! `report`, `render`; `preload` (the library `-- CMD` runs with); `unwind` (stacks through code without frame
 //! pointers, from sampled stack copies) and `merge` (which stack a row is
 //! shown along).
 
 pub mod merge;
 pub mod model;
+pub mod preload;
 pub mod probes;
 pub mod procmaps;
 pub mod render;

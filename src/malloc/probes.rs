@@ -365,18 +365,60 @@ pub fn plan(symbols: &[Option<Symbol>]) -> Result<(Vec<Probe>, Vec<&'static str>
     Ok((probes, missing))
 }
 
+/// The symbols left to probe in a process that runs with the preload
+/// library (`super::preload`): its malloc family stands in front of every
+/// library's, so the unprefixed C family is seen there and is dropped here,
+/// with prefixed names that are the same code (tcmalloc's `tc_malloc`).
+/// C++ operators and Rust entry points stay: programs call them directly.
+/// One of them that is also a C function (tcmalloc's operator delete is
+/// its free) is still probed, and the BPF side counts the free the preload
+/// library reported once.
+pub fn without_interposed(mut symbols: Vec<Option<Symbol>>) -> Vec<Option<Symbol>> {
+    let interposed: Vec<u64> = symbols[..FIRST_CXX]
+        .iter()
+        .flatten()
+        .map(|s| s.file_offset)
+        .collect();
+    for (i, sym) in symbols.iter_mut().enumerate() {
+        let c_family = i < FIRST_CXX;
+        let prefixed_alias = i >= FUNCTIONS.len()
+            && sym
+                .as_ref()
+                .is_some_and(|s| interposed.contains(&s.file_offset));
+        if c_family || prefixed_alias {
+            *sym = None;
+        }
+    }
+    symbols
+}
+
+/// The (file offset, size) of each named symbol of an ELF file (dynamic or
+/// not; None: absent).
+pub fn symbol_offsets(file: &Path, names: &[&str]) -> Result<Vec<Option<(u64, u64)>>> {
+    use blazesym::inspect::{source::Elf, source::Source, Inspector};
+    let mut elf = Elf::new(file);
+    elf.debug_syms = false;
+    let inspector = Inspector::new();
+    let found = inspector
+        .lookup(&Source::Elf(elf), names)
+        .with_context(|| format!("reading the symbols of {}", file.display()))?;
+    Ok(found
+        .iter()
+        .map(|infos| {
+            infos
+                .iter()
+                .find_map(|s| Some((s.file_offset?, s.size.unwrap_or(0) as u64)))
+        })
+        .collect())
+}
+
 /// Looks the family up in a library's dynamic symbols.
 pub fn lookup_symbols(lib: &Path) -> Result<Vec<Option<Symbol>>> {
     use blazesym::inspect::{source::Elf, source::Source, Inspector};
     check_elf(lib)?;
     let names: Vec<String> = (0..slot_count()).map(|i| slot(i).symbol).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let mut elf = Elf::new(lib);
-    elf.debug_syms = false;
-    let inspector = Inspector::new();
-    let found = inspector
-        .lookup(&Source::Elf(elf), &names)
-        .with_context(|| format!("reading the symbols of {}", lib.display()))?;
+    let found = symbol_offsets(lib, &names)?;
     // Rust entry points carry a crate hash in their mangled names: the
     // symbol table is searched for them (programs only: libraries never
     // hold a Rust program's global allocator).
@@ -384,7 +426,7 @@ pub fn lookup_symbols(lib: &Path) -> Result<Vec<Option<Symbol>>> {
     if !lib.to_string_lossy().contains(".so") {
         let mut elf = Elf::new(lib);
         elf.debug_syms = false;
-        inspector
+        Inspector::new()
             .for_each(&Source::Elf(elf), |s| {
                 for (slot, f) in rust.iter_mut().zip(&FUNCTIONS[FIRST_RUST..]) {
                     if slot.is_none() && is_rust_symbol(&s.name, f.symbol) {
@@ -399,10 +441,7 @@ pub fn lookup_symbols(lib: &Path) -> Result<Vec<Option<Symbol>>> {
     }
     let mut file = fs::File::open(lib).with_context(|| format!("opening {}", lib.display()))?;
     let mut out = Vec::new();
-    for (i, infos) in found.iter().enumerate() {
-        let found = infos
-            .iter()
-            .find_map(|s| Some((s.file_offset?, s.size.unwrap_or(0) as u64)));
+    for (i, found) in found.into_iter().enumerate() {
         let in_program = i
             .checked_sub(FIRST_RUST)
             .and_then(|r| rust.get(r).copied().flatten());

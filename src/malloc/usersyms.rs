@@ -156,9 +156,15 @@ pub fn host_path(pid: u32, m: &Mapping) -> Option<PathBuf> {
 }
 
 fn file_key(path: &Path) -> Option<(u32, u64)> {
-    let m = std::fs::metadata(path).ok()?;
-    let dev = m.dev();
-    Some((kernel_dev(libc::major(dev), libc::minor(dev)), m.ino()))
+    std::fs::metadata(path).ok().as_ref().map(kernel_file)
+}
+
+/// A file as the kernel's mappings name it: (kernel device, inode).
+pub fn kernel_file(m: &std::fs::Metadata) -> (u32, u64) {
+    (
+        kernel_dev(libc::major(m.dev()), libc::minor(m.dev())),
+        m.ino(),
+    )
 }
 
 /// A symbol found for a file offset: name, offset into it, `file:line`.

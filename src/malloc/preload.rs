@@ -1,0 +1,303 @@
+//! The preload library of `kheap malloc -- CMD` (preload/kheap_preload.c):
+//! embedded in kheap at build time, written to a private directory for one
+//! run, and removed after it.
+//!
+//! Its malloc family calls the allocator the program would have used, then
+//! passes through probe sites that the BPF side reads everything from. On
+//! Linux 6.18 and later a uprobe on those sites enters the kernel without a
+//! trap, and a malloc+free pair costs two kernel entries instead of the
+//! three that uprobes on the C library's functions need (docs/benchmarks.md).
+
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+const LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libkheap-preload.so"));
+
+/// The file name processes map it under.
+pub const FILE_NAME: &str = "libkheap-preload.so";
+
+/// A run's directory is this and kheap's PID.
+const DIR_PREFIX: &str = "kheap-preload-";
+
+/// Removes the directories of runs whose kheap is gone (killed before it
+/// could remove its own).
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(DIR_PREFIX))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+/// The file offsets of its probe sites: allocation and free, and the same
+/// for forked children (which must not use the sites the kernel optimized
+/// in their parent: preload/kheap_preload.c says why).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Sites {
+    pub alloc: u64,
+    pub free: u64,
+    pub alloc_forked: u64,
+    pub free_forked: u64,
+}
+
+impl Sites {
+    /// (allocation sites, free sites)
+    pub fn all(&self) -> ([u64; 2], [u64; 2]) {
+        (
+            [self.alloc, self.alloc_forked],
+            [self.free, self.free_forked],
+        )
+    }
+}
+
+/// Where the library can be written for a run: the first of the temporary
+/// directory ($TMPDIR or /tmp), /dev/shm, /run and /var/tmp that is a
+/// directory kheap can write and not on a `noexec` mount (the loader could
+/// not map the library from there: hardened machines mount /tmp so).
+pub fn choose_directory() -> Option<PathBuf> {
+    let candidates = [
+        std::env::temp_dir(),
+        "/dev/shm".into(),
+        "/run".into(),
+        "/var/tmp".into(),
+    ];
+    candidates.into_iter().find(|d| executable_mount(d))
+}
+
+/// Whether a directory exists, is writable, and allows mapping code.
+fn executable_mount(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: c is a valid C string and st a writable statvfs.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return false;
+    }
+    // SAFETY: c is a valid C string.
+    let writable = unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0;
+    usable(st.f_flag, writable)
+}
+
+/// The decision, from the mount flags (statvfs) and write access.
+fn usable(mount_flags: u64, writable: bool) -> bool {
+    writable && mount_flags & (libc::ST_NOEXEC | libc::ST_RDONLY) == 0
+}
+
+/// The library written out for one run; removed on drop.
+pub struct PreloadLibrary {
+    dir: PathBuf,
+    pub path: PathBuf,
+    pub sites: Sites,
+}
+
+impl PreloadLibrary {
+    /// Writes the library into a new directory under `parent` (readable by
+    /// everyone: the command may switch users).
+    pub fn install(parent: &Path) -> Result<PreloadLibrary> {
+        remove_stale(parent);
+        let dir = parent.join(format!("{DIR_PREFIX}{}", std::process::id()));
+        // Left by a kheap with this PID that was killed: ours now.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(&dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
+        let mut lib = PreloadLibrary {
+            path: dir.join(FILE_NAME),
+            dir,
+            sites: Sites::default(),
+        };
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .open(&lib.path)
+            .and_then(|mut f| f.write_all(LIBRARY))
+            .with_context(|| format!("writing {}", lib.path.display()))?;
+        lib.sites = site_offsets(&lib.path)?;
+        Ok(lib)
+    }
+
+    /// LD_PRELOAD for the command: the library first, then whatever the
+    /// environment preloads already.
+    pub fn ld_preload(&self, current: Option<&str>) -> String {
+        match current.filter(|c| !c.trim().is_empty()) {
+            Some(c) => format!("{}:{c}", self.path.display()),
+            None => self.path.display().to_string(),
+        }
+    }
+}
+
+impl Drop for PreloadLibrary {
+    fn drop(&mut self) {
+        // Processes that still map it keep their copy (the inode lives on).
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn site_offsets(lib: &Path) -> Result<Sites> {
+    let names = [
+        "kheap_alloc_site",
+        "kheap_free_site",
+        "kheap_alloc_site_forked",
+        "kheap_free_site_forked",
+    ];
+    let found = super::probes::symbol_offsets(lib, &names)?;
+    let offset = |i: usize| {
+        found[i]
+            .map(|(offset, _)| offset)
+            .with_context(|| format!("{} has no {} (a broken build?)", lib.display(), names[i]))
+    };
+    Ok(Sites {
+        alloc: offset(0)?,
+        free: offset(1)?,
+        alloc_forked: offset(2)?,
+        free_forked: offset(3)?,
+    })
+}
+
+/// Whether a process has the library mapped (by its file name).
+pub fn maps_it(maps: &[super::procmaps::Mapping]) -> bool {
+    maps.iter().any(|m| {
+        m.path
+            .as_deref()
+            .and_then(Path::file_name)
+            .is_some_and(|n| n == FILE_NAME)
+    })
+}
+
+/// Why a program would not run its allocations through the library, if it
+/// would not (a phrase that follows the program's name): the dynamic loader preloads nothing into a static program,
+/// nor into a set-user-ID or set-group-ID one run by another user; and a
+/// program that defines malloc itself calls its own.
+pub fn unusable_reason(program: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let exe = super::probes::executable_of(program).ok()?;
+    match super::probes::interpreter(&exe) {
+        Ok(Some(_)) => {}
+        Ok(None) => return Some("is statically linked".into()),
+        Err(_) => return None, // not ELF: the caller's checks say so
+    }
+    let meta = std::fs::metadata(&exe).ok()?;
+    let setuid = meta.mode() & 0o4000 != 0 && meta.uid() != 0;
+    let setgid = meta.mode() & 0o2000 != 0 && meta.gid() != 0;
+    if setuid || setgid {
+        return Some("is set-user-ID or set-group-ID".into());
+    }
+    let symbols = super::probes::lookup_symbols(&exe).ok()?;
+    if symbols[..super::probes::FIRST_CXX]
+        .iter()
+        .any(Option::is_some)
+    {
+        return Some("defines the malloc family itself".into());
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::malloc::probes::{FIRST_CXX, FUNCTIONS};
+
+    /// The library's function numbers are the attach cookies of the C
+    /// family: what the BPF side puts in the rows' `func`.
+    #[test]
+    fn function_numbers_are_the_c_family_cookies() {
+        let source = include_str!("../../preload/kheap_preload.c");
+        let body = source
+            .split("enum kheap_func {")
+            .nth(1)
+            .and_then(|b| b.split('}').next())
+            .expect("the enum");
+        let mut seen = 0;
+        for line in body.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            let (name, num) = line
+                .trim_end_matches(',')
+                .split_once(" = ")
+                .expect("NAME = N");
+            let num: usize = num.parse().expect("a number");
+            let expected = FUNCTIONS[num].name.to_uppercase();
+            assert_eq!(name, format!("KHEAP_{expected}"), "{line}");
+            seen += 1;
+        }
+        // every allocating C function (free has its own site)
+        assert_eq!(seen, FIRST_CXX - 1);
+        assert_eq!(FUNCTIONS[FIRST_CXX - 1].name, "free");
+    }
+
+    #[test]
+    fn installs_with_its_sites_and_removes_itself() {
+        let parent = std::env::temp_dir().join(format!("kheap-unit-{}", std::process::id()));
+        std::fs::create_dir_all(&parent).unwrap();
+        // a killed run's (no such PID) and something else's
+        let stale = parent.join(format!("{DIR_PREFIX}4000000000"));
+        let other = parent.join("kheap-preload-notes");
+        std::fs::create_dir_all(&stale).unwrap();
+        std::fs::create_dir_all(&other).unwrap();
+        let lib = PreloadLibrary::install(&parent).expect("installed");
+        assert!(!stale.exists());
+        assert!(other.exists());
+        assert!(lib.path.is_file());
+        let (allocs, frees) = lib.sites.all();
+        let mut all: Vec<u64> = allocs.into_iter().chain(frees).collect();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 4, "{:?}", lib.sites);
+        // The sites start with the 5-byte NOP the kernel optimizes; the
+        // forked children's with a short jump, which it does not.
+        let data = std::fs::read(&lib.path).unwrap();
+        let code = |off: u64| &data[off as usize..off as usize + 5];
+        for off in [lib.sites.alloc, lib.sites.free] {
+            assert_eq!(code(off), &[0x0f, 0x1f, 0x44, 0x00, 0x00]);
+        }
+        for off in [lib.sites.alloc_forked, lib.sites.free_forked] {
+            assert_eq!(&code(off)[..2], &[0xeb, 0x00]);
+        }
+        let dir = lib.path.parent().unwrap().to_path_buf();
+        drop(lib);
+        assert!(!dir.exists());
+        std::fs::remove_dir_all(&parent).unwrap();
+    }
+
+    #[test]
+    fn a_noexec_or_read_only_mount_is_not_used() {
+        assert!(usable(0, true));
+        assert!(usable(libc::ST_NOSUID | libc::ST_NODEV, true));
+        assert!(!usable(libc::ST_NOEXEC, true));
+        assert!(!usable(libc::ST_RDONLY, true));
+        assert!(!usable(0, false));
+        assert!(!executable_mount(Path::new("/no/such/directory")));
+    }
+
+    #[test]
+    fn ld_preload_goes_first() {
+        let lib = PreloadLibrary {
+            dir: "/x".into(),
+            path: "/x/libkheap-preload.so".into(),
+            sites: Sites::default(),
+        };
+        assert_eq!(lib.ld_preload(None), "/x/libkheap-preload.so");
+        assert_eq!(lib.ld_preload(Some(" ")), "/x/libkheap-preload.so");
+        assert_eq!(
+            lib.ld_preload(Some("libjemalloc.so.2")),
+            "/x/libkheap-preload.so:libjemalloc.so.2"
+        );
+        std::mem::forget(lib); // nothing was written
+    }
+}
