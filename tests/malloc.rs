@@ -59,10 +59,27 @@ fn expect(count: u64, bytes: u64, hist: &[(u64, u64)], live: Option<(u64, u64)>)
     }
 }
 
+/// Whether the run's command ran with kheap's preload library (`-- CMD`
+/// without --no-preload) rather than with the C library's functions probed.
+fn preloaded(r: &Value) -> bool {
+    r["run"]["attach"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == "preload")
+}
+
 /// What one run of every do_* function allocates, per (allocator, caller).
 fn assert_workload_rows(r: &Value, tracking: bool) {
     let live = |c, b| tracking.then_some((c, b));
-    let aligned = "aligned_alloc|memalign"; // one function in glibc 2.36
+    let preload = preloaded(r);
+    // One function in glibc 2.36, so one probe; the preload library
+    // defines both.
+    let (aligned, memalign) = if preload {
+        ("aligned_alloc", "memalign")
+    } else {
+        ("aligned_alloc|memalign", "aligned_alloc|memalign")
+    };
     let cases = [
         (
             "malloc",
@@ -100,7 +117,7 @@ fn assert_workload_rows(r: &Value, tracking: bool) {
             expect(5, 2560, &[(512, 5)], live(0, 0)),
         ),
         (
-            aligned,
+            memalign,
             "do_memalign",
             expect(6, 384, &[(64, 6)], live(0, 0)),
         ),
@@ -135,7 +152,11 @@ fn assert_workload_rows(r: &Value, tracking: bool) {
             );
         }
     }
-    assert!(u(&r["totals"]["nested_calls"]) >= 9, "{:#}", r["totals"]);
+    // Probed, glibc's functions are seen calling each other; the preload
+    // library sees only the calls into the family.
+    if !preload {
+        assert!(u(&r["totals"]["nested_calls"]) >= 9, "{:#}", r["totals"]);
+    }
 }
 
 fn cases_include(allocator: &str, function: &str) -> bool {
@@ -149,6 +170,8 @@ fn cases_include(allocator: &str, function: &str) -> bool {
             | ("reallocarray", "do_reallocarray")
             | ("posix_memalign", "do_posix_memalign")
             | ("aligned_alloc|memalign", "do_aligned_alloc" | "do_memalign")
+            | ("aligned_alloc", "do_aligned_alloc")
+            | ("memalign", "do_memalign")
             | ("valloc", "do_valloc")
             | ("pvalloc", "do_pvalloc")
     )
@@ -170,6 +193,57 @@ fn command_rows_name_each_direct_caller_exactly() {
             .ends_with(&format!("(malloc_workload.c:{line})")),
         "file:line of the call: {site}"
     );
+}
+
+/// The command runs with kheap's preload library by default; with
+/// --no-preload the C library's functions are probed, with the same rows.
+#[test]
+fn command_rows_are_exact_with_either_way_of_probing() {
+    require_root();
+    let w = Workload::build(&[]);
+    let mut totals = Vec::new();
+    for (extra, preload) in [(None, true), (Some("--no-preload"), false)] {
+        let args: Vec<&str> = ["--outstanding"]
+            .into_iter()
+            .chain(extra)
+            .chain(["--", w.path()])
+            .collect();
+        let r = malloc_json(&args);
+        assert_eq!(preloaded(&r), preload, "{:#}", r["run"]);
+        let attach: Vec<&str> = r["run"]["attach"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let probes = r["probes"].to_string();
+        if preload {
+            // The C library is not probed: its family is seen in front of it.
+            assert_eq!(attach, ["preload"], "{probes}");
+            assert!(probes.contains("libkheap-preload.so"), "{probes}");
+            assert!(!probes.contains("libc.so"), "{probes}");
+        } else {
+            assert_eq!(attach, ["uprobes"], "{probes}");
+            assert!(probes.contains("libc.so"), "{probes}");
+        }
+        assert_workload_rows(&r, true);
+        // do_free_null's five in a row are each counted
+        assert!(u(&r["totals"]["frees_null"]) >= 5, "{:#}", r["totals"]);
+        totals.push(r["totals"].clone());
+    }
+    // The same calls, frees and outstanding blocks either way (nested
+    // calls differ: probed, glibc's functions are seen calling each other).
+    for field in [
+        "count",
+        "bytes_req",
+        "frees",
+        "frees_null",
+        "frees_untracked",
+        "outstanding_count",
+        "outstanding_bytes",
+    ] {
+        assert_eq!(totals[0][field], totals[1][field], "{field}: {totals:#?}");
+    }
 }
 
 #[test]
@@ -458,6 +532,124 @@ fn bad_input_gives_one_line_errors() {
     );
 }
 
+/// Linux 6.18 optimizes the preload library's sites by rewriting them into
+/// calls to a trampoline it maps into the process; a forked child inherits
+/// the rewritten code but not the trampoline. The library sends forked
+/// children through other sites: the child lives and is counted.
+#[test]
+fn a_child_forked_after_allocating_is_counted_and_lives() {
+    require_root();
+    let w = Workload::build_from(include_str!("data/malloc_fork_after_use.c"), &[]);
+    let r = malloc_json(&["--outstanding", "--", w.path()]);
+    assert!(preloaded(&r), "{:#}", r["run"]);
+    assert_eq!(
+        sum(&r, "sites", "malloc", "parent_work"),
+        expect(10, 320, &[(32, 10)], Some((10, 320)))
+    );
+    assert_eq!(
+        sum(&r, "sites", "malloc", "child_work"),
+        expect(20, 960, &[(32, 20)], Some((20, 960)))
+    );
+    // The child's stacks, walked by frame pointers from its own sites,
+    // start at the direct caller once.
+    let r = malloc_json(&["--no-stacks", "--", w.path()]);
+    for (function, caller) in [("parent_work", "main+"), ("child_work", "main+")] {
+        let stack = rows(&r, "stacks", "function", function);
+        assert_eq!(stack.len(), 1, "{:#}", r["stacks"]);
+        let frames = frames(stack[0]);
+        assert!(frames[0].starts_with(&format!("{function}+")), "{frames:?}");
+        assert!(frames[1].starts_with(caller), "{frames:?}");
+    }
+}
+
+/// A tmpfs mounted noexec, unmounted on drop.
+struct NoexecMount(tempfile::TempDir);
+
+impl NoexecMount {
+    fn new() -> NoexecMount {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new("mount")
+            .args([
+                "-t",
+                "tmpfs",
+                "-o",
+                "noexec,size=4m",
+                "kheap-test",
+                dir.path().to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        NoexecMount(dir)
+    }
+}
+
+impl Drop for NoexecMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+/// The loader cannot map a library from a noexec mount: with $TMPDIR on
+/// one, the library goes elsewhere and the counts are the same.
+#[test]
+fn a_noexec_temporary_directory_is_passed_over() {
+    require_root();
+    let w = Workload::build(&[]);
+    let noexec = NoexecMount::new();
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("r.json");
+    let out = Command::new(KHEAP)
+        .env("TMPDIR", noexec.0.path())
+        .args(["malloc", "--format", "json", "-o", report.to_str().unwrap()])
+        .args(["--outstanding", "--", w.path()])
+        .output()
+        .unwrap();
+    assert_ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("preloaded "), "{stderr}");
+    assert!(
+        !stderr.contains(noexec.0.path().to_str().unwrap()),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("warning"), "{stderr}");
+    let r = parse_valid(&std::fs::read_to_string(&report).unwrap());
+    assert!(preloaded(&r));
+    assert_workload_rows(&r, true);
+}
+
+/// A traced process that runs without the preload library is named, with
+/// why: its program is static, or its environment lost LD_PRELOAD (the
+/// loader then maps the C library without the preload library).
+#[test]
+fn processes_without_the_preload_library_are_named() {
+    require_root();
+    let w = Workload::build(&[]);
+    let st = Workload::build(&["-static"]);
+    // `wait` holds each program until its input ends (a second): long
+    // enough for kheap's scans to see it.
+    let script = format!(
+        "(sleep 1; echo) | env -i {} wait >/dev/null; (sleep 1; echo) | {} wait >/dev/null; true",
+        w.path(),
+        st.path()
+    );
+    let out = kheap(&["malloc", "-o", "/dev/null", "--", "sh", "-c", &script]);
+    assert_ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("preloaded "), "{stderr}");
+    let named = |program: &str, why: &str| {
+        stderr
+            .lines()
+            .any(|l| l.starts_with("kheap: warning: ") && l.contains(program) && l.contains(why))
+    };
+    assert!(named(st.path(), "which is statically linked"), "{stderr}");
+    assert!(
+        named(w.path(), "did not load kheap's preload library"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("kheap: warning: ").count(), 2, "{stderr}");
+}
+
 #[test]
 fn static_program_with_lib_pointing_at_itself() {
     require_root();
@@ -533,7 +725,8 @@ fn lib_points_the_probes_at_another_allocator() {
 fn table_and_folded_output() {
     require_root();
     let w = Workload::build(&[]);
-    let out = kheap(&["malloc", "--outstanding", "--", w.path()]);
+    // --no-preload: the header lists the C library's probes.
+    let out = kheap(&["malloc", "--outstanding", "--no-preload", "--", w.path()]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
     assert!(text.contains("do_leak+0x"), "{text}");

@@ -16,9 +16,14 @@ impl Workload {
     /// Builds it with frame pointers and debug information (function names
     /// and lines), plus `extra` compiler arguments.
     pub fn build(extra: &[&str]) -> Workload {
+        Self::build_from(MALLOC_SOURCE, extra)
+    }
+
+    /// The same for another C source.
+    pub fn build_from(source: &str, extra: &[&str]) -> Workload {
         let dir = tempfile::tempdir().unwrap();
         let src = dir.path().join("malloc_workload.c");
-        std::fs::write(&src, MALLOC_SOURCE).unwrap();
+        std::fs::write(&src, source).unwrap();
         let exe = dir.path().join("workload");
         let out = Command::new("cc")
             .args(["-O1", "-g", "-fno-omit-frame-pointer", "-fno-inline", "-o"])

@@ -34,6 +34,12 @@ NOINLINE void do_malloc(void) // 10 x 100 bytes, freed
 	}
 }
 
+NOINLINE void do_free_null(void) // 5 x free(NULL), in a row
+{
+	for (int i = 0; i < 5; i++)
+		free(null_ptr);
+}
+
 NOINLINE void do_leak(void) // 3 x 5000 bytes, never freed
 {
 	for (int i = 0; i < 3; i++)
@@ -145,6 +151,7 @@ static void *thread_main(void *arg)
 static void run_all(void)
 {
 	do_malloc();
+	do_free_null();
 	do_leak();
 	do_calloc();
 	do_realloc();
