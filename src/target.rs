@@ -72,9 +72,12 @@ pub struct HeldCommand {
 }
 
 /// The byte that releases the child: whether it keeps PR_SET_PDEATHSIG
-/// (dies with kheap) or clears it (--keep-running).
+/// (dies with kheap), clears it (--keep-running), or is only asked to stop
+/// (SIGTERM) when kheap dies, because the guard of its tree's cgroup kills
+/// it after the grace period (src/tree.rs).
 const GO_WITH_KHEAP: u8 = 1;
 const GO_ON_ITS_OWN: u8 = 2;
+const GO_IN_GUARDED_TREE: u8 = 3;
 
 impl HeldCommand {
     pub fn spawn(argv: &[String]) -> Result<HeldCommand> {
@@ -137,6 +140,8 @@ impl HeldCommand {
                 }
                 if byte == GO_ON_ITS_OWN {
                     libc::prctl(libc::PR_SET_PDEATHSIG, 0 as libc::c_ulong);
+                } else if byte == GO_IN_GUARDED_TREE {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
                 }
                 libc::execve(c_path.as_ptr(), c_argv.as_ptr(), c_envp.as_ptr());
                 libc::_exit(127);
@@ -173,7 +178,11 @@ impl HeldCommand {
             } else {
                 self.tree =
                     TreeCgroup::create().and_then(|cg| cg.adopt(self.pid).ok().map(|()| cg));
-                GO_WITH_KHEAP
+                if self.tree.as_ref().is_some_and(TreeCgroup::guarded) {
+                    GO_IN_GUARDED_TREE
+                } else {
+                    GO_WITH_KHEAP
+                }
             };
             let fd = std::os::fd::AsRawFd::as_raw_fd(&go);
             if unsafe { libc::write(fd, [byte].as_ptr().cast(), 1) } != 1 {

@@ -6,7 +6,9 @@
 //! left (`cgroup.kill`) and removes the cgroup. A process group would lose
 //! daemons and would take the terminal away from an interactive command.
 //! If kheap itself dies (SIGKILL), a small guard process it forked first
-//! sees its pipe close and kills the cgroup. Without cgroup2 (or without
+//! sees its pipe close and ends the cgroup the same way: SIGTERM, the same
+//! grace, then `cgroup.kill` (the command's PR_SET_PDEATHSIG is then
+//! SIGTERM, not SIGKILL). Without cgroup2 (or without
 //! the right to use it), the command's descendants found through /proc are
 //! signalled instead, and PR_SET_PDEATHSIG ends the command with kheap.
 
@@ -58,6 +60,11 @@ impl TreeCgroup {
     /// Moves a process (the held command, before it execs) into the cgroup.
     pub fn adopt(&self, pid: u32) -> std::io::Result<()> {
         fs::write(self.path.join("cgroup.procs"), pid.to_string())
+    }
+
+    /// Whether a guard ends the tree if kheap dies.
+    pub fn guarded(&self) -> bool {
+        self.guard.is_some()
     }
 
     pub fn pids(&self) -> Vec<u32> {
@@ -144,10 +151,14 @@ fn read_pids(path: &Path) -> Vec<u32> {
 
 /// Forks the guard: it waits on a pipe only kheap writes to. A byte means
 /// kheap ended the tree itself; EOF without one means kheap died, and the
-/// guard kills the cgroup and removes it. Returns the pipe and its PID.
+/// guard ends the tree as kheap would have (SIGTERM, a grace period, then
+/// `cgroup.kill`: a command that cleans up on SIGTERM, such as removing
+/// SysV IPC objects that outlive it, gets to) and removes the cgroup.
+/// Returns the pipe and its PID.
 fn spawn_guard(cgroup: &Path) -> Option<(OwnedFd, libc::pid_t)> {
     // Prepared before fork: after it only async-signal-safe calls.
     let kill_file = CString::new(cgroup.join("cgroup.kill").to_str()?).ok()?;
+    let procs_file = CString::new(cgroup.join("cgroup.procs").to_str()?).ok()?;
     let dir = CString::new(cgroup.to_str()?).ok()?;
     let dev_null = CString::new("/dev/null").ok()?;
     let mut fds = [0; 2];
@@ -186,6 +197,19 @@ fn spawn_guard(cgroup: &Path) -> Option<(OwnedFd, libc::pid_t)> {
             };
             if n != 1 {
                 // kheap died: end its command's tree.
+                let pause = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 10_000_000,
+                };
+                if signal_procs(&procs_file, libc::SIGTERM) {
+                    let steps = GRACE.as_millis() / 10;
+                    for _ in 0..steps {
+                        if !signal_procs(&procs_file, 0) {
+                            break;
+                        }
+                        libc::nanosleep(&pause, std::ptr::null_mut());
+                    }
+                }
                 let fd = libc::open(kill_file.as_ptr(), libc::O_WRONLY);
                 if fd >= 0 {
                     libc::write(fd, b"1".as_ptr().cast(), 1);
@@ -195,11 +219,7 @@ fn spawn_guard(cgroup: &Path) -> Option<(OwnedFd, libc::pid_t)> {
                     if libc::rmdir(dir.as_ptr()) == 0 {
                         break;
                     }
-                    let t = libc::timespec {
-                        tv_sec: 0,
-                        tv_nsec: 10_000_000,
-                    };
-                    libc::nanosleep(&t, std::ptr::null_mut());
+                    libc::nanosleep(&pause, std::ptr::null_mut());
                 }
             }
             libc::_exit(0);
@@ -209,6 +229,46 @@ fn spawn_guard(cgroup: &Path) -> Option<(OwnedFd, libc::pid_t)> {
             Some((unsafe { OwnedFd::from_raw_fd(write_end) }, pid))
         }
     }
+}
+
+/// Sends `sig` (0: none, only the check) to every process listed in the
+/// cgroup.procs file `procs`; whether any was listed. Async-signal-safe (the
+/// guard calls it after fork): no allocation, only open, read, kill, close.
+unsafe fn signal_procs(procs: &CString, sig: libc::c_int) -> bool {
+    let fd = libc::open(procs.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+    if fd < 0 {
+        return false;
+    }
+    let mut buf = [0u8; 512];
+    let (mut pid, mut in_number, mut any) = (0 as libc::pid_t, false, false);
+    loop {
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        if n <= 0 {
+            break;
+        }
+        // A PID may be split between two reads: the digits carry over.
+        for &b in &buf[..n as usize] {
+            if b.is_ascii_digit() {
+                pid = pid
+                    .saturating_mul(10)
+                    .saturating_add((b - b'0') as libc::pid_t);
+                in_number = true;
+            } else if in_number {
+                if sig != 0 {
+                    libc::kill(pid, sig);
+                }
+                (pid, in_number, any) = (0, false, true);
+            }
+        }
+    }
+    if in_number {
+        if sig != 0 {
+            libc::kill(pid, sig);
+        }
+        any = true;
+    }
+    libc::close(fd);
+    any
 }
 
 /// Descendants of `root` found through /proc (parent links), for when no
@@ -278,6 +338,39 @@ mod tests {
         let pid = child.id();
         child.wait().unwrap();
         assert!(all_exited(&[pid]));
+    }
+
+    #[test]
+    fn every_listed_process_is_signalled() {
+        let dir = tempfile::tempdir().unwrap();
+        let procs = dir.path().join("cgroup.procs");
+        let procs_c = CString::new(procs.to_str().unwrap()).unwrap();
+        assert!(
+            !unsafe { signal_procs(&procs_c, 0) },
+            "no file: none listed"
+        );
+        fs::write(&procs, "").unwrap();
+        assert!(!unsafe { signal_procs(&procs_c, 0) }, "an empty cgroup");
+        let mut sleeps: Vec<_> = (0..2)
+            .map(|_| {
+                std::process::Command::new("sleep")
+                    .arg("30")
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        // The last PID without a newline, as a read can end.
+        fs::write(&procs, format!("{}\n{}", sleeps[0].id(), sleeps[1].id())).unwrap();
+        assert!(unsafe { signal_procs(&procs_c, 0) });
+        assert!(sleeps.iter_mut().all(|s| s.try_wait().unwrap().is_none()));
+        assert!(unsafe { signal_procs(&procs_c, libc::SIGTERM) });
+        for s in &mut sleeps {
+            let status = s.wait().unwrap();
+            assert_eq!(
+                std::os::unix::process::ExitStatusExt::signal(&status),
+                Some(libc::SIGTERM)
+            );
+        }
     }
 
     #[test]

@@ -109,6 +109,38 @@ fn the_command_tree_ends_when_kheap_is_killed() {
     assert!(gone("3142"), "the command outlived kheap's SIGKILL");
 }
 
+/// When kheap dies, its guard ends the tree as kheap would have: SIGTERM
+/// first, so a command that cleans up on it (kheap-load removes its SysV
+/// queues, which outlive processes) gets to, then SIGKILL for what is left.
+#[test]
+fn the_command_is_asked_to_stop_before_it_is_killed_when_kheap_dies() {
+    require_root();
+    let _guard = SleepsGuard(vec!["3144"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (ready, stopped) = (dir.path().join("ready"), dir.path().join("stopped"));
+    let script = format!(
+        "trap 'echo TERM > {s}; exit 0' TERM; sleep 3144 & echo > {r}; wait",
+        s = stopped.display(),
+        r = ready.display()
+    );
+    let mut child = spawn_tracing(&["record", "-o", "/dev/null", "--", "sh", "-c", &script]);
+    for _ in 0..3000 {
+        if ready.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(ready.exists(), "the command did not start");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(gone("3144"), "the command's child outlived kheap's SIGKILL");
+    assert_eq!(
+        std::fs::read_to_string(&stopped).unwrap_or_default(),
+        "TERM\n",
+        "the command was killed without a SIGTERM first"
+    );
+}
+
 #[test]
 fn keep_running_leaves_the_tree() {
     require_root();
