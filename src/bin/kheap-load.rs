@@ -137,11 +137,15 @@ static QUEUES: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
 
 impl MsgQueue {
     fn new() -> MsgQueue {
+        // Created under the lock: the interrupt handler, which takes it
+        // before removing the queues, cannot miss one being created.
+        let mut queues = QUEUES.lock().unwrap_or_else(|e| e.into_inner());
         let id = unsafe { libc::msgget(libc::IPC_PRIVATE, libc::IPC_CREAT | 0o600) };
         if id < 0 {
+            drop(queues);
             fail("msgget");
         }
-        QUEUES.lock().unwrap_or_else(|e| e.into_inner()).push(id);
+        queues.push(id);
         MsgQueue(id)
     }
 }
@@ -157,9 +161,12 @@ impl Drop for MsgQueue {
 }
 
 fn remove_all_queues() {
-    for id in QUEUES.lock().unwrap_or_else(|e| e.into_inner()).drain(..) {
+    let mut queues = QUEUES.lock().unwrap_or_else(|e| e.into_inner());
+    for id in queues.drain(..) {
         unsafe { libc::msgctl(id, libc::IPC_RMID, std::ptr::null_mut()) };
     }
+    // Still held while the process exits: no queue is created after this.
+    std::mem::forget(queues);
 }
 
 fn fail(what: &str) -> ! {
