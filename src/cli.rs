@@ -245,15 +245,27 @@ pub struct OutputArgs<F: OutputFormat> {
     /// Write the report to FILE instead of stdout
     #[arg(short, long, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    /// Rows to show (tables default to 20; JSON and folded show all)
-    #[arg(short = 'n', long = "top", value_name = "N")]
-    pub top: Option<usize>,
+    /// Rows to show (tables default to 20; JSON and folded show all).
+    /// The old spellings `-n` and `--top` still work, except `-n` in
+    /// `kheap top`, where it is the number of iterations as in top(1)
+    #[arg(
+        short = 'r',
+        long = "rows",
+        value_name = "N",
+        short_alias = 'n',
+        alias = "top"
+    )]
+    pub rows: Option<usize>,
 }
 
+/// The id of `-r/--rows`, for a command that takes `-n` for something
+/// else (`kheap top`) and so drops `-n` as its alias.
+pub const ROWS_ARG: &str = "rows";
+
 impl<F: OutputFormat> OutputArgs<F> {
-    /// Rows to keep per list: `-n`, else 20 in a table and all otherwise.
+    /// Rows to keep per list: `-r`, else 20 in a table and all otherwise.
     pub fn rows(&self) -> Option<usize> {
-        match (self.top, self.format.is_table()) {
+        match (self.rows, self.format.is_table()) {
             (Some(n), _) => Some(n),
             (None, true) => Some(DEFAULT_TABLE_ROWS),
             (None, false) => None,
@@ -282,7 +294,7 @@ impl<F: OutputFormat> OutputArgs<F> {
     }
 }
 
-/// Rows a table shows unless `-n` says otherwise.
+/// Rows a table shows unless `-r` says otherwise.
 pub const DEFAULT_TABLE_ROWS: usize = 20;
 
 /// Parses a byte size: `4096`, `4k`, `2M` (binary units).

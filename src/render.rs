@@ -1,7 +1,7 @@
 //! Rendering a report: tables, bpftrace-style histograms, folded stacks
 //! and JSON. Pure string building. The pieces every report kind shares
 //! live in the submodules: `table` (the one table style, fitted to the
-//! terminal) and `hist` (the one histogram drawer); rows are cut to `-n` by
+//! terminal) and `hist` (the one histogram drawer); rows are cut to `-r` by
 //! `report::top_n`.
 
 pub mod flame;
@@ -510,7 +510,7 @@ mod tests {
 
     #[test]
     fn top_n_counts_the_hidden_rows_of_the_grouping_shown() {
-        // Two sites, three stacks, one cache: with -n 1, the site table
+        // Two sites, three stacks, one cache: with -r 1, the site table
         // hides one row, the stack view two, the cache table none.
         let mut r = report();
         assert_eq!(apply_top(&mut r, GroupBy::Site, SortBy::Count, Some(1)), 1);

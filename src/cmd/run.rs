@@ -210,7 +210,7 @@ pub fn run_info(attached: &[String], skipped: &[String], f: &FilterArgs) -> RunI
 /// to check it against.
 #[derive(Args, Debug, Clone, Default)]
 pub struct JsonCopy {
-    /// Also write the whole JSON report (all rows, whatever --format and -n say) to FILE
+    /// Also write the whole JSON report (all rows, whatever --format and -r say) to FILE
     #[arg(long = "json", value_name = "FILE")]
     pub path: Option<PathBuf>,
 }

@@ -9,7 +9,7 @@ use crate::cgroup::{cgroup2_mount, CgroupNames};
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cli::{parse_duration, OutputArgs, TableOrJson, TraceArgs};
+use crate::cli::{parse_duration, OutputArgs, TableOrJson, TraceArgs, ROWS_ARG};
 use crate::cmd::run::{self, install_stop_handler, stop_requested, Ended, Sink, Targets};
 use crate::kernel::features;
 use crate::kernel::kmem::{self as session, Config, Tracer};
@@ -26,7 +26,10 @@ use crate::top::overhead::{self_usage, Overhead, SelfUsage};
 use crate::top::tui::{self, Action, App, Input, Screen};
 use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions};
 
+// `-n` is the number of iterations here, as in top(1), so `-r/--rows` has
+// no `-n` alias in this command (it keeps `--top`).
 #[derive(Args, Debug)]
+#[command(mut_arg(ROWS_ARG, |rows| rows.short_alias(None)))]
 pub struct TopArgs {
     /// Seconds between refreshes
     #[arg(short, long, value_parser = parse_duration, default_value = "1", value_name = "SECS")]
@@ -34,7 +37,7 @@ pub struct TopArgs {
     #[command(flatten)]
     pub trace: TraceArgs,
     // Batch output: --format json prints one JSON object per interval, one
-    // per line; -n cuts each list (JSON) or table (default 20).
+    // per line; -r cuts each list (JSON) or table (default 20).
     #[command(flatten)]
     pub output: OutputArgs<TableOrJson>,
     /// Group rows by
@@ -47,8 +50,9 @@ pub struct TopArgs {
     /// full-screen view (implied by --format json and by -o)
     #[arg(short, long)]
     pub batch: bool,
-    /// Stop after this many intervals (default: until q, Ctrl-C, SIGTERM or the command ends)
-    #[arg(long, value_name = "N")]
+    /// Stop after this many intervals, as top(1)'s -n (default: until q,
+    /// Ctrl-C, SIGTERM or the command ends)
+    #[arg(short = 'n', long, value_name = "N")]
     pub iterations: Option<u64>,
     /// Delete map entries that saw no event for this many intervals, so the
     /// maps do not fill over a long run (0: never); shown as "aged out"
@@ -75,7 +79,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         args.batch = true;
     }
     if args.iterations == Some(0) {
-        bail!("--iterations 0: nothing to show; give at least one iteration");
+        bail!("-n/--iterations 0: nothing to show; give at least one iteration");
     }
     let on_terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
     if !args.batch && !on_terminal {
@@ -350,7 +354,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
             redraw = true;
         }
         if redraw {
-            let (shown, total) = screen_rows(current.as_ref(), &app, top, args.output.top);
+            let (shown, total) = screen_rows(current.as_ref(), &app, top, args.output.rows);
             rows = shown;
             app.follow(&rows);
             screen

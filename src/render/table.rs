@@ -108,12 +108,12 @@ pub fn render(mut t: Table) -> String {
     t.to_string()
 }
 
-/// The line under a table whose rows were cut to `-n`.
+/// The line under a table whose rows were cut to `-r`.
 pub fn hidden_note(hidden: usize) -> String {
     if hidden == 0 {
         String::new()
     } else {
-        format!("({hidden} more rows not shown; use -n to see more)\n")
+        format!("({hidden} more rows not shown; use -r to see more)\n")
     }
 }
 
@@ -210,7 +210,7 @@ mod tests {
         assert_eq!(hidden_note(0), "");
         assert_eq!(
             hidden_note(3),
-            "(3 more rows not shown; use -n to see more)\n"
+            "(3 more rows not shown; use -r to see more)\n"
         );
     }
 }

@@ -1,4 +1,4 @@
-//! Cutting sorted rows to `-n`: the one place that decides how many rows a
+//! Cutting sorted rows to `-r`: the one place that decides how many rows a
 //! report keeps and how many it says it hid (record, leaks, malloc, slab,
 //! top; diff counts what its table leaves out).
 
