@@ -227,11 +227,11 @@ fn batch_table_is_plain_text_with_timestamps() {
     let out = kheap(&[
         "top",
         "-b",
-        "--iterations",
+        "-n",
         "2",
         "-i",
         "1",
-        "-n",
+        "-r",
         "5",
         "-p",
         &load.pid().to_string(),
@@ -256,6 +256,53 @@ fn batch_table_is_plain_text_with_timestamps() {
     assert!(text.contains("kmalloc-192"), "{text}");
     assert!(text.contains("lost: 0 stacks"), "{text}");
     assert!(text.contains("overhead: "), "{text}");
+}
+
+#[test]
+fn dash_n_counts_iterations_as_top_does() {
+    require_root();
+    // The loop outlives the run by far: kheap must end by itself, after
+    // exactly two intervals, not when the loop does.
+    let mut load = Loop::start(20);
+    let started = Instant::now();
+    let out = kheap(&[
+        "top",
+        "-b",
+        "-n",
+        "2",
+        "-i",
+        "0.5",
+        "-r",
+        "1",
+        "--format",
+        "json",
+        "-p",
+        &load.pid().to_string(),
+    ]);
+    let took = started.elapsed();
+    let loop_running = load.0.as_mut().unwrap().try_wait().unwrap().is_none();
+    drop(load);
+    assert_ok(&out);
+    assert!(
+        loop_running,
+        "the loop ended first: top did not stop on its own"
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let intervals: Vec<Value> = text.lines().map(parse_valid).collect();
+    assert_eq!(intervals.len(), 2, "two intervals: {text}");
+    // Two half-second intervals, after the BPF object loaded.
+    assert!(
+        took >= Duration::from_millis(1000) && took < Duration::from_secs(19),
+        "{took:?}"
+    );
+    for iv in &intervals {
+        let secs = iv["interval_s"].as_f64().unwrap();
+        assert!((0.4..1.0).contains(&secs), "interval of {secs}s");
+        // -r 1: one site per interval, the loop's.
+        let sites = iv["sites"].as_array().unwrap();
+        assert_eq!(sites.len(), 1, "{iv}");
+        assert!(iovec_site(iv).is_some(), "{iv}");
+    }
 }
 
 #[test]
@@ -580,6 +627,65 @@ fn interactive_keys_sort_expand_and_quit() {
     tmux.assert_terminal_restored();
     for id in progs {
         assert!(!prog_loaded(id), "BPF program {id} still loaded after q");
+    }
+}
+
+/// Whether a screen shows the table header of a view, starting with its
+/// key column, and a real row under it.
+fn shows_view(screen: &str, key: &str, row: &str) -> bool {
+    let mut lines = screen
+        .lines()
+        .skip_while(|l| !(l.starts_with(&format!("{key} ")) && l.contains("alloc")));
+    lines.next().is_some() && lines.any(|l| l.starts_with(row))
+}
+
+#[test]
+fn every_view_keeps_its_key_column_at_80x24_and_200x50() {
+    require_root();
+    let load = Loop::start(60);
+    let pid = load.pid().to_string();
+    for (w, h) in [(80, 24), (200, 50)] {
+        let tmux = Tmux::start_sized(&format!("views{w}"), w, h);
+        assert_eq!(
+            tmux.query("#{window_width}x#{window_height}"),
+            format!("{w}x{h}")
+        );
+        tmux.send(&[
+            &format!("{KHEAP} top -i 0.5 --by process -p {pid}"),
+            "Enter",
+        ]);
+        tmux.wait_for("the process view", |s| shows_view(s, "pid", &pid));
+        let views = [
+            ("1", "site", "iovec_from_user"),
+            ("2", "stack", "iovec_from_user"),
+            ("3", "cache", "kmalloc-192"),
+            ("4", "pid", pid.as_str()),
+        ];
+        for (k, key, row) in views {
+            tmux.send(&[k]);
+            let s = tmux.wait_for(&format!("{w}x{h}: the {key} view"), |s| {
+                shows_view(s, key, row)
+            });
+            // The key line fits: its last key is whole.
+            let keys = s.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
+            assert!(keys.trim_end().ends_with("? help"), "{w}x{h}: {s}");
+            assert!(s.lines().all(|l| l.chars().count() <= w as usize));
+        }
+        tmux.send(&["?"]);
+        tmux.wait_for("the help overlay", |s| {
+            s.contains("kheap top: keys") && s.contains("any key closes this help")
+        });
+        tmux.send(&["x"]);
+        tmux.wait_for("the help closed", |s| {
+            !s.contains("kheap top: keys") && shows_view(s, "pid", &pid)
+        });
+        tmux.send(&["h"]);
+        tmux.wait_for("the help overlay on h", |s| s.contains("kheap top: keys"));
+        tmux.send(&["q"]);
+        tmux.wait_for("the help closed by q", |s| !s.contains("kheap top: keys"));
+        tmux.send(&["q"]);
+        tmux.wait_for("the shell prompt", |s| !s.contains("kheap top  20"));
+        tmux.assert_terminal_restored();
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod batch;
 pub mod clock;
+pub mod columns;
 pub mod delta;
 pub mod overhead;
 pub mod tui;

@@ -12,11 +12,12 @@ use ratatui::backend::CrosstermBackend;
 use ratatui::layout::{Constraint, Layout, Rect};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
-use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, TableState};
+use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, TableState};
 use ratatui::{Frame, Terminal};
 
 use crate::model::human_size;
-use crate::render::{hist, GroupBy};
+use crate::render::{hist, GroupBy, SourceColumn};
+use crate::top::columns::{elide_middle, fit, fitting_line, Column, SPACING};
 use crate::top::view::{
     cells, header_lines, headers, next_group, per_sec, source_column, Interval, TopRow, ViewOptions,
 };
@@ -46,6 +47,8 @@ pub struct App {
     /// between refreshes.
     pub selected_key: Option<String>,
     pub expanded: bool,
+    /// The help overlay is shown (any key closes it).
+    pub help: bool,
 }
 
 impl App {
@@ -57,6 +60,7 @@ impl App {
             selected: 0,
             selected_key: None,
             expanded: false,
+            help: false,
         }
     }
 
@@ -78,10 +82,21 @@ impl App {
             return Action::Nothing;
         }
         let ctrl = key.modifiers.contains(KeyModifiers::CONTROL);
+        // Raw mode turns Ctrl-C into a key rather than SIGINT: it quits
+        // whatever is shown.
+        if key.code == KeyCode::Char('c') && ctrl {
+            return Action::Quit;
+        }
+        if self.help {
+            self.help = false;
+            return Action::Redraw;
+        }
         match key.code {
             KeyCode::Char('q') => Action::Quit,
-            // Raw mode turns Ctrl-C into a key rather than SIGINT.
-            KeyCode::Char('c') if ctrl => Action::Quit,
+            KeyCode::Char('h') | KeyCode::Char('?') => {
+                self.help = true;
+                Action::Redraw
+            }
             KeyCode::Esc if self.expanded => {
                 self.expanded = false;
                 Action::Redraw
@@ -156,8 +171,32 @@ impl App {
     }
 }
 
-pub const KEYS_HELP: &str =
-    "q quit  s sort  v/Tab view (1-4)  space pause  +/- interval  ↑/↓ select  Enter expand";
+/// The key line, most complete first: the first that fits is shown.
+pub const KEYS_LINES: [&str; 3] = [
+    "q quit  s sort  v/Tab view (1-4)  space pause  +/- interval  ↑/↓ select  Enter expand  h/? help",
+    "q quit  s sort  v view  space pause  +/- interval  Enter expand  ? help",
+    "q quit  ? help",
+];
+
+/// The help overlay: every key, one a line.
+pub const HELP_LINES: [(&str, &str); 13] = [
+    ("q, Esc, Ctrl-C", "quit (Esc first closes an expanded row)"),
+    ("s, >", "sort by the next column"),
+    (
+        "v, Tab",
+        "next view: site, stack, cache (and process or cgroup)",
+    ),
+    ("1 2 3 4", "site, stack, cache, process/cgroup view"),
+    ("space, p", "pause / resume"),
+    ("+, =", "longer refresh interval"),
+    ("-", "shorter refresh interval"),
+    ("↑ ↓, k j", "select a row"),
+    ("PgUp PgDn, Home", "move by 10 rows, to the top"),
+    ("Enter, e", "expand the row: size histogram and its stack"),
+    ("h, ?", "this help"),
+    ("", ""),
+    ("", "any key closes this help"),
+];
 
 /// Draws one screen. `iv` is None until the first interval has been read;
 /// `total` counts the rows before `--rows` cut them.
@@ -191,53 +230,86 @@ pub fn draw(f: &mut Frame, app: &App, iv: Option<&Interval>, rows: &[TopRow], to
         draw_detail(f, detail, rows.get(app.selected), interval_s);
     }
     f.render_widget(
-        Paragraph::new(KEYS_HELP).style(Style::new().add_modifier(Modifier::REVERSED)),
+        Paragraph::new(fitting_line(&KEYS_LINES, keys.width as usize).into_owned())
+            .style(Style::new().add_modifier(Modifier::REVERSED)),
         keys,
+    );
+    if app.help {
+        draw_help(f, area);
+    }
+}
+
+/// The help overlay, centred, over whatever is drawn.
+fn draw_help(f: &mut Frame, area: Rect) {
+    let keys_w = HELP_LINES
+        .iter()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0);
+    let lines: Vec<Line> = HELP_LINES
+        .iter()
+        .map(|(k, what)| Line::from(format!(" {k:<keys_w$}  {what}")))
+        .collect();
+    let text_w = lines.iter().map(Line::width).max().unwrap_or(0) + 2;
+    let width = (text_w as u16).min(area.width);
+    let height = (lines.len() as u16 + 2).min(area.height);
+    let x = area.x + (area.width - width) / 2;
+    let y = area.y + (area.height - height) / 2;
+    let rect = Rect::new(x, y, width, height);
+    f.render_widget(Clear, rect);
+    f.render_widget(
+        Paragraph::new(lines).block(Block::bordered().title(" kheap top: keys ")),
+        rect,
     );
 }
 
 fn draw_table(f: &mut Frame, area: Rect, app: &App, rows: &[TopRow], interval_s: f64) {
     let by = app.view.by;
-    let sorted = app.view.sort.column();
-    // The naming columns are left-aligned, the numbers right-aligned (the
-    // cache view's second column is frees/s).
     let source = source_column(rows);
-    let names = if by == GroupBy::Cache { 1 } else { 2 } + usize::from(source.0);
-    let align = |i: usize, line: Line<'static>| {
-        if i < names {
-            line
+    let heads = headers(by, source);
+    let body: Vec<Vec<String>> = rows.iter().map(|r| cells(r, by, interval_s)).collect();
+    let cols = column_specs(&heads, &body, by, source, app.view.sort.column());
+    let widths = fit(&cols, area.width as usize);
+    let shown = |i: &usize| widths.get(*i).copied().flatten();
+    // The naming columns are left-aligned and elided in the middle; the
+    // numbers are right-aligned and never cut (their column hides instead).
+    let cell = |i: usize, text: &str| {
+        let width = shown(&i).unwrap_or(0);
+        if cols[i].name {
+            Line::from(elide_middle(text, width))
         } else {
-            line.right_aligned()
+            Line::from(text.to_string()).right_aligned()
         }
     };
-    let header = Row::new(headers(by, source).into_iter().enumerate().map(|(i, h)| {
-        let style = if h == sorted {
-            Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED)
-        } else {
-            Style::new().add_modifier(Modifier::BOLD)
-        };
-        Cell::from(align(i, Line::from(h))).style(style)
-    }));
-    let body = rows.iter().map(|r| {
+    let sorted = app.view.sort.column();
+    let header = Row::new(
+        heads
+            .iter()
+            .enumerate()
+            .filter(|c| shown(&c.0).is_some())
+            .map(|(i, h)| {
+                let style = if *h == sorted {
+                    Style::new().add_modifier(Modifier::BOLD | Modifier::UNDERLINED)
+                } else {
+                    Style::new().add_modifier(Modifier::BOLD)
+                };
+                Cell::from(cell(i, h)).style(style)
+            }),
+    );
+    let body = body.iter().map(|r| {
         Row::new(
-            cells(r, by, interval_s)
-                .into_iter()
+            r.iter()
                 .enumerate()
-                .map(|(i, c)| Cell::from(align(i, Line::from(c)))),
+                .filter(|c| shown(&c.0).is_some())
+                .map(|(i, c)| Cell::from(cell(i, c))),
         )
     });
-    let detail_w = rows
+    let constraints = widths
         .iter()
-        .map(|r| r.detail.chars().count())
-        .max()
-        .unwrap_or(0)
-        .clamp(8, 40) as u16;
-    let mut widths = vec![Constraint::Fill(1), Constraint::Length(detail_w)];
-    if source.0 {
-        widths.insert(1, Constraint::Length(7));
-    }
-    widths.extend([Constraint::Length(9); 7]);
-    let table = Table::new(body, widths)
+        .flatten()
+        .map(|&w| Constraint::Length(w as u16));
+    let table = Table::new(body, constraints)
+        .column_spacing(SPACING as u16)
         .header(header)
         .row_highlight_style(Style::new().add_modifier(Modifier::REVERSED));
     let mut state = TableState::default();
@@ -245,6 +317,53 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App, rows: &[TopRow], interval_s:
         state.select(Some(app.selected.min(rows.len() - 1)));
     }
     f.render_stateful_widget(table, area, &mut state);
+}
+
+/// The columns of a view, for `fit`: the key column first (never hidden),
+/// then the column the rows are sorted by, the second naming column, the
+/// allocator, and the rates from most to least telling.
+fn column_specs(
+    heads: &[&str],
+    body: &[Vec<String>],
+    by: GroupBy,
+    source: SourceColumn,
+    sorted: &str,
+) -> Vec<Column> {
+    // The second column names (a cache, a comm) except in the cache and
+    // cgroup views, where it is a rate.
+    let second_names = matches!(by, GroupBy::Site | GroupBy::Stack | GroupBy::Process);
+    let detail = 1 + usize::from(source.0);
+    heads
+        .iter()
+        .enumerate()
+        .map(|(i, h)| {
+            let natural = body
+                .iter()
+                .filter_map(|r| r.get(i))
+                .map(|c| c.chars().count())
+                .chain([h.chars().count()])
+                .max()
+                .unwrap_or(0);
+            let priority = match *h {
+                _ if i == 0 => u8::MAX,
+                _ if *h == sorted => 20,
+                _ if i == detail => 10,
+                "source" => 9,
+                "alloc/s" => 8,
+                "allocs/s" => 7,
+                "waste%" => 6,
+                "req/s" => 5,
+                "waste/s" => 4,
+                "avg" => 3,
+                _ => 1,
+            };
+            Column {
+                natural,
+                name: i == 0 || (i == detail && second_names),
+                priority,
+            }
+        })
+        .collect()
 }
 
 fn draw_detail(f: &mut Frame, area: Rect, row: Option<&TopRow>, interval_s: f64) {
@@ -298,10 +417,24 @@ pub fn restore_terminal() {
     let _ = crossterm::execute!(io::stdout(), LeaveAlternateScreen, crossterm::cursor::Show);
 }
 
+/// Restores the terminal when dropped. Made before the terminal is
+/// changed at all, so that a failure half-way through entering the
+/// full-screen view (raw mode set, the alternate screen refused) still
+/// leaves the terminal as it was.
+struct RestoreGuard;
+
+impl Drop for RestoreGuard {
+    fn drop(&mut self) {
+        restore_terminal();
+    }
+}
+
 /// The full-screen terminal, restored when dropped — on return, on error
 /// and on unwinding — and by a panic hook before a panic message prints.
 pub struct Screen {
     pub terminal: Terminal<CrosstermBackend<Stdout>>,
+    // Dropped after the terminal: the last thing done is the restore.
+    _restore: RestoreGuard,
 }
 
 impl Screen {
@@ -311,20 +444,16 @@ impl Screen {
             restore_terminal();
             prev(info);
         }));
+        let restore = RestoreGuard;
         terminal::enable_raw_mode().context("putting the terminal in raw mode")?;
-        let screen = Screen {
-            terminal: Terminal::new(CrosstermBackend::new(io::stdout()))
-                .context("opening the terminal")?,
-        };
         crossterm::execute!(io::stdout(), EnterAlternateScreen, crossterm::cursor::Hide)
             .context("switching to the alternate screen")?;
-        Ok(screen)
-    }
-}
-
-impl Drop for Screen {
-    fn drop(&mut self) {
-        restore_terminal();
+        let terminal =
+            Terminal::new(CrosstermBackend::new(io::stdout())).context("opening the terminal")?;
+        Ok(Screen {
+            terminal,
+            _restore: restore,
+        })
     }
 }
 
@@ -443,6 +572,10 @@ mod tests {
     }
 
     fn screen_text(a: &App) -> String {
+        screen_text_sized(a, 140, 40)
+    }
+
+    fn screen_text_sized(a: &App, width: u16, height: u16) -> String {
         let report = report_of(&sample_snapshot(), 10, 1.0);
         let iv = Interval {
             time: "2026-11-29T17:30:01.000Z".into(),
@@ -452,7 +585,7 @@ mod tests {
         };
         let mut r = rows(&iv.report, a.view.by, &ObjectSizes::default());
         sort_rows(&mut r, a.view.sort);
-        let mut term = Terminal::new(TestBackend::new(140, 40)).unwrap();
+        let mut term = Terminal::new(TestBackend::new(width, height)).unwrap();
         let total = r.len();
         term.draw(|f| draw(f, a, Some(&iv), &r, total)).unwrap();
         let buf = term.backend().buffer().clone();
@@ -482,5 +615,43 @@ mod tests {
         let s = screen_text(&a);
         assert_contains(&s, &["stack:", "do_msgsnd+0x10"]);
         assert!(s.contains("[2K, 4K)"), "histogram: {s}");
+    }
+
+    #[test]
+    fn eighty_columns_keep_the_key_column_and_the_key_line() {
+        let mut a = app();
+        for (by, key, real) in [
+            (GroupBy::Site, "site", "simple_xattr_alloc+0x10"),
+            (GroupBy::Stack, "stack", "load_msg"),
+            (GroupBy::Cache, "cache", "kmalloc-cg-4k"),
+        ] {
+            a.view.by = by;
+            let s = screen_text_sized(&a, 80, 24);
+            let header = s.lines().find(|l| l.starts_with(&format!("{key} ")));
+            assert!(header.is_some_and(|h| h.contains("alloc/s")), "{by:?}: {s}");
+            assert!(s.lines().any(|l| l.starts_with(real)), "{by:?}: {s}");
+            let keys = s.lines().last().unwrap();
+            assert!(keys.contains("q quit") && keys.contains("? help"), "{keys}");
+            assert!(!keys.trim_end().ends_with("Enter e"), "{keys}");
+        }
+    }
+
+    #[test]
+    fn h_and_question_mark_show_help_and_any_key_closes_it() {
+        for open in ['h', '?'] {
+            let mut a = app();
+            assert_eq!(a.on_key(key(KeyCode::Char(open)), 3), Action::Redraw);
+            assert!(a.help);
+            let s = screen_text_sized(&a, 80, 24);
+            assert_contains(&s, &["kheap top: keys", "any key closes this help"]);
+            // 'q' closes the help, it does not quit.
+            assert_eq!(a.on_key(key(KeyCode::Char('q')), 3), Action::Redraw);
+            assert!(!a.help);
+            assert!(!screen_text_sized(&a, 80, 24).contains("kheap top: keys"));
+        }
+        let mut a = app();
+        a.on_key(key(KeyCode::Char('?')), 3);
+        let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
+        assert_eq!(a.on_key(ctrl_c, 3), Action::Quit, "Ctrl-C quits even then");
     }
 }

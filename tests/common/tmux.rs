@@ -5,7 +5,8 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// A private tmux server with one 200x50 window running a plain shell;
+/// A private tmux server with one window (200x50 unless said otherwise)
+/// running a plain shell;
 /// killed when dropped.
 pub struct Tmux {
     socket: String,
@@ -13,6 +14,11 @@ pub struct Tmux {
 
 impl Tmux {
     pub fn start(test: &str) -> Tmux {
+        Tmux::start_sized(test, 200, 50)
+    }
+    /// The same with a window of `width` x `height`.
+    pub fn start_sized(test: &str, width: u16, height: u16) -> Tmux {
+        let (w, h) = (width.to_string(), height.to_string());
         let t = Tmux {
             socket: format!("kheap-{test}-{}", std::process::id()),
         };
@@ -21,9 +27,9 @@ impl Tmux {
                 "new-session",
                 "-d",
                 "-x",
-                "200",
+                &w,
                 "-y",
-                "50",
+                &h,
                 "-s",
                 "t",
                 "env",
@@ -99,11 +105,13 @@ impl Tmux {
             "0",
             "still on the alternate screen"
         );
+        // The marker is computed by the shell, so that the command line
+        // (wrapped on a narrow window) never looks like its output.
         self.send(&[
-            "clear; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?\\(icanon\\|echo\\)' | tr '\\n' ' '; echo END",
+            "clear; stty -a | tr ' ;' '\\n\\n' | grep -x -- '-\\?\\(icanon\\|echo\\)' | tr '\\n' ' '; echo END$((6*7))",
             "Enter",
         ]);
-        let is_output = |l: &str| l.trim_end().ends_with(" END") && !l.contains("stty");
+        let is_output = |l: &str| l.trim_end().ends_with("END42");
         let screen = self.wait_for("stty output", |s| s.lines().any(is_output));
         let line = screen.lines().find(|l| is_output(l)).unwrap();
         assert!(
