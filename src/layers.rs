@@ -88,6 +88,7 @@ mod tests {
         ("top::delta", Report),
         ("top::overhead", Report),
         ("top::view", Render),
+        ("top::columns", Render),
         ("top::batch", Render),
         ("top::tui", Render),
     ];

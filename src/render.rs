@@ -405,7 +405,7 @@ fn stack_details_text(r: &Report, n: usize, width: Option<u16>) -> String {
         let est = if s.estimated { "~" } else { "" };
         let _ = writeln!(
             out,
-            "#{} {}  {}{} allocs, {}{} req, {}{} alloc, {} wasted ({:.1}%), cache {}{}",
+            "#{} {}  {}{} allocs, {}{} req, {}{} alloc, {} wasted ({:.1}%), cache {}{}{}",
             i + 1,
             s.function,
             est,
@@ -418,6 +418,7 @@ fn stack_details_text(r: &Report, n: usize, width: Option<u16>) -> String {
             s.counts.waste_pct,
             s.cache,
             source_note(source, s.source),
+            process_note(&s.processes),
         );
         out.push_str(&stack_body(
             &s.frames,
@@ -425,6 +426,32 @@ fn stack_details_text(r: &Report, n: usize, width: Option<u16>) -> String {
         ));
     }
     out
+}
+
+/// `; by comm [pid]` after a stack's title: who made it, so that two rows
+/// with the same frames (made by two processes) say how they differ. The
+/// two largest, then how many more.
+pub fn process_note(processes: &[crate::report::StackProcess]) -> String {
+    let name = |p: &crate::report::StackProcess| match p.pid {
+        None => "interrupt".to_string(),
+        Some(pid) => {
+            let comm = p.comm.as_deref().filter(|c| !c.is_empty()).unwrap_or("?");
+            format!("{comm} [{pid}]")
+        }
+    };
+    if processes.is_empty() {
+        return String::new();
+    }
+    let mut note = processes
+        .iter()
+        .take(2)
+        .map(name)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if processes.len() > 2 {
+        let _ = write!(note, " +{}", processes.len() - 2);
+    }
+    format!("; by {note}")
 }
 
 /// `, source page` after a stack's title when sources are shown.
@@ -477,6 +504,16 @@ pub fn flame_samples(r: &Report) -> Vec<flame::Sample> {
             before: None,
         })
         .collect()
+}
+
+/// Leaves the allocator's own entry frames out of every stack (innermost
+/// first; `symbolize::caller_frames`), for profiles and flame graphs whose
+/// leaf should be the caller. Rows and totals are unchanged.
+pub fn drop_allocator_frames(r: &mut Report) {
+    for s in &mut r.stacks {
+        let drop = s.frames.len() - crate::symbolize::caller_frames(&s.frames).len();
+        s.frames.drain(..drop);
+    }
 }
 
 fn strip_offset(frame: &str) -> &str {

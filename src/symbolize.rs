@@ -209,6 +209,26 @@ pub fn is_allocator_frame(name: &str) -> bool {
     name.ends_with("_noprof") || PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
+/// A stack (innermost first, `name+0xoff [module]` as reports write it)
+/// without the allocator's own frames at its inner end (`__kmalloc*`,
+/// `kmem_cache_alloc*`, `*_noprof`, the wrappers of `is_allocator_frame`),
+/// so that a profile's leaf, its "flat" function, is the code that asked
+/// for the memory. A stack made only of allocator frames keeps its
+/// outermost one: a sample always has a frame.
+pub fn caller_frames<S: AsRef<str>>(frames: &[S]) -> &[S] {
+    let name = |f: &S| {
+        let f = f.as_ref();
+        let head = f.split(' ').next().unwrap_or(f);
+        head.split_once('+').map_or(head, |(n, _)| n).to_string()
+    };
+    let skip = frames
+        .iter()
+        .take_while(|f| is_allocator_frame(&name(f)))
+        .count()
+        .min(frames.len().saturating_sub(1));
+    &frames[skip..]
+}
+
 /// How deep the tracing machinery can reach into a captured stack.
 const TRACING_DEPTH: usize = 6;
 
@@ -362,5 +382,26 @@ mod tests {
         let frames = syms.symbolize(&[0xffffffff81a9ea7b, 0xffffffff81bb35a5]);
         assert_eq!(frames[0].display(), "load_msg+0x5b");
         assert_eq!(frames[1].display(), "iovec_from_user+0x5");
+    }
+
+    #[test]
+    fn caller_frames_leave_the_allocator_out() {
+        let st = [
+            "__kmalloc_node_noprof+0x256",
+            "__kvmalloc_node_noprof+0x10",
+            "load_msg+0x41",
+            "do_msgsnd+0x8c",
+        ];
+        assert_eq!(caller_frames(&st), &st[2..]);
+        let cache = ["kmem_cache_alloc_noprof+0x230", "getname_flags.part.0+0x24"];
+        assert_eq!(caller_frames(&cache), &cache[1..]);
+        let trace = ["kmalloc_trace+0x1 [x]", "__kmalloc_node+0x2", "f+0x3"];
+        assert_eq!(caller_frames(&trace), &trace[2..]);
+        // Nothing but the allocator: its outermost frame stays.
+        let only = ["__kmalloc_noprof+0x1", "kmalloc_trace_noprof+0x2"];
+        assert_eq!(caller_frames(&only), &only[1..]);
+        assert!(caller_frames::<&str>(&[]).is_empty());
+        let caller_first = ["load_msg+0x41", "__kmalloc_noprof+0x1"];
+        assert_eq!(caller_frames(&caller_first), &caller_first);
     }
 }

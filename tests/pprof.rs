@@ -166,6 +166,63 @@ fn go_pprof_shows_the_json_site_totals_with_sampled_stacks() {
     check_record_profile(&[]);
 }
 
+/// `pprof -top` rows (flat, function), heaviest flat first.
+fn flat_rows(top: &str) -> Vec<(i64, String)> {
+    top.lines()
+        .skip_while(|l| !l.contains("flat%"))
+        .skip(1)
+        .filter_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            let flat = cols.first()?.trim_end_matches('B').parse().ok()?;
+            Some((flat, cols.get(5..)?.join(" ")))
+        })
+        .collect()
+}
+
+#[test]
+fn go_pprof_flat_names_the_callers_unless_allocator_frames_are_kept() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let run = ["--exact-stacks", "--", LOAD, "msg", "1000", "2100"];
+    let (file, r) = profile_and_json(dir.path(), "record", &run);
+    let bytes = n(&msg_site(&r)["bytes_alloc"]);
+    assert_eq!(bytes, 4096000);
+    let mut args = vec![
+        "-top",
+        "-nodecount=100000",
+        "-unit=B",
+        "-sample_index=alloc_space",
+    ];
+    args.extend(MSG_FOCUS);
+    let top = pprof(&args, &file);
+    let rows = flat_rows(&top);
+    // The messages' flat bytes are on load_msg itself, the caller.
+    assert_eq!(
+        rows.first(),
+        Some(&(bytes, "load_msg".to_string())),
+        "{top}"
+    );
+    let allocator = |f: &str| f.starts_with("__kmalloc") || f.contains("_noprof");
+    assert!(!rows.iter().any(|(_, f)| allocator(f)), "{top}");
+    // The JSON keeps every frame.
+    let frames = frames(rows_of_fn(&r, "stacks", "load_msg")[0]);
+    assert!(allocator(frames[0]), "{frames:?}");
+
+    // --keep-allocator-frames: the allocator's entry frame is the leaf.
+    let mut kept = vec!["--keep-allocator-frames"];
+    kept.extend(run);
+    let kept_dir = tempfile::tempdir().unwrap();
+    let (file, _) = profile_and_json(kept_dir.path(), "record", &kept);
+    let top = pprof(&args, &file);
+    let rows = flat_rows(&top);
+    let (flat, leaf) = rows.first().unwrap_or_else(|| panic!("{top}"));
+    assert!(allocator(leaf) && *flat == bytes, "{top}");
+    assert!(
+        rows.iter().any(|(flat, f)| f == "load_msg" && *flat == 0),
+        "{top}"
+    );
+}
+
 #[test]
 fn binary_output_to_a_terminal_is_refused() {
     // A pipe is not a terminal: kheap writes it there. With no -o and a

@@ -28,6 +28,8 @@ pub struct DiffArgs {
     /// What sizes (and colours) the frames of --format svg
     #[arg(long, value_enum, default_value_t)]
     pub weight: Weight,
+    #[command(flatten)]
+    pub frames: crate::cmd::run::FrameArgs,
 }
 
 pub fn run(args: DiffArgs) -> Result<i32> {
@@ -39,17 +41,24 @@ pub fn run(args: DiffArgs) -> Result<i32> {
         std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
     };
     let (before, after) = (read(&args.before)?, read(&args.after)?);
-    let (kind, before, after) = diff::parse_pair(
+    let (kind, mut before, mut after) = diff::parse_pair(
         (&before, &args.before.display().to_string()),
         (&after, &args.after.display().to_string()),
     )?;
     let out = &args.output;
+    if matches!(out.format, DiffFormat::Svg | DiffFormat::Pprof) {
+        args.frames.apply(&mut before);
+        args.frames.apply(&mut after);
+    }
     if out.format == DiffFormat::Svg {
-        let samples = differential(
-            &stack_samples(kind, &before),
-            &stack_samples(kind, &after),
-            args.weight,
-        );
+        // Each side's stacks, and what of its total no stack holds: the
+        // root is the later report's total, its BEFORE the earlier one's.
+        let whole = |r: &Report| {
+            let mut samples = stack_samples(kind, r);
+            samples.extend(crate::render::flame::remainder(&samples, &totals(kind, r)));
+            samples
+        };
+        let samples = differential(&whole(&before), &whole(&after), args.weight);
         let word = match Measure::of(kind) {
             Some(Measure::Outstanding) => "outstanding",
             _ => "allocated",
@@ -60,7 +69,7 @@ pub fn run(args: DiffArgs) -> Result<i32> {
             args.after.display()
         );
         emit(
-            &crate::cmd::record::flame_svg(&samples, args.weight, &title, word),
+            &crate::render::flame::titled(&samples, args.weight, &title, word),
             out.output(),
         )?;
         return Ok(0);
@@ -99,9 +108,38 @@ fn stack_samples(kind: Kind, r: &Report) -> Vec<Sample> {
     }
 }
 
-/// AFTER's stacks, each carrying BEFORE's weight of the same frames. Stacks
-/// only BEFORE had have no width in AFTER and are left out (the table and
-/// JSON of `--by stack` list them).
+/// A report's totals in the measure its graph draws: all allocations of a
+/// record, the outstanding objects of leaks.
+fn totals(kind: Kind, r: &Report) -> Sample {
+    match Measure::of(kind) {
+        Some(Measure::Outstanding) => {
+            let ret = r
+                .leaks
+                .as_ref()
+                .map(|l| l.retention.clone())
+                .unwrap_or_default();
+            Sample {
+                count: ret.outstanding_count,
+                bytes: ret.outstanding_bytes,
+                waste: ret
+                    .outstanding_bytes
+                    .saturating_sub(ret.outstanding_bytes_req),
+                ..Sample::default()
+            }
+        }
+        _ => Sample {
+            count: r.totals.allocs,
+            bytes: r.totals.bytes_alloc,
+            waste: r.totals.waste_bytes,
+            ..Sample::default()
+        },
+    }
+}
+
+/// AFTER's stacks, each carrying BEFORE's weight of the same frames (once:
+/// on the first of AFTER's samples with those frames). Stacks only BEFORE
+/// had come last, with no width, so that every frame's BEFORE, and the
+/// root's, is the earlier run's.
 fn differential(before: &[Sample], after: &[Sample], w: Weight) -> Vec<Sample> {
     let weight = |s: &Sample| match w {
         Weight::Bytes => s.bytes,
@@ -112,13 +150,21 @@ fn differential(before: &[Sample], after: &[Sample], w: Weight) -> Vec<Sample> {
     for s in before {
         *earlier.entry(&s.frames).or_default() += weight(s);
     }
-    after
+    let mut out: Vec<Sample> = after
         .iter()
         .map(|s| Sample {
-            before: Some(earlier.get(s.frames.as_slice()).copied().unwrap_or(0)),
+            before: Some(earlier.remove(s.frames.as_slice()).unwrap_or(0)),
             ..s.clone()
         })
-        .collect()
+        .collect();
+    let mut gone: Vec<(&[String], u64)> = earlier.into_iter().collect();
+    gone.sort();
+    out.extend(gone.into_iter().map(|(frames, was)| Sample {
+        frames: frames.to_vec(),
+        before: Some(was),
+        ..Sample::default()
+    }));
+    out
 }
 
 #[cfg(test)]
@@ -142,6 +188,22 @@ mod tests {
             Weight::Bytes,
         );
         let before: Vec<_> = d.iter().map(|s| (s.frames.join(";"), s.before)).collect();
-        assert_eq!(before, [("a;k".into(), Some(100)), ("new".into(), Some(0))]);
+        assert_eq!(
+            before,
+            [
+                ("a;k".into(), Some(100)),
+                ("new".into(), Some(0)),
+                ("gone".into(), Some(7))
+            ]
+        );
+        assert_eq!(d[2].bytes, 0, "no width in AFTER");
+        // Two of AFTER's samples with the same frames: BEFORE counts once.
+        let d = differential(
+            &[s(&["a"], 100)],
+            &[s(&["a"], 30), s(&["a"], 40)],
+            Weight::Bytes,
+        );
+        let total: u64 = d.iter().filter_map(|s| s.before).sum();
+        assert_eq!(total, 100);
     }
 }

@@ -33,6 +33,8 @@ pub struct LeaksArgs {
     pub output: OutputArgs<Format>,
     #[command(flatten)]
     pub json: run::JsonCopy,
+    #[command(flatten)]
+    pub frames: run::FrameArgs,
     /// What sizes the frames of --format svg
     #[arg(long, value_enum, default_value_t)]
     pub weight: crate::render::flame::Weight,
@@ -278,11 +280,15 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
         Format::Json => contract::pretty(Kind::Leaks, &report),
         Format::Folded => leak_render::folded(&report),
         Format::Pprof => {
+            args.frames.apply(&mut report);
             let profile = crate::render::pprof::from_report(&report).encode_gzip();
             return crate::output::emit_bytes(&profile, out.output());
         }
-        Format::Svg => crate::cmd::record::flame_svg(
-            &leak_render::flame_samples(&report),
+        Format::Svg => crate::render::flame::titled(
+            &leak_render::flame_samples(&{
+                args.frames.apply(&mut report);
+                report
+            }),
             args.weight,
             "kheap leaks",
             "outstanding",

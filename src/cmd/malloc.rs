@@ -662,7 +662,7 @@ fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
             let profile = crate::render::pprof::from_malloc(&report).encode_gzip();
             return crate::output::emit_bytes(&profile, out.output());
         }
-        Format::Svg => crate::cmd::record::flame_svg(
+        Format::Svg => crate::render::flame::titled(
             &render::flame_samples(&report),
             args.weight,
             "kheap malloc",

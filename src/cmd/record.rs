@@ -27,6 +27,8 @@ pub struct RecordArgs {
     pub output: OutputArgs<Format>,
     #[command(flatten)]
     pub json: run::JsonCopy,
+    #[command(flatten)]
+    pub frames: run::FrameArgs,
     /// What sizes the frames of --format svg
     #[arg(long, value_enum, default_value_t)]
     pub weight: crate::render::flame::Weight,
@@ -151,25 +153,6 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     Ok(exit_code)
 }
 
-/// A flame graph with the run's totals under its title.
-pub fn flame_svg(
-    samples: &[render::flame::Sample],
-    weight: render::flame::Weight,
-    title: &str,
-    bytes_word: &str,
-) -> String {
-    let subtitle = render::flame::subtitle(samples, weight, bytes_word);
-    render::flame::svg(
-        samples,
-        weight,
-        &render::flame::Labels {
-            title,
-            subtitle: &subtitle,
-            bytes_word,
-        },
-    )
-}
-
 fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
     let out = &args.output;
     args.json.write(Kind::Record, &report, |r| {
@@ -182,11 +165,15 @@ fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
         Format::Json => contract::pretty(Kind::Record, &report),
         Format::Folded => render::folded(&report),
         Format::Pprof => {
+            args.frames.apply(&mut report);
             let profile = render::pprof::from_report(&report).encode_gzip();
             return crate::output::emit_bytes(&profile, out.output());
         }
-        Format::Svg => flame_svg(
-            &render::flame_samples(&report),
+        Format::Svg => render::flame::titled(
+            &render::flame_samples(&{
+                args.frames.apply(&mut report);
+                report
+            }),
             args.weight,
             "kheap record",
             "allocated",

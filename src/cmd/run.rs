@@ -205,6 +205,29 @@ pub fn run_info(attached: &[String], skipped: &[String], f: &FilterArgs) -> RunI
     }
 }
 
+/// `--keep-allocator-frames`: pprof profiles and flame graphs leave the
+/// allocator's own entry frames (`__kmalloc*`, `kmem_cache_alloc*`,
+/// `*_noprof`, …) out of every kernel stack unless asked, so that the leaf
+/// of a stack, pprof's "flat" function, is the code that asked for memory.
+#[derive(Args, Debug, Clone, Copy, Default)]
+pub struct FrameArgs {
+    /// Keep the allocator's own entry frames (__kmalloc*,
+    /// kmem_cache_alloc*, *_noprof, …) at the top of each stack in pprof
+    /// and svg output (by default they are left out, so that a profile's
+    /// flat view names the callers)
+    #[arg(long)]
+    pub keep_allocator_frames: bool,
+}
+
+impl FrameArgs {
+    /// The report as pprof and svg output show it.
+    pub fn apply(self, report: &mut crate::report::Report) {
+        if !self.keep_allocator_frames {
+            crate::render::drop_allocator_frames(report);
+        }
+    }
+}
+
 /// `--json FILE`: the run's JSON report besides the output --format asks
 /// for, so one run gives, say, a pprof profile to look at and the numbers
 /// to check it against.

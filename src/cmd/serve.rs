@@ -98,6 +98,8 @@ pub struct ServeArgs {
     /// kept), so the maps do not fill over days
     #[arg(long, default_value = "12", value_name = "N")]
     pub idle_intervals: u32,
+    #[command(flatten)]
+    pub frames: crate::cmd::run::FrameArgs,
 }
 
 #[derive(Parser)]
@@ -318,7 +320,8 @@ impl Daemon {
             profile: ProfileState::new(
                 args.max_entries as usize,
                 args.stacks.sample_every(STACK_SAMPLE_EVERY),
-            ),
+            )
+            .keeping_allocator_frames(args.frames.keep_allocator_frames),
             totals: Totals::default(),
             syms,
             shared,

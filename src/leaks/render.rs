@@ -321,7 +321,7 @@ fn stack_details(r: &Report, n: usize, width: Option<u16>) -> String {
         let est = if s.estimated { "~" } else { "" };
         let _ = writeln!(
             out,
-            "#{} {}  {est}{} live ({est}{}), oldest {}; {est}{} allocated, {est}{} freed; cache {}{}",
+            "#{} {}  {est}{} live ({est}{}), oldest {}; {est}{} allocated, {est}{} freed; cache {}{}{}",
             i + 1,
             s.function,
             ret.outstanding_count,
@@ -331,6 +331,7 @@ fn stack_details(r: &Report, n: usize, width: Option<u16>) -> String {
             ret.freed_count,
             s.cache,
             render::source_note(source, s.source),
+            render::process_note(&s.processes),
         );
         out.push_str(&render::stack_body(
             &s.frames,

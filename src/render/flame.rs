@@ -91,6 +91,7 @@ const WIDTH: f64 = 1200.0;
 const PAD: f64 = 10.0;
 const FRAME_H: f64 = 16.0;
 const TOP: f64 = 60.0;
+const LEGEND_H: f64 = 18.0;
 const BOTTOM: f64 = 30.0;
 
 /// The SVG. With `Sample::before` set, a differential graph: frames sized
@@ -99,7 +100,9 @@ pub fn svg(samples: &[Sample], weight: Weight, labels: &Labels) -> String {
     let root = tree(samples);
     let differential = samples.iter().any(|s| s.before.is_some());
     let depth = root.depth();
-    let height = TOP + depth as f64 * FRAME_H + BOTTOM;
+    // A differential graph has a legend line above its frames.
+    let top = if differential { TOP + LEGEND_H } else { TOP };
+    let height = top + depth as f64 * FRAME_H + BOTTOM;
     let total = root.weight(weight);
     let max_delta = max_abs_delta(&root, weight).max(1);
     let mut out = String::new();
@@ -130,8 +133,12 @@ text {{ font-family: monospace; font-size: 12px; fill: #000; }}
         title = escape(labels.title),
         sub = escape(labels.subtitle),
     );
+    if differential {
+        legend(&mut out, weight);
+    }
     out.push_str("<g id=\"frames\">\n");
     let ctx = Ctx {
+        top,
         weight,
         total,
         labels,
@@ -147,6 +154,8 @@ text {{ font-family: monospace; font-size: 12px; fill: #000; }}
 }
 
 struct Ctx<'a> {
+    /// Where the frames start (below the title, and the legend if any).
+    top: f64,
     weight: Weight,
     total: u64,
     labels: &'a Labels<'a>,
@@ -166,7 +175,7 @@ fn frame(out: &mut String, ctx: &Ctx, name: &str, node: &Node, level: usize, x: 
     let px = PAD + x * (WIDTH - 2.0 * PAD);
     let pw = frac * (WIDTH - 2.0 * PAD);
     // Root at the bottom, callees above: the classic flame orientation.
-    let y = TOP + (ctx.depth - 1 - level) as f64 * FRAME_H;
+    let y = ctx.top + (ctx.depth - 1 - level) as f64 * FRAME_H;
     let fill = if ctx.differential {
         diff_colour(
             node.weight(ctx.weight) as i128 - node.before as i128,
@@ -214,6 +223,42 @@ fn frame(out: &mut String, ctx: &Ctx, name: &str, node: &Node, level: usize, x: 
         frame(out, ctx, child_name, child, level + 1, cx);
         cx += child.weight(ctx.weight) as f64 / ctx.total as f64;
     }
+}
+
+/// What the colours of a differential graph mean, on one line under the
+/// subtitle.
+fn legend(out: &mut String, weight: Weight) {
+    let y = TOP - 8.0;
+    let swatch = |out: &mut String, x: f64, fill: &str, text: &str| {
+        let _ = writeln!(
+            out,
+            r##"<rect x="{x:.1}" y="{:.1}" width="12" height="12" fill="{fill}" stroke="#999" stroke-width="0.5"/><text x="{:.1}" y="{y:.1}">{}</text>"##,
+            y - 10.0,
+            x + 16.0,
+            escape(text)
+        );
+    };
+    out.push_str("<g id=\"legend\">\n");
+    let w = weight_name(weight);
+    swatch(
+        out,
+        PAD,
+        &diff_colour(1, 1),
+        &format!("grew: more {w} in AFTER than BEFORE"),
+    );
+    swatch(
+        out,
+        380.0,
+        &diff_colour(-1, 1),
+        &format!("shrank: fewer {w} in AFTER"),
+    );
+    swatch(out, 640.0, &diff_colour(0, 1), "unchanged");
+    let _ = writeln!(
+        out,
+        r##"<text x="{:.1}" y="{y:.1}" style="fill:#555">width: AFTER; deeper colour: larger change</text>"##,
+        780.0
+    );
+    out.push_str("</g>\n");
 }
 
 fn weight_name(w: Weight) -> &'static str {
@@ -296,16 +341,67 @@ pub fn escape(s: &str) -> String {
     out
 }
 
+/// A flame graph with its totals under its title (record, leaks, malloc,
+/// diff).
+pub fn titled(samples: &[Sample], weight: Weight, title: &str, bytes_word: &str) -> String {
+    let subtitle = subtitle(samples, weight, bytes_word);
+    svg(
+        samples,
+        weight,
+        &Labels {
+            title,
+            subtitle: &subtitle,
+            bytes_word,
+        },
+    )
+}
+
 /// A summary line under the title: the total in all three measures.
 pub fn subtitle(samples: &[Sample], weight: Weight, bytes_word: &str) -> String {
     let root = tree(samples);
-    format!(
-        "{} allocations, {} {bytes_word}, {} wasted; width = {}; click a frame to zoom",
+    let mut line = format!(
+        "{} allocations, {} {bytes_word}, {} wasted; width = {}",
         human_count(root.count),
         human_size(root.bytes),
         human_size(root.waste),
         weight_name(weight)
-    )
+    );
+    if samples.iter().any(|s| s.before.is_some()) {
+        let (before, after) = (root.before, root.weight(weight));
+        let show = |v: u64| match weight {
+            Weight::Count => human_count(v),
+            _ => human_size(v),
+        };
+        let change = after as i128 - before as i128;
+        let sign = if change < 0 { "-" } else { "+" };
+        let _ = write!(
+            line,
+            "; BEFORE {}, change {sign}{}",
+            show(before),
+            show(change.unsigned_abs() as u64)
+        );
+    }
+    line.push_str("; click a frame to zoom");
+    line
+}
+
+/// The frame that holds what of a report's totals no captured stack holds
+/// (stacks not captured, lost, or cut from the report), so that the root
+/// of a graph is the report's total.
+pub const UNSTACKED: &str = "[in no captured stack]";
+
+/// The sample that makes `samples` add up to `total` (its count, bytes
+/// and waste), if anything is missing.
+pub fn remainder(samples: &[Sample], total: &Sample) -> Option<Sample> {
+    let root = tree(samples);
+    let s = Sample {
+        frames: vec![UNSTACKED.to_string()],
+        count: total.count.saturating_sub(root.count),
+        bytes: total.bytes.saturating_sub(root.bytes),
+        waste: total.waste.saturating_sub(root.waste),
+        before: None,
+    };
+    (s.count > 0 || s.bytes > 0 || s.waste > 0).then_some(s)
 }
 
 /// Zoom, reset, search (button or `?s=` in the URL), and the hover line.

@@ -26,7 +26,7 @@ use crate::model::{apportion, AllocStats, SiteKey, Source};
 use crate::render::pprof::{heap_profile, source_label, Frame, Label, Sample};
 use crate::render::SourceColumn;
 use crate::serve::series::FORGET_AFTER;
-use crate::symbolize::{strip_tracing_frames, Symbolize};
+use crate::symbolize::{caller_frames, strip_tracing_frames, Symbolize};
 
 /// The stack id of rows without a stack (the site's own frame).
 const NO_STACK: i64 = 0;
@@ -52,6 +52,9 @@ pub struct ProfileState {
     site_frames: HashMap<SiteKey, (Arc<[Frame]>, Arc<str>)>,
     max_stacks: usize,
     stack_sample_every: u32,
+    /// Keep the allocator's entry frames on top of each stack
+    /// (`--keep-allocator-frames`; by default the leaf is the caller).
+    keep_allocator_frames: bool,
     /// Stacks folded away so far.
     pub stacks_folded: u64,
 }
@@ -91,6 +94,12 @@ impl ProfileState {
         }
     }
 
+    /// With the allocator's own entry frames kept on top of each stack.
+    pub fn keeping_allocator_frames(mut self, keep: bool) -> ProfileState {
+        self.keep_allocator_frames = keep;
+        self
+    }
+
     /// New settings (SIGHUP): the cap applies from the next interval; the
     /// sampling period is what the profiles' comment states.
     pub fn set_limits(&mut self, max_stacks: usize, stack_sample_every: u32) {
@@ -125,10 +134,16 @@ impl ProfileState {
             e.idle = 0;
             if !self.frames.contains_key(id) {
                 if let Some(addrs) = delta.stack_frames.get(id) {
-                    let frames = strip_tracing_frames(syms.symbolize(addrs))
+                    let names: Vec<String> = strip_tracing_frames(syms.symbolize(addrs))
                         .iter()
-                        .map(|f| Frame::kernel(&f.display()))
+                        .map(|f| f.display())
                         .collect();
+                    let names = if self.keep_allocator_frames {
+                        &names[..]
+                    } else {
+                        caller_frames(&names)
+                    };
+                    let frames = names.iter().map(|f| Frame::kernel(f)).collect();
                     self.frames.insert(*id, frames);
                 }
             }
