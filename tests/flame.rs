@@ -91,10 +91,12 @@ fn unfold(fs: &[Frame]) -> Vec<(String, Frame)> {
     out
 }
 
-/// The one stack of the messages: load_msg calling the allocator.
+/// The one stack of the messages: load_msg calling the allocator (folded
+/// output keeps the allocator's frames; flame graphs leave them out).
 fn is_msg_stack(path: &str) -> bool {
     path.ends_with(";load_msg;__kmalloc_node_noprof")
         || path.ends_with(";load_msg;__kmalloc_noprof")
+        || path.ends_with(";do_msgsnd;load_msg")
 }
 
 #[test]
@@ -317,4 +319,45 @@ fn diff_svg_colours_the_grown_stack_red_with_its_exact_change() {
     let change = 900 * (4096 - REQ);
     assert!(line.contains(&format!("change +{change}")), "{line}");
     assert!(line.contains("fill=\"rgb(255,"), "grew: red: {line}");
+
+    // A legend says what red and blue mean.
+    let legend = svg
+        .split("<g id=\"legend\">")
+        .nth(1)
+        .and_then(|l| l.split("</g>").next())
+        .expect("a legend");
+    assert!(
+        legend.contains("grew") && legend.contains("shrank"),
+        "{legend}"
+    );
+    assert!(legend.contains("fill=\"rgb(255,80,80)\""), "{legend}");
+    assert!(legend.contains("fill=\"rgb(80,80,255)\""), "{legend}");
+    // The root is the later report's total, its BEFORE the earlier one's.
+    let totals = |p: &str| {
+        let r = parse_valid(&std::fs::read_to_string(p).unwrap());
+        let t = &r["totals"];
+        (u(&t["count"]), u(&t["bytes_alloc"]), u(&t["waste_bytes"]))
+    };
+    let (before, after) = (totals(&reports[0]), totals(&reports[1]));
+    let root = &frames(&svg)[0];
+    assert_eq!(root.name, "all");
+    assert_eq!((root.count, root.bytes, root.waste), after, "{svg}");
+    let root_line = svg.lines().find(|l| l.contains("<title>all&#10;")).unwrap();
+    let change = after.2 as i128 - before.2 as i128;
+    assert!(
+        root_line.contains(&format!(
+            "before {} wasted bytes, change {change:+}",
+            before.2
+        )),
+        "{root_line}"
+    );
+    let lint = Command::new("xmllint")
+        .args(["--noout", svg_path.to_str().unwrap()])
+        .output()
+        .expect("xmllint (scripts/setup installs libxml2-utils)");
+    assert!(
+        lint.status.success(),
+        "{}",
+        String::from_utf8_lossy(&lint.stderr)
+    );
 }

@@ -203,6 +203,13 @@ fn folded_and_table_output() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("load_msg+0x"), "{text}");
     assert!(text.contains("47.6%"), "waste of 2148 in 4096: {text}");
+    // A stack row says which process made it.
+    assert!(
+        text.lines().any(|l| l.starts_with('#')
+            && l.contains(" load_msg ")
+            && l.contains("; by kheap-load [")),
+        "{text}"
+    );
     assert!(
         text.contains("stacks: sampled 1 in 1024 (and each site's first"),
         "{text}"
