@@ -1,7 +1,7 @@
 //! kheap: who allocates kernel heap memory, in what sizes, how much slab
 //! rounding wastes, and what is never freed.
 
-use clap::{CommandFactory, Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use kheap::cmd;
 
 #[derive(Parser)]
@@ -36,7 +36,11 @@ enum Command {
 }
 
 fn main() {
-    let cli = match Cli::try_parse() {
+    // --help ends with each command's examples and exit statuses.
+    let parsed = cmd::help::with_help(Cli::command())
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m));
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) if e.use_stderr() => {
             eprintln!("kheap: {}", kheap::cli::one_line_error(&e));

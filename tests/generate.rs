@@ -120,10 +120,93 @@ fn man_pages_are_written_per_subcommand_and_lint_clean() {
 }
 
 #[test]
-fn man_refuses_a_missing_directory_in_one_line() {
-    let out = kheap(&["man", "--dir", "/nonexistent/kheap-man"]);
+fn man_creates_its_directory_but_never_through_a_link() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("share/man/man1");
+    let out = kheap(&["man", "--dir", dir.to_str().unwrap()]);
+    assert_ok(&out);
+    assert!(dir.join("kheap-top.1").is_file());
+    // A symbolic link (maybe another user's) is refused, not followed.
+    let target = tmp.path().join("elsewhere");
+    std::fs::create_dir(&target).unwrap();
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let out = kheap(&["man", "--dir", link.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("is not a directory"), "{err}");
+    assert!(err.contains("is a symbolic link"), "{err}");
+    assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+    // A file where the directory should be: one line, nothing written.
+    let file = tmp.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    let out = kheap(&["man", "--dir", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("is not a directory") && err.lines().count() == 1,
+        "{err}"
+    );
+}
+
+const SUBCOMMANDS: [&str; 10] = [
+    "record",
+    "leaks",
+    "diff",
+    "slab",
+    "malloc",
+    "top",
+    "serve",
+    "doctor",
+    "completions",
+    "man",
+];
+
+#[test]
+fn help_and_man_pages_have_examples_and_exit_status() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_ok(&kheap(&["man", "--dir", dir.path().to_str().unwrap()]));
+    for sub in SUBCOMMANDS {
+        let page = std::fs::read_to_string(dir.path().join(format!("kheap-{sub}.1"))).unwrap();
+        for section in [".SH EXAMPLES", ".SH \"EXIT STATUS\""] {
+            assert!(page.contains(section), "kheap-{sub}.1 has no {section}");
+        }
+        let out = kheap(&[sub, "--help"]);
+        assert_ok(&out);
+        let help = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(help.contains("\nExamples:\n"), "kheap {sub} --help: {help}");
+        assert!(
+            help.contains("\nExit status:\n  0 "),
+            "kheap {sub} --help: {help}"
+        );
+        // Every example is a real command line: its flags parse (--help
+        // is put where the traced command, or a redirection, begins).
+        let examples: Vec<&str> = help
+            .split("\nExamples:\n")
+            .nth(1)
+            .unwrap()
+            .split("\n\n")
+            .next()
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("  ") && !l.starts_with("      "))
+            .collect();
+        assert!(!examples.is_empty(), "{help}");
+        for example in examples {
+            let words: Vec<&str> = example
+                .split_whitespace()
+                .skip_while(|w| *w == "sudo")
+                .take_while(|w| *w != "--" && *w != ">")
+                .collect();
+            assert_eq!(words[..2], ["kheap", sub], "{example}");
+            let mut args = words[1..].to_vec();
+            args.push("--help");
+            let out = kheap(&args);
+            assert!(
+                out.status.success(),
+                "{example}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
 }

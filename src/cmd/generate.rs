@@ -31,14 +31,35 @@ pub fn completions(mut cmd: clap::Command, args: &CompletionsArgs) -> Result<i32
     Ok(0)
 }
 
-/// Writes one man page for `cmd` and one per subcommand into `--dir`, and
-/// lists the files written.
+/// Writes one man page for `cmd` and one per subcommand into `--dir`
+/// (created if missing), and lists the files written.
 pub fn man(cmd: clap::Command, args: &ManArgs) -> Result<i32> {
+    create_dir(&args.dir)?;
     crate::output::check_dir_writable(&args.dir, "--dir")?;
     for path in man_pages(cmd, &args.dir)? {
         println!("{}", path.display());
     }
     Ok(0)
+}
+
+/// `--dir`: an existing directory, or one made now (with its missing
+/// parents). A symbolic link is refused rather than followed: kheap runs as
+/// root, and the link may be another user's.
+fn create_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::symlink_metadata(dir) {
+        Ok(m) if m.file_type().is_symlink() => anyhow::bail!(
+            "--dir {} is a symbolic link: give the directory it points to",
+            dir.display()
+        ),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .with_context(|| format!("--dir {}: cannot create it", dir.display())),
+        Err(e) => Err(e).with_context(|| format!("--dir {}", dir.display())),
+    }
 }
 
 /// `kheap.1`, then `kheap-SUBCOMMAND.1` for each visible subcommand.
@@ -52,14 +73,28 @@ pub fn man_pages(cmd: clap::Command, dir: &Path) -> Result<Vec<PathBuf>> {
     let source = format!("kheap {}", env!("CARGO_PKG_VERSION"));
     let mut written = Vec::new();
     for page in pages {
+        // kheap's own page is "", a subcommand's its name.
+        let sub = if page.get_name() == cmd.get_name() {
+            String::new()
+        } else {
+            page.get_name().to_string()
+        };
         let man = clap_mangen::Man::new(page)
             .date(&date)
             .source(&source)
             .manual("kheap manual");
         let mut text = Vec::new();
         man.render(&mut text)?;
+        let page = with_sections(&tidy(&String::from_utf8(text)?), &sub);
         let path = dir.join(man.get_filename());
-        crate::output::write_atomic(&path, &tidy(&String::from_utf8(text)?))
+        // A page is written in place of a file, never through a link.
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            anyhow::bail!(
+                "{} is a symbolic link: remove it, or give another --dir",
+                path.display()
+            );
+        }
+        crate::output::write_atomic(&path, &page)
             .with_context(|| format!("writing {}", path.display()))?;
         written.push(path);
     }
@@ -94,6 +129,16 @@ fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
     let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
     (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// The page with its EXAMPLES and EXIT STATUS sections, before VERSION
+/// (or at the end).
+fn with_sections(page: &str, sub: &str) -> String {
+    let sections = super::help::roff_sections(sub);
+    match page.find("\n.SH VERSION") {
+        Some(i) => format!("{}\n{}{}", &page[..i], sections, &page[i + 1..]),
+        None => format!("{page}{sections}"),
+    }
 }
 
 /// clap_mangen separates a flag's help from its list of values with

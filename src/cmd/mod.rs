@@ -3,6 +3,7 @@
 pub mod diff;
 pub mod doctor;
 pub mod generate;
+pub mod help;
 pub mod leaks;
 pub mod malloc;
 pub mod progress;
