@@ -436,6 +436,40 @@ mod tests {
 
     use crate::render::pprof::test_support::{decode_gzip as decode, label_values};
 
+    /// Address 0xa is the allocator's entry, the rest are callers.
+    struct AllocatorSyms;
+    impl Symbolize for AllocatorSyms {
+        fn symbolize(&self, addrs: &[u64]) -> Vec<SymFrame> {
+            let mut frames = Syms.symbolize(addrs);
+            for f in &mut frames {
+                if f.addr == 0xa {
+                    f.function = Some("kmem_cache_alloc_noprof".into());
+                }
+            }
+            frames
+        }
+    }
+
+    #[test]
+    fn stacks_start_at_the_caller_unless_allocator_frames_are_kept() {
+        for keep in [false, true] {
+            let mut p = ProfileState::new(10, 1024).keeping_allocator_frames(keep);
+            let site = key(0x10, "c");
+            let mut d = Snapshot::default();
+            d.sites.insert(site.clone(), stats(4, 64));
+            d.stacks.insert((site, 1), stats(4, 64));
+            d.stack_frames.insert(1, vec![0xa, 0x10, 0x20]);
+            p.add_interval(&d, &AllocatorSyms);
+            let rows = p.rows(None);
+            let names: Vec<&str> = rows[0].frames.iter().map(|f| f.function.as_str()).collect();
+            if keep {
+                assert_eq!(names, ["kmem_cache_alloc_noprof", "f10", "f20"]);
+            } else {
+                assert_eq!(names, ["f10", "f20"]);
+            }
+        }
+    }
+
     #[test]
     fn sites_without_stacks_are_exact_single_frame_rows() {
         let mut p = ProfileState::new(10, 1024);
