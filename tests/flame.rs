@@ -91,12 +91,25 @@ fn unfold(fs: &[Frame]) -> Vec<(String, Frame)> {
     out
 }
 
-/// The one stack of the messages: load_msg calling the allocator (folded
-/// output keeps the allocator's frames; flame graphs leave them out).
+/// The one stack of the messages in folded output: load_msg calling the
+/// allocator, whose frames folded output keeps.
 fn is_msg_stack(path: &str) -> bool {
     path.ends_with(";load_msg;__kmalloc_node_noprof")
         || path.ends_with(";load_msg;__kmalloc_noprof")
-        || path.ends_with(";do_msgsnd;load_msg")
+}
+
+/// The same in a flame graph, which starts stacks at the caller.
+fn is_msg_flame(path: &str) -> bool {
+    path.ends_with(";do_msgsnd;load_msg")
+}
+
+/// Whether a stack of a flame graph ends in the allocator's own entry
+/// frame (inner frames can be the allocator's: a slab allocating its own
+/// bookkeeping, `alloc_slab_obj_exts`, under `__kmalloc_node_noprof`).
+fn ends_in_the_allocator(lines: &[(String, Frame)]) -> bool {
+    lines
+        .iter()
+        .any(|(_, f)| f.name.starts_with("__kmalloc") || f.name.ends_with("_noprof"))
 }
 
 #[test]
@@ -107,7 +120,8 @@ fn svg_frames_carry_the_exact_numbers_of_the_folded_stacks() {
     let fs = frames(&svg);
     assert_eq!(fs[0].name, "all", "the root comes first");
     let lines = unfold(&fs);
-    let msg: Vec<_> = lines.iter().filter(|(p, _)| is_msg_stack(p)).collect();
+    assert!(!ends_in_the_allocator(&lines), "{lines:#?}");
+    let msg: Vec<_> = lines.iter().filter(|(p, _)| is_msg_flame(p)).collect();
     assert_eq!(msg.len(), 1, "{lines:#?}");
     let m = &msg[0].1;
     assert_eq!(
@@ -135,6 +149,17 @@ fn svg_frames_carry_the_exact_numbers_of_the_folded_stacks() {
     // Weighted by count, the widths are allocations.
     let by_count = run_to_file("svg", &["--exact-stacks", "--weight", "count"], dir.path());
     let fs = frames(&by_count);
+    // --keep-allocator-frames: the allocator's entry frame is back on top.
+    let kept = run_to_file(
+        "svg",
+        &["--exact-stacks", "--keep-allocator-frames"],
+        dir.path(),
+    );
+    let kept_lines = unfold(&frames(&kept));
+    assert!(ends_in_the_allocator(&kept_lines), "{kept_lines:#?}");
+    let msg: Vec<_> = kept_lines.iter().filter(|(p, _)| is_msg_stack(p)).collect();
+    assert_eq!(msg.len(), 1, "{kept_lines:#?}");
+    assert_eq!(msg[0].1.count, MSGS);
     assert!(by_count.contains(&format!(
         "data-weight=\"count\" data-total=\"{}\"",
         fs[0].count
@@ -262,7 +287,7 @@ fn leaks_svg_weighs_the_outstanding_objects() {
     assert_ok(&out);
     let svg = std::fs::read_to_string(&path).unwrap();
     let lines = unfold(&frames(&svg));
-    let msg: Vec<_> = lines.iter().filter(|(p, _)| is_msg_stack(p)).collect();
+    let msg: Vec<_> = lines.iter().filter(|(p, _)| is_msg_flame(p)).collect();
     assert_eq!(msg.len(), 1, "{lines:#?}");
     let m = &msg[0].1;
     assert_eq!(
