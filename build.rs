@@ -62,7 +62,7 @@ fn main() {
 /// the walk; `push %rbp; mov …` read as an unmapped user address, and the
 /// walks cost ~700 ns more (a fault each, we infer: docs/benchmarks.md).
 fn build_preload(manifest: &std::path::Path, out: &std::path::Path) {
-    let cc = env::var_os("CC").unwrap_or_else(|| "cc".into());
+    let cc = target_c_compiler();
     let status = std::process::Command::new(&cc)
         .args(["-shared", "-fPIC", "-O2", "-g", "-Wall", "-Werror"])
         .args(["-fno-omit-frame-pointer", "-fcf-protection=full"])
@@ -74,4 +74,26 @@ fn build_preload(manifest: &std::path::Path, out: &std::path::Path) {
         .status()
         .unwrap_or_else(|e| panic!("running {cc:?}: {e} (run scripts/setup)"));
     assert!(status.success(), "building preload/kheap_preload.c failed");
+}
+
+/// The C compiler for the target, looked up the way the cc crate does
+/// (`CC_<target>`, `CC_<target_with_underscores>`, `TARGET_CC`, `CC`): the
+/// preload library is loaded into traced programs on the target machine, so
+/// a cross or old-glibc build (cargo-zigbuild, scripts/release) must build it
+/// with the same compiler as the rest of the binary.
+fn target_c_compiler() -> std::ffi::OsString {
+    let target = env::var("TARGET").unwrap_or_default();
+    let names = [
+        format!("CC_{target}"),
+        format!("CC_{}", target.replace('-', "_")),
+        "TARGET_CC".to_string(),
+        "CC".to_string(),
+    ];
+    for name in &names {
+        println!("cargo:rerun-if-env-changed={name}");
+    }
+    names
+        .iter()
+        .find_map(|name| env::var_os(name).filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| "cc".into())
 }
