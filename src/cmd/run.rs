@@ -252,10 +252,7 @@ pub enum Sink {
 impl Sink {
     pub fn create(path: Option<&Path>) -> Result<Sink> {
         Ok(match path {
-            Some(p) => Sink::File(
-                std::fs::File::create(p)
-                    .with_context(|| format!("cannot write the output to {}", p.display()))?,
-            ),
+            Some(p) => Sink::File(crate::output::create_stream(p, "-o")?),
             None => Sink::Stdout,
         })
     }
