@@ -88,7 +88,7 @@ fn file_place(path: &Path, shown: &str) -> Result<Place> {
     }
     if !written_in_place(&place) && place.in_kernel_fs() {
         bail!(
-            "{shown}: {} is a kernel file system (/proc or /sys), not a place for reports: \
+            "{shown}: {} is in a kernel file system (proc or sysfs), not a place for reports: \
              give a file in a directory you can write",
             place.dir_path.display()
         );

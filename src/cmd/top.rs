@@ -29,7 +29,7 @@ use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions
 #[derive(Args, Debug)]
 pub struct TopArgs {
     /// Seconds between refreshes
-    #[arg(short, long, value_parser = parse_duration, default_value = "1", value_name = "SECS")]
+    #[arg(short, long, value_parser = parse_duration, allow_hyphen_values = true, default_value = "1", value_name = "SECS")]
     pub interval: Duration,
     #[command(flatten)]
     pub trace: TraceArgs,
