@@ -505,3 +505,49 @@ fn min_age_counts_only_objects_that_old() {
     let table = std::fs::read_to_string(dir.path().join("final.txt")).unwrap();
     assert!(table.contains("at least 30.0s old"), "{table}");
 }
+
+/// Issue 27: the age buckets and `oldest_s` are made from the same ages
+/// (taken when tracing ended, capped at the traced time, cut to whole
+/// milliseconds): the oldest age lies in the last non-empty bucket.
+#[test]
+fn age_buckets_and_the_oldest_age_agree() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    let o = out.to_str().unwrap();
+    let load = private_load().0.to_str().unwrap();
+    assert_ok(&kheap(&[
+        "leaks", "-d", "2", "--format", "json", "-o", o, "--", load, "msg", "300", "2100", "4",
+    ]));
+    let r = read_json(&out);
+    let s = load_msg_site(&r).unwrap_or_else(|| panic!("{:#}", r["sites"]));
+    assert_eq!(u(&s["outstanding_count"]), 300);
+    let oldest = s["oldest_s"].as_f64().unwrap();
+    let duration = r["duration_s"].as_f64().unwrap();
+    // Allocated after tracing began, and within the first second.
+    assert!(oldest <= duration, "oldest {oldest} > duration {duration}");
+    assert!(
+        oldest >= duration - 1.0,
+        "oldest {oldest}, duration {duration}"
+    );
+    // Whole milliseconds.
+    assert_eq!((oldest * 1000.0).round() / 1000.0, oldest);
+    let ages = s["ages"].as_array().unwrap();
+    assert_eq!(ages.iter().map(|b| u(&b["count"])).sum::<u64>(), 300);
+    assert_eq!(
+        ages.iter().map(|b| u(&b["bytes"])).sum::<u64>(),
+        300 * MSG_ALLOC
+    );
+    let last = ages.last().unwrap();
+    let (lo, hi) = (
+        last["lo_s"].as_f64().unwrap(),
+        last["hi_s"].as_f64().unwrap(),
+    );
+    assert!(lo <= oldest && oldest < hi, "oldest {oldest} not in {last}");
+    for b in ages {
+        assert!(
+            b["lo_s"].as_f64().unwrap() <= oldest,
+            "{b} is past {oldest}"
+        );
+    }
+}

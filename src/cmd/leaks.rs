@@ -151,6 +151,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         if let Some(l) = snap.leaks.as_mut() {
             l.min_age_ns = (args.min_age * 1e9) as u64;
             l.kind = kind.to_string();
+            l.cap_ages((duration_s * 1e9) as u64);
         }
         report::build(
             snap,
