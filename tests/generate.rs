@@ -125,5 +125,8 @@ fn man_refuses_a_missing_directory_in_one_line() {
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(err.contains("directory /nonexistent does not exist"), "{err}");
+    assert!(
+        err.contains("directory /nonexistent does not exist"),
+        "{err}"
+    );
 }
