@@ -165,7 +165,7 @@ impl StackArgs {
 pub struct TraceArgs {
     /// Stop after this many seconds (default: until Ctrl-C, or until the
     /// command or every -p process ends)
-    #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
+    #[arg(short, long, value_parser = parse_duration, allow_hyphen_values = true, value_name = "SECS")]
     pub duration: Option<Duration>,
     #[command(flatten)]
     pub filters: FilterArgs,
@@ -381,6 +381,11 @@ pub fn parse_comm(s: &str) -> Result<String, String> {
             "an empty command name matches nothing: give a task name as in 'ps -o comm'".into(),
         );
     }
+    if s.chars().any(char::is_control) {
+        return Err(format!(
+            "{s:?} has a control character (a line end, a tab…): no task name shown by ps has one; give the name as 'ps -o comm' shows it"
+        ));
+    }
     if s.len() > COMM_MAX {
         return Err(format!(
             "'{s}' is longer than the {COMM_MAX} bytes the kernel keeps of a task name: use '{}'",
@@ -428,6 +433,11 @@ pub fn one_line_error(e: &clap::Error) -> String {
 /// Resolves `--cgroup PATH` against this host's cgroup2 mount (found in
 /// /proc/mounts): a bad path is refused before anything is attached.
 pub fn parse_cgroup(s: &str) -> Result<CgroupTarget, String> {
+    if s.is_empty() {
+        return Err(
+            "an empty cgroup path: give a directory under the cgroup2 mount, a path relative to it, or '/' for every cgroup".into(),
+        );
+    }
     let mount = crate::cgroup::cgroup2_mount().map_err(|e| e.to_string())?;
     crate::cgroup::resolve_target(s, &mount).map_err(|e| e.to_string())
 }
@@ -515,13 +525,18 @@ mod tests {
     fn comm_must_be_matchable() {
         assert_eq!(parse_comm("kheap-load"), Ok("kheap-load".into()));
         assert!(parse_comm("").unwrap_err().contains("empty"));
+        let e = parse_comm("a\nb").unwrap_err();
+        assert!(e.starts_with("\"a\\nb\" has a control character"), "{e}");
+        assert!(parse_cgroup("")
+            .unwrap_err()
+            .contains("an empty cgroup path"));
         let e = parse_comm("a-very-long-command-name").unwrap_err();
         assert!(e.contains("use 'a-very-long-com'"), "{e}");
     }
 
     #[derive(clap::Parser, Debug)]
     struct Demo {
-        #[arg(short, value_parser = parse_duration)]
+        #[arg(short, value_parser = parse_duration, allow_hyphen_values = true)]
         d: Option<Duration>,
         #[arg(long, requires = "d")]
         r: bool,
@@ -537,6 +552,9 @@ mod tests {
         assert!(!line.contains('\n'), "{line}");
         assert!(!line.contains("'-- -5'"), "{line}");
         assert!(line.contains("negative numbers are not accepted"), "{line}");
+        let e = Demo::try_parse_from(["demo", "-d", "-inf"]).unwrap_err();
+        let line = one_line_error(&e);
+        assert!(line.contains("'-inf' is not a positive number"), "{line}");
         let e = Demo::try_parse_from(["demo", "-d", "1e300"]).unwrap_err();
         let line = one_line_error(&e);
         assert!(line.contains("too long"), "{line}");

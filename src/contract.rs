@@ -114,11 +114,15 @@ pub fn read(text: &str, what: &str) -> Result<(Kind, serde_json::Value)> {
     let kind: Kind = serde_json::from_value(kind.clone())
         .map_err(|_| anyhow::anyhow!("{what}: unknown report kind {kind}"))?;
     let want = kind.schema_version();
-    match header.schema_version.as_ref().and_then(|v| v.as_u64()) {
-        Some(v) if v == u64::from(want) => Ok((kind, value)),
-        Some(v) => bail!(
+    match header.schema_version.as_ref().map(|v| (v, v.as_u64())) {
+        Some((_, Some(v))) if v == u64::from(want) => Ok((kind, value)),
+        Some((_, Some(v))) => bail!(
             "{what} has schema_version {v}; this kheap reads {} version {want}: use the kheap that wrote it",
             kind.name()
+        ),
+        Some((v, None)) => bail!(
+            "{what} has schema_version {v}, which is not a whole number (kheap writes {want}): \
+             it was not written by kheap, or was edited"
         ),
         None => bail!("{what} has no schema_version: it is not a kheap JSON report"),
     }
@@ -164,6 +168,11 @@ mod tests {
         assert!(err("{\"kind\": \"nope\", \"schema_version\": 1}").contains("unknown report kind"));
         assert!(err("{\"kind\": \"record\", \"schema_version\": 7}").contains("schema_version 7"));
         assert!(err("{\"kind\": \"record\"}").contains("no schema_version"));
+        let e = err("{\"kind\": \"record\", \"schema_version\": \"4\"}");
+        assert!(
+            e.contains("schema_version \"4\", which is not a whole number"),
+            "{e}"
+        );
         assert!(err("[1]").contains("not a kheap JSON report"));
         assert!(err("nope").starts_with("x.json is not JSON"));
         for e in [err("{}"), err("[1]"), err("nope")] {

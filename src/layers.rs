@@ -41,6 +41,8 @@ mod tests {
         ("tree", Base),
         ("signals", Base),
         ("output", Base),
+        ("safe_path", Base),
+        ("input", Base),
         ("model::*", Model),
         ("contract", Model),
         // The kernel's latency readings and the rows made of them.

@@ -50,7 +50,8 @@ fn main() {
         Err(e) => e.exit(),
     };
     // Before anything else: a signal during startup must end the run with
-    // a report, not kill it.
+    // a report, not kill it; one kheap does not use must not kill it.
+    kheap::signals::ignore_unused();
     if matches!(
         cli.command,
         Command::Record(_)

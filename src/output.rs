@@ -3,118 +3,195 @@
 //! directory, then a rename), so a full disk or a signal never leaves a
 //! half-written report behind. Every subcommand writes through here.
 
-use std::fs::{self, OpenOptions};
+use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{bail, Context, Result};
 
-/// The directory a file goes into ("." for a bare name).
-fn dir_of(path: &Path) -> &Path {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
+use crate::safe_path::{self, Place};
+
+/// A temporary name for `name`, unique to this process and call.
+fn temp_name(name: &OsStr) -> OsString {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let mut n = OsString::from(".");
+    n.push(if name == "." {
+        OsStr::new("report")
+    } else {
+        name
+    });
+    n.push(format!(
+        ".kheap-{}-{}.tmp",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    n
+}
+
+/// A new file in `dir` under a temporary name, never through a link and
+/// never an existing file (O_NOFOLLOW | O_EXCL).
+fn create_temp(dir: &OwnedFd, name: &OsStr) -> std::io::Result<(OsString, File)> {
+    let tmp = temp_name(name);
+    let fd = safe_path::openat(
+        dir,
+        &tmp,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+        0o600,
+    )?;
+    Ok((tmp, File::from(fd)))
+}
+
+fn unlink(dir: &OwnedFd, name: &OsStr) {
+    if let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(name)) {
+        // SAFETY: c is a valid C string.
+        unsafe { libc::unlinkat(dir.as_raw_fd(), c.as_ptr(), 0) };
     }
 }
 
-/// A temporary name beside `path`, unique to this process and call.
-fn temp_beside(path: &Path) -> PathBuf {
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "report".into());
-    dir_of(path).join(format!(
-        ".{name}.kheap-{}-{}.tmp",
-        std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
-    ))
+fn rename_within(dir: &OwnedFd, from: &OsStr, to: &OsStr) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let bad = |_| std::io::Error::from_raw_os_error(libc::EINVAL);
+    let (from, to) = (
+        std::ffi::CString::new(from.as_bytes()).map_err(bad)?,
+        std::ffi::CString::new(to.as_bytes()).map_err(bad)?,
+    );
+    // SAFETY: both are valid C strings.
+    let ret =
+        unsafe { libc::renameat(dir.as_raw_fd(), from.as_ptr(), dir.as_raw_fd(), to.as_ptr()) };
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The mode a report gets: that of the file it replaces, or 0644 for a new
+/// one (whatever the umask: the report is meant to be read).
+fn mode_for(place: &Place) -> libc::mode_t {
+    place.existing.map_or(0o644, |st| st.st_mode & 0o777)
+}
+
+/// Whether the path names something to write in place: a device, pipe or
+/// socket (`-o /dev/null`, `-o /dev/stdout`), not a file to replace.
+fn written_in_place(place: &Place) -> bool {
+    place.kernel_link || (place.existing.is_some() && !place.is_regular() && !place.is_dir())
+}
+
+/// Where a report goes, checked: not a directory, not in /proc or /sys.
+fn file_place(path: &Path, shown: &str) -> Result<Place> {
+    let place = safe_path::resolve(path, shown)?;
+    if place.is_dir() {
+        bail!("{shown} is a directory: give a file name");
+    }
+    if !written_in_place(&place) && place.in_kernel_fs() {
+        bail!(
+            "{shown}: {} is in a kernel file system (proc or sysfs), not a place for reports: \
+             give a file in a directory you can write",
+            place.dir_path.display()
+        );
+    }
+    Ok(place)
 }
 
 /// Checks, before anything is attached, that a file can be written at
 /// `path`: its directory exists and takes a new file (a byte is written and
-/// removed, so a read-only or full file system is caught now).
+/// removed, so a read-only or full file system is caught now), and no link
+/// of another user's leads there (see crate::safe_path).
 pub fn check_writable(path: &Path, flag: &str) -> Result<()> {
-    if fs::metadata(path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
-        // A device or pipe (`-o /dev/null`): written in place.
-        return OpenOptions::new()
-            .write(true)
-            .open(path)
+    let shown = format!("{flag} {}", path.display());
+    let place = file_place(path, &shown)?;
+    if written_in_place(&place) {
+        return place
+            .open(libc::O_WRONLY)
             .map(drop)
-            .with_context(|| format!("{flag} {}: cannot write there", path.display()));
+            .with_context(|| format!("{shown}: cannot write there"));
     }
-    if path.is_dir() {
-        bail!("{flag} {} is a directory: give a file name", path.display());
-    }
-    let dir = dir_of(path);
-    if !dir.is_dir() {
-        bail!(
-            "{flag} {}: directory {} does not exist",
-            path.display(),
-            dir.display()
-        );
-    }
-    probe_dir(dir).with_context(|| format!("{flag} {}: cannot write there", path.display()))
+    probe_dir(&place.dir).with_context(|| format!("{shown}: cannot write there"))
 }
 
 /// Checks that files can be created in `dir` (for --snapshot-dir).
 pub fn check_dir_writable(dir: &Path, flag: &str) -> Result<()> {
-    if !dir.is_dir() {
-        bail!("{flag} {} is not a directory", dir.display());
+    let shown = format!("{flag} {}", dir.display());
+    let place = safe_path::resolve(dir, &shown)?;
+    if !place.is_dir() {
+        bail!("{shown} is not a directory");
     }
-    probe_dir(dir).with_context(|| format!("{flag} {}: cannot write there", dir.display()))
+    let fd = place
+        .open_dir()
+        .with_context(|| format!("{shown}: cannot open it"))?;
+    probe_dir(&fd).with_context(|| format!("{shown}: cannot write there"))
 }
 
-fn probe_dir(dir: &Path) -> Result<()> {
-    let probe = temp_beside(&dir.join("probe"));
-    let written = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&probe)
-        .and_then(|mut f| f.write_all(b"k").and_then(|()| f.sync_all()));
-    let _ = fs::remove_file(&probe);
+fn probe_dir(dir: &OwnedFd) -> Result<()> {
+    let (name, mut f) = create_temp(dir, OsStr::new("probe"))?;
+    let written = f.write_all(b"k").and_then(|()| f.sync_all());
+    unlink(dir, &name);
     Ok(written?)
 }
 
 /// Writes `text` to `path` atomically: readers see the old file or the
 /// whole new one, never a part. Only a regular file (or a new one) is
-/// replaced: a device, pipe or socket (`-o /dev/null`, `-o /dev/stdout`)
-/// is written in place, and a symbolic link's target is replaced, not the
-/// link.
+/// replaced, keeping its mode (0644 for a new one): a device, pipe or
+/// socket (`-o /dev/null`, `-o /dev/stdout`) is written in place. A
+/// symbolic link's target is replaced, not the link, but only a link that
+/// may be followed (crate::safe_path).
 pub fn write_atomic(path: &Path, text: &str) -> Result<()> {
     write_bytes_atomic(path, text.as_bytes())
 }
 
 /// [`write_atomic`] for binary reports (pprof).
 pub fn write_bytes_atomic(path: &Path, text: &[u8]) -> Result<()> {
-    let resolved;
-    let path = match fs::canonicalize(path) {
-        Ok(p) => {
-            resolved = p;
-            &resolved
-        }
-        Err(_) => path,
-    };
-    if fs::metadata(path).is_ok_and(|m| !m.is_file()) {
-        return OpenOptions::new()
-            .write(true)
-            .open(path)
+    let shown = format!("writing {}", path.display());
+    let place = file_place(path, &shown)?;
+    if written_in_place(&place) {
+        return place
+            .open(libc::O_WRONLY)
             .and_then(|mut f| f.write_all(text))
-            .with_context(|| format!("writing {}", path.display()));
+            .with_context(|| shown.clone());
     }
-    let tmp = temp_beside(path);
-    let written = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&tmp)
-        .and_then(|mut f| f.write_all(text).and_then(|()| f.sync_all()))
-        .and_then(|()| fs::rename(&tmp, path));
+    let (tmp, mut f) = create_temp(&place.dir, &place.name).with_context(|| shown.clone())?;
+    let written = f
+        .write_all(text)
+        .and_then(|()| {
+            f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode_for(
+                &place,
+            )))
+        })
+        .and_then(|()| f.sync_all())
+        .and_then(|()| rename_within(&place.dir, &tmp, &place.name));
     if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("writing {}", path.display()));
+        unlink(&place.dir, &tmp);
+        return Err(e).with_context(|| shown);
     }
     Ok(())
+}
+
+/// Opens a file for a stream of reports (`top -b -o`, `slab --watch -o`):
+/// a new file put in place at once (the old one is replaced, not truncated
+/// through whatever it is), under the same rules as [`write_atomic`].
+pub fn create_stream(path: &Path, flag: &str) -> Result<File> {
+    let shown = format!("{flag} {}", path.display());
+    let place = file_place(path, &shown)?;
+    if written_in_place(&place) {
+        return place
+            .open(libc::O_WRONLY)
+            .with_context(|| format!("{shown}: cannot write there"));
+    }
+    let (tmp, f) = create_temp(&place.dir, &place.name)
+        .with_context(|| format!("{shown}: cannot write there"))?;
+    let placed = f
+        .set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode_for(
+            &place,
+        )))
+        .and_then(|()| rename_within(&place.dir, &tmp, &place.name));
+    if let Err(e) = placed {
+        unlink(&place.dir, &tmp);
+        return Err(e).with_context(|| format!("{shown}: cannot write there"));
+    }
+    Ok(f)
 }
 
 /// Prints a report, or writes it to `output` atomically.
@@ -154,6 +231,8 @@ pub fn emit_bytes(bytes: &[u8], output: Option<&Path>) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn writes_whole_files_and_leaves_no_temporary() {
@@ -174,9 +253,9 @@ mod tests {
         let e = check_writable(dir.path(), "-o").unwrap_err();
         assert!(format!("{e:#}").contains("is a directory"), "{e:#}");
         assert!(check_writable(&dir.path().join("r.json"), "-o").is_ok());
-        // A bare name goes into the working directory (which a unit test
-        // cannot assume writable: the VM tests run in a read-only tree).
-        assert_eq!(dir_of(Path::new("r.json")), Path::new("."));
+        // /proc is no place for a report, and says so.
+        let e = check_writable(Path::new("/proc/version"), "-o").unwrap_err();
+        assert!(format!("{e:#}").contains("kernel file system"), "{e:#}");
         assert!(check_dir_writable(dir.path(), "--snapshot-dir").is_ok());
         // Nothing is left by the checks.
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 0);
@@ -200,6 +279,39 @@ mod tests {
             .file_type()
             .is_symlink());
         assert_eq!(fs::read_to_string(&target).unwrap(), "new\n");
+    }
+
+    #[test]
+    fn modes_are_kept_and_new_files_are_0644() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.json");
+        let old_umask = unsafe { libc::umask(0o077) };
+        write_atomic(&path, "new\n").unwrap();
+        unsafe { libc::umask(old_umask) };
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&path), 0o644);
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+        write_atomic(&path, "again\n").unwrap();
+        assert_eq!(mode(&path), 0o600);
+        let mut f = create_stream(&path, "-o").unwrap();
+        f.write_all(b"stream\n").unwrap();
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(fs::read_to_string(&path).unwrap(), "stream\n");
+    }
+
+    #[test]
+    fn a_symlink_loop_is_refused_not_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = dir.path().join("r.json");
+        std::os::unix::fs::symlink("r.json", &link).unwrap();
+        let e = check_writable(&link, "-o").unwrap_err();
+        assert!(format!("{e:#}").contains("loop of symbolic links"), "{e:#}");
+        assert!(write_atomic(&link, "x").is_err());
+        assert!(create_stream(&link, "-o").is_err());
+        assert!(fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
     }
 
     #[test]

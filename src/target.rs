@@ -143,6 +143,8 @@ impl HeldCommand {
                 } else if byte == GO_IN_GUARDED_TREE {
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM as libc::c_ulong);
                 }
+                // kheap's own signal handling is not the command's.
+                crate::signals::reset_for_exec();
                 libc::execve(c_path.as_ptr(), c_argv.as_ptr(), c_envp.as_ptr());
                 libc::_exit(127);
             },

@@ -120,11 +120,8 @@ impl Drop for TreeCgroup {
             wait_until(Duration::from_secs(5), || !self.populated());
         }
         // Tell the guard all is done (a byte, not EOF), then reap it.
-        if let Some((pipe, pid)) = self.guard.take() {
-            unsafe { libc::write(pipe.as_raw_fd(), [b'd'].as_ptr().cast(), 1) };
-            drop(pipe);
-            let mut status = 0;
-            unsafe { libc::waitpid(pid, &mut status, 0) };
+        if let Some(guard) = self.guard.take() {
+            dismiss_guard(guard);
         }
         let _ = fs::remove_dir(&self.path);
     }
@@ -160,6 +157,43 @@ fn spawn_guard(cgroup: &Path) -> Option<(OwnedFd, libc::pid_t)> {
     let kill_file = CString::new(cgroup.join("cgroup.kill").to_str()?).ok()?;
     let procs_file = CString::new(cgroup.join("cgroup.procs").to_str()?).ok()?;
     let dir = CString::new(cgroup.to_str()?).ok()?;
+    fork_guard(move || unsafe {
+        let pause = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 10_000_000,
+        };
+        if signal_procs(&procs_file, libc::SIGTERM) {
+            let steps = GRACE.as_millis() / 10;
+            for _ in 0..steps {
+                if !signal_procs(&procs_file, 0) {
+                    break;
+                }
+                libc::nanosleep(&pause, std::ptr::null_mut());
+            }
+        }
+        let fd = libc::open(kill_file.as_ptr(), libc::O_WRONLY);
+        if fd >= 0 {
+            libc::write(fd, b"1".as_ptr().cast(), 1);
+            libc::close(fd);
+        }
+        for _ in 0..500 {
+            if libc::rmdir(dir.as_ptr()) == 0 {
+                break;
+            }
+            libc::nanosleep(&pause, std::ptr::null_mut());
+        }
+    })
+}
+
+/// Forks a guard process that waits on a pipe only kheap writes to, and
+/// runs `on_death` if the pipe closes without a byte (kheap died, even by
+/// SIGKILL). Returns the pipe's write end and the guard's PID: write a
+/// byte before closing it to say all is done, then reap the guard.
+///
+/// `on_death` runs in the forked child of a possibly threaded process: it
+/// may only make async-signal-safe calls (no allocation, no locks), on
+/// things prepared before the fork.
+pub fn fork_guard(on_death: impl FnOnce()) -> Option<(OwnedFd, libc::pid_t)> {
     let dev_null = CString::new("/dev/null").ok()?;
     let mut fds = [0; 2];
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -177,7 +211,14 @@ fn spawn_guard(cgroup: &Path) -> Option<(OwnedFd, libc::pid_t)> {
         0 => unsafe {
             // The terminal's Ctrl-C reaches the whole foreground group: the
             // guard outlives kheap's reaction to it.
-            for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1] {
+            for sig in [
+                libc::SIGINT,
+                libc::SIGQUIT,
+                libc::SIGTERM,
+                libc::SIGHUP,
+                libc::SIGUSR1,
+                libc::SIGUSR2,
+            ] {
                 libc::signal(sig, libc::SIG_IGN);
             }
             // Hold nothing of kheap's: not its output pipes (a reader would
@@ -196,31 +237,7 @@ fn spawn_guard(cgroup: &Path) -> Option<(OwnedFd, libc::pid_t)> {
                 }
             };
             if n != 1 {
-                // kheap died: end its command's tree.
-                let pause = libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 10_000_000,
-                };
-                if signal_procs(&procs_file, libc::SIGTERM) {
-                    let steps = GRACE.as_millis() / 10;
-                    for _ in 0..steps {
-                        if !signal_procs(&procs_file, 0) {
-                            break;
-                        }
-                        libc::nanosleep(&pause, std::ptr::null_mut());
-                    }
-                }
-                let fd = libc::open(kill_file.as_ptr(), libc::O_WRONLY);
-                if fd >= 0 {
-                    libc::write(fd, b"1".as_ptr().cast(), 1);
-                    libc::close(fd);
-                }
-                for _ in 0..500 {
-                    if libc::rmdir(dir.as_ptr()) == 0 {
-                        break;
-                    }
-                    libc::nanosleep(&pause, std::ptr::null_mut());
-                }
+                on_death();
             }
             libc::_exit(0);
         },
@@ -229,6 +246,16 @@ fn spawn_guard(cgroup: &Path) -> Option<(OwnedFd, libc::pid_t)> {
             Some((unsafe { OwnedFd::from_raw_fd(write_end) }, pid))
         }
     }
+}
+
+/// Tells a guard from [`fork_guard`] all is done (a byte, not EOF) and
+/// reaps it.
+pub fn dismiss_guard(guard: (OwnedFd, libc::pid_t)) {
+    let (pipe, pid) = guard;
+    unsafe { libc::write(pipe.as_raw_fd(), [b'd'].as_ptr().cast(), 1) };
+    drop(pipe);
+    let mut status = 0;
+    unsafe { libc::waitpid(pid, &mut status, 0) };
 }
 
 /// Sends `sig` (0: none, only the check) to every process listed in the

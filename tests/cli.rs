@@ -137,3 +137,58 @@ fn top_counts_iterations_with_a_long_flag() {
         assert!(e.contains("at least one iteration"), "{e}");
     }
 }
+
+/// The lines issue 27 found unclear: each says what is wrong and what to do.
+#[test]
+fn unclear_inputs_say_what_is_wrong() {
+    let one_line = |args: &[&str], needle: &str| {
+        let e = refused(args);
+        assert!(e.contains(needle), "kheap {args:?}: {e}");
+        assert_eq!(e.lines().count(), 1, "kheap {args:?}: {e}");
+    };
+    one_line(
+        &["record", "-d", "-inf"],
+        "'-inf' is not a positive number of seconds",
+    );
+    one_line(
+        &["top", "-i", "-5"],
+        "'-5' is not a positive number of seconds",
+    );
+    one_line(&["record", "--cgroup", ""], "an empty cgroup path");
+    one_line(&["record", "--comm", "a\nb"], "has a control character");
+    one_line(
+        &["diff", "a.json", "b.json", "-o", "/proc/version"],
+        "-o /proc/version: /proc is in a kernel file system",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("r.json");
+    std::fs::write(&report, r#"{"kind":"record","schema_version":"4"}"#).unwrap();
+    let r = report.to_str().unwrap();
+    one_line(
+        &["diff", r, r],
+        "has schema_version \"4\", which is not a whole number",
+    );
+}
+
+/// Inputs are bounded: refused before reading when the size says so (a
+/// 2 GB sparse file), and after 256 MiB when it cannot (/dev/zero).
+#[test]
+fn huge_inputs_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let sparse = dir.path().join("sparse.json");
+    std::fs::File::create(&sparse)
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    let s = sparse.to_str().unwrap();
+    for args in [
+        &["diff", s, s][..],
+        &["diff", "/dev/zero", s],
+        &["serve", "--config", "/dev/zero"],
+        &["serve", "--config", s],
+    ] {
+        let e = refused(args);
+        assert!(e.contains("is larger than 256 MiB"), "kheap {args:?}: {e}");
+        assert_eq!(e.lines().count(), 1, "kheap {args:?}: {e}");
+    }
+}

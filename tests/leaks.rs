@@ -393,10 +393,12 @@ fn bad_input_is_one_line() {
         ],
         "kheap: --snapshot-dir /nonexistent is not a directory",
     );
-    one_line_error(
-        &["leaks", "--snapshot-every", "0.5", "-d", "1"],
-        "kheap: --snapshot-every must be at least 1 second",
-    );
+    // The documented range of every duration (0.001 up): 0.5 runs (see
+    // snapshots_come_at_sub_second_intervals), 0.0001 is a usage error.
+    let out = kheap(&["leaks", "--snapshot-every", "0.0001", "-d", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("too short: at least 0.001"), "{err}");
     one_line_error(
         &["leaks", "--format", "folded", "-d", "1"],
         "kheap: --format folded shows stacks: use it with --by stack",
@@ -407,7 +409,7 @@ fn bad_input_is_one_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
-        err.starts_with("kheap: reading /nonexistent/a.json"),
+        err.starts_with("kheap: cannot read report /nonexistent/a.json"),
         "{err}"
     );
 
@@ -504,4 +506,85 @@ fn min_age_counts_only_objects_that_old() {
     assert_eq!(u(&s["freed_count"]), 0, "held, so not freed either");
     let table = std::fs::read_to_string(dir.path().join("final.txt")).unwrap();
     assert!(table.contains("at least 30.0s old"), "{table}");
+}
+
+/// Issue 27: the age buckets and `oldest_s` are made from the same ages
+/// (taken when tracing ended, capped at the traced time, cut to whole
+/// milliseconds): the oldest age lies in the last non-empty bucket.
+#[test]
+fn age_buckets_and_the_oldest_age_agree() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    let o = out.to_str().unwrap();
+    let load = private_load().0.to_str().unwrap();
+    assert_ok(&kheap(&[
+        "leaks", "-d", "2", "--format", "json", "-o", o, "--", load, "msg", "300", "2100", "4",
+    ]));
+    let r = read_json(&out);
+    let s = load_msg_site(&r).unwrap_or_else(|| panic!("{:#}", r["sites"]));
+    assert_eq!(u(&s["outstanding_count"]), 300);
+    let oldest = s["oldest_s"].as_f64().unwrap();
+    let duration = r["duration_s"].as_f64().unwrap();
+    // Allocated after tracing began, and within the first second.
+    assert!(oldest <= duration, "oldest {oldest} > duration {duration}");
+    assert!(
+        oldest >= duration - 1.0,
+        "oldest {oldest}, duration {duration}"
+    );
+    // Whole milliseconds.
+    assert_eq!((oldest * 1000.0).round() / 1000.0, oldest);
+    let ages = s["ages"].as_array().unwrap();
+    assert_eq!(ages.iter().map(|b| u(&b["count"])).sum::<u64>(), 300);
+    assert_eq!(
+        ages.iter().map(|b| u(&b["bytes"])).sum::<u64>(),
+        300 * MSG_ALLOC
+    );
+    let last = ages.last().unwrap();
+    let (lo, hi) = (
+        last["lo_s"].as_f64().unwrap(),
+        last["hi_s"].as_f64().unwrap(),
+    );
+    assert!(lo <= oldest && oldest < hi, "oldest {oldest} not in {last}");
+    for b in ages {
+        assert!(
+            b["lo_s"].as_f64().unwrap() <= oldest,
+            "{b} is past {oldest}"
+        );
+    }
+}
+
+/// `--snapshot-every` takes the range docs/reliability.md gives every
+/// duration: half a second gives a snapshot at 0.5, 1.0 and 1.5 s of a
+/// 1.7 s run (one may be skipped if a snapshot is slow, never added).
+#[test]
+fn snapshots_come_at_sub_second_intervals() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = kheap(&[
+        "leaks",
+        "--comm",
+        &private_load().1,
+        "-d",
+        "1.7",
+        "--snapshot-every",
+        "0.5",
+        "--snapshot-dir",
+        d,
+        "-o",
+        "/dev/null",
+    ]);
+    assert_ok(&out);
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!((2..=3).contains(&names.len()), "{names:?}");
+    for (i, n) in names.iter().enumerate() {
+        assert_eq!(n, &format!("snapshot-{:03}.json", i + 1));
+        let snap = read_json(&dir.path().join(n));
+        assert_eq!(snap["leaks"]["snapshot"], true);
+    }
 }

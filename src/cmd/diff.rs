@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 
 use crate::cli::OutputArgs;
@@ -37,9 +37,7 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     if args.output.format == DiffFormat::Pprof {
         crate::output::check_binary_destination(args.output.output(), "pprof")?;
     }
-    let read = |p: &PathBuf| -> Result<String> {
-        std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
-    };
+    let read = |p: &PathBuf| crate::input::read_bounded(p, "report", crate::input::MAX_INPUT);
     let (before, after) = (read(&args.before)?, read(&args.after)?);
     let (kind, mut before, mut after) = diff::parse_pair(
         (&before, &args.before.display().to_string()),

@@ -12,7 +12,7 @@ use clap::Args;
 
 use crate::cgroup::{cgroup2_mount, CgroupNames};
 use crate::cli::{parse_duration, parse_sample, parse_tracked_objects, OutputArgs, TraceArgs};
-use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
+use crate::cmd::run::{self, install_stop_handler, wait_for_end_ticking, Targets};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
@@ -45,7 +45,7 @@ pub struct LeaksArgs {
     #[arg(long, value_enum, default_value_t = LeakGroupBy::Site)]
     pub by: LeakGroupBy,
     /// Write a JSON snapshot of what is outstanding every SECS seconds (also on SIGUSR1)
-    #[arg(long, value_parser = parse_duration, value_name = "SECS")]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true, value_name = "SECS")]
     pub snapshot_every: Option<Duration>,
     /// Where snapshots go (snapshot-001.json, …; default: the current directory)
     #[arg(long, value_name = "DIR")]
@@ -106,13 +106,6 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     }
     features::check_privileges("leaks")?;
     features::check_btf()?;
-    // Snapshots are taken on the once-a-second tick of the wait loop.
-    if args
-        .snapshot_every
-        .is_some_and(|s| s < Duration::from_secs(1))
-    {
-        bail!("--snapshot-every must be at least 1 second");
-    }
     // Checked before attaching when snapshots are asked for. Without them a
     // SIGUSR1 snapshot may still come: one that cannot be written is said
     // then, and costs nothing else (leaks also runs in read-only places).
@@ -160,6 +153,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         if let Some(l) = snap.leaks.as_mut() {
             l.min_age_ns = (args.min_age * 1e9) as u64;
             l.kind = kind.to_string();
+            l.cap_ages((duration_s * 1e9) as u64);
         }
         report::build(
             snap,
@@ -183,8 +177,12 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         }
         let secs = start.elapsed().as_secs_f64();
         let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
-        if periodic {
-            next_snapshot = next_snapshot.map(|n| n + args.snapshot_every.unwrap_or(n));
+        if let (true, Some(next), Some(every)) = (periodic, &mut next_snapshot, args.snapshot_every)
+        {
+            // One snapshot for the snapshots a slow one made late.
+            while *next <= elapsed {
+                *next += every;
+            }
         }
         if !(periodic || SNAPSHOT_REQUESTED.swap(false, Ordering::SeqCst)) {
             return;
@@ -216,7 +214,12 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         }
     };
     let mut status = crate::cmd::progress::StatusLine::new();
-    let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
+    // Snapshots come on the wait loop's tick: every second, or more often
+    // for a shorter --snapshot-every.
+    let every = args
+        .snapshot_every
+        .map_or(Duration::from_secs(1), |s| s.min(Duration::from_secs(1)));
+    let ended = wait_for_end_ticking(args.trace.duration, &mut targets, every, |elapsed| {
         snapshot_tick(elapsed);
         status.show(elapsed, || session.progress());
     });

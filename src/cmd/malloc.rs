@@ -36,7 +36,7 @@ use crate::target::{find_program, resolve_pid, HeldCommand};
 pub struct MallocArgs {
     /// Stop after this many seconds (default: until Ctrl-C, or until the
     /// command or the processes end)
-    #[arg(short, long, value_parser = parse_duration, value_name = "SECS")]
+    #[arg(short, long, value_parser = parse_duration, allow_hyphen_values = true, value_name = "SECS")]
     pub duration: Option<Duration>,
     // The processes to trace (with the children they fork from now on).
     // The kernel-side filters of the other subcommands (--comm, sizes,

@@ -125,10 +125,21 @@ impl Ended {
 pub fn wait_for_end(
     duration: Option<Duration>,
     targets: &mut Targets,
+    tick: impl FnMut(Duration),
+) -> Ended {
+    wait_for_end_ticking(duration, targets, Duration::from_secs(1), tick)
+}
+
+/// [`wait_for_end`] with `tick` called every `every` (at most once per
+/// 20 ms poll) instead of every second.
+pub fn wait_for_end_ticking(
+    duration: Option<Duration>,
+    targets: &mut Targets,
+    every: Duration,
     mut tick: impl FnMut(Duration),
 ) -> Ended {
     let start = Instant::now();
-    let mut next_tick = Duration::from_secs(1);
+    let mut next_tick = every;
     loop {
         if stop_requested() {
             return Ended::Signal;
@@ -145,7 +156,10 @@ pub fn wait_for_end(
         }
         if elapsed >= next_tick {
             tick(elapsed);
-            next_tick += Duration::from_secs(1);
+            // Ticks missed (a slow tick, a short interval) are not made up.
+            while next_tick <= elapsed {
+                next_tick += every;
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -275,10 +289,7 @@ pub enum Sink {
 impl Sink {
     pub fn create(path: Option<&Path>) -> Result<Sink> {
         Ok(match path {
-            Some(p) => Sink::File(
-                std::fs::File::create(p)
-                    .with_context(|| format!("cannot write the output to {}", p.display()))?,
-            ),
+            Some(p) => Sink::File(crate::output::create_stream(p, "-o")?),
             None => Sink::Stdout,
         })
     }

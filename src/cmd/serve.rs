@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::{Args, Parser};
 
 use crate::cgroup::{cgroup2_mount, CgroupNames};
@@ -118,8 +118,7 @@ fn load_settings(config: Option<&PathBuf>) -> Result<ServeArgs> {
         .collect();
     let mut tokens = vec!["kheap serve".to_string()];
     if let Some(path) = config {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read the config file {}", path.display()))?;
+        let text = crate::input::read_bounded(path, "the config file", crate::input::MAX_INPUT)?;
         for line in text.lines() {
             let line = line.split('#').next().unwrap_or("");
             tokens.extend(line.split_whitespace().map(str::to_string));

@@ -32,7 +32,7 @@ use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions
 #[command(mut_arg(ROWS_ARG, |rows| rows.short_alias(None)))]
 pub struct TopArgs {
     /// Seconds between refreshes
-    #[arg(short, long, value_parser = parse_duration, default_value = "1", value_name = "SECS")]
+    #[arg(short, long, value_parser = parse_duration, allow_hyphen_values = true, default_value = "1", value_name = "SECS")]
     pub interval: Duration,
     #[command(flatten)]
     pub trace: TraceArgs,

@@ -142,6 +142,9 @@ pub struct Tracer<'obj> {
     /// The clock when the programs were loaded, to measure the tick rate
     /// that turns live objects' jiffies into ages.
     clock0: types::clock_sample,
+    /// The clock when the programs were detached: the end of the run, the
+    /// moment the report's ages are taken at (its duration's end too).
+    ended: Option<types::clock_sample>,
     // Held so a tracefs kheap mounted itself stays mounted while attached.
     _tracefs: Option<Tracefs>,
 }
@@ -265,6 +268,7 @@ impl<'obj> Tracer<'obj> {
             skipped,
             stack_cache: RefCell::default(),
             clock0: types::clock_sample::default(),
+            ended: None,
             _tracefs: tracefs,
         };
         if cfg.live.is_some() {
@@ -394,6 +398,9 @@ impl<'obj> Tracer<'obj> {
     /// Detaches every program now; the maps stay readable.
     pub fn detach(&mut self) {
         self.links.clear();
+        if self.cfg.live.is_some() {
+            self.ended = self.clock().ok();
+        }
     }
 
     fn cache_names(&self) -> Result<HashMap<u64, String>> {
@@ -646,6 +653,9 @@ impl<'obj> Tracer<'obj> {
         key: &dyn Fn(&types::site_key) -> SiteKey,
     ) -> Result<LeakInput> {
         let hz = self.tick_rate(&now)?;
+        // After detach, ages are as at the end of the run (the report's
+        // duration ends there too), not at this later read.
+        let at = self.ended.unwrap_or(now);
         let mut unseen: HashMap<SiteKey, Unseen> = HashMap::new();
         for (k, u) in unseen_read {
             // Two kernel caches can share a name: their entries are merged.
@@ -665,7 +675,7 @@ impl<'obj> Tracer<'obj> {
                     stack_id: (o.stack_id != 0).then_some(o.stack_id),
                     bytes_req: o.bytes_req as u64,
                     bytes_alloc: o.bytes_alloc as u64,
-                    age_ns: jiffies_to_ns(now.jiffies.saturating_sub(o.ts), hz),
+                    age_ns: jiffies_to_ns(at.jiffies.saturating_sub(o.ts), hz),
                     tgid: o.tgid,
                     cgroup: CgroupKey {
                         slot: if o.interrupt != 0 {

@@ -48,16 +48,18 @@ impl Retention {
     /// `duration_s` is the traced time up to the read: no object allocated
     /// while tracing is older (ages are read a little later, after detach).
     pub fn new(r: &Retained, duration_s: f64) -> Retention {
-        let oldest_s = r.oldest_ns as f64 / 1e9;
+        let oldest_ns = if duration_s > 0.0 {
+            r.oldest_ns.min((duration_s * 1e9) as u64)
+        } else {
+            r.oldest_ns
+        };
         Retention {
             outstanding_count: r.count,
             outstanding_bytes: r.bytes_alloc,
             outstanding_bytes_req: r.bytes_req,
-            oldest_s: round3(if duration_s > 0.0 {
-                oldest_s.min(duration_s)
-            } else {
-                oldest_s
-            }),
+            // Whole milliseconds, cut as the age buckets cut them: the
+            // oldest age is in the last non-empty bucket, never past it.
+            oldest_s: (oldest_ns / 1_000_000) as f64 / 1000.0,
             growth_bytes_per_s: if duration_s >= MIN_RATE_DURATION_S {
                 round2(r.bytes_alloc as f64 / duration_s)
             } else {

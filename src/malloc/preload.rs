@@ -8,11 +8,14 @@
 //! trap, and a malloc+free pair costs two kernel entries instead of the
 //! three that uprobes on the C library's functions need (docs/benchmarks.md).
 
+use std::ffi::{CString, OsStr};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 
 const LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libkheap-preload.so"));
 
@@ -37,7 +40,9 @@ fn remove_stale(parent: &Path) {
         else {
             continue;
         };
-        if !Path::new(&format!("/proc/{pid}")).exists() {
+        // Only kheap's own (its user's): another user's is none of its
+        // business.
+        if !Path::new(&format!("/proc/{pid}")).exists() && owned_by_us(&e.path()) {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
@@ -99,37 +104,85 @@ fn usable(mount_flags: u64, writable: bool) -> bool {
     writable && mount_flags & (libc::ST_NOEXEC | libc::ST_RDONLY) == 0
 }
 
-/// The library written out for one run; removed on drop.
+/// The library written out for one run; removed on drop, or by a guard
+/// process if kheap is killed before (SIGKILL gives no chance to drop).
 pub struct PreloadLibrary {
     dir: PathBuf,
     pub path: PathBuf,
     pub sites: Sites,
+    guard: Option<(OwnedFd, libc::pid_t)>,
 }
 
 impl PreloadLibrary {
     /// Writes the library into a new directory under `parent` (readable by
-    /// everyone: the command may switch users).
+    /// everyone: the command may switch users). The directory is made by
+    /// kheap itself, so no other user's file or link is written through
+    /// (`parent` is reached under crate::safe_path's rule).
     pub fn install(parent: &Path) -> Result<PreloadLibrary> {
-        remove_stale(parent);
-        let dir = parent.join(format!("{DIR_PREFIX}{}", std::process::id()));
+        let shown = format!("the preload library's directory {}", parent.display());
+        let place = crate::safe_path::resolve(parent, &shown)?;
+        if !place.is_dir() {
+            bail!("{shown} is not a directory");
+        }
+        let parent_fd = place
+            .open_dir()
+            .with_context(|| format!("{shown}: cannot open it"))?;
+        let parent = place.path();
+        remove_stale(&parent);
+        let name = format!("{DIR_PREFIX}{}", std::process::id());
+        let dir = parent.join(&name);
         // Left by a kheap with this PID that was killed: ours now.
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(&dir)
-            .with_context(|| format!("creating {}", dir.display()))?;
+        if owned_by_us(&dir) {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let c_name = CString::new(name.as_str())?;
+        // SAFETY: c_name is a valid C string.
+        if unsafe { libc::mkdirat(parent_fd.as_raw_fd(), c_name.as_ptr(), 0o700) } != 0 {
+            return Err(std::io::Error::last_os_error()).with_context(|| {
+                format!(
+                    "creating {} (remove what is there if it is not kheap's)",
+                    dir.display()
+                )
+            });
+        }
+        let guard = {
+            let c_dir = CString::new(dir.as_os_str().as_bytes())?;
+            let c_lib = CString::new(dir.join(FILE_NAME).as_os_str().as_bytes())?;
+            crate::tree::fork_guard(move || unsafe {
+                libc::unlink(c_lib.as_ptr());
+                libc::rmdir(c_dir.as_ptr());
+            })
+        };
         let mut lib = PreloadLibrary {
             path: dir.join(FILE_NAME),
             dir,
             sites: Sites::default(),
+            guard,
         };
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&lib.path)
-            .and_then(|mut f| f.write_all(LIBRARY))
-            .with_context(|| format!("writing {}", lib.path.display()))?;
+        let dir_fd = crate::safe_path::openat(
+            &parent_fd,
+            OsStr::new(&name),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW,
+            0,
+        )
+        .and_then(|d| {
+            std::fs::File::from(d.try_clone()?)
+                .set_permissions(std::fs::Permissions::from_mode(0o755))?;
+            Ok(d)
+        })
+        .with_context(|| format!("creating {}", lib.dir.display()))?;
+        crate::safe_path::openat(
+            &dir_fd,
+            OsStr::new(FILE_NAME),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+            0o600,
+        )
+        .map(std::fs::File::from)
+        .and_then(|mut f| {
+            f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+            f.write_all(LIBRARY)
+        })
+        .with_context(|| format!("writing {}", lib.path.display()))?;
         lib.sites = site_offsets(&lib.path)?;
         Ok(lib)
     }
@@ -144,10 +197,19 @@ impl PreloadLibrary {
     }
 }
 
+/// Whether `path` is a directory (not a link) of kheap's user.
+fn owned_by_us(path: &Path) -> bool {
+    std::fs::symlink_metadata(path)
+        .is_ok_and(|m| m.is_dir() && m.uid() == unsafe { libc::geteuid() })
+}
+
 impl Drop for PreloadLibrary {
     fn drop(&mut self) {
         // Processes that still map it keep their copy (the inode lives on).
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(guard) = self.guard.take() {
+            crate::tree::dismiss_guard(guard);
+        }
     }
 }
 
@@ -187,7 +249,6 @@ pub fn maps_it(maps: &[super::procmaps::Mapping]) -> bool {
 /// nor into a set-user-ID or set-group-ID one run by another user; and a
 /// program that defines malloc itself calls its own.
 pub fn unusable_reason(program: &Path) -> Option<String> {
-    use std::os::unix::fs::MetadataExt;
     let exe = super::probes::executable_of(program).ok()?;
     match super::probes::interpreter(&exe) {
         Ok(Some(_)) => {}
@@ -291,6 +352,7 @@ mod tests {
             dir: "/x".into(),
             path: "/x/libkheap-preload.so".into(),
             sites: Sites::default(),
+            guard: None,
         };
         assert_eq!(lib.ld_preload(None), "/x/libkheap-preload.so");
         assert_eq!(lib.ld_preload(Some(" ")), "/x/libkheap-preload.so");

@@ -181,8 +181,31 @@ pub struct Blaze(Symbolizer);
 
 impl Default for Blaze {
     fn default() -> Self {
-        Blaze(Symbolizer::new())
+        // Names are demangled by `demangle`, which leaves C names alone.
+        Blaze(Symbolizer::builder().enable_demangling(false).build())
     }
+}
+
+/// A symbol's name as its source wrote it. Only a mangled name is
+/// demangled: Rust's (v0 `_R…`, and legacy `_ZN…17h<hash>E`, shown without
+/// the hash) and C++'s (Itanium `_Z…`). Anything else is a C name and is
+/// kept: a C++ demangler would read a function called `d`, `i`, `h` or `Ss`
+/// as the type `double`, `int`, `unsigned char` or `std::string`.
+pub fn demangle(name: &str) -> String {
+    if name.starts_with("_R") || name.starts_with("_ZN") {
+        if let Ok(d) = rustc_demangle::try_demangle(name) {
+            return format!("{d:#}");
+        }
+    }
+    if name.starts_with("_Z") {
+        if let Some(d) = cpp_demangle::Symbol::new(name)
+            .ok()
+            .and_then(|s| s.demangle().ok())
+        {
+            return d;
+        }
+    }
+    name.to_string()
 }
 
 impl ElfSymbols for Blaze {
@@ -204,7 +227,7 @@ impl ElfSymbols for Blaze {
                             None => file,
                         })
                     });
-                    Some((sym.name.into_owned(), sym.offset as u64, source))
+                    Some((demangle(&sym.name), sym.offset as u64, source))
                 }
                 Symbolized::Unknown(_) => None,
             })
@@ -257,6 +280,26 @@ pub fn symbolize_return_addresses(
 #[cfg(test)]
 pub mod tests {
     use super::*;
+
+    #[test]
+    fn only_mangled_names_are_demangled() {
+        for c_name in ["d", "i", "h", "Ss", "main", "_Rfoo", "_Zfoo", "_ZNx"] {
+            assert_eq!(demangle(c_name), c_name);
+        }
+        assert_eq!(demangle("_Z3fooid"), "foo(int, double)");
+        assert_eq!(
+            demangle("_ZNSs6appendEPKc"),
+            "std::string::append(char const*)"
+        );
+        assert_eq!(
+            demangle("_ZN4core3ptr13drop_in_place17h0123456789abcdefE"),
+            "core::ptr::drop_in_place"
+        );
+        assert_eq!(
+            demangle("_RNvCs15kBYyAo9fc_7mycrate7example"),
+            "mycrate::example"
+        );
+    }
 
     /// Symbols at fixed file offsets of any file: (start, name).
     pub struct FixtureElf(pub Vec<(u64, &'static str)>);

@@ -261,6 +261,18 @@ pub struct RetainedIndex {
     pub cgroups: HashMap<CgroupKey, Retained>,
 }
 
+impl LeakInput {
+    /// Caps every age at the traced time: no object allocated while
+    /// tracing is older, and the jiffies ages are read with a 1-tick
+    /// granularity. Done once here, so the age buckets and the oldest age
+    /// are made from the same numbers.
+    pub fn cap_ages(&mut self, traced_ns: u64) {
+        for o in &mut self.live {
+            o.age_ns = o.age_ns.min(traced_ns);
+        }
+    }
+}
+
 impl RetainedIndex {
     /// Folds the live objects at least `min_age_ns` old. What each site
     /// freed is what it allocated (`allocs`, from the kernel's per-site

@@ -34,7 +34,7 @@ pub struct SlabArgs {
     pub sort: SortKey,
     /// Re-read every SECS seconds and show per-cache changes, like slabtop
     /// with deltas (until interrupted, or for -d SECS)
-    #[arg(long, value_parser = crate::cli::parse_duration, value_name = "SECS")]
+    #[arg(long, value_parser = crate::cli::parse_duration, allow_hyphen_values = true, value_name = "SECS")]
     pub watch: Option<Duration>,
     /// With -d, only sample /proc/slabinfo; don't trace allocations
     #[arg(long)]
