@@ -53,6 +53,7 @@ mod tests {
         ("leaks", Cmd),
         ("leaks::retention", Report),
         ("leaks::meminfo", Report),
+        ("leaks::timeline", Report),
         ("leaks::render", Render),
         ("malloc", Cmd),
         ("malloc::probes", Base),

@@ -3,6 +3,7 @@
 //! and freed (transient). Snapshots of the outstanding set can be written
 //! while it runs (--snapshot-every, SIGUSR1) and compared with `kheap diff`.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -12,15 +13,19 @@ use clap::Args;
 
 use crate::cgroup::{cgroup2_mount, CgroupNames};
 use crate::cli::{parse_duration, parse_sample, parse_tracked_objects, OutputArgs, TraceArgs};
-use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
+use crate::cmd::run::{self, install_stop_handler, wait_for_end_every, Targets};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::leaks::meminfo::{account, comparable, Geometry, MemInfo};
 use crate::leaks::render::{self as leak_render, LeakGroupBy};
+use crate::leaks::timeline::{
+    MemLines, SeriesKey, SeriesLabel, TimelineBuilder, TriggerMark, DEFAULT_MAX_POINTS,
+};
+use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
-use crate::model::Source;
+use crate::model::{CgroupSlot, Source};
 use crate::render::Format;
 use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::symbolize::KernelSymbols;
@@ -54,6 +59,22 @@ pub struct LeaksArgs {
     /// Capacity of the object map (objects tracked at once; ~100 bytes of kernel memory each)
     #[arg(long, value_parser = parse_tracked_objects, default_value = "262144", value_name = "N")]
     pub max_objects: u32,
+    /// Read the timeline (outstanding bytes of the top sites, /proc/meminfo) every SECS seconds
+    #[arg(long, value_parser = parse_interval, default_value = "1", value_name = "SECS")]
+    pub interval: Duration,
+    /// Sites the timeline keeps at each reading (the rest is "other")
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=100), default_value = "10", value_name = "N")]
+    pub timeline_sites: u16,
+}
+
+/// The timeline's interval: a reading walks the whole object map, so not
+/// more often than ten times a second.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(100) {
+        return Err(format!("'{s}': the interval must be at least 0.1 seconds"));
+    }
+    Ok(d)
 }
 
 /// Sites are exact regardless; long-lived objects pile up, so even a sparse
@@ -213,12 +234,59 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             ),
         }
     };
+    let mut timeline = TimelineBuilder::new(
+        args.interval.as_secs_f64(),
+        args.timeline_sites.into(),
+        DEFAULT_MAX_POINTS,
+        args.sample,
+    );
+    let by_cgroup = cfg.by_cgroup;
+    let read_timeline = |timeline: &mut TimelineBuilder, session: &Tracer| {
+        let t_s = start.elapsed().as_secs_f64();
+        let began = Instant::now();
+        let read = session.outstanding_by_site(by_cgroup);
+        let meminfo = MemLines::read();
+        let read_us = began.elapsed().as_micros() as u64;
+        match read {
+            Ok(Some(read)) => {
+                let read = read
+                    .into_iter()
+                    .fold(HashMap::new(), |mut m, ((site, cgroup), o)| {
+                        let e: &mut Outstanding =
+                            m.entry(SeriesKey::of(&site, cgroup)).or_default();
+                        e.objects += o.objects;
+                        e.bytes_alloc += o.bytes_alloc;
+                        m
+                    });
+                timeline.add(t_s, &read, meminfo, read_us);
+            }
+            Ok(None) => {}
+            // A reading missed is a gap in the chart, said once per miss.
+            Err(e) => eprintln!("kheap: warning: timeline reading at {t_s:.1}s failed: {e:#}"),
+        }
+    };
     let mut status = crate::cmd::progress::StatusLine::new();
-    let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
-        snapshot_tick(elapsed);
-        status.show(elapsed, || session.progress());
-    });
+    let mut next_second = Duration::from_secs(1);
+    let mut next_reading = args.interval;
+    let ended = wait_for_end_every(
+        args.trace.duration,
+        &mut targets,
+        args.interval.min(Duration::from_secs(1)),
+        |elapsed| {
+            if elapsed >= next_reading {
+                next_reading += args.interval;
+                read_timeline(&mut timeline, &session);
+            }
+            if elapsed >= next_second {
+                next_second = elapsed + Duration::from_secs(1);
+                snapshot_tick(elapsed);
+                status.show(elapsed, || session.progress());
+            }
+        },
+    );
     drop(status); // erases the status line before the report
+                  // The level at the end, after the command's last frees.
+    read_timeline(&mut timeline, &session);
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
     // Before the command's own cgroup is removed with it (terminate).
@@ -253,8 +321,47 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         l.accounting_skipped = skipped;
         l.accounting = account(sources, &outstanding, before, after);
     }
+    if let Some(l) = report.leaks.as_mut() {
+        l.timeline = Some(finish_timeline(
+            &timeline,
+            &snap,
+            &syms,
+            &mut cgroup_names,
+            vec![],
+        ));
+    }
     write_report(report, &args)?;
     Ok(exit_code)
+}
+
+/// The timeline with its series named as the report names its sites.
+fn finish_timeline(
+    timeline: &TimelineBuilder,
+    snap: &Snapshot,
+    syms: &KernelSymbols,
+    cgroup_names: &mut CgroupNames,
+    triggers: Vec<TriggerMark>,
+) -> crate::leaks::timeline::Timeline {
+    let keys = timeline.series_keys();
+    let functions: HashMap<(u64, Source), String> = report::labelled_sites(snap, syms)
+        .into_iter()
+        .map(|(frame, k, _)| ((k.call_site, k.cache.source()), frame.name().to_string()))
+        .collect();
+    cgroup_names.learn(keys.iter().filter_map(|k| match k.cgroup {
+        Some(CgroupSlot::Cgroup(id)) => Some(id),
+        _ => None,
+    }));
+    let label = |k: &SeriesKey| SeriesLabel {
+        function: functions
+            .get(&(k.call_site, k.source))
+            .cloned()
+            .unwrap_or_else(|| format!("{:#x}", k.call_site)),
+        cgroup: match k.cgroup {
+            Some(CgroupSlot::Cgroup(id)) => Some(cgroup_names.describe(id)),
+            _ => None,
+        },
+    };
+    timeline.finish(&label, triggers)
 }
 
 fn write_json(r: &Report, path: &Path) -> Result<()> {

@@ -125,10 +125,21 @@ impl Ended {
 pub fn wait_for_end(
     duration: Option<Duration>,
     targets: &mut Targets,
+    tick: impl FnMut(Duration),
+) -> Ended {
+    wait_for_end_every(duration, targets, Duration::from_secs(1), tick)
+}
+
+/// [`wait_for_end`], calling `tick` about every `period` (checked every
+/// 20 ms, so periods below that are 20 ms).
+pub fn wait_for_end_every(
+    duration: Option<Duration>,
+    targets: &mut Targets,
+    period: Duration,
     mut tick: impl FnMut(Duration),
 ) -> Ended {
     let start = Instant::now();
-    let mut next_tick = Duration::from_secs(1);
+    let mut next_tick = period;
     loop {
         if stop_requested() {
             return Ended::Signal;
@@ -145,7 +156,11 @@ pub fn wait_for_end(
         }
         if elapsed >= next_tick {
             tick(elapsed);
-            next_tick += Duration::from_secs(1);
+            // A tick slower than the period skips the readings it missed
+            // rather than running back to back.
+            while next_tick <= start.elapsed() {
+                next_tick += period;
+            }
         }
         std::thread::sleep(Duration::from_millis(20));
     }

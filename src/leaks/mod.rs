@@ -8,3 +8,4 @@ pub mod meminfo;
 // At its old path until every branch imports it from the model.
 pub mod render;
 pub mod retention;
+pub mod timeline;
