@@ -231,7 +231,10 @@ impl OutputFormat for crate::render::Format {
         self == crate::render::Format::Table
     }
     fn is_file_only(self) -> bool {
-        self == crate::render::Format::Svg
+        matches!(
+            self,
+            crate::render::Format::Svg | crate::render::Format::Html
+        )
     }
 }
 

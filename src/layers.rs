@@ -55,6 +55,7 @@ mod tests {
         ("leaks::meminfo", Report),
         ("leaks::timeline", Report),
         ("leaks::render", Render),
+        ("leaks::chart", Render),
         ("malloc", Cmd),
         ("malloc::probes", Base),
         ("malloc::procmaps", Base),

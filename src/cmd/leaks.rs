@@ -394,6 +394,9 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
             "kheap leaks",
             "outstanding",
         ),
+        Format::Html => {
+            crate::leaks::chart::html(&report, "kheap leaks: outstanding kernel memory over time")
+        }
     };
     crate::output::emit(&text, out.output())
 }

@@ -4,6 +4,7 @@
 //! (tables). The live objects and their folding are model types
 //! (`crate::model::live`).
 
+pub mod chart;
 pub mod meminfo;
 // At its old path until every branch imports it from the model.
 pub mod render;
