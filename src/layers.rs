@@ -54,6 +54,7 @@ mod tests {
         ("leaks::retention", Report),
         ("leaks::meminfo", Report),
         ("leaks::timeline", Report),
+        ("leaks::trigger", Report),
         ("leaks::render", Render),
         ("leaks::chart", Render),
         ("malloc", Cmd),

@@ -23,12 +23,13 @@ use crate::leaks::render::{self as leak_render, LeakGroupBy};
 use crate::leaks::timeline::{
     MemLines, SeriesKey, SeriesLabel, TimelineBuilder, TriggerMark, DEFAULT_MAX_POINTS,
 };
+use crate::leaks::trigger::{self, oom_kills, Reading as TriggerReading, Trigger};
 use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
 use crate::model::{CgroupSlot, Source};
 use crate::render::Format;
 use crate::report::{self, BuildOptions, Report, RunInfo};
-use crate::symbolize::KernelSymbols;
+use crate::symbolize::{KernelSymbols, Symbolize};
 
 #[derive(Args, Debug)]
 pub struct LeaksArgs {
@@ -65,6 +66,9 @@ pub struct LeaksArgs {
     /// Sites the timeline keeps at each reading (the rest is "other")
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=100), default_value = "10", value_name = "N")]
     pub timeline_sites: u16,
+    /// Write a snapshot (JSON; also pprof with --format pprof) into --snapshot-dir when COND holds at a reading: sunreclaim+=N, site:PATTERN+=N or oom (repeatable)
+    #[arg(long, value_parser = trigger::parse, value_name = "COND")]
+    pub snapshot_when: Vec<Trigger>,
 }
 
 /// The timeline's interval: a reading walks the whole object map, so not
@@ -139,7 +143,10 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         .snapshot_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("."));
-    if args.snapshot_every.is_some() || args.snapshot_dir.is_some() {
+    if args.snapshot_every.is_some()
+        || args.snapshot_dir.is_some()
+        || !args.snapshot_when.is_empty()
+    {
         crate::output::check_dir_writable(&snapshot_dir, "--snapshot-dir")?;
     }
     args.output.check()?;
@@ -196,24 +203,37 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     // Paths are learned while the run goes on: a cgroup removed before the
     // end keeps the path it had.
     let mut cgroup_names = CgroupNames::new(cgroup2_mount().ok());
-    let mut snapshot_tick = |elapsed: Duration| {
+    // Periodic and SIGUSR1 snapshots (trigger None), or one a trigger
+    // fired (its name in the file's; a pprof profile beside it with
+    // --format pprof). Returns the JSON's path if written.
+    let mut snapshot_tick = |elapsed: Duration, trigger: Option<&Trigger>| -> Option<PathBuf> {
         if let Ok(ids) = session.cgroup_ids() {
             cgroup_names.learn(ids);
         }
         let secs = start.elapsed().as_secs_f64();
-        let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
-        if periodic {
-            next_snapshot = next_snapshot.map(|n| n + args.snapshot_every.unwrap_or(n));
-        }
-        if !(periodic || SNAPSHOT_REQUESTED.swap(false, Ordering::SeqCst)) {
-            return;
-        }
-        snapshots += 1;
-        let path = snapshot_dir.join(format!("snapshot-{snapshots:03}.json"));
+        let path = match trigger {
+            Some(t) => snapshot_dir.join(format!("snapshot-{}-{secs:.1}s.json", t.slug())),
+            None => {
+                let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
+                if periodic {
+                    next_snapshot = next_snapshot.map(|n| n + args.snapshot_every.unwrap_or(n));
+                }
+                if !(periodic || SNAPSHOT_REQUESTED.swap(false, Ordering::SeqCst)) {
+                    return None;
+                }
+                snapshots += 1;
+                snapshot_dir.join(format!("snapshot-{snapshots:03}.json"))
+            }
+        };
         let written = session.snapshot().and_then(|mut snap| {
             let mut r = build(&mut snap, "snapshot", secs, info.clone());
             r.name_cgroups(&mut cgroup_names);
-            write_json(&r, &path).map(|_| r)
+            write_json(&r, &path)?;
+            if trigger.is_some() && args.output.format == Format::Pprof {
+                let profile = crate::render::pprof::from_report(&r).encode_gzip();
+                crate::output::write_bytes_atomic(&path.with_extension("pb.gz"), &profile)?;
+            }
+            Ok(r)
         });
         match written {
             Ok(r) => {
@@ -225,13 +245,17 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
                     l.map_or(0, |l| l.outstanding_count),
                     crate::model::human_size(l.map_or(0, |l| l.outstanding_bytes)),
                 );
+                Some(path)
             }
             // A full disk must not cost the final report: say so, go on.
-            Err(e) => eprintln!(
-                "kheap: warning: snapshot {} not written: {}",
-                path.display(),
-                format!("{e:#}").replace('\n', " ")
-            ),
+            Err(e) => {
+                eprintln!(
+                    "kheap: warning: snapshot {} not written: {}",
+                    path.display(),
+                    format!("{e:#}").replace('\n', " ")
+                );
+                None
+            }
         }
     };
     let mut timeline = TimelineBuilder::new(
@@ -259,11 +283,31 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
                         m
                     });
                 timeline.add(t_s, &read, meminfo, read_us);
+                Some((t_s, read, meminfo))
             }
-            Ok(None) => {}
+            Ok(None) => None,
             // A reading missed is a gap in the chart, said once per miss.
-            Err(e) => eprintln!("kheap: warning: timeline reading at {t_s:.1}s failed: {e:#}"),
+            Err(e) => {
+                eprintln!("kheap: warning: timeline reading at {t_s:.1}s failed: {e:#}");
+                None
+            }
         }
+    };
+    let mut triggers = args.snapshot_when.clone();
+    let mut fired: Vec<TriggerMark> = Vec::new();
+    let site_names = std::cell::RefCell::new(HashMap::<(u64, Source), String>::new());
+    let site_name = |k: &SeriesKey| -> String {
+        let mut names = site_names.borrow_mut();
+        names
+            .entry((k.call_site, k.source))
+            .or_insert_with(|| {
+                if k.call_site == 0 && k.source != Source::Kmalloc {
+                    format!("[{}]", k.source)
+                } else {
+                    syms.symbolize(&[k.call_site])[0].name().to_string()
+                }
+            })
+            .clone()
     };
     let mut status = crate::cmd::progress::StatusLine::new();
     let mut next_second = Duration::from_secs(1);
@@ -275,11 +319,34 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         |elapsed| {
             if elapsed >= next_reading {
                 next_reading += args.interval;
-                read_timeline(&mut timeline, &session);
+                let reading = read_timeline(&mut timeline, &session);
+                if let (Some((t_s, read, meminfo)), false) = (reading, triggers.is_empty()) {
+                    let sites: Vec<(String, u64)> = read
+                        .iter()
+                        .map(|(k, o)| (site_name(k), o.bytes_alloc * u64::from(args.sample)))
+                        .collect();
+                    let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+                    let r = TriggerReading {
+                        sunreclaim_bytes: meminfo.sunreclaim_bytes,
+                        oom_kills: oom_kills(&vmstat),
+                        sites: &sites,
+                    };
+                    for t in triggers.iter_mut() {
+                        if t.check(&r) {
+                            eprintln!("kheap: {t_s:.1}s: --snapshot-when {} fired", t.text);
+                            let path = snapshot_tick(elapsed, Some(t));
+                            fired.push(TriggerMark {
+                                t_s: (t_s * 1000.0).round() / 1000.0,
+                                condition: t.text.clone(),
+                                path: path.map(|p| p.display().to_string()),
+                            });
+                        }
+                    }
+                }
             }
             if elapsed >= next_second {
                 next_second = elapsed + Duration::from_secs(1);
-                snapshot_tick(elapsed);
+                snapshot_tick(elapsed, None);
                 status.show(elapsed, || session.progress());
             }
         },
@@ -327,7 +394,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             &snap,
             &syms,
             &mut cgroup_names,
-            vec![],
+            fired,
         ));
     }
     write_report(report, &args)?;

@@ -10,3 +10,4 @@ pub mod meminfo;
 pub mod render;
 pub mod retention;
 pub mod timeline;
+pub mod trigger;
