@@ -227,3 +227,131 @@ fn the_html_chart_opens_in_a_browser_with_the_site_and_its_three_steps() {
         "only {coloured} of {total} pixels are in colour"
     );
 }
+
+/// `--snapshot-when site:load_msg+=1.5 steps` fires once: at the first
+/// reading of the level 1.5 steps above the level of the first reading (the
+/// second step if tracing began before the first, else the third), and its
+/// snapshot holds that level exactly; pprof beside it with --format pprof.
+#[test]
+fn a_site_trigger_fires_once_at_the_right_step() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let snaps = dir.path().join("snaps");
+    std::fs::create_dir(&snaps).unwrap();
+    let json = dir.path().join("run.json");
+    let (n, step) = (STEP_N.to_string(), STEP_SECS.to_string());
+    // Sized from a message's known allocation (4096 bytes for 2100): the
+    // report's own object size is checked below.
+    let grow = format!("site:load_m*+={}", STEP_N * 4096 * 3 / 2);
+    let out = kheap(&[
+        "leaks",
+        "--interval",
+        &INTERVAL.to_string(),
+        "--snapshot-dir",
+        snaps.to_str().unwrap(),
+        "--snapshot-when",
+        &grow,
+        "--format",
+        "pprof",
+        "-o",
+        dir.path().join("run.pb.gz").to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg-steps",
+        &n,
+        MSG_SIZE,
+        &step,
+    ]);
+    assert_ok(&out);
+    let report = parse_valid(&std::fs::read_to_string(&json).unwrap());
+    assert_eq!(msg_object_size(&report), 4096);
+    let levels = load_msg_levels(&report);
+    let base = levels[0].1;
+    let want = if base == 0 { 2 * STEP_N } else { 3 * STEP_N };
+    let at = levels
+        .iter()
+        .find(|l| l.1 >= base + STEP_N * 3 / 2)
+        .unwrap();
+    assert_eq!(
+        at.1,
+        want,
+        "{:?}",
+        levels.iter().map(|l| l.1).collect::<Vec<_>>()
+    );
+    let fired = report["leaks"]["timeline"]["triggers"].as_array().unwrap();
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    assert_eq!(fired[0]["condition"], grow.as_str());
+    assert_eq!(fired[0]["t_s"].as_f64().unwrap(), at.0);
+    let path = std::path::PathBuf::from(fired[0]["path"].as_str().unwrap());
+    assert!(path.starts_with(&snaps));
+    let name = path.file_name().unwrap().to_str().unwrap();
+    assert!(name.starts_with("snapshot-site-load_m_-"), "{name}");
+    let snap = parse_valid(&std::fs::read_to_string(&path).unwrap());
+    assert_eq!(snap["leaks"]["snapshot"], true);
+    let site = &rows_of_fn(&snap, "sites", "load_msg")[0];
+    assert_eq!(u(&site["outstanding_count"]), want);
+    assert!(path.with_extension("pb.gz").exists());
+    let files = std::fs::read_dir(&snaps).unwrap().count();
+    assert_eq!(files, 2, "one snapshot and its profile");
+}
+
+/// `--fail-if`: a command that leaves messages behind (kheap stops while
+/// they are held) fails with status 3 and the row named; one that frees
+/// them passes.
+#[test]
+fn fail_if_fails_a_command_that_leaves_objects_and_passes_one_that_frees_them() {
+    require_root();
+    let budget = "outstanding{site=load_msg*} > 0";
+    let held = kheap(&[
+        "leaks",
+        "-d",
+        "2",
+        "--fail-if",
+        budget,
+        "-o",
+        "/dev/null",
+        "--",
+        LOAD,
+        "msg",
+        "100",
+        MSG_SIZE,
+        "20",
+    ]);
+    assert_eq!(held.status.code(), Some(3), "{held:?}");
+    let stderr = String::from_utf8_lossy(&held.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "kheap: over budget: {budget} ({} bytes > 0 bytes)",
+            100 * 4096
+        )) && stderr.contains("  load_msg [kmalloc]: 409600 bytes"),
+        "{stderr}"
+    );
+    let freed = kheap(&[
+        "leaks",
+        "--fail-if",
+        budget,
+        "--fail-if",
+        "outstanding[kmalloc]{site=load_msg} > 0",
+        "-o",
+        "/dev/null",
+        "--",
+        LOAD,
+        "msg",
+        "100",
+        MSG_SIZE,
+    ]);
+    assert_eq!(freed.status.code(), Some(0), "{freed:?}");
+    let bad = kheap(&[
+        "leaks",
+        "--fail-if",
+        "outstanding > lots",
+        "--",
+        LOAD,
+        "msg",
+        "1",
+        "1",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+}

@@ -28,6 +28,7 @@ use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
 use crate::model::{CgroupSlot, Source};
 use crate::render::Format;
+use crate::report::budget::{self, Budget, BudgetRow};
 use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::symbolize::{KernelSymbols, Symbolize};
 
@@ -69,6 +70,13 @@ pub struct LeaksArgs {
     /// Write a snapshot (JSON; also pprof with --format pprof) into --snapshot-dir when COND holds at a reading: sunreclaim+=N, site:PATTERN+=N or oom (repeatable)
     #[arg(long, value_parser = trigger::parse, value_name = "COND")]
     pub snapshot_when: Vec<Trigger>,
+    /// Exit with status 3 (and list the rows) when the run leaves more than BUDGET: 'outstanding > 1M', 'allocated[page] > 10M', 'outstanding{site=load_msg*} > 0' (repeatable; docs/design.md)
+    #[arg(long, value_parser = parse_budget, value_name = "BUDGET")]
+    pub fail_if: Vec<Budget>,
+}
+
+fn parse_budget(s: &str) -> Result<Budget, String> {
+    budget::parse(s, true)
 }
 
 /// The timeline's interval: a reading walks the whole object map, so not
@@ -397,7 +405,19 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             fired,
         ));
     }
+    let rows: Vec<BudgetRow> = report
+        .sites
+        .iter()
+        .map(|r| BudgetRow {
+            function: r.function.clone(),
+            source: Some(r.source),
+            outstanding_bytes: r.retention.as_ref().map_or(0, |x| x.outstanding_bytes),
+            allocated_bytes: r.counts.bytes_alloc,
+        })
+        .collect();
+    let (exit_code, over) = budget::verdict(&args.fail_if, &rows, exit_code);
     write_report(report, &args)?;
+    eprint!("{over}");
     Ok(exit_code)
 }
 

@@ -208,6 +208,22 @@ pub fn describe(over: &[Exceeded], max_rows: usize) -> String {
     out
 }
 
+/// The run's status with budgets applied, and what to say on stderr: a
+/// command that failed keeps its status; one that succeeded but left more
+/// than a budget allows makes it [`OVER_BUDGET_STATUS`].
+pub fn verdict(budgets: &[Budget], rows: &[BudgetRow], exit_code: i32) -> (i32, String) {
+    let over: Vec<Exceeded> = budgets.iter().filter_map(|b| b.check(rows)).collect();
+    if over.is_empty() {
+        return (exit_code, String::new());
+    }
+    let code = if exit_code == 0 {
+        OVER_BUDGET_STATUS
+    } else {
+        exit_code
+    };
+    (code, describe(&over, 10))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
