@@ -355,3 +355,103 @@ fn fail_if_fails_a_command_that_leaves_objects_and_passes_one_that_frees_them() 
     ]);
     assert_eq!(bad.status.code(), Some(2));
 }
+
+/// A cgroup v1 memory cgroup with a small limit, removed (its processes
+/// killed first) when dropped, even if the test fails.
+struct SmallMemcg(std::path::PathBuf);
+
+impl SmallMemcg {
+    fn new(limit: u64) -> Option<SmallMemcg> {
+        let root = std::path::Path::new("/sys/fs/cgroup/memory");
+        if !root.join("memory.limit_in_bytes").exists() {
+            return None;
+        }
+        let dir = root.join(format!("kheap-test-oom-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let cg = SmallMemcg(dir);
+        std::fs::write(cg.0.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
+        Some(cg)
+    }
+}
+
+impl Drop for SmallMemcg {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        eprintln!("warning: {} not removed", self.0.display());
+    }
+}
+
+fn oom_kills() -> u64 {
+    std::fs::read_to_string("/proc/vmstat")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// `--snapshot-when oom`: a process in a 32 MiB memory cgroup faulting in
+/// 80 MiB is killed by the kernel; the trigger fires and writes its
+/// snapshot, and tracing goes on to the end of the command.
+#[test]
+fn an_oom_kill_fires_the_oom_trigger() {
+    require_root();
+    let Some(cg) = SmallMemcg::new(32 << 20) else {
+        panic!("no cgroup v1 memory controller at /sys/fs/cgroup/memory to run an OOM in");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("run.json");
+    let before = oom_kills();
+    // The victim moves itself into the cgroup, then becomes kheap-load
+    // faulting in 20480 pages; the outer shell outlives it.
+    let script = format!(
+        "sleep 1; sh -c 'echo $$ > {}/cgroup.procs && exec {LOAD} pages 20480 5'; sleep 1.5",
+        cg.0.display()
+    );
+    let out = kheap(&[
+        "leaks",
+        "--interval",
+        "0.25",
+        "--snapshot-dir",
+        dir.path().to_str().unwrap(),
+        "--snapshot-when",
+        "oom",
+        "--json",
+        json.to_str().unwrap(),
+        "-o",
+        "/dev/null",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_ok(&out);
+    let kills = oom_kills() - before;
+    assert!(kills >= 1, "the kernel killed nothing");
+    let report = parse_valid(&std::fs::read_to_string(&json).unwrap());
+    let fired = report["leaks"]["timeline"]["triggers"].as_array().unwrap();
+    // Other OOM kills on the machine would fire it too: at least ours.
+    assert!(
+        !fired.is_empty() && fired.len() as u64 <= kills,
+        "{fired:?}, {kills} kills"
+    );
+    assert_eq!(fired[0]["condition"], "oom");
+    let t = fired[0]["t_s"].as_f64().unwrap();
+    assert!(t >= 1.0, "fired at {t}s, before the victim ran");
+    let path = fired[0]["path"].as_str().unwrap();
+    assert!(path.contains("snapshot-oom-"), "{path}");
+    let snap = parse_valid(&std::fs::read_to_string(path).unwrap());
+    assert_eq!(snap["leaks"]["snapshot"], true);
+    drop(cg);
+}
