@@ -231,9 +231,18 @@ impl OutputFormat for crate::render::Format {
         self == crate::render::Format::Table
     }
     fn is_file_only(self) -> bool {
+        self == crate::render::Format::Svg
+    }
+}
+
+impl OutputFormat for crate::leaks::render::LeaksFormat {
+    fn is_table(self) -> bool {
+        self == crate::leaks::render::LeaksFormat::Table
+    }
+    fn is_file_only(self) -> bool {
         matches!(
             self,
-            crate::render::Format::Svg | crate::render::Format::Html
+            crate::leaks::render::LeaksFormat::Svg | crate::leaks::render::LeaksFormat::Html
         )
     }
 }

@@ -48,8 +48,6 @@ pub enum Format {
     Pprof,
     /// An interactive flame graph (SVG; needs -o FILE or a pipe)
     Svg,
-    /// leaks only: the timeline as a chart (one self-contained HTML page; needs -o FILE or a pipe)
-    Html,
 }
 
 pub fn sort_key(c: &Counts, by: SortBy) -> u64 {

@@ -252,11 +252,6 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     }
     features::check_privileges("malloc")?;
     features::check_btf()?;
-    if args.output.format == Format::Html {
-        bail!(
-            "--format html draws kheap leaks' timeline: use json, table, folded, pprof or svg here"
-        );
-    }
     args.output.check()?;
     args.json.check()?;
     if args.output.format == Format::Pprof {
@@ -702,7 +697,6 @@ fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
             "kheap malloc",
             "allocated",
         ),
-        Format::Html => unreachable!("refused before tracing"),
     };
     crate::output::emit(&text, out.output())
 }

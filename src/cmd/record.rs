@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 
 use crate::cgroup::{cgroup2_mount, CgroupNames};
@@ -70,11 +70,6 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     }
     features::check_privileges("record")?;
     features::check_btf()?;
-    if args.output.format == Format::Html {
-        bail!(
-            "--format html draws kheap leaks' timeline: use json, table, folded, pprof or svg here"
-        );
-    }
     args.output.check()?;
     args.json.check()?;
     install_stop_handler();
@@ -196,7 +191,6 @@ fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
             "kheap record",
             "allocated",
         ),
-        Format::Html => unreachable!("refused before tracing"),
     };
     crate::output::emit(&text, out.output())
 }
