@@ -235,6 +235,18 @@ impl OutputFormat for crate::render::Format {
     }
 }
 
+impl OutputFormat for crate::leaks::render::LeaksFormat {
+    fn is_table(self) -> bool {
+        self == crate::leaks::render::LeaksFormat::Table
+    }
+    fn is_file_only(self) -> bool {
+        matches!(
+            self,
+            crate::leaks::render::LeaksFormat::Svg | crate::leaks::render::LeaksFormat::Html
+        )
+    }
+}
+
 /// Where a report goes and how much of it: the same three flags on every
 /// subcommand that prints one.
 #[derive(Args, Debug, Clone)]

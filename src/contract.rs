@@ -42,7 +42,7 @@ impl Kind {
             // allocated before the run, `frees_untracked_bytes`, taken off)
             // with `-MemFree - pcp`, beside /proc/vmstat's own counts
             // (`vmstat_pgalloc_bytes`, `vmstat_pgfree_bytes`).
-            Kind::Leaks => 6,
+            Kind::Leaks => 7,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound
@@ -146,7 +146,7 @@ mod tests {
         };
         let text = pretty(Kind::Leaks, &body);
         assert!(
-            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 6,\n"),
+            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 7,\n"),
             "{text}"
         );
         assert!(text.ends_with("}\n"));
@@ -210,6 +210,45 @@ mod tests {
             )
         }
 
+        /// Two readings of two sites (one per cgroup), a trigger fired.
+        fn sample_timeline() -> crate::leaks::timeline::Timeline {
+            use crate::leaks::timeline::*;
+            use crate::model::live::Outstanding;
+            use crate::model::{CgroupSlot, Source};
+            let mut b = TimelineBuilder::new(0.5, 1, 16, 1);
+            let key = |cgroup| SeriesKey {
+                call_site: 0xffff_0000,
+                source: Source::Kmalloc,
+                cgroup: Some(cgroup),
+            };
+            let o = |objects| Outstanding {
+                objects,
+                bytes_alloc: objects * 64,
+            };
+            for objects in [3, 5] {
+                let read = [
+                    (key(CgroupSlot::Cgroup(9)), o(objects)),
+                    (key(CgroupSlot::Interrupt), o(1)),
+                ]
+                .into_iter()
+                .collect();
+                b.add(objects as f64 / 2.0, &read, MemLines::default(), 12);
+            }
+            let label = |k: &SeriesKey| SeriesLabel {
+                function: "load_msg".into(),
+                cgroup: match k.cgroup {
+                    Some(CgroupSlot::Cgroup(id)) => Some(crate::cgroup::CgroupRef::unnamed(id)),
+                    _ => None,
+                },
+            };
+            let fired = TriggerMark {
+                t_s: 2.5,
+                condition: "site:load_msg+=128".into(),
+                path: Some("snapshot-site-2.5s.json".into()),
+            };
+            b.finish(&label, vec![fired])
+        }
+
         #[test]
         fn record_and_leaks() {
             let mut rec = kmem(&sample_snapshot(), 10);
@@ -223,8 +262,10 @@ mod tests {
             assert_valid(&parsed(&pretty(Kind::Record, &rec)));
 
             let mut snap = leak_snapshot(4);
-            let leaks = kmem(&snap, 1);
+            let mut leaks = kmem(&snap, 1);
             assert!(!leaks.leaks.as_ref().unwrap().processes.is_empty());
+            assert_valid(&parsed(&pretty(Kind::Leaks, &leaks)));
+            leaks.leaks.as_mut().unwrap().timeline = Some(sample_timeline());
             assert_valid(&parsed(&pretty(Kind::Leaks, &leaks)));
             snap.leaks.as_mut().unwrap().kind = "snapshot".into();
             let v = parsed(&pretty(Kind::Leaks, &kmem(&snap, 256)));

@@ -1,6 +1,7 @@
 //! From merged map contents to a symbolized report: per site, per stack, per
 //! cache and per process. Pure: no kernel access, tested with fixtures.
 
+pub mod budget;
 pub mod processes;
 pub mod top_n;
 

@@ -752,3 +752,47 @@ fn table_and_folded_output() {
         "{text}"
     );
 }
+
+/// --fail-if: the workload's do_leak leaves 3 blocks (15000 bytes) and
+/// do_malloc frees its 10: a budget on do_leak fails the run (status 3,
+/// the row named), one on do_malloc, or above do_leak's, passes.
+#[test]
+fn fail_if_fails_a_command_that_leaves_blocks_and_passes_one_that_frees_them() {
+    require_root();
+    let w = Workload::build(&[]);
+    let run = |budget: &str| {
+        kheap(&[
+            "malloc",
+            "--outstanding",
+            "--fail-if",
+            budget,
+            "-o",
+            "/dev/null",
+            "--",
+            w.path(),
+        ])
+    };
+    let over = run("outstanding{site=do_leak} > 14999");
+    assert_eq!(over.status.code(), Some(3), "{over:?}");
+    let stderr = String::from_utf8_lossy(&over.stderr);
+    assert!(
+        stderr.contains(
+            "kheap: over budget: outstanding{site=do_leak} > 14999 (15000 bytes > 14999 bytes)"
+        ) && stderr.contains("  do_leak: 15000 bytes"),
+        "{stderr}"
+    );
+    for within in [
+        "outstanding{site=do_leak} > 15000",
+        "outstanding{site=do_malloc} > 0",
+        "allocated{site=do_malloc} > 1000",
+    ] {
+        let out = run(within);
+        assert_eq!(out.status.code(), Some(0), "{within}: {out:?}");
+    }
+    let over = run("allocated{site=do_malloc} > 999");
+    assert_eq!(over.status.code(), Some(3), "{over:?}");
+    // Outstanding blocks are known with --outstanding only.
+    let out = kheap(&["malloc", "--fail-if", "outstanding > 0", "--", w.path()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("needs --outstanding"));
+}

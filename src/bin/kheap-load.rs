@@ -4,6 +4,9 @@
 //!   kheap-load msg COUNT SIZE [HOLD_SECS]   SysV messages: one kmalloc of
 //!       48+SIZE bytes (SIZE <= 4000) each in load_msg (msgsnd), freed by msgrcv after
 //!       HOLD_SECS; the queue is removed on every exit path.
+//!   kheap-load msg-steps COUNT SIZE STEP_SECS   messages as msg makes them,
+//!       held in three steps: COUNT, then 2*COUNT, then 3*COUNT, each step
+//!       held STEP_SECS (said on stderr as it starts), then all received.
 //!   kheap-load fds COUNT PER_SEC [HOLD_SECS] an fd leak: opens COUNT
 //!       eventfds at PER_SEC per second and keeps them (one struct file and
 //!       one eventfd_ctx each) for HOLD_SECS, then closes them.
@@ -57,7 +60,7 @@ use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
     );
     std::process::exit(2);
 }
@@ -88,6 +91,7 @@ fn main() {
             arg(&args, 3),
             args.get(4).map(|_| arg(&args, 4)),
         ),
+        Some("msg-steps") => msg_steps(arg(&args, 2), arg(&args, 3), arg(&args, 4)),
         Some("fds") => fds(
             arg(&args, 2),
             arg(&args, 3),
@@ -185,34 +189,87 @@ fn queue_bytes() -> usize {
 }
 
 fn msg(count: usize, size: usize, hold_secs: Option<f64>) {
-    if size == 0 || size > 4000 {
-        eprintln!("kheap-load: msg SIZE must be 1..=4000 (one allocation per message)");
-        std::process::exit(2);
-    }
-    let per_queue = (queue_bytes() / size).max(1);
-    let queues: Vec<MsgQueue> = (0..count.div_ceil(per_queue))
-        .map(|_| MsgQueue::new())
-        .collect();
-    // struct msgbuf: a long type, then the text.
-    let mut buf = vec![0u8; 8 + size];
-    buf[..8].copy_from_slice(&1i64.to_ne_bytes());
-    for i in 0..count {
-        let q = &queues[i / per_queue];
-        if unsafe { libc::msgsnd(q.0, buf.as_ptr().cast(), size, 0) } != 0 {
-            fail("msgsnd");
-        }
-    }
+    let mut held = HeldMessages::new(count, size);
+    held.send(count);
     if let Some(secs) = hold_secs {
         eprintln!("holding {count} messages of {size} bytes for {secs}s");
         std::thread::sleep(Duration::from_secs_f64(secs));
     }
-    for i in 0..count {
-        let q = &queues[i / per_queue];
-        if unsafe { libc::msgrcv(q.0, buf.as_mut_ptr().cast(), size, 0, 0) } < 0 {
-            fail("msgrcv");
+    held.receive_all();
+    eprintln!("sent and received {count} messages of {size} bytes");
+}
+
+/// COUNT, 2*COUNT, then 3*COUNT messages held, STEP_SECS each: a timeline
+/// shows three steps of known sizes.
+fn msg_steps(count: usize, size: usize, step_secs: f64) {
+    if !(step_secs.is_finite() && step_secs > 0.0) {
+        usage();
+    }
+    let mut held = HeldMessages::new(3 * count, size);
+    for step in 1..=3 {
+        held.send(count);
+        eprintln!(
+            "step {step}: holding {} messages of {size} bytes for {step_secs}s",
+            step * count
+        );
+        std::thread::sleep(Duration::from_secs_f64(step_secs));
+    }
+    held.receive_all();
+    eprintln!("sent and received {} messages of {size} bytes", 3 * count);
+}
+
+/// Messages of one size sent into as many private queues as `capacity`
+/// of them need; the queues go when this is dropped.
+struct HeldMessages {
+    queues: Vec<MsgQueue>,
+    per_queue: usize,
+    size: usize,
+    sent: usize,
+    buf: Vec<u8>,
+}
+
+impl HeldMessages {
+    fn new(capacity: usize, size: usize) -> HeldMessages {
+        if size == 0 || size > 4000 {
+            eprintln!("kheap-load: msg SIZE must be 1..=4000 (one allocation per message)");
+            std::process::exit(2);
+        }
+        let per_queue = (queue_bytes() / size).max(1);
+        let queues = (0..capacity.div_ceil(per_queue))
+            .map(|_| MsgQueue::new())
+            .collect();
+        // struct msgbuf: a long type, then the text.
+        let mut buf = vec![0u8; 8 + size];
+        buf[..8].copy_from_slice(&1i64.to_ne_bytes());
+        HeldMessages {
+            queues,
+            per_queue,
+            size,
+            sent: 0,
+            buf,
         }
     }
-    eprintln!("sent and received {count} messages of {size} bytes");
+
+    fn send(&mut self, count: usize) {
+        for _ in 0..count {
+            let q = &self.queues[self.sent / self.per_queue];
+            if unsafe { libc::msgsnd(q.0, self.buf.as_ptr().cast(), self.size, 0) } != 0 {
+                fail("msgsnd");
+            }
+            self.sent += 1;
+        }
+    }
+
+    fn receive_all(&mut self) {
+        for i in 0..self.sent {
+            let q = &self.queues[i / self.per_queue];
+            let buf = self.buf.as_mut_ptr().cast();
+            if unsafe { libc::msgrcv(q.0, buf, self.size, 0, 0) } < 0 {
+                fail("msgrcv");
+            }
+        }
+        self.sent = 0;
+    }
 }
 
 /// Raises the soft limit on open files to `want` (within the hard limit), so

@@ -3,6 +3,7 @@
 //! and freed (transient). Snapshots of the outstanding set can be written
 //! while it runs (--snapshot-every, SIGUSR1) and compared with `kheap diff`.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -12,18 +13,23 @@ use clap::Args;
 
 use crate::cgroup::{cgroup2_mount, CgroupNames};
 use crate::cli::{parse_duration, parse_sample, parse_tracked_objects, OutputArgs, TraceArgs};
-use crate::cmd::run::{self, install_stop_handler, wait_for_end_ticking, Targets};
+use crate::cmd::run::{self, install_stop_handler, wait_for_end_every, Targets};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::leaks::meminfo::{account, comparable, Geometry, MemInfo};
-use crate::leaks::render::{self as leak_render, LeakGroupBy};
+use crate::leaks::render::{self as leak_render, LeakGroupBy, LeaksFormat as Format};
+use crate::leaks::timeline::{
+    MemLines, SeriesKey, SeriesLabel, TimelineBuilder, TriggerMark, DEFAULT_MAX_POINTS,
+};
+use crate::leaks::trigger::{self, oom_kills, Reading as TriggerReading, Trigger};
+use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
-use crate::model::Source;
-use crate::render::Format;
+use crate::model::{CgroupSlot, Source};
+use crate::report::budget::{self, Budget, BudgetRow};
 use crate::report::{self, BuildOptions, Report, RunInfo};
-use crate::symbolize::KernelSymbols;
+use crate::symbolize::{KernelSymbols, Symbolize};
 
 #[derive(Args, Debug)]
 pub struct LeaksArgs {
@@ -56,6 +62,32 @@ pub struct LeaksArgs {
     /// Capacity of the object map (objects tracked at once; ~100 bytes of kernel memory each)
     #[arg(long, value_parser = parse_tracked_objects, default_value = "262144", value_name = "N")]
     pub max_objects: u32,
+    /// Read the timeline (outstanding bytes of the top sites, /proc/meminfo) every SECS seconds
+    #[arg(long, value_parser = parse_interval, default_value = "1", value_name = "SECS")]
+    pub interval: Duration,
+    /// Sites the timeline keeps at each reading (the rest is "other")
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=100), default_value = "10", value_name = "N")]
+    pub timeline_sites: u16,
+    /// Write a snapshot (JSON; also pprof with --format pprof) into --snapshot-dir when COND holds at a reading: sunreclaim+=N, site:PATTERN+=N or oom (repeatable)
+    #[arg(long, value_parser = trigger::parse, value_name = "COND")]
+    pub snapshot_when: Vec<Trigger>,
+    /// Exit with status 3 (and list the rows) when the run leaves more than BUDGET: 'outstanding > 1M', 'allocated[page] > 10M', 'outstanding{site=load_msg*} > 0' (repeatable; docs/design.md)
+    #[arg(long, value_parser = parse_budget, value_name = "BUDGET")]
+    pub fail_if: Vec<Budget>,
+}
+
+fn parse_budget(s: &str) -> Result<Budget, String> {
+    budget::parse(s, true)
+}
+
+/// The timeline's interval: a reading walks the whole object map, so not
+/// more often than ten times a second.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < Duration::from_millis(100) {
+        return Err(format!("'{s}': the interval must be at least 0.1 seconds"));
+    }
+    Ok(d)
 }
 
 /// Sites are exact regardless; long-lived objects pile up, so even a sparse
@@ -113,7 +145,10 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         .snapshot_dir
         .clone()
         .unwrap_or_else(|| PathBuf::from("."));
-    if args.snapshot_every.is_some() || args.snapshot_dir.is_some() {
+    if args.snapshot_every.is_some()
+        || args.snapshot_dir.is_some()
+        || !args.snapshot_when.is_empty()
+    {
         crate::output::check_dir_writable(&snapshot_dir, "--snapshot-dir")?;
     }
     args.output.check()?;
@@ -171,28 +206,42 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     // Paths are learned while the run goes on: a cgroup removed before the
     // end keeps the path it had.
     let mut cgroup_names = CgroupNames::new(cgroup2_mount().ok());
-    let mut snapshot_tick = |elapsed: Duration| {
+    // Periodic and SIGUSR1 snapshots (trigger None), or one a trigger
+    // fired (its name in the file's; a pprof profile beside it with
+    // --format pprof). Returns the JSON's path if written.
+    let mut snapshot_tick = |elapsed: Duration, trigger: Option<&Trigger>| -> Option<PathBuf> {
         if let Ok(ids) = session.cgroup_ids() {
             cgroup_names.learn(ids);
         }
         let secs = start.elapsed().as_secs_f64();
-        let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
-        if let (true, Some(next), Some(every)) = (periodic, &mut next_snapshot, args.snapshot_every)
-        {
-            // One snapshot for the snapshots a slow one made late.
-            while *next <= elapsed {
-                *next += every;
+        let path = match trigger {
+            Some(t) => snapshot_dir.join(format!("snapshot-{}-{secs:.1}s.json", t.slug())),
+            None => {
+                let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
+                if let (true, Some(next), Some(every)) =
+                    (periodic, &mut next_snapshot, args.snapshot_every)
+                {
+                    // One snapshot for the snapshots a slow one made late.
+                    while *next <= elapsed {
+                        *next += every;
+                    }
+                }
+                if !(periodic || SNAPSHOT_REQUESTED.swap(false, Ordering::SeqCst)) {
+                    return None;
+                }
+                snapshots += 1;
+                snapshot_dir.join(format!("snapshot-{snapshots:03}.json"))
             }
-        }
-        if !(periodic || SNAPSHOT_REQUESTED.swap(false, Ordering::SeqCst)) {
-            return;
-        }
-        snapshots += 1;
-        let path = snapshot_dir.join(format!("snapshot-{snapshots:03}.json"));
+        };
         let written = session.snapshot().and_then(|mut snap| {
             let mut r = build(&mut snap, "snapshot", secs, info.clone());
             r.name_cgroups(&mut cgroup_names);
-            write_json(&r, &path).map(|_| r)
+            write_json(&r, &path)?;
+            if trigger.is_some() && args.output.format == Format::Pprof {
+                let profile = crate::render::pprof::from_report(&r).encode_gzip();
+                crate::output::write_bytes_atomic(&path.with_extension("pb.gz"), &profile)?;
+            }
+            Ok(r)
         });
         match written {
             Ok(r) => {
@@ -204,26 +253,119 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
                     l.map_or(0, |l| l.outstanding_count),
                     crate::model::human_size(l.map_or(0, |l| l.outstanding_bytes)),
                 );
+                Some(path)
             }
             // A full disk must not cost the final report: say so, go on.
-            Err(e) => eprintln!(
-                "kheap: warning: snapshot {} not written: {}",
-                path.display(),
-                format!("{e:#}").replace('\n', " ")
-            ),
+            Err(e) => {
+                eprintln!(
+                    "kheap: warning: snapshot {} not written: {}",
+                    path.display(),
+                    format!("{e:#}").replace('\n', " ")
+                );
+                None
+            }
         }
     };
+    let mut timeline = TimelineBuilder::new(
+        args.interval.as_secs_f64(),
+        args.timeline_sites.into(),
+        DEFAULT_MAX_POINTS,
+        args.sample,
+    );
+    let by_cgroup = cfg.by_cgroup;
+    let read_timeline = |timeline: &mut TimelineBuilder, session: &Tracer| {
+        let t_s = start.elapsed().as_secs_f64();
+        let began = Instant::now();
+        let read = session.outstanding_by_site(by_cgroup);
+        let meminfo = MemLines::read();
+        let read_us = began.elapsed().as_micros() as u64;
+        match read {
+            Ok(Some(read)) => {
+                let read = read
+                    .into_iter()
+                    .fold(HashMap::new(), |mut m, ((site, cgroup), o)| {
+                        let e: &mut Outstanding =
+                            m.entry(SeriesKey::of(&site, cgroup)).or_default();
+                        e.objects += o.objects;
+                        e.bytes_alloc += o.bytes_alloc;
+                        m
+                    });
+                timeline.add(t_s, &read, meminfo, read_us);
+                Some((t_s, read, meminfo))
+            }
+            Ok(None) => None,
+            // A reading missed is a gap in the chart, said once per miss.
+            Err(e) => {
+                eprintln!("kheap: warning: timeline reading at {t_s:.1}s failed: {e:#}");
+                None
+            }
+        }
+    };
+    let mut triggers = args.snapshot_when.clone();
+    let mut fired: Vec<TriggerMark> = Vec::new();
+    let site_names = std::cell::RefCell::new(HashMap::<(u64, Source), String>::new());
+    let site_name = |k: &SeriesKey| -> String {
+        let mut names = site_names.borrow_mut();
+        names
+            .entry((k.call_site, k.source))
+            .or_insert_with(|| {
+                if k.call_site == 0 && k.source != Source::Kmalloc {
+                    format!("[{}]", k.source)
+                } else {
+                    syms.symbolize(&[k.call_site])[0].name().to_string()
+                }
+            })
+            .clone()
+    };
     let mut status = crate::cmd::progress::StatusLine::new();
-    // Snapshots come on the wait loop's tick: every second, or more often
-    // for a shorter --snapshot-every.
-    let every = args
-        .snapshot_every
-        .map_or(Duration::from_secs(1), |s| s.min(Duration::from_secs(1)));
-    let ended = wait_for_end_ticking(args.trace.duration, &mut targets, every, |elapsed| {
-        snapshot_tick(elapsed);
-        status.show(elapsed, || session.progress());
-    });
+    let mut next_second = Duration::from_secs(1);
+    let mut next_reading = args.interval;
+    let ended = wait_for_end_every(
+        args.trace.duration,
+        &mut targets,
+        // Snapshots and readings come on the loop's tick: every second, or
+        // more often for a shorter --interval or --snapshot-every.
+        args.snapshot_every
+            .map_or(args.interval, |s| s.min(args.interval))
+            .min(Duration::from_secs(1)),
+        |elapsed| {
+            if elapsed >= next_reading {
+                next_reading += args.interval;
+                let reading = read_timeline(&mut timeline, &session);
+                if let (Some((t_s, read, meminfo)), false) = (reading, triggers.is_empty()) {
+                    let sites: Vec<(String, u64)> = read
+                        .iter()
+                        .map(|(k, o)| (site_name(k), o.bytes_alloc * u64::from(args.sample)))
+                        .collect();
+                    let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+                    let r = TriggerReading {
+                        sunreclaim_bytes: meminfo.sunreclaim_bytes,
+                        oom_kills: oom_kills(&vmstat),
+                        sites: &sites,
+                    };
+                    for t in triggers.iter_mut() {
+                        if t.check(&r) {
+                            eprintln!("kheap: {t_s:.1}s: --snapshot-when {} fired", t.text);
+                            let path = snapshot_tick(elapsed, Some(t));
+                            fired.push(TriggerMark {
+                                t_s: (t_s * 1000.0).round() / 1000.0,
+                                condition: t.text.clone(),
+                                path: path.map(|p| p.display().to_string()),
+                            });
+                        }
+                    }
+                }
+            }
+            snapshot_tick(elapsed, None);
+            if elapsed >= next_second {
+                next_second = elapsed + Duration::from_secs(1);
+                status.show(elapsed, || session.progress());
+            }
+        },
+    );
     drop(status); // erases the status line before the report
+                  // The level at the end, after the command's last frees.
+    read_timeline(&mut timeline, &session);
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
     // Before the command's own cgroup is removed with it (terminate).
@@ -258,8 +400,59 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         l.accounting_skipped = skipped;
         l.accounting = account(sources, &outstanding, before, after);
     }
+    if let Some(l) = report.leaks.as_mut() {
+        l.timeline = Some(finish_timeline(
+            &timeline,
+            &snap,
+            &syms,
+            &mut cgroup_names,
+            fired,
+        ));
+    }
+    let rows: Vec<BudgetRow> = report
+        .sites
+        .iter()
+        .map(|r| BudgetRow {
+            function: r.function.clone(),
+            source: Some(r.source),
+            outstanding_bytes: r.retention.as_ref().map_or(0, |x| x.outstanding_bytes),
+            allocated_bytes: r.counts.bytes_alloc,
+        })
+        .collect();
+    let (exit_code, over) = budget::verdict(&args.fail_if, &rows, exit_code);
     write_report(report, &args)?;
+    eprint!("{over}");
     Ok(exit_code)
+}
+
+/// The timeline with its series named as the report names its sites.
+fn finish_timeline(
+    timeline: &TimelineBuilder,
+    snap: &Snapshot,
+    syms: &KernelSymbols,
+    cgroup_names: &mut CgroupNames,
+    triggers: Vec<TriggerMark>,
+) -> crate::leaks::timeline::Timeline {
+    let keys = timeline.series_keys();
+    let functions: HashMap<(u64, Source), String> = report::labelled_sites(snap, syms)
+        .into_iter()
+        .map(|(frame, k, _)| ((k.call_site, k.cache.source()), frame.name().to_string()))
+        .collect();
+    cgroup_names.learn(keys.iter().filter_map(|k| match k.cgroup {
+        Some(CgroupSlot::Cgroup(id)) => Some(id),
+        _ => None,
+    }));
+    let label = |k: &SeriesKey| SeriesLabel {
+        function: functions
+            .get(&(k.call_site, k.source))
+            .cloned()
+            .unwrap_or_else(|| format!("{:#x}", k.call_site)),
+        cgroup: match k.cgroup {
+            Some(CgroupSlot::Cgroup(id)) => Some(cgroup_names.describe(id)),
+            _ => None,
+        },
+    };
+    timeline.finish(&label, triggers)
 }
 
 fn write_json(r: &Report, path: &Path) -> Result<()> {
@@ -296,6 +489,9 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
             "kheap leaks",
             "outstanding",
         ),
+        Format::Html => {
+            crate::leaks::chart::html(&report, "kheap leaks: outstanding kernel memory over time")
+        }
     };
     crate::output::emit(&text, out.output())
 }

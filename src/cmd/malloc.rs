@@ -9,6 +9,8 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
+
+use crate::report::budget::{self, Budget, BudgetRow};
 use clap::Args;
 
 use crate::cli::{parse_duration, parse_tracked_objects, OutputArgs, StackArgs, TargetArgs};
@@ -85,6 +87,9 @@ pub struct MallocArgs {
         requires = "outstanding"
     )]
     pub max_outstanding: u32,
+    /// Exit with status 3 (and list the rows) when the command allocates or leaves more than BUDGET: 'outstanding > 1M' (needs --outstanding), 'allocated{site=parse*} > 10M' (repeatable)
+    #[arg(long, value_parser = parse_budget, value_name = "BUDGET")]
+    pub fail_if: Vec<Budget>,
     /// With -- COMMAND: probe the C library's functions instead of running
     /// the command with kheap's preload library (which costs less per call,
     /// but does not reach static or set-user-ID programs it starts)
@@ -224,6 +229,10 @@ fn comm(pid: u32) -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+fn parse_budget(s: &str) -> Result<Budget, String> {
+    budget::parse(s, false)
+}
+
 pub fn run(args: MallocArgs) -> Result<i32> {
     if args.targets.pids.is_empty() && args.targets.command.is_empty() && args.cgroups.is_empty() {
         bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...], or --cgroup PATH");
@@ -232,6 +241,14 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     let cgroups = resolve_cgroups(&args.cgroups, cgroup_mount.as_deref())?;
     if args.sort == MallocSortBy::Outstanding && !args.outstanding {
         bail!("--sort outstanding needs --outstanding");
+    }
+    if let (Some(b), false) = (
+        args.fail_if
+            .iter()
+            .find(|b| b.measure == budget::Measure::Outstanding),
+        args.outstanding,
+    ) {
+        bail!("--fail-if '{}' needs --outstanding", b.text);
     }
     features::check_privileges("malloc")?;
     features::check_btf()?;
@@ -437,7 +454,19 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         },
     );
     drop(session);
+    let rows: Vec<BudgetRow> = report
+        .sites
+        .iter()
+        .map(|r| BudgetRow {
+            function: r.function.clone(),
+            source: None,
+            outstanding_bytes: r.outstanding.as_ref().map_or(0, |o| o.bytes),
+            allocated_bytes: r.counts.bytes_req,
+        })
+        .collect();
+    let (exit_code, over) = budget::verdict(&args.fail_if, &rows, exit_code);
     write_report(report, &args)?;
+    eprint!("{over}");
     Ok(exit_code)
 }
 

@@ -127,19 +127,19 @@ pub fn wait_for_end(
     targets: &mut Targets,
     tick: impl FnMut(Duration),
 ) -> Ended {
-    wait_for_end_ticking(duration, targets, Duration::from_secs(1), tick)
+    wait_for_end_every(duration, targets, Duration::from_secs(1), tick)
 }
 
-/// [`wait_for_end`] with `tick` called every `every` (at most once per
-/// 20 ms poll) instead of every second.
-pub fn wait_for_end_ticking(
+/// [`wait_for_end`], calling `tick` about every `period` (checked every
+/// 20 ms, so periods below that are 20 ms).
+pub fn wait_for_end_every(
     duration: Option<Duration>,
     targets: &mut Targets,
-    every: Duration,
+    period: Duration,
     mut tick: impl FnMut(Duration),
 ) -> Ended {
     let start = Instant::now();
-    let mut next_tick = every;
+    let mut next_tick = period;
     loop {
         if stop_requested() {
             return Ended::Signal;
@@ -156,9 +156,10 @@ pub fn wait_for_end_ticking(
         }
         if elapsed >= next_tick {
             tick(elapsed);
-            // Ticks missed (a slow tick, a short interval) are not made up.
-            while next_tick <= elapsed {
-                next_tick += every;
+            // A tick slower than the period skips the readings it missed
+            // rather than running back to back.
+            while next_tick <= start.elapsed() {
+                next_tick += period;
             }
         }
         std::thread::sleep(Duration::from_millis(20));

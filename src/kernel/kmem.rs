@@ -21,8 +21,8 @@ use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes, types, KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 use crate::kernel::storage::ObjectStorage;
 use crate::model::live::{
-    jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Outstanding, OutstandingRead,
-    Unseen,
+    jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Outstanding, OutstandingBySite,
+    OutstandingRead, Unseen,
 };
 use crate::model::snapshot::{
     CgroupKey, CgroupSlot, EventCounters, IdleKeys, ProgRunTime, Snapshot,
@@ -469,6 +469,44 @@ impl<'obj> Tracer<'obj> {
             groups,
             map_full_live: c.map_full_live,
         }))
+    }
+
+    /// The live objects folded by site and, with `by_cgroup`, by the
+    /// cgroup (or interrupt context) that allocated them: one reading of
+    /// leaks' timeline. One pass over the object map, batched, with no
+    /// allocation per object. `None` without live-object tracking.
+    pub fn outstanding_by_site(&self, by_cgroup: bool) -> Result<Option<OutstandingBySite>> {
+        if self.cfg.live.is_none() {
+            return Ok(None);
+        }
+        type RawKey = ([u8; std::mem::size_of::<types::site_key>()], u64, bool);
+        let mut raw: HashMap<RawKey, Outstanding> = HashMap::new();
+        maps::visit_hash_values::<types::live_obj, _>(&self.skel.maps.live, &mut |o| {
+            // SAFETY: a plain C struct of integers, without implicit padding.
+            let site = unsafe { plain::as_bytes(&o.site) };
+            let (cgroup, interrupt) = match by_cgroup {
+                true => (o.cgroup, o.interrupt != 0),
+                false => (0, false),
+            };
+            let k = (site.try_into().expect("site_key size"), cgroup, interrupt);
+            let e = raw.entry(k).or_default();
+            e.objects += 1;
+            e.bytes_alloc += o.bytes_alloc as u64;
+        })?;
+        let names = self.cache_names()?;
+        let mut out = OutstandingBySite::new();
+        for ((site, cgroup, interrupt), v) in raw {
+            let site = site_key(&from_bytes::<types::site_key>(&site), &names);
+            let slot = by_cgroup.then_some(if interrupt {
+                CgroupSlot::Interrupt
+            } else {
+                CgroupSlot::Cgroup(cgroup)
+            });
+            let e = out.entry((site, slot)).or_default();
+            e.objects += v.objects;
+            e.bytes_alloc += v.bytes_alloc;
+        }
+        Ok(Some(out))
     }
 
     fn read_snapshot(&self, with_live: bool) -> Result<Snapshot> {

@@ -58,6 +58,11 @@ impl MemInfo {
         m
     }
 
+    /// One line in bytes (a count for lines without a unit); 0 if absent.
+    pub fn line(&self, name: &str) -> u64 {
+        self.0.get(name).copied().unwrap_or(0)
+    }
+
     fn get(&self, name: &str) -> i64 {
         self.0.get(name).copied().unwrap_or(0) as i64
     }

@@ -4,7 +4,10 @@
 //! (tables). The live objects and their folding are model types
 //! (`crate::model::live`).
 
+pub mod chart;
 pub mod meminfo;
 // At its old path until every branch imports it from the model.
 pub mod render;
 pub mod retention;
+pub mod timeline;
+pub mod trigger;

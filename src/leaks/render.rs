@@ -15,6 +15,23 @@ use crate::render::table::{hidden_note, table_text};
 use crate::render::{self, SourceColumn};
 use crate::report::{top_n, Report};
 
+/// `kheap leaks --format`: the formats of every report, and the timeline's
+/// chart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LeaksFormat {
+    Table,
+    Json,
+    /// `frame;frame;… count` lines for flamegraph tools
+    Folded,
+    /// gzip-compressed pprof profile.proto (`go tool pprof`); needs -o FILE
+    /// unless piped
+    Pprof,
+    /// An interactive flame graph (SVG; needs -o FILE or a pipe)
+    Svg,
+    /// The timeline as a chart: one self-contained HTML page (needs -o FILE or a pipe)
+    Html,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum LeakGroupBy {
     Site,

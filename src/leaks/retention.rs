@@ -144,6 +144,9 @@ pub struct LeakSummary {
     /// compared with the page row's whole-machine free pages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accounting_skipped: Option<String>,
+    /// The end-of-run report's readings over time (not in snapshots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<crate::leaks::timeline::Timeline>,
 }
 
 /// Free paths of the kernel that emit no kmem:kfree/kmem_cache_free event.
@@ -259,6 +262,7 @@ pub fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Leak
         processes: process_rows(l, idx, duration_s),
         accounting: Vec::new(),
         accounting_skipped: None,
+        timeline: None,
     }
 }
 

@@ -364,6 +364,10 @@ pub struct Outstanding {
     pub bytes_alloc: u64,
 }
 
+/// The live-object map read folded by site and (with `--by cgroup`) the
+/// cgroup or interrupt context that allocated: a reading of leaks' timeline.
+pub type OutstandingBySite = HashMap<(SiteKey, Option<CgroupSlot>), Outstanding>;
+
 /// The live-object map read folded by (site, stack) (the kernel layer's
 /// `Tracer::outstanding`).
 #[derive(Clone, Debug, Default)]

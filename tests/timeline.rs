@@ -1,0 +1,457 @@
+//! `kheap leaks`' timeline against the real kernel: kheap-load msg-steps
+//! holds N, 2N, then 3N SysV messages (one kmalloc in load_msg each), a
+//! step each STEP_SECS, then frees them; the timeline must show the three
+//! levels exactly, for as long as they last, with /proc/meminfo's Slab
+//! line rising with them.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+
+const STEP_N: u64 = 2000;
+const MSG_SIZE: &str = "2100";
+const STEP_SECS: f64 = 1.5;
+const INTERVAL: f64 = 0.25;
+
+/// load_msg's (objects, bytes) at each point (0 when not among the top).
+fn load_msg_levels(report: &Value) -> Vec<(f64, u64, u64, &Value)> {
+    let t = &report["leaks"]["timeline"];
+    let series = t["series"].as_array().unwrap();
+    t["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let (objects, bytes) = p["sites"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|s| series[u(&s["series"]) as usize]["function"] == "load_msg")
+                .fold((0, 0), |(o, b), s| {
+                    (o + u(&s["objects"]), b + u(&s["bytes"]))
+                });
+            (p["t_s"].as_f64().unwrap(), objects, bytes, p)
+        })
+        .collect()
+}
+
+/// The allocated size of one message, from the report's own totals.
+fn msg_object_size(report: &Value) -> u64 {
+    let sites = rows_of_fn(report, "sites", "load_msg");
+    assert_eq!(sites.len(), 1, "{:#}", report["sites"]);
+    let count = u(&sites[0]["count"]);
+    assert_eq!(count, 3 * STEP_N, "every message allocated once");
+    let bytes = u(&sites[0]["bytes_alloc"]);
+    assert_eq!(bytes % count, 0, "messages of one size: {bytes} / {count}");
+    bytes / count
+}
+
+fn steps_report(extra: &[&str]) -> Value {
+    let n = STEP_N.to_string();
+    let step = STEP_SECS.to_string();
+    let interval = INTERVAL.to_string();
+    let mut args = vec!["--interval", interval.as_str()];
+    args.extend(extra);
+    report_json("leaks", &args, &["msg-steps", &n, MSG_SIZE, &step])
+}
+
+#[test]
+fn the_timeline_shows_three_steps_of_exact_sizes_and_slab_rises_with_them() {
+    require_root();
+    let report = steps_report(&[]);
+    let objsize = msg_object_size(&report);
+    let t = &report["leaks"]["timeline"];
+    assert_eq!(t["interval_s"].as_f64(), Some(INTERVAL));
+    assert_eq!(t["estimated"], false);
+    let levels = load_msg_levels(&report);
+    let per_step = STEP_SECS / INTERVAL;
+    for &(_, objects, bytes, p) in &levels {
+        assert_eq!(bytes, objects * objsize, "{p}");
+    }
+    let shown: Vec<(f64, u64)> = levels.iter().map(|l| (l.0, l.1)).collect();
+    // Every reading is one of the levels, except at most one caught while
+    // a step's messages were being sent or all were received (then
+    // between two levels).
+    let expected = [0, STEP_N, 2 * STEP_N, 3 * STEP_N];
+    let between: Vec<_> = levels.iter().filter(|l| !expected.contains(&l.1)).collect();
+    assert!(between.len() <= 4, "{shown:?}");
+    // Up to the third step, never down; then back to nothing at the end.
+    let peak = levels.iter().position(|l| l.1 == 3 * STEP_N).unwrap();
+    for w in levels[..=peak].windows(2) {
+        assert!(w[0].1 <= w[1].1, "{shown:?}");
+    }
+    assert_eq!(levels.last().unwrap().1, 0, "freed at the end");
+    // Each level lasts a step: about as many readings as fit in STEP_SECS
+    // (sending 2000 messages on a loaded machine takes a reading or two).
+    let mut firsts = Vec::new();
+    for k in 1..=3 {
+        let at: Vec<_> = levels.iter().filter(|l| l.1 == k * STEP_N).collect();
+        let n = at.len() as f64;
+        assert!(
+            (per_step / 2.0..=per_step + 2.0).contains(&n),
+            "step {k}: {n} readings of {per_step}: {shown:?}"
+        );
+        firsts.push(at[0].0);
+    }
+    for w in firsts.windows(2) {
+        let gap = w[1] - w[0];
+        assert!(
+            (STEP_SECS - 2.0 * INTERVAL..=STEP_SECS + 6.0 * INTERVAL).contains(&gap),
+            "steps {gap}s apart: {shown:?}"
+        );
+    }
+    // /proc/meminfo's Slab line rises with the two later steps (other
+    // processes allocate and free too: half the messages' bytes at least).
+    let slab = |p: &Value| u(&p["meminfo"]["slab_bytes"]);
+    let first = levels.iter().find(|l| l.1 == STEP_N).unwrap().3;
+    let third = levels.iter().rfind(|l| l.1 == 3 * STEP_N).unwrap().3;
+    let rise = slab(third).saturating_sub(slab(first));
+    assert!(
+        rise >= STEP_N * objsize,
+        "Slab rose {rise} bytes for {} bytes of messages",
+        2 * STEP_N * objsize
+    );
+    assert!(
+        u(&t["readings"]) >= (3.0 * per_step) as u64,
+        "{}",
+        t["readings"]
+    );
+    assert!(u(&t["read_us_max"]) >= u(&t["read_us_mean"]));
+}
+
+/// Runs headless chromium with ARGS on URL in a fresh profile; its stdout.
+fn chromium(args: &[&str], url: &str, profile: &std::path::Path) -> String {
+    let child = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("chromium (scripts/setup installs it)");
+    let out = wait_bounded(child, std::time::Duration::from_secs(120));
+    assert!(out.status.success(), "chromium {args:?} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_html_chart_opens_in_a_browser_with_the_site_and_its_three_steps() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let html = dir.path().join("run.html");
+    let json = dir.path().join("run.json");
+    let (n, step, interval) = (STEP_N.to_string(), STEP_SECS.to_string(), "0.25");
+    let out = kheap(&[
+        "leaks",
+        "--interval",
+        interval,
+        "--format",
+        "html",
+        "-o",
+        html.to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg-steps",
+        &n,
+        MSG_SIZE,
+        &step,
+    ]);
+    assert_ok(&out);
+    let report = parse_valid(&std::fs::read_to_string(&json).unwrap());
+    let objsize = msg_object_size(&report);
+    let url = format!("file://{}", html.display());
+    let profile = dir.path().join("profile");
+
+    // The page as the browser built it: the site named, each step's exact
+    // bytes in the readings, the script run, and (?t=) the hover text of a
+    // reading in the third step.
+    let third = load_msg_levels(&report)
+        .into_iter()
+        .find(|l| l.1 == 3 * STEP_N)
+        .unwrap()
+        .0;
+    let dom = chromium(&["--dump-dom"], &format!("{url}?t={third}"), &profile);
+    assert!(dom.contains("load_msg [kmalloc]"), "site not named");
+    for k in 1..=3 {
+        let cell = format!("<td>{}</td>", k * STEP_N * objsize);
+        assert!(dom.contains(&cell), "step {k}: no {cell}");
+    }
+    assert!(
+        dom.contains("data-chart-ready=\"1\""),
+        "the script did not run"
+    );
+    let hover = "load_msg [kmalloc]: ";
+    let tip = dom.split("id=\"tip\"").nth(1).expect("tooltip");
+    let shown = tip.split("</div>").next().unwrap();
+    assert!(
+        shown.contains(hover) && shown.contains(&format!("({} bytes)", 3 * STEP_N * objsize)),
+        "{shown}"
+    );
+
+    let png = dir.path().join("chart.png");
+    chromium(
+        &[
+            &format!("--screenshot={}", png.display()),
+            "--window-size=1100,800",
+        ],
+        &url,
+        &profile,
+    );
+    let decoder = png::Decoder::new(std::io::BufReader::new(std::fs::File::open(&png).unwrap()));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let channels = info.color_type.samples();
+    let pixels = &buf[..info.buffer_size()];
+    // The stacked area is drawn in colour, not just text on white.
+    let coloured = pixels
+        .chunks(channels)
+        .filter(|p| {
+            let (lo, hi) = (p[..3].iter().min().unwrap(), p[..3].iter().max().unwrap());
+            hi - lo > 40
+        })
+        .count();
+    let total = pixels.len() / channels;
+    assert!(
+        coloured * 20 > total,
+        "only {coloured} of {total} pixels are in colour"
+    );
+}
+
+/// `--snapshot-when site:load_msg+=1.5 steps` fires once: at the first
+/// reading of the level 1.5 steps above the level of the first reading (the
+/// second step if tracing began before the first, else the third), and its
+/// snapshot holds that level exactly; pprof beside it with --format pprof.
+#[test]
+fn a_site_trigger_fires_once_at_the_right_step() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let snaps = dir.path().join("snaps");
+    std::fs::create_dir(&snaps).unwrap();
+    let json = dir.path().join("run.json");
+    let (n, step) = (STEP_N.to_string(), STEP_SECS.to_string());
+    // Sized from a message's known allocation (4096 bytes for 2100): the
+    // report's own object size is checked below.
+    let grow = format!("site:load_m*+={}", STEP_N * 4096 * 3 / 2);
+    let out = kheap(&[
+        "leaks",
+        "--interval",
+        &INTERVAL.to_string(),
+        "--snapshot-dir",
+        snaps.to_str().unwrap(),
+        "--snapshot-when",
+        &grow,
+        "--format",
+        "pprof",
+        "-o",
+        dir.path().join("run.pb.gz").to_str().unwrap(),
+        "--json",
+        json.to_str().unwrap(),
+        "--",
+        LOAD,
+        "msg-steps",
+        &n,
+        MSG_SIZE,
+        &step,
+    ]);
+    assert_ok(&out);
+    let report = parse_valid(&std::fs::read_to_string(&json).unwrap());
+    assert_eq!(msg_object_size(&report), 4096);
+    let levels = load_msg_levels(&report);
+    let base = levels[0].1;
+    let want = if base == 0 { 2 * STEP_N } else { 3 * STEP_N };
+    let at = levels
+        .iter()
+        .find(|l| l.1 >= base + STEP_N * 3 / 2)
+        .unwrap();
+    assert_eq!(
+        at.1,
+        want,
+        "{:?}",
+        levels.iter().map(|l| l.1).collect::<Vec<_>>()
+    );
+    let fired = report["leaks"]["timeline"]["triggers"].as_array().unwrap();
+    assert_eq!(fired.len(), 1, "{fired:?}");
+    assert_eq!(fired[0]["condition"], grow.as_str());
+    assert_eq!(fired[0]["t_s"].as_f64().unwrap(), at.0);
+    let path = std::path::PathBuf::from(fired[0]["path"].as_str().unwrap());
+    assert!(path.starts_with(&snaps));
+    let name = path.file_name().unwrap().to_str().unwrap();
+    assert!(name.starts_with("snapshot-site-load_m_-"), "{name}");
+    let snap = parse_valid(&std::fs::read_to_string(&path).unwrap());
+    assert_eq!(snap["leaks"]["snapshot"], true);
+    let site = &rows_of_fn(&snap, "sites", "load_msg")[0];
+    assert_eq!(u(&site["outstanding_count"]), want);
+    assert!(path.with_extension("pb.gz").exists());
+    let files = std::fs::read_dir(&snaps).unwrap().count();
+    assert_eq!(files, 2, "one snapshot and its profile");
+}
+
+/// `--fail-if`: a command that leaves messages behind (kheap stops while
+/// they are held) fails with status 3 and the row named; one that frees
+/// them passes.
+#[test]
+fn fail_if_fails_a_command_that_leaves_objects_and_passes_one_that_frees_them() {
+    require_root();
+    let budget = "outstanding{site=load_msg*} > 0";
+    let held = kheap(&[
+        "leaks",
+        "-d",
+        "2",
+        "--fail-if",
+        budget,
+        "-o",
+        "/dev/null",
+        "--",
+        LOAD,
+        "msg",
+        "100",
+        MSG_SIZE,
+        "20",
+    ]);
+    assert_eq!(held.status.code(), Some(3), "{held:?}");
+    let stderr = String::from_utf8_lossy(&held.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "kheap: over budget: {budget} ({} bytes > 0 bytes)",
+            100 * 4096
+        )) && stderr.contains("  load_msg [kmalloc]: 409600 bytes"),
+        "{stderr}"
+    );
+    let freed = kheap(&[
+        "leaks",
+        "--fail-if",
+        budget,
+        "--fail-if",
+        "outstanding[kmalloc]{site=load_msg} > 0",
+        "-o",
+        "/dev/null",
+        "--",
+        LOAD,
+        "msg",
+        "100",
+        MSG_SIZE,
+    ]);
+    assert_eq!(freed.status.code(), Some(0), "{freed:?}");
+    let bad = kheap(&[
+        "leaks",
+        "--fail-if",
+        "outstanding > lots",
+        "--",
+        LOAD,
+        "msg",
+        "1",
+        "1",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+/// A cgroup v1 memory cgroup with a small limit, removed (its processes
+/// killed first) when dropped, even if the test fails.
+struct SmallMemcg(std::path::PathBuf);
+
+impl SmallMemcg {
+    fn new(limit: u64) -> Option<SmallMemcg> {
+        let root = std::path::Path::new("/sys/fs/cgroup/memory");
+        if !root.join("memory.limit_in_bytes").exists() {
+            return None;
+        }
+        let dir = root.join(format!("kheap-test-oom-{}", std::process::id()));
+        std::fs::create_dir(&dir).ok()?;
+        let cg = SmallMemcg(dir);
+        std::fs::write(cg.0.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
+        Some(cg)
+    }
+}
+
+impl Drop for SmallMemcg {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        eprintln!("warning: {} not removed", self.0.display());
+    }
+}
+
+fn oom_kills() -> u64 {
+    std::fs::read_to_string("/proc/vmstat")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("oom_kill "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// `--snapshot-when oom`: a process in a 32 MiB memory cgroup faulting in
+/// 80 MiB is killed by the kernel; the trigger fires and writes its
+/// snapshot, and tracing goes on to the end of the command.
+#[test]
+fn an_oom_kill_fires_the_oom_trigger() {
+    require_root();
+    let Some(cg) = SmallMemcg::new(32 << 20) else {
+        panic!("no cgroup v1 memory controller at /sys/fs/cgroup/memory to run an OOM in");
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("run.json");
+    let before = oom_kills();
+    // The victim moves itself into the cgroup, then becomes kheap-load
+    // faulting in 20480 pages; the outer shell outlives it.
+    let script = format!(
+        "sleep 1; sh -c 'echo $$ > {}/cgroup.procs && exec {LOAD} pages 20480 5'; sleep 1.5",
+        cg.0.display()
+    );
+    let out = kheap(&[
+        "leaks",
+        "--interval",
+        "0.25",
+        "--snapshot-dir",
+        dir.path().to_str().unwrap(),
+        "--snapshot-when",
+        "oom",
+        "--json",
+        json.to_str().unwrap(),
+        "-o",
+        "/dev/null",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]);
+    assert_ok(&out);
+    let kills = oom_kills() - before;
+    assert!(kills >= 1, "the kernel killed nothing");
+    let report = parse_valid(&std::fs::read_to_string(&json).unwrap());
+    let fired = report["leaks"]["timeline"]["triggers"].as_array().unwrap();
+    // Other OOM kills on the machine would fire it too: at least ours.
+    assert!(
+        !fired.is_empty() && fired.len() as u64 <= kills,
+        "{fired:?}, {kills} kills"
+    );
+    assert_eq!(fired[0]["condition"], "oom");
+    let t = fired[0]["t_s"].as_f64().unwrap();
+    assert!(t >= 1.0, "fired at {t}s, before the victim ran");
+    let path = fired[0]["path"].as_str().unwrap();
+    assert!(path.contains("snapshot-oom-"), "{path}");
+    let snap = parse_valid(&std::fs::read_to_string(path).unwrap());
+    assert_eq!(snap["leaks"]["snapshot"], true);
+    drop(cg);
+}
