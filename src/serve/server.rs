@@ -202,8 +202,11 @@ fn accept_all(listener: &Listener, web: &SharedWebConfig, conns: &mut Vec<Conn>,
             Err(e) if e.kind() == ErrorKind::WouldBlock => return,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(_) => {
-                // Out of file descriptors: make room, try next round.
+                // Out of file descriptors: make room, and let the poll
+                // wait a little rather than spin on a listener that stays
+                // readable.
                 close_most_idle(conns);
+                std::thread::sleep(Duration::from_millis(10));
                 return;
             }
         };
