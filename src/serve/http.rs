@@ -171,9 +171,10 @@ impl Response {
         self
     }
 
-    /// The bytes on the wire; `head_only` (a HEAD request) leaves the body
-    /// out but keeps its length.
-    pub fn encode(&self, head_only: bool) -> Vec<u8> {
+    /// The status line and headers on the wire (the body follows as is,
+    /// not copied: a HEAD request gets the head alone, with the body's
+    /// length).
+    pub fn head(&self) -> Vec<u8> {
         let mut out = format!("HTTP/1.1 {} {}\r\n", self.status, reason(self.status));
         for (name, value) in &self.headers {
             out.push_str(&format!("{name}: {value}\r\n"));
@@ -182,11 +183,7 @@ impl Response {
             "Content-Length: {}\r\nConnection: close\r\n\r\n",
             self.body.len()
         ));
-        let mut bytes = out.into_bytes();
-        if !head_only {
-            bytes.extend_from_slice(&self.body);
-        }
-        bytes
+        out.into_bytes()
     }
 }
 
@@ -263,12 +260,10 @@ mod tests {
     #[test]
     fn responses_close_and_head_keeps_the_length() {
         let r = Response::text(200, "ok\n");
-        let full = String::from_utf8(r.encode(false)).unwrap();
-        assert!(full.starts_with("HTTP/1.1 200 OK\r\n"));
-        assert!(full.contains("Content-Length: 3\r\nConnection: close\r\n\r\nok\n"));
-        let head = String::from_utf8(r.encode(true)).unwrap();
+        let head = String::from_utf8(r.head()).unwrap();
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"));
         assert!(head.ends_with("Content-Length: 3\r\nConnection: close\r\n\r\n"));
-        let e = String::from_utf8(Response::error(405).encode(false)).unwrap();
+        let e = String::from_utf8(Response::error(405).head()).unwrap();
         assert!(e.contains("Allow: GET, HEAD\r\n"), "{e}");
     }
 }

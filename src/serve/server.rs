@@ -351,7 +351,7 @@ fn answer(job: Job, handler: &Handler, unix: bool) {
     let (response, head_only) = match outcome {
         Outcome::PlainOnTls => {
             let r = Response::text(400, "Client sent an HTTP request to an HTTPS server.\n");
-            write_deadline(&mut conn.stream, &r.encode(false));
+            write_deadline(&mut conn.stream, &[&r.head(), &r.body]);
             close(conn.stream);
             return;
         }
@@ -379,27 +379,32 @@ fn answer(job: Job, handler: &Handler, unix: bool) {
             }
         },
     };
-    let bytes = response.encode(head_only);
+    let head = response.head();
+    let parts: &[&[u8]] = if head_only {
+        &[&head]
+    } else {
+        &[&head, &response.body]
+    };
     match conn.tls.take() {
         Some(tls) => {
             let mut s = rustls::StreamOwned::new(tls, conn.stream);
-            if write_deadline(&mut s, &bytes) {
+            if write_deadline(&mut s, parts) {
                 s.conn.send_close_notify();
                 let _ = s.flush();
             }
             close(s.sock);
         }
         None => {
-            write_deadline(&mut conn.stream, &bytes);
+            write_deadline(&mut conn.stream, parts);
             close(conn.stream);
         }
     }
 }
 
-/// Writes `bytes` in pieces until done or `WRITE_DEADLINE` passes.
-fn write_deadline(w: &mut impl Write, bytes: &[u8]) -> bool {
+/// Writes `parts` in pieces until done or `WRITE_DEADLINE` passes.
+fn write_deadline(w: &mut impl Write, parts: &[&[u8]]) -> bool {
     let deadline = Instant::now() + WRITE_DEADLINE;
-    for chunk in bytes.chunks(64 * 1024) {
+    for chunk in parts.iter().flat_map(|p| p.chunks(64 * 1024)) {
         if Instant::now() > deadline || w.write_all(chunk).is_err() {
             return false;
         }
