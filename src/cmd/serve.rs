@@ -392,6 +392,11 @@ impl Daemon {
                 new.listen, args.listen
             );
         }
+        if new.socket_mode != args.socket_mode || new.socket_group != args.socket_group {
+            eprintln!(
+                "kheap: warning: --socket-mode/--socket-group changed; restart kheap serve to apply them (the socket keeps its mode and group)"
+            );
+        }
         let listen = args.listen.clone();
         let (socket_mode, socket_group) = (args.socket_mode, args.socket_group.clone());
         self.shared
