@@ -1109,6 +1109,14 @@ fn unix_socket_has_its_mode_and_group_and_slabinfo_stays_off_open_tcp() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("kheap.sock");
+    // Socket settings on a TCP address: said, not ignored.
+    let out = kheap(&["serve", "--socket-group", "daemon"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("unix:PATH") && err.lines().count() == 1,
+        "{err}"
+    );
     // A planted link at the path is refused, and what it points to kept.
     let victim = dir.path().join("victim");
     std::fs::write(&victim, "root's").unwrap();

@@ -162,6 +162,13 @@ fn check(args: &ServeArgs) -> Result<()> {
             args.listen
         );
     }
+    if matches!(args.listen, Listen::Tcp(_))
+        && (args.socket_group.is_some() || args.socket_mode != DEFAULT_SOCKET_MODE)
+    {
+        bail!(
+            "--socket-mode and --socket-group set a unix socket's access: use them with --listen unix:PATH"
+        );
+    }
     if args.sites == 0 {
         bail!("--sites 0: give at least 1 (everything else goes to site=\"other\")");
     }
@@ -195,6 +202,9 @@ fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
         ..Config::default()
     }
 }
+
+/// `--socket-mode`'s default: root only.
+const DEFAULT_SOCKET_MODE: u32 = 0o600;
 
 /// Stacks sampled by default: about one allocation in this many (as
 /// `record`); `--stack-sample N`, `--exact-stacks`, `--no-stacks` change it.
