@@ -475,7 +475,7 @@ impl Daemon {
                 let scheme = if web.tls.is_some() { "https" } else { "http" };
                 format!("{scheme}://{addr}/metrics")
             }
-            unix => format!("{unix} (/metrics)"),
+            unix => format!("{unix}, path /metrics"),
         }
     }
 
