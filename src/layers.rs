@@ -88,6 +88,13 @@ mod tests {
         ("serve::families", Render),
         ("serve::exposition", Render),
         ("serve::profile", Render),
+        // The HTTP server: sockets, TLS, the web config.
+        ("serve::http", Base),
+        ("serve::listen", Base),
+        ("serve::webconfig", Base),
+        ("serve::server", Base),
+        // What each path answers, from the published families.
+        ("serve::routes", Render),
         ("top", Cmd),
         ("top::clock", Base),
         ("top::delta", Report),

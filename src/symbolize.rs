@@ -56,18 +56,31 @@ pub trait Symbolize {
     fn symbolize(&self, addrs: &[u64]) -> Vec<Frame>;
 }
 
-/// Remembers every address it resolved: kernel text does not move, and a
-/// refreshing view asks for the same addresses every interval.
+/// Remembers the addresses it resolved: kernel text does not move, and a
+/// refreshing view asks for the same addresses every interval. At most
+/// `limit` of them: a daemon that runs for weeks sees ever more return
+/// addresses in its sampled stacks, and its memory must stay flat, so a
+/// full cache starts over (the addresses still in use come back at once).
 pub struct CachingSymbols<S> {
     inner: S,
     cache: std::cell::RefCell<std::collections::HashMap<u64, Frame>>,
+    limit: usize,
 }
+
+/// Addresses a cache holds by default: a few MB of frames at most, far
+/// more than the call sites and stack frames one interval refers to.
+const CACHED_ADDRESSES: usize = 1 << 16;
 
 impl<S: Symbolize> CachingSymbols<S> {
     pub fn new(inner: S) -> CachingSymbols<S> {
+        CachingSymbols::with_limit(inner, CACHED_ADDRESSES)
+    }
+
+    pub fn with_limit(inner: S, limit: usize) -> CachingSymbols<S> {
         CachingSymbols {
             inner,
             cache: Default::default(),
+            limit,
         }
     }
 }
@@ -81,6 +94,9 @@ impl<S: Symbolize> Symbolize for CachingSymbols<S> {
             .filter(|a| !cache.contains_key(a))
             .collect();
         if !missing.is_empty() {
+            if cache.len() + missing.len() > self.limit {
+                cache.clear();
+            }
             for (a, f) in missing.iter().zip(self.inner.symbolize(&missing)) {
                 cache.insert(*a, f);
             }
@@ -364,6 +380,14 @@ mod tests {
         assert_eq!(again[0].offset, 2);
         assert_eq!(again[2].offset, 3);
         assert_eq!(c.inner.0.get(), 3, "1 and 2 were cached");
+
+        // Bounded: a full cache starts over, and answers stay right.
+        let c = CachingSymbols::with_limit(Counting(std::cell::Cell::new(0)), 2);
+        c.symbolize(&[1, 2]);
+        assert_eq!(c.symbolize(&[3])[0].offset, 3);
+        assert_eq!(c.cache.borrow().len(), 1);
+        assert_eq!(c.symbolize(&[3, 4]).len(), 2);
+        assert_eq!(c.inner.0.get(), 4, "3 stayed cached");
     }
 
     #[test]

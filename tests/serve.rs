@@ -98,12 +98,18 @@ fn start_serve(port: u16, extra: &[&str]) -> Background {
 /// A real Prometheus on `port`, scraping the kheap serve instances on
 /// `targets` every second (job "kheap"), once it sees them all up.
 fn start_prometheus(dir: &Path, port: u16, targets: &[u16]) -> Background {
+    start_prometheus_with(dir, port, targets, "")
+}
+
+/// As `start_prometheus`, with more settings for the scrape job (`scheme`,
+/// `tls_config`, `basic_auth`: YAML indented for the job's entry).
+fn start_prometheus_with(dir: &Path, port: u16, targets: &[u16], job: &str) -> Background {
     let config = dir.join("prometheus.yml");
     let targets: Vec<String> = targets.iter().map(|t| format!("'127.0.0.1:{t}'")).collect();
     std::fs::write(
         &config,
         format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n  - job_name: kheap\n    static_configs:\n      - targets: [{}]\n",
+            "global:\n  scrape_interval: 1s\n  scrape_timeout: 900ms\nscrape_configs:\n  - job_name: kheap\n{job}    static_configs:\n      - targets: [{}]\n",
             targets.join(", ")
         ),
     )
@@ -700,4 +706,492 @@ fn page_source_is_scraped_with_its_exact_count() {
     assert!(serve.wait(), "{:#?}", serve.seen);
     prom.signal(libc::SIGTERM);
     prom.wait();
+}
+
+// Abuse: what any local user can do to the port must not stop the scrapes.
+
+/// A field of /proc/PID/status (kB for memory), as a number.
+fn proc_status(pid: u32, field: &str) -> u64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("{field} in /proc/{pid}/status"))
+}
+
+/// Sends `request` as is and reads the answer until the server closes:
+/// (status, whole answer).
+fn raw_request(addr: &str, request: &[u8]) -> (u16, String) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(request).unwrap();
+    let mut answer = Vec::new();
+    let _ = s.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer).to_string();
+    let status = text
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|t| t.get(..3)?.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+#[test]
+fn slow_and_oversized_clients_do_not_stop_the_scrapes() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    require_root();
+    let port = free_port();
+    let mut serve = start_serve(port, &["--comm", "ksabuse"]);
+    let pid = serve.child.id();
+    let addr = format!("127.0.0.1:{port}");
+    let get = b"GET /metrics HTTP/1.1\r\nHost: k\r\n\r\n";
+    // The first read published: the families are there.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !raw_request(&addr, get).1.contains("kheap_reads_total ") {
+        assert!(Instant::now() < deadline, "no first read");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let threads_idle = proc_status(pid, "Threads");
+    // main, the ctrl-c handler, the poll thread and the 4 workers.
+    assert!(threads_idle <= 8, "{threads_idle} threads at rest");
+
+    // 200 slow clients, each part of a request line sent.
+    let slow: Vec<std::net::TcpStream> = (0..200)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(&addr).unwrap();
+            s.write_all(b"GET /metr").unwrap();
+            s
+        })
+        .collect();
+    // 2 clients sending one endless header line (at most 100 MB each).
+    let stop = Arc::new(AtomicBool::new(false));
+    let flooders: Vec<_> = (0..2)
+        .map(|_| {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut s = std::net::TcpStream::connect(&addr).unwrap();
+                s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+                s.write_all(b"GET /metrics HTTP/1.1\r\nX-Big: ").unwrap();
+                let chunk = vec![b'a'; 64 * 1024];
+                let mut sent = 0usize;
+                while sent < 100 << 20 && !stop.load(Ordering::SeqCst) {
+                    match s.write(&chunk) {
+                        Ok(n) => sent += n,
+                        Err(_) => return (sent, true),
+                    }
+                }
+                (sent, false)
+            })
+        })
+        .collect();
+
+    // Another client keeps getting real answers within a second.
+    for _ in 0..10 {
+        let t0 = Instant::now();
+        let (status, body) = raw_request(&addr, get);
+        let took = t0.elapsed();
+        assert_eq!(status, 200, "{body}");
+        assert!(took < Duration::from_secs(1), "a scrape took {took:?}");
+        assert!(
+            body.contains("\nkheap_reads_total ")
+                && body.contains("\nkheap_map_fill_ratio{map=\"sites\"} ")
+                && body.ends_with('\n')
+                && body.len() > 2000,
+            "{body}"
+        );
+        // The slow clients are held (not refused), on no thread of their own.
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .count();
+        assert!(
+            fds >= 200,
+            "{fds} descriptors: the slow clients were dropped"
+        );
+        let threads = proc_status(pid, "Threads");
+        assert!(
+            threads <= threads_idle,
+            "{threads} threads (at rest {threads_idle})"
+        );
+        let rss_kb = proc_status(pid, "VmRSS");
+        assert!(rss_kb < 100 * 1024, "RSS {rss_kb} kB");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The oversized headers were cut off by the server, long before 100 MB.
+    stop.store(true, Ordering::SeqCst);
+    for f in flooders {
+        let (sent, cut) = f.join().unwrap();
+        assert!(cut && sent < 64 << 20, "sent {sent} bytes, cut off: {cut}");
+    }
+    // The slow clients are closed once idle (5 s), not kept for ever.
+    for mut s in slow {
+        use std::io::Read;
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut b = [0u8; 16];
+        assert!(matches!(s.read(&mut b), Ok(0)), "a slow client still open");
+    }
+
+    // Each wrong request gets its status, and the connection is closed.
+    for (req, want) in [
+        (b"BREW /metrics HTTP/1.1\r\n\r\n".to_vec(), 405),
+        (
+            b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n".to_vec(),
+            405,
+        ),
+        (b"GET /metrics HTTP/2.0\r\n\r\n".to_vec(), 505),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec(), 505),
+        ([b"GET /".as_slice(), &[b'a'; 20_000]].concat(), 414),
+        (
+            [
+                b"GET / HTTP/1.1\r\nX: ".as_slice(),
+                &[b'a'; 9000],
+                b"\r\n\r\n",
+            ]
+            .concat(),
+            431,
+        ),
+        (b"GET /nothing HTTP/1.0\r\n\r\n".to_vec(), 404),
+    ] {
+        let (status, text) = raw_request(&addr, &req);
+        assert_eq!(
+            status,
+            want,
+            "{}: {text}",
+            String::from_utf8_lossy(&req[..20])
+        );
+    }
+    let (status, head) = raw_request(&addr, b"HEAD /metrics HTTP/1.1\r\n\r\n");
+    assert_eq!(status, 200);
+    assert!(
+        head.ends_with("\r\n\r\n") && head.contains("Content-Length: "),
+        "{head}"
+    );
+    serve.signal(libc::SIGTERM);
+    assert!(serve.wait(), "{:#?}", serve.seen);
+}
+
+// --web-config: TLS, client certificates and basic auth, read by a real
+// Prometheus; certificates made by openssl for each run.
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl is needed by this test");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA, a server certificate for 127.0.0.1 and a client certificate,
+/// signed by it: ca.crt, server.{crt,key}, client.{crt,key} in `dir`.
+fn make_certificates(dir: &Path) {
+    let key = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let ca = [
+        &["req", "-x509"],
+        key.as_slice(),
+        &[
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-subj",
+            "/CN=kheap test CA",
+            "-days",
+            "1",
+        ],
+    ]
+    .concat();
+    openssl(dir, &ca);
+    for (name, usage, san) in [
+        (
+            "server",
+            "serverAuth",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        ),
+        ("client", "clientAuth", ""),
+    ] {
+        let (keyfile, csrfile) = (format!("{name}.key"), format!("{name}.csr"));
+        let subject = format!("/CN=kheap test {name}");
+        let csr = [
+            &["req"],
+            key.as_slice(),
+            &["-keyout", &keyfile, "-out", &csrfile, "-subj", &subject],
+        ]
+        .concat();
+        openssl(dir, &csr);
+        std::fs::write(
+            dir.join(format!("{name}.ext")),
+            format!("{san}extendedKeyUsage={usage}\nbasicConstraints=CA:FALSE\n"),
+        )
+        .unwrap();
+        openssl(
+            dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.crt"),
+                "-days",
+                "1",
+                "-extfile",
+                &format!("{name}.ext"),
+            ],
+        );
+    }
+}
+
+/// curl's exit code, HTTP status and body for `args`.
+fn curl_any(args: &[&str]) -> (i32, u16, String) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (
+        out.status.code().unwrap_or(-1),
+        code.trim().parse().unwrap_or(0),
+        body.to_string(),
+    )
+}
+
+#[test]
+fn prometheus_scrapes_over_tls_with_basic_auth_and_client_certificates() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    make_certificates(d);
+    let hash = bcrypt::hash("s3cret", 6).unwrap();
+    let web = d.join("web.yml");
+    let web_yaml = |password_hash: &str| {
+        format!(
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\nbasic_auth_users:\n  prometheus: '{password_hash}'\n"
+        )
+    };
+    std::fs::write(&web, web_yaml(&hash)).unwrap();
+    let comm = format!("kst{}", std::process::id() % 100_000);
+    let load = private_load(d, &comm);
+    let (port, port_p) = (free_port(), free_port());
+    let mut serve = start_serve(
+        port,
+        &["--comm", &comm, "--web-config", web.to_str().unwrap()],
+    );
+    assert!(
+        serve
+            .seen
+            .iter()
+            .any(|l| l.contains(&format!("https://127.0.0.1:{port}/metrics"))
+                && l.contains("TLS, client certificates required, basic auth (1 user)")),
+        "{:#?}",
+        serve.seen
+    );
+    let url = format!("https://127.0.0.1:{port}/metrics");
+    let ca = d.join("ca.crt");
+    let (cert, key) = (d.join("client.crt"), d.join("client.key"));
+    let tls: Vec<&str> = vec![
+        "--cacert",
+        ca.to_str().unwrap(),
+        "--cert",
+        cert.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ];
+
+    // A real Prometheus: HTTPS, its client certificate, basic auth.
+    let job = format!(
+        "    scheme: https\n    tls_config:\n      ca_file: {}\n      cert_file: {}\n      key_file: {}\n    basic_auth:\n      username: prometheus\n      password: s3cret\n",
+        ca.display(),
+        cert.display(),
+        key.display()
+    );
+    let mut prom = start_prometheus_with(d, port_p, &[port], &job);
+    run_load(&load, &["msg", "300", "2100"]);
+    wait_query(
+        port_p,
+        "kheap_site_allocations_total{site=\"load_msg\"}",
+        |r| r.len() == 1 && r[0].1 == 300.0,
+    );
+    // Authenticated: the root-only slabinfo gauges are served.
+    wait_query(port_p, "count(kheap_slab_active_objects)", |r| {
+        r.len() == 1 && r[0].1 > 10.0
+    });
+
+    // A wrong password: 401, with the challenge.
+    let wrong = [tls.as_slice(), &["-u", "prometheus:wrong", "-i", &url]].concat();
+    let (rc, code, body) = curl_any(&wrong);
+    assert_eq!((rc, code), (0, 401), "{body}");
+    assert!(body.contains("WWW-Authenticate: Basic"), "{body}");
+    // No password: 401.
+    let (_, code, _) = curl_any(&[tls.as_slice(), &[url.as_str()]].concat());
+    assert_eq!(code, 401);
+    // No client certificate: the handshake is refused (no HTTP status).
+    let (rc, code, _) = curl_any(&[
+        "--cacert",
+        ca.to_str().unwrap(),
+        "-u",
+        "prometheus:s3cret",
+        &url,
+    ]);
+    assert!(
+        rc != 0 && code == 0,
+        "curl without a certificate: rc {rc}, {code}"
+    );
+    // Plain HTTP to the TLS port: a plain 400 saying so, then closed.
+    let (rc, code, body) = curl_any(&[&format!("http://127.0.0.1:{port}/metrics")]);
+    assert_eq!((rc, code), (0, 400), "{body}");
+    assert!(body.contains("HTTP request to an HTTPS server"), "{body}");
+    // And the server goes on serving.
+    let good = [tls.as_slice(), &["-u", "prometheus:s3cret", &url]].concat();
+    let (rc, code, body) = curl_any(&good);
+    assert_eq!((rc, code), (0, 200), "{body}");
+    assert!(
+        body.contains("\nkheap_slab_active_objects{cache="),
+        "{body}"
+    );
+
+    // SIGHUP with a broken web config: one line, the old one stays.
+    std::fs::write(&web, "basic_auth_users:\n  prometheus: not-a-hash\n").unwrap();
+    serve.signal(libc::SIGHUP);
+    let refused = serve.wait_for("web config reload refused");
+    assert!(refused.contains("not a bcrypt hash"), "{refused}");
+    assert_eq!(curl_any(&good).1, 200);
+    // SIGHUP with a new password: it is the one asked for from then on.
+    let new_hash = bcrypt::hash("n3w", 6).unwrap();
+    std::fs::write(&web, web_yaml(&new_hash)).unwrap();
+    serve.signal(libc::SIGHUP);
+    serve.wait_for("web config: TLS");
+    assert_eq!(curl_any(&good).1, 401);
+    let renewed = [tls.as_slice(), &["-u", "prometheus:n3w", &url]].concat();
+    assert_eq!(curl_any(&renewed).1, 200);
+    // /pprof is behind the same authentication.
+    let pprof = format!("https://127.0.0.1:{port}/pprof/alloc");
+    let (_, code, _) = curl_any(&[tls.as_slice(), &["-o", "/dev/null", &pprof]].concat());
+    assert_eq!(code, 401);
+    let (_, code, _) = curl_any(
+        &[
+            tls.as_slice(),
+            &["-u", "prometheus:n3w", "-o", "/dev/null", &pprof],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 200);
+
+    serve.signal(libc::SIGTERM);
+    assert!(serve.wait(), "{:#?}", serve.seen);
+    prom.signal(libc::SIGTERM);
+    prom.wait();
+}
+
+// Who may read what: the slabinfo gauges (root-only data) go to the unix
+// socket and to authenticated clients, not to any local user on TCP.
+
+#[test]
+fn unix_socket_has_its_mode_and_group_and_slabinfo_stays_off_open_tcp() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("kheap.sock");
+    // Socket settings on a TCP address: said, not ignored.
+    let out = kheap(&["serve", "--socket-group", "daemon"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("unix:PATH") && err.lines().count() == 1,
+        "{err}"
+    );
+    // A planted link at the path is refused, and what it points to kept.
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "root's").unwrap();
+    std::os::unix::fs::symlink(&victim, &sock).unwrap();
+    let listen = format!("unix:{}", sock.display());
+    let out = kheap(&["serve", "--listen", &listen]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("not a socket") && err.lines().count() == 1,
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root's");
+    std::fs::remove_file(&sock).unwrap();
+
+    let mut serve = Background::spawn(
+        KHEAP,
+        &[
+            "serve",
+            "--listen",
+            &listen,
+            "--interval",
+            "1",
+            "--comm",
+            "ksunix",
+            "--socket-mode",
+            "0660",
+            "--socket-group",
+            "daemon",
+        ],
+    );
+    serve.wait_for("serving on unix:");
+    let meta = std::fs::symlink_metadata(&sock).unwrap();
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.mode() & 0o7777, 0o660);
+    assert_eq!((meta.uid(), meta.gid()), (0, 1), "root:daemon");
+    let get = |path: &str| {
+        curl_any(&[
+            "--unix-socket",
+            sock.to_str().unwrap(),
+            &format!("http://kheap{path}"),
+        ])
+    };
+    wait_for_value("the first read over the socket", 200, || {
+        u64::from(get("/healthz").1)
+    });
+    let (rc, code, body) = get("/metrics");
+    assert_eq!((rc, code), (0, 200), "{body}");
+    let slab_series = |b: &str| {
+        b.lines()
+            .filter(|l| l.starts_with("kheap_slab_active_objects{"))
+            .count()
+    };
+    assert!(slab_series(&body) > 10, "{body}");
+    serve.signal(libc::SIGTERM);
+    assert!(serve.wait(), "{:#?}", serve.seen);
+    assert!(!sock.exists(), "the socket is removed on exit");
+
+    // Plain TCP without authentication: everything but the slabinfo
+    // gauges, unless --expose-slabinfo says every local user may see them.
+    for (extra, want) in [(None, false), (Some("--expose-slabinfo"), true)] {
+        let port = free_port();
+        let mut args = vec!["--comm", "ksunix"];
+        args.extend(extra);
+        let mut serve = start_serve(port, &args);
+        let url = format!("http://127.0.0.1:{port}/metrics");
+        wait_for_value("the first read", 1, || {
+            u64::from(curl(&[&url]).contains("\nkheap_reads_total "))
+        });
+        let body = curl(&[&url]);
+        assert_eq!(slab_series(&body) > 10, want, "{extra:?}: {body}");
+        if !want {
+            assert!(!body.contains("kheap_slab_memory_bytes"), "{body}");
+        }
+        serve.signal(libc::SIGTERM);
+        assert!(serve.wait(), "{:#?}", serve.seen);
+    }
 }

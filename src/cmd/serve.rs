@@ -6,10 +6,9 @@
 //! and never touch the kernel.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -25,10 +24,13 @@ use crate::model::live::OutstandingRead;
 use crate::model::snapshot::Snapshot;
 use crate::model::{SiteKey, Source};
 use crate::serve::cgroups;
-use crate::serve::exposition::{encode_groups, Family, Format, Kind, Value};
 use crate::serve::families::{self, Health, OutstandingSite, SlabInput};
-use crate::serve::profile::{ProfileSnapshot, ProfileState, Which};
+use crate::serve::listen::{group_id, parse_mode, Listen, Listener, SocketAccess};
+use crate::serve::profile::ProfileState;
+use crate::serve::routes::{self, Published, Shared};
 use crate::serve::series::{Ranked, SeriesState, SiteDelta, SiteLabel};
+use crate::serve::server::{Server, SharedWebConfig};
+use crate::serve::webconfig::WebConfig;
 use crate::signals::{install_reload_handler, take_reload_request};
 use crate::slab::slabinfo::{read_slabinfo, SlabinfoRow, PROC_SLABINFO};
 use crate::slab::sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
@@ -46,13 +48,36 @@ fn parse_labels(s: &str) -> Result<Labels, String> {
 
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// Address and port to serve on (loopback unless --allow-remote)
-    #[arg(long, default_value = "127.0.0.1:9464", value_name = "ADDR:PORT")]
-    pub listen: SocketAddr,
+    /// Address and port to serve on (loopback unless --allow-remote), or
+    /// unix:PATH for a unix socket (see --socket-mode, --socket-group)
+    #[arg(
+        long,
+        default_value = "127.0.0.1:9464",
+        value_name = "ADDR:PORT|unix:PATH"
+    )]
+    pub listen: Listen,
     /// Allow a non-loopback --listen address (the metrics name kernel
-    /// functions: expose them only on a network you trust)
+    /// functions: expose them only on a network you trust, and with
+    /// --web-config)
     #[arg(long)]
     pub allow_remote: bool,
+    /// Permission bits of the --listen unix:PATH socket (octal)
+    #[arg(long, value_parser = parse_mode, default_value = "0600", value_name = "MODE")]
+    pub socket_mode: u32,
+    /// Group of the --listen unix:PATH socket (name or number; with
+    /// --socket-mode 0660 its members may connect)
+    #[arg(long, value_name = "GROUP")]
+    pub socket_group: Option<String>,
+    /// TLS and basic authentication, in the Prometheus exporters' web
+    /// config format (tls_server_config, basic_auth_users); re-read on
+    /// SIGHUP
+    #[arg(long, value_name = "FILE")]
+    pub web_config: Option<PathBuf>,
+    /// Serve the /proc/slabinfo gauges (root-only data) to unauthenticated
+    /// TCP clients too; without it they go only to the unix socket and to
+    /// authenticated clients
+    #[arg(long)]
+    pub expose_slabinfo: bool,
     /// Seconds between reads of the kernel maps (scrapes see the last read)
     #[arg(long, value_parser = parse_duration, default_value = "5", value_name = "SECS")]
     pub interval: Duration,
@@ -132,10 +157,17 @@ fn load_settings(config: Option<&PathBuf>) -> Result<ServeArgs> {
 
 fn check(args: &ServeArgs) -> Result<()> {
     args.filters.check()?;
-    if !args.listen.ip().is_loopback() && !args.allow_remote {
+    if matches!(args.listen, Listen::Tcp(addr) if !addr.ip().is_loopback()) && !args.allow_remote {
         bail!(
             "--listen {} is not a loopback address: the metrics name kernel functions; add --allow-remote to serve them to the network",
             args.listen
+        );
+    }
+    if matches!(args.listen, Listen::Tcp(_))
+        && (args.socket_group.is_some() || args.socket_mode != DEFAULT_SOCKET_MODE)
+    {
+        bail!(
+            "--socket-mode and --socket-group set a unix socket's access: use them with --listen unix:PATH"
         );
     }
     if args.sites == 0 {
@@ -172,52 +204,15 @@ fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
     }
 }
 
+/// `--socket-mode`'s default: root only.
+const DEFAULT_SOCKET_MODE: u32 = 0o600;
+
 /// Stacks sampled by default: about one allocation in this many (as
 /// `record`); `--stack-sample N`, `--exact-stacks`, `--no-stacks` change it.
 const STACK_SAMPLE_EVERY: u32 = 1024;
 
-/// What the HTTP threads serve: replaced whole each interval.
-struct Published {
-    families: Vec<Family>,
-    /// The profiles' rows, encoded on the first request of the interval
-    /// (and kept for the next requests of the same interval).
-    profile: ProfileSnapshot,
-    alloc_pprof: OnceLock<Vec<u8>>,
-    inuse_pprof: OnceLock<Vec<u8>>,
-    at: Instant,
-    interval: Duration,
-}
-
-impl Published {
-    fn empty(interval: Duration) -> Published {
-        Published {
-            families: Vec::new(),
-            profile: ProfileSnapshot::default(),
-            alloc_pprof: OnceLock::new(),
-            inuse_pprof: OnceLock::new(),
-            at: Instant::now(),
-            interval,
-        }
-    }
-
-    /// The encoded profile, built once per interval by whichever request
-    /// comes first.
-    fn pprof(&self, which: Which) -> &[u8] {
-        let cell = match which {
-            Which::Alloc => &self.alloc_pprof,
-            Which::Inuse => &self.inuse_pprof,
-        };
-        cell.get_or_init(|| self.profile.encode(which))
-    }
-}
-
-struct Shared {
-    current: RwLock<Arc<Published>>,
-    /// The last scrape's encoding time, in nanoseconds.
-    last_scrape_ns: AtomicU64,
-}
-
 pub fn run(args: ServeArgs) -> Result<i32> {
+    one_malloc_arena();
     install_reload_handler();
     let args = match &args.config {
         Some(path) => load_settings(Some(path))?,
@@ -226,23 +221,26 @@ pub fn run(args: ServeArgs) -> Result<i32> {
     check(&args)?;
     features::check_privileges("serve")?;
     features::check_btf()?;
+    let web = match &args.web_config {
+        Some(path) => WebConfig::load(path)?,
+        None => WebConfig::default(),
+    };
+    let access = SocketAccess {
+        mode: args.socket_mode,
+        gid: args.socket_group.as_deref().map(group_id).transpose()?,
+    };
     // Bound before anything is attached: a busy port is said at once.
-    let server = Arc::new(
-        tiny_http::Server::http(args.listen)
-            .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?,
-    );
-    let shared = Arc::new(Shared {
-        current: RwLock::new(Arc::new(Published::empty(args.interval))),
-        last_scrape_ns: AtomicU64::new(0),
-    });
-    let workers: Vec<_> = (0..4)
-        .map(|_| {
-            let (server, shared) = (server.clone(), shared.clone());
-            std::thread::spawn(move || http_worker(&server, &shared))
-        })
-        .collect();
+    let listener = Listener::bind(&args.listen, access)?;
+    let web: SharedWebConfig = Arc::new(RwLock::new(Arc::new(web)));
+    let shared = Arc::new(Shared::new(args.interval, args.expose_slabinfo));
+    let handler = {
+        let shared = shared.clone();
+        Arc::new(move |req: &_, access| routes::handle(req, access, &shared))
+    };
+    let server = Server::start(listener, web.clone(), handler)
+        .with_context(|| format!("cannot serve on {}", args.listen))?;
 
-    let mut daemon = Daemon::new(args, shared);
+    let mut daemon = Daemon::new(args, shared, web);
     let result = loop {
         let targets = Targets::start(&daemon.args.filters.targets)?;
         let cfg = kernel_config(&daemon.args, &targets);
@@ -252,13 +250,7 @@ pub fn run(args: ServeArgs) -> Result<i32> {
             Err(e) => break Err(e),
         }
     };
-    server.unblock();
-    for _ in 1..workers.len() {
-        server.unblock();
-    }
-    for w in workers {
-        let _ = w.join();
-    }
+    server.stop();
     if result.is_ok() {
         eprintln!("kheap: stopped by signal; detached");
     }
@@ -305,11 +297,12 @@ struct Daemon {
     totals: Totals,
     syms: CachingSymbols<KernelSymbols>,
     shared: Arc<Shared>,
+    web: SharedWebConfig,
     started: Instant,
 }
 
 impl Daemon {
-    fn new(args: ServeArgs, shared: Arc<Shared>) -> Daemon {
+    fn new(args: ServeArgs, shared: Arc<Shared>, web: SharedWebConfig) -> Daemon {
         let syms = CachingSymbols::new(KernelSymbols::new(None));
         let _ = syms.symbolize(&[0]);
         Daemon {
@@ -324,6 +317,7 @@ impl Daemon {
             totals: Totals::default(),
             syms,
             shared,
+            web,
             started: Instant::now(),
             args,
         }
@@ -354,10 +348,12 @@ impl Daemon {
             bpf_stats: stats.is_some() || bpf_stats_sysctl(),
             live: None,
         };
+        let web = self.web.read().unwrap().clone();
         eprintln!(
-            "kheap: serving on http://{}/metrics (tracing kernel heap allocations: {}); SIGHUP reloads, SIGTERM stops",
-            self.args.listen,
-            att.tracer.attached.join(", ")
+            "kheap: serving on {} (tracing kernel heap allocations: {}); {}; SIGHUP reloads, SIGTERM stops",
+            self.metrics_url(&web),
+            att.tracer.attached.join(", "),
+            web.describe()
         );
         let mut deadline = Instant::now();
         loop {
@@ -367,7 +363,9 @@ impl Daemon {
                     break;
                 }
                 if take_reload_request() {
-                    match self.reload(cfg) {
+                    let reloaded = self.reload(cfg);
+                    self.reload_web_config();
+                    match reloaded {
                         Ok(true) => {
                             self.read_and_publish(&mut att)?;
                             // One read of the programs' stats, not one per field.
@@ -406,7 +404,16 @@ impl Daemon {
                 new.listen, args.listen
             );
         }
-        let listen = args.listen;
+        if new.socket_mode != args.socket_mode || new.socket_group != args.socket_group {
+            eprintln!(
+                "kheap: warning: --socket-mode/--socket-group changed; restart kheap serve to apply them (the socket keeps its mode and group)"
+            );
+        }
+        let listen = args.listen.clone();
+        let (socket_mode, socket_group) = (args.socket_mode, args.socket_group.clone());
+        self.shared
+            .expose_root_only
+            .store(new.expose_slabinfo, Ordering::Relaxed);
         if new.labels != args.labels {
             // Series of the old label sets end; the new ones count from here.
             self.state = SeriesState::new(new.labels.0.clone(), new.sites);
@@ -434,12 +441,44 @@ impl Daemon {
             || new.max_entries != cfg.max_sites
             || new.source.sources != cfg.sources
             || new.stacks.sample_every(STACK_SAMPLE_EVERY) != cfg.stack_sample_every;
-        *args = ServeArgs { listen, ..new };
+        *args = ServeArgs {
+            listen,
+            socket_mode,
+            socket_group,
+            ..new
+        };
         eprintln!(
             "kheap: reloaded settings{}",
             if reattach { "; attaching again" } else { "" }
         );
         Ok(reattach)
+    }
+
+    /// Applies a SIGHUP to the web config: the new one serves the next
+    /// connections; a bad one leaves the old one in force.
+    fn reload_web_config(&mut self) {
+        let loaded = match &self.args.web_config {
+            Some(path) => WebConfig::load(path),
+            None => Ok(WebConfig::default()),
+        };
+        match loaded {
+            Ok(web) => {
+                let describe = web.describe();
+                *self.web.write().unwrap() = Arc::new(web);
+                eprintln!("kheap: web config: {describe}");
+            }
+            Err(e) => eprintln!("kheap: web config reload refused, the old one stays: {e:#}"),
+        }
+    }
+
+    fn metrics_url(&self, web: &WebConfig) -> String {
+        match &self.args.listen {
+            Listen::Tcp(addr) => {
+                let scheme = if web.tls.is_some() { "https" } else { "http" };
+                format!("{scheme}://{addr}/metrics")
+            }
+            unix => format!("{unix}, path /metrics"),
+        }
     }
 
     /// The `site` label of a site: its function, or the whole allocator
@@ -588,7 +627,7 @@ impl Daemon {
         // A kernel without slabinfo still serves everything else.
         let slab = read_slabinfo(std::path::Path::new(PROC_SLABINFO)).ok();
         let merged = slab.as_deref().map(merged_caches).unwrap_or_default();
-        let fams = families::build(
+        let (root_only, fams) = families::build(
             &self.state,
             cfg.by_cgroup.then_some(&self.cgroups),
             outstanding.as_deref(),
@@ -598,20 +637,16 @@ impl Daemon {
                 merged: &merged,
             }),
             &health,
-        );
+        )
+        .into_iter()
+        .partition(|f| families::from_slabinfo(&f.name));
         let profile = self.profile.snapshot(
             live.map(|l| &l.groups),
             self.started.elapsed().as_secs_f64(),
         );
-        let published = Arc::new(Published {
-            families: fams,
-            profile,
-            alloc_pprof: OnceLock::new(),
-            inuse_pprof: OnceLock::new(),
-            at: Instant::now(),
-            interval: self.args.interval,
-        });
+        let published = Arc::new(Published::new(fams, root_only, profile, self.args.interval));
         *self.shared.current.write().unwrap() = published;
+        return_free_memory();
         Ok(())
     }
 
@@ -677,6 +712,28 @@ fn page_size() -> u64 {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 }
 }
 
+/// A daemon's allocations in one malloc arena. With glibc's default (an
+/// arena per thread that allocates, up to 8 per core) each HTTP worker
+/// that encodes a scrape kept its own arena, and the freed space in them
+/// was not reused by the others: RSS crept by megabytes an hour (the
+/// measurement is in docs/serve.md). The threads rarely allocate at once,
+/// so one arena costs no contention worth measuring.
+fn one_malloc_arena() {
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
+/// Gives the pages freed by the interval's transient buffers (map reads,
+/// the last families) back to the kernel, so RSS follows what is held.
+fn return_free_memory() {
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Current resident memory (not the peak getrusage gives).
 fn resident_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
@@ -684,97 +741,4 @@ fn resident_bytes() -> u64 {
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
         .map(|pages| pages * page_size())
         .unwrap_or(0)
-}
-
-const INDEX: &str = "<!doctype html><html><head><title>kheap serve</title></head><body>\
-<h1>kheap serve</h1><p>Kernel heap allocations, from kheap's eBPF tracer.</p><ul>\
-<li><a href=\"/metrics\">/metrics</a>: Prometheus text or OpenMetrics (by Accept)</li>\
-<li><a href=\"/pprof/alloc\">/pprof/alloc</a>: pprof profile of kernel heap allocations since the start (go tool pprof, Pyroscope, Parca)</li>\
-<li><a href=\"/pprof/inuse\">/pprof/inuse</a>: pprof profile of outstanding kernel heap memory now (needs --track-outstanding)</li>\
-<li><a href=\"/healthz\">/healthz</a>: ok while the maps are being read</li>\
-</ul></body></html>\n";
-
-fn http_worker(server: &tiny_http::Server, shared: &Shared) {
-    loop {
-        match server.recv_timeout(Duration::from_millis(500)) {
-            Ok(Some(req)) => handle(req, shared),
-            Ok(None) if stop_requested() => return,
-            Ok(None) => {}
-            Err(_) => return,
-        }
-    }
-}
-
-fn header(name: &str, value: &str) -> tiny_http::Header {
-    tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("a valid header")
-}
-
-type Response = tiny_http::Response<std::io::Cursor<Vec<u8>>>;
-
-fn pprof_response(shared: &Shared, which: Which) -> Response {
-    let current = shared.current.read().unwrap().clone();
-    if current.families.is_empty() {
-        return tiny_http::Response::from_string(
-            "no profile yet: the kernel maps have not been read; retry after --interval\n",
-        )
-        .with_status_code(503);
-    }
-    if which == Which::Inuse && !current.profile.inuse {
-        return tiny_http::Response::from_string(
-            "/pprof/inuse needs outstanding-memory tracking: start kheap serve with --track-outstanding (or add it to --config and send SIGHUP); /pprof/alloc has allocations\n",
-        )
-        .with_status_code(404);
-    }
-    tiny_http::Response::from_data(current.pprof(which).to_vec())
-        .with_header(header("Content-Type", "application/octet-stream"))
-        .with_header(header(
-            "Content-Disposition",
-            "attachment; filename=\"profile.pb.gz\"",
-        ))
-}
-
-fn handle(req: tiny_http::Request, shared: &Shared) {
-    let path = req.url().split('?').next().unwrap_or("").to_string();
-    let response = match path.as_str() {
-        "/metrics" => {
-            let accept = req
-                .headers()
-                .iter()
-                .find(|h| h.field.equiv("Accept"))
-                .map(|h| h.value.as_str().to_string());
-            let format = Format::negotiate(accept.as_deref());
-            let t0 = Instant::now();
-            let current = shared.current.read().unwrap().clone();
-            let scrape = [Family::single(
-                "kheap_scrape_duration_seconds",
-                Kind::Gauge,
-                "Time the previous scrape of /metrics took to encode",
-                Value::Float(shared.last_scrape_ns.load(Ordering::Relaxed) as f64 / 1e9),
-            )];
-            let body = encode_groups(&[&current.families, &scrape], format);
-            shared
-                .last_scrape_ns
-                .store(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            tiny_http::Response::from_string(body)
-                .with_header(header("Content-Type", format.content_type()))
-        }
-        "/healthz" => {
-            let current = shared.current.read().unwrap().clone();
-            // Healthy while reads keep coming: three intervals of slack.
-            let fresh = current.at.elapsed() < current.interval * 3 + Duration::from_secs(5);
-            let (code, text) = if fresh && !current.families.is_empty() {
-                (200, "ok\n")
-            } else {
-                (503, "the kernel maps have not been read recently\n")
-            };
-            tiny_http::Response::from_string(text).with_status_code(code)
-        }
-        "/pprof/alloc" => pprof_response(shared, Which::Alloc),
-        "/pprof/inuse" => pprof_response(shared, Which::Inuse),
-        "/" => tiny_http::Response::from_string(INDEX)
-            .with_header(header("Content-Type", "text/html; charset=utf-8")),
-        _ => tiny_http::Response::from_string("not found; see /\n").with_status_code(404),
-    };
-    // A client that went away is no concern of the daemon.
-    let _ = req.respond(response);
 }

@@ -120,6 +120,20 @@ fn counter_families(
 
 /// Every family of one interval (`cgroups`: the per-cgroup series, with
 /// `--by-cgroup`).
+/// The families made of `/proc/slabinfo`'s numbers. The file is mode 0400
+/// (root-only: live per-cache counts help an attacker groom the heap), so
+/// they are served only to a reader who may read them (docs/serve.md).
+pub const FROM_SLABINFO: [&str; 4] = [
+    "kheap_slab_active_objects",
+    "kheap_slab_objects",
+    "kheap_slab_memory_bytes",
+    "kheap_slab_loss_bytes",
+];
+
+pub fn from_slabinfo(name: &str) -> bool {
+    FROM_SLABINFO.contains(&name)
+}
+
 pub fn build(
     state: &SeriesState,
     cgroups: Option<&Ranked>,
@@ -253,22 +267,22 @@ pub fn build(
         let memory = |r: &SlabinfoRow| slab_bytes(r.num_slabs, r.pages_per_slab, page_size);
         let defs: [SlabGauge; 4] = [
             (
-                "kheap_slab_active_objects",
+                FROM_SLABINFO[0],
                 "Objects in use (/proc/slabinfo active_objs)",
                 &|r| r.active_objs,
             ),
             (
-                "kheap_slab_objects",
+                FROM_SLABINFO[1],
                 "Objects the cache's slabs can hold (/proc/slabinfo num_objs)",
                 &|r| r.num_objs,
             ),
             (
-                "kheap_slab_memory_bytes",
+                FROM_SLABINFO[2],
                 "Memory held by the cache's slabs",
                 &memory,
             ),
             (
-                "kheap_slab_loss_bytes",
+                FROM_SLABINFO[3],
                 "Slab memory not holding objects in use (free slots, padding, slab tails)",
                 &|r| slab_loss(memory(r), r.active_objs, r.objsize),
             ),

@@ -1,8 +1,14 @@
-//! `kheap serve`'s pure parts: cumulative series with bounded cardinality,
-//! the metric families, their exposition formats, and the pprof profiles.
+//! `kheap serve`'s parts: cumulative series with bounded cardinality, the
+//! metric families, their exposition formats, the pprof profiles, and the
+//! HTTP server that survives any client (listeners, web config, routes).
 
 pub mod cgroups;
 pub mod exposition;
 pub mod families;
+pub mod http;
+pub mod listen;
 pub mod profile;
+pub mod routes;
 pub mod series;
+pub mod server;
+pub mod webconfig;
