@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use anyhow::{bail, Result};
-use libbpf_rs::btf::types::{Enum, Func, Typedef};
+use libbpf_rs::btf::types::{Enum, Func, Struct, Typedef};
 use libbpf_rs::btf::Btf;
 
 const CAP_PERFMON: u32 = 38;
@@ -96,6 +96,77 @@ pub struct KernelBtf {
     /// 6.13+: the `bpf_get_kmem_cache` kfunc names an object's cache (for
     /// typed tracing programs).
     pub kmem_cache_kfunc: bool,
+    /// 6.1+: kmem_cache_alloc and kmem_cache_free pass the cache; before,
+    /// the programs find it from the object's page (bpf/kmem_classic.bpf.h).
+    pub cache_events_pass_cache: bool,
+    /// The BPF helpers this kernel has (`bpf_func_id` without `BPF_FUNC_`:
+    /// `get_func_ret`, `find_vma`…).
+    pub helpers: Vec<String>,
+    /// The BPF map types it has (`bpf_map_type` without `BPF_MAP_TYPE_`).
+    pub map_types: Vec<String>,
+    /// Hooks whose tracepoint exists with an older argument layout than
+    /// their program reads (`Hook::layout`): their tracepoint names.
+    pub old_layouts: Vec<String>,
+}
+
+impl KernelBtf {
+    pub fn has_helper(&self, name: &str) -> bool {
+        self.helpers.iter().any(|h| h == name)
+    }
+
+    pub fn has_map_type(&self, name: &str) -> bool {
+        self.map_types.iter().any(|h| h == name)
+    }
+}
+
+/// What the malloc object (bpf/malloc.bpf.c) needs beyond what the kmem
+/// tracer does: (map type or helper, what to call it, the Linux version that
+/// brought it).
+const MALLOC_NEEDS: [(&str, &str, &str); 5] = [
+    ("map:task_storage", "task storage maps", "5.11"),
+    ("get_current_task_btf", "bpf_get_current_task_btf", "5.11"),
+    ("get_attach_cookie", "bpf_get_attach_cookie", "5.15"),
+    ("find_vma", "bpf_find_vma", "5.17"),
+    ("loop", "bpf_loop", "5.17"),
+];
+
+/// The one line that says why `kheap malloc` cannot run on this kernel, if
+/// it cannot: which of the BPF features it needs the kernel lacks.
+pub fn malloc_unsupported(k: &KernelBtf) -> Option<String> {
+    let missing: Vec<String> = MALLOC_NEEDS
+        .iter()
+        .filter(|(need, _, _)| match need.strip_prefix("map:") {
+            Some(map) => !k.has_map_type(map),
+            None => !k.has_helper(need),
+        })
+        .map(|(_, what, since)| format!("{what} ({since})"))
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "malloc needs BPF features this kernel ({}) lacks: {}; kheap record, leaks, top and slab work here",
+            kernel_release(),
+            missing.join(", ")
+        )
+    })
+}
+
+/// The members of a kernel enum with a prefix, lower-cased without it
+/// (`BPF_FUNC_find_vma` → `find_vma`).
+fn enum_members(btf: &Btf, name: &str, prefix: &str) -> Vec<String> {
+    btf.type_by_name::<Enum>(name)
+        .map(|e| {
+            e.iter()
+                .filter_map(|m| m.name?.to_str()?.strip_prefix(prefix))
+                .map(str::to_ascii_lowercase)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the kernel's struct `name` has a member `field`.
+fn struct_has_field(btf: &Btf, name: &str, field: &str) -> bool {
+    btf.type_by_name::<Struct>(name)
+        .is_some_and(|s| s.iter().any(|m| m.name.is_some_and(|n| n == field)))
 }
 
 /// `SLAB_ACCOUNT` on kernels that define it as a macro (before 6.9).
@@ -151,7 +222,22 @@ fn read_kernel_btf() -> Result<KernelBtf> {
                 .map(|m| 1u64 << m.value)
         })
         .unwrap_or(SLAB_ACCOUNT_FALLBACK);
+    let old_layouts = crate::kernel::hooks::HOOKS
+        .iter()
+        .filter(|h| {
+            h.layout.is_some_and(|(field, _)| {
+                !struct_has_field(&btf, &format!("trace_event_raw_{}", h.tracepoint), field)
+            })
+        })
+        .map(|h| h.tracepoint.to_string())
+        .collect();
     Ok(KernelBtf {
+        old_layouts,
+        cache_events_pass_cache: btf
+            .type_by_name::<Struct>("trace_event_raw_kmem_cache_alloc")
+            .is_some(),
+        helpers: enum_members(&btf, "bpf_func_id", "BPF_FUNC_"),
+        map_types: enum_members(&btf, "bpf_map_type", "BPF_MAP_TYPE_"),
         btf_tracepoints,
         btf_functions,
         gfp_account_mask,

@@ -196,6 +196,8 @@ impl<'obj> Tracer<'obj> {
             let tp = hook.tracepoint;
             if mech.has_hook(hook, kbtf, tracefs.as_ref()) {
                 enabled.push(hook);
+            } else if hook.until.is_some() {
+                // Newer kernels fire these events as another hook's.
             } else if cfg.live.is_some() && hook.role != Role::Fork {
                 // Without every free hook, everything would look leaked.
                 bail!("kheap leaks needs the kmem:{tp} tracepoint, which this kernel lacks");
@@ -296,11 +298,18 @@ impl<'obj> Tracer<'obj> {
         }
         for hook in enabled {
             let tp = hook.tracepoint;
-            let link = tracer
+            let prog = tracer
                 .program(hook)
-                .with_context(|| format!("no {} program for {tp}", mech.name()))?
-                .attach()
-                .with_context(|| format!("attaching to {tp}"))?;
+                .with_context(|| format!("no {} program for {tp}", mech.name()))?;
+            // A raw_tp program may serve several tracepoints (the _node
+            // ones before 6.1): attached by the hook's name, not its
+            // section's.
+            let link = if prog.name().to_string_lossy().ends_with("_raw") {
+                prog.attach_raw_tracepoint(tp)
+            } else {
+                prog.attach()
+            }
+            .with_context(|| format!("attaching to {tp}"))?;
             tracer.links.push(link);
             tracer.hooks.push(hook);
             let how = match (hook.function, fallback) {
@@ -915,9 +924,12 @@ fn configure(
     }
     c.sources = cfg.sources.bits();
     c.page_shift = page_shift();
-    if cfg.by_cgroup && finds_bucket_caches_by_page(kbtf, mech) {
+    // Before 6.1 the cache events name no cache: it is found from the
+    // object's page, as bucket caches are.
+    let caches_by_page = !kbtf.cache_events_pass_cache && cfg.sources.contains(Source::Kmalloc);
+    if caches_by_page || (cfg.by_cgroup && finds_bucket_caches_by_page(kbtf, mech)) {
         let (direct_map, vmemmap) =
-            direct_map_and_vmemmap_bases(kallsyms.text().unwrap_or_default());
+            direct_map_and_vmemmap_bases(kallsyms.text().unwrap_or_default(), caches_by_page);
         rodata.direct_map_base_addr = direct_map;
         rodata.vmemmap_base_addr = vmemmap;
     }
@@ -971,13 +983,18 @@ fn finds_bucket_caches_by_page(kbtf: &KernelBtf, mech: Mechanism) -> bool {
 /// The addresses of the kernel's `page_offset_base` and `vmemmap_base`
 /// variables (0 where kallsyms does not list them: bucket-cache memory is
 /// then shown as not charged, and kheap says so).
-fn direct_map_and_vmemmap_bases(kallsyms: &str) -> (u64, u64) {
+fn direct_map_and_vmemmap_bases(kallsyms: &str, caches_by_page: bool) -> (u64, u64) {
     let find = |name| crate::model::kallsyms::address_of(kallsyms, name);
     match (find("page_offset_base"), find("vmemmap_base")) {
         (Some(direct_map), Some(vmemmap)) => (direct_map, vmemmap),
         _ => {
+            let consequence = if caches_by_page {
+                "this kernel's kmem_cache events name no cache (before 6.1), so caches show as their object size"
+            } else {
+                "memory of the kmalloc bucket caches shows as not charged to a memory cgroup"
+            };
             eprintln!(
-                "kheap: warning: /proc/kallsyms lists no page_offset_base/vmemmap_base (a kernel without CONFIG_KALLSYMS_ALL): memory of the kmalloc bucket caches shows as not charged to a memory cgroup"
+                "kheap: warning: /proc/kallsyms lists no page_offset_base/vmemmap_base (a kernel without CONFIG_KALLSYMS_ALL): {consequence}"
             );
             (0, 0)
         }

@@ -82,6 +82,11 @@ impl<'obj> MallocSession<'obj> {
         probes_at_entry: bool,
         stack_sample_every: u32,
     ) -> Result<MallocSession<'obj>> {
+        if let Some(why) =
+            crate::kernel::features::malloc_unsupported(crate::kernel::features::kernel_btf()?)
+        {
+            anyhow::bail!(why);
+        }
         let slot = storage.slots().next().context("no object storage left")?;
         let mut open = MallocSkelBuilder::default()
             .open(slot)
