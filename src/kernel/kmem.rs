@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::OpenSkel;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, Program, ProgramInput, ProgramMut};
 
 use crate::kernel::attach::{self, Fallback, Hook, Mechanism, Role, HOOKS};
@@ -228,8 +228,7 @@ impl<'obj> Tracer<'obj> {
             eprintln!("kheap: warning: sched_process_fork is not available; children of the command are not followed");
         }
 
-        let mut open = KheapSkelBuilder::default()
-            .open(slot)
+        let mut open = crate::kernel::features::open_skel(KheapSkelBuilder::default(), slot)
             .context("opening the BPF object")?;
         // Read at most once, and only where a table of kernel addresses is
         // needed (bucket-cache bases, label ranges).
