@@ -589,6 +589,8 @@ int BPF_PROG(cache_free_btf, unsigned long call_site, const void *ptr,
 
 /* ---- raw_tp: untyped raw tracepoint arguments ---- */
 
+/* Also attached to kmalloc_node on kernels that have it (before 6.1), whose
+ * first five arguments are kmalloc's. */
 SEC("raw_tp/kmalloc")
 int kmalloc_raw(struct bpf_raw_tracepoint_args *ctx)
 {
@@ -601,19 +603,43 @@ int kmalloc_raw(struct bpf_raw_tracepoint_args *ctx)
 	return 0;
 }
 
+/* Also attached to kmem_cache_alloc_node on kernels that have it (before
+ * 6.1), whose arguments are the same. */
 SEC("raw_tp/kmem_cache_alloc")
 int cache_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	const struct kmem_cache *s = (const void *)ctx->args[2];
-	struct site_key key = {.call_site = ctx->args[0], .cache = (__u64)s};
+	const void *ptr = (const void *)ctx->args[1];
+	struct site_key key = {.call_site = ctx->args[0]};
+	/* Read once, each from its own slot: clang would otherwise load one
+	 * of args[3]/args[4] through a computed pointer, which verifiers
+	 * refuse ("dereference of modified ctx ptr"). */
+	__u64 arg2 = ctx->args[2], arg3 = ctx->args[3], arg4 = ctx->args[4];
+	const struct kmem_cache *s;
 	bool accounted = false;
+	__u64 req, alloc, gfp_flags;
 
+	barrier_var(arg3);
+	barrier_var(arg4);
+	if (cache_events_pass_cache()) {
+		s = (const void *)arg2;
+		req = BPF_CORE_READ(s, object_size);
+		alloc = BPF_CORE_READ(s, size);
+		gfp_flags = arg3;
+		key.cache = (__u64)s;
+	} else {
+		/* before 6.1: (call_site, ptr, bytes_req, bytes_alloc, gfp) */
+		s = ptr ? object_cache_by_page(ptr) : NULL;
+		req = arg2;
+		alloc = arg3;
+		gfp_flags = arg4;
+		/* Unknown cache (no bases): the object size stands in, as
+		 * for classic records. */
+		key.cache = s ? (__u64)s : ((alloc << 1) | 1);
+	}
 	if (cfg.by_cgroup)
-		accounted =
-			cache_accounted(ctx->args[3], BPF_CORE_READ(s, flags));
-	on_alloc(ctx, false, &key, (const void *)ctx->args[1],
-		 BPF_CORE_READ(s, object_size), BPF_CORE_READ(s, size),
-		 accounted, NULL, s);
+		accounted = cache_accounted(gfp_flags,
+					    s ? BPF_CORE_READ(s, flags) : 0);
+	on_alloc(ctx, false, &key, ptr, req, alloc, accounted, NULL, s);
 	return 0;
 }
 
@@ -627,8 +653,14 @@ int kfree_raw(struct bpf_raw_tracepoint_args *ctx)
 SEC("raw_tp/kmem_cache_free")
 int cache_free_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	on_free((const void *)ctx->args[1], ctx->args[2], NULL,
-		(const void *)ctx->args[2]);
+	const void *ptr = (const void *)ctx->args[1];
+	const struct kmem_cache *s;
+
+	if (cache_events_pass_cache())
+		s = (const void *)ctx->args[2];
+	else /* before 6.1 the event passes no cache (or only its name) */
+		s = ptr && !cfg.track_live ? object_cache_by_page(ptr) : NULL;
+	on_free(ptr, (__u64)s, NULL, s);
 	return 0;
 }
 
@@ -677,18 +709,18 @@ int cache_alloc_tp(void *ctx)
 }
 
 SEC("tracepoint/kmem/kfree")
-int kfree_tp(struct trace_event_raw_kfree *r)
+int kfree_tp(void *ctx)
 {
-	on_free(BPF_CORE_READ(r, ptr), 0, NULL, NULL);
+	on_free(free_record_ptr(ctx), 0, NULL, NULL);
 	return 0;
 }
 
 SEC("tracepoint/kmem/kmem_cache_free")
-int cache_free_tp(struct trace_event_raw_kmem_cache_free *r)
+int cache_free_tp(void *ctx)
 {
-	const char *name = cache_free_record_name(r);
+	const char *name = cache_free_record_name(ctx);
 
-	on_free(BPF_CORE_READ(r, ptr), name ? name_key(name) : 0, name, NULL);
+	on_free(free_record_ptr(ctx), name ? name_key(name) : 0, name, NULL);
 	return 0;
 }
 
@@ -703,8 +735,10 @@ int fork_tp(struct trace_event_raw_sched_process_fork *r)
 }
 
 /* Run by user space (BPF_PROG_RUN) when it reads live objects: the jiffies
- * now, to turn the jiffies stamps of objects into ages. */
-SEC("syscall")
+ * now, to turn the jiffies stamps of objects into ages. A raw_tp program,
+ * never attached: kernels run those on demand since 5.10 (syscall
+ * programs came with 5.14). */
+SEC("raw_tp")
 int clock(void *ctx)
 {
 	clock_now.jiffies = bpf_jiffies64();

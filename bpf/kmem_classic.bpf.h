@@ -108,30 +108,58 @@ const volatile __u64 vmemmap_base_addr = 0;
  * allocator, whose pages have no slab to ask. */
 #define KHEAP_KMALLOC_MAX_CACHE_SIZE 8192
 
-static __always_inline __u64 kmalloc_slab_flags_by_page(const void *ptr,
-							__u64 alloc)
+/* Before 5.17 the slab fields lived in struct page itself (no struct slab). */
+struct page___pre517 {
+	struct kmem_cache *slab_cache;
+} __attribute__((preserve_access_index));
+
+/* The cache of a slab object, found from its address, or NULL when unknown
+ * (the bases were not given). */
+static __always_inline struct kmem_cache *object_cache_by_page(const void *ptr)
 {
 	__u64 direct_map = 0, vmemmap = 0, head;
-	struct kmem_cache *s;
 	struct page *page;
 
-	if (!ptr || alloc > KHEAP_KMALLOC_MAX_CACHE_SIZE ||
-	    !direct_map_base_addr || !vmemmap_base_addr)
-		return 0;
+	if (!ptr || !direct_map_base_addr || !vmemmap_base_addr)
+		return NULL;
 	bpf_probe_read_kernel(&direct_map, sizeof(direct_map),
 			      (const void *)direct_map_base_addr);
 	bpf_probe_read_kernel(&vmemmap, sizeof(vmemmap),
 			      (const void *)vmemmap_base_addr);
 	if (!direct_map || !vmemmap || (__u64)ptr < direct_map)
-		return 0;
+		return NULL;
 	page = (void *)(vmemmap + (((__u64)ptr - direct_map) >> 12) *
 					  bpf_core_type_size(struct page));
 	/* A tail page of a multi-page slab points at its head, bit 0 set. */
 	head = BPF_CORE_READ(page, compound_head);
 	if (head & 1)
 		page = (void *)(head - 1);
-	s = BPF_CORE_READ((struct slab *)page, slab_cache);
+	if (bpf_core_type_exists(struct slab))
+		return BPF_CORE_READ((struct slab *)page, slab_cache);
+	return BPF_CORE_READ((struct page___pre517 *)page, slab_cache);
+}
+
+static __always_inline __u64 kmalloc_slab_flags_by_page(const void *ptr,
+							__u64 alloc)
+{
+	struct kmem_cache *s;
+
+	if (alloc > KHEAP_KMALLOC_MAX_CACHE_SIZE)
+		return 0;
+	s = object_cache_by_page(ptr);
 	return s ? BPF_CORE_READ(s, flags) : 0;
+}
+
+/* Whether the kmem_cache_alloc and kmem_cache_free tracepoints pass the
+ * cache (6.1+). Before, kmem_cache_alloc(_node) shared the kmem_alloc class
+ * with kmalloc (call_site, ptr, bytes_req, bytes_alloc, gfp_flags) and
+ * kmem_cache_free passed no cache (5.11-) or its name (5.12-6.0): the cache
+ * is then found from the object's page (object_cache_by_page; user space
+ * gives the bases on such kernels). A load-time constant: each program
+ * keeps one branch. */
+static __always_inline bool cache_events_pass_cache(void)
+{
+	return bpf_core_type_exists(struct trace_event_raw_kmem_cache_alloc);
 }
 
 /* The cache flags of a kmalloc'ed object (for SLAB_ACCOUNT), 0 when
@@ -224,10 +252,28 @@ static __always_inline __u64 classic_cache_key(const struct kmem_alloc_event *e)
 	return e->name ? name_key(e->name) : ((e->bytes_alloc << 1) | 1);
 }
 
-/* The cache name of a classic kmem_cache_free record (6.18+), or NULL. */
-static __always_inline const char *
-cache_free_record_name(struct trace_event_raw_kmem_cache_free *r)
+/* The freed object of a classic kfree or kmem_cache_free record: before
+ * 5.12 both events shared the kmem_free class. */
+struct trace_event_raw_kmem_free___pre512 {
+	unsigned long call_site;
+	const void *ptr;
+} __attribute__((preserve_access_index));
+
+static __always_inline const void *free_record_ptr(void *ctx)
 {
+	if (bpf_core_type_exists(struct trace_event_raw_kfree))
+		return BPF_CORE_READ((struct trace_event_raw_kfree *)ctx, ptr);
+	return BPF_CORE_READ((struct trace_event_raw_kmem_free___pre512 *)ctx,
+			     ptr);
+}
+
+/* The cache name of a classic kmem_cache_free record (5.12+), or NULL. */
+static __always_inline const char *cache_free_record_name(void *ctx)
+{
+	struct trace_event_raw_kmem_cache_free *r = ctx;
+
+	if (!bpf_core_type_exists(struct trace_event_raw_kmem_cache_free))
+		return NULL;
 	if (bpf_core_field_exists(r->__data_loc_name)) {
 		__u32 loc = BPF_CORE_READ(r, __data_loc_name);
 

@@ -64,6 +64,11 @@ pub struct FilterArgs {
     /// How to attach to the kmem tracepoints
     #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
     pub attach: AttachMode,
+    /// The kernel's BTF, for a kernel without /sys/kernel/btf/vmlinux: a
+    /// file from BTFHub or made by `pahole --btf_encode_detached` from the
+    /// kernel's debug vmlinux (refused if it is another kernel's)
+    #[arg(long, value_name = "FILE")]
+    pub btf: Option<PathBuf>,
 }
 
 impl Default for FilterArgs {
@@ -75,6 +80,7 @@ impl Default for FilterArgs {
             min_size: 0,
             max_size: None,
             attach: AttachMode::Auto,
+            btf: None,
         }
     }
 }
@@ -82,6 +88,9 @@ impl Default for FilterArgs {
 impl FilterArgs {
     /// Rejects what clap cannot see: a size range that is empty.
     pub fn check(&self) -> Result<()> {
+        if let Some(btf) = &self.btf {
+            crate::kernel::features::use_btf_file(btf)?;
+        }
         check_size_range(self.min_size, self.max_size)
     }
 

@@ -28,7 +28,7 @@ enum Command {
     /// Serve kernel heap metrics to Prometheus (a daemon; see docs/serve.md)
     Serve(cmd::serve::ServeArgs),
     /// Show which tracing features this kernel has and how kheap will attach
-    Doctor,
+    Doctor(cmd::doctor::DoctorArgs),
     /// Print a shell completion script (bash, zsh, fish, …) to stdout
     Completions(cmd::generate::CompletionsArgs),
     /// Write man pages (kheap.1 and one per subcommand) into a directory
@@ -75,7 +75,7 @@ fn main() {
         Command::Malloc(a) => cmd::malloc::run(a),
         Command::Top(a) => cmd::top::run(a),
         Command::Serve(a) => cmd::serve::run(a),
-        Command::Doctor => cmd::doctor::run(),
+        Command::Doctor(a) => cmd::doctor::run(a),
         Command::Completions(a) => cmd::generate::completions(Cli::command(), &a),
         Command::Man(a) => cmd::generate::man(Cli::command(), &a),
     };

@@ -533,8 +533,16 @@ fn pages(count: usize, hold_secs: Option<u64>) {
         // Huge pages would turn 512 faults into one order-9 allocation.
         libc::madvise(p, len, libc::MADV_NOHUGEPAGE);
         if libc::madvise(p, len, MADV_POPULATE_WRITE) != 0 {
-            eprintln!("MADV_POPULATE_WRITE: {}", std::io::Error::last_os_error());
-            std::process::exit(1);
+            let err = std::io::Error::last_os_error();
+            // Before 5.14 there is no MADV_POPULATE_WRITE: one write fault
+            // per page allocates the same order-0 pages.
+            if err.raw_os_error() != Some(libc::EINVAL) {
+                eprintln!("MADV_POPULATE_WRITE: {err}");
+                std::process::exit(1);
+            }
+            for i in 0..count {
+                std::ptr::write_volatile((p as *mut u8).add(i * 4096), 1);
+            }
         }
         if let Some(secs) = hold_secs {
             println!("populated");
@@ -567,6 +575,14 @@ fn create_bpf_map(kind: &str, entries: u32, value_size: u32) -> i32 {
         "ringbuf" => 27, // BPF_MAP_TYPE_RINGBUF: no key, no value
         _ => usage(),
     };
+    // Before 5.11 BPF maps are charged to RLIMIT_MEMLOCK (since, to the
+    // memory cgroup): lift it, as BPF loaders do. Best effort.
+    let unlimited = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: a plain struct passed by pointer.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
     // union bpf_attr for BPF_MAP_CREATE: map_type, key_size, value_size,
     // max_entries, map_flags; the rest zero.
     let mut attr = [0u32; 32];

@@ -25,7 +25,18 @@ fn unreadable_tracefs(mounts: &str) -> String {
     }
 }
 
-pub fn run() -> Result<i32> {
+/// `kheap doctor`'s options.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DoctorArgs {
+    /// Check with this BTF file as the kernel's (as record --btf would)
+    #[arg(long, value_name = "FILE")]
+    pub btf: Option<std::path::PathBuf>,
+}
+
+pub fn run(args: DoctorArgs) -> Result<i32> {
+    if let Some(btf) = &args.btf {
+        features::use_btf_file(btf)?;
+    }
     let mut t = new_table(&["feature", "status"], &[1], output_width(None));
     let mut row = |k: &str, v: String| {
         t.add_row(vec![k.to_string(), v]);
@@ -41,10 +52,25 @@ pub fn run() -> Result<i32> {
             Err(e) => format!("insufficient: {e}"),
         },
     );
-    let btf_ok = features::check_btf().is_ok();
+    let btf = features::check_btf();
+    let btf_ok = btf.is_ok();
     row(
         "BTF",
-        format!("{} ({})", yes_no(btf_ok), features::btf_path().display()),
+        match &btf {
+            Ok(()) => format!("yes: {}", features::btf_origin()),
+            Err(e) => format!("no: {e:#}"),
+        },
+    );
+    row(
+        "kheap malloc",
+        match features::kernel_btf()
+            .ok()
+            .and_then(features::malloc_unsupported)
+        {
+            Some(why) => format!("unavailable: {why}"),
+            None if btf_ok => "yes".into(),
+            None => "unknown (no BTF)".into(),
+        },
     );
     let kbtf = if btf_ok {
         features::kernel_btf().ok()

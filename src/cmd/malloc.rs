@@ -45,6 +45,10 @@ pub struct MallocArgs {
     // --attach) have no counterpart here: the probes are in user space.
     #[command(flatten)]
     pub targets: TargetArgs,
+    /// The kernel's BTF, for a kernel without /sys/kernel/btf/vmlinux (as
+    /// for record)
+    #[arg(long, value_name = "FILE")]
+    pub btf: Option<std::path::PathBuf>,
     /// Trace the processes in this cgroup v2 and below it, and count only
     /// allocations made there (repeatable; a directory under the cgroup2
     /// mount, or a path relative to it)
@@ -251,6 +255,9 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         bail!("--fail-if '{}' needs --outstanding", b.text);
     }
     features::check_privileges("malloc")?;
+    if let Some(btf) = &args.btf {
+        features::use_btf_file(btf)?;
+    }
     features::check_btf()?;
     args.output.check()?;
     args.json.check()?;

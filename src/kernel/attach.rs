@@ -58,9 +58,11 @@ impl Mechanism {
     pub fn has_hook(self, hook: &Hook, kbtf: &KernelBtf, tracefs: Option<&Tracefs>) -> bool {
         let mech = if hook.raw_only { Mechanism::Raw } else { self };
         match mech {
-            // Raw tracepoints exist exactly where BTF names them.
+            // Raw tracepoints exist exactly where BTF names them; one
+            // with an older argument layout is not the hook's.
             Mechanism::Btf | Mechanism::Raw => {
                 kbtf.btf_tracepoints.iter().any(|t| t == hook.tracepoint)
+                    && !kbtf.old_layouts.iter().any(|t| t == hook.tracepoint)
             }
             Mechanism::Classic => {
                 tracefs.is_some_and(|t| t.has_event(hook.system, hook.tracepoint))
@@ -96,6 +98,17 @@ pub fn source_mechanism(
             ))
         };
     }
+    // A tracepoint with an older argument layout than its program reads.
+    if let Some((hook, (field, since))) = hooks
+        .iter()
+        .filter(|h| kbtf.old_layouts.iter().any(|t| t == h.tracepoint))
+        .find_map(|h| Some((h, h.layout?)))
+    {
+        return Err(format!(
+            "this kernel's {}:{} tracepoint predates its {field} argument (Linux {since})",
+            hook.system, hook.tracepoint
+        ));
+    }
     let missing: Vec<String> = hooks
         .iter()
         .filter(|h| !Mechanism::Raw.has_hook(h, kbtf, None))
@@ -108,9 +121,12 @@ pub fn source_mechanism(
     if functions.len() < hooks.len() {
         return Err(no_tracepoints);
     }
-    if functions
-        .iter()
-        .all(|f| kbtf.btf_functions.iter().any(|b| b == f))
+    // fexit reads the return value with bpf_get_func_ret (5.17): the
+    // number of arguments before it changes between kernels.
+    if kbtf.has_helper("get_func_ret")
+        && functions
+            .iter()
+            .all(|f| kbtf.btf_functions.iter().any(|b| b == f))
     {
         return Ok(Some(Fallback::Fentry));
     }
@@ -220,6 +236,7 @@ mod tests {
         // 6.1: no vmalloc tracepoints, BTF names the functions they sit in.
         let v6_1 = KernelBtf {
             btf_functions: vec!["alloc_vmap_area".into(), "free_vmap_area_noflush".into()],
+            helpers: vec!["get_func_ret".into()],
             ..Default::default()
         };
         assert_eq!(
@@ -229,6 +246,30 @@ mod tests {
         // A source with no functions to fall back to says what is missing.
         let err = source_mechanism(Source::Percpu, &v6_1).unwrap_err();
         assert!(err.starts_with("this kernel has no percpu:percpu_free_percpu, percpu:percpu_alloc_percpu tracepoint"), "{err}");
+        // 5.10: no bpf_get_func_ret for fexit; percpu's tracepoints name no
+        // call site yet.
+        let v5_10 = KernelBtf {
+            btf_tracepoints: HOOKS.iter().map(|h| h.tracepoint.to_string()).collect(),
+            btf_functions: v6_1.btf_functions.clone(),
+            old_layouts: vec!["percpu_alloc_percpu".into()],
+            ..Default::default()
+        };
+        let err = source_mechanism(Source::Percpu, &v5_10).unwrap_err();
+        assert_eq!(
+            err,
+            "this kernel's percpu:percpu_alloc_percpu tracepoint predates its call_site argument (Linux 5.19)"
+        );
+        let v5_10 = KernelBtf {
+            btf_tracepoints: vec![],
+            ..v5_10
+        };
+        // (kprobes decide the rest: asserted where the kernel has them)
+        if features::has_kprobes() {
+            assert_eq!(
+                source_mechanism(Source::Vmalloc, &v5_10),
+                Ok(Some(Fallback::Kprobe))
+            );
+        }
     }
 
     #[test]

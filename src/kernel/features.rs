@@ -8,19 +8,80 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use anyhow::{bail, Result};
-use libbpf_rs::btf::types::{Enum, Func, Typedef};
+use libbpf_rs::btf::types::{Enum, Func, Struct, Typedef};
 use libbpf_rs::btf::Btf;
 
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
-/// Where the kernel's BTF lives; `KHEAP_BTF` overrides it (used by the tests
-/// to check the missing-BTF error on a kernel that has BTF).
+/// Where a kernel built with CONFIG_DEBUG_INFO_BTF exposes its BTF.
+const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// A BTF file given with `--btf`, set before the kernel is first probed.
+static BTF_FILE: OnceLock<PathBuf> = OnceLock::new();
+
+/// Largest BTF file read: a distribution kernel's is 4-8 MiB.
+const MAX_BTF_FILE: u64 = 256 << 20;
+
+/// Uses `path` as the kernel's BTF for this run (`--btf FILE`): for the
+/// facts kheap reads from BTF and for the CO-RE relocations of every BPF
+/// object. Checked against the running kernel when first used.
+pub fn use_btf_file(path: &Path) -> Result<()> {
+    // Not followed: a symlink may be another user's.
+    let meta =
+        fs::symlink_metadata(path).map_err(|e| anyhow::anyhow!("--btf {}: {e}", path.display()))?;
+    if !meta.file_type().is_file() {
+        bail!(
+            "--btf {}: not a regular file (give the BTF file itself, not a link or a directory)",
+            path.display()
+        );
+    }
+    if meta.len() > MAX_BTF_FILE {
+        bail!(
+            "--btf {}: {} bytes is too big for a BTF file (at most {MAX_BTF_FILE})",
+            path.display(),
+            meta.len()
+        );
+    }
+    let _ = BTF_FILE.set(path.to_path_buf());
+    Ok(())
+}
+
+/// Where the kernel's BTF is read from: `KHEAP_BTF` (used by the tests to
+/// check the missing-BTF error on a kernel that has BTF), `--btf FILE`, or
+/// the kernel's own.
 pub fn btf_path() -> PathBuf {
     std::env::var_os("KHEAP_BTF")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/sys/kernel/btf/vmlinux"))
+        .or_else(|| BTF_FILE.get().cloned())
+        .unwrap_or_else(|| PathBuf::from(KERNEL_BTF))
 }
+
+/// The BTF file the BPF objects are relocated against when it is not the
+/// kernel's own.
+pub fn custom_btf_path() -> Option<PathBuf> {
+    let p = btf_path();
+    (p != Path::new(KERNEL_BTF)).then_some(p)
+}
+
+/// Opens a skeleton against the BTF this run uses (`custom_btf_path`).
+pub fn open_skel<'obj, B: libbpf_rs::skel::SkelBuilder<'obj>>(
+    builder: B,
+    slot: &'obj mut std::mem::MaybeUninit<libbpf_rs::OpenObject>,
+) -> Result<B::Output> {
+    crate::kernel::btf_check::open_with_btf(builder, slot, custom_btf_path().as_deref())
+}
+
+/// Where the BTF comes from, in words (`kheap doctor`).
+pub fn btf_origin() -> String {
+    match custom_btf_path() {
+        None => format!("the kernel's own ({KERNEL_BTF})"),
+        Some(p) => format!("{} (given with --btf)", p.display()),
+    }
+}
+
+/// How to get a BTF file for a kernel that exposes none.
+pub const HOW_TO_GET_BTF: &str = "give kheap one with --btf FILE: BTFHub (github.com/aquasecurity/btfhub-archive) has them for distribution kernels, or make one with 'pahole --btf_encode_detached=FILE vmlinux' from the kernel's debug package (Debian: linux-image-$(uname -r)-dbg)";
 
 /// Root, or CAP_BPF together with CAP_PERFMON, is needed to load and attach.
 pub fn check_privileges(command: &str) -> Result<()> {
@@ -57,9 +118,7 @@ pub struct Features {
 impl Features {
     fn probe() -> Features {
         Features {
-            release: fs::read_to_string("/proc/sys/kernel/osrelease")
-                .map(|s| s.trim().to_string())
-                .unwrap_or_else(|_| "unknown kernel".into()),
+            release: read_release(),
             btf: read_kernel_btf().map_err(|e| format!("{e:#}")),
             kprobes: Path::new("/sys/bus/event_source/devices/kprobe").exists(),
             uprobes: Path::new("/sys/bus/event_source/devices/uprobe").exists(),
@@ -96,6 +155,77 @@ pub struct KernelBtf {
     /// 6.13+: the `bpf_get_kmem_cache` kfunc names an object's cache (for
     /// typed tracing programs).
     pub kmem_cache_kfunc: bool,
+    /// 6.1+: kmem_cache_alloc and kmem_cache_free pass the cache; before,
+    /// the programs find it from the object's page (bpf/kmem_classic.bpf.h).
+    pub cache_events_pass_cache: bool,
+    /// The BPF helpers this kernel has (`bpf_func_id` without `BPF_FUNC_`:
+    /// `get_func_ret`, `find_vma`…).
+    pub helpers: Vec<String>,
+    /// The BPF map types it has (`bpf_map_type` without `BPF_MAP_TYPE_`).
+    pub map_types: Vec<String>,
+    /// Hooks whose tracepoint exists with an older argument layout than
+    /// their program reads (`Hook::layout`): their tracepoint names.
+    pub old_layouts: Vec<String>,
+}
+
+impl KernelBtf {
+    pub fn has_helper(&self, name: &str) -> bool {
+        self.helpers.iter().any(|h| h == name)
+    }
+
+    pub fn has_map_type(&self, name: &str) -> bool {
+        self.map_types.iter().any(|h| h == name)
+    }
+}
+
+/// What the malloc object (bpf/malloc.bpf.c) needs beyond what the kmem
+/// tracer does: (map type or helper, what to call it, the Linux version that
+/// brought it).
+const MALLOC_NEEDS: [(&str, &str, &str); 5] = [
+    ("map:task_storage", "task storage maps", "5.11"),
+    ("get_current_task_btf", "bpf_get_current_task_btf", "5.11"),
+    ("get_attach_cookie", "bpf_get_attach_cookie", "5.15"),
+    ("find_vma", "bpf_find_vma", "5.17"),
+    ("loop", "bpf_loop", "5.17"),
+];
+
+/// The one line that says why `kheap malloc` cannot run on this kernel, if
+/// it cannot: which of the BPF features it needs the kernel lacks.
+pub fn malloc_unsupported(k: &KernelBtf) -> Option<String> {
+    let missing: Vec<String> = MALLOC_NEEDS
+        .iter()
+        .filter(|(need, _, _)| match need.strip_prefix("map:") {
+            Some(map) => !k.has_map_type(map),
+            None => !k.has_helper(need),
+        })
+        .map(|(_, what, since)| format!("{what} ({since})"))
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "malloc needs BPF features this kernel ({}) lacks: {}; kheap record, leaks, top and slab work here",
+            kernel_release(),
+            missing.join(", ")
+        )
+    })
+}
+
+/// The members of a kernel enum with a prefix, lower-cased without it
+/// (`BPF_FUNC_find_vma` → `find_vma`).
+fn enum_members(btf: &Btf, name: &str, prefix: &str) -> Vec<String> {
+    btf.type_by_name::<Enum>(name)
+        .map(|e| {
+            e.iter()
+                .filter_map(|m| m.name?.to_str()?.strip_prefix(prefix))
+                .map(str::to_ascii_lowercase)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the kernel's struct `name` has a member `field`.
+fn struct_has_field(btf: &Btf, name: &str, field: &str) -> bool {
+    btf.type_by_name::<Struct>(name)
+        .is_some_and(|s| s.iter().any(|m| m.name.is_some_and(|n| n == field)))
 }
 
 /// `SLAB_ACCOUNT` on kernels that define it as a macro (before 6.9).
@@ -113,12 +243,15 @@ fn read_kernel_btf() -> Result<KernelBtf> {
     let path = btf_path();
     if !path.exists() {
         bail!(
-            "this kernel exposes no BTF ({} is missing): kheap needs a kernel built with CONFIG_DEBUG_INFO_BTF=y",
+            "this kernel exposes no BTF ({} is missing): {HOW_TO_GET_BTF}",
             path.display()
         );
     }
     let btf = Btf::from_path(&path)
         .map_err(|e| anyhow::anyhow!("reading kernel BTF from {}: {e}", path.display()))?;
+    if custom_btf_path().is_some() && check_privileges("").is_ok() {
+        check_btf_describes_this_kernel(&path)?;
+    }
     let mut btf_tracepoints = Vec::new();
     for hook in &crate::kernel::hooks::HOOKS {
         let tp = hook.tracepoint;
@@ -151,7 +284,22 @@ fn read_kernel_btf() -> Result<KernelBtf> {
                 .map(|m| 1u64 << m.value)
         })
         .unwrap_or(SLAB_ACCOUNT_FALLBACK);
+    let old_layouts = crate::kernel::hooks::HOOKS
+        .iter()
+        .filter(|h| {
+            h.layout.is_some_and(|(field, _)| {
+                !struct_has_field(&btf, &format!("trace_event_raw_{}", h.tracepoint), field)
+            })
+        })
+        .map(|h| h.tracepoint.to_string())
+        .collect();
     Ok(KernelBtf {
+        old_layouts,
+        cache_events_pass_cache: btf
+            .type_by_name::<Struct>("trace_event_raw_kmem_cache_alloc")
+            .is_some(),
+        helpers: enum_members(&btf, "bpf_func_id", "BPF_FUNC_"),
+        map_types: enum_members(&btf, "bpf_map_type", "BPF_MAP_TYPE_"),
         btf_tracepoints,
         btf_functions,
         gfp_account_mask,
@@ -159,6 +307,33 @@ fn read_kernel_btf() -> Result<KernelBtf> {
         kmalloc_buckets: btf.type_by_name::<Func>("kmem_buckets_create").is_some(),
         kmem_cache_kfunc: btf.type_by_name::<Func>("bpf_get_kmem_cache").is_some(),
     })
+}
+
+fn read_release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown kernel".into())
+}
+
+/// Refuses a BTF file that is not the running kernel's: its layouts would
+/// make every number wrong.
+fn check_btf_describes_this_kernel(path: &Path) -> Result<()> {
+    let release = read_release();
+    let got = crate::kernel::btf_check::release_through(path)
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "the BTF in {} does not describe this kernel ({release}): reading the kernel through it failed ({}); give the BTF of {release}",
+                path.display(),
+                format!("{e:#}").replace('\n', " ")
+            )
+        })?;
+    if got != release {
+        bail!(
+            "the BTF in {} is another kernel's: read through it, this kernel's release ({release}) comes out as {got:?}; give the BTF of {release}",
+            path.display()
+        );
+    }
+    Ok(())
 }
 
 pub fn kernel_release() -> String {

@@ -30,6 +30,16 @@ pub struct Hook {
     /// The kernel function the tracepoint sits in, hooked instead (fentry or
     /// kprobe) on kernels that lack the tracepoint: vmalloc's came with 6.2.
     pub function: Option<&'static str>,
+    /// A tracepoint only kernels before this version have, which fires
+    /// events the hook of the same program (`program`) sees from that
+    /// version on: kmalloc_node and kmem_cache_alloc_node, folded into
+    /// kmalloc and kmem_cache_alloc in 6.1. Its absence misses nothing.
+    pub until: Option<&'static str>,
+    /// The field of the tracepoint's record (`trace_event_raw_<name>`) that
+    /// the program's argument layout came with, and the version that added
+    /// it: without it the arguments are another layout, which the program
+    /// does not read.
+    pub layout: Option<(&'static str, &'static str)>,
 }
 
 /// How a hook whose tracepoint is missing is attached to its function.
@@ -70,7 +80,7 @@ impl Hook {
 
 /// Every hook, in attach order: frees before allocations, so that no
 /// tracked object's free can be missed at start.
-pub const HOOKS: [Hook; 11] = [
+pub const HOOKS: [Hook; 13] = [
     Hook {
         tracepoint: "kfree",
         system: "kmem",
@@ -79,6 +89,8 @@ pub const HOOKS: [Hook; 11] = [
         source: Source::Kmalloc,
         raw_only: false,
         function: None,
+        until: None,
+        layout: None,
     },
     Hook {
         tracepoint: "kmem_cache_free",
@@ -88,6 +100,8 @@ pub const HOOKS: [Hook; 11] = [
         source: Source::Kmalloc,
         raw_only: false,
         function: None,
+        until: None,
+        layout: None,
     },
     Hook {
         tracepoint: "mm_page_free",
@@ -97,6 +111,8 @@ pub const HOOKS: [Hook; 11] = [
         source: Source::Page,
         raw_only: true,
         function: None,
+        until: None,
+        layout: None,
     },
     Hook {
         tracepoint: "free_vmap_area_noflush",
@@ -106,6 +122,8 @@ pub const HOOKS: [Hook; 11] = [
         source: Source::Vmalloc,
         raw_only: true,
         function: Some("free_vmap_area_noflush"),
+        until: None,
+        layout: None,
     },
     Hook {
         tracepoint: "percpu_free_percpu",
@@ -115,6 +133,8 @@ pub const HOOKS: [Hook; 11] = [
         source: Source::Percpu,
         raw_only: true,
         function: None,
+        until: None,
+        layout: None,
     },
     Hook {
         tracepoint: "sched_process_fork",
@@ -124,6 +144,8 @@ pub const HOOKS: [Hook; 11] = [
         source: Source::Kmalloc,
         raw_only: false,
         function: None,
+        until: None,
+        layout: None,
     },
     Hook {
         tracepoint: "kmalloc",
@@ -133,6 +155,8 @@ pub const HOOKS: [Hook; 11] = [
         source: Source::Kmalloc,
         raw_only: false,
         function: None,
+        until: None,
+        layout: None,
     },
     Hook {
         tracepoint: "kmem_cache_alloc",
@@ -142,6 +166,8 @@ pub const HOOKS: [Hook; 11] = [
         source: Source::Kmalloc,
         raw_only: false,
         function: None,
+        until: None,
+        layout: None,
     },
     Hook {
         tracepoint: "mm_page_alloc",
@@ -151,6 +177,8 @@ pub const HOOKS: [Hook; 11] = [
         source: Source::Page,
         raw_only: true,
         function: None,
+        until: None,
+        layout: None,
     },
     Hook {
         tracepoint: "alloc_vmap_area",
@@ -160,6 +188,8 @@ pub const HOOKS: [Hook; 11] = [
         source: Source::Vmalloc,
         raw_only: true,
         function: Some("alloc_vmap_area"),
+        until: None,
+        layout: None,
     },
     Hook {
         tracepoint: "percpu_alloc_percpu",
@@ -169,6 +199,34 @@ pub const HOOKS: [Hook; 11] = [
         source: Source::Percpu,
         raw_only: true,
         function: None,
+        until: None,
+        // call_site, bytes_alloc and gfp_flags came together.
+        layout: Some(("call_site", "5.19")),
+    },
+    // Before 6.1 the NUMA-node variants fired tracepoints of their own,
+    // with kmalloc's and (pre-6.1) kmem_cache_alloc's arguments: the same
+    // raw_tp programs, attached to them too.
+    Hook {
+        tracepoint: "kmalloc_node",
+        system: "kmem",
+        role: Role::Alloc,
+        program: "kmalloc",
+        source: Source::Kmalloc,
+        raw_only: true,
+        function: None,
+        until: Some("6.1"),
+        layout: None,
+    },
+    Hook {
+        tracepoint: "kmem_cache_alloc_node",
+        system: "kmem",
+        role: Role::Alloc,
+        program: "cache_alloc",
+        source: Source::Kmalloc,
+        raw_only: true,
+        function: None,
+        until: Some("6.1"),
+        layout: None,
     },
 ];
 

@@ -12,7 +12,7 @@ use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::OpenSkel;
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, Program, ProgramInput, ProgramMut};
 
 use crate::kernel::attach::{self, Fallback, Hook, Mechanism, Role, HOOKS};
@@ -199,6 +199,8 @@ impl<'obj> Tracer<'obj> {
             let tp = hook.tracepoint;
             if mech.has_hook(hook, kbtf, tracefs.as_ref()) {
                 enabled.push(hook);
+            } else if hook.until.is_some() {
+                // Newer kernels fire these events as another hook's.
             } else if cfg.live.is_some() && hook.role != Role::Fork {
                 // Without every free hook, everything would look leaked.
                 bail!("kheap leaks needs the kmem:{tp} tracepoint, which this kernel lacks");
@@ -229,8 +231,7 @@ impl<'obj> Tracer<'obj> {
             eprintln!("kheap: warning: sched_process_fork is not available; children of the command are not followed");
         }
 
-        let mut open = KheapSkelBuilder::default()
-            .open(slot)
+        let mut open = crate::kernel::features::open_skel(KheapSkelBuilder::default(), slot)
             .context("opening the BPF object")?;
         // Read at most once, and only where a table of kernel addresses is
         // needed (bucket-cache bases, label ranges).
@@ -300,11 +301,18 @@ impl<'obj> Tracer<'obj> {
         }
         for hook in enabled {
             let tp = hook.tracepoint;
-            let link = tracer
+            let prog = tracer
                 .program(hook)
-                .with_context(|| format!("no {} program for {tp}", mech.name()))?
-                .attach()
-                .with_context(|| format!("attaching to {tp}"))?;
+                .with_context(|| format!("no {} program for {tp}", mech.name()))?;
+            // A raw_tp program may serve several tracepoints (the _node
+            // ones before 6.1): attached by the hook's name, not its
+            // section's.
+            let link = if prog.name().to_string_lossy().ends_with("_raw") {
+                prog.attach_raw_tracepoint(tp)
+            } else {
+                prog.attach()
+            }
+            .with_context(|| format!("attaching to {tp}"))?;
             tracer.links.push(link);
             tracer.hooks.push(hook);
             let how = match (hook.function, fallback) {
@@ -963,9 +971,12 @@ fn configure(
     }
     c.sources = cfg.sources.bits();
     c.page_shift = page_shift();
-    if cfg.by_cgroup && finds_bucket_caches_by_page(kbtf, mech) {
+    // Before 6.1 the cache events name no cache: it is found from the
+    // object's page, as bucket caches are.
+    let caches_by_page = !kbtf.cache_events_pass_cache && cfg.sources.contains(Source::Kmalloc);
+    if caches_by_page || (cfg.by_cgroup && finds_bucket_caches_by_page(kbtf, mech)) {
         let (direct_map, vmemmap) =
-            direct_map_and_vmemmap_bases(kallsyms.text().unwrap_or_default());
+            direct_map_and_vmemmap_bases(kallsyms.text().unwrap_or_default(), caches_by_page);
         rodata.direct_map_base_addr = direct_map;
         rodata.vmemmap_base_addr = vmemmap;
     }
@@ -1019,13 +1030,18 @@ fn finds_bucket_caches_by_page(kbtf: &KernelBtf, mech: Mechanism) -> bool {
 /// The addresses of the kernel's `page_offset_base` and `vmemmap_base`
 /// variables (0 where kallsyms does not list them: bucket-cache memory is
 /// then shown as not charged, and kheap says so).
-fn direct_map_and_vmemmap_bases(kallsyms: &str) -> (u64, u64) {
+fn direct_map_and_vmemmap_bases(kallsyms: &str, caches_by_page: bool) -> (u64, u64) {
     let find = |name| crate::model::kallsyms::address_of(kallsyms, name);
     match (find("page_offset_base"), find("vmemmap_base")) {
         (Some(direct_map), Some(vmemmap)) => (direct_map, vmemmap),
         _ => {
+            let consequence = if caches_by_page {
+                "this kernel's kmem_cache events name no cache (before 6.1), so caches show as their object size"
+            } else {
+                "memory of the kmalloc bucket caches shows as not charged to a memory cgroup"
+            };
             eprintln!(
-                "kheap: warning: /proc/kallsyms lists no page_offset_base/vmemmap_base (a kernel without CONFIG_KALLSYMS_ALL): memory of the kmalloc bucket caches shows as not charged to a memory cgroup"
+                "kheap: warning: /proc/kallsyms lists no page_offset_base/vmemmap_base (a kernel without CONFIG_KALLSYMS_ALL): {consequence}"
             );
             (0, 0)
         }

@@ -6,7 +6,7 @@
 use std::mem::MaybeUninit;
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::OpenSkel;
 use libbpf_rs::{Link, OpenObject};
 
 use crate::kernel::features;
@@ -104,8 +104,14 @@ impl<'obj> LatencySession<'obj> {
         resolved: &[Option<&'static str>],
         mech: Mechanism,
     ) -> Result<LatencySession<'obj>> {
-        let mut open = LatencySkelBuilder::default()
-            .open(slot)
+        // Both mechanisms' programs read the probed function's address.
+        if !crate::kernel::features::kernel_btf()?.has_helper("get_func_ip") {
+            anyhow::bail!(
+                "--latency needs the BPF helper bpf_get_func_ip (Linux 5.15), which this kernel ({}) lacks",
+                crate::kernel::features::kernel_release()
+            );
+        }
+        let mut open = crate::kernel::features::open_skel(LatencySkelBuilder::default(), slot)
             .context("opening the latency BPF object")?;
         let functions: Vec<&'static str> = resolved.iter().flatten().copied().collect();
         configure(&mut open, resolved, mech)?;

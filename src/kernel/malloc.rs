@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::OpenSkel;
 use libbpf_rs::{Link, MapCore, MapFlags, UprobeOpts};
 
 use crate::kernel::malloc_skel::{types, MallocSkel, MallocSkelBuilder};
@@ -82,9 +82,13 @@ impl<'obj> MallocSession<'obj> {
         probes_at_entry: bool,
         stack_sample_every: u32,
     ) -> Result<MallocSession<'obj>> {
+        if let Some(why) =
+            crate::kernel::features::malloc_unsupported(crate::kernel::features::kernel_btf()?)
+        {
+            anyhow::bail!(why);
+        }
         let slot = storage.slots().next().context("no object storage left")?;
-        let mut open = MallocSkelBuilder::default()
-            .open(slot)
+        let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), slot)
             .context("opening the BPF object")?;
         let rodata = open
             .maps

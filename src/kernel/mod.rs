@@ -39,6 +39,7 @@ macro_rules! impl_sum {
 }
 
 pub mod attach;
+pub mod btf_check;
 pub mod features;
 pub mod hooks;
 pub mod kmem;
