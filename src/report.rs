@@ -852,7 +852,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use crate::model::{Hist, Owner, PageUse};
+    use crate::model::{Hist, KmallocSlab, Owner, PageUse};
     use crate::testing::assert_keys;
 
     #[test]
@@ -974,6 +974,7 @@ pub mod tests {
     const KMALLOC_CG_4K: CacheId = CacheId::Kmalloc {
         size: 4096,
         accounted: true,
+        slab: KmallocSlab::SizeClass,
     };
 
     /// The two sites of the sample: load_msg, and kvmalloc's call site.

@@ -27,7 +27,10 @@ use crate::model::live::{
 use crate::model::snapshot::{
     CgroupKey, CgroupSlot, EventCounters, IdleKeys, ProgRunTime, Snapshot,
 };
-use crate::model::{progress, CacheId, Owner, PageUse, SiteKey, Source, Sources, VmapKind};
+use crate::model::{
+    progress, CacheId, KmallocSlab, Owner, PageUse, SiteKey, Source, Sources, VmapKind,
+    UNRESOLVED_PREFIX,
+};
 
 pub use crate::kernel::attach::AttachMode;
 
@@ -134,8 +137,11 @@ pub struct Tracer<'obj> {
     hooks: Vec<&'static Hook>,
     /// Hook → how it is attached ("kmalloc: tp_btf").
     pub attached: Vec<String>,
-    /// Hooks not attached, with the reason.
+    /// Hooks not attached, with the reason (and, where this kernel gives
+    /// no way to find the cache of a kmalloc object, why).
     pub skipped: Vec<String>,
+    /// How the cache of a kmalloc object is found, or why it is not.
+    pub kmalloc_caches: String,
     /// Stack traces already read, by id (a hash of their frames: an id
     /// always means the same frames), so a refreshing view reads each once.
     stack_cache: RefCell<HashMap<i64, Vec<u64>>>,
@@ -232,7 +238,10 @@ impl<'obj> Tracer<'obj> {
         // Read at most once, and only where a table of kernel addresses is
         // needed (bucket-cache bases, label ranges).
         let kallsyms = Kallsyms::default();
-        configure(&mut open, cfg, kbtf, mech, &kallsyms, lat_starts)?;
+        let kmalloc_caches = configure(&mut open, cfg, kbtf, mech, &kallsyms, lat_starts)?;
+        if let Err(why) = &kmalloc_caches {
+            skipped.push(why.clone());
+        }
         let labels = label_ranges(cfg, &kallsyms)?;
         if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
             rodata.cfg.backing_ranges = labels.page;
@@ -263,6 +272,7 @@ impl<'obj> Tracer<'obj> {
             hooks: Vec::new(),
             attached: Vec::new(),
             skipped,
+            kmalloc_caches: kmalloc_caches.unwrap_or_else(|why| why),
             stack_cache: RefCell::default(),
             clock0: types::clock_sample::default(),
             _tracefs: tracefs,
@@ -886,7 +896,7 @@ fn configure(
     mech: Mechanism,
     kallsyms: &Kallsyms,
     lat_starts: Option<BorrowedFd<'_>>,
-) -> Result<()> {
+) -> Result<std::result::Result<String, String>> {
     let rodata = open
         .maps
         .rodata_data
@@ -915,12 +925,20 @@ fn configure(
     }
     c.sources = cfg.sources.bits();
     c.page_shift = page_shift();
-    if cfg.by_cgroup && finds_bucket_caches_by_page(kbtf, mech) {
-        let (direct_map, vmemmap) =
-            direct_map_and_vmemmap_bases(kallsyms.text().unwrap_or_default());
-        rodata.direct_map_base_addr = direct_map;
-        rodata.vmemmap_base_addr = vmemmap;
-    }
+    let kmalloc_caches = kmalloc_cache_resolution(kbtf, mech, kallsyms).map(|bases| {
+        rodata.resolve_kmalloc_caches = 1;
+        match bases {
+            Some((direct_map, vmemmap)) => {
+                rodata.direct_map_base_addr = direct_map;
+                rodata.vmemmap_base_addr = vmemmap;
+                "the object's slab, found through its page (page_offset_base and vmemmap_base \
+                 from /proc/kallsyms)"
+                    .to_string()
+            }
+            None => "the object's slab, named by the kernel (bpf_get_kmem_cache)".to_string(),
+        }
+    });
+    let c = &mut rodata.cfg;
     if let Some(live) = cfg.live {
         c.track_live = 1;
         c.ptr_sample_mask = live.sample_every.max(1) - 1;
@@ -958,30 +976,48 @@ fn configure(
     if !cfg.by_process && !cfg.stacks_by_owner() {
         open.maps.proc_comms.set_max_entries(1)?;
     }
-    Ok(())
+    Ok(kmalloc_caches)
 }
 
-/// Whether the kmalloc programs find an object's bucket cache from its
-/// address (bpf/kmem_classic.bpf.h): on 6.11+ kernels, unless the program is
-/// typed and the kernel has the kfunc that names the cache.
-fn finds_bucket_caches_by_page(kbtf: &KernelBtf, mech: Mechanism) -> bool {
-    kbtf.kmalloc_buckets && !(mech == Mechanism::Btf && kbtf.kmem_cache_kfunc)
+/// How the kmalloc programs find the cache an object lives in
+/// (bpf/slab_cache.bpf.h): Ok(None) through the kernel's kfunc (typed
+/// programs on 6.13+), Ok(Some(addresses of `page_offset_base` and
+/// `vmemmap_base`)) through the object's page. Err: the line the report
+/// header and `kheap doctor` show, where this kernel gives no way (kallsyms
+/// without data symbols, i.e. no CONFIG_KALLSYMS_ALL, or not x86-64's
+/// memory layout); kmalloc caches are then named by their size class.
+fn kmalloc_cache_resolution(
+    kbtf: &KernelBtf,
+    mech: Mechanism,
+    kallsyms: &Kallsyms,
+) -> std::result::Result<Option<(u64, u64)>, String> {
+    if mech == Mechanism::Btf && kbtf.kmem_cache_kfunc {
+        return Ok(None);
+    }
+    let why = |what: &str| {
+        format!(
+            "kmalloc caches: named by size class, not by the object's slab ({what}): bucket, \
+             random and accounted copies (msg_msg-4k, kmalloc-rnd-01-4k, kmalloc-cg-4k) are \
+             not told apart"
+        )
+    };
+    if !cfg!(target_arch = "x86_64") {
+        return Err(why("the page lookup knows x86-64's memory layout only"));
+    }
+    let text = kallsyms.text().map_err(|e| why(&format!("{e:#}")))?;
+    direct_map_and_vmemmap_bases(text).map(Some).ok_or_else(|| {
+        why(
+            "/proc/kallsyms lists no page_offset_base/vmemmap_base: a kernel without \
+                 CONFIG_KALLSYMS_ALL",
+        )
+    })
 }
 
 /// The addresses of the kernel's `page_offset_base` and `vmemmap_base`
-/// variables (0 where kallsyms does not list them: bucket-cache memory is
-/// then shown as not charged, and kheap says so).
-fn direct_map_and_vmemmap_bases(kallsyms: &str) -> (u64, u64) {
+/// variables, if kallsyms lists them.
+fn direct_map_and_vmemmap_bases(kallsyms: &str) -> Option<(u64, u64)> {
     let find = |name| crate::model::kallsyms::address_of(kallsyms, name);
-    match (find("page_offset_base"), find("vmemmap_base")) {
-        (Some(direct_map), Some(vmemmap)) => (direct_map, vmemmap),
-        _ => {
-            eprintln!(
-                "kheap: warning: /proc/kallsyms lists no page_offset_base/vmemmap_base (a kernel without CONFIG_KALLSYMS_ALL): memory of the kmalloc bucket caches shows as not charged to a memory cgroup"
-            );
-            (0, 0)
-        }
-    }
+    Some((find("page_offset_base")?, find("vmemmap_base")?))
 }
 
 /// The hooks of a source beyond the slab, all of them or none: a source
@@ -1132,28 +1168,42 @@ fn site_key(k: &types::site_key, names: &HashMap<u64, String>) -> SiteKey {
     }
 }
 
-/// Names the cache of a key: kmalloc size classes carry no pointer; classic
-/// tracepoints without a cache name key by `(object size << 1) | 1`.
+/// Names the cache of a key. kmalloc events (a size) carry the cache their
+/// object lives in, or 0 above the kmalloc caches and where the kernel gives
+/// no way to find it (the size class stands in), or
+/// `KHEAP_CACHE_UNRESOLVED`. Classic tracepoints without a cache name key
+/// by `(object size << 1) | 1`. A cache pointer whose name was not recorded
+/// is labelled as unresolved, never by its address.
 pub fn cache_id(
     cache: u64,
     kmalloc_size: u32,
     accounted: bool,
     names: &HashMap<u64, String>,
 ) -> CacheId {
-    if cache == 0 {
+    let named = names.get(&cache);
+    if kmalloc_size != 0 {
+        let slab = match (cache, named) {
+            (0, _) => KmallocSlab::SizeClass,
+            (_, Some(n)) if cache != KHEAP_CACHE_UNRESOLVED => KmallocSlab::Cache(n.clone()),
+            _ => KmallocSlab::Unresolved,
+        };
         return CacheId::Kmalloc {
             size: kmalloc_size as u64,
             accounted,
+            slab,
         };
     }
-    if let Some(n) = names.get(&cache) {
+    if let Some(n) = named {
         return CacheId::Named(n.clone());
     }
     if cache < (1 << 32) && cache & 1 == 1 {
         return CacheId::ObjectSize(cache >> 1);
     }
-    CacheId::Named(format!("cache@{cache:#x}"))
+    CacheId::Named(format!("{UNRESOLVED_PREFIX}cache]"))
 }
+
+/// Must match KHEAP_CACHE_UNRESOLVED in bpf/kheap.h.
+const KHEAP_CACHE_UNRESOLVED: u64 = 2;
 
 /// A cgroup map key as the model names it.
 fn cgroup_key(k: &types::cgroup_key) -> CgroupKey {
@@ -1175,12 +1225,27 @@ mod tests {
     fn cache_keys_name_their_cache() {
         let mut names = HashMap::new();
         names.insert(0xffff888100042c00, "dentry".to_string());
+        names.insert(0xffff888100043c00, "msg_msg-4k".to_string());
+        let kmalloc = |slab| CacheId::Kmalloc {
+            size: 4096,
+            accounted: true,
+            slab,
+        };
         assert_eq!(
             cache_id(0, 4096, true, &names),
-            CacheId::Kmalloc {
-                size: 4096,
-                accounted: true
-            }
+            kmalloc(KmallocSlab::SizeClass)
+        );
+        assert_eq!(
+            cache_id(0xffff888100043c00, 4096, true, &names),
+            kmalloc(KmallocSlab::Cache("msg_msg-4k".into()))
+        );
+        assert_eq!(
+            cache_id(KHEAP_CACHE_UNRESOLVED, 4096, true, &names),
+            kmalloc(KmallocSlab::Unresolved)
+        );
+        assert_eq!(
+            cache_id(0xffff888100044c00, 4096, true, &names).name(),
+            "[unresolved kmalloc-4k]"
         );
         assert_eq!(
             cache_id(0xffff888100042c00, 0, false, &names),
@@ -1191,8 +1256,8 @@ mod tests {
             CacheId::ObjectSize(192)
         );
         assert_eq!(
-            cache_id(0xffff888100042d00, 0, false, &names),
-            CacheId::Named("cache@0xffff888100042d00".into())
+            cache_id(0xffff888100042d00, 0, false, &names).name(),
+            "[unresolved cache]"
         );
     }
 
