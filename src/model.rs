@@ -388,6 +388,35 @@ pub fn is_kmalloc_size_class(name: &str) -> bool {
     !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())
 }
 
+/// How a cache that SLUB merged others into is named in every view: the
+/// kernel's name for it (the `/proc/slabinfo` row, what the tracepoints
+/// say), then the other names that share it, e.g. `ftrace_event_field
+/// (merged: Acpi-Parse, damon_region, +4)`. Allocations from any of them
+/// are counted under it: the kernel cannot tell them apart.
+pub fn merged_cache_name(name: &str, aliases: &[String]) -> String {
+    const SHOWN: usize = 3;
+    if aliases.is_empty() {
+        return name.to_string();
+    }
+    let mut list = aliases
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if aliases.len() > SHOWN {
+        list.push_str(&format!(", +{}", aliases.len() - SHOWN));
+    }
+    format!("{name}{MERGED_INFIX}{list})")
+}
+
+const MERGED_INFIX: &str = " (merged: ";
+
+/// The kernel's own name of a cache named by `merged_cache_name`.
+pub fn unmerged_cache_name(name: &str) -> &str {
+    name.split_once(MERGED_INFIX).map_or(name, |(n, _)| n)
+}
+
 /// kmalloc cache names use "k" for multiples of 1024 (kmalloc-4k, kmalloc-96).
 pub fn kmalloc_size_name(size: u64) -> String {
     if size >= 1024 && size.is_multiple_of(1024) {
@@ -645,9 +674,30 @@ mod tests {
             accounted: false,
             slab: KmallocSlab::Cache(name.into()),
         };
-        assert_eq!(in_slab("kmalloc-rnd-05-4k").kmalloc_size_class(), Some(4096));
+        assert_eq!(
+            in_slab("kmalloc-rnd-05-4k").kmalloc_size_class(),
+            Some(4096)
+        );
         assert_eq!(in_slab("msg_msg-4k").kmalloc_size_class(), None);
         assert_eq!(in_slab("msg_msg-4k").name(), "msg_msg-4k");
+    }
+
+    #[test]
+    fn merged_caches_name_the_others() {
+        let names = |n: &[&str]| n.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(merged_cache_name("dentry", &[]), "dentry");
+        let two = merged_cache_name("cred", &names(&["pid"]));
+        assert_eq!(two, "cred (merged: pid)");
+        let many = merged_cache_name(
+            "ftrace_event_field",
+            &names(&["Acpi-Parse", "damon_region", "file_lock_ctx", "x", "y"]),
+        );
+        assert_eq!(
+            many,
+            "ftrace_event_field (merged: Acpi-Parse, damon_region, file_lock_ctx, +2)"
+        );
+        assert_eq!(unmerged_cache_name(&many), "ftrace_event_field");
+        assert_eq!(unmerged_cache_name("dentry"), "dentry");
     }
 
     #[test]

@@ -9,6 +9,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
@@ -28,9 +29,10 @@ use crate::model::snapshot::{
     CgroupKey, CgroupSlot, EventCounters, IdleKeys, ProgRunTime, Snapshot,
 };
 use crate::model::{
-    progress, CacheId, KmallocSlab, Owner, PageUse, SiteKey, Source, Sources, VmapKind,
-    UNRESOLVED_PREFIX,
+    merged_cache_name, progress, CacheId, KmallocSlab, Owner, PageUse, SiteKey, Source, Sources,
+    VmapKind, UNRESOLVED_PREFIX,
 };
+use crate::slab::sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
 
 pub use crate::kernel::attach::AttachMode;
 
@@ -145,6 +147,9 @@ pub struct Tracer<'obj> {
     /// Stack traces already read, by id (a hash of their frames: an id
     /// always means the same frames), so a refreshing view reads each once.
     stack_cache: RefCell<HashMap<i64, Vec<u64>>>,
+    /// Which caches SLUB merged (/sys/kernel/slab), read on first use.
+    /// and how many cache names there were then.
+    slab_sysfs: RefCell<Option<(SlabSysfs, usize)>>,
     /// The clock when the programs were loaded, to measure the tick rate
     /// that turns live objects' jiffies into ages.
     clock0: types::clock_sample,
@@ -274,6 +279,7 @@ impl<'obj> Tracer<'obj> {
             skipped,
             kmalloc_caches: kmalloc_caches.unwrap_or_else(|why| why),
             stack_cache: RefCell::default(),
+            slab_sysfs: RefCell::default(),
             clock0: types::clock_sample::default(),
             _tracefs: tracefs,
         };
@@ -406,13 +412,32 @@ impl<'obj> Tracer<'obj> {
         self.links.clear();
     }
 
+    /// The caches' names by pointer; a cache SLUB merged others into
+    /// names them too (`merged_cache_name`), in every view.
     fn cache_names(&self) -> Result<HashMap<u64, String>> {
-        Ok(
+        let names: Vec<(u64, String)> =
             maps::read_hash::<u64, types::cache_name, _>(&self.skel.maps.cache_names)?
                 .into_iter()
                 .map(|(k, v)| (k, c_str(&v.name)))
-                .collect(),
-        )
+                .collect();
+        let mut slab = self.slab_sysfs.borrow_mut();
+        // Read again when caches were named since (a merge happens when a
+        // cache is created), at most once per new name.
+        if slab.as_ref().is_none_or(|(_, seen)| names.len() > *seen) {
+            let fs = SlabSysfs::open(Path::new(SYS_KERNEL_SLAB))
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            *slab = Some((fs, names.len()));
+        }
+        let (fs, _) = slab.as_ref().expect("just read");
+        Ok(names
+            .into_iter()
+            .map(|(k, n)| {
+                let shown = merged_cache_name(&n, &fs.aliases_of(&n));
+                (k, shown)
+            })
+            .collect())
     }
 
     /// The frames of a stack, read once per run.
