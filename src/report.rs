@@ -182,6 +182,10 @@ pub struct CacheRow {
     pub counted_elsewhere: bool,
     #[serde(default)]
     pub frees: u64,
+    /// Allocated by kmalloc(), whose frees (kfree) name no cache: `frees`
+    /// does not count them.
+    #[serde(skip)]
+    pub frees_untraced: bool,
     #[serde(flatten)]
     pub counts: Counts,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -828,6 +832,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
             name: cache.name(),
             counted_elsewhere: cache.counted_elsewhere(),
             frees: snap.cache_frees.get(cache).copied().unwrap_or(0),
+            frees_untraced: matches!(cache, CacheId::Kmalloc { .. }),
             counts: (&s).into(),
             retention: retention(cache),
         })
@@ -840,6 +845,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
                 name: cache.name(),
                 counted_elsewhere: cache.counted_elsewhere(),
                 frees,
+                frees_untraced: false,
                 counts: Counts::default(),
                 retention: retention(cache),
             });

@@ -484,10 +484,10 @@ impl<'obj> Tracer<'obj> {
             e.objects += 1;
             e.bytes_alloc += o.bytes_alloc as u64;
         })?;
-        let names = self.cache_names()?;
+        let names = Names::read(self)?;
         let mut groups: HashMap<(SiteKey, i64), Outstanding> = HashMap::new();
         for ((site, stack_id), v) in raw {
-            let site = site_key(&from_bytes::<types::site_key>(&site), &names);
+            let site = names.site_key(&from_bytes::<types::site_key>(&site));
             let e = groups.entry((site, stack_id)).or_default();
             e.objects += v.objects;
             e.bytes_alloc += v.bytes_alloc;
@@ -501,8 +501,8 @@ impl<'obj> Tracer<'obj> {
 
     fn read_snapshot(&self, with_live: bool) -> Result<Snapshot> {
         let m = &self.skel.maps;
-        let names = self.cache_names()?;
-        let key = |k: &types::site_key| site_key(k, &names);
+        let names = Names::read(self)?;
+        let key = |k: &types::site_key| names.site_key(k);
         // Read while events keep arriving, in the order that keeps every
         // site adding up (allocated >= outstanding + freed unseen): objects
         // found freed unseen, then the live objects (and the clock their
@@ -585,10 +585,7 @@ impl<'obj> Tracer<'obj> {
             }
         }
         for (cache, v) in maps::read_percpu_hash::<u64, types::cache_frees, _>(&m.cache_frees)? {
-            *snap
-                .cache_frees
-                .entry(cache_id(cache, 0, false, &names))
-                .or_default() += v.frees;
+            *snap.cache_frees.entry(names.cache_id(cache)).or_default() += v.frees;
         }
         let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
         for source in self.cfg.sources.iter().filter(|&s| s != Source::Kmalloc) {
@@ -780,11 +777,11 @@ impl<'obj> Tracer<'obj> {
             return Ok(removed);
         }
         let m = &self.skel.maps;
-        let names = self.cache_names()?;
+        let names = Names::read(self)?;
 
         let sites: HashSet<&SiteKey> = idle.sites.iter().collect();
         for raw in maps::keys(&m.sites)? {
-            let k = site_key(&from_bytes::<types::site_key>(&raw), &names);
+            let k = names.site_key(&from_bytes::<types::site_key>(&raw));
             if sites.contains(&k) {
                 if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.sites, &raw)? {
                     *removed.sites.entry(k).or_default() += v.into();
@@ -796,7 +793,7 @@ impl<'obj> Tracer<'obj> {
         let mut still_used = HashSet::new();
         for raw in maps::keys(&m.stacks)? {
             let sk = from_bytes::<types::stack_key>(&raw);
-            let k = (site_key(&sk.site, &names), sk.stack_id);
+            let k = (names.site_key(&sk.site), sk.stack_id);
             if !stacks.contains(&k) {
                 still_used.insert(sk.stack_id);
                 continue;
@@ -845,7 +842,7 @@ impl<'obj> Tracer<'obj> {
 
         let caches: HashSet<&CacheId> = idle.caches.iter().collect();
         for raw in maps::keys(&m.cache_frees)? {
-            let id = cache_id(from_bytes::<u64>(&raw), 0, false, &names);
+            let id = names.cache_id(from_bytes::<u64>(&raw));
             if caches.contains(&id) {
                 if let Some(v) = maps::take_percpu::<types::cache_frees, _>(&m.cache_frees, &raw)? {
                     *removed.cache_frees.entry(id).or_default() += v.frees;
@@ -1172,6 +1169,45 @@ fn stack_owner(k: &types::stack_key) -> Owner {
             tgid: k.tgid,
             cgroup: k.cgroup,
         }
+    }
+}
+
+/// Cache names for one read of the maps. A cache's name is written just
+/// after the first entry that uses it, so an entry read after the names
+/// can be newer than them: a miss reads the names again, once per read.
+struct Names<'t, 'obj> {
+    tracer: &'t Tracer<'obj>,
+    names: RefCell<HashMap<u64, String>>,
+    reread: std::cell::Cell<bool>,
+}
+
+impl<'t, 'obj> Names<'t, 'obj> {
+    fn read(tracer: &'t Tracer<'obj>) -> Result<Self> {
+        Ok(Names {
+            tracer,
+            names: RefCell::new(tracer.cache_names()?),
+            reread: std::cell::Cell::new(false),
+        })
+    }
+
+    fn refresh_for(&self, cache: u64) {
+        let pointer = cache >= (1 << 32);
+        if pointer && !self.reread.get() && !self.names.borrow().contains_key(&cache) {
+            self.reread.set(true);
+            if let Ok(names) = self.tracer.cache_names() {
+                *self.names.borrow_mut() = names;
+            }
+        }
+    }
+
+    fn site_key(&self, k: &types::site_key) -> SiteKey {
+        self.refresh_for(k.cache);
+        site_key(k, &self.names.borrow())
+    }
+
+    fn cache_id(&self, cache: u64) -> CacheId {
+        self.refresh_for(cache);
+        cache_id(cache, 0, false, &self.names.borrow())
     }
 }
 
