@@ -90,10 +90,15 @@ kmalloc_cache(const void *ptr, __u64 alloc, bool typed, bool *unresolved)
 	if (!resolve_kmalloc_caches || !ptr ||
 	    alloc > KHEAP_KMALLOC_MAX_CACHE_SIZE)
 		return NULL;
-	if (typed && bpf_ksym_exists(bpf_get_kmem_cache))
+	if (typed && bpf_ksym_exists(bpf_get_kmem_cache)) {
+		/* A typed pointer: a plain load, no helper call. */
 		s = bpf_get_kmem_cache((__u64)ptr);
-	else
-		s = cache_of_page(ptr);
+		if (s && s->size == alloc)
+			return s;
+		*unresolved = true;
+		return NULL;
+	}
+	s = cache_of_page(ptr);
 	if (!s || BPF_CORE_READ(s, size) != alloc) {
 		*unresolved = true;
 		return NULL;
