@@ -31,6 +31,7 @@
 #include "lat_starts.bpf.h"
 #include "alloc_stats.bpf.h"
 #include "kmem_classic.bpf.h"
+#include "slab_cache.bpf.h"
 #include "stack_store.bpf.h"
 #include "sampler.bpf.h"
 #include "task_filter.bpf.h"
@@ -515,23 +516,32 @@ static __always_inline void on_free(const void *ptr, __u64 cache,
 		count_free(ptr, cache, name, s);
 }
 
-static __always_inline void on_kmalloc(void *ctx, bool classic,
-				       __u64 slab_flags, __u64 call_site,
-				       const void *ptr, __u64 req, __u64 alloc,
-				       __u64 gfp_flags)
+/* A kmalloc-family event: keyed by the cache the object really lives in
+ * (slab_cache.bpf.h), or by its size alone when that is unknown (above the
+ * kmalloc caches, or where the kernel gives no way to find it; user space
+ * tells which). `typed`: a tp_btf program. */
+static __always_inline void on_kmalloc(void *ctx, bool classic, bool typed,
+				       __u64 call_site, const void *ptr,
+				       __u64 req, __u64 alloc, __u64 gfp_flags)
 {
+	bool unresolved = false;
+	struct kmem_cache *s = kmalloc_cache(ptr, alloc, typed, &unresolved);
 	/* __GFP_ACCOUNT's bit lives in an anonymous enum (6.10+) or a macro
 	 * (older), neither reachable through CO-RE: user space reads it from
 	 * the kernel's BTF. */
 	struct site_key key = {
 		.call_site = call_site,
+		.cache = unresolved ? KHEAP_CACHE_UNRESOLVED : (__u64)s,
 		.kmalloc_size = alloc,
 		.kmalloc_accounted = !!(gfp_flags & cfg.gfp_account_mask),
 	};
+	/* Bucket caches are created SLAB_ACCOUNT: charged to the memcg
+	 * without __GFP_ACCOUNT. */
+	bool accounted = key.kmalloc_accounted;
 
-	on_alloc(ctx, classic, &key, ptr, req, alloc,
-		 key.kmalloc_accounted || (slab_flags & cfg.slab_account_mask),
-		 NULL, NULL);
+	if (cfg.by_cgroup && s && !accounted)
+		accounted = !!(BPF_CORE_READ(s, flags) & cfg.slab_account_mask);
+	on_alloc(ctx, classic, &key, ptr, req, alloc, accounted, NULL, s);
 }
 
 /* Whether a kmem_cache_alloc() is charged to a memory cgroup: asked for by
@@ -551,10 +561,8 @@ SEC("tp_btf/kmalloc")
 int BPF_PROG(kmalloc_btf, unsigned long call_site, const void *ptr,
 	     size_t bytes_req, size_t bytes_alloc, gfp_t gfp_flags, int node)
 {
-	on_kmalloc(ctx, false,
-		   cfg.by_cgroup && ptr ? kmalloc_slab_flags(ptr, bytes_alloc)
-					: 0,
-		   call_site, ptr, bytes_req, bytes_alloc, gfp_flags);
+	on_kmalloc(ctx, false, true, call_site, ptr, bytes_req, bytes_alloc,
+		   gfp_flags);
 	return 0;
 }
 
@@ -596,10 +604,8 @@ int kmalloc_raw(struct bpf_raw_tracepoint_args *ctx)
 {
 	const void *ptr = (const void *)ctx->args[1];
 
-	on_kmalloc(ctx, false,
-		   cfg.by_cgroup ? kmalloc_slab_flags_by_page(ptr, ctx->args[3])
-				 : 0,
-		   ctx->args[0], ptr, ctx->args[2], ctx->args[3], ctx->args[4]);
+	on_kmalloc(ctx, false, false, ctx->args[0], ptr, ctx->args[2],
+		   ctx->args[3], ctx->args[4]);
 	return 0;
 }
 
@@ -628,7 +634,7 @@ int cache_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 		key.cache = (__u64)s;
 	} else {
 		/* before 6.1: (call_site, ptr, bytes_req, bytes_alloc, gfp) */
-		s = ptr ? object_cache_by_page(ptr) : NULL;
+		s = ptr ? cache_of_page(ptr) : NULL;
 		req = arg2;
 		alloc = arg3;
 		gfp_flags = arg4;
@@ -659,7 +665,7 @@ int cache_free_raw(struct bpf_raw_tracepoint_args *ctx)
 	if (cache_events_pass_cache())
 		s = (const void *)ctx->args[2];
 	else /* before 6.1 the event passes no cache (or only its name) */
-		s = ptr && !cfg.track_live ? object_cache_by_page(ptr) : NULL;
+		s = ptr && !cfg.track_live ? cache_of_page(ptr) : NULL;
 	on_free(ptr, (__u64)s, NULL, s);
 	return 0;
 }
@@ -682,11 +688,8 @@ int kmalloc_tp(void *ctx)
 	struct kmem_alloc_event e;
 
 	read_kmalloc_record(ctx, &e);
-	on_kmalloc(ctx, true,
-		   cfg.by_cgroup
-			   ? kmalloc_slab_flags_by_page(e.ptr, e.bytes_alloc)
-			   : 0,
-		   e.call_site, e.ptr, e.bytes_req, e.bytes_alloc, e.gfp_flags);
+	on_kmalloc(ctx, true, false, e.call_site, e.ptr, e.bytes_req,
+		   e.bytes_alloc, e.gfp_flags);
 	return 0;
 }
 

@@ -89,8 +89,10 @@ struct alloc_stats {
  * both folded from this in user space, so the hot path updates one map. */
 struct site_key {
 	__u64 call_site;
-	/* struct kmem_cache * for kmem_cache_alloc(); 0 for kmalloc(), whose
-	 * events carry no cache, so the size class stands in for it. */
+	/* struct kmem_cache *: of kmem_cache_alloc(), or the one a kmalloc()
+	 * object lives in (bpf/slab_cache.bpf.h). kmalloc: 0 when not a slab
+	 * object (kmalloc_large) or not resolved on this kernel (the size
+	 * class stands in), KHEAP_CACHE_UNRESOLVED when resolution failed. */
 	__u64 cache;
 	/* kmalloc: the size class; pages: the order */
 	__u32 kmalloc_size;
@@ -101,6 +103,10 @@ struct site_key {
 	/* vmalloc: what the area is for (enum kheap_vmap_kind) */
 	__u8 vmap_kind;
 };
+
+/* site_key.cache of a kmalloc object whose slab gave no cache of its size
+ * (never a pointer: even and below the first page). */
+#define KHEAP_CACHE_UNRESOLVED 2
 
 struct stack_key {
 	struct site_key site;

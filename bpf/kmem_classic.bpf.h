@@ -87,92 +87,16 @@ static __always_inline bool record_in_interrupt(void *ctx)
 	return off_task_stack(BPF_CORE_READ(regs, sp));
 }
 
-/* kmalloc events name no cache, and since 6.11 some kmalloc memory comes
- * from dedicated bucket caches created SLAB_ACCOUNT (msg_msg, memdup_user):
- * charged to the memcg without __GFP_ACCOUNT. 6.13+ can name the cache of
- * an object (a kfunc for typed tracing programs, so tp_btf only). */
-extern struct kmem_cache *bpf_get_kmem_cache(__u64 addr) __ksym __weak;
-
-/* The same without the kfunc (6.11-6.12; raw_tp and classic programs, which
- * may not call it): the slab of a kmalloc'ed object found from its
- * address as the kernel's virt_to_slab() does, through the direct map and
- * vmemmap bases. Both are variables randomized with KASLR; user space
- * looks their addresses up in /proc/kallsyms (data symbols are listed with
- * CONFIG_KALLSYMS_ALL, as distribution kernels have) only when this path
- * runs. Not __ksym externs: libbpf would read all of kallsyms on every
- * load of the object, which takes seconds on slow machines. 0: unknown. */
-const volatile __u64 direct_map_base_addr = 0;
-const volatile __u64 vmemmap_base_addr = 0;
-
-/* Objects up to 2 pages come from kmalloc caches; larger ones from the page
- * allocator, whose pages have no slab to ask. */
-#define KHEAP_KMALLOC_MAX_CACHE_SIZE 8192
-
-/* Before 5.17 the slab fields lived in struct page itself (no struct slab). */
-struct page___pre517 {
-	struct kmem_cache *slab_cache;
-} __attribute__((preserve_access_index));
-
-/* The cache of a slab object, found from its address, or NULL when unknown
- * (the bases were not given). */
-static __always_inline struct kmem_cache *object_cache_by_page(const void *ptr)
-{
-	__u64 direct_map = 0, vmemmap = 0, head;
-	struct page *page;
-
-	if (!ptr || !direct_map_base_addr || !vmemmap_base_addr)
-		return NULL;
-	bpf_probe_read_kernel(&direct_map, sizeof(direct_map),
-			      (const void *)direct_map_base_addr);
-	bpf_probe_read_kernel(&vmemmap, sizeof(vmemmap),
-			      (const void *)vmemmap_base_addr);
-	if (!direct_map || !vmemmap || (__u64)ptr < direct_map)
-		return NULL;
-	page = (void *)(vmemmap + (((__u64)ptr - direct_map) >> 12) *
-					  bpf_core_type_size(struct page));
-	/* A tail page of a multi-page slab points at its head, bit 0 set. */
-	head = BPF_CORE_READ(page, compound_head);
-	if (head & 1)
-		page = (void *)(head - 1);
-	if (bpf_core_type_exists(struct slab))
-		return BPF_CORE_READ((struct slab *)page, slab_cache);
-	return BPF_CORE_READ((struct page___pre517 *)page, slab_cache);
-}
-
-static __always_inline __u64 kmalloc_slab_flags_by_page(const void *ptr,
-							__u64 alloc)
-{
-	struct kmem_cache *s;
-
-	if (alloc > KHEAP_KMALLOC_MAX_CACHE_SIZE)
-		return 0;
-	s = object_cache_by_page(ptr);
-	return s ? BPF_CORE_READ(s, flags) : 0;
-}
-
 /* Whether the kmem_cache_alloc and kmem_cache_free tracepoints pass the
  * cache (6.1+). Before, kmem_cache_alloc(_node) shared the kmem_alloc class
  * with kmalloc (call_site, ptr, bytes_req, bytes_alloc, gfp_flags) and
  * kmem_cache_free passed no cache (5.11-) or its name (5.12-6.0): the cache
- * is then found from the object's page (object_cache_by_page; user space
- * gives the bases on such kernels). A load-time constant: each program
- * keeps one branch. */
+ * is then found from the object's page (cache_of_page in slab_cache.bpf.h;
+ * user space gives the bases on such kernels). A load-time constant: each
+ * program keeps one branch. */
 static __always_inline bool cache_events_pass_cache(void)
 {
 	return bpf_core_type_exists(struct trace_event_raw_kmem_cache_alloc);
-}
-
-/* The cache flags of a kmalloc'ed object (for SLAB_ACCOUNT), 0 when
- * unknown: from the kfunc where it exists (typed programs only), else from
- * the object's page. */
-static __always_inline __u64 kmalloc_slab_flags(const void *ptr, __u64 alloc)
-{
-	struct kmem_cache *s;
-
-	if (!bpf_ksym_exists(bpf_get_kmem_cache))
-		return kmalloc_slab_flags_by_page(ptr, alloc);
-	s = bpf_get_kmem_cache((__u64)ptr);
-	return s ? s->flags : 0;
 }
 
 /* The fields every allocation record layout has, read through CO-RE from

@@ -183,6 +183,10 @@ pub struct CacheRow {
     pub counted_elsewhere: bool,
     #[serde(default)]
     pub frees: u64,
+    /// Allocated by kmalloc(), whose frees (kfree) name no cache: `frees`
+    /// does not count them.
+    #[serde(skip)]
+    pub frees_untraced: bool,
     #[serde(flatten)]
     pub counts: Counts,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -829,6 +833,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
             name: cache.name(),
             counted_elsewhere: cache.counted_elsewhere(),
             frees: snap.cache_frees.get(cache).copied().unwrap_or(0),
+            frees_untraced: matches!(cache, CacheId::Kmalloc { .. }),
             counts: (&s).into(),
             retention: retention(cache),
         })
@@ -841,6 +846,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
                 name: cache.name(),
                 counted_elsewhere: cache.counted_elsewhere(),
                 frees,
+                frees_untraced: false,
                 counts: Counts::default(),
                 retention: retention(cache),
             });
@@ -853,7 +859,7 @@ fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
 #[cfg(test)]
 pub mod tests {
     use super::*;
-    use crate::model::{Hist, Owner, PageUse};
+    use crate::model::{Hist, KmallocSlab, Owner, PageUse};
     use crate::testing::assert_keys;
 
     #[test]
@@ -975,6 +981,7 @@ pub mod tests {
     const KMALLOC_CG_4K: CacheId = CacheId::Kmalloc {
         size: 4096,
         accounted: true,
+        slab: KmallocSlab::SizeClass,
     };
 
     /// The two sites of the sample: load_msg, and kvmalloc's call site.

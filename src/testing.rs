@@ -1,6 +1,6 @@
 //! Helpers shared by the unit tests (test builds only).
 
-use crate::model::{AllocStats, CacheId};
+use crate::model::{AllocStats, CacheId, KmallocSlab};
 
 /// Fails, showing the whole text, unless every needle is in it.
 #[track_caller]
@@ -41,5 +41,6 @@ pub fn kmalloc(size: u64) -> CacheId {
     CacheId::Kmalloc {
         size,
         accounted: false,
+        slab: KmallocSlab::SizeClass,
     }
 }

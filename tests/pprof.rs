@@ -66,14 +66,16 @@ fn pprof_value(file: &Path, focus: &[&str], sample_type: &str, function: &str) -
 }
 
 /// The kernel heap's pprof focus on the workload's messages: load_msg's
-/// own allocations are the kmalloc-4k ones (slab pages it triggers land in
-/// other caches), and the cache label picks them. On 6.1 and 6.12 the
-/// messages are charged and land in kmalloc-cg-4k (docs/design.md).
-const MSG_FOCUS: &[&str] = &["-tagfocus=cache=^kmalloc-(cg-)?4k$"];
+/// own allocations are the 4 KiB ones (slab pages it triggers land in
+/// other caches), and the cache label picks them: msg_msg-4k on 6.11+,
+/// kmalloc-cg-4k where charged before (docs/design.md).
+fn msg_focus() -> String {
+    format!("-tagfocus=cache={MSG_CACHE_RE}")
+}
 
 /// The cache of the messages, by its name.
-fn is_msg_cache(name: &Value) -> bool {
-    name == "kmalloc-4k" || name == "kmalloc-cg-4k"
+fn is_msg_cache_name(name: &Value) -> bool {
+    name.as_str().is_some_and(is_msg_cache)
 }
 
 /// Runs `kheap SUBCOMMAND --format pprof -o P --json J ARGS` and returns
@@ -100,7 +102,13 @@ fn profile_and_json(dir: &Path, subcommand: &str, args: &[&str]) -> (PathBuf, Va
 fn msg_site(report: &Value) -> &Value {
     let sites: Vec<_> = rows_of_fn(report, "sites", "load_msg")
         .into_iter()
-        .filter(|r| r["caches"].as_array().unwrap().iter().any(is_msg_cache))
+        .filter(|r| {
+            r["caches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(is_msg_cache_name)
+        })
         .collect();
     assert_eq!(sites.len(), 1, "one load_msg site: {:#}", report["sites"]);
     sites[0]
@@ -123,8 +131,8 @@ fn check_record_profile(stack_args: &[&str]) {
         (u(&site["count"]), u(&site["bytes_alloc"])),
         (1000, 4096000)
     );
-    let objects = pprof_value(&file, MSG_FOCUS, "alloc_objects", "load_msg");
-    let space = pprof_value(&file, MSG_FOCUS, "alloc_space", "load_msg");
+    let objects = pprof_value(&file, &[&msg_focus()], "alloc_objects", "load_msg");
+    let space = pprof_value(&file, &[&msg_focus()], "alloc_space", "load_msg");
     assert_eq!(
         (objects, space),
         (n(&site["count"]), n(&site["bytes_alloc"])),
@@ -193,7 +201,8 @@ fn go_pprof_flat_names_the_callers_unless_allocator_frames_are_kept() {
         "-unit=B",
         "-sample_index=alloc_space",
     ];
-    args.extend(MSG_FOCUS);
+    let focus = msg_focus();
+    args.push(&focus);
     let top = pprof(&args, &file);
     let rows = flat_rows(&top);
     // The messages' flat bytes are on load_msg itself, the caller.
@@ -322,7 +331,7 @@ fn go_pprof_shows_the_json_outstanding_messages_of_leaks() {
     ];
     assert_eq!(json, [500, 2048000, 500]);
     let shown = ["inuse_objects", "inuse_space", "alloc_objects"]
-        .map(|t| pprof_value(&file, MSG_FOCUS, t, "load_msg"));
+        .map(|t| pprof_value(&file, &[&msg_focus()], t, "load_msg"));
     assert_eq!(shown, json, "pprof vs the JSON site of the same run");
     // inuse_space is what pprof shows first for a leaks profile.
     let default = pprof(&["-top"], &file);
@@ -353,8 +362,8 @@ fn go_pprof_reads_a_diff_with_negative_changes() {
         "-o",
         file.to_str().unwrap(),
     ]));
-    let objects = pprof_value(&file, MSG_FOCUS, "alloc_objects", "load_msg");
-    let space = pprof_value(&file, MSG_FOCUS, "alloc_space", "load_msg");
+    let objects = pprof_value(&file, &[&msg_focus()], "alloc_objects", "load_msg");
+    let space = pprof_value(&file, &[&msg_focus()], "alloc_space", "load_msg");
     let change = |f: &str| n(&msg_site(&after)[f]) - n(&msg_site(&before)[f]);
     assert_eq!((objects, space), (change("count"), change("bytes_alloc")));
     assert_eq!((objects, space), (-600, -2457600));
@@ -421,7 +430,7 @@ fn json_share(report: &Value, pid: u32) -> ([i64; 4], Vec<(String, String)>) {
     let mut sums = [0; 4];
     let mut names = Vec::new();
     let stacks = rows_of_fn(report, "stacks", "load_msg");
-    let msg_stacks = stacks.iter().filter(|s| is_msg_cache(&s["cache"]));
+    let msg_stacks = stacks.iter().filter(|s| is_msg_cache_name(&s["cache"]));
     for p in msg_stacks.flat_map(|s| s["processes"].as_array().expect("stack processes")) {
         if p["pid"] != pid {
             continue;
@@ -442,10 +451,13 @@ fn json_share(report: &Value, pid: u32) -> ([i64; 4], Vec<(String, String)>) {
     (sums, names)
 }
 
-/// What pprof shows for load_msg's kmalloc-4k samples with a label that
+/// What pprof shows for load_msg's 4 KiB samples with a label that
 /// matches, under each sample type.
 fn labelled(file: &Path, label: &str, types: &[&str]) -> Vec<i64> {
-    let focus = format!("-tagfocus=cache:kmalloc-(cg-)?4k$,{label}");
+    let focus = format!(
+        "-tagfocus=cache:{},{label}",
+        MSG_CACHE_RE.trim_start_matches('^')
+    );
     types
         .iter()
         .map(|t| pprof_value(file, &[&focus], t, "load_msg"))
@@ -472,7 +484,7 @@ fn check_labels(file: &Path, r: &Value, senders: &[Sender; 2], types: &[&str]) {
         &[
             "-tags",
             "-focus=^load_msg$",
-            MSG_FOCUS[0],
+            &msg_focus(),
             "-sample_index=alloc_objects",
         ],
         file,

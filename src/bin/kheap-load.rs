@@ -10,6 +10,11 @@
 //!   kheap-load fds COUNT PER_SEC [HOLD_SECS] an fd leak: opens COUNT
 //!       eventfds at PER_SEC per second and keeps them (one struct file and
 //!       one eventfd_ctx each) for HOLD_SECS, then closes them.
+//!   kheap-load epoll COUNT [HOLD_SECS]      COUNT eventfds watched by one
+//!       epoll instance: each EPOLL_CTL_ADD allocates one epitem from
+//!       eventpoll_epi (ep_insert) and one poll-table entry from
+//!       eventpoll_pwq (ep_ptable_queue_proc), caches SLUB merges with
+//!       others of their size on most kernels; held HOLD_SECS, then closed.
 //!   kheap-load writev COUNT                 writev(2) of 9 iovecs to
 //!       /dev/null: exactly one kmalloc (144 bytes, iovec_from_user) and one
 //!       kfree per call. Prints CPU ns per call.
@@ -60,7 +65,7 @@ use std::time::{Duration, Instant};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | epoll COUNT [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
     );
     std::process::exit(2);
 }
@@ -97,6 +102,7 @@ fn main() {
             arg(&args, 3),
             args.get(4).map(|_| arg(&args, 4)),
         ),
+        Some("epoll") => epoll(arg(&args, 2), args.get(3).map(|_| arg(&args, 3))),
         Some("writev") => writev(arg(&args, 2)),
         Some("malloc") => malloc_free(arg(&args, 2), arg(&args, 3)),
         Some("probe-site") => probe_site(&arg::<String>(&args, 2), arg(&args, 3)),
@@ -327,6 +333,41 @@ fn fds(count: usize, per_sec: f64, hold_secs: Option<f64>) {
         unsafe { libc::close(fd) };
     }
     eprintln!("closed {count} eventfds");
+}
+
+fn epoll(count: usize, hold_secs: Option<f64>) {
+    raise_fd_limit(count + 64);
+    let fds: Vec<i32> = (0..count)
+        .map(|_| {
+            let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+            if fd < 0 {
+                fail("eventfd");
+            }
+            fd
+        })
+        .collect();
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        fail("epoll_create1");
+    }
+    for &fd in &fds {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: fd as u64,
+        };
+        if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) } != 0 {
+            fail("epoll_ctl");
+        }
+    }
+    eprintln!("holding {count} epoll watches");
+    if let Some(secs) = hold_secs {
+        std::thread::sleep(Duration::from_secs_f64(secs));
+    }
+    unsafe { libc::close(ep) };
+    for fd in fds {
+        unsafe { libc::close(fd) };
+    }
+    eprintln!("closed {count} epoll watches");
 }
 
 /// /dev/null opened for writing, closed when dropped.

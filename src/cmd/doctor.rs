@@ -187,6 +187,7 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
     );
     // Measured, not inferred: load and attach the record object the way
     // `kheap record` would, then detach at once.
+    let mut kmalloc_caches = "unknown (needs root and BTF to try)".to_string();
     let mode = if privileged.is_ok() && btf_ok {
         let mut storage = crate::kernel::storage::ObjectStorage::default();
         let started = crate::kernel::kmem::Tracer::start(
@@ -201,9 +202,10 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
                     .first()
                     .map_or("", |a| a.split(": ").nth(1).unwrap_or(""));
                 let mut m = format!("{how} (loaded and attached for this check)");
-                for note in &s.skipped {
+                for note in s.skipped.iter().filter(|n| **n != s.kmalloc_caches) {
                     m.push_str(&format!("; {note}"));
                 }
+                kmalloc_caches = s.kmalloc_caches.clone();
                 m
             }
             Err(e) => format!("nothing: {}", format!("{e:#}").replace('\n', " ")),
@@ -213,6 +215,7 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
         "unknown (needs root and BTF to try)".to_string()
     };
     row("kheap record attaches with", mode);
+    row("kmalloc caches named by", kmalloc_caches);
     println!("{}", render(t));
     Ok(0)
 }

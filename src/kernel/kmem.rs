@@ -9,6 +9,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
@@ -27,7 +28,11 @@ use crate::model::live::{
 use crate::model::snapshot::{
     CgroupKey, CgroupSlot, EventCounters, IdleKeys, ProgRunTime, Snapshot,
 };
-use crate::model::{progress, CacheId, Owner, PageUse, SiteKey, Source, Sources, VmapKind};
+use crate::model::{
+    merged_cache_name, progress, CacheId, KmallocSlab, Owner, PageUse, SiteKey, Source, Sources,
+    VmapKind, UNRESOLVED_PREFIX,
+};
+use crate::slab::sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
 
 pub use crate::kernel::attach::AttachMode;
 
@@ -134,11 +139,17 @@ pub struct Tracer<'obj> {
     hooks: Vec<&'static Hook>,
     /// Hook → how it is attached ("kmalloc: tp_btf").
     pub attached: Vec<String>,
-    /// Hooks not attached, with the reason.
+    /// Hooks not attached, with the reason (and, where this kernel gives
+    /// no way to find the cache of a kmalloc object, why).
     pub skipped: Vec<String>,
+    /// How the cache of a kmalloc object is found, or why it is not.
+    pub kmalloc_caches: String,
     /// Stack traces already read, by id (a hash of their frames: an id
     /// always means the same frames), so a refreshing view reads each once.
     stack_cache: RefCell<HashMap<i64, Vec<u64>>>,
+    /// Which caches SLUB merged (/sys/kernel/slab), read on first use.
+    /// and how many cache names there were then.
+    slab_sysfs: RefCell<Option<(SlabSysfs, usize)>>,
     /// The clock when the programs were loaded, to measure the tick rate
     /// that turns live objects' jiffies into ages.
     clock0: types::clock_sample,
@@ -236,7 +247,10 @@ impl<'obj> Tracer<'obj> {
         // Read at most once, and only where a table of kernel addresses is
         // needed (bucket-cache bases, label ranges).
         let kallsyms = Kallsyms::default();
-        configure(&mut open, cfg, kbtf, mech, &kallsyms, lat_starts)?;
+        let kmalloc_caches = configure(&mut open, cfg, kbtf, mech, &kallsyms, lat_starts)?;
+        if let Err(why) = &kmalloc_caches {
+            skipped.push(why.clone());
+        }
         let labels = label_ranges(cfg, &kallsyms)?;
         if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
             rodata.cfg.backing_ranges = labels.page;
@@ -267,7 +281,9 @@ impl<'obj> Tracer<'obj> {
             hooks: Vec::new(),
             attached: Vec::new(),
             skipped,
+            kmalloc_caches: kmalloc_caches.unwrap_or_else(|why| why),
             stack_cache: RefCell::default(),
+            slab_sysfs: RefCell::default(),
             clock0: types::clock_sample::default(),
             ended: None,
             _tracefs: tracefs,
@@ -411,13 +427,32 @@ impl<'obj> Tracer<'obj> {
         }
     }
 
+    /// The caches' names by pointer; a cache SLUB merged others into
+    /// names them too (`merged_cache_name`), in every view.
     fn cache_names(&self) -> Result<HashMap<u64, String>> {
-        Ok(
+        let names: Vec<(u64, String)> =
             maps::read_hash::<u64, types::cache_name, _>(&self.skel.maps.cache_names)?
                 .into_iter()
                 .map(|(k, v)| (k, c_str(&v.name)))
-                .collect(),
-        )
+                .collect();
+        let mut slab = self.slab_sysfs.borrow_mut();
+        // Read again when caches were named since (a merge happens when a
+        // cache is created), at most once per new name.
+        if slab.as_ref().is_none_or(|(_, seen)| names.len() > *seen) {
+            let fs = SlabSysfs::open(Path::new(SYS_KERNEL_SLAB))
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            *slab = Some((fs, names.len()));
+        }
+        let (fs, _) = slab.as_ref().expect("just read");
+        Ok(names
+            .into_iter()
+            .map(|(k, n)| {
+                let shown = merged_cache_name(&n, &fs.aliases_of(&n));
+                (k, shown)
+            })
+            .collect())
     }
 
     /// The frames of a stack, read once per run.
@@ -464,10 +499,10 @@ impl<'obj> Tracer<'obj> {
             e.objects += 1;
             e.bytes_alloc += o.bytes_alloc as u64;
         })?;
-        let names = self.cache_names()?;
+        let names = Names::read(self)?;
         let mut groups: HashMap<(SiteKey, i64), Outstanding> = HashMap::new();
         for ((site, stack_id), v) in raw {
-            let site = site_key(&from_bytes::<types::site_key>(&site), &names);
+            let site = names.site_key(&from_bytes::<types::site_key>(&site));
             let e = groups.entry((site, stack_id)).or_default();
             e.objects += v.objects;
             e.bytes_alloc += v.bytes_alloc;
@@ -519,8 +554,8 @@ impl<'obj> Tracer<'obj> {
 
     fn read_snapshot(&self, with_live: bool) -> Result<Snapshot> {
         let m = &self.skel.maps;
-        let names = self.cache_names()?;
-        let key = |k: &types::site_key| site_key(k, &names);
+        let names = Names::read(self)?;
+        let key = |k: &types::site_key| names.site_key(k);
         // Read while events keep arriving, in the order that keeps every
         // site adding up (allocated >= outstanding + freed unseen): objects
         // found freed unseen, then the live objects (and the clock their
@@ -603,10 +638,7 @@ impl<'obj> Tracer<'obj> {
             }
         }
         for (cache, v) in maps::read_percpu_hash::<u64, types::cache_frees, _>(&m.cache_frees)? {
-            *snap
-                .cache_frees
-                .entry(cache_id(cache, 0, false, &names))
-                .or_default() += v.frees;
+            *snap.cache_frees.entry(names.cache_id(cache)).or_default() += v.frees;
         }
         let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
         for source in self.cfg.sources.iter().filter(|&s| s != Source::Kmalloc) {
@@ -801,11 +833,11 @@ impl<'obj> Tracer<'obj> {
             return Ok(removed);
         }
         let m = &self.skel.maps;
-        let names = self.cache_names()?;
+        let names = Names::read(self)?;
 
         let sites: HashSet<&SiteKey> = idle.sites.iter().collect();
         for raw in maps::keys(&m.sites)? {
-            let k = site_key(&from_bytes::<types::site_key>(&raw), &names);
+            let k = names.site_key(&from_bytes::<types::site_key>(&raw));
             if sites.contains(&k) {
                 if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.sites, &raw)? {
                     *removed.sites.entry(k).or_default() += v.into();
@@ -817,7 +849,7 @@ impl<'obj> Tracer<'obj> {
         let mut still_used = HashSet::new();
         for raw in maps::keys(&m.stacks)? {
             let sk = from_bytes::<types::stack_key>(&raw);
-            let k = (site_key(&sk.site, &names), sk.stack_id);
+            let k = (names.site_key(&sk.site), sk.stack_id);
             if !stacks.contains(&k) {
                 still_used.insert(sk.stack_id);
                 continue;
@@ -866,7 +898,7 @@ impl<'obj> Tracer<'obj> {
 
         let caches: HashSet<&CacheId> = idle.caches.iter().collect();
         for raw in maps::keys(&m.cache_frees)? {
-            let id = cache_id(from_bytes::<u64>(&raw), 0, false, &names);
+            let id = names.cache_id(from_bytes::<u64>(&raw));
             if caches.contains(&id) {
                 if let Some(v) = maps::take_percpu::<types::cache_frees, _>(&m.cache_frees, &raw)? {
                     *removed.cache_frees.entry(id).or_default() += v.frees;
@@ -942,7 +974,7 @@ fn configure(
     mech: Mechanism,
     kallsyms: &Kallsyms,
     lat_starts: Option<BorrowedFd<'_>>,
-) -> Result<()> {
+) -> Result<std::result::Result<String, String>> {
     let rodata = open
         .maps
         .rodata_data
@@ -971,15 +1003,30 @@ fn configure(
     }
     c.sources = cfg.sources.bits();
     c.page_shift = page_shift();
-    // Before 6.1 the cache events name no cache: it is found from the
-    // object's page, as bucket caches are.
-    let caches_by_page = !kbtf.cache_events_pass_cache && cfg.sources.contains(Source::Kmalloc);
-    if caches_by_page || (cfg.by_cgroup && finds_bucket_caches_by_page(kbtf, mech)) {
-        let (direct_map, vmemmap) =
-            direct_map_and_vmemmap_bases(kallsyms.text().unwrap_or_default(), caches_by_page);
-        rodata.direct_map_base_addr = direct_map;
-        rodata.vmemmap_base_addr = vmemmap;
-    }
+    // The same page lookup names the cache of kmem_cache events before 6.1,
+    // which pass none (bpf/kmem_classic.bpf.h, cache_events_pass_cache).
+    let kmalloc_caches = kmalloc_cache_resolution(kbtf, mech, kallsyms)
+        .map_err(|why| match kbtf.cache_events_pass_cache {
+            true => why,
+            false => format!(
+                "{why}; this kernel's kmem_cache events (before 6.1) name no cache either, so \
+                 those caches show as their object size"
+            ),
+        })
+        .map(|bases| {
+            rodata.resolve_kmalloc_caches = 1;
+            match bases {
+                Some((direct_map, vmemmap)) => {
+                    rodata.direct_map_base_addr = direct_map;
+                    rodata.vmemmap_base_addr = vmemmap;
+                    "the object's slab, found through its page (page_offset_base and vmemmap_base \
+                 from /proc/kallsyms)"
+                        .to_string()
+                }
+                None => "the object's slab, named by the kernel (bpf_get_kmem_cache)".to_string(),
+            }
+        });
+    let c = &mut rodata.cfg;
     if let Some(live) = cfg.live {
         c.track_live = 1;
         c.ptr_sample_mask = live.sample_every.max(1) - 1;
@@ -1017,35 +1064,48 @@ fn configure(
     if !cfg.by_process && !cfg.stacks_by_owner() {
         open.maps.proc_comms.set_max_entries(1)?;
     }
-    Ok(())
+    Ok(kmalloc_caches)
 }
 
-/// Whether the kmalloc programs find an object's bucket cache from its
-/// address (bpf/kmem_classic.bpf.h): on 6.11+ kernels, unless the program is
-/// typed and the kernel has the kfunc that names the cache.
-fn finds_bucket_caches_by_page(kbtf: &KernelBtf, mech: Mechanism) -> bool {
-    kbtf.kmalloc_buckets && !(mech == Mechanism::Btf && kbtf.kmem_cache_kfunc)
+/// How the kmalloc programs find the cache an object lives in
+/// (bpf/slab_cache.bpf.h): Ok(None) through the kernel's kfunc (typed
+/// programs on 6.13+), Ok(Some(addresses of `page_offset_base` and
+/// `vmemmap_base`)) through the object's page. Err: the line the report
+/// header and `kheap doctor` show, where this kernel gives no way (kallsyms
+/// without data symbols, i.e. no CONFIG_KALLSYMS_ALL, or not x86-64's
+/// memory layout); kmalloc caches are then named by their size class.
+fn kmalloc_cache_resolution(
+    kbtf: &KernelBtf,
+    mech: Mechanism,
+    kallsyms: &Kallsyms,
+) -> std::result::Result<Option<(u64, u64)>, String> {
+    if mech == Mechanism::Btf && kbtf.kmem_cache_kfunc {
+        return Ok(None);
+    }
+    let why = |what: &str| {
+        format!(
+            "kmalloc caches: named by size class, not by the object's slab ({what}): bucket, \
+             random and accounted copies (msg_msg-4k, kmalloc-rnd-01-4k, kmalloc-cg-4k) are \
+             not told apart"
+        )
+    };
+    if !cfg!(target_arch = "x86_64") {
+        return Err(why("the page lookup knows x86-64's memory layout only"));
+    }
+    let text = kallsyms.text().map_err(|e| why(&format!("{e:#}")))?;
+    direct_map_and_vmemmap_bases(text).map(Some).ok_or_else(|| {
+        why(
+            "/proc/kallsyms lists no page_offset_base/vmemmap_base: a kernel without \
+                 CONFIG_KALLSYMS_ALL",
+        )
+    })
 }
 
 /// The addresses of the kernel's `page_offset_base` and `vmemmap_base`
-/// variables (0 where kallsyms does not list them: bucket-cache memory is
-/// then shown as not charged, and kheap says so).
-fn direct_map_and_vmemmap_bases(kallsyms: &str, caches_by_page: bool) -> (u64, u64) {
+/// variables, if kallsyms lists them.
+fn direct_map_and_vmemmap_bases(kallsyms: &str) -> Option<(u64, u64)> {
     let find = |name| crate::model::kallsyms::address_of(kallsyms, name);
-    match (find("page_offset_base"), find("vmemmap_base")) {
-        (Some(direct_map), Some(vmemmap)) => (direct_map, vmemmap),
-        _ => {
-            let consequence = if caches_by_page {
-                "this kernel's kmem_cache events name no cache (before 6.1), so caches show as their object size"
-            } else {
-                "memory of the kmalloc bucket caches shows as not charged to a memory cgroup"
-            };
-            eprintln!(
-                "kheap: warning: /proc/kallsyms lists no page_offset_base/vmemmap_base (a kernel without CONFIG_KALLSYMS_ALL): {consequence}"
-            );
-            (0, 0)
-        }
-    }
+    Some((find("page_offset_base")?, find("vmemmap_base")?))
 }
 
 /// The hooks of a source beyond the slab, all of them or none: a source
@@ -1178,6 +1238,45 @@ fn stack_owner(k: &types::stack_key) -> Owner {
     }
 }
 
+/// Cache names for one read of the maps. A cache's name is written just
+/// after the first entry that uses it, so an entry read after the names
+/// can be newer than them: a miss reads the names again, once per read.
+struct Names<'t, 'obj> {
+    tracer: &'t Tracer<'obj>,
+    names: RefCell<HashMap<u64, String>>,
+    reread: std::cell::Cell<bool>,
+}
+
+impl<'t, 'obj> Names<'t, 'obj> {
+    fn read(tracer: &'t Tracer<'obj>) -> Result<Self> {
+        Ok(Names {
+            tracer,
+            names: RefCell::new(tracer.cache_names()?),
+            reread: std::cell::Cell::new(false),
+        })
+    }
+
+    fn refresh_for(&self, cache: u64) {
+        let pointer = cache >= (1 << 32);
+        if pointer && !self.reread.get() && !self.names.borrow().contains_key(&cache) {
+            self.reread.set(true);
+            if let Ok(names) = self.tracer.cache_names() {
+                *self.names.borrow_mut() = names;
+            }
+        }
+    }
+
+    fn site_key(&self, k: &types::site_key) -> SiteKey {
+        self.refresh_for(k.cache);
+        site_key(k, &self.names.borrow())
+    }
+
+    fn cache_id(&self, cache: u64) -> CacheId {
+        self.refresh_for(cache);
+        cache_id(cache, 0, false, &self.names.borrow())
+    }
+}
+
 fn site_key(k: &types::site_key, names: &HashMap<u64, String>) -> SiteKey {
     let cache = match Source::from_raw(k.source) {
         Some(Source::Page) => CacheId::Pages {
@@ -1196,28 +1295,42 @@ fn site_key(k: &types::site_key, names: &HashMap<u64, String>) -> SiteKey {
     }
 }
 
-/// Names the cache of a key: kmalloc size classes carry no pointer; classic
-/// tracepoints without a cache name key by `(object size << 1) | 1`.
+/// Names the cache of a key. kmalloc events (a size) carry the cache their
+/// object lives in, or 0 above the kmalloc caches and where the kernel gives
+/// no way to find it (the size class stands in), or
+/// `KHEAP_CACHE_UNRESOLVED`. Classic tracepoints without a cache name key
+/// by `(object size << 1) | 1`. A cache pointer whose name was not recorded
+/// is labelled as unresolved, never by its address.
 pub fn cache_id(
     cache: u64,
     kmalloc_size: u32,
     accounted: bool,
     names: &HashMap<u64, String>,
 ) -> CacheId {
-    if cache == 0 {
+    let named = names.get(&cache);
+    if kmalloc_size != 0 {
+        let slab = match (cache, named) {
+            (0, _) => KmallocSlab::SizeClass,
+            (_, Some(n)) if cache != KHEAP_CACHE_UNRESOLVED => KmallocSlab::Cache(n.clone()),
+            _ => KmallocSlab::Unresolved,
+        };
         return CacheId::Kmalloc {
             size: kmalloc_size as u64,
             accounted,
+            slab,
         };
     }
-    if let Some(n) = names.get(&cache) {
+    if let Some(n) = named {
         return CacheId::Named(n.clone());
     }
     if cache < (1 << 32) && cache & 1 == 1 {
         return CacheId::ObjectSize(cache >> 1);
     }
-    CacheId::Named(format!("cache@{cache:#x}"))
+    CacheId::Named(format!("{UNRESOLVED_PREFIX}cache]"))
 }
+
+/// Must match KHEAP_CACHE_UNRESOLVED in bpf/kheap.h.
+const KHEAP_CACHE_UNRESOLVED: u64 = 2;
 
 /// A cgroup map key as the model names it.
 fn cgroup_key(k: &types::cgroup_key) -> CgroupKey {
@@ -1239,12 +1352,27 @@ mod tests {
     fn cache_keys_name_their_cache() {
         let mut names = HashMap::new();
         names.insert(0xffff888100042c00, "dentry".to_string());
+        names.insert(0xffff888100043c00, "msg_msg-4k".to_string());
+        let kmalloc = |slab| CacheId::Kmalloc {
+            size: 4096,
+            accounted: true,
+            slab,
+        };
         assert_eq!(
             cache_id(0, 4096, true, &names),
-            CacheId::Kmalloc {
-                size: 4096,
-                accounted: true
-            }
+            kmalloc(KmallocSlab::SizeClass)
+        );
+        assert_eq!(
+            cache_id(0xffff888100043c00, 4096, true, &names),
+            kmalloc(KmallocSlab::Cache("msg_msg-4k".into()))
+        );
+        assert_eq!(
+            cache_id(KHEAP_CACHE_UNRESOLVED, 4096, true, &names),
+            kmalloc(KmallocSlab::Unresolved)
+        );
+        assert_eq!(
+            cache_id(0xffff888100044c00, 4096, true, &names).name(),
+            "[unresolved kmalloc-4k]"
         );
         assert_eq!(
             cache_id(0xffff888100042c00, 0, false, &names),
@@ -1255,8 +1383,8 @@ mod tests {
             CacheId::ObjectSize(192)
         );
         assert_eq!(
-            cache_id(0xffff888100042d00, 0, false, &names),
-            CacheId::Named("cache@0xffff888100042d00".into())
+            cache_id(0xffff888100042d00, 0, false, &names).name(),
+            "[unresolved cache]"
         );
     }
 

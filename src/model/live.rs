@@ -381,6 +381,7 @@ pub struct OutstandingRead {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::KmallocSlab;
 
     fn site(call_site: u64) -> SiteKey {
         SiteKey {
@@ -388,6 +389,7 @@ mod tests {
             cache: CacheId::Kmalloc {
                 size: 4096,
                 accounted: true,
+                slab: KmallocSlab::SizeClass,
             },
         }
     }

@@ -8,7 +8,7 @@ use serde::Serialize;
 use super::loss::{align8, per_second, right_size};
 use super::traced::{TracedCache, TracedSite};
 use crate::model::{
-    human_count, human_size, pct, AllocStats, CacheId, Hist, KMALLOC_MAX_CACHE_SIZE,
+    human_count, human_size, pct, AllocStats, CacheId, Hist, KmallocSlab, KMALLOC_MAX_CACHE_SIZE,
 };
 
 /// kmalloc size classes on x86_64 SLUB (KMALLOC_MIN_SIZE 8).
@@ -132,11 +132,11 @@ pub fn all_hints(
     hints
 }
 
+/// The size class of a cache every kmalloc() of the size shares: a
+/// dedicated cache (named, or a bucket cache) already is what a hint would
+/// propose.
 fn kmalloc_size(cache: &CacheId) -> Option<u64> {
-    match cache {
-        CacheId::Kmalloc { size, .. } => Some(*size),
-        _ => None,
-    }
+    cache.kmalloc_size_class()
 }
 
 fn object_size_of(cache: &CacheId, sizes: &dyn ObjectSizes) -> Option<u64> {
@@ -268,6 +268,7 @@ pub fn boundary_hint(site: &TracedSite, duration_s: f64, held: Option<Held>) -> 
     let prev_name = CacheId::Kmalloc {
         size: prev,
         accounted: false,
+        slab: KmallocSlab::SizeClass,
     }
     .name();
     Some(Hint {

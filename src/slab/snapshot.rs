@@ -51,8 +51,10 @@ impl StaticSnapshot {
         self.caches.iter().find(|c| c.name == name)
     }
 
-    /// The row for `name`, also when `name` is a merged alias of it.
+    /// The row for `name`, also when `name` is a merged alias of it, or
+    /// names the others merged into it (`merged_cache_name`).
     pub fn find(&self, name: &str) -> Option<&StaticCache> {
+        let name = crate::model::unmerged_cache_name(name);
         self.get(name).or_else(|| {
             self.caches
                 .iter()

@@ -36,8 +36,9 @@ pub struct SysfsCache {
     pub aliases: Vec<String>,
 }
 
-/// The sysfs tree, plus its symlinks resolved once up front.
-#[derive(Clone, Debug)]
+/// The sysfs tree, plus its symlinks resolved once up front. The default
+/// knows no cache (no sysfs: not SLUB).
+#[derive(Clone, Debug, Default)]
 pub struct SlabSysfs {
     root: PathBuf,
     /// Canonical directory → the names (symlinks) pointing at it.

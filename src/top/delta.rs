@@ -299,7 +299,7 @@ impl Tracker {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{CgroupSlot, Hist};
+    use crate::model::{CgroupSlot, Hist, KmallocSlab};
 
     fn stats(count: u64, size: u64) -> AllocStats {
         let mut h = Hist::default();
@@ -318,6 +318,7 @@ mod tests {
             cache: CacheId::Kmalloc {
                 size: 192,
                 accounted: false,
+                slab: KmallocSlab::SizeClass,
             },
         }
     }

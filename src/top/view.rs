@@ -133,10 +133,11 @@ impl ObjectSizes {
 }
 
 /// Frees of kmalloc memory go through kfree(), whose event names no cache:
-/// only dedicated caches have attributable frees. The other sources' frees
-/// are counted per source, not per cache (`totals.sources`).
+/// only caches allocated from by kmem_cache_alloc() have attributable frees
+/// (a bucket cache such as msg_msg-4k is kmalloc'ed too). The other
+/// sources' frees are counted per source, not per cache (`totals.sources`).
 pub fn frees_attributable(cache: &CacheRow) -> bool {
-    cache.source == Source::Kmalloc && !cache.name.starts_with("kmalloc-")
+    cache.source == Source::Kmalloc && !cache.frees_untraced
 }
 
 /// The rows of one grouping of an interval report.
@@ -527,6 +528,7 @@ mod tests {
             counted_elsewhere: false,
             name: "dentry".into(),
             frees: 30,
+            frees_untraced: false,
             counts: Counts {
                 count: 10,
                 bytes_req: 10 * 192,

@@ -155,6 +155,26 @@ pub fn parse_valid(text: &str) -> Value {
     v
 }
 
+/// The caches kheap-load msg's 2100-byte messages (4 KiB objects) can live
+/// in, as a regular expression (pprof's -tagfocus): a kmalloc size class
+/// (kmalloc-4k; kmalloc-cg-4k where charged; a kmalloc-rnd-NN-4k copy) or,
+/// since 6.11, msg_msg's own bucket cache (msg_msg-4k). Which one a kernel
+/// uses, tests/cache_names.rs checks against /proc/slabinfo.
+pub const MSG_CACHE_RE: &str = "^(kmalloc-(cg-|rnd-[0-9]+-)?|msg_msg-)4k$";
+
+/// Whether `name` is one of the caches of `MSG_CACHE_RE`.
+pub fn is_msg_cache(name: &str) -> bool {
+    let Some(class) = name.strip_suffix("4k") else {
+        return false;
+    };
+    match class.strip_prefix("kmalloc-rnd-") {
+        Some(n) => n
+            .strip_suffix('-')
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())),
+        None => matches!(class, "kmalloc-" | "kmalloc-cg-" | "msg_msg-"),
+    }
+}
+
 /// A kernel function's name without the compiler's clone suffixes
 /// (`iovec_from_user.part.0` on 6.1 and 6.12 is `iovec_from_user` on 6.18).
 pub fn base_name(name: &str) -> &str {

@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The slab cache a kmalloc'ed object really lives in. The kmalloc
+ * tracepoint names no cache, and the size is no way to guess it: since 6.11
+ * kmem_buckets_alloc() (msg_msg, memdup_user) allocates from bucket caches
+ * of its own, CONFIG_RANDOM_KMALLOC_CACHES spreads kmalloc over
+ * kmalloc-rnd-NN-<size> copies, and accounted memory lives in kmalloc-cg-*.
+ * The object's slab knows: address -> struct page (the direct map) -> its
+ * head page -> slab_cache, as the kernel's virt_to_slab() does.
+ *
+ * Include after vmlinux.h, the libbpf headers (bpf_core_read.h) and kheap.h.
+ */
+#ifndef KHEAP_SLAB_CACHE_BPF_H
+#define KHEAP_SLAB_CACHE_BPF_H
+
+/* 6.13+ names the cache of an address itself; a kfunc, so only typed
+ * (tp_btf) programs may call it. */
+extern struct kmem_cache *bpf_get_kmem_cache(__u64 addr) __ksym __weak;
+
+/* Without the kfunc (older kernels; raw_tp and classic programs), the page
+ * is found through the direct map and vmemmap bases. Both are variables
+ * randomized with KASLR; user space looks their addresses up in
+ * /proc/kallsyms (data symbols are listed with CONFIG_KALLSYMS_ALL, as
+ * distribution kernels have). Not __ksym externs: libbpf would read all of
+ * kallsyms on every load of the object, which takes seconds on slow
+ * machines. 0: unknown, and kmalloc events keep no cache (user space says
+ * so in the report). */
+const volatile __u64 direct_map_base_addr = 0;
+const volatile __u64 vmemmap_base_addr = 0;
+/* Resolve kmalloc caches at all (user space clears it where it cannot). */
+const volatile __u8 resolve_kmalloc_caches = 0;
+
+/* The bases' values, read once (they never change after boot): a .bss load
+ * per event instead of two probe reads. */
+__u64 direct_map_base = 0;
+__u64 vmemmap_base = 0;
+
+/* Objects up to 2 pages come from kmalloc caches (SLUB's
+ * KMALLOC_MAX_CACHE_SIZE on 4 KiB pages); larger ones from the page
+ * allocator (kmalloc_large), whose pages have no slab to ask. */
+#define KHEAP_KMALLOC_MAX_CACHE_SIZE 8192
+
+/* Before 5.17 the slab's fields were in struct page itself. */
+struct page___preslab {
+	struct kmem_cache *slab_cache;
+} __attribute__((preserve_access_index));
+
+static __always_inline struct kmem_cache *cache_of_page(const void *ptr)
+{
+	__u64 base = direct_map_base, map = vmemmap_base, head;
+	struct page *page;
+
+	if (!base || !map) {
+		if (!direct_map_base_addr || !vmemmap_base_addr)
+			return NULL;
+		bpf_probe_read_kernel(&base, sizeof(base),
+				      (const void *)direct_map_base_addr);
+		bpf_probe_read_kernel(&map, sizeof(map),
+				      (const void *)vmemmap_base_addr);
+		if (!base || !map)
+			return NULL;
+		direct_map_base = base;
+		vmemmap_base = map;
+	}
+	if ((__u64)ptr < base)
+		return NULL;
+	page = (void *)(map + (((__u64)ptr - base) >> 12) *
+				      bpf_core_type_size(struct page));
+	/* A tail page of a multi-page slab points at its head, bit 0 set. */
+	head = BPF_CORE_READ(page, compound_head);
+	if (head & 1)
+		page = (void *)(head - 1);
+	if (bpf_core_type_exists(struct slab))
+		return BPF_CORE_READ((struct slab *)page, slab_cache);
+	return BPF_CORE_READ((struct page___preslab *)page, slab_cache);
+}
+
+/* The cache of a kmalloc'ed object of `alloc` bytes (the event's
+ * bytes_alloc), or NULL: above KHEAP_KMALLOC_MAX_CACHE_SIZE (not a slab
+ * object), resolution off, or not found. The answer is checked against the
+ * event: a kmalloc event's bytes_alloc is its cache's object size, so a
+ * cache of another size is not the object's and is not used. `typed`:
+ * the caller is a tp_btf program, which may call the kfunc. *unresolved is
+ * set when the object should have had a cache and none was found. */
+static __always_inline struct kmem_cache *
+kmalloc_cache(const void *ptr, __u64 alloc, bool typed, bool *unresolved)
+{
+	struct kmem_cache *s;
+
+	if (!resolve_kmalloc_caches || !ptr ||
+	    alloc > KHEAP_KMALLOC_MAX_CACHE_SIZE)
+		return NULL;
+	if (typed && bpf_ksym_exists(bpf_get_kmem_cache)) {
+		/* A typed pointer: a plain load, no helper call. */
+		s = bpf_get_kmem_cache((__u64)ptr);
+		if (s && s->size == alloc)
+			return s;
+		*unresolved = true;
+		return NULL;
+	}
+	s = cache_of_page(ptr);
+	if (!s || BPF_CORE_READ(s, size) != alloc) {
+		*unresolved = true;
+		return NULL;
+	}
+	return s;
+}
+
+#endif /* KHEAP_SLAB_CACHE_BPF_H */
