@@ -88,6 +88,9 @@ fn alert_rules_read_metrics_kheap_serve_exports() {
             "--interval",
             "1",
             "--track-outstanding",
+            // The slab alert reads a /proc/slabinfo gauge, served on
+            // unauthenticated TCP only when asked (docs/serve.md).
+            "--expose-slabinfo",
         ],
     );
     serve.wait_for("serving on");
