@@ -356,37 +356,74 @@ fn fail_if_fails_a_command_that_leaves_objects_and_passes_one_that_frees_them() 
     assert_eq!(bad.status.code(), Some(2));
 }
 
-/// A cgroup v1 memory cgroup with a small limit, removed (its processes
-/// killed first) when dropped, even if the test fails.
-struct SmallMemcg(std::path::PathBuf);
+/// A memory cgroup with a small limit: cgroup v1's memory controller where
+/// it is mounted (this host), else a child of the cgroup2 mount with
+/// memory.max (the guests). Removed (its processes killed first) when
+/// dropped, even if the test fails; the memory controller is disabled
+/// again at the cgroup2 root if this test enabled it.
+struct SmallMemcg {
+    dir: std::path::PathBuf,
+    enabled_at: Option<std::path::PathBuf>,
+}
 
 impl SmallMemcg {
     fn new(limit: u64) -> Option<SmallMemcg> {
-        let root = std::path::Path::new("/sys/fs/cgroup/memory");
-        if !root.join("memory.limit_in_bytes").exists() {
+        let name = format!("kheap-test-oom-{}", std::process::id());
+        let v1 = std::path::Path::new("/sys/fs/cgroup/memory");
+        if v1.join("memory.limit_in_bytes").exists() {
+            std::fs::create_dir(v1.join(&name)).ok()?;
+            let cg = SmallMemcg {
+                dir: v1.join(&name),
+                enabled_at: None,
+            };
+            std::fs::write(cg.dir.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
+            return Some(cg);
+        }
+        let root = kheap::cgroup::cgroup2_mount().ok()?;
+        let controllers = std::fs::read_to_string(root.join("cgroup.controllers")).ok()?;
+        if !controllers.split_whitespace().any(|c| c == "memory") {
             return None;
         }
-        let dir = root.join(format!("kheap-test-oom-{}", std::process::id()));
-        std::fs::create_dir(&dir).ok()?;
-        let cg = SmallMemcg(dir);
-        std::fs::write(cg.0.join("memory.limit_in_bytes"), limit.to_string()).ok()?;
+        let control = root.join("cgroup.subtree_control");
+        let on = std::fs::read_to_string(&control).ok()?;
+        let enabled_at = if on.split_whitespace().any(|c| c == "memory") {
+            None
+        } else {
+            std::fs::write(&control, "+memory").ok()?;
+            Some(control)
+        };
+        let cg = SmallMemcg {
+            dir: root.join(&name),
+            enabled_at,
+        };
+        std::fs::create_dir(&cg.dir).ok()?;
+        std::fs::write(cg.dir.join("memory.max"), limit.to_string()).ok()?;
+        // No swap to escape into, where the kernel has swap accounting.
+        let _ = std::fs::write(cg.dir.join("memory.swap.max"), "0");
         Some(cg)
     }
 }
 
 impl Drop for SmallMemcg {
     fn drop(&mut self) {
+        let mut removed = false;
         for _ in 0..50 {
-            let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
+            let procs = std::fs::read_to_string(self.dir.join("cgroup.procs")).unwrap_or_default();
             for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
-            if std::fs::remove_dir(&self.0).is_ok() {
-                return;
+            if std::fs::remove_dir(&self.dir).is_ok() {
+                removed = true;
+                break;
             }
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
-        eprintln!("warning: {} not removed", self.0.display());
+        if !removed {
+            eprintln!("warning: {} not removed", self.dir.display());
+        }
+        if let Some(control) = &self.enabled_at {
+            let _ = std::fs::write(control, "-memory");
+        }
     }
 }
 
@@ -408,7 +445,7 @@ fn oom_kills() -> u64 {
 fn an_oom_kill_fires_the_oom_trigger() {
     require_root();
     let Some(cg) = SmallMemcg::new(32 << 20) else {
-        panic!("no cgroup v1 memory controller at /sys/fs/cgroup/memory to run an OOM in");
+        panic!("no memory controller (cgroup v1 at /sys/fs/cgroup/memory, or cgroup2's) to run an OOM in");
     };
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("run.json");
@@ -417,7 +454,7 @@ fn an_oom_kill_fires_the_oom_trigger() {
     // faulting in 20480 pages; the outer shell outlives it.
     let script = format!(
         "sleep 1; sh -c 'echo $$ > {}/cgroup.procs && exec {LOAD} pages 20480 5'; sleep 1.5",
-        cg.0.display()
+        cg.dir.display()
     );
     let out = kheap(&[
         "leaks",
