@@ -859,7 +859,10 @@ fn tables_name_the_source_of_every_row() {
     );
     let mut anon = 0;
     for block in stacks.split("\n#").skip(1) {
+        // The title ends with the source, then the process that made the
+        // stack ("; by comm [pid]").
         let title = block.lines().next().unwrap();
+        let title = title.split("; by ").next().unwrap();
         let frames: Vec<&str> = block
             .lines()
             .skip(1)

@@ -269,14 +269,13 @@ fn a_site_trigger_fires_once_at_the_right_step() {
     assert_eq!(msg_object_size(&report), 4096);
     let levels = load_msg_levels(&report);
     let base = levels[0].1;
+    // The step whose messages cross the threshold; a reading on a slow
+    // machine (a guest under TCG) can catch it half-filled.
     let want = if base == 0 { 2 * STEP_N } else { 3 * STEP_N };
-    let at = levels
-        .iter()
-        .find(|l| l.1 >= base + STEP_N * 3 / 2)
-        .unwrap();
-    assert_eq!(
-        at.1,
-        want,
+    let threshold = base + STEP_N * 3 / 2;
+    let at = levels.iter().find(|l| l.1 >= threshold).unwrap();
+    assert!(
+        at.1 >= threshold && at.1 <= want,
         "{:?}",
         levels.iter().map(|l| l.1).collect::<Vec<_>>()
     );
@@ -290,8 +289,10 @@ fn a_site_trigger_fires_once_at_the_right_step() {
     assert!(name.starts_with("snapshot-site-load_m_-"), "{name}");
     let snap = parse_valid(&std::fs::read_to_string(&path).unwrap());
     assert_eq!(snap["leaks"]["snapshot"], true);
+    // Taken just after that reading: what it saw, or more of the same step.
     let site = &rows_of_fn(&snap, "sites", "load_msg")[0];
-    assert_eq!(u(&site["outstanding_count"]), want);
+    let held = u(&site["outstanding_count"]);
+    assert!(held >= at.1 && held <= want, "{held} held, {} read", at.1);
     assert!(path.with_extension("pb.gz").exists());
     let files = std::fs::read_dir(&snaps).unwrap().count();
     assert_eq!(files, 2, "one snapshot and its profile");

@@ -48,10 +48,15 @@ pub fn man(cmd: clap::Command, args: &ManArgs) -> Result<i32> {
 fn create_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     match std::fs::symlink_metadata(dir) {
-        Ok(m) if m.file_type().is_symlink() => anyhow::bail!(
-            "--dir {} is a symbolic link: give the directory it points to",
-            dir.display()
-        ),
+        Ok(m) if m.file_type().is_symlink() => {
+            // Another user's link in a sticky directory gets the same line
+            // as every file kheap writes; any other link is refused too.
+            crate::output::check_dir_writable(dir, "--dir")?;
+            anyhow::bail!(
+                "--dir {} is a symbolic link: give the directory it points to",
+                dir.display()
+            )
+        }
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::DirBuilder::new()
             .recursive(true)

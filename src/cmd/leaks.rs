@@ -320,6 +320,39 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let mut status = crate::cmd::progress::StatusLine::new();
     let mut next_second = Duration::from_secs(1);
     let mut next_reading = args.interval;
+    // One reading of the timeline, and the triggers it fires (each writes
+    // its snapshot through `snapshot`): on the loop's tick, and once more
+    // at the end, so a condition met last (an OOM kill as the command
+    // ends) still fires.
+    let mut reading =
+        |elapsed: Duration,
+         snapshot: &mut dyn FnMut(Duration, Option<&Trigger>) -> Option<PathBuf>| {
+            let reading = read_timeline(&mut timeline, &session);
+            let Some((t_s, read, meminfo)) = reading.filter(|_| !triggers.is_empty()) else {
+                return;
+            };
+            let sites: Vec<(String, u64)> = read
+                .iter()
+                .map(|(k, o)| (site_name(k), o.bytes_alloc * u64::from(args.sample)))
+                .collect();
+            let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+            let r = TriggerReading {
+                sunreclaim_bytes: meminfo.sunreclaim_bytes,
+                oom_kills: oom_kills(&vmstat),
+                sites: &sites,
+            };
+            for t in triggers.iter_mut() {
+                if t.check(&r) {
+                    eprintln!("kheap: {t_s:.1}s: --snapshot-when {} fired", t.text);
+                    let path = snapshot(elapsed, Some(t));
+                    fired.push(TriggerMark {
+                        t_s: (t_s * 1000.0).round() / 1000.0,
+                        condition: t.text.clone(),
+                        path: path.map(|p| p.display().to_string()),
+                    });
+                }
+            }
+        };
     let ended = wait_for_end_every(
         args.trace.duration,
         &mut targets,
@@ -331,30 +364,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         |elapsed| {
             if elapsed >= next_reading {
                 next_reading += args.interval;
-                let reading = read_timeline(&mut timeline, &session);
-                if let (Some((t_s, read, meminfo)), false) = (reading, triggers.is_empty()) {
-                    let sites: Vec<(String, u64)> = read
-                        .iter()
-                        .map(|(k, o)| (site_name(k), o.bytes_alloc * u64::from(args.sample)))
-                        .collect();
-                    let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
-                    let r = TriggerReading {
-                        sunreclaim_bytes: meminfo.sunreclaim_bytes,
-                        oom_kills: oom_kills(&vmstat),
-                        sites: &sites,
-                    };
-                    for t in triggers.iter_mut() {
-                        if t.check(&r) {
-                            eprintln!("kheap: {t_s:.1}s: --snapshot-when {} fired", t.text);
-                            let path = snapshot_tick(elapsed, Some(t));
-                            fired.push(TriggerMark {
-                                t_s: (t_s * 1000.0).round() / 1000.0,
-                                condition: t.text.clone(),
-                                path: path.map(|p| p.display().to_string()),
-                            });
-                        }
-                    }
-                }
+                reading(elapsed, &mut snapshot_tick);
             }
             snapshot_tick(elapsed, None);
             if elapsed >= next_second {
@@ -365,7 +375,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     );
     drop(status); // erases the status line before the report
                   // The level at the end, after the command's last frees.
-    read_timeline(&mut timeline, &session);
+    reading(start.elapsed(), &mut snapshot_tick);
     let duration_s = start.elapsed().as_secs_f64();
     session.detach();
     // Before the command's own cgroup is removed with it (terminate).
