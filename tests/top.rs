@@ -166,7 +166,10 @@ fn iovec_site(interval: &Value) -> Option<&Value> {
 #[test]
 fn batch_json_rates_match_the_loop() {
     require_root();
-    let load = Loop::start(15);
+    // Long enough to outlast kheap's start in a loaded qemu TCG guest
+    // (15 s did not, in the 6.12 guest, once the programs took ~2.5x
+    // longer to load and verify).
+    let load = Loop::start(40);
     let out = kheap(&[
         "top",
         "-b",
@@ -308,7 +311,8 @@ fn dash_n_counts_iterations_as_top_does() {
 #[test]
 fn process_view_counts_the_loop_process() {
     require_root();
-    let load = Loop::start(20);
+    // As above: outlasting kheap's start in a loaded guest.
+    let load = Loop::start(40);
     let pid = load.pid();
     let out = kheap(&[
         "top",
