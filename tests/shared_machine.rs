@@ -275,8 +275,20 @@ fn unused_signals_do_not_cost_the_report() {
     for sig in [libc::SIGUSR2, libc::SIGPWR, libc::SIGRTMIN() + 3] {
         bg.signal(sig);
     }
-    // Still running: SIGALRM (a "stop" signal) ends it with the report.
-    std::thread::sleep(Duration::from_millis(200));
+    // Once none of them is pending any more (each was delivered, or
+    // discarded as ignored), kheap must still be running: SIGALRM (a
+    // "stop" signal) then ends it with the report.
+    let status = format!("/proc/{}/status", bg.child.id());
+    let pending = |line: &str| {
+        line.split_once(':').is_some_and(|(k, v)| {
+            (k == "SigPnd" || k == "ShdPnd") && v.trim() != "0000000000000000"
+        })
+    };
+    let deadline = Instant::now() + HANG_LIMIT;
+    while std::fs::read_to_string(&status).is_ok_and(|s| s.lines().any(pending)) {
+        assert!(Instant::now() < deadline, "signals still pending");
+        std::thread::sleep(Duration::from_millis(10));
+    }
     assert!(
         bg.child.try_wait().unwrap().is_none(),
         "killed by {:?}",
