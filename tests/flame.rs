@@ -6,7 +6,6 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 use common::*;
 
@@ -174,23 +173,6 @@ fn svg_frames_carry_the_exact_numbers_of_the_folded_stacks() {
         "{}",
         String::from_utf8_lossy(&lint.stderr)
     );
-}
-
-/// Runs headless chromium with ARGS on the file URL, in a profile of its
-/// own, and returns its stdout.
-fn chromium(args: &[&str], url: &str, profile: &Path) -> String {
-    let child = Command::new("chromium")
-        .args(["--headless", "--no-sandbox", "--disable-gpu"])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .arg(url)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("chromium (scripts/setup installs it)");
-    let out = wait_bounded(child, Duration::from_secs(120));
-    assert!(out.status.success(), "chromium {args:?} failed");
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]

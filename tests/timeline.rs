@@ -120,28 +120,6 @@ fn the_timeline_shows_three_steps_of_exact_sizes_and_slab_rises_with_them() {
     assert!(u(&t["read_us_max"]) >= u(&t["read_us_mean"]));
 }
 
-/// Runs headless chromium with ARGS on URL in a fresh profile; its stdout.
-fn chromium(args: &[&str], url: &str, profile: &std::path::Path) -> String {
-    let child = std::process::Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--no-first-run",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .arg(url)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("chromium (scripts/setup installs it)");
-    let out = wait_bounded(child, std::time::Duration::from_secs(120));
-    assert!(out.status.success(), "chromium {args:?} failed");
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[test]
 fn the_html_chart_opens_in_a_browser_with_the_site_and_its_three_steps() {
     require_root();

@@ -357,3 +357,27 @@ impl Drop for Background {
         }
     }
 }
+
+/// Runs headless chromium with ARGS on URL in a fresh profile (a directory
+/// of the test's); its stdout. No background networking: this machine
+/// reaches no host but the package registries.
+pub fn chromium(args: &[&str], url: &str, profile: &std::path::Path) -> String {
+    let child = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--no-first-run",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromium (scripts/setup installs it)");
+    let out = wait_bounded(child, Duration::from_secs(120));
+    assert!(out.status.success(), "chromium {args:?} failed");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
