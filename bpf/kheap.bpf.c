@@ -101,16 +101,21 @@ static __always_inline bool sample_now(void)
 
 /* Records a cache's name the first time the cache is seen. The name comes
  * either as a string (tp_btf, classic records) or is read from the struct
- * kmem_cache (raw_tp), only here, off the hot path. */
-static __always_inline void remember_cache_name(__u64 cache, const char *name,
-						const struct kmem_cache *s)
+ * kmem_cache at `cache` (raw_tp, resolved kmalloc caches), only here, off
+ * the hot path. The cache travels as a number, not a typed pointer: a
+ * maybe-NULL pointer carried through the event path would double the states
+ * the verifier walks there (3x the load time of kmalloc_btf). */
+static __always_inline void remember_cache_name(__u64 cache, const char *name)
 {
 	struct cache_name n = {};
 
-	if (!cache)
-		return;
-	if (!name && s)
-		name = BPF_CORE_READ(s, name);
+	/* No test of `cache` itself: a branch on it would make the verifier
+	 * tell its values apart in every state before. No cache (0), an
+	 * unresolved one (KHEAP_CACHE_UNRESOLVED) and an odd key (a size class
+	 * standing in for an unknown cache) are no kernel addresses: the read
+	 * fails and leaves name NULL. */
+	if (!name)
+		name = BPF_CORE_READ((struct kmem_cache *)cache, name);
 	if (!name)
 		return;
 	bpf_probe_read_kernel_str(n.name, sizeof(n.name), name);
@@ -192,9 +197,7 @@ static __always_inline void remember_comm(__u32 tgid)
 static __always_inline __s64 record_stack(void *ctx, bool classic,
 					  struct site_key *key, __u64 req,
 					  __u64 alloc, __u32 bucket,
-					  const char *name,
-					  const struct kmem_cache *s,
-					  bool *interrupt)
+					  const char *name, bool *interrupt)
 {
 	struct stack_key skey = {.site = *key};
 	struct stack_frames *frames;
@@ -221,8 +224,8 @@ static __always_inline __s64 record_stack(void *ctx, bool classic,
 	COUNT(stack_samples);
 	if (created) {
 		COUNT(stacks_created);
-		if (name || s)
-			remember_cache_name(key->cache, name, s);
+		/* Exact stacks count no site: the stack names the cache. */
+		remember_cache_name(key->cache, name);
 		if (cfg.stack_owners && !skey.interrupt)
 			remember_comm(skey.tgid);
 	}
@@ -277,10 +280,11 @@ static __always_inline void add_unseen(const struct live_obj *o)
 }
 
 /* leaks: remembers the object by address, then counts it under its site. */
-static __always_inline void
-track_alloc(void *ctx, bool classic, struct site_key *key, __u64 ptr, __u64 req,
-	    __u64 alloc, __u32 tgid, bool accounted, bool interrupt,
-	    const char *name, const struct kmem_cache *s)
+static __always_inline void track_alloc(void *ctx, bool classic,
+					struct site_key *key, __u64 ptr,
+					__u64 req, __u64 alloc, __u32 tgid,
+					bool accounted, bool interrupt,
+					const char *name)
 {
 	struct live_obj obj = {
 		.site = *key,
@@ -298,7 +302,7 @@ track_alloc(void *ctx, bool classic, struct site_key *key, __u64 ptr, __u64 req,
 	 * its stack entry has none. */
 	if (cfg.capture_stacks && (!cfg.stack_sample_mask || sample_now()))
 		obj.stack_id = record_stack(ctx, classic, key, req, alloc,
-					    bucket, NULL, NULL, &interrupt);
+					    bucket, NULL, &interrupt);
 	obj.interrupt = interrupt;
 	obj.bytes_req = req;
 	obj.bytes_alloc = alloc;
@@ -343,7 +347,7 @@ track_alloc(void *ctx, bool classic, struct site_key *key, __u64 ptr, __u64 req,
 		COUNT(live_added);
 	if (created) {
 		COUNT(sites_created);
-		remember_cache_name(key->cache, name, s);
+		remember_cache_name(key->cache, name);
 	}
 	/* Allocations per cgroup, beside what each still holds. */
 	if (cfg.by_cgroup)
@@ -354,8 +358,7 @@ track_alloc(void *ctx, bool classic, struct site_key *key, __u64 ptr, __u64 req,
 static __always_inline void count_alloc(void *ctx, bool classic,
 					struct site_key *key, __u64 req,
 					__u64 alloc, __u32 tgid, bool accounted,
-					bool interrupt, const char *name,
-					const struct kmem_cache *s)
+					bool interrupt, const char *name)
 {
 	bool created = false;
 	__u32 bucket = size_bucket(req);
@@ -369,7 +372,7 @@ static __always_inline void count_alloc(void *ctx, bool classic,
 	 * space sums stacks into sites. An event whose stack is lost still
 	 * lands in the site map below, so site totals stay exact. */
 	if (cfg.capture_stacks && !cfg.stack_sample_mask &&
-	    record_stack(ctx, classic, key, req, alloc, bucket, name, s, NULL))
+	    record_stack(ctx, classic, key, req, alloc, bucket, name, NULL))
 		return;
 
 	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
@@ -378,7 +381,7 @@ static __always_inline void count_alloc(void *ctx, bool classic,
 	}
 	if (created) {
 		COUNT(sites_created);
-		remember_cache_name(key->cache, name, s);
+		remember_cache_name(key->cache, name);
 	}
 
 	if (!cfg.capture_stacks || !cfg.stack_sample_mask)
@@ -386,8 +389,7 @@ static __always_inline void count_alloc(void *ctx, bool classic,
 	/* A site's first allocation always gets a stack, so every site can be
 	 * attributed to its caller; after that, about one event in N. */
 	if (created || sample_now())
-		record_stack(ctx, classic, key, req, alloc, bucket, NULL, NULL,
-			     NULL);
+		record_stack(ctx, classic, key, req, alloc, bucket, NULL, NULL);
 }
 
 /* The common path of every allocation event. `name` is only read when the
@@ -396,8 +398,7 @@ static __always_inline void count_alloc(void *ctx, bool classic,
 static __always_inline void on_alloc(void *ctx, bool classic,
 				     struct site_key *key, const void *ptr,
 				     __u64 req, __u64 alloc, bool accounted,
-				     const char *name,
-				     const struct kmem_cache *s)
+				     const char *name)
 {
 	bool interrupt = false;
 	__u32 tgid = 0;
@@ -435,10 +436,10 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 	COUNT(allocs);
 	if (cfg.track_live)
 		track_alloc(ctx, classic, key, (__u64)ptr, req, alloc, tgid,
-			    accounted, interrupt, name, s);
+			    accounted, interrupt, name);
 	else
 		count_alloc(ctx, classic, key, req, alloc, tgid, accounted,
-			    interrupt, name, s);
+			    interrupt, name);
 }
 
 /* leaks: forgets a freed object. Any task may free it. True when the object
@@ -478,8 +479,7 @@ static __always_inline bool track_free(__u64 ptr)
 
 /* record/top/slab: frees per cache. */
 static __always_inline void count_free(const void *ptr, __u64 cache,
-				       const char *name,
-				       const struct kmem_cache *s)
+				       const char *name)
 {
 	struct cache_frees *f;
 
@@ -501,47 +501,74 @@ static __always_inline void count_free(const void *ptr, __u64 cache,
 	struct cache_frees one = {.frees = 1};
 
 	if (bpf_map_update_elem(&cache_frees, &cache, &one, BPF_NOEXIST) == 0)
-		remember_cache_name(cache, name, s);
+		remember_cache_name(cache, name);
 	else if (!bpf_map_lookup_elem(&cache_frees, &cache))
 		COUNT(map_full_caches);
 }
 
 static __always_inline void on_free(const void *ptr, __u64 cache,
-				    const char *name,
-				    const struct kmem_cache *s)
+				    const char *name)
 {
 	if (cfg.track_live)
 		track_free((__u64)ptr);
 	else
-		count_free(ptr, cache, name, s);
+		count_free(ptr, cache, name);
 }
 
 /* A kmalloc-family event: keyed by the cache the object really lives in
  * (slab_cache.bpf.h), or by its size alone when that is unknown (above the
  * kmalloc caches, or where the kernel gives no way to find it; user space
  * tells which). `typed`: a tp_btf program. */
+static __always_inline void count_kmalloc(void *ctx, bool classic,
+					  struct site_key *key, const void *ptr,
+					  __u64 req, __u64 alloc)
+{
+	/* Bucket caches are created SLAB_ACCOUNT: charged to the memcg
+	 * without __GFP_ACCOUNT. */
+	bool accounted = key->kmalloc_accounted;
+	const struct kmem_cache *s = (const void *)key->cache;
+
+	if (cfg.by_cgroup && !accounted && key->cache > KHEAP_CACHE_UNRESOLVED)
+		accounted = !!(BPF_CORE_READ(s, flags) & cfg.slab_account_mask);
+	on_alloc(ctx, classic, key, ptr, req, alloc, accounted, NULL);
+}
+
 static __always_inline void on_kmalloc(void *ctx, bool classic, bool typed,
 				       __u64 call_site, const void *ptr,
 				       __u64 req, __u64 alloc, __u64 gfp_flags)
 {
-	bool unresolved = false;
-	struct kmem_cache *s = kmalloc_cache(ptr, alloc, typed, &unresolved);
 	/* __GFP_ACCOUNT's bit lives in an anonymous enum (6.10+) or a macro
 	 * (older), neither reachable through CO-RE: user space reads it from
 	 * the kernel's BTF. */
 	struct site_key key = {
 		.call_site = call_site,
-		.cache = unresolved ? KHEAP_CACHE_UNRESOLVED : (__u64)s,
 		.kmalloc_size = alloc,
 		.kmalloc_accounted = !!(gfp_flags & cfg.gfp_account_mask),
 	};
-	/* Bucket caches are created SLAB_ACCOUNT: charged to the memcg
-	 * without __GFP_ACCOUNT. */
-	bool accounted = key.kmalloc_accounted;
 
-	if (cfg.by_cgroup && s && !accounted)
-		accounted = !!(BPF_CORE_READ(s, flags) & cfg.slab_account_mask);
-	on_alloc(ctx, classic, &key, ptr, req, alloc, accounted, NULL, s);
+	if (kmalloc_cache_wanted(ptr, alloc)) {
+		if (typed && bpf_ksym_exists(bpf_get_kmem_cache)) {
+			struct kmem_cache *s = kmalloc_cache_kfunc(ptr, alloc);
+
+			if (s) {
+				/* The event path once more, for the typed
+				 * pointer alone: the verifier tells a typed
+				 * pointer from a number in every later state,
+				 * and one path for both would double the
+				 * states it walks (3x the load time); turning
+				 * the pointer into a number costs a helper
+				 * call per event. */
+				key.cache = (__u64)s;
+				count_kmalloc(ctx, classic, &key, ptr, req,
+					      alloc);
+				return;
+			}
+			key.cache = KHEAP_CACHE_UNRESOLVED;
+		} else {
+			key.cache = kmalloc_cache_by_page(ptr, alloc);
+		}
+	}
+	count_kmalloc(ctx, classic, &key, ptr, req, alloc);
 }
 
 /* Whether a kmem_cache_alloc() is charged to a memory cgroup: asked for by
@@ -576,14 +603,14 @@ int BPF_PROG(cache_alloc_btf, unsigned long call_site, const void *ptr,
 	if (cfg.by_cgroup)
 		accounted = cache_accounted(gfp_flags, s->flags);
 	on_alloc(ctx, false, &key, ptr, s->object_size, s->size, accounted,
-		 s->name, NULL);
+		 s->name);
 	return 0;
 }
 
 SEC("tp_btf/kfree")
 int BPF_PROG(kfree_btf, unsigned long call_site, const void *ptr)
 {
-	on_free(ptr, 0, NULL, NULL);
+	on_free(ptr, 0, NULL);
 	return 0;
 }
 
@@ -591,7 +618,7 @@ SEC("tp_btf/kmem_cache_free")
 int BPF_PROG(cache_free_btf, unsigned long call_site, const void *ptr,
 	     struct kmem_cache *s)
 {
-	on_free(ptr, (__u64)s, s->name, NULL);
+	on_free(ptr, (__u64)s, s->name);
 	return 0;
 }
 
@@ -645,14 +672,14 @@ int cache_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 	if (cfg.by_cgroup)
 		accounted = cache_accounted(gfp_flags,
 					    s ? BPF_CORE_READ(s, flags) : 0);
-	on_alloc(ctx, false, &key, ptr, req, alloc, accounted, NULL, s);
+	on_alloc(ctx, false, &key, ptr, req, alloc, accounted, NULL);
 	return 0;
 }
 
 SEC("raw_tp/kfree")
 int kfree_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	on_free((const void *)ctx->args[1], 0, NULL, NULL);
+	on_free((const void *)ctx->args[1], 0, NULL);
 	return 0;
 }
 
@@ -666,7 +693,7 @@ int cache_free_raw(struct bpf_raw_tracepoint_args *ctx)
 		s = (const void *)ctx->args[2];
 	else /* before 6.1 the event passes no cache (or only its name) */
 		s = ptr && !cfg.track_live ? cache_of_page(ptr) : NULL;
-	on_free(ptr, (__u64)s, NULL, s);
+	on_free(ptr, (__u64)s, NULL);
 	return 0;
 }
 
@@ -707,14 +734,14 @@ int cache_alloc_tp(void *ctx)
 	on_alloc(ctx, true, &key, e.ptr, e.bytes_req, e.bytes_alloc,
 		 e.accounted >= 0 ? e.accounted
 				  : !!(e.gfp_flags & cfg.gfp_account_mask),
-		 e.name, NULL);
+		 e.name);
 	return 0;
 }
 
 SEC("tracepoint/kmem/kfree")
 int kfree_tp(void *ctx)
 {
-	on_free(free_record_ptr(ctx), 0, NULL, NULL);
+	on_free(free_record_ptr(ctx), 0, NULL);
 	return 0;
 }
 
@@ -723,7 +750,7 @@ int cache_free_tp(void *ctx)
 {
 	const char *name = cache_free_record_name(ctx);
 
-	on_free(free_record_ptr(ctx), name ? name_key(name) : 0, name, NULL);
+	on_free(free_record_ptr(ctx), name ? name_key(name) : 0, name);
 	return 0;
 }
 

@@ -75,35 +75,38 @@ static __always_inline struct kmem_cache *cache_of_page(const void *ptr)
 	return BPF_CORE_READ((struct page___preslab *)page, slab_cache);
 }
 
-/* The cache of a kmalloc'ed object of `alloc` bytes (the event's
- * bytes_alloc), or NULL: above KHEAP_KMALLOC_MAX_CACHE_SIZE (not a slab
- * object), resolution off, or not found. The answer is checked against the
- * event: a kmalloc event's bytes_alloc is its cache's object size, so a
- * cache of another size is not the object's and is not used. `typed`:
- * the caller is a tp_btf program, which may call the kfunc. *unresolved is
- * set when the object should have had a cache and none was found. */
-static __always_inline struct kmem_cache *
-kmalloc_cache(const void *ptr, __u64 alloc, bool typed, bool *unresolved)
+/* Whether a kmalloc event's object is looked up in its slab: resolution on,
+ * an object, and one of at most KHEAP_KMALLOC_MAX_CACHE_SIZE bytes (the
+ * event's bytes_alloc; larger ones are no slab objects). */
+static __always_inline bool kmalloc_cache_wanted(const void *ptr, __u64 alloc)
 {
-	struct kmem_cache *s;
+	return resolve_kmalloc_caches && ptr &&
+	       alloc <= KHEAP_KMALLOC_MAX_CACHE_SIZE;
+}
 
-	if (!resolve_kmalloc_caches || !ptr ||
-	    alloc > KHEAP_KMALLOC_MAX_CACHE_SIZE)
-		return NULL;
-	if (typed && bpf_ksym_exists(bpf_get_kmem_cache)) {
-		/* A typed pointer: a plain load, no helper call. */
-		s = bpf_get_kmem_cache((__u64)ptr);
-		if (s && s->size == alloc)
-			return s;
-		*unresolved = true;
-		return NULL;
-	}
-	s = cache_of_page(ptr);
-	if (!s || BPF_CORE_READ(s, size) != alloc) {
-		*unresolved = true;
-		return NULL;
-	}
-	return s;
+/* The cache of a kmalloc'ed object, asked of the kernel (6.13+; typed
+ * programs only), or NULL. The answer is checked against the event: a
+ * kmalloc event's bytes_alloc is its cache's object size, so a cache of
+ * another size is not the object's and is not used. A typed pointer: a
+ * plain load, no helper call. */
+static __always_inline struct kmem_cache *kmalloc_cache_kfunc(const void *ptr,
+							      __u64 alloc)
+{
+	struct kmem_cache *s = bpf_get_kmem_cache((__u64)ptr);
+
+	return s && s->size == alloc ? s : NULL;
+}
+
+/* The same through the object's page (older kernels, untyped programs): its
+ * address, or KHEAP_CACHE_UNRESOLVED when none of the event's size was
+ * found. */
+static __always_inline __u64 kmalloc_cache_by_page(const void *ptr, __u64 alloc)
+{
+	struct kmem_cache *s = cache_of_page(ptr);
+
+	if (!s || BPF_CORE_READ(s, size) != alloc)
+		return KHEAP_CACHE_UNRESOLVED;
+	return (__u64)s;
 }
 
 #endif /* KHEAP_SLAB_CACHE_BPF_H */

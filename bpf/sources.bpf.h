@@ -114,7 +114,7 @@ int page_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 		key.page_use = page_use(ctx);
 
 	on_alloc(ctx, false, &key, page, bytes, bytes, key.kmalloc_accounted,
-		 NULL, NULL);
+		 NULL);
 	return 0;
 }
 
@@ -153,8 +153,7 @@ static __always_inline void count_vmap_area(void *ctx, __u64 addr, __u64 size)
 					 KHEAP_VMAP_OTHER),
 	};
 
-	on_alloc(ctx, false, &key, (const void *)addr, size, size, false, NULL,
-		 NULL);
+	on_alloc(ctx, false, &key, (const void *)addr, size, size, false, NULL);
 }
 
 SEC("raw_tp/alloc_vmap_area")
@@ -244,7 +243,7 @@ int percpu_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 	};
 
 	on_alloc(ctx, false, &key, (const void *)ctx->args[7], ctx->args[3],
-		 ctx->args[8], key.kmalloc_accounted, NULL, NULL);
+		 ctx->args[8], key.kmalloc_accounted, NULL);
 	return 0;
 }
 

@@ -64,8 +64,12 @@ fn main() {
     }
     // libbpf's own log is noise when kheap probes features by trying them
     // (an fentry load refused on purpose); KHEAP_DEBUG=1 shows it.
-    if std::env::var_os("KHEAP_DEBUG").is_none() {
-        libbpf_rs::set_print(None);
+    match std::env::var("KHEAP_DEBUG").as_deref() {
+        Err(_) => drop(libbpf_rs::set_print(None)),
+        // The verifier's statistics of each program loaded (load cost,
+        // docs/benchmarks.md).
+        Ok("verifier") => kheap::kernel::print_verifier_stats(),
+        Ok(_) => {}
     }
     let result = match cli.command {
         Command::Record(a) => cmd::record::run(a),

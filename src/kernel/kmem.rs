@@ -268,6 +268,9 @@ impl<'obj> Tracer<'obj> {
                     .any(|h| program_name(h, mech, fallback) == name)
             };
             prog.set_autoload(on);
+            if on && crate::kernel::verifier_stats_asked() {
+                prog.set_log_level(crate::kernel::VERIFIER_STATS_LOG_LEVEL);
+            }
         }
         let skel = open
             .load()

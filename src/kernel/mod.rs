@@ -50,3 +50,40 @@ pub mod maps;
 pub mod skel;
 pub mod storage;
 pub mod user_stack;
+
+/// BPF_LOG_STATS: the verifier reports how much work each program took.
+pub const VERIFIER_STATS_LOG_LEVEL: u32 = 4;
+
+/// `KHEAP_DEBUG=verifier`: each loaded program's verifier statistics go to
+/// stderr (what a program costs to load; docs/benchmarks.md).
+pub fn verifier_stats_asked() -> bool {
+    std::env::var("KHEAP_DEBUG").is_ok_and(|v| v == "verifier")
+}
+
+/// Routes libbpf's debug output to stderr, keeping one line per program
+/// loaded: its name, the instructions the verifier processed and the time
+/// it took.
+pub fn print_verifier_stats() {
+    fn print(_: libbpf_rs::PrintLevel, msg: String) {
+        let Some(name) = msg
+            .split_once("prog '")
+            .and_then(|(_, rest)| rest.split_once("': -- BEGIN PROG LOAD LOG"))
+            .map(|(name, _)| name)
+        else {
+            return;
+        };
+        let field = |prefix: &str| {
+            msg.lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .and_then(|rest| rest.split_whitespace().next())
+                .unwrap_or("?")
+                .to_string()
+        };
+        eprintln!(
+            "kheap: verifier: {name}: {} instructions processed, {} us",
+            field("processed "),
+            field("verification time ")
+        );
+    }
+    libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, print)));
+}
