@@ -22,7 +22,8 @@ pub fn text(
     view::sort_rows(&mut rows, v.sort);
     let total = rows.len();
     top_n::keep(&mut rows, Some(limit));
-    let mut out = view::header_lines(iv, v, rows.len(), total).join("\n");
+    let fit = width.map_or(usize::MAX, usize::from);
+    let mut out = view::header_lines(iv, v, rows.len(), total, fit).join("\n");
     out.push('\n');
     // Cache lists and command names are text; the cache view's second
     // column is a number (frees/s).

@@ -213,10 +213,16 @@ pub fn draw(f: &mut Frame, app: &App, iv: Option<&Interval>, rows: &[TopRow], to
 
     let visible = table.height.saturating_sub(1) as usize;
     let head_text: Vec<Line> = match iv {
-        Some(iv) => header_lines(iv, &app.view, rows.len().min(visible), total)
-            .into_iter()
-            .map(Line::from)
-            .collect(),
+        Some(iv) => header_lines(
+            iv,
+            &app.view,
+            rows.len().min(visible),
+            total,
+            head.width as usize,
+        )
+        .into_iter()
+        .map(Line::from)
+        .collect(),
         None => vec![Line::from(format!(
             "kheap top: collecting the first {:.2}s interval…",
             app.interval_s

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::model::{human_count, human_size, pct, signed_size, Counts, Source};
 use crate::render::{cgroup_label, short_list, GroupBy, SourceColumn};
 use crate::report::{CacheRow, Report};
+use crate::top::columns::fitting_line;
 use crate::top::overhead::Overhead;
 
 /// Columns `kheap top` can sort by (all per second except the ratios).
@@ -361,75 +362,118 @@ pub struct ViewOptions {
     pub paused: bool,
 }
 
-/// The header above the rows.
-pub fn header_lines(iv: &Interval, v: &ViewOptions, shown: usize, total: usize) -> Vec<String> {
+/// The header above the table, each line in at most `width` characters:
+/// its full form when that fits, else a shorter one with the same numbers
+/// (an 80-column terminal), else that one elided in the middle.
+pub fn header_lines(
+    iv: &Interval,
+    v: &ViewOptions,
+    shown: usize,
+    total: usize,
+    width: usize,
+) -> Vec<String> {
     let r = &iv.report;
     let s = iv.interval_s;
     let t = &r.totals;
-    let mut lines = Vec::new();
-    lines.push(format!(
-        "kheap top  {}  interval {:.2}s  view: {}  sort: {}{}",
+    let rate = |v: u64| per_sec(v, s).round() as u64;
+    let paused = if v.paused { "  [PAUSED]" } else { "" };
+    let title = format!(
+        "kheap top  {}  interval {:.2}s  view: {}  sort: {}{paused}",
         iv.time,
         s,
         group_name(v.by),
         v.sort.column(),
-        if v.paused { "  [PAUSED]" } else { "" }
-    ));
-    lines.push(format!(
-        "events: {} allocs/s, {} frees/s; {}/s requested, {}/s allocated, {}/s wasted ({:.1}%)",
-        human_count(per_sec(t.allocs, s).round() as u64),
-        human_count(per_sec(t.frees, s).round() as u64),
-        human_size(per_sec(t.bytes_req, s).round() as u64),
-        human_size(per_sec(t.bytes_alloc, s).round() as u64),
-        human_size(per_sec(t.waste_bytes, s).round() as u64),
-        pct(t.waste_bytes, t.bytes_alloc),
-    ));
-    let sampling = match r.sampling.stack_sample_every {
-        0 => "no stacks".to_string(),
-        1 => "every stack (exact)".to_string(),
-        n => format!(
-            "stacks sampled 1 in {n} ({} this interval; stack rows are estimates)",
-            r.sampling.stack_samples
+    );
+    let title_short = format!(
+        "kheap top  {}  {:.2}s  view {}, sort {}{paused}",
+        iv.time,
+        s,
+        group_name(v.by),
+        v.sort.column(),
+    );
+    let (allocs, frees) = (human_count(rate(t.allocs)), human_count(rate(t.frees)));
+    let (req, alloc, waste) = (
+        human_size(rate(t.bytes_req)),
+        human_size(rate(t.bytes_alloc)),
+        human_size(rate(t.waste_bytes)),
+    );
+    let waste_pct = pct(t.waste_bytes, t.bytes_alloc);
+    let events = format!(
+        "events: {allocs} allocs/s, {frees} frees/s; {req}/s requested, {alloc}/s allocated, {waste}/s wasted ({waste_pct:.1}%)"
+    );
+    let events_short = format!(
+        "{allocs} allocs/s {frees} frees/s  req {req}/s alloc {alloc}/s waste {waste}/s ({waste_pct:.1}%)"
+    );
+    let (sampling, sampling_short) = match r.sampling.stack_sample_every {
+        0 => ("no stacks".to_string(), "no stacks".to_string()),
+        1 => (
+            "every stack (exact)".to_string(),
+            "exact stacks".to_string(),
+        ),
+        n => (
+            format!(
+                "stacks sampled 1 in {n} ({} this interval; stack rows are estimates)",
+                r.sampling.stack_samples
+            ),
+            format!("stacks 1/{n} ({})", r.sampling.stack_samples),
         ),
     };
-    lines.push(format!(
-        "sampling: {sampling}; lost: {} stacks, {} map-full drops{}; aged out: {} idle keys",
-        r.lost.stacks,
-        r.lost.map_full,
-        if t.failed_allocs > 0 {
-            format!(", {} failed allocs", t.failed_allocs)
-        } else {
-            String::new()
-        },
-        iv.aged_out
-    ));
-    let o = &iv.overhead;
-    let bpf = if o.bpf_stats {
-        format!(
-            "BPF {:.1}% of a CPU ({:.0} ns x {} runs/s{})",
-            o.bpf_cpu_pct,
-            o.bpf_ns_per_run,
-            human_count(per_sec(o.bpf_runs, s).round() as u64),
-            if o.bpf_recursion_misses > 0 {
-                format!(", {} missed by recursion", o.bpf_recursion_misses)
-            } else {
-                String::new()
-            }
-        )
+    let failed = if t.failed_allocs > 0 {
+        format!(", {} failed allocs", t.failed_allocs)
     } else {
-        "BPF run time unknown (statistics could not be enabled)".to_string()
+        String::new()
     };
-    lines.push(format!(
-        "overhead: {bpf}; kheap {:.1}% CPU, {} RSS",
+    let losses = format!(
+        "sampling: {sampling}; lost: {} stacks, {} map-full drops{failed}; aged out: {} idle keys",
+        r.lost.stacks, r.lost.map_full, iv.aged_out
+    );
+    let losses_short = format!(
+        "{sampling_short}; lost: {} stacks, {} drops{failed}; aged out {}",
+        r.lost.stacks, r.lost.map_full, iv.aged_out
+    );
+    let o = &iv.overhead;
+    let misses = if o.bpf_recursion_misses > 0 {
+        format!(", {} missed by recursion", o.bpf_recursion_misses)
+    } else {
+        String::new()
+    };
+    let runs = human_count(rate(o.bpf_runs));
+    let own = format!(
+        "kheap {:.1}% CPU, {} RSS",
         o.self_cpu_pct,
         human_size(o.self_max_rss_bytes)
-    ));
+    );
+    let (overhead, overhead_short) = if o.bpf_stats {
+        (
+            format!(
+                "overhead: BPF {:.1}% of a CPU ({:.0} ns x {runs} runs/s{misses}); {own}",
+                o.bpf_cpu_pct, o.bpf_ns_per_run
+            ),
+            format!(
+                "overhead: BPF {:.1}% CPU ({:.0} ns x {runs}/s{misses}); {own}",
+                o.bpf_cpu_pct, o.bpf_ns_per_run
+            ),
+        )
+    } else {
+        (
+            format!("overhead: BPF run time unknown (statistics could not be enabled); {own}"),
+            format!("overhead: BPF time unknown; {own}"),
+        )
+    };
     let mut rows = format!("rows: {shown} of {total}");
     if total > shown {
         let _ = write!(rows, " ({} hidden)", total - shown);
     }
-    lines.push(rows);
-    lines
+    [
+        [title, title_short],
+        [events, events_short],
+        [losses, losses_short],
+        [overhead, overhead_short],
+        [rows.clone(), rows],
+    ]
+    .iter()
+    .map(|[full, short]| fitting_line(&[full, short], width).into_owned())
+    .collect()
 }
 
 #[cfg(test)]
@@ -622,7 +666,7 @@ mod tests {
             sort: TopSort::Bytes,
             paused: true,
         };
-        let h = header_lines(&iv, &v, 1, 2).join("\n");
+        let h = header_lines(&iv, &v, 1, 2, 200).join("\n");
         assert_contains(
             &h,
             &[
@@ -634,6 +678,50 @@ mod tests {
                 "aged out: 3 idle keys",
                 "BPF 1.5% of a CPU (40 ns x 1.0k runs/s)",
                 "kheap 0.3% CPU, 12.0M RSS",
+                "rows: 1 of 2 (1 hidden)",
+            ],
+        );
+    }
+
+    #[test]
+    fn header_lines_fit_eighty_columns_with_their_numbers() {
+        let iv = Interval {
+            time: "2026-11-29T17:30:01.000Z".into(),
+            interval_s: 0.5,
+            aged_out: 12345,
+            overhead: Overhead {
+                bpf_stats: true,
+                bpf_cpu_pct: 12.5,
+                bpf_ns_per_run: 4321.0,
+                bpf_runs: 123_456_789,
+                self_cpu_pct: 10.3,
+                self_max_rss_bytes: 123 << 20,
+                ..Default::default()
+            },
+            report: report(),
+        };
+        let v = ViewOptions {
+            by: GroupBy::Process,
+            sort: TopSort::Bytes,
+            paused: true,
+        };
+        let full = header_lines(&iv, &v, 1, 2, 1000);
+        let narrow = header_lines(&iv, &v, 1, 2, 80);
+        assert!(full.iter().any(|l| l.chars().count() > 80), "{full:#?}");
+        assert!(
+            narrow.iter().all(|l| l.chars().count() <= 80),
+            "{narrow:#?}"
+        );
+        assert_contains(
+            &narrow.join("\n"),
+            &[
+                "[PAUSED]",
+                "2.6k allocs/s 1.8k frees/s",
+                "lost: 2 stacks, 0 drops",
+                "aged out 12345",
+                "4321 ns",
+                "kheap 10.3% CPU, 123M RSS",
+                "view process, sort alloc/s",
                 "rows: 1 of 2 (1 hidden)",
             ],
         );
