@@ -87,7 +87,10 @@ fn leaks_erases_its_status_line_when_ctrl_c_ends_the_run() {
         &format!("{KHEAP} leaks -n 3 -- {LOAD} msg 500 2100 60"),
         "holding 500 messages",
         &["C-c"],
-        "load_msg",
+        // Not load_msg: Ctrl-C reaches the workload too, which removes its
+        // queues (freeing the messages) while kheap reads its maps, so
+        // whether they are still outstanding is a race.
+        "transient:",
     );
     assert!(
         screen.contains("stopped by signal; reporting what was recorded"),

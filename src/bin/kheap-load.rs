@@ -482,6 +482,9 @@ fn writev_rate(rate: u64, secs: f64, ticks: Option<std::fs::File>) {
     );
 }
 
+// Never inlined: tests find its calls by this function's name in the user
+// stacks, and test builds are optimized (Cargo.toml's profile.dev).
+#[inline(never)]
 fn malloc_free(count: u64, size: usize) {
     let start = cpu_time_ns();
     for _ in 0..count {
