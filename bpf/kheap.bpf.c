@@ -192,12 +192,14 @@ static __always_inline void remember_comm(__u32 tgid)
 
 /* Captures the kernel stack and counts the event under it (and, with
  * cfg.stack_owners, under who made it; *interrupt is set when that was
- * interrupt context). Returns the stack's id, or 0 if the stack or its
- * entry could not be recorded (counted as lost). */
+ * interrupt context). `names_cache`: a new stack entry records its cache's
+ * name (exact stacks, where no site entry does). Returns the stack's id, or
+ * 0 if the stack or its entry could not be recorded (counted as lost). */
 static __always_inline __s64 record_stack(void *ctx, bool classic,
 					  struct site_key *key, __u64 req,
 					  __u64 alloc, __u32 bucket,
-					  const char *name, bool *interrupt)
+					  const char *name, bool names_cache,
+					  bool *interrupt)
 {
 	struct stack_key skey = {.site = *key};
 	struct stack_frames *frames;
@@ -225,7 +227,8 @@ static __always_inline __s64 record_stack(void *ctx, bool classic,
 	if (created) {
 		COUNT(stacks_created);
 		/* Exact stacks count no site: the stack names the cache. */
-		remember_cache_name(key->cache, name);
+		if (names_cache)
+			remember_cache_name(key->cache, name);
 		if (cfg.stack_owners && !skey.interrupt)
 			remember_comm(skey.tgid);
 	}
@@ -302,7 +305,7 @@ static __always_inline void track_alloc(void *ctx, bool classic,
 	 * its stack entry has none. */
 	if (cfg.capture_stacks && (!cfg.stack_sample_mask || sample_now()))
 		obj.stack_id = record_stack(ctx, classic, key, req, alloc,
-					    bucket, NULL, &interrupt);
+					    bucket, NULL, false, &interrupt);
 	obj.interrupt = interrupt;
 	obj.bytes_req = req;
 	obj.bytes_alloc = alloc;
@@ -372,7 +375,8 @@ static __always_inline void count_alloc(void *ctx, bool classic,
 	 * space sums stacks into sites. An event whose stack is lost still
 	 * lands in the site map below, so site totals stay exact. */
 	if (cfg.capture_stacks && !cfg.stack_sample_mask &&
-	    record_stack(ctx, classic, key, req, alloc, bucket, name, NULL))
+	    record_stack(ctx, classic, key, req, alloc, bucket, name, true,
+			 NULL))
 		return;
 
 	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
@@ -389,7 +393,8 @@ static __always_inline void count_alloc(void *ctx, bool classic,
 	/* A site's first allocation always gets a stack, so every site can be
 	 * attributed to its caller; after that, about one event in N. */
 	if (created || sample_now())
-		record_stack(ctx, classic, key, req, alloc, bucket, NULL, NULL);
+		record_stack(ctx, classic, key, req, alloc, bucket, NULL, false,
+			     NULL);
 }
 
 /* The common path of every allocation event. `name` is only read when the
@@ -515,10 +520,7 @@ static __always_inline void on_free(const void *ptr, __u64 cache,
 		count_free(ptr, cache, name);
 }
 
-/* A kmalloc-family event: keyed by the cache the object really lives in
- * (slab_cache.bpf.h), or by its size alone when that is unknown (above the
- * kmalloc caches, or where the kernel gives no way to find it; user space
- * tells which). `typed`: a tp_btf program. */
+/* Counts a kmalloc-family event whose key names its cache (or not). */
 static __always_inline void count_kmalloc(void *ctx, bool classic,
 					  struct site_key *key, const void *ptr,
 					  __u64 req, __u64 alloc)
@@ -533,6 +535,10 @@ static __always_inline void count_kmalloc(void *ctx, bool classic,
 	on_alloc(ctx, classic, key, ptr, req, alloc, accounted, NULL);
 }
 
+/* A kmalloc-family event: keyed by the cache the object really lives in
+ * (slab_cache.bpf.h), or by its size alone when that is unknown (above the
+ * kmalloc caches, or where the kernel gives no way to find it; user space
+ * tells which). `typed`: a tp_btf program. */
 static __always_inline void on_kmalloc(void *ctx, bool classic, bool typed,
 				       __u64 call_site, const void *ptr,
 				       __u64 req, __u64 alloc, __u64 gfp_flags)
@@ -555,9 +561,9 @@ static __always_inline void on_kmalloc(void *ctx, bool classic, bool typed,
 				 * pointer alone: the verifier tells a typed
 				 * pointer from a number in every later state,
 				 * and one path for both would double the
-				 * states it walks (3x the load time); turning
-				 * the pointer into a number costs a helper
-				 * call per event. */
+				 * states it walks (2.4x the instructions);
+				 * turning the pointer into a number costs a
+				 * helper call per event. */
 				key.cache = (__u64)s;
 				count_kmalloc(ctx, classic, &key, ptr, req,
 					      alloc);

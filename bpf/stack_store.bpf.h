@@ -29,7 +29,9 @@ enum stack_result {
 /* The hash (> 0) of the first `len` bytes of frames in this CPU's scratch
  * stack. A global function: the verifier checks it once, on its own,
  * instead of walking its 64 iterations again for every state that reaches
- * a capture (that walk was 60% of what verifying kmalloc_btf took). */
+ * a capture (that walk was 60% of what verifying kmalloc_btf took). It
+ * looks the scratch up itself: a global function may take no pointer on
+ * older kernels (5.10 accepts scalars and the context only). */
 __noinline __u64 scratch_stack_hash(long len)
 {
 	__u32 zero = 0;

@@ -284,11 +284,11 @@ fn unused_signals_do_not_cost_the_report() {
             (k == "SigPnd" || k == "ShdPnd") && v.trim() != "0000000000000000"
         })
     };
-    let deadline = Instant::now() + HANG_LIMIT;
-    while std::fs::read_to_string(&status).is_ok_and(|s| s.lines().any(pending)) {
-        assert!(Instant::now() < deadline, "signals still pending");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        poll_until(HANG_LIMIT, || !std::fs::read_to_string(&status)
+            .is_ok_and(|s| s.lines().any(pending))),
+        "signals still pending"
+    );
     assert!(
         bg.child.try_wait().unwrap().is_none(),
         "killed by {:?}",

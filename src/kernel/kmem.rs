@@ -258,6 +258,7 @@ impl<'obj> Tracer<'obj> {
         }
         // Exactly the programs of the chosen mechanism and hooks load; any
         // other program left in the object would fail the whole load.
+        let verifier_stats = crate::kernel::verifier_stats_asked();
         for mut prog in open.open_object_mut().progs_mut() {
             let name = prog.name().to_string_lossy().into_owned();
             let on = if name == "clock" {
@@ -268,7 +269,7 @@ impl<'obj> Tracer<'obj> {
                     .any(|h| program_name(h, mech, fallback) == name)
             };
             prog.set_autoload(on);
-            if on && crate::kernel::verifier_stats_asked() {
+            if on && verifier_stats {
                 prog.set_log_level(crate::kernel::VERIFIER_STATS_LOG_LEVEL);
             }
         }

@@ -54,8 +54,10 @@ pub mod user_stack;
 /// BPF_LOG_STATS: the verifier reports how much work each program took.
 pub const VERIFIER_STATS_LOG_LEVEL: u32 = 4;
 
-/// `KHEAP_DEBUG=verifier`: each loaded program's verifier statistics go to
-/// stderr (what a program costs to load; docs/benchmarks.md).
+/// `KHEAP_DEBUG=verifier`: the verifier statistics of each program of the
+/// kmem object loaded go to stderr: what a program
+/// costs to load (docs/benchmarks.md). The malloc and latency objects do
+/// not ask for them.
 pub fn verifier_stats_asked() -> bool {
     std::env::var("KHEAP_DEBUG").is_ok_and(|v| v == "verifier")
 }

@@ -644,23 +644,35 @@ mod tests {
         assert!(!source_column(&procs).0);
     }
 
-    #[test]
-    fn header_says_rates_losses_sampling_and_overhead() {
-        let iv = Interval {
+    /// The sample report as one interval ending at a fixed time, with BPF
+    /// statistics: (share of a CPU, ns per run, runs) and kheap's own
+    /// (CPU %, max RSS).
+    fn interval_with_stats(
+        interval_s: f64,
+        aged_out: u64,
+        (bpf_cpu_pct, bpf_ns_per_run, bpf_runs): (f64, f64, u64),
+        (self_cpu_pct, self_max_rss_bytes): (f64, u64),
+    ) -> Interval {
+        Interval {
             time: "2026-11-29T17:30:01.000Z".into(),
-            interval_s: 2.0,
-            aged_out: 3,
+            interval_s,
+            aged_out,
             overhead: Overhead {
                 bpf_stats: true,
-                bpf_cpu_pct: 1.5,
-                bpf_ns_per_run: 40.0,
-                bpf_runs: 2000,
-                self_cpu_pct: 0.3,
-                self_max_rss_bytes: 12 << 20,
+                bpf_cpu_pct,
+                bpf_ns_per_run,
+                bpf_runs,
+                self_cpu_pct,
+                self_max_rss_bytes,
                 ..Default::default()
             },
             report: report(),
-        };
+        }
+    }
+
+    #[test]
+    fn header_says_rates_losses_sampling_and_overhead() {
+        let iv = interval_with_stats(2.0, 3, (1.5, 40.0, 2000), (0.3, 12 << 20));
         let v = ViewOptions {
             by: GroupBy::Site,
             sort: TopSort::Bytes,
@@ -685,21 +697,7 @@ mod tests {
 
     #[test]
     fn header_lines_fit_eighty_columns_with_their_numbers() {
-        let iv = Interval {
-            time: "2026-11-29T17:30:01.000Z".into(),
-            interval_s: 0.5,
-            aged_out: 12345,
-            overhead: Overhead {
-                bpf_stats: true,
-                bpf_cpu_pct: 12.5,
-                bpf_ns_per_run: 4321.0,
-                bpf_runs: 123_456_789,
-                self_cpu_pct: 10.3,
-                self_max_rss_bytes: 123 << 20,
-                ..Default::default()
-            },
-            report: report(),
-        };
+        let iv = interval_with_stats(0.5, 12345, (12.5, 4321.0, 123_456_789), (10.3, 123 << 20));
         let v = ViewOptions {
             by: GroupBy::Process,
             sort: TopSort::Bytes,

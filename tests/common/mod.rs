@@ -83,13 +83,24 @@ pub fn wait_or_kill(child: &mut Child, limit: Duration) -> ExitStatus {
 
 /// The exit status of `child` if it exits within `limit`.
 fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let mut status = None;
+    poll_until(limit, || {
+        status = child.try_wait().expect("waiting for a child");
+        status.is_some()
+    });
+    status
+}
+
+/// Checks `done` every 20 ms until it holds (true) or `limit` has passed
+/// (false): the one polling loop of the tests' bounded waits.
+pub fn poll_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
     loop {
-        if let Some(status) = child.try_wait().expect("waiting for a child") {
-            return Some(status);
+        if done() {
+            return true;
         }
         if Instant::now() >= deadline {
-            return None;
+            return false;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
