@@ -37,6 +37,7 @@ mod tests {
         ("kernel::*", Kernel),
         ("symbolize", Base),
         ("cgroup", Base),
+        ("clock", Base),
         ("target", Base),
         ("tree", Base),
         ("signals", Base),
@@ -54,9 +55,7 @@ mod tests {
         ("testing", Model),
         ("leaks", Cmd),
         ("leaks::retention", Report),
-        ("leaks::meminfo", Report),
         ("leaks::timeline", Report),
-        ("leaks::trigger", Report),
         ("leaks::render", Render),
         ("leaks::chart", Render),
         ("malloc", Cmd),
@@ -88,6 +87,7 @@ mod tests {
         ("serve::families", Render),
         ("serve::exposition", Render),
         ("serve::profile", Render),
+        ("serve::triggers", Render),
         // The HTTP server: sockets, TLS, the web config.
         ("serve::http", Base),
         ("serve::listen", Base),
@@ -96,7 +96,6 @@ mod tests {
         // What each path answers, from the published families.
         ("serve::routes", Render),
         ("top", Cmd),
-        ("top::clock", Base),
         ("top::delta", Report),
         ("top::overhead", Report),
         ("top::view", Render),

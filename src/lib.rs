@@ -8,6 +8,7 @@
 
 pub mod cgroup;
 pub mod cli;
+pub mod clock;
 pub mod cmd;
 pub mod contract;
 pub mod diff;

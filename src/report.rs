@@ -2,19 +2,21 @@
 //! cache and per process. Pure: no kernel access, tested with fixtures.
 
 pub mod budget;
+pub mod meminfo;
 pub mod processes;
 pub mod top_n;
+pub mod trigger;
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::leaks::meminfo::{Geometry, SourceOutstanding};
 use crate::leaks::retention::{self, sort_by_retention};
 pub use crate::leaks::retention::{LeakSummary, ProgramMisses, Retention};
 use crate::model::live::{Retained, RetainedIndex};
 use crate::model::{AllocStats, CacheId};
 use crate::model::{Source, VmapKind};
+use crate::report::meminfo::{Geometry, SourceOutstanding};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 use processes::Owners;
 pub use processes::StackProcess;

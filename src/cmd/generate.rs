@@ -118,22 +118,7 @@ fn page_date(epoch: Option<&str>) -> Result<String> {
             .duration_since(std::time::UNIX_EPOCH)?
             .as_secs(),
     };
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    Ok(format!("{y:04}-{m:02}-{d:02}"))
-}
-
-/// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's
-/// well-known algorithm).
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
+    Ok(crate::clock::date_utc(secs))
 }
 
 /// The page with its EXAMPLES and EXIT STATUS sections, before VERSION

@@ -18,16 +18,16 @@ use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
-use crate::leaks::meminfo::{account, comparable, Geometry, MemInfo};
 use crate::leaks::render::{self as leak_render, LeakGroupBy, LeaksFormat as Format};
 use crate::leaks::timeline::{
     MemLines, SeriesKey, SeriesLabel, TimelineBuilder, TriggerMark, DEFAULT_MAX_POINTS,
 };
-use crate::leaks::trigger::{self, oom_kills, Reading as TriggerReading, Trigger};
 use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
 use crate::model::{CgroupSlot, Source};
 use crate::report::budget::{self, Budget, BudgetRow};
+use crate::report::meminfo::{account, comparable, Geometry, MemInfo};
+use crate::report::trigger::{self, oom_kills, Reading as TriggerReading, Trigger};
 use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::symbolize::{KernelSymbols, Symbolize};
 

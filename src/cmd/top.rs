@@ -10,6 +10,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 
 use crate::cli::{parse_duration, OutputArgs, TableOrJson, TraceArgs, ROWS_ARG};
+use crate::clock::rfc3339_utc;
 use crate::cmd::run::{self, install_stop_handler, stop_requested, Ended, Sink, Targets};
 use crate::kernel::features;
 use crate::kernel::kmem::{self as session, Config, Tracer};
@@ -20,7 +21,6 @@ use crate::render::GroupBy;
 use crate::report::{self, BuildOptions, RunInfo};
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
 use crate::top::batch;
-use crate::top::clock::rfc3339_utc;
 use crate::top::delta::Tracker;
 use crate::top::overhead::{self_usage, Overhead, SelfUsage};
 use crate::top::tui::{self, Action, App, Input, Screen};

@@ -6,10 +6,10 @@
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup::CgroupRef;
-use crate::leaks::meminfo::AccountingRow;
 use crate::model::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
 use crate::model::snapshot::Snapshot;
 use crate::model::{round2, Counts};
+use crate::report::meminfo::AccountingRow;
 
 /// What is still allocated of a row (kheap leaks and its snapshots only),
 /// flattened into the row's JSON beside the allocation counts.

@@ -15,9 +15,9 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup::CgroupRef;
-use crate::leaks::meminfo::MemInfo;
 use crate::model::live::Outstanding;
 use crate::model::{CgroupSlot, SiteKey, Source};
+use crate::report::meminfo::MemInfo;
 
 /// Points held before the older half is merged (a bounded report and chart).
 pub const DEFAULT_MAX_POINTS: usize = 512;

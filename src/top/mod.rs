@@ -3,7 +3,6 @@
 //! The loop that reads the kernel lives in `cmd::top`.
 
 pub mod batch;
-pub mod clock;
 pub mod columns;
 pub mod delta;
 pub mod overhead;

@@ -1,5 +1,6 @@
-//! Wall-clock timestamps for interval headings (UTC, RFC 3339), without a
-//! date-time dependency.
+//! Wall-clock dates in UTC without a date-time dependency: RFC 3339
+//! timestamps (top's interval headings), compact ones for file names,
+//! and days (the man pages' date).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -18,6 +19,25 @@ pub fn rfc3339_utc(t: SystemTime) -> String {
         rem % 60,
         since.subsec_millis()
     )
+}
+
+/// `20261129T173001Z`: a time in a file name (no colons, sorts by time).
+pub fn compact_utc(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    let rem = secs % 86_400;
+    format!(
+        "{}T{:02}{:02}{:02}Z",
+        date_utc(secs).replace('-', ""),
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// `2026-11-29`: the day of `secs` since the epoch.
+pub fn date_utc(secs: u64) -> String {
+    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
+    format!("{y:04}-{m:02}-{d:02}")
 }
 
 /// Days since 1970-01-01 to a proleptic Gregorian date (Howard Hinnant's
@@ -49,5 +69,7 @@ mod tests {
         assert_eq!(at(4_102_444_799), "2099-12-31T23:59:59.000Z");
         let late = UNIX_EPOCH + Duration::from_millis(1_796_059_801_999);
         assert_eq!(rfc3339_utc(late), "2026-11-30T17:30:01.999Z");
+        assert_eq!(compact_utc(late), "20261130T173001Z");
+        assert_eq!(date_utc(951_782_400 + 86_399), "2000-02-29");
     }
 }
