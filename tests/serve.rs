@@ -489,6 +489,184 @@ fn go_tool_pprof_reads_alloc_and_inuse_over_http() {
     assert!(serve.wait(), "kheap serve exits 0 on SIGTERM");
 }
 
+/// The value of the sample `name{labels}` in a /metrics body (None if
+/// absent).
+fn sample(body: &str, name_and_labels: &str) -> Option<f64> {
+    body.lines().find_map(|l| {
+        l.strip_prefix(name_and_labels)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+#[test]
+fn a_condition_fires_once_writes_its_profiles_and_says_when() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let snaps = dir.path().join("snaps");
+    std::fs::create_dir(&snaps).unwrap();
+    let comm = format!("kst{}", std::process::id() % 100_000);
+    let load = private_load(dir.path(), &comm);
+    let port = free_port();
+    // COUNT messages of 4 KiB are 1.2 MiB: growth of 1M fires once (twice
+    // would need 2M), whatever moment the reads catch the messages at.
+    let site = "site:load_msg+=1M";
+    let mut serve = start_serve(
+        port,
+        &[
+            "--comm",
+            &comm,
+            "--track-outstanding",
+            "--outstanding-interval",
+            "1",
+            "--snapshot-when",
+            site,
+            "--snapshot-when",
+            "oom",
+            "--snapshot-dir",
+            snaps.to_str().unwrap(),
+        ],
+    );
+    let metrics = format!("http://127.0.0.1:{port}/metrics");
+    let fired = |body: &str, t: &str| {
+        sample(
+            body,
+            &format!("kheap_trigger_fired_total{{trigger=\"{t}\"}}"),
+        )
+    };
+    let last = |body: &str| {
+        sample(
+            body,
+            &format!("kheap_trigger_last_fired_timestamp_seconds{{trigger=\"{site}\"}}"),
+        )
+    };
+    // The first read is each condition's baseline: 0, and no time yet.
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let body = loop {
+        let body = curl(&[&metrics]);
+        if fired(&body, site).is_some() || Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(fired(&body, site), Some(0.0), "{body}");
+    assert_eq!(fired(&body, "oom"), Some(0.0));
+    assert_eq!(last(&body), None, "no firing yet, no timestamp");
+    promtool_check(&body);
+
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let count = COUNT.to_string();
+    let mut holder = Background::spawn(load.to_str().unwrap(), &["msg", &count, "2100", "20"]);
+    wait_for_value("kheap_trigger_fired_total of the site condition", 1, || {
+        fired(&curl(&[&metrics]), site).unwrap_or(0.0) as u64
+    });
+    let body = curl(&[&metrics]);
+    let at = last(&body).expect("the time of the firing");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    assert!(
+        before <= at && at <= now,
+        "fired at {at}, between {before} and {now}"
+    );
+    promtool_check(&body);
+
+    // Its profiles, named after the condition: go tool pprof reads them.
+    let files: Vec<String> = std::fs::read_dir(&snaps)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let named = |kind: &str| {
+        let f: Vec<&String> = files
+            .iter()
+            .filter(|f| {
+                f.starts_with("snapshot-site-load_msg-") && f.ends_with(&format!("-{kind}.pb.gz"))
+            })
+            .collect();
+        assert_eq!(f.len(), 1, "one {kind} profile: {files:?}");
+        snaps.join(f[0]).to_str().unwrap().to_string()
+    };
+    let (alloc, inuse) = (named("alloc"), named("inuse"));
+    assert_eq!(files.len(), 2, "{files:?}");
+    let cum = |file: &str, index: &str| {
+        pprof_cum(
+            dir.path(),
+            file,
+            index,
+            &format!("cache={MSG_CACHE_RE}"),
+            "load_msg",
+        )
+    };
+    // The read that fired saw at least the 1M of the condition, in whole
+    // messages, and no more than were made.
+    let objects = cum(&inuse, "inuse_objects");
+    assert!(
+        (1 << 20) <= objects * OBJECT && objects <= COUNT,
+        "{objects} outstanding messages in the profile of the firing"
+    );
+    assert_eq!(cum(&inuse, "inuse_space"), objects * OBJECT);
+    assert!(cum(&alloc, "alloc_objects") >= objects);
+
+    // Held, all of them; then freed and read again: the level fell,
+    // nothing fires.
+    let outstanding = || {
+        curl(&[&metrics])
+            .lines()
+            .filter(|l| {
+                l.starts_with("kheap_site_outstanding_bytes{") && l.contains("site=\"load_msg\"")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    };
+    wait_for_value("outstanding bytes of load_msg", COUNT * OBJECT, outstanding);
+    assert!(holder.wait(), "kheap-load msg failed");
+    wait_for_value(
+        "outstanding bytes of load_msg after the frees",
+        0,
+        outstanding,
+    );
+    let body = curl(&[&metrics]);
+    assert_eq!(fired(&body, site), Some(1.0), "{body}");
+    assert_eq!(last(&body), Some(at));
+    assert_eq!(std::fs::read_dir(&snaps).unwrap().count(), 2);
+
+    serve.signal(libc::SIGTERM);
+    assert!(serve.wait(), "kheap serve exits 0 on SIGTERM");
+}
+
+#[test]
+fn site_conditions_need_outstanding_tracking() {
+    require_root();
+    let out = Command::new(KHEAP)
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:1",
+            "--snapshot-when",
+            "site:x+=1M",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--track-outstanding"), "{err}");
+    let out = Command::new(KHEAP)
+        .args(["serve", "--listen", "127.0.0.1:1", "--snapshot-dir", "/tmp"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("add a condition"), "{err}");
+}
+
 #[test]
 fn inuse_without_outstanding_tracking_says_which_flag() {
     require_root();

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser};
@@ -23,13 +23,17 @@ use crate::kernel::storage::ObjectStorage;
 use crate::model::live::OutstandingRead;
 use crate::model::snapshot::Snapshot;
 use crate::model::{SiteKey, Source};
+use crate::report::meminfo::MemInfo;
+use crate::report::trigger::{self, oom_kills, Condition, Reading as TriggerReading, Trigger};
 use crate::serve::cgroups;
 use crate::serve::families::{self, Health, OutstandingSite, SlabInput};
 use crate::serve::listen::{group_id, parse_mode, Listen, Listener, SocketAccess};
 use crate::serve::profile::ProfileState;
+use crate::serve::profile::Which;
 use crate::serve::routes::{self, Published, Shared};
 use crate::serve::series::{Ranked, SeriesState, SiteDelta, SiteLabel};
 use crate::serve::server::{Server, SharedWebConfig};
+use crate::serve::triggers::{self, Watched};
 use crate::serve::webconfig::WebConfig;
 use crate::signals::{install_reload_handler, take_reload_request};
 use crate::slab::slabinfo::{read_slabinfo, SlabinfoRow, PROC_SLABINFO};
@@ -105,6 +109,18 @@ pub struct ServeArgs {
     /// Labels of the site series: site, cache, or both (comma-separated)
     #[arg(long, value_parser = parse_labels, default_value = "site,cache", value_name = "LIST")]
     pub labels: Labels,
+    /// Watch a condition at every read: sunreclaim+=N, site:PATTERN+=N
+    /// (outstanding bytes; needs --track-outstanding) or oom. The metrics
+    /// kheap_trigger_fired_total and kheap_trigger_last_fired_timestamp_seconds
+    /// say when it held; with --snapshot-dir the profiles are written then
+    /// (repeatable)
+    #[arg(long, value_parser = trigger::parse, value_name = "COND")]
+    pub snapshot_when: Vec<Trigger>,
+    /// Where each firing of --snapshot-when writes the pprof profiles
+    /// (allocations since the start; outstanding memory with
+    /// --track-outstanding), named after the condition and the time
+    #[arg(long, value_name = "DIR")]
+    pub snapshot_dir: Option<PathBuf>,
     /// A file of these same flags (one or more per line, # comments),
     /// re-read on SIGHUP; flags on the command line win
     #[arg(long, value_name = "FILE")]
@@ -178,6 +194,24 @@ fn check(args: &ServeArgs) -> Result<()> {
     }
     if !args.filters.targets.command.is_empty() {
         bail!("kheap serve is a daemon and runs no command: select processes with --comm or -p");
+    }
+    if let Some(t) = args
+        .snapshot_when
+        .iter()
+        .find(|t| matches!(t.condition, Condition::SiteGrew { .. }))
+    {
+        if !args.track_outstanding {
+            bail!(
+                "--snapshot-when '{}' watches a site's outstanding bytes: add --track-outstanding",
+                t.text
+            );
+        }
+    }
+    if let Some(dir) = &args.snapshot_dir {
+        if args.snapshot_when.is_empty() {
+            bail!("--snapshot-dir holds what --snapshot-when writes: add a condition (sunreclaim+=N, site:PATTERN+=N or oom)");
+        }
+        crate::output::check_dir_writable(dir, "--snapshot-dir")?;
     }
     Ok(())
 }
@@ -299,6 +333,8 @@ struct Daemon {
     shared: Arc<Shared>,
     web: SharedWebConfig,
     started: Instant,
+    /// The --snapshot-when conditions and their records.
+    triggers: Vec<Watched>,
 }
 
 impl Daemon {
@@ -319,6 +355,7 @@ impl Daemon {
             shared,
             web,
             started: Instant::now(),
+            triggers: triggers::reconcile(&[], &args.snapshot_when),
             args,
         }
     }
@@ -420,6 +457,7 @@ impl Daemon {
         }
         self.state.set_max_sites(new.sites);
         self.cgroups.set_max(new.cgroup_series);
+        self.triggers = triggers::reconcile(&self.triggers, &new.snapshot_when);
         self.profile.set_limits(
             new.max_entries as usize,
             new.stacks.sample_every(STACK_SAMPLE_EVERY),
@@ -627,7 +665,7 @@ impl Daemon {
         // A kernel without slabinfo still serves everything else.
         let slab = read_slabinfo(std::path::Path::new(PROC_SLABINFO)).ok();
         let merged = slab.as_deref().map(merged_caches).unwrap_or_default();
-        let (root_only, fams) = families::build(
+        let (root_only, mut fams): (Vec<_>, Vec<_>) = families::build(
             &self.state,
             cfg.by_cgroup.then_some(&self.cgroups),
             outstanding.as_deref(),
@@ -640,14 +678,75 @@ impl Daemon {
         )
         .into_iter()
         .partition(|f| families::from_slabinfo(&f.name));
+        let fired = self.check_triggers(outstanding.as_deref());
+        fams.extend(triggers::families(&self.triggers));
         let profile = self.profile.snapshot(
             live.map(|l| &l.groups),
             self.started.elapsed().as_secs_f64(),
         );
         let published = Arc::new(Published::new(fams, root_only, profile, self.args.interval));
-        *self.shared.current.write().unwrap() = published;
+        *self.shared.current.write().unwrap() = published.clone();
+        for i in fired {
+            self.write_trigger_snapshot(i, &published);
+        }
         return_free_memory();
         Ok(())
+    }
+
+    /// Checks the --snapshot-when conditions against this read: SUnreclaim
+    /// now, the OOM kills so far, the sites' outstanding bytes as last read.
+    /// Returns the indexes of those that fired.
+    fn check_triggers(&mut self, outstanding: Option<&[OutstandingSite]>) -> Vec<usize> {
+        if self.triggers.is_empty() {
+            return Vec::new();
+        }
+        let meminfo = MemInfo::parse(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default());
+        let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+        let mut sites: HashMap<&str, u64> = HashMap::new();
+        for o in outstanding.unwrap_or_default() {
+            *sites.entry(&o.site).or_default() += o.bytes;
+        }
+        let sites: Vec<(String, u64)> =
+            sites.into_iter().map(|(s, b)| (s.to_string(), b)).collect();
+        let reading = TriggerReading {
+            sunreclaim_bytes: meminfo.line("SUnreclaim"),
+            oom_kills: oom_kills(&vmstat),
+            sites: &sites,
+        };
+        triggers::check(&mut self.triggers, &reading, SystemTime::now())
+    }
+
+    /// Says that a condition fired and, with --snapshot-dir, writes the
+    /// profiles of this read beside each other; a write that fails is said
+    /// and the daemon goes on.
+    fn write_trigger_snapshot(&self, i: usize, published: &Published) {
+        let w = &self.triggers[i];
+        let Some(dir) = &self.args.snapshot_dir else {
+            eprintln!("kheap: --snapshot-when {} fired", w.trigger.text);
+            return;
+        };
+        let stem = format!(
+            "snapshot-{}-{}",
+            w.trigger.slug(),
+            crate::clock::compact_utc(w.last_fired.unwrap_or_else(SystemTime::now))
+        );
+        let mut kinds = vec![(Which::Alloc, "alloc")];
+        if published.profile.inuse {
+            kinds.push((Which::Inuse, "inuse"));
+        }
+        let mut written = Vec::new();
+        for (which, name) in kinds {
+            let path = dir.join(format!("{stem}-{name}.pb.gz"));
+            match crate::output::write_bytes_atomic(&path, published.pprof(which)) {
+                Ok(()) => written.push(path.display().to_string()),
+                Err(e) => eprintln!("kheap: warning: --snapshot-when {}: {e:#}", w.trigger.text),
+            }
+        }
+        eprintln!(
+            "kheap: --snapshot-when {} fired: {}",
+            w.trigger.text,
+            written.join(", ")
+        );
     }
 
     /// Outstanding objects per (site, cache) name: the stacks of a site

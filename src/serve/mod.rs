@@ -1,6 +1,7 @@
 //! `kheap serve`'s parts: cumulative series with bounded cardinality, the
-//! metric families, their exposition formats, the pprof profiles, and the
-//! HTTP server that survives any client (listeners, web config, routes).
+//! metric families, their exposition formats, the pprof profiles, the
+//! conditions it watches (`--snapshot-when`), and the HTTP server that
+//! survives any client (listeners, web config, routes).
 
 pub mod cgroups;
 pub mod exposition;
@@ -11,4 +12,5 @@ pub mod profile;
 pub mod routes;
 pub mod series;
 pub mod server;
+pub mod triggers;
 pub mod webconfig;

@@ -49,8 +49,8 @@ impl Published {
     }
 
     /// The encoded profile, built once per interval by whichever request
-    /// comes first.
-    fn pprof(&self, which: Which) -> &[u8] {
+    /// (or triggered snapshot) comes first.
+    pub fn pprof(&self, which: Which) -> &[u8] {
         let cell = match which {
             Which::Alloc => &self.alloc_pprof,
             Which::Inuse => &self.inuse_pprof,
