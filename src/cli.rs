@@ -130,6 +130,12 @@ impl FilterArgs {
     }
 }
 
+/// Stacks of one allocation in this many unless a flag says otherwise
+/// (record, top, slab, serve): sites are exact regardless, and a sparse
+/// sample names the callers of wrappers. `leaks` samples denser
+/// (`cmd::leaks::LEAKS_STACK_SAMPLE`).
+pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
+
 /// How many allocation stacks to capture: one choice of three, so that
 /// conflicting flags are an error rather than a silent pick.
 #[derive(Args, Debug, Clone, Default)]

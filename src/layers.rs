@@ -38,6 +38,7 @@ mod tests {
         ("symbolize", Base),
         ("cgroup", Base),
         ("clock", Base),
+        ("sys", Base),
         ("target", Base),
         ("tree", Base),
         ("signals", Base),

@@ -27,6 +27,7 @@ pub mod serve;
 pub mod signals;
 pub mod slab;
 pub mod symbolize;
+pub mod sys;
 pub mod target;
 #[cfg(test)]
 mod testing;

@@ -29,22 +29,12 @@ pub struct TreeCgroup {
     guard: Option<(OwnedFd, libc::pid_t)>,
 }
 
-/// The cgroup2 mount point, from /proc/self/mountinfo.
-pub fn cgroup2_mount() -> Option<PathBuf> {
-    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
-    info.lines().find_map(|l| {
-        let (left, right) = l.split_once(" - ")?;
-        let point = left.split_whitespace().nth(4)?;
-        (right.split_whitespace().next() == Some("cgroup2")).then(|| PathBuf::from(point))
-    })
-}
-
 impl TreeCgroup {
     /// Creates an empty cgroup and its guard; None when cgroup2 cannot be
     /// used here (not mounted, not root).
     pub fn create() -> Option<TreeCgroup> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
-        let mount = cgroup2_mount()?;
+        let mount = crate::cgroup::cgroup2_mount().ok()?;
         let name = format!(
             "kheap.{}.{}",
             std::process::id(),

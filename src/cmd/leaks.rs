@@ -92,7 +92,7 @@ fn parse_interval(s: &str) -> Result<Duration, String> {
 
 /// Sites are exact regardless; long-lived objects pile up, so even a sparse
 /// sample names the stacks that hold memory, and a stack costs ~3 us.
-pub const DEFAULT_STACK_SAMPLE: u32 = 256;
+pub const LEAKS_STACK_SAMPLE: u32 = 256;
 
 /// The kernel tracer's settings for this run: record's, plus live objects.
 fn kernel_config(args: &LeaksArgs, targets: &Targets) -> Config {
@@ -104,7 +104,7 @@ fn kernel_config(args: &LeaksArgs, targets: &Targets) -> Config {
         by_cgroup: args.by == LeakGroupBy::Cgroup,
         // Each stack row says who made it (JSON, pprof labels).
         stack_owners: true,
-        ..run::kmem_config(&args.trace, targets, DEFAULT_STACK_SAMPLE)
+        ..run::kmem_config(&args.trace, targets, LEAKS_STACK_SAMPLE)
     }
 }
 

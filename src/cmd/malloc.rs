@@ -228,9 +228,7 @@ fn other_allocators(
 }
 
 fn comm(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|c| c.trim().to_string())
-        .unwrap_or_else(|_| "?".into())
+    crate::sys::process_name(pid).unwrap_or_else(|| "?".into())
 }
 
 fn parse_budget(s: &str) -> Result<Budget, String> {
@@ -583,11 +581,8 @@ impl Scanner {
             // Name and cgroup first: a short-lived process may be gone by
             // the time its mappings have been read.
             let not_yet_execd = self.held == Some(pid) && exec == 0;
-            if let (false, Ok(c)) = (
-                not_yet_execd,
-                std::fs::read_to_string(format!("/proc/{pid}/comm")),
-            ) {
-                self.comms.insert(pid, c.trim().to_string());
+            if let (false, Some(c)) = (not_yet_execd, crate::sys::process_name(pid)) {
+                self.comms.insert(pid, c);
             }
             if let Some(c) = self
                 .cgroup_mount

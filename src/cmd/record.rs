@@ -50,9 +50,6 @@ pub struct RecordArgs {
     pub no_frees: bool,
 }
 
-/// Stacks of one allocation in this many unless a flag says otherwise.
-pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
-
 /// The kernel tracer's settings for this run.
 fn kernel_config(args: &RecordArgs, targets: &Targets) -> Config {
     Config {
@@ -61,7 +58,7 @@ fn kernel_config(args: &RecordArgs, targets: &Targets) -> Config {
         // Each stack row says who made it (JSON, pprof labels).
         stack_owners: true,
         trace_frees: !args.no_frees,
-        ..run::kmem_config(&args.trace, targets, DEFAULT_STACK_SAMPLE)
+        ..run::kmem_config(&args.trace, targets, crate::cli::DEFAULT_STACK_SAMPLE)
     }
 }
 

@@ -226,7 +226,7 @@ fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
         attach: f.attach,
         // Metrics need call sites only; the profiles' stacks are sampled
         // (sites stay exact).
-        stack_sample_every: args.stacks.sample_every(STACK_SAMPLE_EVERY),
+        stack_sample_every: args.stacks.sample_every(crate::cli::DEFAULT_STACK_SAMPLE),
         max_sites: args.max_entries,
         max_stacks: args.max_entries,
         trace_frees: true,
@@ -240,10 +240,6 @@ fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
 
 /// `--socket-mode`'s default: root only.
 const DEFAULT_SOCKET_MODE: u32 = 0o600;
-
-/// Stacks sampled by default: about one allocation in this many (as
-/// `record`); `--stack-sample N`, `--exact-stacks`, `--no-stacks` change it.
-const STACK_SAMPLE_EVERY: u32 = 1024;
 
 pub fn run(args: ServeArgs) -> Result<i32> {
     one_malloc_arena();
@@ -347,7 +343,7 @@ impl Daemon {
             cgroup_names: CgroupNames::new(cgroup2_mount().ok()),
             profile: ProfileState::new(
                 args.max_entries as usize,
-                args.stacks.sample_every(STACK_SAMPLE_EVERY),
+                args.stacks.sample_every(crate::cli::DEFAULT_STACK_SAMPLE),
             )
             .keeping_allocator_frames(args.frames.keep_allocator_frames),
             totals: Totals::default(),
@@ -460,7 +456,7 @@ impl Daemon {
         self.triggers = triggers::reconcile(&self.triggers, &new.snapshot_when);
         self.profile.set_limits(
             new.max_entries as usize,
-            new.stacks.sample_every(STACK_SAMPLE_EVERY),
+            new.stacks.sample_every(crate::cli::DEFAULT_STACK_SAMPLE),
         );
         let targets_same = new.filters.targets.pids == args.filters.targets.pids;
         let reattach = !targets_same
@@ -478,7 +474,7 @@ impl Daemon {
                 .ne(cfg.cgroups.iter().copied())
             || new.max_entries != cfg.max_sites
             || new.source.sources != cfg.sources
-            || new.stacks.sample_every(STACK_SAMPLE_EVERY) != cfg.stack_sample_every;
+            || new.stacks.sample_every(crate::cli::DEFAULT_STACK_SAMPLE) != cfg.stack_sample_every;
         *args = ServeArgs {
             listen,
             socket_mode,
@@ -671,7 +667,7 @@ impl Daemon {
             outstanding.as_deref(),
             slab.as_deref().map(|rows| SlabInput {
                 rows,
-                page_size: page_size(),
+                page_size: crate::sys::page_size(),
                 merged: &merged,
             }),
             &health,
@@ -807,10 +803,6 @@ fn add_events(
     total.map_full_cgroups += d.map_full_cgroups;
 }
 
-fn page_size() -> u64 {
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as u64 }
-}
-
 /// A daemon's allocations in one malloc arena. With glibc's default (an
 /// arena per thread that allocates, up to 8 per core) each HTTP worker
 /// that encodes a scrape kept its own arena, and the freed space in them
@@ -838,6 +830,6 @@ fn resident_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
         .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map(|pages| pages * page_size())
+        .map(|pages| pages * crate::sys::page_size())
         .unwrap_or(0)
 }

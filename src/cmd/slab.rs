@@ -16,10 +16,6 @@ use crate::report::labelled_sites;
 use crate::slab::{self, watch::series, ReportInput, SlabArgs, TracedCache, TracedRun, TracedSite};
 use crate::symbolize::{KernelSymbols, Symbolize};
 
-/// Stacks of one allocation in this many unless a flag says otherwise;
-/// they only name the callers of wrappers, so a sparse sample does.
-pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
-
 pub fn run(args: SlabArgs) -> Result<i32> {
     if !args.traced()? {
         slab::run_static(&args)?;
@@ -31,7 +27,7 @@ pub fn run(args: SlabArgs) -> Result<i32> {
     install_stop_handler();
 
     let mut targets = Targets::start(&args.trace.filters.targets)?;
-    let cfg = run::kmem_config(&args.trace, &targets, DEFAULT_STACK_SAMPLE);
+    let cfg = run::kmem_config(&args.trace, &targets, crate::cli::DEFAULT_STACK_SAMPLE);
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
     eprintln!(

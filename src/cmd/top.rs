@@ -60,16 +60,13 @@ pub struct TopArgs {
     pub idle_intervals: u32,
 }
 
-/// Stacks of one allocation in this many unless a flag says otherwise.
-pub const DEFAULT_STACK_SAMPLE: u32 = 1024;
-
 /// The kernel tracer's settings for this run.
 fn kernel_config(args: &TopArgs, targets: &Targets) -> Config {
     Config {
         by_process: args.by == GroupBy::Process,
         by_cgroup: args.by == GroupBy::Cgroup,
         trace_frees: true,
-        ..run::kmem_config(&args.trace, targets, DEFAULT_STACK_SAMPLE)
+        ..run::kmem_config(&args.trace, targets, crate::cli::DEFAULT_STACK_SAMPLE)
     }
 }
 

@@ -1213,20 +1213,12 @@ const KHEAP_BACKING_RANGES: usize = 40;
 
 /// log2 of the page size, for the page allocator's bytes (PAGE_SIZE << order).
 fn page_shift() -> u8 {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if size > 0 {
-        (size as u64).trailing_zeros() as u8
-    } else {
-        12
-    }
+    crate::sys::page_size().trailing_zeros() as u8
 }
 
 /// A process's name as /proc says now; empty once it has exited.
 fn comm_now(tgid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{tgid}/comm"))
-        .map(|c| c.trim_end().to_string())
-        .unwrap_or_default()
+    crate::sys::process_name(tgid).unwrap_or_default()
 }
 
 /// Who made the allocations of a stack entry (keyed so with

@@ -187,11 +187,9 @@ pub struct Geometry {
 
 impl Geometry {
     pub fn read() -> Geometry {
-        // SAFETY: sysconf has no preconditions.
-        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         let possible = std::fs::read_to_string("/sys/devices/system/cpu/possible");
         Geometry {
-            page_size: if page > 0 { page as u64 } else { 4096 },
+            page_size: crate::sys::page_size(),
             possible_cpus: possible.map_or(1, |t| count_cpus(&t)),
         }
     }

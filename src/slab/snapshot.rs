@@ -76,7 +76,7 @@ pub fn read_static(slabinfo: &Path, sysfs_root: &Path) -> Result<StaticSnapshot>
         Ok(s) => (s, None),
         Err(e) => (None, Some(format!("{e:#}"))),
     };
-    let mut snap = build_static(rows, sysfs.as_ref(), page_size());
+    let mut snap = build_static(rows, sysfs.as_ref(), crate::sys::page_size());
     if let Some(e) = sysfs_error {
         snap.notes
             .push(format!("could not read {}: {e}", sysfs_root.display()));
@@ -140,16 +140,6 @@ pub fn build_static(
         sysfs: sysfs.is_some(),
         page_size,
         notes,
-    }
-}
-
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let v = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if v > 0 {
-        v as u64
-    } else {
-        4096
     }
 }
 
