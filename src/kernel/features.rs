@@ -3,13 +3,15 @@
 //! which `kheap doctor` prints and the attach strategy reads; each check
 //! answers with a fact or a one-line error that says what to do.
 
+use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use anyhow::{bail, Result};
 use libbpf_rs::btf::types::{Enum, Func, Struct, Typedef};
-use libbpf_rs::btf::Btf;
+use libbpf_rs::btf::{Btf, BtfType, TypeId};
 
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
@@ -209,23 +211,83 @@ pub fn malloc_unsupported(k: &KernelBtf) -> Option<String> {
     })
 }
 
-/// The members of a kernel enum with a prefix, lower-cased without it
-/// (`BPF_FUNC_find_vma` → `find_vma`).
-fn enum_members(btf: &Btf, name: &str, prefix: &str) -> Vec<String> {
-    btf.type_by_name::<Enum>(name)
-        .map(|e| {
-            e.iter()
-                .filter_map(|m| m.name?.to_str()?.strip_prefix(prefix))
-                .map(str::to_ascii_lowercase)
-                .collect()
-        })
-        .unwrap_or_default()
+/// The kernel BTF's named types, indexed in one pass. libbpf's
+/// `btf__find_by_name` scans the types in order, so every name looked up
+/// cost a scan of the ~130,000 types of a distribution kernel, and a name
+/// that is missing (a hook an older or newer kernel lacks) a whole one: 14
+/// ms each on the development host, about twenty times that under qemu's
+/// emulation, on every start of every command.
+struct BtfIndex<'b> {
+    btf: &'b Btf<'b>,
+    by_name: HashMap<&'b OsStr, Vec<TypeId>>,
+    enums: Vec<TypeId>,
 }
 
-/// Whether the kernel's struct `name` has a member `field`.
-fn struct_has_field(btf: &Btf, name: &str, field: &str) -> bool {
-    btf.type_by_name::<Struct>(name)
-        .is_some_and(|s| s.iter().any(|m| m.name.is_some_and(|n| n == field)))
+impl<'b> BtfIndex<'b> {
+    fn new(btf: &'b Btf<'b>) -> BtfIndex<'b> {
+        let mut by_name: HashMap<&OsStr, Vec<TypeId>> = HashMap::new();
+        let mut enums = Vec::new();
+        for id in (1..btf.len() as u32).map(TypeId::from) {
+            let Some(t) = btf.type_by_id::<BtfType>(id) else {
+                continue;
+            };
+            if t.is_any_enum() {
+                enums.push(id);
+            }
+            if let Some(name) = t.name().filter(|n| !n.is_empty()) {
+                by_name.entry(name).or_default().push(id);
+            }
+        }
+        BtfIndex {
+            btf,
+            by_name,
+            enums,
+        }
+    }
+
+    /// The first type named `name` of kind K (a name can be a struct and a
+    /// function at once).
+    fn find<K: TryFrom<BtfType<'b>>>(&self, name: &str) -> Option<K> {
+        self.by_name
+            .get(OsStr::new(name))?
+            .iter()
+            .find_map(|&id| self.btf.type_by_id::<K>(id))
+    }
+
+    fn has_func(&self, name: &str) -> bool {
+        self.find::<Func>(name).is_some()
+    }
+
+    /// The value of the enum member `member` as a bit mask (`1 << value`),
+    /// in whichever enum defines it.
+    fn enum_bit(&self, member: &str) -> Option<u64> {
+        self.enums.iter().find_map(|&id| {
+            self.btf
+                .type_by_id::<Enum>(id)?
+                .iter()
+                .find(|m| m.name.is_some_and(|n| n == member))
+                .map(|m| 1u64 << m.value)
+        })
+    }
+
+    /// The members of a kernel enum with a prefix, lower-cased without it
+    /// (`BPF_FUNC_find_vma` → `find_vma`).
+    fn enum_members(&self, name: &str, prefix: &str) -> Vec<String> {
+        self.find::<Enum>(name)
+            .map(|e| {
+                e.iter()
+                    .filter_map(|m| m.name?.to_str()?.strip_prefix(prefix))
+                    .map(str::to_ascii_lowercase)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether the kernel's struct `name` has a member `field`.
+    fn struct_has_field(&self, name: &str, field: &str) -> bool {
+        self.find::<Struct>(name)
+            .is_some_and(|s| s.iter().any(|m| m.name.is_some_and(|n| n == field)))
+    }
 }
 
 /// `SLAB_ACCOUNT` on kernels that define it as a macro (before 6.9).
@@ -252,60 +314,46 @@ fn read_kernel_btf() -> Result<KernelBtf> {
     if custom_btf_path().is_some() && check_privileges("").is_ok() {
         check_btf_describes_this_kernel(&path)?;
     }
-    let mut btf_tracepoints = Vec::new();
-    for hook in &crate::kernel::hooks::HOOKS {
-        let tp = hook.tracepoint;
-        if btf
-            .type_by_name::<Typedef>(&format!("btf_trace_{tp}"))
-            .is_some()
-        {
-            btf_tracepoints.push(tp.to_string());
-        }
-    }
-    let btf_functions = crate::kernel::hooks::HOOKS
+    let index = BtfIndex::new(&btf);
+    let hooks = &crate::kernel::hooks::HOOKS;
+    let btf_tracepoints = hooks
         .iter()
-        .filter_map(|h| h.function)
-        .filter(|f| btf.type_by_name::<Func>(f).is_some())
+        .map(|h| h.tracepoint)
+        .filter(|tp| index.find::<Typedef>(&format!("btf_trace_{tp}")).is_some())
         .map(str::to_string)
         .collect();
-    let gfp_account_mask = btf
-        .type_by_kind::<Enum>()
-        .find_map(|e| {
-            e.iter()
-                .find(|m| m.name.is_some_and(|n| n == "___GFP_ACCOUNT_BIT"))
-                .map(|m| 1u64 << m.value)
-        })
-        .unwrap_or(GFP_ACCOUNT_FALLBACK);
-    let slab_account_mask = btf
-        .type_by_kind::<Enum>()
-        .find_map(|e| {
-            e.iter()
-                .find(|m| m.name.is_some_and(|n| n == "_SLAB_ACCOUNT"))
-                .map(|m| 1u64 << m.value)
-        })
-        .unwrap_or(SLAB_ACCOUNT_FALLBACK);
-    let old_layouts = crate::kernel::hooks::HOOKS
+    let btf_functions = hooks
+        .iter()
+        .filter_map(|h| h.function)
+        .filter(|f| index.has_func(f))
+        .map(str::to_string)
+        .collect();
+    let old_layouts = hooks
         .iter()
         .filter(|h| {
             h.layout.is_some_and(|(field, _)| {
-                !struct_has_field(&btf, &format!("trace_event_raw_{}", h.tracepoint), field)
+                !index.struct_has_field(&format!("trace_event_raw_{}", h.tracepoint), field)
             })
         })
         .map(|h| h.tracepoint.to_string())
         .collect();
     Ok(KernelBtf {
         old_layouts,
-        cache_events_pass_cache: btf
-            .type_by_name::<Struct>("trace_event_raw_kmem_cache_alloc")
+        cache_events_pass_cache: index
+            .find::<Struct>("trace_event_raw_kmem_cache_alloc")
             .is_some(),
-        helpers: enum_members(&btf, "bpf_func_id", "BPF_FUNC_"),
-        map_types: enum_members(&btf, "bpf_map_type", "BPF_MAP_TYPE_"),
+        helpers: index.enum_members("bpf_func_id", "BPF_FUNC_"),
+        map_types: index.enum_members("bpf_map_type", "BPF_MAP_TYPE_"),
         btf_tracepoints,
         btf_functions,
-        gfp_account_mask,
-        slab_account_mask,
-        kmalloc_buckets: btf.type_by_name::<Func>("kmem_buckets_create").is_some(),
-        kmem_cache_kfunc: btf.type_by_name::<Func>("bpf_get_kmem_cache").is_some(),
+        gfp_account_mask: index
+            .enum_bit("___GFP_ACCOUNT_BIT")
+            .unwrap_or(GFP_ACCOUNT_FALLBACK),
+        slab_account_mask: index
+            .enum_bit("_SLAB_ACCOUNT")
+            .unwrap_or(SLAB_ACCOUNT_FALLBACK),
+        kmalloc_buckets: index.has_func("kmem_buckets_create"),
+        kmem_cache_kfunc: index.has_func("bpf_get_kmem_cache"),
     })
 }
 
