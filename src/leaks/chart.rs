@@ -176,14 +176,22 @@ fn body(page: &mut String, t: &Timeline, command: Option<&str>) {
             "<path class=\"meminfo\" d=\"{d}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\" stroke-dasharray=\"5,3\"><title>{name} (change)</title></path>"
         );
     }
+    // Marks close together (two conditions met at one reading) get their
+    // labels on lines of their own, not printed over each other.
+    let mut placed: Vec<f64> = Vec::new();
     for m in &t.triggers {
         let px = x(m.t_s);
+        let line = placed
+            .iter()
+            .filter(|&&p| (p - px).abs() < LABEL_WIDTH)
+            .count();
+        placed.push(px);
         let _ = writeln!(
             page,
             "<g class=\"trigger\"><line x1=\"{px:.1}\" x2=\"{px:.1}\" y1=\"{TOP}\" y2=\"{:.1}\" stroke=\"#c00\" stroke-width=\"2\"/><text x=\"{:.1}\" y=\"{:.1}\" fill=\"#c00\">{}</text><title>{} at {:.1}s</title></g>",
             HEIGHT - BOTTOM,
             px + 3.0,
-            TOP + 12.0,
+            TOP + 12.0 + 14.0 * line as f64,
             escape(&m.condition),
             escape(&m.condition),
             m.t_s
@@ -238,8 +246,7 @@ fn axes(
         WIDTH - RIGHT,
         y0 = y(0)
     );
-    for k in 0..=4 {
-        let v = bottom + (top - bottom) * k / 4;
+    for v in ticks(bottom, top) {
         let label = if v < 0 {
             format!("-{}", human_size(v.unsigned_abs()))
         } else {
@@ -261,6 +268,28 @@ fn axes(
             HEIGHT - BOTTOM + 16.0
         );
     }
+}
+
+/// Where a trigger's label may overlap the next one's (pixels).
+const LABEL_WIDTH: f64 = 150.0;
+
+/// Round values for the byte axis from `bottom` to `top`: multiples of 1,
+/// 2 or 5 times a power of 1024 (so the labels read 2.0M, 4.0M, …), four
+/// to ten of them, zero among them whenever the range holds it.
+fn ticks(bottom: i64, top: i64) -> Vec<i64> {
+    let span = (top - bottom).max(1) as f64;
+    let step = (0..5)
+        .flat_map(|p| {
+            [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0].map(|m| m * 1024f64.powi(p))
+        })
+        .find(|&s| span / s <= 8.0)
+        .unwrap_or(span) as i64;
+    let first = bottom.div_euclid(step) * step;
+    let first = if first < bottom { first + step } else { first };
+    (0..)
+        .map(|k| first + k * step)
+        .take_while(|&v| v <= top)
+        .collect()
 }
 
 /// Every reading with exact numbers (bytes), for reading off and copying.
@@ -416,6 +445,17 @@ mod tests {
         let data = page.split("application/json\">").nth(1).unwrap();
         let data = data.split("</script>").next().unwrap();
         assert!(serde_json::from_str::<serde_json::Value>(data).is_ok());
+    }
+
+    #[test]
+    fn axis_ticks_are_round_and_hold_zero() {
+        let m = 1i64 << 20;
+        let t = ticks(-23 * m - m / 3, 24 * m - m / 3);
+        assert!(t.contains(&0), "{t:?}");
+        assert!((4..=10).contains(&t.len()), "{t:?}");
+        assert!(t.iter().all(|v| v % (5 * m) == 0), "{t:?}");
+        assert_eq!(ticks(0, 1000), [0, 200, 400, 600, 800, 1000]);
+        assert!(ticks(0, 0).contains(&0));
     }
 
     #[test]
