@@ -173,6 +173,16 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     // The traced time runs from attach to detach: the command may well be
     // done while the symbols below load.
     let start = Instant::now();
+    // Growth is counted from here, whenever the first reading comes.
+    let mut triggers = args.snapshot_when.clone();
+    let at_start = TriggerReading {
+        sunreclaim_bytes: MemInfo::sunreclaim_now(),
+        oom_kills: oom_kills(&std::fs::read_to_string("/proc/vmstat").unwrap_or_default()),
+        sites: &[],
+    };
+    for t in &mut triggers {
+        t.start_from(&at_start);
+    }
     run::start_tracing(
         "kernel heap allocations and frees",
         &session.attached,
@@ -301,7 +311,6 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             }
         }
     };
-    let mut triggers = args.snapshot_when.clone();
     let mut fired: Vec<TriggerMark> = Vec::new();
     let site_names = std::cell::RefCell::new(HashMap::<(u64, Source), String>::new());
     let site_name = |k: &SeriesKey| -> String {

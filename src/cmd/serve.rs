@@ -696,7 +696,6 @@ impl Daemon {
         if self.triggers.is_empty() {
             return Vec::new();
         }
-        let meminfo = MemInfo::parse(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default());
         let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
         let mut sites: HashMap<&str, u64> = HashMap::new();
         for o in outstanding.unwrap_or_default() {
@@ -705,7 +704,7 @@ impl Daemon {
         let sites: Vec<(String, u64)> =
             sites.into_iter().map(|(s, b)| (s.to_string(), b)).collect();
         let reading = TriggerReading {
-            sunreclaim_bytes: meminfo.line("SUnreclaim"),
+            sunreclaim_bytes: MemInfo::sunreclaim_now(),
             oom_kills: oom_kills(&vmstat),
             sites: &sites,
         };

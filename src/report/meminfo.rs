@@ -35,6 +35,13 @@ impl MemInfo {
         MemInfo(fields)
     }
 
+    /// The SUnreclaim line of the running system now, in bytes (0 if it
+    /// cannot be read): what `--snapshot-when sunreclaim+=N` watches.
+    pub fn sunreclaim_now() -> u64 {
+        MemInfo::parse(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default())
+            .line("SUnreclaim")
+    }
+
     /// The running system's, or empty if it cannot be read, with the free
     /// pages on the per-CPU lists ([`PCP_LINE`], from /proc/zoneinfo) and
     /// the kernel's own counts of pages allocated and freed ([`PGALLOC_LINE`],

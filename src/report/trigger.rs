@@ -88,8 +88,17 @@ impl Trigger {
         }
     }
 
+    /// Counts growth from `r`, the levels when tracing starts (no traced
+    /// site has anything yet). Without it the first reading sets the
+    /// baseline, and a slow start (symbols loading, a busy machine) could
+    /// take an early OOM kill or growth into it and never fire.
+    pub fn start_from(&mut self, r: &Reading) {
+        self.baseline = Some(self.level(r));
+    }
+
     /// Whether the condition holds at this reading (the first reading only
-    /// sets the baseline); when it does, the baseline moves here.
+    /// sets the baseline, unless `start_from` did); when it does, the
+    /// baseline moves here.
     pub fn check(&mut self, r: &Reading) -> bool {
         let level = self.level(r);
         let Some(base) = self.baseline else {
@@ -195,6 +204,25 @@ mod tests {
             [false, false, true, false, false, true, false, false, true]
         );
         assert_eq!(t.slug(), "site-load_m_");
+    }
+
+    #[test]
+    fn growth_counts_from_the_start_when_given() {
+        let mut o = parse("oom").unwrap();
+        o.start_from(&Reading {
+            sunreclaim_bytes: 0,
+            oom_kills: 3,
+            sites: &[],
+        });
+        // The kill came before the first reading: it still fires.
+        assert!(check(&mut o, &reading(0, 4, 0)));
+        let mut s = parse("site:load_msg+=100").unwrap();
+        s.start_from(&Reading {
+            sunreclaim_bytes: 0,
+            oom_kills: 0,
+            sites: &[],
+        });
+        assert!(check(&mut s, &reading(0, 0, 100)));
     }
 
     #[test]
