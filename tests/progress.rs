@@ -54,8 +54,10 @@ fn status_then_report(
     if !end.is_empty() {
         tmux.send(end);
     }
+    // The marker may have scrolled off the screen under a long report:
+    // it is looked for in the whole history.
     tmux.wait_for("the report and the prompt", |s| {
-        s.contains(report_marker) && s.trim_end().ends_with('$')
+        s.trim_end().ends_with('$') && tmux.capture_history().contains(report_marker)
     });
     let history = tmux.capture_history();
     assert!(
