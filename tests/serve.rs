@@ -543,14 +543,10 @@ fn a_condition_fires_once_writes_its_profiles_and_says_when() {
         )
     };
     // The first read is each condition's baseline: 0, and no time yet.
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let body = loop {
-        let body = curl(&[&metrics]);
-        if fired(&body, site).is_some() || Instant::now() > deadline {
-            break body;
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    };
+    poll_until(Duration::from_secs(40), || {
+        fired(&curl(&[&metrics]), site).is_some()
+    });
+    let body = curl(&[&metrics]);
     assert_eq!(fired(&body, site), Some(0.0), "{body}");
     assert_eq!(fired(&body, "oom"), Some(0.0));
     assert_eq!(last(&body), None, "no firing yet, no timestamp");
