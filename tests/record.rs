@@ -555,13 +555,3 @@ fn a_btf_file_of_this_kernel_gives_the_same_numbers() {
     let out = kheap(&["record", "--btf", cut.to_str().unwrap(), "-d", "1"]);
     assert_one_line_error(&out, "reading kernel BTF from");
 }
-
-/// Whether the running kernel is older than `major.minor`.
-fn kernel_before(major: u32, minor: u32) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut parts = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap(), parts.next().unwrap()) < (major, minor)
-}

@@ -330,16 +330,6 @@ fn an_unknown_source_is_one_line() {
 }
 
 /// `/sys/devices/system/cpu/possible`: "0-1", "0", "0-3,8-11".
-/// Whether the running kernel is older than `major.minor`.
-fn kernel_before(major: u32, minor: u32) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut parts = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap(), parts.next().unwrap()) < (major, minor)
-}
-
 fn possible_cpus() -> u64 {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
     text.trim()
