@@ -66,6 +66,16 @@ fn assert_totals_add_up(r: &Value) {
     assert_eq!(sum, u(&r["totals"]["bytes_alloc"]), "{:#}", r["totals"]);
 }
 
+/// The frame under which `kheap-load pages` faults its pages in:
+/// MADV_POPULATE_WRITE (5.14), or before it mlock.
+fn populating_frame() -> &'static str {
+    if kernel_before(5, 14) {
+        "__mm_populate"
+    } else {
+        "do_madvise"
+    }
+}
+
 #[test]
 fn page_source_counts_anonymous_pages_faulted_in_by_madvise() {
     const N: u64 = 1000;
@@ -80,7 +90,7 @@ fn page_source_counts_anonymous_pages_faulted_in_by_madvise() {
         .into_iter()
         .filter(|s| {
             let frames = frames(s);
-            frames.iter().any(|f| f.starts_with("do_madvise"))
+            frames.iter().any(|f| f.starts_with(populating_frame()))
                 && frames.iter().any(|f| f.starts_with("handle_mm_fault"))
                 && !frames
                     .iter()
@@ -273,6 +283,29 @@ fn pages_of_new_slabs_are_the_slab_layer() {
     }
 }
 
+/// Before Linux 5.19 the percpu tracepoint has no call site (nor the size
+/// allocated): kheap leaves the source out of a run with one line saying
+/// so, and traces the others. Checks that of report `r`, says that `test`
+/// checked only that, and returns true; elsewhere returns false at once.
+fn percpu_left_out_here(r: &Value, test: &str) -> bool {
+    if !kernel_before(5, 19) {
+        return false;
+    }
+    let skipped = r["run"]["skipped"].to_string();
+    assert!(
+        skipped.contains(
+            "this kernel's percpu:percpu_alloc_percpu tracepoint predates its call_site argument (Linux 5.19)"
+        ),
+        "{skipped}"
+    );
+    assert!(rows(r, "sites", "source", "percpu").is_empty());
+    assert!(!rows(r, "sites", "source", "kmalloc").is_empty());
+    partial_check(&format!(
+        "{test}: this kernel's percpu tracepoint predates call_site (5.19); only that the source is left out with one line was checked"
+    ));
+    true
+}
+
 #[test]
 fn percpu_source_counts_one_allocation_per_entry_on_every_cpu() {
     const ENTRIES: u64 = 100;
@@ -284,6 +317,12 @@ fn percpu_source_counts_one_allocation_per_entry_on_every_cpu() {
         &VALUE.to_string(),
     ]);
     assert_totals_add_up(&r);
+    if percpu_left_out_here(
+        &r,
+        "percpu_source_counts_one_allocation_per_entry_on_every_cpu",
+    ) {
+        return;
+    }
     // One percpu allocation per entry (bpf_array_alloc_percpu). Its real
     // footprint (the tracepoint's bytes_alloc) is the value on every
     // possible CPU, plus one obj_cgroup pointer per 4 bytes when the memory
@@ -565,6 +604,26 @@ fn leaks_accounting_matches_percpu_for_a_held_percpu_array() {
     // populated chunk pages on every CPU; the obj_cgroup pointers in the
     // allocations' footprint live in chunk metadata (slab or vmalloc), so
     // the accounting leaves them out.
+    if kernel_before(5, 19) {
+        let r = json_report(
+            "leaks",
+            &[
+                "--source",
+                "all",
+                "--",
+                LOAD,
+                "bpf-array",
+                "percpu",
+                "10",
+                "4096",
+            ],
+        );
+        assert!(percpu_left_out_here(
+            &r,
+            "leaks_accounting_matches_percpu_for_a_held_percpu_array"
+        ));
+        return;
+    }
     let cpus = possible_cpus();
     let entries = (128 << 20) / (4096 * cpus);
     let held = entries * 4096 * cpus;
@@ -869,7 +928,7 @@ fn tables_name_the_source_of_every_row() {
         );
         // The fault path's own slab allocations (anon_vma…) are kmalloc's.
         let anon_page = title.ends_with(", source page")
-            && through("do_madvise")
+            && through(populating_frame())
             && through("handle_mm_fault")
             && !frames
                 .iter()
