@@ -205,8 +205,11 @@ static __always_inline __s64 record_stack(void *ctx, bool classic,
 	struct stack_frames *frames;
 	bool created = false;
 	__u64 id = 0;
+	/* constant 0 unless vmalloc is traced through kprobes */
+	long given = cfg.given_stacks ? given_stack_len(ctx) : 0;
 
-	switch (store_stack(ctx, 0, &id, &frames)) {
+	switch (given > 0 ? store_given_stack(given, &id, &frames)
+			  : store_stack(ctx, 0, &id, &frames)) {
 	case STACK_OK:
 		break;
 	case STACK_MAP_FULL:

@@ -278,6 +278,9 @@ struct kheap_config {
 	 * ranges; 0 of a kind: its events are not classified */
 	__u32 backing_ranges;
 	__u32 vmap_ranges;
+	/* vmalloc through kprobes: allocations take the stack captured at
+	 * alloc_vmap_area's entry (given_stacks), not their own */
+	__u8 given_stacks;
 };
 
 /* --latency: time inside the allocator entry points, per call site. */

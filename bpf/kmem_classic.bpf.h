@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Reading the classic kmem tracepoint records through CO-RE: the one place
- * that knows their layouts across kernel versions (kheap.bpf.c). Include
- * after vmlinux.h, the libbpf headers (bpf_core_read.h) and kheap.h.
+ * that knows their layouts across kernel versions (kheap.bpf.c), and the
+ * other kernel structures the objects read whose layout changed (the cgroup
+ * ancestors of task_filter.bpf.h). Include after vmlinux.h, the libbpf
+ * headers (bpf_core_read.h) and kheap.h.
  */
 #ifndef KHEAP_KMEM_CLASSIC_BPF_H
 #define KHEAP_KMEM_CLASSIC_BPF_H
@@ -204,6 +206,58 @@ static __always_inline const char *cache_free_record_name(void *ctx)
 		return (const char *)r + (loc & 0xFFFF);
 	}
 	return NULL;
+}
+
+/* The cgroup v2 ancestors of the current task (--cgroup). Tracing programs
+ * may call bpf_get_current_ancestor_cgroup_id from 5.14 on; before, the
+ * verifier refuses it ("unknown func"). Those kernels keep each cgroup's
+ * ancestors' ids in the cgroup itself (`ancestor_ids[level]`, the root's at
+ * 0 and its own at `level`), until 6.0 replaced them with pointers
+ * (`ancestors[]`): where the ids are there they are read through CO-RE,
+ * which gives what the helper gives; elsewhere the helper is called. A
+ * load-time constant: each kernel's programs keep one branch. */
+struct cgroup___ancestor_ids {
+	int level;
+	__u64 ancestor_ids[];
+} __attribute__((preserve_access_index));
+
+static __always_inline bool cgroup_ancestors_by_core(void)
+{
+	return bpf_core_field_exists(struct cgroup___ancestor_ids,
+				     ancestor_ids);
+}
+
+/* The current task's cgroup v2 cgroup when the ancestors are read through
+ * CO-RE, else NULL (the helper needs none). */
+static __always_inline struct cgroup___ancestor_ids *ancestors_of_current(void)
+{
+	struct task_struct *t;
+
+	if (!cgroup_ancestors_by_core())
+		return NULL;
+	t = (void *)bpf_get_current_task();
+	return (void *)BPF_CORE_READ(t, cgroups, dfl_cgrp);
+}
+
+/* The id of the ancestor at `level` (0 is the root) of the current task's
+ * cgroup `cg` (from ancestors_of_current()), or 0 when the cgroup is not
+ * that deep, as the helper answers. */
+static __always_inline __u64
+ancestor_cgroup_id(struct cgroup___ancestor_ids *cg, int level)
+{
+	__u64 id = 0;
+
+	if (!cgroup_ancestors_by_core())
+		return bpf_get_current_ancestor_cgroup_id(level);
+	if (!cg || level < 0 || level > BPF_CORE_READ(cg, level))
+		return 0;
+	bpf_probe_read_kernel(
+		&id, sizeof(id),
+		(void *)cg +
+			bpf_core_field_offset(struct cgroup___ancestor_ids,
+					      ancestor_ids) +
+			level * sizeof(__u64));
+	return id;
 }
 
 #endif /* KHEAP_KMEM_CLASSIC_BPF_H */

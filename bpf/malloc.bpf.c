@@ -25,6 +25,7 @@
 #include "maps.bpf.h"
 #include "kheap.h"
 #include "malloc.h"
+#include "kmem_classic.bpf.h"
 #include "task_filter.bpf.h"
 #include "stack_store.bpf.h"
 #include "user_stack.bpf.h"

@@ -144,23 +144,31 @@ int page_free_raw(struct bpf_raw_tracepoint_args *ctx)
  * pay for the unwinding (they are rare). The size is the area's, guard page
  * included; the free event has no size, so leaks keeps it with the live
  * area. */
-static __always_inline void count_vmap_area(void *ctx, __u64 addr, __u64 size)
+static __always_inline void count_vmap_area(void *ctx, __u64 addr, __u64 size,
+					    __u32 kind)
 {
 	struct site_key key = {
 		.source = KHEAP_SOURCE_VMALLOC,
-		.vmap_kind = stack_label(ctx, cfg.backing_ranges,
-					 cfg.backing_ranges + cfg.vmap_ranges,
-					 KHEAP_VMAP_OTHER),
+		.vmap_kind = kind,
 	};
 
 	on_alloc(ctx, false, &key, (const void *)addr, size, size, false, NULL);
+}
+
+/* The kind of the area being allocated, from the current stack. */
+static __always_inline __u32 vmap_kind_here(void *ctx)
+{
+	return stack_label(ctx, cfg.backing_ranges,
+			   cfg.backing_ranges + cfg.vmap_ranges,
+			   KHEAP_VMAP_OTHER);
 }
 
 SEC("raw_tp/alloc_vmap_area")
 int vmalloc_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 {
 	/* failed: addr holds an error, not an area */
-	count_vmap_area(ctx, ctx->args[5] ? 0 : ctx->args[0], ctx->args[1]);
+	count_vmap_area(ctx, ctx->args[5] ? 0 : ctx->args[0], ctx->args[1],
+			vmap_kind_here(ctx));
 	return 0;
 }
 
@@ -177,18 +185,18 @@ int vmalloc_free_raw(struct bpf_raw_tracepoint_args *ctx)
  * holds its start and end (the tracepoint's addr and size: same quantity,
  * guard page included); reading them there needs none of its arguments,
  * whose number changes between kernels. */
-static __always_inline void count_returned_area(void *ctx,
-						const struct vmap_area *va)
+static __always_inline void
+count_returned_area(void *ctx, const struct vmap_area *va, __u32 kind)
 {
 	__u64 start;
 
 	/* ERR_PTR(-ENOMEM/-EBUSY): a failed allocation of unknown size */
 	if ((unsigned long)va >= (unsigned long)-4095) {
-		count_vmap_area(ctx, 0, 0);
+		count_vmap_area(ctx, 0, 0, kind);
 		return;
 	}
 	start = BPF_CORE_READ(va, va_start);
-	count_vmap_area(ctx, start, BPF_CORE_READ(va, va_end) - start);
+	count_vmap_area(ctx, start, BPF_CORE_READ(va, va_end) - start, kind);
 }
 
 static __always_inline void count_area_free(const struct vmap_area *va)
@@ -203,7 +211,8 @@ int vmalloc_alloc_fexit(__u64 *ctx)
 	__u64 ret = 0;
 
 	bpf_get_func_ret(ctx, &ret);
-	count_returned_area(ctx, (const struct vmap_area *)ret);
+	count_returned_area(ctx, (const struct vmap_area *)ret,
+			    vmap_kind_here(ctx));
 	return 0;
 }
 
@@ -214,10 +223,65 @@ int BPF_PROG(vmalloc_free_fentry, struct vmap_area *va)
 	return 0;
 }
 
+/* On the kprobe path the area is labelled, and its stack captured, at
+ * alloc_vmap_area's entry: before Linux 5.15 a kretprobe's stack ends at
+ * kretprobe_trampoline, and the caller that asked for the area is not on
+ * it. Kept per thread until the return counts the area (a thread is in one
+ * alloc_vmap_area at a time; an entry whose return was missed is replaced
+ * by the thread's next). */
+struct vmap_entry {
+	__u32 kind;
+	__u32 pad;
+	long len; /* bytes of frames; <= 0: no stack */
+	struct stack_frames frames;
+};
+
+static const struct vmap_entry no_vmap_entry;
+
+/* Resized from user space: 1 entry unless vmalloc goes through kprobes. */
+KHEAP_HASH(vmap_entries, __u32, struct vmap_entry, 1024);
+
+SEC("kprobe/alloc_vmap_area")
+int BPF_KPROBE(vmalloc_alloc_kprobe)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct vmap_entry *e;
+
+	bpf_map_update_elem(&vmap_entries, &tid, &no_vmap_entry, BPF_ANY);
+	e = bpf_map_lookup_elem(&vmap_entries, &tid);
+	if (!e)
+		return 0;
+	e->kind = vmap_kind_here(ctx);
+	if (cfg.capture_stacks)
+		e->len = bpf_get_stack(ctx, e->frames.ip, sizeof(e->frames.ip),
+				       0);
+	return 0;
+}
+
 SEC("kretprobe/alloc_vmap_area")
 int BPF_KRETPROBE(vmalloc_alloc_kretprobe, struct vmap_area *va)
 {
-	count_returned_area(ctx, va);
+	__u32 tid = (__u32)bpf_get_current_pid_tgid(), zero = 0;
+	struct vmap_entry *e = bpf_map_lookup_elem(&vmap_entries, &tid);
+	struct stack_frames *scratch;
+	struct given_stack *g;
+
+	if (!e) {
+		/* its entry was not seen (attached in between) */
+		count_returned_area(ctx, va, vmap_kind_here(ctx));
+		return 0;
+	}
+	scratch = bpf_map_lookup_elem(&stack_scratch, &zero);
+	g = bpf_map_lookup_elem(&given_stacks, &zero);
+	if (scratch && g && e->len > 0) {
+		bpf_probe_read_kernel(scratch, sizeof(*scratch), &e->frames);
+		g->ctx = (__u64)ctx;
+		g->len = e->len;
+	}
+	count_returned_area(ctx, va, e->kind);
+	if (g)
+		g->ctx = 0;
+	bpf_map_delete_elem(&vmap_entries, &tid);
 	return 0;
 }
 

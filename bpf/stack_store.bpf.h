@@ -76,6 +76,27 @@ static __always_inline bool capture_stack(void *ctx, __u64 flags, __u64 *id,
 	return true;
 }
 
+/* A stack captured before the running program, for it (vmalloc's on the
+ * kprobe path, sources.bpf.h): the program copies its frames into this
+ * CPU's scratch and marks them here with its context, so that a program
+ * interrupting it on this CPU does not take them for its own. */
+struct given_stack {
+	__u64 ctx;
+	long len; /* bytes of frames in the scratch */
+};
+
+KHEAP_PERCPU_SLOT(given_stacks, struct given_stack);
+
+/* The length of the stack given to the program of context `ctx`, or 0 when
+ * it must capture its own. */
+static __always_inline long given_stack_len(void *ctx)
+{
+	__u32 zero = 0;
+	struct given_stack *g = bpf_map_lookup_elem(&given_stacks, &zero);
+
+	return g && g->ctx == (__u64)ctx ? g->len : 0;
+}
+
 /* Stores a captured stack under its hash if it is not stored yet. */
 static __always_inline enum stack_result keep_stack(__u64 id,
 						    struct stack_frames *f)
@@ -99,6 +120,21 @@ store_stack(void *ctx, __u64 flags, __u64 *id, struct stack_frames **frames)
 	if (!capture_stack(ctx, flags, id, frames))
 		return STACK_NOT_CAPTURED;
 	return keep_stack(*id, *frames);
+}
+
+/* Stores the stack given to the program (given_stack_len(), > 0), which
+ * is in this CPU's scratch, as store_stack() stores a captured one. */
+static __always_inline enum stack_result
+store_given_stack(long len, __u64 *id, struct stack_frames **frames)
+{
+	__u32 zero = 0;
+	struct stack_frames *f = bpf_map_lookup_elem(&stack_scratch, &zero);
+
+	if (!f)
+		return STACK_NOT_CAPTURED;
+	*frames = f;
+	*id = scratch_stack_hash(len);
+	return keep_stack(*id, f);
 }
 
 #endif /* KHEAP_STACK_STORE_BPF_H */

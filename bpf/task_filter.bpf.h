@@ -4,7 +4,7 @@
  * that adds children of traced processes (and its tp_btf program), and the
  * command-name match. One copy for every object (kheap.bpf.c, malloc.bpf.c).
  * Include after vmlinux.h,
- * the libbpf headers and kheap.h.
+ * the libbpf headers, kheap.h and kmem_classic.bpf.h.
  */
 #ifndef KHEAP_TASK_FILTER_BPF_H
 #define KHEAP_TASK_FILTER_BPF_H
@@ -38,16 +38,18 @@ KHEAP_HASH(cgroup_filter, __u64, __u8, 64);
 #define KHEAP_CGROUP_MAX_DEPTH 32
 
 /* Whether the current task is in a target cgroup or below one: its own
- * cgroup, then each ancestor from the root down (the helper returns 0 past
- * the task's own level). */
+ * cgroup, then each ancestor from the root down (0 past the task's own
+ * level; ancestor_cgroup_id() in kmem_classic.bpf.h). */
 static __always_inline bool cgroup_traced(void)
 {
 	__u64 id = bpf_get_current_cgroup_id();
+	struct cgroup___ancestor_ids *cg;
 
 	if (bpf_map_lookup_elem(&cgroup_filter, &id))
 		return true;
+	cg = ancestors_of_current();
 	for (int level = 1; level < KHEAP_CGROUP_MAX_DEPTH; level++) {
-		id = bpf_get_current_ancestor_cgroup_id(level);
+		id = ancestor_cgroup_id(cg, level);
 		if (!id)
 			return false;
 		if (bpf_map_lookup_elem(&cgroup_filter, &id))

@@ -181,6 +181,12 @@ fn cases_include(allocator: &str, function: &str) -> bool {
 fn command_rows_name_each_direct_caller_exactly() {
     require_root();
     let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "command_rows_name_each_direct_caller_exactly",
+        &["--outstanding", "--", w.path()],
+    ) {
+        return;
+    }
     let r = malloc_json(&["--outstanding", "--", w.path()]);
     assert_workload_rows(&r, true);
     // The process exited before the report: symbols came from the files.
@@ -201,6 +207,12 @@ fn command_rows_name_each_direct_caller_exactly() {
 fn command_rows_are_exact_with_either_way_of_probing() {
     require_root();
     let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "command_rows_are_exact_with_either_way_of_probing",
+        &["--outstanding", "--", w.path()],
+    ) {
+        return;
+    }
     let mut totals = Vec::new();
     for (extra, preload) in [(None, true), (Some("--no-preload"), false)] {
         let args: Vec<&str> = ["--outstanding"]
@@ -252,6 +264,12 @@ fn pid_and_command_sharing_a_library_count_once() {
     // The sleeper's maps name the C library /usr/lib/…, the command's loader
     // may say /lib/…: one file, probed once.
     let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "pid_and_command_sharing_a_library_count_once",
+        &["--", w.path()],
+    ) {
+        return;
+    }
     let mut sleeper = Waiting {
         child: Command::new("sleep").arg("60").spawn().unwrap(),
     };
@@ -271,6 +289,12 @@ fn pid_and_command_sharing_a_library_count_once() {
 fn counts_are_the_same_without_return_probes() {
     require_root();
     let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "counts_are_the_same_without_return_probes",
+        &["--", w.path()],
+    ) {
+        return;
+    }
     let r = malloc_json(&["--", w.path()]);
     assert_workload_rows(&r, false);
     assert!(r["totals"].get("outstanding_count").is_none());
@@ -280,6 +304,12 @@ fn counts_are_the_same_without_return_probes() {
 fn stacks_start_at_the_direct_caller() {
     require_root();
     let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "stacks_start_at_the_direct_caller",
+        &["--by", "stack", "--", w.path()],
+    ) {
+        return;
+    }
     let r = malloc_json(&["--by", "stack", "--", w.path()]);
     let stacks: Vec<&Value> = r["stacks"]
         .as_array()
@@ -309,6 +339,12 @@ fn stacks_start_at_the_direct_caller() {
 fn threads_and_forked_and_execed_children_are_traced() {
     require_root();
     let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "threads_and_forked_and_execed_children_are_traced",
+        &["--outstanding", "--", w.path(), "fork"],
+    ) {
+        return;
+    }
     let r = malloc_json(&["--outstanding", "--", w.path(), "fork"]);
     assert_workload_rows(&r, true);
     assert_eq!(
@@ -362,6 +398,12 @@ impl Drop for Waiting {
 fn running_process_by_pid_until_it_exits() {
     require_root();
     let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "running_process_by_pid_until_it_exits",
+        &["--outstanding", "-p", &std::process::id().to_string()],
+    ) {
+        return;
+    }
     let mut waiting = Waiting {
         child: Command::new(&w.exe)
             .arg("wait")
@@ -413,6 +455,12 @@ fn running_process_by_pid_until_it_exits() {
 fn ctrl_c_prints_the_report_and_detaches() {
     require_root();
     let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "ctrl_c_prints_the_report_and_detaches",
+        &["--outstanding", "-p", &std::process::id().to_string()],
+    ) {
+        return;
+    }
     let mut target = Waiting {
         child: Command::new(&w.exe)
             .arg("wait")
@@ -540,6 +588,12 @@ fn bad_input_gives_one_line_errors() {
 fn a_child_forked_after_allocating_is_counted_and_lives() {
     require_root();
     let w = Workload::build_from(include_str!("data/malloc_fork_after_use.c"), &[]);
+    if malloc_refused_here(
+        "a_child_forked_after_allocating_is_counted_and_lives",
+        &["--outstanding", "--", w.path()],
+    ) {
+        return;
+    }
     let r = malloc_json(&["--outstanding", "--", w.path()]);
     assert!(preloaded(&r), "{:#}", r["run"]);
     assert_eq!(
@@ -596,6 +650,12 @@ impl Drop for NoexecMount {
 fn a_noexec_temporary_directory_is_passed_over() {
     require_root();
     let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "a_noexec_temporary_directory_is_passed_over",
+        &["--outstanding", "--", w.path()],
+    ) {
+        return;
+    }
     let noexec = NoexecMount::new();
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("r.json");
@@ -626,6 +686,12 @@ fn processes_without_the_preload_library_are_named() {
     require_root();
     let w = Workload::build(&[]);
     let st = Workload::build(&["-static"]);
+    if malloc_refused_here(
+        "processes_without_the_preload_library_are_named",
+        &["-o", "/dev/null", "--", "sh", "-c", "true"],
+    ) {
+        return;
+    }
     // `wait` holds each program until its input ends (a second): long
     // enough for kheap's scans to see it.
     let script = format!(
@@ -655,6 +721,12 @@ fn static_program_with_lib_pointing_at_itself() {
     require_root();
     // --lib names the file that holds the allocator: here the program.
     let st = Workload::build(&["-static"]);
+    if malloc_refused_here(
+        "static_program_with_lib_pointing_at_itself",
+        &["--lib", st.path(), "--", st.path()],
+    ) {
+        return;
+    }
     let r = malloc_json(&["--lib", st.path(), "--", st.path()]);
     assert_eq!(
         sum(&r, "sites", "malloc", "do_malloc"),
@@ -666,6 +738,12 @@ fn static_program_with_lib_pointing_at_itself() {
 fn lib_points_the_probes_at_another_allocator() {
     require_root();
     let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "lib_points_the_probes_at_another_allocator",
+        &["--", w.path()],
+    ) {
+        return;
+    }
     let src = w.dir.path().join("bump_alloc.c");
     std::fs::write(&src, include_str!("data/bump_alloc.c")).unwrap();
     let lib = w.dir.path().join("libbump.so");
@@ -725,6 +803,12 @@ fn lib_points_the_probes_at_another_allocator() {
 fn table_and_folded_output() {
     require_root();
     let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "table_and_folded_output",
+        &["--outstanding", "--no-preload", "--", w.path()],
+    ) {
+        return;
+    }
     // --no-preload: the header lists the C library's probes.
     let out = kheap(&["malloc", "--outstanding", "--no-preload", "--", w.path()]);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -760,6 +844,18 @@ fn table_and_folded_output() {
 fn fail_if_fails_a_command_that_leaves_blocks_and_passes_one_that_frees_them() {
     require_root();
     let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "fail_if_fails_a_command_that_leaves_blocks_and_passes_one_that_frees_them",
+        &[
+            "--outstanding",
+            "--fail-if",
+            "outstanding > 0",
+            "--",
+            w.path(),
+        ],
+    ) {
+        return;
+    }
     let run = |budget: &str| {
         kheap(&[
             "malloc",

@@ -344,6 +344,21 @@ fn a_short_leaks_run_has_a_real_duration_and_no_absurd_rate() {
 #[test]
 fn malloc_max_outstanding_sizes_the_block_map() {
     require_root();
+    if malloc_refused_here(
+        "malloc_max_outstanding_sizes_the_block_map",
+        &[
+            "--outstanding",
+            "--max-outstanding",
+            "4",
+            "--",
+            LOAD,
+            "malloc",
+            "1000",
+            "64",
+        ],
+    ) {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.json");
     let json = |max: &str| -> Value {

@@ -66,6 +66,16 @@ fn assert_totals_add_up(r: &Value) {
     assert_eq!(sum, u(&r["totals"]["bytes_alloc"]), "{:#}", r["totals"]);
 }
 
+/// The frame under which `kheap-load pages` faults its pages in:
+/// MADV_POPULATE_WRITE (5.14), or before it mlock.
+fn populating_frame() -> &'static str {
+    if kernel_before(5, 14) {
+        "__mm_populate"
+    } else {
+        "do_madvise"
+    }
+}
+
 #[test]
 fn page_source_counts_anonymous_pages_faulted_in_by_madvise() {
     const N: u64 = 1000;
@@ -80,7 +90,7 @@ fn page_source_counts_anonymous_pages_faulted_in_by_madvise() {
         .into_iter()
         .filter(|s| {
             let frames = frames(s);
-            frames.iter().any(|f| f.starts_with("do_madvise"))
+            frames.iter().any(|f| f.starts_with(populating_frame()))
                 && frames.iter().any(|f| f.starts_with("handle_mm_fault"))
                 && !frames
                     .iter()
@@ -109,11 +119,14 @@ fn vmalloc_source_counts_a_large_bpf_array() {
     let r = record_all(&["bpf-array", "array", "256", "4096"]);
     assert_totals_add_up(&r);
     // Before Linux 6.2 there are no vmalloc tracepoints: the fexit/fentry
-    // fallback on the functions they sit in must count the same area.
-    let how = if kernel_before(6, 2) {
-        "fentry/fexit on alloc_vmap_area"
-    } else {
+    // fallback on the functions they sit in must count the same area, or
+    // before 5.17 (no bpf_get_func_ret for fexit) kprobes.
+    let how = if !kernel_before(6, 2) {
         "raw_tp"
+    } else if kernel_before(5, 17) {
+        "kprobe/kretprobe on alloc_vmap_area"
+    } else {
+        "fentry/fexit on alloc_vmap_area"
     };
     let attach = r["run"]["attach"].as_array().unwrap();
     assert!(
@@ -149,9 +162,21 @@ fn vmap_areas_are_labelled_apart_from_vmalloc() {
     // (515 pointers) is kmalloc'd.
     let r = record_all(&["bpf-array", "ringbuf", "1048576", "0"]);
     assert_totals_add_up(&r);
-    let (count, req, alloc, caches) = stacks_through(&r, "vmalloc", "ringbuf_map_alloc");
-    assert_eq!((count, req, alloc), (1, 516 * PAGE, 516 * PAGE));
-    assert_eq!(caches, ["vmap"]);
+    let (count, req, alloc, mut caches) = stacks_through(&r, "vmalloc", "ringbuf_map_alloc");
+    // Where bpf_ringbuf_area_alloc vmallocs a page array above a page
+    // (5.10), the 515 pointers are an area of their own, vmalloc proper:
+    // 2 pages and a guard page.
+    let array = u64::from(caches.iter().any(|c| c == "vmalloc"));
+    assert_eq!(
+        (count, req, alloc),
+        (
+            1 + array,
+            (516 + 3 * array) * PAGE,
+            (516 + 3 * array) * PAGE
+        )
+    );
+    caches.sort();
+    assert_eq!(caches, ["vmalloc", "vmap"][1 - array as usize..]);
     // The label is the area's, not its stack's: the cache row says it too,
     // and the one vmalloc site has both kinds when the workload also
     // vmallocs (its thread stack does not: its parent allocates that).
@@ -270,6 +295,29 @@ fn pages_of_new_slabs_are_the_slab_layer() {
     }
 }
 
+/// Before Linux 5.19 the percpu tracepoint has no call site (nor the size
+/// allocated): kheap leaves the source out of a run with one line saying
+/// so, and traces the others. Checks that of report `r`, says that `test`
+/// checked only that, and returns true; elsewhere returns false at once.
+fn percpu_left_out_here(r: &Value, test: &str) -> bool {
+    if !kernel_before(5, 19) {
+        return false;
+    }
+    let skipped = r["run"]["skipped"].to_string();
+    assert!(
+        skipped.contains(
+            "this kernel's percpu:percpu_alloc_percpu tracepoint predates its call_site argument (Linux 5.19)"
+        ),
+        "{skipped}"
+    );
+    assert!(rows(r, "sites", "source", "percpu").is_empty());
+    assert!(!rows(r, "sites", "source", "kmalloc").is_empty());
+    partial_check(&format!(
+        "{test}: this kernel's percpu tracepoint predates call_site (5.19); only that the source is left out with one line was checked"
+    ));
+    true
+}
+
 #[test]
 fn percpu_source_counts_one_allocation_per_entry_on_every_cpu() {
     const ENTRIES: u64 = 100;
@@ -281,6 +329,12 @@ fn percpu_source_counts_one_allocation_per_entry_on_every_cpu() {
         &VALUE.to_string(),
     ]);
     assert_totals_add_up(&r);
+    if percpu_left_out_here(
+        &r,
+        "percpu_source_counts_one_allocation_per_entry_on_every_cpu",
+    ) {
+        return;
+    }
     // One percpu allocation per entry (bpf_array_alloc_percpu). Its real
     // footprint (the tracepoint's bytes_alloc) is the value on every
     // possible CPU, plus one obj_cgroup pointer per 4 bytes when the memory
@@ -330,16 +384,6 @@ fn an_unknown_source_is_one_line() {
 }
 
 /// `/sys/devices/system/cpu/possible`: "0-1", "0", "0-3,8-11".
-/// Whether the running kernel is older than `major.minor`.
-fn kernel_before(major: u32, minor: u32) -> bool {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let mut parts = release
-        .trim()
-        .split(['.', '-'])
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    (parts.next().unwrap(), parts.next().unwrap()) < (major, minor)
-}
-
 fn possible_cpus() -> u64 {
     let text = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
     text.trim()
@@ -572,6 +616,26 @@ fn leaks_accounting_matches_percpu_for_a_held_percpu_array() {
     // populated chunk pages on every CPU; the obj_cgroup pointers in the
     // allocations' footprint live in chunk metadata (slab or vmalloc), so
     // the accounting leaves them out.
+    if kernel_before(5, 19) {
+        let r = json_report(
+            "leaks",
+            &[
+                "--source",
+                "all",
+                "--",
+                LOAD,
+                "bpf-array",
+                "percpu",
+                "10",
+                "4096",
+            ],
+        );
+        assert!(percpu_left_out_here(
+            &r,
+            "leaks_accounting_matches_percpu_for_a_held_percpu_array"
+        ));
+        return;
+    }
     let cpus = possible_cpus();
     let entries = (128 << 20) / (4096 * cpus);
     let held = entries * 4096 * cpus;
@@ -876,7 +940,7 @@ fn tables_name_the_source_of_every_row() {
         );
         // The fault path's own slab allocations (anon_vma…) are kmalloc's.
         let anon_page = title.ends_with(", source page")
-            && through("do_madvise")
+            && through(populating_frame())
             && through("handle_mm_fault")
             && !frames
                 .iter()

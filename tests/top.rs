@@ -542,7 +542,20 @@ fn aging_out_idle_keys_loses_and_doubles_nothing() {
         .sum();
     assert_eq!(seen, calls, "every call counted exactly once: {text}");
     let aged: u64 = intervals.iter().map(|iv| u(&iv["aged_out"])).sum();
-    assert!(aged >= 1, "the idle site was aged out: {text}");
+    if kernel_before(5, 14) {
+        // No lookup-and-delete on hash maps: idle keys stay, said once.
+        let skipped = intervals[0]["run"]["skipped"].to_string();
+        assert!(
+            skipped.contains("idle keys are kept: this kernel cannot read and delete"),
+            "{skipped}"
+        );
+        assert_eq!(aged, 0, "{text}");
+        partial_check(
+            "aging_out_idle_keys_loses_and_doubles_nothing: this kernel cannot read and delete a hash map entry in one step (5.14): that top keeps idle keys and says so, and its exact counts, were checked",
+        );
+    } else {
+        assert!(aged >= 1, "the idle site was aged out: {text}");
+    }
     // After the loop stopped and its keys went, intervals are empty.
     assert_eq!(u(&intervals[9]["totals"]["count"]), 0, "{}", intervals[9]);
 }

@@ -33,9 +33,10 @@
 //!       write while the loop runs would allocate kernel memory (page
 //!       cache, journal) under the loop's PID.
 //!   kheap-load pages COUNT [HOLD_SECS]      COUNT anonymous pages, without
-//!       huge pages, faulted in for writing by MADV_POPULATE_WRITE: COUNT
-//!       order-0 allocations in do_anonymous_page under madvise_populate;
-//!       held HOLD_SECS, then unmapped.
+//!       huge pages, faulted in for writing by MADV_POPULATE_WRITE (before
+//!       5.14: by mlock, under __mm_populate): COUNT order-0 allocations in
+//!       do_anonymous_page under madvise_populate; held HOLD_SECS, then
+//!       unmapped.
 //!   kheap-load bpf-array KIND ENTRIES VALUE_SIZE [HOLD_SECS]  creates a
 //!       BPF map of KIND `array` (above 32 KiB its values are one vmalloc
 //!       area) or `percpu` (one percpu allocation per entry) through the bpf
@@ -578,15 +579,19 @@ fn pages(count: usize, hold_secs: Option<u64>) {
         libc::madvise(p, len, libc::MADV_NOHUGEPAGE);
         if libc::madvise(p, len, MADV_POPULATE_WRITE) != 0 {
             let err = std::io::Error::last_os_error();
-            // Before 5.14 there is no MADV_POPULATE_WRITE: one write fault
-            // per page allocates the same order-0 pages.
+            // Before 5.14 there is no MADV_POPULATE_WRITE: mlock(2)
+            // populates a private writable mapping with write faults too
+            // (__mm_populate), the same order-0 pages on a path of its own
+            // (root needs no RLIMIT_MEMLOCK room); unlocked at once.
             if err.raw_os_error() != Some(libc::EINVAL) {
                 eprintln!("MADV_POPULATE_WRITE: {err}");
                 std::process::exit(1);
             }
-            for i in 0..count {
-                std::ptr::write_volatile((p as *mut u8).add(i * 4096), 1);
+            if libc::mlock(p, len) != 0 {
+                eprintln!("mlock: {}", std::io::Error::last_os_error());
+                std::process::exit(1);
             }
+            libc::munlock(p, len);
         }
         if let Some(secs) = hold_secs {
             println!("populated");

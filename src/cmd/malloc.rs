@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use crate::report::budget::{self, Budget, BudgetRow};
 use clap::Args;
@@ -156,6 +156,10 @@ fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
             bail!("--lib {}: no such file", lib.display());
         }
         check_elf(lib)?;
+        // Checked here, before anything starts, as it will be when probed
+        // (--lib means no preload library).
+        crate::malloc::probes::plan(&crate::malloc::probes::lookup_symbols(lib)?)
+            .with_context(|| format!("{} is not an allocator library", lib.display()))?;
         return Ok(vec![lib.clone()]);
     }
     let mut libs: Vec<PathBuf> = Vec::new();
@@ -284,6 +288,10 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     }
     for l in &libs {
         modules.add_file(l);
+    }
+    // After the input is checked, before a command is started.
+    if let Some(why) = features::malloc_unsupported(features::kernel_btf()?) {
+        bail!(why);
     }
     let preload = preload_for(&args, cgroups.len())?;
     // Held between fork and exec until the probes are attached.

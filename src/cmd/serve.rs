@@ -370,6 +370,13 @@ impl Daemon {
                 None
             }
         };
+        if self.args.idle_intervals > 0 && !crate::kernel::features::hash_lookup_and_delete() {
+            eprintln!(
+                "kheap: warning: {}",
+                crate::kernel::features::IDLE_KEYS_KEPT
+            );
+            self.args.idle_intervals = 0;
+        }
         for target in &self.args.filters.cgroups {
             self.cgroup_names.insert(target.id, target.path.clone());
         }

@@ -101,7 +101,14 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
             None
         }
     };
-    let run = run::run_info(&session.attached, &session.skipped, &args.trace.filters);
+    let mut skipped = session.skipped.clone();
+    let idle_intervals = if args.idle_intervals > 0 && !features::hash_lookup_and_delete() {
+        skipped.push(features::IDLE_KEYS_KEPT.to_string());
+        0
+    } else {
+        args.idle_intervals
+    };
+    let run = run::run_info(&session.attached, &skipped, &args.trace.filters);
     let syms = CachingSymbols::new(KernelSymbols::new(None));
     // The first lookup loads kallsyms; do it now, not inside an interval.
     let _ = syms.symbolize(&[0]);
@@ -130,7 +137,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         sizes: ObjectSizes::default(),
         cgroup_names: CgroupNames::new(cgroup2_mount().ok()),
         stack_sample_every: cfg.stack_sample_every,
-        idle_intervals: args.idle_intervals,
+        idle_intervals,
         run,
         last_read,
         usage,

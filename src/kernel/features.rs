@@ -384,6 +384,54 @@ fn check_btf_describes_this_kernel(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// What `kheap top` and `kheap serve` do where idle keys cannot be aged out.
+pub const IDLE_KEYS_KEPT: &str = "idle keys are kept: this kernel cannot read and delete a BPF hash map entry in one step (BPF_MAP_LOOKUP_AND_DELETE_ELEM on hash maps, Linux 5.14), so aging them out could lose events; a long run may fill the maps";
+
+/// Whether the kernel reads and deletes a per-CPU hash map entry in one
+/// syscall (5.14; before, only queue and stack maps): what aging out idle
+/// keys needs to lose no event. Probed once, on a map of one entry.
+pub fn hash_lookup_and_delete() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| {
+        let opts = libbpf_sys::bpf_map_create_opts {
+            sz: std::mem::size_of::<libbpf_sys::bpf_map_create_opts>() as _,
+            ..Default::default()
+        };
+        let Ok(map) = libbpf_rs::MapHandle::create(
+            libbpf_rs::MapType::PercpuHash,
+            Some("kheap_probe"),
+            4,
+            8,
+            1,
+            &opts,
+        ) else {
+            // No map at all: whatever this says, loading will fail first.
+            return true;
+        };
+        use libbpf_rs::MapCore;
+        let key = 0u32.to_ne_bytes();
+        let cpus = libbpf_rs::num_possible_cpus().unwrap_or(1);
+        let values = vec![0u64.to_ne_bytes().to_vec(); cpus];
+        if map
+            .update_percpu(&key, &values, libbpf_rs::MapFlags::ANY)
+            .is_err()
+        {
+            return true;
+        }
+        !matches!(
+            crate::kernel::maps::take_percpu::<u64, _>(&map, &key),
+            Err(e) if e
+                .root_cause()
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::raw_os_error)
+                == Some(ENOTSUPP)
+        )
+    })
+}
+
+/// The kernel's ENOTSUPP (not in libc: it is not a user-space errno).
+const ENOTSUPP: i32 = 524;
+
 pub fn kernel_release() -> String {
     kernel().release.clone()
 }

@@ -76,6 +76,15 @@ impl Hook {
             (Fallback::Kprobe, _) => "kprobe",
         })
     }
+
+    /// The program that also hooks the function's entry, where its return
+    /// is hooked: on the kprobe path, an allocation is labelled and its
+    /// stack captured at entry (before Linux 5.15 a kretprobe's stack ends
+    /// at kretprobe_trampoline, bpf/sources.bpf.h).
+    pub fn entry_program(&self, via: Fallback) -> Option<String> {
+        (via == Fallback::Kprobe && self.role == Role::Alloc && self.function.is_some())
+            .then(|| self.program_with_suffix("kprobe"))
+    }
 }
 
 /// Every hook, in attach order: frees before allocations, so that no

@@ -252,9 +252,21 @@ impl<'obj> Tracer<'obj> {
             skipped.push(why.clone());
         }
         let labels = label_ranges(cfg, &kallsyms)?;
+        // Programs that hook a function's entry besides its return.
+        let entry_programs: Vec<String> = enabled
+            .iter()
+            .filter_map(|h| h.entry_program(fallback?))
+            .collect();
         if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
             rodata.cfg.backing_ranges = labels.page;
             rodata.cfg.vmap_ranges = labels.vmap;
+            rodata.cfg.given_stacks = u8::from(!entry_programs.is_empty());
+        }
+        if entry_programs.is_empty() {
+            open.maps
+                .vmap_entries
+                .set_max_entries(1)
+                .context("sizing the vmap entry map")?;
         }
         // Exactly the programs of the chosen mechanism and hooks load; any
         // other program left in the object would fail the whole load.
@@ -263,6 +275,8 @@ impl<'obj> Tracer<'obj> {
             let name = prog.name().to_string_lossy().into_owned();
             let on = if name == "clock" {
                 cfg.live.is_some()
+            } else if entry_programs.contains(&name) {
+                true
             } else {
                 enabled
                     .iter()
@@ -334,6 +348,20 @@ impl<'obj> Tracer<'obj> {
             }
             .with_context(|| format!("attaching to {tp}"))?;
             tracer.links.push(link);
+            // After the return's: the kernel runs the handlers of one probed
+            // address newest first, and the kretprobe's replaces the return
+            // address with kretprobe_trampoline, where a 5.10 stack walk
+            // stops. (A return whose entry was not seen is counted without
+            // what the entry gives.)
+            if let Some(name) = fallback.and_then(|via| hook.entry_program(via)) {
+                let prog = tracer
+                    .program_named(&name)
+                    .with_context(|| format!("no program {name}"))?;
+                let link = prog
+                    .attach()
+                    .with_context(|| format!("attaching to {tp}'s entry"))?;
+                tracer.links.push(link);
+            }
             tracer.hooks.push(hook);
             let how = match (hook.function, fallback) {
                 (Some(f), Some(via)) => format!("{} on {f}", via.name()),
@@ -347,7 +375,10 @@ impl<'obj> Tracer<'obj> {
 
     /// The loaded program of one hook, for this tracer's mechanism.
     fn program(&self, hook: &Hook) -> Option<&ProgramMut<'obj>> {
-        let name = program_name(hook, self.mech, self.fallback);
+        self.program_named(&program_name(hook, self.mech, self.fallback))
+    }
+
+    fn program_named(&self, name: &str) -> Option<&ProgramMut<'obj>> {
         let p = &self.skel.progs;
         let all = [
             &p.kmalloc_btf,
@@ -371,12 +402,13 @@ impl<'obj> Tracer<'obj> {
             &p.vmalloc_free_raw,
             &p.vmalloc_alloc_fexit,
             &p.vmalloc_free_fentry,
+            &p.vmalloc_alloc_kprobe,
             &p.vmalloc_alloc_kretprobe,
             &p.vmalloc_free_kprobe,
             &p.percpu_alloc_raw,
             &p.percpu_free_raw,
         ];
-        all.into_iter().find(|p| p.name() == name.as_str())
+        all.into_iter().find(|p| p.name() == name)
     }
 
     /// Adds a process (tgid) to the set whose allocations are counted.

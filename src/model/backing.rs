@@ -28,11 +28,22 @@ pub const BACKING_FUNCTIONS: [(&str, PageUse); 14] = [
     ("pcpu_populate_chunk", PageUse::Percpu),
 ];
 
-/// Functions (x86 and generic names, 6.1 to 6.18) whose callees' vmap
+/// Functions (x86 and generic names, 5.10 to 6.18) whose callees' vmap
 /// areas are of one kind; the innermost one on the stack wins.
-pub const VMAP_FUNCTIONS: [(&str, VmapKind); 10] = [
+pub const VMAP_FUNCTIONS: [(&str, VmapKind); 18] = [
     ("__vmalloc_node_range", VmapKind::Vmalloc),
     ("__vmalloc_node_range_noprof", VmapKind::Vmalloc),
+    // vmalloc()'s exported wrappers (functions until 6.10): 5.10 inlines
+    // __vmalloc_node_range into some (vmalloc_node, seen in the guest),
+    // whose stacks then go from it straight to __get_vm_area_node.
+    ("vmalloc", VmapKind::Vmalloc),
+    ("vzalloc", VmapKind::Vmalloc),
+    ("vmalloc_user", VmapKind::Vmalloc),
+    ("vmalloc_node", VmapKind::Vmalloc),
+    ("vzalloc_node", VmapKind::Vmalloc),
+    ("vmalloc_32", VmapKind::Vmalloc),
+    ("vmalloc_32_user", VmapKind::Vmalloc),
+    ("__vmalloc", VmapKind::Vmalloc),
     ("vmap", VmapKind::Vmap),
     ("vmap_pfn", VmapKind::Vmap),
     // x86's ioremap_*() all go through __ioremap_caller; other

@@ -106,6 +106,49 @@ pub fn poll_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// Whether the running kernel is older than `major.minor`.
+pub fn kernel_before(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release
+        .trim()
+        .split(['.', '-'])
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    (parts.next().unwrap(), parts.next().unwrap()) < (major, minor)
+}
+
+/// Whether this kernel lacks BPF features `kheap malloc` needs (task
+/// storage 5.11, bpf_get_attach_cookie 5.15, bpf_find_vma and bpf_loop
+/// 5.17; src/kernel/features.rs): it then refuses in one line.
+pub fn malloc_unsupported() -> bool {
+    kernel_before(5, 17)
+}
+
+/// On a kernel without malloc's BPF features (`malloc_unsupported`): runs
+/// `kheap malloc ARGS`, asserts that it refuses in one line naming what the
+/// kernel lacks (and starts nothing), says that `test` checked only that,
+/// and returns true: the test then ends. Elsewhere returns false at once.
+pub fn malloc_refused_here(test: &str, args: &[&str]) -> bool {
+    if !malloc_unsupported() {
+        return false;
+    }
+    let mut all = vec!["malloc"];
+    all.extend(args);
+    let out = kheap(&all);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "kheap {all:?} ran here: {err}");
+    assert!(
+        err.contains("malloc needs BPF features this kernel (")
+            && err.contains("bpf_find_vma (5.17), bpf_loop (5.17)"),
+        "kheap {all:?}: {err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(out.stdout.is_empty(), "no report on error");
+    partial_check(&format!(
+        "{test}: this kernel lacks BPF features kheap malloc needs; only its one-line refusal was checked"
+    ));
+    true
+}
+
 pub fn kheap(args: &[&str]) -> Output {
     Command::new(KHEAP)
         .args(args)
