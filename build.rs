@@ -4,9 +4,9 @@
 //! embeds it.
 
 use std::env;
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use libbpf_cargo::SkeletonBuilder;
 
@@ -22,30 +22,91 @@ fn main() {
         .filter(|p| p.to_string_lossy().ends_with(".bpf.c"))
         .collect();
     sources.sort();
+    let clang_args = |extra: &[&str]| {
+        let mut args = vec![
+            "-I".into(),
+            vmlinux.clone().into_os_string(),
+            "-I".into(),
+            bpf_dir.clone().into_os_string(),
+            "-Wall".into(),
+        ];
+        args.extend(extra.iter().map(|a| a.into()));
+        args
+    };
     for src in sources {
         let file = src.file_name().and_then(OsStr::to_str).expect("utf-8 name");
         let name = file.trim_end_matches(".bpf.c");
+        let skel = out.join(format!("{name}.skel.rs"));
         SkeletonBuilder::new()
             .source(&src)
-            .clang_args([
-                "-I".as_ref(),
-                vmlinux.as_os_str(),
-                "-I".as_ref(),
-                bpf_dir.as_os_str(),
-                OsStr::new("-Wall"),
-            ])
-            .build_and_generate(out.join(format!("{name}.skel.rs")))
-            .unwrap_or_else(|e| {
-                panic!(
-                    "building bpf/{file} failed: {e:#}\n\
-                     (clang and libelf/zlib headers are needed: run scripts/setup)"
-                )
-            });
+            .obj(out.join(format!("{name}.bpf.o")))
+            .reference_obj(true)
+            .clang_args(clang_args(&[]))
+            .build_and_generate(&skel)
+            .unwrap_or_else(|e| build_failed(file, e));
+        if name == "kheap" {
+            build_kheap_without_kfuncs(&src, &out, &skel, clang_args(&["-DKHEAP_NO_KFUNCS"]));
+        }
     }
     build_preload(&manifest, &out);
     println!("cargo:rerun-if-changed=bpf");
     println!("cargo:rerun-if-changed=preload");
     println!("cargo:rerun-if-changed=vmlinux");
+}
+
+fn build_failed(file: &str, e: impl std::fmt::Display) -> ! {
+    panic!(
+        "building bpf/{file} failed: {e:#}\n\
+         (clang and libelf/zlib headers are needed: run scripts/setup)"
+    )
+}
+
+/// The kmem object once more without its kfunc (bpf/slab_cache.bpf.h), for
+/// kernels that expose no BTF of their own: libbpf resolves a kfunc extern
+/// only through the kernel's BTF and fails the whole load without it. The
+/// skeleton keeps one set of types: its object bytes come from
+/// `kernel::skel::kheap_object`, which picks one of the two. Both objects
+/// must describe the same maps, programs and sections, which the two
+/// generated skeletons (equal but for the file they include) prove here.
+fn build_kheap_without_kfuncs(src: &Path, out: &Path, skel: &Path, args: Vec<OsString>) {
+    let dir = out.join("no-kfuncs");
+    fs::create_dir_all(&dir).expect("creating OUT_DIR/no-kfuncs");
+    let obj = dir.join("kheap.bpf.o");
+    let variant_skel = dir.join("kheap.skel.rs");
+    SkeletonBuilder::new()
+        .source(src)
+        .obj(&obj)
+        .reference_obj(true)
+        .clang_args(args)
+        .build_and_generate(&variant_skel)
+        .unwrap_or_else(|e| build_failed("kheap.bpf.c (KHEAP_NO_KFUNCS)", e));
+    let text = fs::read_to_string(skel).expect("reading the kheap skeleton");
+    let variant = fs::read_to_string(&variant_skel).expect("reading its variant");
+    // Everything but the `static DATA … = *include_bytes!(…);` statement
+    // (rustfmt may spread it over lines).
+    let without_data = |t: &str| -> String {
+        let start = t.find("static DATA:").expect("the skeleton embeds DATA");
+        let bytes = start + t[start..].find("include_bytes!").expect("DATA is included");
+        let end = bytes + t[bytes..].find(';').expect("DATA's statement ends");
+        format!("{}{}", &t[..start], &t[end..])
+    };
+    assert!(
+        without_data(&text) == without_data(&variant),
+        "bpf/kheap.bpf.c built with and without KHEAP_NO_KFUNCS differs in more than its code \
+         (maps, programs or data sections): the one skeleton cannot load both"
+    );
+    let config = "ObjectSkeletonConfigBuilder::new(&DATA)";
+    assert_eq!(
+        text.matches(config).count(),
+        1,
+        "libbpf-cargo's skeleton no longer builds its config from `{config}`: \
+         update build.rs's object choice"
+    );
+    let chosen = text.replace(
+        config,
+        "ObjectSkeletonConfigBuilder::new(crate::kernel::skel::kheap_object(&DATA))",
+    );
+    fs::write(skel, chosen).expect("writing the kheap skeleton");
 }
 
 /// libkheap-preload.so: optimised, with frame pointers (its probe sites find

@@ -416,8 +416,12 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 		__u64 tid = bpf_get_current_pid_tgid();
 		struct lat_start *ls = bpf_map_lookup_elem(&lat_starts, &tid);
 
-		if (ls && ls->call_site)
-			key->call_site = ls->call_site;
+		__u64 caller =
+			ls ? (ls->nested ? ls->nested_call_site : ls->call_site)
+			   : 0;
+
+		if (caller)
+			key->call_site = caller;
 	}
 
 	/* cfg is constant after load: without filters, a per-process view or
@@ -556,7 +560,7 @@ static __always_inline void on_kmalloc(void *ctx, bool classic, bool typed,
 	};
 
 	if (kmalloc_cache_wanted(ptr, alloc)) {
-		if (typed && bpf_ksym_exists(bpf_get_kmem_cache)) {
+		if (typed && kmem_cache_kfunc_exists()) {
 			struct kmem_cache *s = kmalloc_cache_kfunc(ptr, alloc);
 
 			if (s) {

@@ -293,6 +293,13 @@ struct lat_start {
 	__u64 ts;
 	__u64 call_site;
 	__u64 func_ip;
+	/* Calls entered while this one runs, on the same task: an interrupt's
+	 * allocation inside the timed one. They are not timed (one start per
+	 * task) and must not take the outer call's start away. */
+	__u32 nested;
+	__u32 pad;
+	/* The caller of the first of them, for the record object's sites. */
+	__u64 nested_call_site;
 };
 
 struct lat_key {
@@ -309,6 +316,7 @@ struct lat_stats {
 struct lat_counters {
 	__u64 missed_start; /* exits without a recorded entry */
 	__u64 map_full;
+	__u64 nested; /* calls inside a timed call on the same task, untimed */
 };
 
 #endif /* KHEAP_H */

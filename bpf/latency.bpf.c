@@ -25,31 +25,47 @@ KHEAP_PERCPU_SLOT(lat_counters, struct lat_counters);
 
 static struct lat_stats zero_lat;
 
-static __always_inline void count(int missed_start)
+#define STALE_START_NS 1000000000ULL
+
+enum lat_loss { LAT_MISSED_START, LAT_MAP_FULL, LAT_NESTED };
+
+static __always_inline void count(enum lat_loss what)
 {
 	__u32 zero = 0;
 	struct lat_counters *c = bpf_map_lookup_elem(&lat_counters, &zero);
 
 	if (!c)
 		return;
-	if (missed_start)
+	if (what == LAT_MISSED_START)
 		c->missed_start++;
-	else
+	else if (what == LAT_MAP_FULL)
 		c->map_full++;
+	else
+		c->nested++;
 }
 
 static __always_inline void on_enter(void *ctx, __u64 caller)
 {
 	__u64 tid = bpf_get_current_pid_tgid();
+	struct lat_start *outer = bpf_map_lookup_elem(&lat_starts, &tid);
 	struct lat_start s = {
 		.func_ip = bpf_get_func_ip(ctx),
 		.call_site = caller,
 	};
 
+	/* An interrupt allocating inside a timed call runs as the same task:
+	 * overwriting the start would lose the outer call at its exit. A start
+	 * older than STALE_START_NS is taken as one whose exit never ran (a
+	 * kretprobe without a free instance) and replaced. */
+	if (outer && bpf_ktime_get_ns() - outer->ts < STALE_START_NS) {
+		if (!outer->nested++)
+			outer->nested_call_site = caller;
+		return;
+	}
 	/* last, so the work above is not timed */
 	s.ts = bpf_ktime_get_ns();
 	if (bpf_map_update_elem(&lat_starts, &tid, &s, BPF_ANY))
-		count(0);
+		count(LAT_MAP_FULL);
 }
 
 static __always_inline void on_exit(void)
@@ -61,7 +77,12 @@ static __always_inline void on_exit(void)
 	__u64 delta;
 
 	if (!s) {
-		count(1);
+		count(LAT_MISSED_START);
+		return;
+	}
+	if (s->nested) {
+		s->nested--;
+		count(LAT_NESTED);
 		return;
 	}
 	delta = bpf_ktime_get_ns() - s->ts;
@@ -74,7 +95,7 @@ static __always_inline void on_exit(void)
 		bpf_map_update_elem(&latencies, &key, &zero_lat, BPF_NOEXIST);
 		st = bpf_map_lookup_elem(&latencies, &key);
 		if (!st) {
-			count(0);
+			count(LAT_MAP_FULL);
 			return;
 		}
 	}

@@ -14,8 +14,17 @@
 #define KHEAP_SLAB_CACHE_BPF_H
 
 /* 6.13+ names the cache of an address itself; a kfunc, so only typed
- * (tp_btf) programs may call it. */
+ * (tp_btf) programs may call it. libbpf resolves a kfunc extern through the
+ * kernel's own BTF and refuses to load an object that has one where the
+ * kernel exposes none, even with a BTF file given (--btf): build.rs also
+ * compiles this object with KHEAP_NO_KFUNCS for those kernels, which run
+ * no typed programs anyway. */
+#ifdef KHEAP_NO_KFUNCS
+#define kmem_cache_kfunc_exists() false
+#else
 extern struct kmem_cache *bpf_get_kmem_cache(__u64 addr) __ksym __weak;
+#define kmem_cache_kfunc_exists() bpf_ksym_exists(bpf_get_kmem_cache)
+#endif
 
 /* Without the kfunc (older kernels; raw_tp and classic programs), the page
  * is found through the direct map and vmemmap bases. Both are variables
@@ -92,9 +101,13 @@ static __always_inline bool kmalloc_cache_wanted(const void *ptr, __u64 alloc)
 static __always_inline struct kmem_cache *kmalloc_cache_kfunc(const void *ptr,
 							      __u64 alloc)
 {
+#ifdef KHEAP_NO_KFUNCS
+	return NULL;
+#else
 	struct kmem_cache *s = bpf_get_kmem_cache((__u64)ptr);
 
 	return s && s->size == alloc ? s : NULL;
+#endif
 }
 
 /* The same through the object's page (older kernels, untyped programs): its

@@ -59,6 +59,9 @@ pub struct LatencyData {
     pub entries: Vec<LatencyEntry>,
     pub missed_start: u64,
     pub map_full: u64,
+    /// Calls made inside a timed call on the same task (an interrupt's
+    /// allocation), not timed.
+    pub nested: u64,
 }
 
 #[derive(Clone, Debug)]

@@ -133,6 +133,10 @@ pub struct Lost {
     /// mid-call, or an entry record lost to a full map).
     #[serde(default)]
     pub latency_unmatched: u64,
+    /// --latency: allocator calls made inside a timed call on the same
+    /// task (an interrupt allocating during it), not timed.
+    #[serde(default)]
+    pub latency_nested: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -535,6 +539,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
             map_full_caches: ev.map_full_caches,
             map_full_cgroups: ev.map_full_cgroups,
             latency_unmatched: 0,
+            latency_nested: 0,
         },
         sampling: Sampling {
             stack_sample_every: opts.stack_sample_every,

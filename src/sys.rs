@@ -1,5 +1,5 @@
 //! Small reads of the running system that several commands make: the page
-//! size and a process's name. One place, so every command agrees.
+//! size, a process's name, whether the kernel has BTF of its own. One place, so every command agrees.
 
 /// The page size in bytes (4096 if the C library cannot say).
 pub fn page_size() -> u64 {
@@ -10,6 +10,17 @@ pub fn page_size() -> u64 {
     } else {
         4096
     }
+}
+
+/// Where a kernel built with CONFIG_DEBUG_INFO_BTF exposes its BTF.
+pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+
+/// Whether the running kernel exposes its own BTF. Without it (a kernel
+/// built without CONFIG_DEBUG_INFO_BTF, read through `--btf FILE`) the
+/// kernel cannot check typed programs (tp_btf, fentry) or kfunc calls, and
+/// libbpf cannot resolve them: only untyped programs are loaded there.
+pub fn kernel_has_own_btf() -> bool {
+    std::path::Path::new(KERNEL_BTF).exists()
 }
 
 /// A process's name (`/proc/PID/comm`) as it is now; None once the process

@@ -144,6 +144,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     if let Some(data) = &latency_data {
         report.latency = crate::latency::rows(data, &syms);
         report.lost.latency_unmatched = data.missed_start;
+        report.lost.latency_nested = data.nested;
         report.lost.map_full += data.map_full;
     }
     write_report(report, &args)?;

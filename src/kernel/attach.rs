@@ -61,7 +61,8 @@ impl Mechanism {
             // Raw tracepoints exist exactly where BTF names them; one
             // with an older argument layout is not the hook's.
             Mechanism::Btf | Mechanism::Raw => {
-                kbtf.btf_tracepoints.iter().any(|t| t == hook.tracepoint)
+                (mech == Mechanism::Raw || kbtf.typed_programs)
+                    && kbtf.btf_tracepoints.iter().any(|t| t == hook.tracepoint)
                     && !kbtf.old_layouts.iter().any(|t| t == hook.tracepoint)
             }
             Mechanism::Classic => {
@@ -270,6 +271,26 @@ mod tests {
                 Ok(Some(Fallback::Kprobe))
             );
         }
+    }
+
+    #[test]
+    fn typed_programs_need_the_kernels_own_btf() {
+        let kmalloc = HOOKS
+            .iter()
+            .find(|h| h.tracepoint == "kmalloc" && !h.raw_only)
+            .unwrap();
+        // A kernel read through a --btf file: its tracepoints, untyped.
+        let from_a_file = KernelBtf {
+            btf_tracepoints: vec!["kmalloc".into()],
+            ..Default::default()
+        };
+        assert!(Mechanism::Raw.has_hook(kmalloc, &from_a_file, None));
+        assert!(!Mechanism::Btf.has_hook(kmalloc, &from_a_file, None));
+        let own = KernelBtf {
+            typed_programs: true,
+            ..from_a_file
+        };
+        assert!(Mechanism::Btf.has_hook(kmalloc, &own, None));
     }
 
     #[test]

@@ -17,7 +17,7 @@ const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
 
 /// Where a kernel built with CONFIG_DEBUG_INFO_BTF exposes its BTF.
-const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
+use crate::sys::{kernel_has_own_btf, KERNEL_BTF};
 
 /// A BTF file given with `--btf`, set before the kernel is first probed.
 static BTF_FILE: OnceLock<PathBuf> = OnceLock::new();
@@ -78,7 +78,11 @@ pub fn open_skel<'obj, B: libbpf_rs::skel::SkelBuilder<'obj>>(
 pub fn btf_origin() -> String {
     match custom_btf_path() {
         None => format!("the kernel's own ({KERNEL_BTF})"),
-        Some(p) => format!("{} (given with --btf)", p.display()),
+        Some(p) if kernel_has_own_btf() => format!("{} (given with --btf)", p.display()),
+        Some(p) => format!(
+            "{} (given with --btf); the kernel has none of its own ({KERNEL_BTF}): untyped programs only (raw_tp, kprobes), no malloc",
+            p.display()
+        ),
     }
 }
 
@@ -168,6 +172,9 @@ pub struct KernelBtf {
     /// Hooks whose tracepoint exists with an older argument layout than
     /// their program reads (`Hook::layout`): their tracepoint names.
     pub old_layouts: Vec<String>,
+    /// The kernel has its own BTF (`kernel_has_own_btf`): tp_btf and
+    /// fentry programs can load.
+    pub typed_programs: bool,
 }
 
 impl KernelBtf {
@@ -194,13 +201,19 @@ const MALLOC_NEEDS: [(&str, &str, &str); 5] = [
 /// The one line that says why `kheap malloc` cannot run on this kernel, if
 /// it cannot: which of the BPF features it needs the kernel lacks.
 pub fn malloc_unsupported(k: &KernelBtf) -> Option<String> {
-    let missing: Vec<String> = MALLOC_NEEDS
-        .iter()
-        .filter(|(need, _, _)| match need.strip_prefix("map:") {
-            Some(map) => !k.has_map_type(map),
-            None => !k.has_helper(need),
-        })
-        .map(|(_, what, since)| format!("{what} ({since})"))
+    let own_btf = (!k.typed_programs)
+        .then(|| format!("its own BTF ({KERNEL_BTF}; a --btf file serves kheap, not the kernel's checks of malloc's typed programs)"));
+    let missing: Vec<String> = own_btf
+        .into_iter()
+        .chain(
+            MALLOC_NEEDS
+                .iter()
+                .filter(|(need, _, _)| match need.strip_prefix("map:") {
+                    Some(map) => !k.has_map_type(map),
+                    None => !k.has_helper(need),
+                })
+                .map(|(_, what, since)| format!("{what} ({since})")),
+        )
         .collect();
     (!missing.is_empty()).then(|| {
         format!(
@@ -322,10 +335,12 @@ fn read_kernel_btf() -> Result<KernelBtf> {
         .filter(|tp| index.find::<Typedef>(&format!("btf_trace_{tp}")).is_some())
         .map(str::to_string)
         .collect();
+    // Typed programs need the kernel's own BTF, whatever file describes it.
+    let typed_programs = kernel_has_own_btf();
     let btf_functions = hooks
         .iter()
         .filter_map(|h| h.function)
-        .filter(|f| index.has_func(f))
+        .filter(|f| typed_programs && index.has_func(f))
         .map(str::to_string)
         .collect();
     let old_layouts = hooks
@@ -353,7 +368,8 @@ fn read_kernel_btf() -> Result<KernelBtf> {
             .enum_bit("_SLAB_ACCOUNT")
             .unwrap_or(SLAB_ACCOUNT_FALLBACK),
         kmalloc_buckets: index.has_func("kmem_buckets_create"),
-        kmem_cache_kfunc: index.has_func("bpf_get_kmem_cache"),
+        kmem_cache_kfunc: typed_programs && index.has_func("bpf_get_kmem_cache"),
+        typed_programs,
     })
 }
 

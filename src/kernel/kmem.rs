@@ -189,6 +189,9 @@ impl<'obj> Tracer<'obj> {
         slot: &'obj mut MaybeUninit<OpenObject>,
         lat_starts: Option<BorrowedFd<'_>>,
     ) -> Result<Tracer<'obj>> {
+        if mech == Mechanism::Btf && !kbtf.typed_programs {
+            bail!("the kernel exposes no BTF of its own to check typed programs with");
+        }
         let tracefs = if mech.needs_tracefs() {
             Some(Tracefs::ensure_mounted()?)
         } else {
@@ -1344,7 +1347,11 @@ pub fn cache_id(
         };
         return CacheId::Kmalloc {
             size: kmalloc_size as u64,
-            accounted,
+            // The charge only names a size class (kmalloc-cg-*). A cache the
+            // slab named is one row whatever the charge: before 5.14,
+            // charged and uncharged objects share kmalloc-<size> (seen on
+            // 5.10 as two kmalloc-4k rows).
+            accounted: accounted && !matches!(slab, KmallocSlab::Cache(_)),
             slab,
         };
     }
@@ -1392,7 +1399,16 @@ mod tests {
         );
         assert_eq!(
             cache_id(0xffff888100043c00, 4096, true, &names),
-            kmalloc(KmallocSlab::Cache("msg_msg-4k".into()))
+            CacheId::Kmalloc {
+                size: 4096,
+                accounted: false,
+                slab: KmallocSlab::Cache("msg_msg-4k".into())
+            }
+        );
+        // One row per named cache, charged or not (5.10's kmalloc-4k).
+        assert_eq!(
+            cache_id(0xffff888100043c00, 4096, false, &names),
+            cache_id(0xffff888100043c00, 4096, true, &names)
         );
         assert_eq!(
             cache_id(KHEAP_CACHE_UNRESOLVED, 4096, true, &names),

@@ -23,7 +23,8 @@ plain_types!(types::lat_key, types::lat_stats, types::lat_counters);
 impl_sum!(types::lat_stats { count, total_ns; hist });
 impl_sum!(types::lat_counters {
     missed_start,
-    map_full
+    map_full,
+    nested
 });
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -185,6 +186,7 @@ impl<'obj> LatencySession<'obj> {
             entries,
             missed_start: c.missed_start,
             map_full: c.map_full,
+            nested: c.nested,
         })
     }
 }

@@ -8,6 +8,22 @@ pub use skel::{KheapSkel, KheapSkelBuilder, OpenKheapSkel};
 
 use crate::model::HIST_BUCKETS;
 
+/// The kmem object built without its kfunc (build.rs): for kernels that
+/// expose no BTF of their own, where libbpf cannot resolve the kfunc's
+/// extern and would refuse the whole object.
+static KHEAP_WITHOUT_KFUNCS: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/no-kfuncs/kheap.bpf.o"));
+
+/// The object bytes the skeleton opens (build.rs points it here): the one
+/// with the kfunc where the kernel has its own BTF, else the one without.
+pub fn kheap_object(with_kfuncs: &'static [u8]) -> &'static [u8] {
+    if crate::sys::kernel_has_own_btf() {
+        with_kfuncs
+    } else {
+        KHEAP_WITHOUT_KFUNCS
+    }
+}
+
 plain_types!(
     types::alloc_stats,
     types::site_key,
