@@ -222,12 +222,7 @@ fn command_rows_are_exact_with_either_way_of_probing() {
             .collect();
         let r = malloc_json(&args);
         assert_eq!(preloaded(&r), preload, "{:#}", r["run"]);
-        let attach: Vec<&str> = r["run"]["attach"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_str().unwrap())
-            .collect();
+        let attach = attach_lines(&r);
         let probes = r["probes"].to_string();
         if preload {
             // The C library is not probed: its family is seen in front of it.

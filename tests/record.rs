@@ -669,12 +669,7 @@ fn a_kernel_without_its_own_btf_is_read_through_a_file() {
             "the cache found with the kernel's own BTF"
         );
     }
-    let attach: Vec<&str> = r["run"]["attach"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap())
-        .collect();
+    let attach = attach_lines(&r);
     assert!(
         attach.iter().any(|a| a.ends_with("raw_tp"))
             && !attach.iter().any(|a| a.contains("tp_btf")),

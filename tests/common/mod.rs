@@ -162,6 +162,16 @@ pub fn record_json(args: &[&str], load_args: &[&str]) -> Value {
     report_json("record", args, load_args)
 }
 
+/// A report's `run.attach` lines ("kmalloc: tp_btf", …).
+pub fn attach_lines(report: &Value) -> Vec<&str> {
+    report["run"]["attach"]
+        .as_array()
+        .expect("run.attach")
+        .iter()
+        .map(|a| a.as_str().expect("an attach line"))
+        .collect()
+}
+
 /// Asserts that a kheap run succeeded, showing its stderr when not.
 #[track_caller]
 pub fn assert_ok(out: &Output) {
