@@ -155,7 +155,10 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
                         Err(e) => format!("no: {}", format!("{e:#}").replace('\n', " ")),
                     },
                 );
-                let latency = if fentry.is_ok() {
+                // Both ways read the probed function with bpf_get_func_ip.
+                let latency = if kbtf.as_ref().is_some_and(|k| !k.has_helper("get_func_ip")) {
+                    "unavailable (no bpf_get_func_ip before Linux 5.15)"
+                } else if fentry.is_ok() {
                     "fentry/fexit"
                 } else if features::has_kprobes() {
                     "kprobe/kretprobe"
