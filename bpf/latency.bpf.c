@@ -46,22 +46,23 @@ static __always_inline void count(enum lat_loss what)
 
 static __always_inline void on_enter(void *ctx, __u64 caller)
 {
-	__u64 tid = bpf_get_current_pid_tgid();
+	__u64 tid = bpf_get_current_pid_tgid(), now = bpf_ktime_get_ns();
 	struct lat_start *outer = bpf_map_lookup_elem(&lat_starts, &tid);
-	struct lat_start s = {
-		.func_ip = bpf_get_func_ip(ctx),
-		.call_site = caller,
-	};
+	struct lat_start s;
 
 	/* An interrupt allocating inside a timed call runs as the same task:
 	 * overwriting the start would lose the outer call at its exit. A start
 	 * older than STALE_START_NS is taken as one whose exit never ran (a
 	 * kretprobe without a free instance) and replaced. */
-	if (outer && bpf_ktime_get_ns() - outer->ts < STALE_START_NS) {
+	if (outer && now - outer->ts < STALE_START_NS) {
 		if (!outer->nested++)
 			outer->nested_call_site = caller;
 		return;
 	}
+	s = (struct lat_start){
+		.func_ip = bpf_get_func_ip(ctx),
+		.call_site = caller,
+	};
 	/* last, so the work above is not timed */
 	s.ts = bpf_ktime_get_ns();
 	if (bpf_map_update_elem(&lat_starts, &tid, &s, BPF_ANY))

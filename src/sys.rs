@@ -1,5 +1,6 @@
 //! Small reads of the running system that several commands make: the page
-//! size, a process's name, whether the kernel has BTF of its own. One place, so every command agrees.
+//! size, a process's name, whether the kernel has BTF of its own. One
+//! place, so every command agrees.
 
 /// The page size in bytes (4096 if the C library cannot say).
 pub fn page_size() -> u64 {

@@ -155,17 +155,17 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
                         Err(e) => format!("no: {}", format!("{e:#}").replace('\n', " ")),
                     },
                 );
-                // Both ways read the probed function with bpf_get_func_ip.
-                let latency = if kbtf.as_ref().is_some_and(|k| !k.has_helper("get_func_ip")) {
-                    "unavailable (no bpf_get_func_ip before Linux 5.15)"
+                let unsupported = kbtf.and_then(crate::kernel::latency::unsupported);
+                let latency = if let Some(why) = unsupported {
+                    format!("unavailable: {why}")
                 } else if fentry.is_ok() {
-                    "fentry/fexit"
+                    "fentry/fexit".into()
                 } else if features::has_kprobes() {
-                    "kprobe/kretprobe"
+                    "kprobe/kretprobe".into()
                 } else {
-                    "unavailable (no kprobes, fentry refused)"
+                    "unavailable (no kprobes, fentry refused)".into()
                 };
-                row("kheap record --latency will use", latency.into());
+                row("kheap record --latency will use", latency);
             }
             Err(e) => row("allocator functions", format!("unknown: {e}")),
         }

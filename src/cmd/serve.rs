@@ -370,13 +370,12 @@ impl Daemon {
                 None
             }
         };
-        if self.args.idle_intervals > 0 && !crate::kernel::features::hash_lookup_and_delete() {
-            eprintln!(
-                "kheap: warning: {}",
-                crate::kernel::features::IDLE_KEYS_KEPT
-            );
-            self.args.idle_intervals = 0;
+        let (idle_intervals, kept) =
+            crate::kernel::features::idle_intervals_here(self.args.idle_intervals);
+        if let Some(why) = kept {
+            eprintln!("kheap: warning: {why}");
         }
+        self.args.idle_intervals = idle_intervals;
         for target in &self.args.filters.cgroups {
             self.cgroup_names.insert(target.id, target.path.clone());
         }

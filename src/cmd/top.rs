@@ -102,12 +102,8 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         }
     };
     let mut skipped = session.skipped.clone();
-    let idle_intervals = if args.idle_intervals > 0 && !features::hash_lookup_and_delete() {
-        skipped.push(features::IDLE_KEYS_KEPT.to_string());
-        0
-    } else {
-        args.idle_intervals
-    };
+    let (idle_intervals, kept) = features::idle_intervals_here(args.idle_intervals);
+    skipped.extend(kept.map(str::to_string));
     let run = run::run_info(&session.attached, &skipped, &args.trace.filters);
     let syms = CachingSymbols::new(KernelSymbols::new(None));
     // The first lookup loads kallsyms; do it now, not inside an interval.

@@ -13,11 +13,10 @@ use anyhow::{bail, Result};
 use libbpf_rs::btf::types::{Enum, Func, Struct, Typedef};
 use libbpf_rs::btf::{Btf, BtfType, TypeId};
 
+use crate::sys::{kernel_has_own_btf, KERNEL_BTF};
+
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
-
-/// Where a kernel built with CONFIG_DEBUG_INFO_BTF exposes its BTF.
-use crate::sys::{kernel_has_own_btf, KERNEL_BTF};
 
 /// A BTF file given with `--btf`, set before the kernel is first probed.
 static BTF_FILE: OnceLock<PathBuf> = OnceLock::new();
@@ -401,7 +400,7 @@ fn check_btf_describes_this_kernel(path: &Path) -> Result<()> {
 }
 
 /// What `kheap top` and `kheap serve` do where idle keys cannot be aged out.
-pub const IDLE_KEYS_KEPT: &str = "idle keys are kept: this kernel cannot read and delete a BPF hash map entry in one step (BPF_MAP_LOOKUP_AND_DELETE_ELEM on hash maps, Linux 5.14), so aging them out could lose events; a long run may fill the maps";
+const IDLE_KEYS_KEPT: &str = "idle keys are kept: this kernel cannot read and delete a BPF hash map entry in one step (BPF_MAP_LOOKUP_AND_DELETE_ELEM on hash maps, Linux 5.14), so aging them out could lose events; a long run may fill the maps";
 
 /// Whether the kernel reads and deletes a per-CPU hash map entry in one
 /// syscall (5.14; before, only queue and stack maps): what aging out idle
@@ -443,6 +442,17 @@ pub fn hash_lookup_and_delete() -> bool {
                 == Some(ENOTSUPP)
         )
     })
+}
+
+/// The idle intervals after which `top` and `serve` age keys out, as this
+/// kernel allows: `asked`, or 0 with the line that says why where aging
+/// could lose events (`hash_lookup_and_delete`).
+pub fn idle_intervals_here(asked: u32) -> (u32, Option<&'static str>) {
+    if asked > 0 && !hash_lookup_and_delete() {
+        (0, Some(IDLE_KEYS_KEPT))
+    } else {
+        (asked, None)
+    }
 }
 
 /// The kernel's ENOTSUPP (not in libc: it is not a user-space errno).

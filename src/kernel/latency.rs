@@ -27,6 +27,18 @@ impl_sum!(types::lat_counters {
     nested
 });
 
+/// Why `--latency` cannot run on this kernel, if it cannot: both
+/// mechanisms' programs read the probed function's address with
+/// bpf_get_func_ip.
+pub fn unsupported(k: &crate::kernel::features::KernelBtf) -> Option<String> {
+    (!k.has_helper("get_func_ip")).then(|| {
+        format!(
+            "--latency needs the BPF helper bpf_get_func_ip (Linux 5.15), which this kernel ({}) lacks",
+            crate::kernel::features::kernel_release()
+        )
+    })
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mechanism {
     Fentry,
@@ -105,12 +117,8 @@ impl<'obj> LatencySession<'obj> {
         resolved: &[Option<&'static str>],
         mech: Mechanism,
     ) -> Result<LatencySession<'obj>> {
-        // Both mechanisms' programs read the probed function's address.
-        if !crate::kernel::features::kernel_btf()?.has_helper("get_func_ip") {
-            anyhow::bail!(
-                "--latency needs the BPF helper bpf_get_func_ip (Linux 5.15), which this kernel ({}) lacks",
-                crate::kernel::features::kernel_release()
-            );
+        if let Some(why) = unsupported(crate::kernel::features::kernel_btf()?) {
+            anyhow::bail!("{why}");
         }
         let mut open = crate::kernel::features::open_skel(LatencySkelBuilder::default(), slot)
             .context("opening the latency BPF object")?;
