@@ -193,6 +193,10 @@ struct counters {
 	 * before tracing), PAGE_SIZE << order each: the frees the
 	 * accounting's page row needs beside the outstanding pages */
 	__u64 page_bytes_freed_untracked;
+	/* kmalloc events: a remembered cache of a call site found changed
+	 * when asked again (bpf/slab_cache.bpf.h); up to
+	 * KHEAP_KMALLOC_MEMO_USES events before may name the old one */
+	__u64 cache_memo_stale;
 };
 
 /* One object allocated while tracking outstanding memory and not yet seen

@@ -122,4 +122,89 @@ static __always_inline __u64 kmalloc_cache_by_page(const void *ptr, __u64 alloc)
 	return (__u64)s;
 }
 
+/* The cache of a kmalloc'ed object, however this kernel and program can
+ * find it: an address, or KHEAP_CACHE_UNRESOLVED. `typed`: a tp_btf program.
+ * Returned as a number (a volatile load of what was stored), never as the
+ * kfunc's typed pointer: the verifier would tell the two apart in every
+ * later state of the event path (2.4x its instructions). */
+static __always_inline __u64 kmalloc_cache_resolve(const void *ptr, __u64 alloc,
+						   bool typed, __u64 *store)
+{
+	if (typed && kmem_cache_kfunc_exists()) {
+		struct kmem_cache *s = kmalloc_cache_kfunc(ptr, alloc);
+
+		if (s)
+			*store = (__u64)s;
+		else
+			*store = KHEAP_CACHE_UNRESOLVED;
+	} else {
+		*store = kmalloc_cache_by_page(ptr, alloc);
+	}
+	return *(volatile __u64 *)store;
+}
+
+/*
+ * Which cache a kmalloc() lands in is the kernel's function of the call
+ * site, the size class and the GFP flags: kmalloc_type() picks the kind
+ * (normal, cgroup-charged, reclaimable, DMA) from the flags and, with
+ * CONFIG_RANDOM_KMALLOC_CACHES, the copy from a hash of the caller's
+ * address and a boot-time seed; a bucketed allocation (msg_msg,
+ * memdup_user) uses the buckets its call site names. So the answer for one
+ * (call site, size, flags) is looked up once and remembered per CPU: a
+ * plain load per event instead of a kfunc call (or three probe reads),
+ * which was a third of the default path's cost.
+ *
+ * A direct-mapped table: a slot keeps the last key that hashed to it, so a
+ * collision costs a lookup, never a wrong answer. Each slot asks the slab
+ * again after KHEAP_KMALLOC_MEMO_USES events and counts an answer that
+ * changed (counters.cache_memo_stale; the report shows it): the rule above
+ * has no exception in the kernel, but a module unloaded and another loaded
+ * at its addresses would reuse a call site.
+ */
+struct kmalloc_memo {
+	__u64 call_site;
+	__u64 cache;
+	__u32 gfp_flags;
+	__u32 size;
+	__u32 uses_left;
+	__u32 _pad;
+};
+
+#define KHEAP_KMALLOC_MEMO_SLOTS 1024
+#define KHEAP_KMALLOC_MEMO_USES	 4096
+
+KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, kmalloc_memo, __u32, struct kmalloc_memo,
+	  KHEAP_KMALLOC_MEMO_SLOTS);
+
+/* The cache of a kmalloc event's object (see above). *stale: the slot's
+ * periodic check found the remembered answer wrong. */
+static __always_inline __u64 kmalloc_cache_of(const void *ptr, __u64 alloc,
+					      __u64 call_site, __u64 gfp_flags,
+					      bool typed, bool *stale)
+{
+	/* Fibonacci hashing: call sites are byte addresses, so the top bits
+	 * of the product spread them over the slots. */
+	__u32 i = (call_site * 0x9e3779b97f4a7c15ULL) >> 54;
+	struct kmalloc_memo *m = bpf_map_lookup_elem(&kmalloc_memo, &i);
+	__u64 old;
+
+	if (!m) /* not reached: the index is below the slot count */
+		return KHEAP_CACHE_UNRESOLVED;
+	if (m->call_site == call_site && m->size == alloc &&
+	    m->gfp_flags == (__u32)gfp_flags) {
+		if (--m->uses_left)
+			return m->cache;
+		old = m->cache;
+		m->uses_left = KHEAP_KMALLOC_MEMO_USES;
+		if (kmalloc_cache_resolve(ptr, alloc, typed, &m->cache) != old)
+			*stale = true;
+		return m->cache;
+	}
+	m->call_site = call_site;
+	m->size = alloc;
+	m->gfp_flags = gfp_flags;
+	m->uses_left = KHEAP_KMALLOC_MEMO_USES;
+	return kmalloc_cache_resolve(ptr, alloc, typed, &m->cache);
+}
+
 #endif /* KHEAP_SLAB_CACHE_BPF_H */

@@ -36,14 +36,15 @@ impl Kind {
             // on stack rows; top shares the stack row and never fills it);
             // leaks also `excluded_bytes` in `leaks.accounting` rows, which
             // `unexplained_bytes` now leaves out. 5: `lost.latency_nested`.
-            Kind::Record | Kind::Top => 5,
+            // 6: `lost.kmalloc_cache_stale`.
+            Kind::Record | Kind::Top => 6,
             // leaks 5: the page row of `leaks.accounting` compares every
             // page (`counted_elsewhere_bytes` added back, frees of pages
             // allocated before the run, `frees_untracked_bytes`, taken off)
             // with `-MemFree - pcp`, beside /proc/vmstat's own counts
             // (`vmstat_pgalloc_bytes`, `vmstat_pgfree_bytes`). 8:
-            // `lost.latency_nested`.
-            Kind::Leaks => 8,
+            // `lost.latency_nested`. 9: `lost.kmalloc_cache_stale`.
+            Kind::Leaks => 9,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound
@@ -147,13 +148,13 @@ mod tests {
         };
         let text = pretty(Kind::Leaks, &body);
         assert!(
-            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 8,\n"),
+            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 9,\n"),
             "{text}"
         );
         assert!(text.ends_with("}\n"));
         let l = line(Kind::Top, &body);
         assert!(
-            l.starts_with("{\"kind\":\"top\",\"schema_version\":5,\"duration_s\":1.5"),
+            l.starts_with("{\"kind\":\"top\",\"schema_version\":6,\"duration_s\":1.5"),
             "{l}"
         );
         assert_eq!(l.lines().count(), 1);

@@ -175,6 +175,15 @@ pub fn header(r: &Report) -> String {
             String::new()
         }
     );
+    if r.lost.kmalloc_cache_stale > 0 {
+        let _ = writeln!(
+            s,
+            "WARNING: {} times a kmalloc call site's cache changed between checks \
+             (a module reloaded at the same address?): up to 4096 events before each may \
+             name the old cache",
+            r.lost.kmalloc_cache_stale
+        );
+    }
     s
 }
 

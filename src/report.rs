@@ -137,6 +137,11 @@ pub struct Lost {
     /// task (an interrupt allocating during it), not timed.
     #[serde(default)]
     pub latency_nested: u64,
+    /// kmalloc events: times a call site's remembered cache was found
+    /// changed when its slab was asked again (bpf/slab_cache.bpf.h), each
+    /// time up to 4096 events before may have named the old cache.
+    #[serde(default)]
+    pub kmalloc_cache_stale: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -540,6 +545,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
             map_full_cgroups: ev.map_full_cgroups,
             latency_unmatched: 0,
             latency_nested: 0,
+            kmalloc_cache_stale: ev.kmalloc_cache_stale,
         },
         sampling: Sampling {
             stack_sample_every: opts.stack_sample_every,

@@ -640,6 +640,7 @@ impl Daemon {
             ("map_full_caches", e.map_full_caches),
             ("alloc_failed", e.alloc_failed),
             ("lost_stack", e.lost_stack_other),
+            ("kmalloc_cache_stale", e.kmalloc_cache_stale),
         ];
         if let Some(l) = live {
             events_lost.push(("map_full_live", l.map_full_live));
@@ -806,6 +807,7 @@ fn add_events(
     total.map_full_procs += d.map_full_procs;
     total.map_full_caches += d.map_full_caches;
     total.map_full_cgroups += d.map_full_cgroups;
+    total.kmalloc_cache_stale += d.kmalloc_cache_stale;
 }
 
 /// A daemon's allocations in one malloc arena. With glibc's default (an

@@ -711,6 +711,7 @@ impl<'obj> Tracer<'obj> {
             map_full_procs: c.map_full_procs,
             map_full_cgroups: c.map_full_cgroups,
             map_full_caches: c.map_full_caches,
+            kmalloc_cache_stale: c.cache_memo_stale,
         }
     }
 

@@ -75,7 +75,8 @@ impl_sum!(types::counters {
     live_added,
     live_removed,
     pages_reclassified,
-    page_bytes_freed_untracked;
+    page_bytes_freed_untracked,
+    cache_memo_stale;
     source_frees
 });
 

@@ -70,6 +70,10 @@ pub struct EventCounters {
     pub map_full_procs: u64,
     pub map_full_caches: u64,
     pub map_full_cgroups: u64,
+    /// kmalloc events: checks that found a call site's remembered cache
+    /// changed (bpf/slab_cache.bpf.h); the events just before may name the
+    /// old cache.
+    pub kmalloc_cache_stale: u64,
 }
 
 impl EventCounters {
