@@ -44,8 +44,8 @@ pub fn kallsyms_functions(kallsyms: &str) -> HashSet<String> {
         .collect()
 }
 
-/// Which probes `--latency` uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// Which probes `--latency` uses (`cmd::record::LatencyProbeArg` parses it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LatencyProbe {
     /// fentry/fexit where the kernel allows them, else kprobe/kretprobe
     Auto,

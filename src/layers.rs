@@ -34,6 +34,10 @@ mod tests {
         ("", Cmd),
         ("cli", Cmd),
         ("cmd::*", Cmd),
+        // What every tracing command does around its tracer; the help text
+        // of all of them.
+        ("session::*", Cmd),
+        ("help", Cmd),
         ("kernel::*", Kernel),
         ("symbolize", Base),
         ("cgroup", Base),
@@ -97,8 +101,6 @@ mod tests {
         // What each path answers, from the published families.
         ("serve::routes", Render),
         ("top", Cmd),
-        ("top::delta", Report),
-        ("top::overhead", Report),
         ("top::view", Render),
         ("top::columns", Render),
         ("top::batch", Render),

@@ -37,7 +37,7 @@ enum Command {
 
 fn main() {
     // --help ends with each command's examples and exit statuses.
-    let parsed = cmd::help::with_help(Cli::command())
+    let parsed = kheap::help::with_help(Cli::command())
         .try_get_matches()
         .and_then(|m| Cli::from_arg_matches(&m));
     let cli = match parsed {

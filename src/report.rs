@@ -2,7 +2,9 @@
 //! cache and per process. Pure: no kernel access, tested with fixtures.
 
 pub mod budget;
+pub mod delta;
 pub mod meminfo;
+pub mod overhead;
 pub mod processes;
 pub mod top_n;
 pub mod trigger;

@@ -16,14 +16,15 @@ use clap::{Args, Parser};
 
 use crate::cgroup::{cgroup2_mount, CgroupNames};
 use crate::cli::{parse_duration, parse_map_entries, FilterArgs, SourceArgs, StackArgs};
-use crate::cmd::run::{stop_requested, Targets};
 use crate::kernel::features;
 use crate::kernel::kmem::{self, Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::model::live::OutstandingRead;
 use crate::model::snapshot::Snapshot;
 use crate::model::{SiteKey, Source};
+use crate::report::delta::Tracker;
 use crate::report::meminfo::MemInfo;
+use crate::report::overhead::self_usage;
 use crate::report::trigger::{self, oom_kills, Condition, Reading as TriggerReading, Trigger};
 use crate::serve::cgroups;
 use crate::serve::families::{self, Health, OutstandingSite, SlabInput};
@@ -35,12 +36,11 @@ use crate::serve::series::{Ranked, SeriesState, SiteDelta, SiteLabel};
 use crate::serve::server::{Server, SharedWebConfig};
 use crate::serve::triggers::{self, Watched};
 use crate::serve::webconfig::WebConfig;
+use crate::session::{stop_requested, Targets};
 use crate::signals::{install_reload_handler, take_reload_request};
 use crate::slab::slabinfo::{read_slabinfo, SlabinfoRow, PROC_SLABINFO};
 use crate::slab::sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
-use crate::top::delta::Tracker;
-use crate::top::overhead::self_usage;
 
 /// The labels site series carry (`--labels site,cache`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -140,7 +140,7 @@ pub struct ServeArgs {
     #[arg(long, default_value = "12", value_name = "N")]
     pub idle_intervals: u32,
     #[command(flatten)]
-    pub frames: crate::cmd::run::FrameArgs,
+    pub frames: crate::session::args::FrameArgs,
 }
 
 #[derive(Parser)]

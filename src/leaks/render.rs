@@ -395,26 +395,6 @@ pub fn folded(r: &Report) -> String {
     out
 }
 
-/// The stacks of `folded` for a flame graph: outstanding objects, their
-/// bytes, and the rounding those bytes include.
-pub fn flame_samples(r: &Report) -> Vec<crate::render::flame::Sample> {
-    r.stacks
-        .iter()
-        .filter_map(|s| {
-            let ret = s.retention.as_ref().filter(|r| r.outstanding_bytes > 0)?;
-            Some(crate::render::flame::Sample {
-                frames: render::callers_first(r, s),
-                count: ret.outstanding_count,
-                bytes: ret.outstanding_bytes,
-                waste: ret
-                    .outstanding_bytes
-                    .saturating_sub(ret.outstanding_bytes_req),
-                before: None,
-            })
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

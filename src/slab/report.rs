@@ -15,7 +15,8 @@ use crate::report::top_n;
 /// Sites listed per cache.
 pub const TOP_SITES: usize = 5;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+/// The order of the rows (`slab::cmd::SortArg` parses it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SortKey {
     /// Slab memory.
     #[default]
