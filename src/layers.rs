@@ -106,6 +106,10 @@ mod tests {
         ("serve::server", Base),
         // What each path answers, from the published families.
         ("serve::routes", Render),
+        // The daemon: its flags, its attach-read-reload cycle, one read.
+        ("serve::settings", Cmd),
+        ("serve::daemon", Cmd),
+        ("serve::publish", Cmd),
         ("top", Cmd),
         ("top::view", Render),
         ("top::columns", Render),
@@ -134,8 +138,8 @@ mod tests {
         // /proc/slabinfo, SLUB's sysfs and the slab arithmetic serve shares
         // with slab: they leave the slab room together, with slab::sysfs,
         // which kernel::kmem imports (src/kernel is being changed on main).
-        ("cmd::serve", "slab::slabinfo"),
-        ("cmd::serve", "slab::sysfs"),
+        ("serve::publish", "slab::slabinfo"),
+        ("serve::publish", "slab::sysfs"),
         ("serve::families", "slab::loss"),
         ("serve::families", "slab::slabinfo"),
     ];

@@ -78,7 +78,7 @@ fn main() {
         Command::Slab(a) => cmd::slab::run(a),
         Command::Malloc(a) => cmd::malloc::run(a),
         Command::Top(a) => cmd::top::run(a),
-        Command::Serve(a) => cmd::serve::run(a),
+        Command::Serve(a) => cmd::serve::run(a, cmd::serve::command_line(std::env::args())),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Completions(a) => cmd::generate::completions(Cli::command(), &a),
         Command::Man(a) => cmd::generate::man(Cli::command(), &a),
