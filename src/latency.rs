@@ -133,7 +133,7 @@ pub fn rows(data: &LatencyData, syms: &dyn Symbolize) -> Vec<LatencyRow> {
 mod tests {
     use super::*;
     use crate::model::Bucket;
-    use crate::report::tests::FixtureSymbols;
+    use crate::report::fixtures::FixtureSymbols;
 
     fn names(list: &[&str]) -> HashSet<String> {
         list.iter().map(|s| s.to_string()).collect()

@@ -543,7 +543,7 @@ fn strip_offset(frame: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{report_of, sample_snapshot, sources_snapshot};
+    use crate::report::fixtures::{report_of, sample_snapshot, sources_snapshot};
     use crate::testing::{assert_contains, assert_line};
 
     fn report() -> Report {

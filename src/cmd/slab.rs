@@ -108,7 +108,7 @@ pub fn traced_run(snap: &Snapshot, syms: &dyn Symbolize, duration_s: f64) -> Tra
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{fixture_symbols, sample_snapshot};
+    use crate::report::fixtures::{fixture_symbols, sample_snapshot};
 
     #[test]
     fn traced_run_keeps_caches_and_labels_sites() {

@@ -398,7 +398,7 @@ pub fn folded(r: &Report) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{leak_snapshot, report_of};
+    use crate::report::fixtures::{leak_snapshot, report_of};
     use crate::testing::{assert_contains, assert_line};
 
     fn report(sample_every: u32) -> Report {
@@ -411,7 +411,11 @@ mod tests {
         for by in [LeakGroupBy::Site, LeakGroupBy::Cache] {
             assert!(!table(&r, by, 0, 0, None).contains("source"));
         }
-        let r = crate::report::tests::report_of(&crate::report::tests::sources_snapshot(), 10, 2.0);
+        let r = crate::report::fixtures::report_of(
+            &crate::report::fixtures::sources_snapshot(),
+            10,
+            2.0,
+        );
         let header = |by| {
             let t = table(&r, by, 0, 0, None);
             let line = t.lines().find(|l| l.contains("live")).unwrap().to_string();

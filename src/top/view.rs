@@ -480,7 +480,7 @@ pub fn header_lines(
 mod tests {
     use super::*;
     use crate::model::snapshot::Snapshot;
-    use crate::report::tests::{report_of, sample_snapshot, sources_snapshot};
+    use crate::report::fixtures::{report_of, sample_snapshot, sources_snapshot};
     use crate::testing::assert_contains;
 
     fn report() -> Report {
