@@ -70,7 +70,7 @@ mod tests {
         ("leaks::render", Render),
         ("leaks::chart", Render),
         ("malloc", Cmd),
-        ("malloc::probes", Base),
+        ("malloc::probes::*", Base),
         ("malloc::procmaps", Base),
         ("malloc::preload", Base),
         ("malloc::usersyms", Base),
