@@ -189,7 +189,7 @@ mod tests {
     mod schemas {
         use super::super::*;
         use crate::diff::{self, DiffBy};
-        use crate::report::tests::{fixture_symbols, leak_snapshot, sample_snapshot};
+        use crate::report::fixtures::{fixture_symbols, leak_snapshot, sample_snapshot};
         use crate::report::{build, BuildOptions, Report, RunInfo};
         use crate::schema_check::{assert_valid, schema_errors};
 

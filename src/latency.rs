@@ -44,8 +44,8 @@ pub fn kallsyms_functions(kallsyms: &str) -> HashSet<String> {
         .collect()
 }
 
-/// Which probes `--latency` uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+/// Which probes `--latency` uses (`cmd::record::LatencyProbeArg` parses it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LatencyProbe {
     /// fentry/fexit where the kernel allows them, else kprobe/kretprobe
     Auto,
@@ -133,7 +133,7 @@ pub fn rows(data: &LatencyData, syms: &dyn Symbolize) -> Vec<LatencyRow> {
 mod tests {
     use super::*;
     use crate::model::Bucket;
-    use crate::report::tests::FixtureSymbols;
+    use crate::report::fixtures::FixtureSymbols;
 
     fn names(list: &[&str]) -> HashSet<String> {
         list.iter().map(|s| s.to_string()).collect()

@@ -3,8 +3,9 @@
 //!
 //! `kernel` is the only layer that touches libbpf (skeletons, attach
 //! strategy, features, map readers); `target` starts and watches processes;
-//! `cmd` holds one module per subcommand. Everything else, `top`'s deltas,
-//! views and key handling included, is pure and tested without root.
+//! `cmd` holds one module per subcommand, `session` what the tracing ones
+//! share. Everything else, `top`'s deltas, views and key handling included,
+//! is pure and tested without root.
 
 pub mod cgroup;
 pub mod cli;
@@ -12,6 +13,7 @@ pub mod clock;
 pub mod cmd;
 pub mod contract;
 pub mod diff;
+pub mod help;
 pub mod input;
 pub mod kernel;
 pub mod latency;
@@ -24,6 +26,7 @@ pub mod render;
 pub mod report;
 pub mod safe_path;
 pub mod serve;
+pub mod session;
 pub mod signals;
 pub mod slab;
 pub mod symbolize;

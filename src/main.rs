@@ -37,7 +37,7 @@ enum Command {
 
 fn main() {
     // --help ends with each command's examples and exit statuses.
-    let parsed = cmd::help::with_help(Cli::command())
+    let parsed = kheap::help::with_help(Cli::command())
         .try_get_matches()
         .and_then(|m| Cli::from_arg_matches(&m));
     let cli = match parsed {
@@ -78,7 +78,7 @@ fn main() {
         Command::Slab(a) => cmd::slab::run(a),
         Command::Malloc(a) => cmd::malloc::run(a),
         Command::Top(a) => cmd::top::run(a),
-        Command::Serve(a) => cmd::serve::run(a),
+        Command::Serve(a) => cmd::serve::run(a, cmd::serve::command_line(std::env::args())),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Completions(a) => cmd::generate::completions(Cli::command(), &a),
         Command::Man(a) => cmd::generate::man(Cli::command(), &a),

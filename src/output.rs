@@ -228,6 +228,43 @@ pub fn emit_bytes(bytes: &[u8], output: Option<&Path>) -> Result<()> {
     }
 }
 
+/// Where a stream of reports goes (top -b, slab --watch): stdout, or a file
+/// created before anything is attached, so a path that cannot be written is
+/// said at once.
+pub enum Sink {
+    Stdout,
+    File(std::fs::File),
+}
+
+impl Sink {
+    pub fn create(path: Option<&Path>) -> Result<Sink> {
+        Ok(match path {
+            Some(p) => Sink::File(create_stream(p, "-o")?),
+            None => Sink::Stdout,
+        })
+    }
+
+    /// Writes one report. A closed stdout pipe (`| head`) ends the run
+    /// quietly (false); a file that cannot be written is an error.
+    pub fn write(&mut self, text: &str) -> Result<bool> {
+        match self {
+            Sink::Stdout => {
+                let mut out = std::io::stdout().lock();
+                Ok(out
+                    .write_all(text.as_bytes())
+                    .and_then(|()| out.flush())
+                    .is_ok())
+            }
+            Sink::File(f) => {
+                f.write_all(text.as_bytes())
+                    .and_then(|()| f.flush())
+                    .context("writing the output file")?;
+                Ok(true)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

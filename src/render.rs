@@ -515,6 +515,26 @@ pub fn flame_samples(r: &Report) -> Vec<flame::Sample> {
         .collect()
 }
 
+/// The stacks of leaks' `folded` for a flame graph: outstanding objects, their
+/// bytes, and the rounding those bytes include.
+pub fn outstanding_flame_samples(r: &Report) -> Vec<flame::Sample> {
+    r.stacks
+        .iter()
+        .filter_map(|s| {
+            let ret = s.retention.as_ref().filter(|r| r.outstanding_bytes > 0)?;
+            Some(flame::Sample {
+                frames: callers_first(r, s),
+                count: ret.outstanding_count,
+                bytes: ret.outstanding_bytes,
+                waste: ret
+                    .outstanding_bytes
+                    .saturating_sub(ret.outstanding_bytes_req),
+                before: None,
+            })
+        })
+        .collect()
+}
+
 /// Leaves the allocator's own entry frames out of every stack (innermost
 /// first; `symbolize::caller_frames`), for profiles and flame graphs whose
 /// leaf should be the caller. Rows and totals are unchanged.
@@ -532,7 +552,7 @@ fn strip_offset(frame: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{report_of, sample_snapshot, sources_snapshot};
+    use crate::report::fixtures::{report_of, sample_snapshot, sources_snapshot};
     use crate::testing::{assert_contains, assert_line};
 
     fn report() -> Report {

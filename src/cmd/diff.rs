@@ -29,7 +29,7 @@ pub struct DiffArgs {
     #[arg(long, value_enum, default_value_t)]
     pub weight: Weight,
     #[command(flatten)]
-    pub frames: crate::cmd::run::FrameArgs,
+    pub frames: crate::session::args::FrameArgs,
 }
 
 pub fn run(args: DiffArgs) -> Result<i32> {
@@ -101,7 +101,7 @@ pub fn run(args: DiffArgs) -> Result<i32> {
 /// objects of leaks.
 fn stack_samples(kind: Kind, r: &Report) -> Vec<Sample> {
     match Measure::of(kind) {
-        Some(Measure::Outstanding) => crate::leaks::render::flame_samples(r),
+        Some(Measure::Outstanding) => crate::render::outstanding_flame_samples(r),
         _ => crate::render::flame_samples(r),
     }
 }

@@ -124,7 +124,7 @@ fn page_date(epoch: Option<&str>) -> Result<String> {
 /// The page with its EXAMPLES and EXIT STATUS sections, before VERSION
 /// (or at the end).
 fn with_sections(page: &str, sub: &str) -> String {
-    let sections = super::help::roff_sections(sub);
+    let sections = crate::help::roff_sections(sub);
     match page.find("\n.SH VERSION") {
         Some(i) => format!("{}\n{}{}", &page[..i], sections, &page[i + 1..]),
         None => format!("{page}{sections}"),

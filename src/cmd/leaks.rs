@@ -13,7 +13,6 @@ use clap::Args;
 
 use crate::cgroup::{cgroup2_mount, CgroupNames};
 use crate::cli::{parse_duration, parse_sample, parse_tracked_objects, OutputArgs, TraceArgs};
-use crate::cmd::run::{self, install_stop_handler, wait_for_end_every, Targets};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
@@ -29,6 +28,12 @@ use crate::report::budget::{self, Budget, BudgetRow};
 use crate::report::meminfo::{account, comparable, Geometry, MemInfo};
 use crate::report::trigger::{self, oom_kills, Reading as TriggerReading, Trigger};
 use crate::report::{self, BuildOptions, Report, RunInfo};
+use crate::session::args::{FrameArgs, JsonCopy};
+use crate::session::status::StatusLine;
+use crate::session::{
+    install_stop_handler, kmem_config, name_command_process, run_info, start_tracing,
+    wait_for_end_every, Targets,
+};
 use crate::symbolize::{KernelSymbols, Symbolize};
 
 #[derive(Args, Debug)]
@@ -38,9 +43,9 @@ pub struct LeaksArgs {
     #[command(flatten)]
     pub output: OutputArgs<Format>,
     #[command(flatten)]
-    pub json: run::JsonCopy,
+    pub json: JsonCopy,
     #[command(flatten)]
-    pub frames: run::FrameArgs,
+    pub frames: FrameArgs,
     /// What sizes the frames of --format svg
     #[arg(long, value_enum, default_value_t)]
     pub weight: crate::render::flame::Weight,
@@ -104,7 +109,7 @@ fn kernel_config(args: &LeaksArgs, targets: &Targets) -> Config {
         by_cgroup: args.by == LeakGroupBy::Cgroup,
         // Each stack row says who made it (JSON, pprof labels).
         stack_owners: true,
-        ..run::kmem_config(&args.trace, targets, LEAKS_STACK_SAMPLE)
+        ..kmem_config(&args.trace, targets, LEAKS_STACK_SAMPLE)
     }
 }
 
@@ -183,7 +188,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     for t in &mut triggers {
         t.start_from(&at_start);
     }
-    run::start_tracing(
+    start_tracing(
         "kernel heap allocations and frees",
         &session.attached,
         args.trace.duration,
@@ -191,9 +196,9 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         "; Ctrl-C to stop, SIGUSR1 for a snapshot",
     )?;
     let syms = KernelSymbols::new(None);
-    let run_info =
-        |session: &Tracer| run::run_info(&session.attached, &session.skipped, &args.trace.filters);
-    let info = run_info(&session);
+    let info_of =
+        |session: &Tracer| run_info(&session.attached, &session.skipped, &args.trace.filters);
+    let info = info_of(&session);
     let build = |snap: &mut Snapshot, kind: &str, duration_s: f64, run: RunInfo| {
         if let Some(l) = snap.leaks.as_mut() {
             l.min_age_ns = (args.min_age * 1e9) as u64;
@@ -326,7 +331,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             })
             .clone()
     };
-    let mut status = crate::cmd::progress::StatusLine::new();
+    let mut status = StatusLine::new();
     let mut next_second = Duration::from_secs(1);
     let mut next_reading = args.interval;
     // One reading of the timeline, and the triggers it fires (each writes
@@ -395,9 +400,9 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     targets.terminate();
     let mut snap = session.snapshot()?;
     if let Some(cmd) = &targets.command {
-        run::name_command_process(&mut snap, cmd);
+        name_command_process(&mut snap, cmd);
     }
-    let info = run_info(&session);
+    let info = info_of(&session);
     drop(session);
     let mut report = build(&mut snap, "leaks", duration_s, info);
     report.name_cgroups(&mut cgroup_names);
@@ -500,7 +505,7 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
             return crate::output::emit_bytes(&profile, out.output());
         }
         Format::Svg => crate::render::flame::titled(
-            &leak_render::flame_samples(&{
+            &crate::render::outstanding_flame_samples(&{
                 args.frames.apply(&mut report);
                 report
             }),

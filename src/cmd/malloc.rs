@@ -14,8 +14,6 @@ use crate::report::budget::{self, Budget, BudgetRow};
 use clap::Args;
 
 use crate::cli::{parse_duration, parse_tracked_objects, OutputArgs, StackArgs, TargetArgs};
-use crate::cmd::progress::StatusLine;
-use crate::cmd::run::{install_stop_handler, stop_requested};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
@@ -32,6 +30,8 @@ use crate::malloc::unwind::StackUnwinder;
 use crate::malloc::usersyms::{host_path, symbolize_return_addresses, Blaze, Modules};
 use crate::render::Format;
 use crate::report::RunInfo;
+use crate::session::status::StatusLine;
+use crate::session::{install_stop_handler, stop_requested};
 use crate::target::{find_program, resolve_pid, HeldCommand};
 
 #[derive(Args, Debug)]
@@ -62,7 +62,7 @@ pub struct MallocArgs {
     #[command(flatten)]
     pub output: OutputArgs<Format>,
     #[command(flatten)]
-    pub json: crate::cmd::run::JsonCopy,
+    pub json: crate::session::args::JsonCopy,
     /// What sizes the frames of --format svg
     #[arg(long, value_enum, default_value_t)]
     pub weight: crate::render::flame::Weight,

@@ -8,8 +8,6 @@ use clap::Args;
 
 use crate::cgroup::{cgroup2_mount, CgroupNames};
 use crate::cli::{OutputArgs, TraceArgs};
-use crate::cmd::progress::StatusLine;
-use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, Tracer};
@@ -17,7 +15,32 @@ use crate::kernel::latency::{LatencyProbe, LatencySession};
 use crate::kernel::storage::ObjectStorage;
 use crate::render::{self, Format, GroupBy, SortBy};
 use crate::report::{self, BuildOptions, Report};
+use crate::session::args::{FrameArgs, JsonCopy};
+use crate::session::status::StatusLine;
+use crate::session::{
+    install_stop_handler, kmem_config, name_command_process, run_info, start_tracing, wait_for_end,
+    Targets,
+};
 use crate::symbolize::KernelSymbols;
+
+/// `--latency-probe`: [`LatencyProbe`] as the command line spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LatencyProbeArg {
+    /// fentry/fexit where the kernel allows them, else kprobe/kretprobe
+    Auto,
+    Fentry,
+    Kprobe,
+}
+
+impl From<LatencyProbeArg> for LatencyProbe {
+    fn from(a: LatencyProbeArg) -> LatencyProbe {
+        match a {
+            LatencyProbeArg::Auto => LatencyProbe::Auto,
+            LatencyProbeArg::Fentry => LatencyProbe::Fentry,
+            LatencyProbeArg::Kprobe => LatencyProbe::Kprobe,
+        }
+    }
+}
 
 #[derive(Args, Debug)]
 pub struct RecordArgs {
@@ -26,9 +49,9 @@ pub struct RecordArgs {
     #[command(flatten)]
     pub output: OutputArgs<Format>,
     #[command(flatten)]
-    pub json: run::JsonCopy,
+    pub json: JsonCopy,
     #[command(flatten)]
-    pub frames: run::FrameArgs,
+    pub frames: FrameArgs,
     /// What sizes the frames of --format svg
     #[arg(long, value_enum, default_value_t)]
     pub weight: crate::render::flame::Weight,
@@ -43,8 +66,8 @@ pub struct RecordArgs {
     #[arg(long)]
     pub latency: bool,
     /// How --latency probes the allocator
-    #[arg(long, value_enum, default_value_t = LatencyProbe::Auto, requires = "latency")]
-    pub latency_probe: LatencyProbe,
+    #[arg(long, value_enum, default_value_t = LatencyProbeArg::Auto, requires = "latency")]
+    pub latency_probe: LatencyProbeArg,
     /// Don't trace frees (saves the cost of the kfree/kmem_cache_free events)
     #[arg(long)]
     pub no_frees: bool,
@@ -58,7 +81,7 @@ fn kernel_config(args: &RecordArgs, targets: &Targets) -> Config {
         // Each stack row says who made it (JSON, pprof labels).
         stack_owners: true,
         trace_frees: !args.no_frees,
-        ..run::kmem_config(&args.trace, targets, crate::cli::DEFAULT_STACK_SAMPLE)
+        ..kmem_config(&args.trace, targets, crate::cli::DEFAULT_STACK_SAMPLE)
     }
 }
 
@@ -80,7 +103,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     let mut latency = if args.latency {
         Some(LatencySession::start(
             &mut latency_storage,
-            args.latency_probe,
+            args.latency_probe.into(),
         )?)
     } else {
         None
@@ -94,7 +117,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
             l.functions.join(", ")
         ));
     }
-    run::start_tracing(
+    start_tracing(
         "kernel heap allocations",
         &session.attached,
         args.trace.duration,
@@ -124,9 +147,9 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     targets.terminate();
     let mut snap = session.snapshot()?;
     if let Some(cmd) = &targets.command {
-        run::name_command_process(&mut snap, cmd);
+        name_command_process(&mut snap, cmd);
     }
-    let run = run::run_info(&session.attached, &session.skipped, &args.trace.filters);
+    let run = run_info(&session.attached, &session.skipped, &args.trace.filters);
     drop(session);
     let latency_data = latency.map(|l| l.read()).transpose()?;
 

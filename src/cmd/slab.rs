@@ -6,13 +6,13 @@ use std::time::Instant;
 
 use anyhow::Result;
 
-use crate::cmd::run::{self, install_stop_handler, wait_for_end, Targets};
 use crate::kernel::features;
 use crate::kernel::kmem::Tracer;
 use crate::kernel::storage::ObjectStorage;
 use crate::model::snapshot::Snapshot;
 use crate::model::CacheId;
 use crate::report::labelled_sites;
+use crate::session::{install_stop_handler, kmem_config, wait_for_end, Targets};
 use crate::slab::{self, watch::series, ReportInput, SlabArgs, TracedCache, TracedRun, TracedSite};
 use crate::symbolize::{KernelSymbols, Symbolize};
 
@@ -27,7 +27,7 @@ pub fn run(args: SlabArgs) -> Result<i32> {
     install_stop_handler();
 
     let mut targets = Targets::start(&args.trace.filters.targets)?;
-    let cfg = run::kmem_config(&args.trace, &targets, crate::cli::DEFAULT_STACK_SAMPLE);
+    let cfg = kmem_config(&args.trace, &targets, crate::cli::DEFAULT_STACK_SAMPLE);
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
     eprintln!(
@@ -108,7 +108,7 @@ pub fn traced_run(snap: &Snapshot, syms: &dyn Symbolize, duration_s: f64) -> Tra
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{fixture_symbols, sample_snapshot};
+    use crate::report::fixtures::{fixture_symbols, sample_snapshot};
 
     #[test]
     fn traced_run_keeps_caches_and_labels_sites() {

@@ -11,18 +11,21 @@ use clap::Args;
 
 use crate::cli::{parse_duration, OutputArgs, TableOrJson, TraceArgs, ROWS_ARG};
 use crate::clock::rfc3339_utc;
-use crate::cmd::run::{self, install_stop_handler, stop_requested, Ended, Sink, Targets};
 use crate::kernel::features;
 use crate::kernel::kmem::{self as session, Config, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::model::snapshot::ProgRunTime;
+use crate::output::Sink;
 use crate::render::table::output_width;
 use crate::render::GroupBy;
+use crate::report::delta::Tracker;
+use crate::report::overhead::{self_usage, Overhead, SelfUsage};
 use crate::report::{self, BuildOptions, RunInfo};
+use crate::session::{
+    install_stop_handler, kmem_config, run_info, start_tracing, stop_requested, Ended, Targets,
+};
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
 use crate::top::batch;
-use crate::top::delta::Tracker;
-use crate::top::overhead::{self_usage, Overhead, SelfUsage};
 use crate::top::tui::{self, Action, App, Input, Screen};
 use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions};
 
@@ -66,7 +69,7 @@ fn kernel_config(args: &TopArgs, targets: &Targets) -> Config {
         by_process: args.by == GroupBy::Process,
         by_cgroup: args.by == GroupBy::Cgroup,
         trace_frees: true,
-        ..run::kmem_config(&args.trace, targets, crate::cli::DEFAULT_STACK_SAMPLE)
+        ..kmem_config(&args.trace, targets, crate::cli::DEFAULT_STACK_SAMPLE)
     }
 }
 
@@ -104,7 +107,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     let mut skipped = session.skipped.clone();
     let (idle_intervals, kept) = features::idle_intervals_here(args.idle_intervals);
     skipped.extend(kept.map(str::to_string));
-    let run = run::run_info(&session.attached, &skipped, &args.trace.filters);
+    let run = run_info(&session.attached, &skipped, &args.trace.filters);
     let syms = CachingSymbols::new(KernelSymbols::new(None));
     // The first lookup loads kallsyms; do it now, not inside an interval.
     let _ = syms.symbolize(&[0]);
@@ -118,7 +121,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     // Said once counting has begun: every event after this line is in an
     // interval.
     // The command runs from here: its allocations are all in intervals.
-    run::start_tracing(
+    start_tracing(
         "kernel heap allocations",
         &session.attached,
         None,

@@ -395,30 +395,10 @@ pub fn folded(r: &Report) -> String {
     out
 }
 
-/// The stacks of `folded` for a flame graph: outstanding objects, their
-/// bytes, and the rounding those bytes include.
-pub fn flame_samples(r: &Report) -> Vec<crate::render::flame::Sample> {
-    r.stacks
-        .iter()
-        .filter_map(|s| {
-            let ret = s.retention.as_ref().filter(|r| r.outstanding_bytes > 0)?;
-            Some(crate::render::flame::Sample {
-                frames: render::callers_first(r, s),
-                count: ret.outstanding_count,
-                bytes: ret.outstanding_bytes,
-                waste: ret
-                    .outstanding_bytes
-                    .saturating_sub(ret.outstanding_bytes_req),
-                before: None,
-            })
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{leak_snapshot, report_of};
+    use crate::report::fixtures::{leak_snapshot, report_of};
     use crate::testing::{assert_contains, assert_line};
 
     fn report(sample_every: u32) -> Report {
@@ -431,7 +411,11 @@ mod tests {
         for by in [LeakGroupBy::Site, LeakGroupBy::Cache] {
             assert!(!table(&r, by, 0, 0, None).contains("source"));
         }
-        let r = crate::report::tests::report_of(&crate::report::tests::sources_snapshot(), 10, 2.0);
+        let r = crate::report::fixtures::report_of(
+            &crate::report::fixtures::sources_snapshot(),
+            10,
+            2.0,
+        );
         let header = |by| {
             let t = table(&r, by, 0, 0, None);
             let line = t.lines().find(|l| l.contains("live")).unwrap().to_string();

@@ -1,7 +1,7 @@
 //! The live status line shown on a terminal while a run traces: how long,
 //! how many events, how fast, how many were lost, and how full the fullest
 //! aggregation map is. Pure: the kernel layer fills `Counters` from the
-//! per-CPU counters (never by walking the big maps), `cmd::progress`
+//! per-CPU counters (never by walking the big maps), `session::status`
 //! draws and erases the line.
 
 use std::time::Duration;

@@ -526,7 +526,7 @@ pub mod test_support {
 mod tests {
     use super::test_support::{decode_gzip, label_values};
     use super::*;
-    use crate::report::tests::{owned_snapshot, report_of, sample_snapshot};
+    use crate::report::fixtures::{owned_snapshot, report_of, sample_snapshot};
 
     fn decode(b: &Builder) -> proto::Profile {
         decode_gzip(&b.encode_gzip())
@@ -613,7 +613,7 @@ mod tests {
         let plain = label_values(&report_of(&sample_snapshot(), 10, 2.0));
         assert!(plain.iter().all(|(l, _)| l.is_none()), "{plain:?}");
         let mixed = label_values(&report_of(
-            &crate::report::tests::sources_snapshot(),
+            &crate::report::fixtures::sources_snapshot(),
             10,
             2.0,
         ));

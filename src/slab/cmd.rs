@@ -15,10 +15,38 @@ use super::snapshot::{read_static, StaticSnapshot};
 use super::sysfs::SYS_KERNEL_SLAB;
 use super::watch::{diff, series};
 use crate::cli::{OutputArgs, TableOrJson, TraceArgs};
-use crate::cmd::run::Sink;
 use crate::output::emit;
+use crate::output::Sink;
 use crate::render::table::output_width;
 use crate::signals::sleep_unless_stopped;
+
+/// `--sort`: [`SortKey`] as the command line spells it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum SortArg {
+    /// Slab memory.
+    #[default]
+    Size,
+    /// Active objects.
+    Objs,
+    /// Rounding waste when traced, slab loss otherwise.
+    Waste,
+    /// Net growth: traced allocations minus frees, or the change between reads.
+    Growth,
+    /// Allocations per second (needs tracing).
+    Rate,
+}
+
+impl From<SortArg> for SortKey {
+    fn from(a: SortArg) -> SortKey {
+        match a {
+            SortArg::Size => SortKey::Size,
+            SortArg::Objs => SortKey::Objs,
+            SortArg::Waste => SortKey::Waste,
+            SortArg::Growth => SortKey::Growth,
+            SortArg::Rate => SortKey::Rate,
+        }
+    }
+}
 
 /// Which slab caches hold memory, how fast they grow, and what they waste.
 #[derive(Clone, Debug, clap::Args)]
@@ -30,8 +58,8 @@ pub struct SlabArgs {
     #[command(flatten)]
     pub output: OutputArgs<TableOrJson>,
     /// Order of the rows
-    #[arg(long, value_enum, default_value_t = SortKey::Size)]
-    pub sort: SortKey,
+    #[arg(long, value_enum, default_value_t = SortArg::Size)]
+    pub sort: SortArg,
     /// Re-read every SECS seconds and show per-cache changes, like slabtop
     /// with deltas (until interrupted, or for -d SECS)
     #[arg(long, value_parser = crate::cli::parse_duration, allow_hyphen_values = true, value_name = "SECS")]
@@ -63,7 +91,7 @@ impl SlabArgs {
         let traced = (tracing_options || self.trace.duration.is_some())
             && self.watch.is_none()
             && !self.no_trace;
-        if !traced && self.sort == SortKey::Rate {
+        if !traced && self.sort == SortArg::Rate {
             bail!("--sort rate needs traced allocations: add -d SECS, -p PID or -- CMD (without --no-trace or --watch)");
         }
         Ok(traced)
@@ -78,7 +106,7 @@ impl SlabArgs {
 /// Formats and prints a report built from `input`.
 pub fn print_report(args: &SlabArgs, input: ReportInput) -> Result<()> {
     let rows = args.output.rows().unwrap_or(usize::MAX);
-    let report = build_report(input, args.sort, rows);
+    let report = build_report(input, args.sort.into(), rows);
     let text = match args.output.format {
         TableOrJson::Table => report_table(&report, output_width(args.output.output())),
         TableOrJson::Json => report_json(&report),

@@ -15,18 +15,15 @@ use crate::report::top_n;
 /// Sites listed per cache.
 pub const TOP_SITES: usize = 5;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+/// The order of the rows: `slab::cmd::SortArg` (`--sort`) says what each
+/// key sorts by.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SortKey {
-    /// Slab memory.
     #[default]
     Size,
-    /// Active objects.
     Objs,
-    /// Rounding waste when traced, slab loss otherwise.
     Waste,
-    /// Net growth: traced allocations minus frees, or the change between reads.
     Growth,
-    /// Allocations per second (needs tracing).
     Rate,
 }
 

@@ -89,7 +89,7 @@ pub fn by_supported(by: GroupBy, with_processes: bool) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{report_of, sample_snapshot};
+    use crate::report::fixtures::{report_of, sample_snapshot};
 
     fn interval() -> Interval {
         Interval {
@@ -137,7 +137,7 @@ mod tests {
             None,
         );
         assert!(!t.contains("source"), "{t}");
-        iv.report = report_of(&crate::report::tests::sources_snapshot(), 10, 1.0);
+        iv.report = report_of(&crate::report::fixtures::sources_snapshot(), 10, 1.0);
         let t = text(
             &iv,
             &opts(GroupBy::Site, TopSort::Bytes),

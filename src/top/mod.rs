@@ -1,10 +1,10 @@
 //! `kheap top`: per-interval views of who allocates right now. Pure parts:
-//! deltas between map reads, rows and rates, batch output, key handling.
+//! rows and rates, batch output, key handling (the deltas between map reads
+//! and kheap's own cost, shared with `serve`, are `report::delta` and
+//! `report::overhead`).
 //! The loop that reads the kernel lives in `cmd::top`.
 
 pub mod batch;
 pub mod columns;
-pub mod delta;
-pub mod overhead;
 pub mod tui;
 pub mod view;

@@ -486,7 +486,7 @@ pub fn next_input(timeout: Duration) -> Result<Option<Input>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::tests::{report_of, sample_snapshot};
+    use crate::report::fixtures::{report_of, sample_snapshot};
     use crate::testing::assert_contains;
     use crate::top::view::TopSort;
     use crate::top::view::{rows, sort_rows, ObjectSizes};

@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::{human_count, human_size, pct, signed_size, Counts, Source};
 use crate::render::{cgroup_label, short_list, GroupBy, SourceColumn};
+use crate::report::overhead::Overhead;
 use crate::report::{CacheRow, Report};
 use crate::top::columns::fitting_line;
-use crate::top::overhead::Overhead;
 
 /// Columns `kheap top` can sort by (all per second except the ratios).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -480,7 +480,7 @@ pub fn header_lines(
 mod tests {
     use super::*;
     use crate::model::snapshot::Snapshot;
-    use crate::report::tests::{report_of, sample_snapshot, sources_snapshot};
+    use crate::report::fixtures::{report_of, sample_snapshot, sources_snapshot};
     use crate::testing::assert_contains;
 
     fn report() -> Report {

@@ -1,17 +1,18 @@
 //! What every tracing subcommand does around its tracer: the stop handler
 //! (Ctrl-C, SIGTERM, SIGHUP end the run, the report is still printed), the
-//! processes a run is about, and the wait for its end.
+//! processes a run is about, the wait for its end and the kmem settings
+//! they share; the live status line (`status`) and the flags every
+//! report-writing subcommand shares (`args`). Used by the commands in
+//! `cmd`, never by one another's code.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+pub mod args;
+pub mod status;
+
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use clap::Args;
-use serde::Serialize;
+use anyhow::Result;
 
 use crate::cli::{FilterArgs, TargetArgs, TraceArgs};
-use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::Config;
 use crate::model::snapshot::Snapshot;
@@ -217,102 +218,6 @@ pub fn run_info(attached: &[String], skipped: &[String], f: &FilterArgs) -> RunI
         skipped: skipped.to_vec(),
         filters,
         command: f.targets.command_line(),
-    }
-}
-
-/// `--keep-allocator-frames`: pprof profiles and flame graphs leave the
-/// allocator's own entry frames (`__kmalloc*`, `kmem_cache_alloc*`,
-/// `*_noprof`, …) out of every kernel stack unless asked, so that the leaf
-/// of a stack, pprof's "flat" function, is the code that asked for memory.
-#[derive(Args, Debug, Clone, Copy, Default)]
-pub struct FrameArgs {
-    /// Keep the allocator's own entry frames (__kmalloc*,
-    /// kmem_cache_alloc*, *_noprof, …) at the top of each stack in pprof
-    /// and svg output (by default they are left out, so that a profile's
-    /// flat view names the callers)
-    #[arg(long)]
-    pub keep_allocator_frames: bool,
-}
-
-impl FrameArgs {
-    /// The report as pprof and svg output show it.
-    pub fn apply(self, report: &mut crate::report::Report) {
-        if !self.keep_allocator_frames {
-            crate::render::drop_allocator_frames(report);
-        }
-    }
-}
-
-/// `--json FILE`: the run's JSON report besides the output --format asks
-/// for, so one run gives, say, a pprof profile to look at and the numbers
-/// to check it against.
-#[derive(Args, Debug, Clone, Default)]
-pub struct JsonCopy {
-    /// Also write the whole JSON report (all rows, whatever --format and -r say) to FILE
-    #[arg(long = "json", value_name = "FILE")]
-    pub path: Option<PathBuf>,
-}
-
-impl JsonCopy {
-    /// Checked before tracing, as -o is.
-    pub fn check(&self) -> Result<()> {
-        match &self.path {
-            Some(p) => crate::output::check_writable(p, "--json"),
-            None => Ok(()),
-        }
-    }
-
-    /// Writes `report` as `--format json` would without -n: `all_rows`
-    /// orders its rows (and keeps them all).
-    pub fn write<T: Serialize + Clone>(
-        &self,
-        kind: Kind,
-        report: &T,
-        all_rows: impl FnOnce(&mut T),
-    ) -> Result<()> {
-        let Some(path) = &self.path else {
-            return Ok(());
-        };
-        let mut full = report.clone();
-        all_rows(&mut full);
-        crate::output::write_atomic(path, &contract::pretty(kind, &full))
-    }
-}
-
-/// Where a stream of reports goes (top -b, slab --watch): stdout, or a file
-/// created before anything is attached, so a path that cannot be written is
-/// said at once.
-pub enum Sink {
-    Stdout,
-    File(std::fs::File),
-}
-
-impl Sink {
-    pub fn create(path: Option<&Path>) -> Result<Sink> {
-        Ok(match path {
-            Some(p) => Sink::File(crate::output::create_stream(p, "-o")?),
-            None => Sink::Stdout,
-        })
-    }
-
-    /// Writes one report. A closed stdout pipe (`| head`) ends the run
-    /// quietly (false); a file that cannot be written is an error.
-    pub fn write(&mut self, text: &str) -> Result<bool> {
-        match self {
-            Sink::Stdout => {
-                let mut out = std::io::stdout().lock();
-                Ok(out
-                    .write_all(text.as_bytes())
-                    .and_then(|()| out.flush())
-                    .is_ok())
-            }
-            Sink::File(f) => {
-                f.write_all(text.as_bytes())
-                    .and_then(|()| f.flush())
-                    .context("writing the output file")?;
-                Ok(true)
-            }
-        }
     }
 }
 

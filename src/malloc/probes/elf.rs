@@ -1,0 +1,149 @@
+//! What an ELF file says: its symbols (the family's offsets and first
+//! bytes), whether it is one, and its program interpreter.
+
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use super::functions::{is_rust_symbol, slot, slot_count, FIRST_RUST, FUNCTIONS};
+use super::placement::Symbol;
+
+/// The (file offset, size) of each named symbol of an ELF file (dynamic or
+/// not; None: absent).
+pub fn symbol_offsets(file: &Path, names: &[&str]) -> Result<Vec<Option<(u64, u64)>>> {
+    use blazesym::inspect::{source::Elf, source::Source, Inspector};
+    let mut elf = Elf::new(file);
+    elf.debug_syms = false;
+    let inspector = Inspector::new();
+    let found = inspector
+        .lookup(&Source::Elf(elf), names)
+        .with_context(|| format!("reading the symbols of {}", file.display()))?;
+    Ok(found
+        .iter()
+        .map(|infos| {
+            infos
+                .iter()
+                .find_map(|s| Some((s.file_offset?, s.size.unwrap_or(0) as u64)))
+        })
+        .collect())
+}
+
+/// Looks the family up in a library's dynamic symbols.
+pub fn lookup_symbols(lib: &Path) -> Result<Vec<Option<Symbol>>> {
+    use blazesym::inspect::{source::Elf, source::Source, Inspector};
+    check_elf(lib)?;
+    let names: Vec<String> = (0..slot_count()).map(|i| slot(i).symbol).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let found = symbol_offsets(lib, &names)?;
+    // Rust entry points carry a crate hash in their mangled names: the
+    // symbol table is searched for them (programs only: libraries never
+    // hold a Rust program's global allocator).
+    let mut rust: Vec<Option<(u64, u64)>> = vec![None; FUNCTIONS.len() - FIRST_RUST];
+    if !lib.to_string_lossy().contains(".so") {
+        let mut elf = Elf::new(lib);
+        elf.debug_syms = false;
+        Inspector::new()
+            .for_each(&Source::Elf(elf), |s| {
+                for (slot, f) in rust.iter_mut().zip(&FUNCTIONS[FIRST_RUST..]) {
+                    if slot.is_none() && is_rust_symbol(&s.name, f.symbol) {
+                        if let Some(off) = s.file_offset {
+                            *slot = Some((off, s.size.unwrap_or(0) as u64));
+                        }
+                    }
+                }
+                std::ops::ControlFlow::Continue(())
+            })
+            .with_context(|| format!("reading the symbols of {}", lib.display()))?;
+    }
+    let mut file = fs::File::open(lib).with_context(|| format!("opening {}", lib.display()))?;
+    let mut out = Vec::new();
+    for (i, found) in found.into_iter().enumerate() {
+        let in_program = i
+            .checked_sub(FIRST_RUST)
+            .and_then(|r| rust.get(r).copied().flatten());
+        let Some((off, size)) = found.or(in_program) else {
+            out.push(None);
+            continue;
+        };
+        let mut code = vec![0u8; 16];
+        use std::io::{Seek, SeekFrom};
+        file.seek(SeekFrom::Start(off))?;
+        let n = file.read(&mut code)?;
+        code.truncate(n);
+        out.push(Some(Symbol {
+            file_offset: off,
+            size,
+            code,
+        }));
+    }
+    Ok(out)
+}
+
+const ELF_MAGIC: &[u8; 4] = b"\x7fELF";
+
+/// A clear error for anything that is not an ELF file.
+pub fn check_elf(path: &Path) -> Result<()> {
+    let head = read_head(path, 4)?;
+    if head != ELF_MAGIC {
+        bail!("{} is not an ELF file", path.display());
+    }
+    Ok(())
+}
+
+pub(super) fn read_head(path: &Path, n: usize) -> Result<Vec<u8>> {
+    let mut f = fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let mut buf = vec![0u8; n];
+    let got = f.read(&mut buf)?;
+    buf.truncate(got);
+    Ok(buf)
+}
+
+/// The ELF program interpreter (dynamic loader) of an executable, or `None`
+/// for a static executable.
+pub fn interpreter(exe: &Path) -> Result<Option<PathBuf>> {
+    let data = fs::read(exe).with_context(|| format!("reading {}", exe.display()))?;
+    parse_interpreter(&data).with_context(|| format!("{} is not an ELF executable", exe.display()))
+}
+
+/// PT_INTERP of a 64-bit little-endian ELF image.
+pub fn parse_interpreter(data: &[u8]) -> Result<Option<PathBuf>> {
+    if data.get(..4) != Some(ELF_MAGIC) {
+        bail!("no ELF header");
+    }
+    if data.get(4) != Some(&2) || data.get(5) != Some(&1) {
+        bail!("not a 64-bit little-endian ELF file");
+    }
+    let u16_at = |o: usize| {
+        data.get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+    };
+    let u64_at = |o: usize| {
+        data.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap()) as usize)
+    };
+    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
+    else {
+        bail!("truncated ELF header");
+    };
+    const PT_INTERP: u32 = 3;
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        let Some(kind) = data.get(ph..ph + 4) else {
+            bail!("truncated program headers");
+        };
+        if u32::from_le_bytes(kind.try_into().unwrap()) != PT_INTERP {
+            continue;
+        }
+        let (Some(off), Some(size)) = (u64_at(ph + 8), u64_at(ph + 32)) else {
+            bail!("truncated program headers");
+        };
+        let Some(raw) = data.get(off..off + size) else {
+            bail!("PT_INTERP outside the file");
+        };
+        let s = String::from_utf8_lossy(raw);
+        return Ok(Some(PathBuf::from(s.trim_end_matches('\0'))));
+    }
+    Ok(None)
+}

@@ -1,0 +1,332 @@
+//! One read of the daemon: the maps read (never from an HTTP thread), the
+//! deltas added to the cumulative series, idle map entries aged out, the
+//! metric families and profiles built and swapped in for the HTTP threads,
+//! and the --snapshot-when conditions checked.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use anyhow::Result;
+
+use super::daemon::{Attached, Daemon};
+use crate::model::live::OutstandingRead;
+use crate::model::snapshot::Snapshot;
+use crate::model::{SiteKey, Source};
+use crate::report::meminfo::MemInfo;
+use crate::report::overhead::self_usage;
+use crate::report::trigger::{oom_kills, Reading as TriggerReading};
+use crate::serve::cgroups;
+use crate::serve::families::{self, Health, OutstandingSite, SlabInput};
+use crate::serve::profile::Which;
+use crate::serve::routes::Published;
+use crate::serve::series::SiteDelta;
+use crate::serve::triggers;
+use crate::session::stop_requested;
+use crate::slab::slabinfo::{read_slabinfo, SlabinfoRow, PROC_SLABINFO};
+use crate::slab::sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
+use crate::symbolize::Symbolize;
+
+impl Daemon {
+    /// The `site` label of a site: its function, or the whole allocator
+    /// (`[page]`) for sources whose events carry no call site.
+    pub(super) fn site_name(&self, k: &SiteKey) -> String {
+        if let Some(name) = k.whole_allocator() {
+            return name;
+        }
+        let addr = k.call_site;
+        self.syms
+            .symbolize(&[addr])
+            .into_iter()
+            .next()
+            .map(|f| f.name().to_string())
+            .unwrap_or_else(|| format!("{addr:#x}"))
+    }
+
+    /// One interval: reads the maps (never from an HTTP thread), adds the
+    /// deltas to the cumulative state, ages out idle map entries, and
+    /// publishes the metric families and the profiles' rows.
+    pub(super) fn read_and_publish(&mut self, att: &mut Attached) -> Result<()> {
+        let t0 = Instant::now();
+        // Live objects first, then the totals: events keep arriving, and
+        // this order keeps every site's allocations >= its outstanding.
+        let due = att
+            .live
+            .as_ref()
+            .is_none_or(|(_, at)| at.elapsed() >= self.args.outstanding_interval);
+        if due || stop_requested() {
+            if let Some(read) = att.tracer.outstanding()? {
+                att.live = Some((read, Instant::now()));
+            }
+        }
+        let live = att.live.as_ref().map(|(read, _)| read);
+        let snap: Snapshot = att.tracer.counts_snapshot()?;
+        if att.cfg.by_cgroup {
+            // Before the rows are named: a cgroup seen now is walked for
+            // while it still exists.
+            self.cgroup_names.learn(att.tracer.cgroup_ids()?);
+        }
+        let read_duration_s = t0.elapsed().as_secs_f64();
+        let site_entries = snap.sites.len();
+        let stack_entries = snap.stacks.len();
+        let cgroup_entries = snap.cgroups.len();
+        let delta = att.tracker.interval(snap);
+        let sites: Vec<SiteDelta> = delta
+            .sites
+            .iter()
+            .map(|(k, s)| SiteDelta {
+                site: self.site_name(k),
+                cache: k.cache.name(),
+                source: k.cache.source(),
+                counted_elsewhere: k.cache.counted_elsewhere(),
+                stats: *s,
+            })
+            .collect();
+        let frees: Vec<(String, u64)> = delta
+            .cache_frees
+            .iter()
+            .map(|(c, n)| (c.name(), *n))
+            .collect();
+        self.state.add_interval(&sites, &frees);
+        let mut source_frees: Vec<(Source, u64)> =
+            delta.source_frees.iter().map(|(&s, &n)| (s, n)).collect();
+        if att.cfg.sources.contains(Source::Kmalloc) {
+            source_frees.push((Source::Kmalloc, delta.slab_frees()));
+        }
+        self.state.add_source_frees(&source_frees);
+        if att.cfg.by_cgroup {
+            self.cgroups
+                .add_interval(cgroups::by_values(&delta.cgroups, &self.cgroup_names));
+        }
+        self.profile.add_interval(&delta, &self.syms);
+        add_events(&mut self.totals.events, &delta.events);
+        self.totals.reads += 1;
+
+        let cfg = &att.cfg;
+        let mut map_fill = vec![("sites", site_entries as f64 / cfg.max_sites.max(1) as f64)];
+        if cfg.stack_sample_every > 0 {
+            map_fill.push((
+                "stacks",
+                stack_entries as f64 / cfg.max_stacks.max(1) as f64,
+            ));
+        }
+        if cfg.by_cgroup {
+            map_fill.push((
+                "cgroups",
+                cgroup_entries as f64 / att.tracer.cgroup_capacity().max(1) as f64,
+            ));
+        }
+        let outstanding = live.map(|l| {
+            if let Some(lc) = cfg.live {
+                let objects: u64 = l.groups.values().map(|o| o.objects).sum();
+                map_fill.push(("live", objects as f64 / lc.max_objects.max(1) as f64));
+            }
+            self.outstanding_sites(l)
+        });
+
+        if self.args.idle_intervals > 0 {
+            let idle = att.tracker.idle_keys(self.args.idle_intervals);
+            if !idle.is_empty() {
+                let removed = att.tracer.remove_idle(&idle)?;
+                self.totals.aged_out += removed.map_entries() as u64;
+                att.tracker.forget(&removed);
+                if !removed.cgroups.is_empty() {
+                    let keep = att.tracer.cgroup_ids()?.into_iter().collect();
+                    self.cgroup_names.retain(&keep);
+                }
+            }
+        }
+
+        let ran = att.tracer.run_time();
+        let bpf = att.bpf_stats.then_some(ran);
+        let totals = &self.totals;
+        let e = &totals.events;
+        let mut events_lost = vec![
+            ("map_full_sites", e.map_full_sites),
+            ("map_full_stacks", e.map_full_stacks),
+            ("map_full_caches", e.map_full_caches),
+            ("alloc_failed", e.alloc_failed),
+            ("lost_stack", e.lost_stack_other),
+            ("kmalloc_cache_stale", e.kmalloc_cache_stale),
+        ];
+        if let Some(l) = live {
+            events_lost.push(("map_full_live", l.map_full_live));
+        }
+        if cfg.by_cgroup {
+            events_lost.push(("map_full_cgroups", e.map_full_cgroups));
+        }
+        let usage = self_usage();
+        let health = Health {
+            bpf_run_time_ns: bpf.map(|b| totals.bpf_base.run_time_ns + b.run_time_ns),
+            bpf_runs: bpf.map(|b| totals.bpf_base.run_cnt + b.run_cnt),
+            bpf_recursion_misses: totals.bpf_base.recursion_misses + ran.recursion_misses,
+            events_lost,
+            stack_collisions: e.lost_stack_collision,
+            map_fill,
+            aged_out: totals.aged_out,
+            read_duration_s,
+            reads: totals.reads,
+            cpu_seconds: usage.cpu_ns as f64 / 1e9,
+            rss_bytes: resident_bytes(),
+            site_label_sets: self.state.remembered() as u64,
+            profile_stacks: self.profile.stacks_held() as u64,
+            profile_stacks_folded: self.profile.stacks_folded,
+        };
+        // A kernel without slabinfo still serves everything else.
+        let slab = read_slabinfo(std::path::Path::new(PROC_SLABINFO)).ok();
+        let merged = slab.as_deref().map(merged_caches).unwrap_or_default();
+        let (root_only, mut fams): (Vec<_>, Vec<_>) = families::build(
+            &self.state,
+            cfg.by_cgroup.then_some(&self.cgroups),
+            outstanding.as_deref(),
+            slab.as_deref().map(|rows| SlabInput {
+                rows,
+                page_size: crate::sys::page_size(),
+                merged: &merged,
+            }),
+            &health,
+        )
+        .into_iter()
+        .partition(|f| families::from_slabinfo(&f.name));
+        let fired = self.check_triggers(outstanding.as_deref());
+        fams.extend(triggers::families(&self.triggers));
+        let profile = self.profile.snapshot(
+            live.map(|l| &l.groups),
+            self.started.elapsed().as_secs_f64(),
+        );
+        let published = Arc::new(Published::new(fams, root_only, profile, self.args.interval));
+        *self.shared.current.write().unwrap() = published.clone();
+        for i in fired {
+            self.write_trigger_snapshot(i, &published);
+        }
+        return_free_memory();
+        Ok(())
+    }
+
+    /// Checks the --snapshot-when conditions against this read: SUnreclaim
+    /// now, the OOM kills so far, the sites' outstanding bytes as last read.
+    /// Returns the indexes of those that fired.
+    fn check_triggers(&mut self, outstanding: Option<&[OutstandingSite]>) -> Vec<usize> {
+        if self.triggers.is_empty() {
+            return Vec::new();
+        }
+        let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
+        let mut sites: HashMap<&str, u64> = HashMap::new();
+        for o in outstanding.unwrap_or_default() {
+            *sites.entry(&o.site).or_default() += o.bytes;
+        }
+        let sites: Vec<(String, u64)> =
+            sites.into_iter().map(|(s, b)| (s.to_string(), b)).collect();
+        let reading = TriggerReading {
+            sunreclaim_bytes: MemInfo::sunreclaim_now(),
+            oom_kills: oom_kills(&vmstat),
+            sites: &sites,
+        };
+        triggers::check(&mut self.triggers, &reading, SystemTime::now())
+    }
+
+    /// Says that a condition fired and, with --snapshot-dir, writes the
+    /// profiles of this read beside each other; a write that fails is said
+    /// and the daemon goes on.
+    fn write_trigger_snapshot(&self, i: usize, published: &Published) {
+        let w = &self.triggers[i];
+        let Some(dir) = &self.args.snapshot_dir else {
+            eprintln!("kheap: --snapshot-when {} fired", w.trigger.text);
+            return;
+        };
+        let stem = format!(
+            "snapshot-{}-{}",
+            w.trigger.slug(),
+            crate::clock::compact_utc(w.last_fired.unwrap_or_else(SystemTime::now))
+        );
+        let mut kinds = vec![(Which::Alloc, "alloc")];
+        if published.profile.inuse {
+            kinds.push((Which::Inuse, "inuse"));
+        }
+        let mut written = Vec::new();
+        for (which, name) in kinds {
+            let path = dir.join(format!("{stem}-{name}.pb.gz"));
+            match crate::output::write_bytes_atomic(&path, published.pprof(which)) {
+                Ok(()) => written.push(path.display().to_string()),
+                Err(e) => eprintln!("kheap: warning: --snapshot-when {}: {e:#}", w.trigger.text),
+            }
+        }
+        eprintln!(
+            "kheap: --snapshot-when {} fired: {}",
+            w.trigger.text,
+            written.join(", ")
+        );
+    }
+
+    /// Outstanding objects per (site, cache) name: the stacks of a site
+    /// summed (the gauges carry no stacks).
+    fn outstanding_sites(&self, l: &OutstandingRead) -> Vec<OutstandingSite> {
+        let mut by: HashMap<&SiteKey, (u64, u64)> = HashMap::new();
+        for ((site, _), o) in &l.groups {
+            let e = by.entry(site).or_default();
+            e.0 += o.objects;
+            e.1 += o.bytes_alloc;
+        }
+        by.into_iter()
+            .map(|(k, (objects, bytes))| OutstandingSite {
+                site: self.site_name(k),
+                cache: k.cache.name(),
+                source: k.cache.source(),
+                objects,
+                bytes,
+            })
+            .collect()
+    }
+}
+
+/// (cache, merged name) for every cache of `/proc/slabinfo` that SLUB
+/// merged other caches into (from the /sys/kernel/slab symlinks); empty
+/// without SLUB's sysfs.
+fn merged_caches(rows: &[SlabinfoRow]) -> Vec<(String, String)> {
+    let Ok(Some(fs)) = SlabSysfs::open(std::path::Path::new(SYS_KERNEL_SLAB)) else {
+        return Vec::new();
+    };
+    rows.iter()
+        .flat_map(|r| {
+            fs.aliases_of(&r.name)
+                .into_iter()
+                .map(|alias| (r.name.clone(), alias))
+        })
+        .collect()
+}
+
+fn add_events(
+    total: &mut crate::model::snapshot::EventCounters,
+    d: &crate::model::snapshot::EventCounters,
+) {
+    total.frees += d.frees;
+    total.frees_null += d.frees_null;
+    total.alloc_failed += d.alloc_failed;
+    total.stack_samples += d.stack_samples;
+    total.lost_stack_collision += d.lost_stack_collision;
+    total.lost_stack_other += d.lost_stack_other;
+    total.map_full_sites += d.map_full_sites;
+    total.map_full_stacks += d.map_full_stacks;
+    total.map_full_procs += d.map_full_procs;
+    total.map_full_caches += d.map_full_caches;
+    total.map_full_cgroups += d.map_full_cgroups;
+    total.kmalloc_cache_stale += d.kmalloc_cache_stale;
+}
+
+/// Gives the pages freed by the interval's transient buffers (map reads,
+/// the last families) back to the kernel, so RSS follows what is held.
+fn return_free_memory() {
+    #[cfg(target_env = "gnu")]
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// Current resident memory (not the peak getrusage gives).
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|pages| pages * crate::sys::page_size())
+        .unwrap_or(0)
+}

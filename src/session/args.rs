@@ -1,0 +1,69 @@
+//! The flags every report-writing subcommand shares besides `-o` and
+//! `--format`: `--keep-allocator-frames` and `--json FILE`.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use serde::Serialize;
+
+use crate::contract::{self, Kind};
+
+/// `--keep-allocator-frames`: pprof profiles and flame graphs leave the
+/// allocator's own entry frames (`__kmalloc*`, `kmem_cache_alloc*`,
+/// `*_noprof`, …) out of every kernel stack unless asked, so that the leaf
+/// of a stack, pprof's "flat" function, is the code that asked for memory.
+#[derive(Args, Debug, Clone, Copy, Default)]
+pub struct FrameArgs {
+    /// Keep the allocator's own entry frames (__kmalloc*,
+    /// kmem_cache_alloc*, *_noprof, …) at the top of each stack in pprof
+    /// and svg output (by default they are left out, so that a profile's
+    /// flat view names the callers)
+    #[arg(long)]
+    pub keep_allocator_frames: bool,
+}
+
+impl FrameArgs {
+    /// The report as pprof and svg output show it.
+    pub fn apply(self, report: &mut crate::report::Report) {
+        if !self.keep_allocator_frames {
+            crate::render::drop_allocator_frames(report);
+        }
+    }
+}
+
+/// `--json FILE`: the run's JSON report besides the output --format asks
+/// for, so one run gives, say, a pprof profile to look at and the numbers
+/// to check it against.
+#[derive(Args, Debug, Clone, Default)]
+pub struct JsonCopy {
+    /// Also write the whole JSON report (all rows, whatever --format and -r say) to FILE
+    #[arg(long = "json", value_name = "FILE")]
+    pub path: Option<PathBuf>,
+}
+
+impl JsonCopy {
+    /// Checked before tracing, as -o is.
+    pub fn check(&self) -> Result<()> {
+        match &self.path {
+            Some(p) => crate::output::check_writable(p, "--json"),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes `report` as `--format json` would without -n: `all_rows`
+    /// orders its rows (and keeps them all).
+    pub fn write<T: Serialize + Clone>(
+        &self,
+        kind: Kind,
+        report: &T,
+        all_rows: impl FnOnce(&mut T),
+    ) -> Result<()> {
+        let Some(path) = &self.path else {
+            return Ok(());
+        };
+        let mut full = report.clone();
+        all_rows(&mut full);
+        crate::output::write_atomic(path, &contract::pretty(kind, &full))
+    }
+}
