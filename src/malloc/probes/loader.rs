@@ -80,12 +80,7 @@ pub fn extra_allocators_of_program(program: &Path) -> Result<Vec<PathBuf>> {
     if procmaps::is_libc_name(&interp) {
         return Ok(Vec::new());
     }
-    let out = Command::new(&interp)
-        .arg("--list")
-        .arg(&exe)
-        .output()
-        .with_context(|| format!("running {} --list", interp.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = loader_list(&interp, &exe)?;
     Ok(parse_ld_list_all(&text, |_| true)
         .into_iter()
         .filter(|lib| {
@@ -93,6 +88,17 @@ pub fn extra_allocators_of_program(program: &Path) -> Result<Vec<PathBuf>> {
                 || !procmaps::is_libc_name(lib) && defines_allocator(lib)
         })
         .collect())
+}
+
+/// What a program's dynamic loader says it would load (`ld.so --list`,
+/// what ldd does): it runs none of the program's code.
+fn loader_list(interp: &Path, exe: &Path) -> Result<String> {
+    let out = Command::new(interp)
+        .arg("--list")
+        .arg(exe)
+        .output()
+        .with_context(|| format!("running {} --list", interp.display()))?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The C library a program will load when run: asks its own dynamic loader
@@ -110,12 +116,7 @@ pub fn libc_of_program(program: &Path) -> Result<PathBuf> {
         // musl: the loader is the C library.
         return Ok(interp);
     }
-    let out = Command::new(&interp)
-        .arg("--list")
-        .arg(&exe)
-        .output()
-        .with_context(|| format!("running {} --list", interp.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = loader_list(&interp, &exe)?;
     parse_ld_list(&text).ok_or_else(|| {
         anyhow::anyhow!(
             "{} does not load a C library (libc.so.6): use --lib PATH to name its allocator",
