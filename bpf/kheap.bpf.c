@@ -491,7 +491,7 @@ static __always_inline bool track_free(__u64 ptr)
 
 /* record/top/slab: frees per cache. */
 static __always_inline void count_free(const void *ptr, __u64 cache,
-				       const char *name)
+				       const char *name, __u64 tag)
 {
 	struct cache_frees *f;
 	/* kheap leaves its own events out (cfg.filter.ignore_tgid), but not
@@ -512,16 +512,20 @@ static __always_inline void count_free(const void *ptr, __u64 cache,
 	COUNT(frees);
 	if (!cache)
 		return;
-	f = bpf_map_lookup_elem(&cache_frees, &cache);
+	/* +, not |: the verifier refuses bitwise operators on the kfunc's
+	 * typed pointer; the tag bit is clear in an aligned address. */
+	__u64 key = cache + tag;
+
+	f = bpf_map_lookup_elem(&cache_frees, &key);
 	if (f) {
 		f->frees++;
 		return;
 	}
 	struct cache_frees one = {.frees = 1};
 
-	if (bpf_map_update_elem(&cache_frees, &cache, &one, BPF_NOEXIST) == 0)
+	if (bpf_map_update_elem(&cache_frees, &key, &one, BPF_NOEXIST) == 0)
 		remember_cache_name(cache, name);
-	else if (!bpf_map_lookup_elem(&cache_frees, &cache))
+	else if (!bpf_map_lookup_elem(&cache_frees, &key))
 		COUNT(map_full_caches);
 }
 
@@ -531,7 +535,7 @@ static __always_inline void on_free(const void *ptr, __u64 cache,
 	if (cfg.track_live)
 		track_free((__u64)ptr);
 	else
-		count_free(ptr, cache, name);
+		count_free(ptr, cache, name, 0);
 }
 
 /* Counts a kmalloc-family event whose key names its cache (or not). */
@@ -616,7 +620,11 @@ int BPF_PROG(cache_alloc_btf, unsigned long call_site, const void *ptr,
 SEC("tp_btf/kfree")
 int BPF_PROG(kfree_btf, unsigned long call_site, const void *ptr)
 {
-	on_free(ptr, 0, NULL);
+	if (cfg.kfree_caches && !cfg.track_live)
+		count_free(ptr, kfree_cache_kfunc(ptr), NULL,
+			   KHEAP_KFREE_CACHE_TAG);
+	else
+		on_free(ptr, 0, NULL);
 	return 0;
 }
 

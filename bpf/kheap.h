@@ -285,7 +285,15 @@ struct kheap_config {
 	/* vmalloc through kprobes: allocations take the stack captured at
 	 * alloc_vmap_area's entry (given_stacks), not their own */
 	__u8 given_stacks;
+	/* kfree events ask the object's slab for its cache (top, slab, serve:
+	 * frees per cache; the kfunc only) */
+	__u8 kfree_caches;
 };
+
+/* cache_frees keys of kfree events (cfg.kfree_caches): the cache's address
+ * with this bit set, apart from kmem_cache_free's (a struct kmem_cache is
+ * aligned), so user space joins them to the kmalloc rows of that cache. */
+#define KHEAP_KFREE_CACHE_TAG 2
 
 /* --latency: time inside the allocator entry points, per call site. */
 #define KHEAP_LAT_STARTS 16384

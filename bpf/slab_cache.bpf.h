@@ -110,6 +110,24 @@ static __always_inline struct kmem_cache *kmalloc_cache_kfunc(const void *ptr,
 #endif
 }
 
+/* The cache a kfree()'d object lives in, or 0: asked of the kernel's kfunc
+ * only (6.13+, typed programs). The page walk of older kernels would need
+ * the page's slab flag first: a kfree() of a kmalloc_large() object has no
+ * slab, and its page's slab_cache is some other field. */
+static __always_inline __u64 kfree_cache_kfunc(const void *ptr)
+{
+#ifdef KHEAP_NO_KFUNCS
+	return 0;
+#else
+	struct kmem_cache *s;
+
+	if (!ptr || !kmem_cache_kfunc_exists())
+		return 0;
+	s = bpf_get_kmem_cache((__u64)ptr);
+	return s ? (__u64)s : 0;
+#endif
+}
+
 /* The same through the object's page (older kernels, untyped programs): its
  * address, or KHEAP_CACHE_UNRESOLVED when none of the event's size was
  * found. */

@@ -255,3 +255,38 @@ fn merged_cache_rows_name_the_cache_slabinfo_grew() {
         cache
     );
 }
+
+/// `kheap slab` counts the frees of kmalloc'ed objects in the row of the
+/// cache they lived in, where the kernel names it (the `bpf_get_kmem_cache`
+/// kfunc, 6.13+): 300 messages sent and received are 300 allocations and
+/// 300 frees of one cache. Older kernels count kfree() in the total only,
+/// and the row shows none.
+#[test]
+fn kfree_frees_land_in_the_row_of_their_cache() {
+    require_root();
+    let r = report_json("slab", &["-n", "1000"], &["msg", "300", "2100"]);
+    let rows: Vec<&Value> = r["caches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            c["top_sites"].as_array().is_some_and(|s| {
+                s.iter()
+                    .any(|s| s["function"].as_str().map(base_name) == Some("load_msg"))
+            })
+        })
+        .collect();
+    assert_eq!(rows.len(), 1, "load_msg in one row: {:#}", r["caches"]);
+    let row = rows[0];
+    assert_eq!(u(&row["count"]), 300, "{row:#}");
+    if kernel_before(6, 13) {
+        assert_eq!(u(&row["frees"]), 0, "{row:#}");
+        partial_check(
+            "kfree_frees_land_in_the_row_of_their_cache: no bpf_get_kmem_cache before 6.13, \
+             only checked that the row counts no kfree",
+        );
+    } else {
+        assert_eq!(u(&row["frees"]), 300, "{row:#}");
+        assert_eq!(row["net_objs"].as_i64(), Some(0), "{row:#}");
+    }
+}

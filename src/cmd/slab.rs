@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::kernel::features;
-use crate::kernel::kmem::Tracer;
+use crate::kernel::kmem::{Config, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::model::snapshot::Snapshot;
 use crate::model::CacheId;
@@ -27,7 +27,11 @@ pub fn run(args: SlabArgs) -> Result<i32> {
     install_stop_handler();
 
     let mut targets = Targets::start(&args.trace.filters.targets)?;
-    let cfg = kmem_config(&args.trace, &targets, crate::cli::DEFAULT_STACK_SAMPLE);
+    // The traced net growth per cache needs kfree's frees per cache too.
+    let cfg = Config {
+        kfree_caches: true,
+        ..kmem_config(&args.trace, &targets, crate::cli::DEFAULT_STACK_SAMPLE)
+    };
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
     eprintln!(

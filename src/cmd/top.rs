@@ -69,6 +69,8 @@ fn kernel_config(args: &TopArgs, targets: &Targets) -> Config {
         by_process: args.by == GroupBy::Process,
         by_cgroup: args.by == GroupBy::Cgroup,
         trace_frees: true,
+        // The cache view's frees column counts kfree()'s too.
+        kfree_caches: true,
         ..kmem_config(&args.trace, targets, crate::cli::DEFAULT_STACK_SAMPLE)
     }
 }

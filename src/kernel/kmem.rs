@@ -55,6 +55,10 @@ pub struct Config {
     /// interrupt context): `Snapshot::stack_owners`, the labels of exported
     /// profiles. Costs a few helper calls on the sampled stack path only.
     pub stack_owners: bool,
+    /// Frees per cache for kfree() too (top, slab, serve): each kfree event
+    /// asks the object's slab, where the kernel's kfunc can (6.13+ with
+    /// tp_btf); elsewhere kfree frees are counted in the total only.
+    pub kfree_caches: bool,
     pub attach: AttachMode,
     pub max_sites: u32,
     pub max_stacks: u32,
@@ -103,6 +107,7 @@ impl Default for Config {
             by_cgroup: false,
             cgroups: Vec::new(),
             stack_owners: false,
+            kfree_caches: false,
             attach: AttachMode::Auto,
             max_sites: 8192,
             max_stacks: 8192,
@@ -144,6 +149,8 @@ pub struct Tracer<'obj> {
     pub skipped: Vec<String>,
     /// How the cache of a kmalloc object is found, or why it is not.
     pub kmalloc_caches: String,
+    /// kfree events name their cache (`kfree_caches_traced`).
+    pub kfree_caches: bool,
     /// Stack traces already read, by id (a hash of their frames: an id
     /// always means the same frames), so a refreshing view reads each once.
     stack_cache: RefCell<HashMap<i64, Vec<u64>>>,
@@ -303,6 +310,7 @@ impl<'obj> Tracer<'obj> {
             attached: Vec::new(),
             skipped,
             kmalloc_caches: kmalloc_caches.unwrap_or_else(|why| why),
+            kfree_caches: kfree_caches_traced(cfg, kbtf, mech),
             stack_cache: RefCell::default(),
             slab_sysfs: RefCell::default(),
             clock0: types::clock_sample::default(),
@@ -676,8 +684,21 @@ impl<'obj> Tracer<'obj> {
                 snap.comms.entry(tgid).or_insert_with(|| comm_now(tgid));
             }
         }
+        let kfree_tags = self.kfree_caches;
+        let kmalloc_rows: HashMap<String, CacheId> = snap
+            .sites
+            .keys()
+            .filter_map(|k| match &k.cache {
+                CacheId::Kmalloc {
+                    slab: KmallocSlab::Cache(n),
+                    ..
+                } => Some((n.clone(), k.cache.clone())),
+                _ => None,
+            })
+            .collect();
         for (cache, v) in maps::read_percpu_hash::<u64, types::cache_frees, _>(&m.cache_frees)? {
-            *snap.cache_frees.entry(names.cache_id(cache)).or_default() += v.frees;
+            let row = free_row(cache, kfree_tags, &names, &kmalloc_rows);
+            *snap.cache_frees.entry(row).or_default() += v.frees;
         }
         let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
         for source in self.cfg.sources.iter().filter(|&s| s != Source::Kmalloc) {
@@ -1067,6 +1088,7 @@ fn configure(
             }
         });
     let c = &mut rodata.cfg;
+    c.kfree_caches = u8::from(kfree_caches_traced(cfg, kbtf, mech));
     if let Some(live) = cfg.live {
         c.track_live = 1;
         c.ptr_sample_mask = live.sample_every.max(1) - 1;
@@ -1105,6 +1127,34 @@ fn configure(
         open.maps.proc_comms.set_max_entries(1)?;
     }
     Ok(kmalloc_caches)
+}
+
+/// Whether kfree events name their cache in this run (`Config::kfree_caches`
+/// where the kfunc can; leaks counts no frees per cache).
+fn kfree_caches_traced(cfg: &Config, kbtf: &KernelBtf, mech: Mechanism) -> bool {
+    cfg.kfree_caches && cfg.live.is_none() && mech == Mechanism::Btf && kbtf.kmem_cache_kfunc
+}
+
+/// The cache row a free belongs to. kfree's keys carry the tag bit
+/// (bpf/kheap.h, KHEAP_KFREE_CACHE_TAG) and join the kmalloc row of their
+/// cache when the run saw allocations from it (kmalloc rows are keyed by
+/// size class and cache, not by name alone); the others are the cache's own.
+fn free_row(
+    cache: u64,
+    kfree_tags: bool,
+    names: &Names<'_, '_>,
+    kmalloc_rows: &HashMap<String, CacheId>,
+) -> CacheId {
+    if kfree_tags && cache & KHEAP_KFREE_CACHE_TAG != 0 {
+        let id = names.cache_id(cache & !KHEAP_KFREE_CACHE_TAG);
+        if let CacheId::Named(n) = &id {
+            if let Some(row) = kmalloc_rows.get(n) {
+                return row.clone();
+            }
+        }
+        return id;
+    }
+    names.cache_id(cache)
 }
 
 /// How the kmalloc programs find the cache an object lives in
@@ -1367,6 +1417,8 @@ pub fn cache_id(
 
 /// Must match KHEAP_CACHE_UNRESOLVED in bpf/kheap.h.
 const KHEAP_CACHE_UNRESOLVED: u64 = 2;
+/// Must match KHEAP_KFREE_CACHE_TAG in bpf/kheap.h.
+const KHEAP_KFREE_CACHE_TAG: u64 = 2;
 
 /// A cgroup map key as the model names it.
 fn cgroup_key(k: &types::cgroup_key) -> CgroupKey {

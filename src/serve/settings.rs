@@ -209,6 +209,8 @@ pub fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
         max_sites: args.max_entries,
         max_stacks: args.max_entries,
         trace_frees: true,
+        // kheap_cache_frees_total counts kfree()'s too.
+        kfree_caches: true,
         by_cgroup: args.by_cgroup,
         cgroups: f.cgroups.iter().map(|c| c.id).collect(),
         live: args.track_outstanding.then(LiveConfig::default),
