@@ -62,13 +62,37 @@ pub struct FilterArgs {
     #[arg(long, value_parser = parse_size, value_name = "N")]
     pub max_size: Option<u64>,
     /// How to attach to the kmem tracepoints
-    #[arg(long, value_enum, default_value_t = AttachMode::Auto)]
-    pub attach: AttachMode,
+    #[arg(long, value_enum, default_value_t = AttachArg::Auto)]
+    pub attach: AttachArg,
     /// The kernel's BTF, for a kernel without /sys/kernel/btf/vmlinux: a
     /// file from BTFHub or made by `pahole --btf_encode_detached` from the
     /// kernel's debug vmlinux (refused if it is another kernel's)
     #[arg(long, value_name = "FILE")]
     pub btf: Option<PathBuf>,
+}
+
+/// `--attach`: [`AttachMode`] as the command line spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum AttachArg {
+    /// The cheapest that loads: tp_btf, then raw_tp, then classic
+    Auto,
+    /// BTF-typed raw tracepoints (cheapest; 6.13+ verifiers accept them)
+    Btf,
+    /// Untyped raw tracepoints (as cheap; kernel structs read via CO-RE)
+    Raw,
+    /// Classic tracepoints, record fields read through CO-RE
+    Tracepoint,
+}
+
+impl From<AttachArg> for AttachMode {
+    fn from(a: AttachArg) -> AttachMode {
+        match a {
+            AttachArg::Auto => AttachMode::Auto,
+            AttachArg::Btf => AttachMode::Btf,
+            AttachArg::Raw => AttachMode::Raw,
+            AttachArg::Tracepoint => AttachMode::Tracepoint,
+        }
+    }
 }
 
 impl Default for FilterArgs {
@@ -79,7 +103,7 @@ impl Default for FilterArgs {
             cgroups: Vec::new(),
             min_size: 0,
             max_size: None,
-            attach: AttachMode::Auto,
+            attach: AttachArg::Auto,
             btf: None,
         }
     }
@@ -101,7 +125,7 @@ impl FilterArgs {
             || !self.cgroups.is_empty()
             || self.min_size > 0
             || self.max_size.is_some()
-            || self.attach != AttachMode::Auto
+            || self.attach != AttachArg::Auto
     }
 
     /// The filters in words, for the report's header.

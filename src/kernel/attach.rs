@@ -2,14 +2,15 @@
 //! order, and whether a hook (`kernel::hooks`) exists for one.
 
 use anyhow::Result;
-use clap::ValueEnum;
 
 use crate::kernel::features;
 use crate::kernel::features::{KernelBtf, Tracefs};
 pub use crate::kernel::hooks::{kmem_hooks, Fallback, Hook, Role, HOOKS};
 use crate::model::Source;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+/// Which mechanisms the kmem tracer tries (`--attach`, parsed as
+/// `cli::AttachArg`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttachMode {
     /// The cheapest that loads: tp_btf, then raw_tp, then classic
     Auto,

@@ -223,7 +223,7 @@ impl Daemon {
             || new.filters.comm != cfg.comm
             || new.filters.min_size != cfg.min_size
             || new.filters.max_size != cfg.max_size
-            || new.filters.attach != cfg.attach
+            || kmem::AttachMode::from(new.filters.attach) != cfg.attach
             || new.track_outstanding != cfg.live.is_some()
             || new.by_cgroup != cfg.by_cgroup
             || new

@@ -202,7 +202,7 @@ pub fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
         max_size: f.max_size,
         pids: targets.pids.clone(),
         comm: f.comm.clone(),
-        attach: f.attach,
+        attach: f.attach.into(),
         // Metrics need call sites only; the profiles' stacks are sampled
         // (sites stay exact).
         stack_sample_every: args.stacks.sample_every(crate::cli::DEFAULT_STACK_SAMPLE),

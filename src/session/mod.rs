@@ -179,7 +179,7 @@ pub fn kmem_config(t: &TraceArgs, targets: &Targets, default_sample: u32) -> Con
         follow_children: targets.command.is_some(),
         comm: f.comm.clone(),
         cgroups: f.cgroups.iter().map(|c| c.id).collect(),
-        attach: f.attach,
+        attach: f.attach.into(),
         stack_sample_every: t.stacks.sample_every(default_sample),
         max_sites: t.max_entries,
         max_stacks: t.max_entries,

@@ -1,0 +1,126 @@
+//! What the object is set up with from /proc/kallsyms: how kmalloc
+//! objects' caches are found, and the text ranges that label events by
+//! the functions on their stack.
+
+use anyhow::{Context, Result};
+
+use crate::kernel::attach::Mechanism;
+use crate::kernel::features::KernelBtf;
+use crate::kernel::skel::types;
+use crate::model::Source;
+
+use super::config::Config;
+
+/// How the kmalloc programs find the cache an object lives in
+/// (bpf/slab_cache.bpf.h): Ok(None) through the kernel's kfunc (typed
+/// programs on 6.13+), Ok(Some(addresses of `page_offset_base` and
+/// `vmemmap_base`)) through the object's page. Err: the line the report
+/// header and `kheap doctor` show, where this kernel gives no way (kallsyms
+/// without data symbols, i.e. no CONFIG_KALLSYMS_ALL, or not x86-64's
+/// memory layout); kmalloc caches are then named by their size class.
+pub(super) fn kmalloc_cache_resolution(
+    kbtf: &KernelBtf,
+    mech: Mechanism,
+    kallsyms: &Kallsyms,
+) -> std::result::Result<Option<(u64, u64)>, String> {
+    if mech == Mechanism::Btf && kbtf.kmem_cache_kfunc {
+        return Ok(None);
+    }
+    let why = |what: &str| {
+        format!(
+            "kmalloc caches: named by size class, not by the object's slab ({what}): bucket, \
+             random and accounted copies (msg_msg-4k, kmalloc-rnd-01-4k, kmalloc-cg-4k) are \
+             not told apart"
+        )
+    };
+    if !cfg!(target_arch = "x86_64") {
+        return Err(why("the page lookup knows x86-64's memory layout only"));
+    }
+    let text = kallsyms.text().map_err(|e| why(&format!("{e:#}")))?;
+    direct_map_and_vmemmap_bases(text).map(Some).ok_or_else(|| {
+        why(
+            "/proc/kallsyms lists no page_offset_base/vmemmap_base: a kernel without \
+                 CONFIG_KALLSYMS_ALL",
+        )
+    })
+}
+
+/// The addresses of the kernel's `page_offset_base` and `vmemmap_base`
+/// variables, if kallsyms lists them.
+fn direct_map_and_vmemmap_bases(kallsyms: &str) -> Option<(u64, u64)> {
+    let find = |name| crate::model::kallsyms::address_of(kallsyms, name);
+    Some((find("page_offset_base")?, find("vmemmap_base")?))
+}
+
+/// The text ranges that label events by the functions on their stack
+/// (bpf/sources.bpf.h, `stack_label`), in the map's order: with the page
+/// source and a source whose pages it would count again, the functions
+/// that allocate those pages (only for the sources traced, so a page is
+/// left out of the totals only when another source counts it); then, with
+/// vmalloc, the functions that say what a vmap area is for.
+#[derive(Default)]
+pub(super) struct LabelRanges {
+    pub(super) ranges: Vec<types::backing_range>,
+    pub(super) page: u32,
+    pub(super) vmap: u32,
+}
+
+/// /proc/kallsyms, read on first use.
+#[derive(Default)]
+pub(super) struct Kallsyms(std::cell::OnceCell<String>);
+
+impl Kallsyms {
+    pub(super) fn text(&self) -> Result<&str> {
+        if let Some(t) = self.0.get() {
+            return Ok(t);
+        }
+        let t = std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
+        Ok(self.0.get_or_init(|| t))
+    }
+}
+
+pub(super) fn label_ranges(cfg: &Config, kallsyms: &Kallsyms) -> Result<LabelRanges> {
+    let pages = cfg.sources.contains(Source::Page);
+    let vmap = cfg.sources.contains(Source::Vmalloc);
+    if !pages && !vmap {
+        return Ok(LabelRanges::default());
+    }
+    let kallsyms = kallsyms.text()?;
+    let range = |start, end, label| types::backing_range {
+        start,
+        end,
+        label,
+        ..Default::default()
+    };
+    let mut ranges: Vec<types::backing_range> = Vec::new();
+    if pages {
+        ranges.extend(
+            crate::model::backing::backing_ranges(kallsyms)
+                .into_iter()
+                .filter(|r| {
+                    r.label
+                        .counted_by()
+                        .is_some_and(|s| cfg.sources.contains(s))
+                })
+                .map(|r| range(r.start, r.end, r.label.raw())),
+        );
+    }
+    ranges.truncate(KHEAP_BACKING_RANGES);
+    let page = ranges.len() as u32;
+    if vmap {
+        ranges.extend(
+            crate::model::backing::vmap_ranges(kallsyms)
+                .into_iter()
+                .map(|r| range(r.start, r.end, r.label.raw())),
+        );
+    }
+    ranges.truncate(KHEAP_BACKING_RANGES);
+    Ok(LabelRanges {
+        page,
+        vmap: ranges.len() as u32 - page,
+        ranges,
+    })
+}
+
+/// Must match KHEAP_BACKING_RANGES in bpf/kheap.h (the map's size).
+const KHEAP_BACKING_RANGES: usize = 40;

@@ -1,0 +1,197 @@
+//! The live objects of `leaks`: folded by site and stack, or read one by
+//! one with their ages, measured on the kernel's tick.
+
+use std::collections::HashMap;
+
+use anyhow::{Context, Result};
+use libbpf_rs::ProgramInput;
+
+use crate::kernel::maps;
+use crate::kernel::skel::{from_bytes, types};
+use crate::model::live::{
+    jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Outstanding, OutstandingBySite,
+    OutstandingRead, Unseen,
+};
+use crate::model::snapshot::{CgroupKey, CgroupSlot};
+use crate::model::SiteKey;
+
+use super::config::LiveConfig;
+use super::keys::{comm_now, site_key, Names};
+use super::tracer::Tracer;
+
+impl<'obj> Tracer<'obj> {
+    /// The live objects folded by site and stack (0: no stack sampled),
+    /// with the live map's full-map drops so far. Folded while read: no
+    /// allocation per object, so a full map of 262,144 objects costs one
+    /// pass. `None` without live-object tracking.
+    pub fn outstanding(&self) -> Result<Option<OutstandingRead>> {
+        if self.cfg.live.is_none() {
+            return Ok(None);
+        }
+        let m = &self.skel.maps;
+        // Raw keys first (the site key's bytes), names once per group.
+        type RawKey = ([u8; std::mem::size_of::<types::site_key>()], i64);
+        let mut raw: HashMap<RawKey, Outstanding> = HashMap::new();
+        maps::visit_hash_values::<types::live_obj, _>(&m.live, &mut |o| {
+            // SAFETY: a plain C struct of integers, without implicit padding.
+            let site = unsafe { plain::as_bytes(&o.site) };
+            let k = (site.try_into().expect("site_key size"), o.stack_id);
+            let e = raw.entry(k).or_default();
+            e.objects += 1;
+            e.bytes_alloc += o.bytes_alloc as u64;
+        })?;
+        let names = Names::read(self)?;
+        let mut groups: HashMap<(SiteKey, i64), Outstanding> = HashMap::new();
+        for ((site, stack_id), v) in raw {
+            let site = names.site_key(&from_bytes::<types::site_key>(&site));
+            let e = groups.entry((site, stack_id)).or_default();
+            e.objects += v.objects;
+            e.bytes_alloc += v.bytes_alloc;
+        }
+        let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
+        Ok(Some(OutstandingRead {
+            groups,
+            map_full_live: c.map_full_live,
+        }))
+    }
+
+    /// The live objects folded by site and, with `by_cgroup`, by the
+    /// cgroup (or interrupt context) that allocated them: one reading of
+    /// leaks' timeline. One pass over the object map, batched, with no
+    /// allocation per object. `None` without live-object tracking.
+    pub fn outstanding_by_site(&self, by_cgroup: bool) -> Result<Option<OutstandingBySite>> {
+        if self.cfg.live.is_none() {
+            return Ok(None);
+        }
+        type RawKey = ([u8; std::mem::size_of::<types::site_key>()], u64, bool);
+        let mut raw: HashMap<RawKey, Outstanding> = HashMap::new();
+        maps::visit_hash_values::<types::live_obj, _>(&self.skel.maps.live, &mut |o| {
+            // SAFETY: a plain C struct of integers, without implicit padding.
+            let site = unsafe { plain::as_bytes(&o.site) };
+            let (cgroup, interrupt) = match by_cgroup {
+                true => (o.cgroup, o.interrupt != 0),
+                false => (0, false),
+            };
+            let k = (site.try_into().expect("site_key size"), cgroup, interrupt);
+            let e = raw.entry(k).or_default();
+            e.objects += 1;
+            e.bytes_alloc += o.bytes_alloc as u64;
+        })?;
+        let names = self.cache_names()?;
+        let mut out = OutstandingBySite::new();
+        for ((site, cgroup, interrupt), v) in raw {
+            let site = site_key(&from_bytes::<types::site_key>(&site), &names);
+            let slot = by_cgroup.then_some(if interrupt {
+                CgroupSlot::Interrupt
+            } else {
+                CgroupSlot::Cgroup(cgroup)
+            });
+            let e = out.entry((site, slot)).or_default();
+            e.objects += v.objects;
+            e.bytes_alloc += v.bytes_alloc;
+        }
+        Ok(Some(out))
+    }
+
+    pub(super) fn leak_input(
+        &self,
+        lcfg: LiveConfig,
+        unseen_read: Vec<(types::site_key, types::site_unseen)>,
+        live: Vec<types::live_obj>,
+        now: types::clock_sample,
+        c: &types::counters,
+        key: &dyn Fn(&types::site_key) -> SiteKey,
+    ) -> Result<LeakInput> {
+        let hz = self.tick_rate(&now)?;
+        // After detach, ages are as at the end of the run (the report's
+        // duration ends there too), not at this later read.
+        let at = self.ended.unwrap_or(now);
+        let mut unseen: HashMap<SiteKey, Unseen> = HashMap::new();
+        for (k, u) in unseen_read {
+            // Two kernel caches can share a name: their entries are merged.
+            let e = unseen.entry(key(&k)).or_default();
+            e.count += u.count;
+            e.bytes_alloc += u.bytes_alloc;
+        }
+        let mut comms = HashMap::new();
+        for o in &live {
+            comms.entry(o.tgid).or_insert_with(|| comm_now(o.tgid));
+        }
+        Ok(LeakInput {
+            live: live
+                .iter()
+                .map(|o| LiveObject {
+                    site: key(&o.site),
+                    stack_id: (o.stack_id != 0).then_some(o.stack_id),
+                    bytes_req: o.bytes_req as u64,
+                    bytes_alloc: o.bytes_alloc as u64,
+                    age_ns: jiffies_to_ns(at.jiffies.saturating_sub(o.ts), hz),
+                    tgid: o.tgid,
+                    cgroup: CgroupKey {
+                        slot: if o.interrupt != 0 {
+                            CgroupSlot::Interrupt
+                        } else {
+                            CgroupSlot::Cgroup(o.cgroup)
+                        },
+                        accounted: o.accounted != 0,
+                    },
+                })
+                .collect(),
+            unseen,
+            events: LeakEvents {
+                frees_null: c.frees_null,
+                frees_untracked: c.frees_untracked,
+                reused_live: c.reused_live,
+                map_full_live: c.map_full_live,
+                map_busy: c.map_busy,
+                page_bytes_freed_untracked: c.page_bytes_freed_untracked,
+            },
+            sample_every: lcfg.sample_every.max(1),
+            min_age_ns: 0,
+            max_objects: lcfg.max_objects,
+            recursion_misses: self
+                .program_stats()
+                .into_iter()
+                .map(|(tp, s)| (tp, s.recursion_misses))
+                .collect(),
+            kind: "leaks".to_string(),
+            comms,
+        })
+    }
+
+    /// Reads the kernel's jiffies and CLOCK_MONOTONIC together, by running
+    /// the object's `clock` program.
+    pub(super) fn clock(&self) -> Result<types::clock_sample> {
+        self.skel
+            .progs
+            .clock
+            .test_run(ProgramInput::default())
+            .context("running the BPF clock program")?;
+        let bss = self
+            .skel
+            .maps
+            .bss_data
+            .as_deref()
+            .context("the BPF object has no .bss section")?;
+        // The kernel wrote it behind the compiler's back.
+        Ok(unsafe { std::ptr::read_volatile(&bss.clock_now) })
+    }
+
+    /// Kernel ticks per second, from the jiffies and nanoseconds elapsed
+    /// since the tracer started (at least 200 ms, waited for if need be),
+    /// snapped to the nearest rate Linux offers. Ages are measured against
+    /// `now`, not against the later sample a short run waits for.
+    fn tick_rate(&self, now: &types::clock_sample) -> Result<u64> {
+        const MIN_NS: u64 = 200_000_000;
+        let mut later = *now;
+        let elapsed = later.ns.saturating_sub(self.clock0.ns);
+        if elapsed < MIN_NS {
+            std::thread::sleep(std::time::Duration::from_nanos(MIN_NS - elapsed));
+            later = self.clock()?;
+        }
+        Ok(nearest_hz(
+            later.jiffies.saturating_sub(self.clock0.jiffies),
+            later.ns.saturating_sub(self.clock0.ns),
+        ))
+    }
+}

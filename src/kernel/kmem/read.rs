@@ -1,0 +1,344 @@
+//! One read of the maps into a model snapshot, and the deletion of idle
+//! keys (`top`).
+
+use std::collections::{HashMap, HashSet};
+
+use anyhow::Result;
+use libbpf_rs::{MapCore, MapFlags};
+
+use crate::kernel::maps;
+use crate::kernel::skel::{c_str, from_bytes, types};
+use crate::model::snapshot::{CgroupKey, EventCounters, IdleKeys, Snapshot};
+use crate::model::{progress, CacheId, KmallocSlab, Owner, SiteKey, Source};
+
+use super::keys::{cgroup_key, comm_now, free_row, stack_owner, Names};
+use super::tracer::Tracer;
+
+impl<'obj> Tracer<'obj> {
+    /// Capacity of the per-cgroup map (`--by cgroup`).
+    pub fn cgroup_capacity(&self) -> u32 {
+        self.skel.maps.cgroups.max_entries()
+    }
+
+    /// The cgroup v2 ids counted so far (per-cgroup rows and processes'
+    /// cgroups), so their paths can be learned while the cgroups exist.
+    pub fn cgroup_ids(&self) -> Result<Vec<u64>> {
+        let m = &self.skel.maps;
+        let mut ids = Vec::new();
+        if self.cfg.by_cgroup {
+            for raw in maps::keys(&m.cgroups)? {
+                let k = from_bytes::<types::cgroup_key>(&raw);
+                if k.interrupt == 0 {
+                    ids.push(k.cgroup);
+                }
+            }
+        }
+        if self.cfg.by_process {
+            let infos = maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?;
+            ids.extend(infos.values().map(|i| i.cgroup).filter(|&id| id != 0));
+        }
+        if self.cfg.stacks_by_owner() {
+            for raw in maps::keys(&m.stacks)? {
+                let k = from_bytes::<types::stack_key>(&raw);
+                if k.interrupt == 0 && k.cgroup != 0 {
+                    ids.push(k.cgroup);
+                }
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids)
+    }
+
+    /// The frames of a stack, read once per run.
+    fn stack_frames(&self, id: i64) -> Result<Option<Vec<u64>>> {
+        if let Some(frames) = self.stack_cache.borrow().get(&id) {
+            return Ok(Some(frames.clone()));
+        }
+        let frames = maps::read_stack(&self.skel.maps.stack_traces, &id.to_ne_bytes())?;
+        if let Some(f) = &frames {
+            self.stack_cache.borrow_mut().insert(id, f.clone());
+        }
+        Ok(frames)
+    }
+
+    /// Reads and merges every map; with live-object tracking, also every
+    /// tracked object with its age now.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        self.read_snapshot(true)
+    }
+
+    /// The counters of [`Tracer::snapshot`] without the live objects (which
+    /// [`Tracer::outstanding`] folds more cheaply): `leaks` stays `None`.
+    pub fn counts_snapshot(&self) -> Result<Snapshot> {
+        self.read_snapshot(false)
+    }
+
+    fn read_snapshot(&self, with_live: bool) -> Result<Snapshot> {
+        let m = &self.skel.maps;
+        let names = Names::read(self)?;
+        let key = |k: &types::site_key| names.site_key(k);
+        // Read while events keep arriving, in the order that keeps every
+        // site adding up (allocated >= outstanding + freed unseen): objects
+        // found freed unseen, then the live objects (and the clock their
+        // ages are measured against), then the allocation totals. An object
+        // whose address comes back between two reads is then counted as
+        // freed, never twice.
+        let live = match self.cfg.live.filter(|_| with_live) {
+            Some(lcfg) => {
+                let unseen =
+                    maps::read_percpu_hash::<types::site_key, types::site_unseen, _>(&m.unseen)?;
+                let objects = maps::read_hash_values::<types::live_obj, _>(&m.live)?;
+                let now = self.clock()?;
+                Some((lcfg, unseen, objects, now))
+            }
+            None => None,
+        };
+        let mut snap = Snapshot::default();
+        // Two kernel caches can share a name: their entries are merged.
+        for (k, v) in maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)? {
+            *snap.sites.entry(key(&k)).or_default() += v.into();
+        }
+        // Processes right after sites (both are counted on every event):
+        // the slower stack reads below would widen the gap between them.
+        let comms: HashMap<u32, (String, u64)> =
+            if self.cfg.by_process || self.cfg.stacks_by_owner() {
+                maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?
+                    .into_iter()
+                    .map(|(k, v)| (k, (c_str(&v.comm), v.cgroup)))
+                    .collect()
+            } else {
+                HashMap::new()
+            };
+        snap.comms = comms.iter().map(|(&k, (c, _))| (k, c.clone())).collect();
+        if self.cfg.by_process {
+            let procs = maps::read_percpu_hash::<u32, types::alloc_stats, _>(&m.procs)?;
+            for (pid, v) in procs {
+                let (comm, cgroup) = comms.get(&pid).cloned().unwrap_or_default();
+                if cgroup != 0 {
+                    snap.proc_cgroups.insert(pid, cgroup);
+                }
+                snap.procs.insert(pid, (comm, v.into()));
+            }
+        }
+        if self.cfg.by_cgroup {
+            for (k, v) in
+                maps::read_percpu_hash::<types::cgroup_key, types::alloc_stats, _>(&m.cgroups)?
+            {
+                *snap.cgroups.entry(cgroup_key(&k)).or_default() += v.into();
+            }
+        }
+        let sites_from_stacks = self.cfg.sites_from_stacks();
+        let owners = self.cfg.stacks_by_owner();
+        for (k, v) in maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(&m.stacks)?
+        {
+            let id = k.stack_id;
+            if let std::collections::hash_map::Entry::Vacant(e) = snap.stack_frames.entry(id) {
+                if let Some(frames) = self.stack_frames(id)? {
+                    e.insert(frames);
+                }
+            }
+            let site = key(&k.site);
+            if sites_from_stacks {
+                *snap.sites.entry(site.clone()).or_default() += v.into();
+            }
+            if owners {
+                *snap
+                    .stack_owners
+                    .entry((site.clone(), id))
+                    .or_default()
+                    .entry(stack_owner(&k))
+                    .or_default() += v.into();
+            }
+            *snap.stacks.entry((site, id)).or_default() += v.into();
+        }
+        // A process the name map had no room for: its name now, if alive.
+        let owner_pids = snap.stack_owners.values().flat_map(|m| m.keys());
+        for owner in owner_pids {
+            if let Owner::Process { tgid, .. } = *owner {
+                snap.comms.entry(tgid).or_insert_with(|| comm_now(tgid));
+            }
+        }
+        let kfree_tags = self.kfree_caches;
+        let kmalloc_rows: HashMap<String, CacheId> = snap
+            .sites
+            .keys()
+            .filter_map(|k| match &k.cache {
+                CacheId::Kmalloc {
+                    slab: KmallocSlab::Cache(n),
+                    ..
+                } => Some((n.clone(), k.cache.clone())),
+                _ => None,
+            })
+            .collect();
+        for (cache, v) in maps::read_percpu_hash::<u64, types::cache_frees, _>(&m.cache_frees)? {
+            let row = free_row(cache, kfree_tags, &names, &kmalloc_rows);
+            *snap.cache_frees.entry(row).or_default() += v.frees;
+        }
+        let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
+        for source in self.cfg.sources.iter().filter(|&s| s != Source::Kmalloc) {
+            snap.source_frees
+                .insert(source, c.source_frees[source.raw() as usize]);
+        }
+        snap.events = self.event_counters(&c);
+        if let Some((lcfg, unseen, objects, now)) = live {
+            snap.leaks = Some(self.leak_input(lcfg, unseen, objects, now, &c, &key)?);
+        }
+        Ok(snap)
+    }
+
+    fn event_counters(&self, c: &types::counters) -> EventCounters {
+        EventCounters {
+            // Leaks: tracked frees are derived from the sites (LeakInput).
+            frees: if self.cfg.live.is_some() {
+                c.frees_untracked
+            } else {
+                c.frees
+            },
+            frees_null: c.frees_null,
+            alloc_failed: c.alloc_failed,
+            stack_samples: c.stack_samples,
+            // Stacks are stored by the hash of their frames: no bucket
+            // collisions (bpf/stack_store.bpf.h).
+            lost_stack_collision: 0,
+            lost_stack_other: c.lost_stack_other,
+            map_full_sites: c.map_full_sites,
+            map_full_stacks: c.map_full_stacks,
+            map_full_procs: c.map_full_procs,
+            map_full_cgroups: c.map_full_cgroups,
+            map_full_caches: c.map_full_caches,
+            kmalloc_cache_stale: c.cache_memo_stale,
+        }
+    }
+
+    /// Bytes of the page frees of pages not tracked so far (leaks): read
+    /// when /proc/meminfo is, so that frees between attaching and that read
+    /// (the tracer's own start-up memory going back) count on neither side.
+    pub fn page_bytes_freed_untracked(&self) -> Result<u64> {
+        let c: types::counters = maps::read_percpu_slot0(&self.skel.maps.counters)?;
+        Ok(c.page_bytes_freed_untracked)
+    }
+
+    /// The status line's counters: one read of the per-CPU counters slot
+    /// (no walk of the aggregation maps, however big they are). Map fill
+    /// comes from entries counted as they are created, which holds while
+    /// nothing deletes entries (record, leaks; not top, which removes idle
+    /// keys).
+    pub fn progress(&self) -> Result<progress::Counters> {
+        let m = &self.skel.maps;
+        let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
+        let ev = self.event_counters(&c);
+        let fill = |name, entries, map: &dyn MapCore| progress::MapFill {
+            name,
+            entries,
+            capacity: map.max_entries().into(),
+        };
+        let mut maps = vec![fill("sites", c.sites_created, &m.sites)];
+        if self.cfg.stack_sample_every != 0 {
+            maps.push(fill("stacks", c.stacks_created, &m.stacks));
+        }
+        if self.cfg.by_process {
+            maps.push(fill("processes", c.procs_created, &m.procs));
+        }
+        if self.cfg.by_cgroup {
+            maps.push(fill("cgroups", c.cgroups_created, &m.cgroups));
+        }
+        if self.cfg.live.is_some() {
+            let live = c.live_added.saturating_sub(c.live_removed);
+            maps.push(fill("objects", live, &m.live));
+        }
+        Ok(progress::Counters {
+            events: c.allocs,
+            lost_stacks: ev.lost_stacks(),
+            // Leaks: objects not tracked because the object map was full
+            // are not aggregated either.
+            not_aggregated: ev.map_full() + c.map_full_live,
+            maps,
+        })
+    }
+
+    /// Deletes the given idle keys from the maps, with the stack traces only
+    /// they used and the names of deleted processes. Returns the deleted
+    /// entries' values at deletion (read and deleted in one syscall), so the
+    /// caller can account for events that arrived after its last read.
+    pub fn remove_idle(&self, idle: &IdleKeys) -> Result<Snapshot> {
+        let mut removed = Snapshot::default();
+        if idle.is_empty() {
+            return Ok(removed);
+        }
+        let m = &self.skel.maps;
+        let names = Names::read(self)?;
+
+        let sites: HashSet<&SiteKey> = idle.sites.iter().collect();
+        for raw in maps::keys(&m.sites)? {
+            let k = names.site_key(&from_bytes::<types::site_key>(&raw));
+            if sites.contains(&k) {
+                if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.sites, &raw)? {
+                    *removed.sites.entry(k).or_default() += v.into();
+                }
+            }
+        }
+
+        let stacks: HashSet<&(SiteKey, i64)> = idle.stacks.iter().collect();
+        let mut still_used = HashSet::new();
+        for raw in maps::keys(&m.stacks)? {
+            let sk = from_bytes::<types::stack_key>(&raw);
+            let k = (names.site_key(&sk.site), sk.stack_id);
+            if !stacks.contains(&k) {
+                still_used.insert(sk.stack_id);
+                continue;
+            }
+            if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.stacks, &raw)? {
+                *removed.stacks.entry(k).or_default() += v.into();
+            }
+        }
+        let unused: HashSet<i64> = removed
+            .stacks
+            .keys()
+            .map(|(_, id)| *id)
+            .filter(|id| !still_used.contains(id))
+            .collect();
+        for id in unused {
+            if let Some(frames) = self.stack_frames(id)? {
+                removed.stack_frames.insert(id, frames);
+            }
+            // Already gone is fine; a stack that recurs is stored again.
+            let _ = m.stack_traces.delete(&id.to_ne_bytes());
+            self.stack_cache.borrow_mut().remove(&id);
+        }
+
+        for &pid in &idle.procs {
+            let key = pid.to_ne_bytes();
+            if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.procs, &key)? {
+                let comm = m
+                    .proc_comms
+                    .lookup(&key, MapFlags::ANY)?
+                    .map(|b| c_str(&from_bytes::<types::proc_info>(&b).comm))
+                    .unwrap_or_default();
+                let _ = m.proc_comms.delete(&key);
+                removed.procs.insert(pid, (comm, v.into()));
+            }
+        }
+
+        let cgroups: HashSet<&CgroupKey> = idle.cgroups.iter().collect();
+        for raw in maps::keys(&m.cgroups)? {
+            let k = cgroup_key(&from_bytes::<types::cgroup_key>(&raw));
+            if cgroups.contains(&k) {
+                if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.cgroups, &raw)? {
+                    *removed.cgroups.entry(k).or_default() += v.into();
+                }
+            }
+        }
+
+        let caches: HashSet<&CacheId> = idle.caches.iter().collect();
+        for raw in maps::keys(&m.cache_frees)? {
+            let id = names.cache_id(from_bytes::<u64>(&raw));
+            if caches.contains(&id) {
+                if let Some(v) = maps::take_percpu::<types::cache_frees, _>(&m.cache_frees, &raw)? {
+                    *removed.cache_frees.entry(id).or_default() += v.frees;
+                }
+            }
+        }
+        Ok(removed)
+    }
+}

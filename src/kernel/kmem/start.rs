@@ -1,0 +1,430 @@
+//! Opening, configuring, loading and attaching the kmem object.
+
+use std::cell::RefCell;
+use std::mem::MaybeUninit;
+use std::os::fd::BorrowedFd;
+
+use anyhow::{bail, Context, Result};
+use libbpf_rs::skel::OpenSkel;
+use libbpf_rs::{MapCore, MapFlags, OpenObject, ProgramMut};
+
+use crate::kernel::attach::{self, Fallback, Hook, Mechanism, Role, HOOKS};
+use crate::kernel::features::{self, KernelBtf, Tracefs};
+use crate::kernel::skel::{types, KheapSkelBuilder, OpenKheapSkel};
+use crate::kernel::storage::ObjectStorage;
+use crate::model::Source;
+
+use super::config::Config;
+use super::labels::{kmalloc_cache_resolution, label_ranges, Kallsyms};
+use super::tracer::Tracer;
+
+impl<'obj> Tracer<'obj> {
+    /// Opens, configures, loads and attaches with the cheapest mechanism
+    /// the kernel accepts (tp_btf, then raw_tp, then classic tracepoints).
+    /// `lat_starts` is the latency object's per-task map (`--latency`),
+    /// shared so call sites stay right while exit probes hide return
+    /// addresses.
+    pub fn start(
+        cfg: &Config,
+        storage: &'obj mut ObjectStorage,
+        lat_starts: Option<BorrowedFd<'_>>,
+    ) -> Result<Tracer<'obj>> {
+        let kbtf = features::kernel_btf()?;
+        let mut slots = storage.slots();
+        let (mut tracer, refused) = attach::start_first(cfg.attach, |mech| {
+            let slot = slots.next().context("no object storage left")?;
+            Self::start_with(cfg, kbtf, mech, slot, lat_starts)
+        })?;
+        // Shown in the report header: why a cheaper way was not used.
+        tracer.skipped.extend(refused);
+        Ok(tracer)
+    }
+
+    fn start_with(
+        cfg: &Config,
+        kbtf: &KernelBtf,
+        mech: Mechanism,
+        slot: &'obj mut MaybeUninit<OpenObject>,
+        lat_starts: Option<BorrowedFd<'_>>,
+    ) -> Result<Tracer<'obj>> {
+        if mech == Mechanism::Btf && !kbtf.typed_programs {
+            bail!("the kernel exposes no BTF of its own to check typed programs with");
+        }
+        let tracefs = if mech.needs_tracefs() {
+            Some(Tracefs::ensure_mounted()?)
+        } else {
+            None
+        };
+        let trace_frees = cfg.trace_frees || cfg.live.is_some();
+        let mut skipped = Vec::new();
+        let mut enabled: Vec<&'static Hook> = Vec::new();
+        let mut fallback = None;
+        for hook in HOOKS.iter().filter(|h| h.source == Source::Kmalloc) {
+            let wanted = match hook.role {
+                Role::Alloc => cfg.sources.contains(Source::Kmalloc),
+                Role::Free => trace_frees && cfg.sources.contains(Source::Kmalloc),
+                Role::Fork => cfg.follow_children,
+            };
+            if !wanted {
+                continue;
+            }
+            let tp = hook.tracepoint;
+            if mech.has_hook(hook, kbtf, tracefs.as_ref()) {
+                enabled.push(hook);
+            } else if hook.until.is_some() {
+                // Newer kernels fire these events as another hook's.
+            } else if cfg.live.is_some() && hook.role != Role::Fork {
+                // Without every free hook, everything would look leaked.
+                bail!("kheap leaks needs the kmem:{tp} tracepoint, which this kernel lacks");
+            } else {
+                skipped.push(format!("{tp}: not available on this kernel"));
+            }
+        }
+        for source in cfg.sources.iter().filter(|&s| s != Source::Kmalloc) {
+            match source_hooks_available(source, trace_frees, kbtf) {
+                Ok((hooks, via)) => {
+                    if via.is_some() {
+                        fallback = via;
+                    }
+                    enabled.extend(hooks)
+                }
+                Err(why) => skipped.push(why),
+            }
+        }
+        // Frees before allocations, whatever their source.
+        enabled.sort_by_key(|h| HOOKS.iter().position(|x| std::ptr::eq(x, *h)));
+        if !enabled.iter().any(|h| h.role == Role::Alloc) {
+            bail!(
+                "this kernel has no tracepoint of the sources asked for ({}): nothing to trace",
+                cfg.sources
+            );
+        }
+        if cfg.follow_children && !enabled.iter().any(|h| h.role == Role::Fork) {
+            eprintln!("kheap: warning: sched_process_fork is not available; children of the command are not followed");
+        }
+
+        let mut open = crate::kernel::features::open_skel(KheapSkelBuilder::default(), slot)
+            .context("opening the BPF object")?;
+        // Read at most once, and only where a table of kernel addresses is
+        // needed (bucket-cache bases, label ranges).
+        let kallsyms = Kallsyms::default();
+        let kmalloc_caches = configure(&mut open, cfg, kbtf, mech, &kallsyms, lat_starts)?;
+        if let Err(why) = &kmalloc_caches {
+            skipped.push(why.clone());
+        }
+        let labels = label_ranges(cfg, &kallsyms)?;
+        // Programs that hook a function's entry besides its return.
+        let entry_programs: Vec<String> = enabled
+            .iter()
+            .filter_map(|h| h.entry_program(fallback?))
+            .collect();
+        if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
+            rodata.cfg.backing_ranges = labels.page;
+            rodata.cfg.vmap_ranges = labels.vmap;
+            rodata.cfg.given_stacks = u8::from(!entry_programs.is_empty());
+        }
+        if entry_programs.is_empty() {
+            open.maps
+                .vmap_entries
+                .set_max_entries(1)
+                .context("sizing the vmap entry map")?;
+        }
+        // Exactly the programs of the chosen mechanism and hooks load; any
+        // other program left in the object would fail the whole load.
+        let verifier_stats = crate::kernel::verifier_stats_asked();
+        for mut prog in open.open_object_mut().progs_mut() {
+            let name = prog.name().to_string_lossy().into_owned();
+            let on = if name == "clock" {
+                cfg.live.is_some()
+            } else if entry_programs.contains(&name) {
+                true
+            } else {
+                enabled
+                    .iter()
+                    .any(|h| program_name(h, mech, fallback) == name)
+            };
+            prog.set_autoload(on);
+            if on && verifier_stats {
+                prog.set_log_level(crate::kernel::VERIFIER_STATS_LOG_LEVEL);
+            }
+        }
+        let skel = open
+            .load()
+            .context("loading the BPF programs into the kernel")?;
+        let mut tracer = Tracer {
+            skel,
+            links: Vec::new(),
+            cfg: cfg.clone(),
+            mech,
+            fallback,
+            hooks: Vec::new(),
+            attached: Vec::new(),
+            skipped,
+            kmalloc_caches: kmalloc_caches.unwrap_or_else(|why| why),
+            kfree_caches: kfree_caches_traced(cfg, kbtf, mech),
+            stack_cache: RefCell::default(),
+            slab_sysfs: RefCell::default(),
+            clock0: types::clock_sample::default(),
+            ended: None,
+            _tracefs: tracefs,
+        };
+        if cfg.live.is_some() {
+            tracer.clock0 = tracer.clock()?;
+        }
+        for (i, value) in labels.ranges.iter().enumerate() {
+            tracer
+                .skel
+                .maps
+                .backing_ranges
+                .update(
+                    &(i as u32).to_ne_bytes(),
+                    // SAFETY: a plain C struct of integers (explicit padding).
+                    unsafe { plain::as_bytes(value) },
+                    MapFlags::ANY,
+                )
+                .context("writing the stack-label function ranges")?;
+        }
+        for &pid in &cfg.pids {
+            tracer.add_pid(pid)?;
+        }
+        for &id in &cfg.cgroups {
+            tracer
+                .skel
+                .maps
+                .cgroup_filter
+                .update(&id.to_ne_bytes(), &[1u8], MapFlags::ANY)
+                .context("adding a cgroup to the filter map")?;
+        }
+        for hook in enabled {
+            let tp = hook.tracepoint;
+            let prog = tracer
+                .program(hook)
+                .with_context(|| format!("no {} program for {tp}", mech.name()))?;
+            // A raw_tp program may serve several tracepoints (the _node
+            // ones before 6.1): attached by the hook's name, not its
+            // section's.
+            let link = if prog.name().to_string_lossy().ends_with("_raw") {
+                prog.attach_raw_tracepoint(tp)
+            } else {
+                prog.attach()
+            }
+            .with_context(|| format!("attaching to {tp}"))?;
+            tracer.links.push(link);
+            // After the return's: the kernel runs the handlers of one probed
+            // address newest first, and the kretprobe's replaces the return
+            // address with kretprobe_trampoline, where a 5.10 stack walk
+            // stops. (A return whose entry was not seen is counted without
+            // what the entry gives.)
+            if let Some(name) = fallback.and_then(|via| hook.entry_program(via)) {
+                let prog = tracer
+                    .program_named(&name)
+                    .with_context(|| format!("no program {name}"))?;
+                let link = prog
+                    .attach()
+                    .with_context(|| format!("attaching to {tp}'s entry"))?;
+                tracer.links.push(link);
+            }
+            tracer.hooks.push(hook);
+            let how = match (hook.function, fallback) {
+                (Some(f), Some(via)) => format!("{} on {f}", via.name()),
+                _ if hook.raw_only => Mechanism::Raw.name().to_string(),
+                _ => mech.name().to_string(),
+            };
+            tracer.attached.push(format!("{tp}: {how}"));
+        }
+        Ok(tracer)
+    }
+
+    /// The loaded program of one hook, for this tracer's mechanism.
+    pub(super) fn program(&self, hook: &Hook) -> Option<&ProgramMut<'obj>> {
+        self.program_named(&program_name(hook, self.mech, self.fallback))
+    }
+
+    fn program_named(&self, name: &str) -> Option<&ProgramMut<'obj>> {
+        let p = &self.skel.progs;
+        let all = [
+            &p.kmalloc_btf,
+            &p.kmalloc_raw,
+            &p.kmalloc_tp,
+            &p.cache_alloc_btf,
+            &p.cache_alloc_raw,
+            &p.cache_alloc_tp,
+            &p.kfree_btf,
+            &p.kfree_raw,
+            &p.kfree_tp,
+            &p.cache_free_btf,
+            &p.cache_free_raw,
+            &p.cache_free_tp,
+            &p.fork_btf,
+            &p.fork_raw,
+            &p.fork_tp,
+            &p.page_alloc_raw,
+            &p.page_free_raw,
+            &p.vmalloc_alloc_raw,
+            &p.vmalloc_free_raw,
+            &p.vmalloc_alloc_fexit,
+            &p.vmalloc_free_fentry,
+            &p.vmalloc_alloc_kprobe,
+            &p.vmalloc_alloc_kretprobe,
+            &p.vmalloc_free_kprobe,
+            &p.percpu_alloc_raw,
+            &p.percpu_free_raw,
+        ];
+        all.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Adds a process (tgid) to the set whose allocations are counted.
+    pub fn add_pid(&self, pid: u32) -> Result<()> {
+        self.skel
+            .maps
+            .pid_filter
+            .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+            .context("adding a PID to the filter map")
+    }
+
+    /// Detaches every program now; the maps stay readable.
+    pub fn detach(&mut self) {
+        self.links.clear();
+        if self.cfg.live.is_some() {
+            self.ended = self.clock().ok();
+        }
+    }
+}
+
+fn configure(
+    open: &mut OpenKheapSkel<'_>,
+    cfg: &Config,
+    kbtf: &KernelBtf,
+    mech: Mechanism,
+    kallsyms: &Kallsyms,
+    lat_starts: Option<BorrowedFd<'_>>,
+) -> Result<std::result::Result<String, String>> {
+    let rodata = open
+        .maps
+        .rodata_data
+        .as_deref_mut()
+        .context("the BPF object has no read-only data section")?;
+    let c = &mut rodata.cfg;
+    c.min_size = cfg.min_size;
+    c.max_size = cfg.max_size.unwrap_or(0);
+    c.gfp_account_mask = kbtf.gfp_account_mask;
+    c.slab_account_mask = kbtf.slab_account_mask;
+    c.by_cgroup = u8::from(cfg.by_cgroup);
+    c.filter.cgroups = u8::from(!cfg.cgroups.is_empty());
+    c.capture_stacks = u8::from(cfg.stack_sample_every > 0);
+    c.stack_sample_mask = cfg.stack_sample_every.saturating_sub(1);
+    c.by_process = u8::from(cfg.by_process);
+    c.stack_owners = u8::from(cfg.stacks_by_owner());
+    c.filter.pids = u8::from(!cfg.pids.is_empty());
+    if !cfg.include_self {
+        c.filter.ignore_tgid = std::process::id();
+    }
+    if let Some(comm) = &cfg.comm {
+        c.filter.comm_set = 1;
+        for (dst, src) in c.filter.comm.iter_mut().zip(comm.bytes().take(15)) {
+            *dst = src as i8;
+        }
+    }
+    c.sources = cfg.sources.bits();
+    c.page_shift = page_shift();
+    // The same page lookup names the cache of kmem_cache events before 6.1,
+    // which pass none (bpf/kmem_classic.bpf.h, cache_events_pass_cache).
+    let kmalloc_caches = kmalloc_cache_resolution(kbtf, mech, kallsyms)
+        .map_err(|why| match kbtf.cache_events_pass_cache {
+            true => why,
+            false => format!(
+                "{why}; this kernel's kmem_cache events (before 6.1) name no cache either, so \
+                 those caches show as their object size"
+            ),
+        })
+        .map(|bases| {
+            rodata.resolve_kmalloc_caches = 1;
+            match bases {
+                Some((direct_map, vmemmap)) => {
+                    rodata.direct_map_base_addr = direct_map;
+                    rodata.vmemmap_base_addr = vmemmap;
+                    "the object's slab, found through its page (page_offset_base and vmemmap_base \
+                 from /proc/kallsyms)"
+                        .to_string()
+                }
+                None => "the object's slab, named by the kernel (bpf_get_kmem_cache)".to_string(),
+            }
+        });
+    let c = &mut rodata.cfg;
+    c.kfree_caches = u8::from(kfree_caches_traced(cfg, kbtf, mech));
+    if let Some(live) = cfg.live {
+        c.track_live = 1;
+        c.ptr_sample_mask = live.sample_every.max(1) - 1;
+    }
+    if let Some(fd) = lat_starts {
+        c.latency_active = 1;
+        open.maps.lat_starts.reuse_fd(fd)?;
+    }
+    open.maps.sites.set_max_entries(cfg.max_sites)?;
+    open.maps.stacks.set_max_entries(cfg.max_stacks)?;
+    // Stacks are stored before they are counted, and top deletes idle ones:
+    // room for twice the stacks kept.
+    open.maps
+        .stack_traces
+        .set_max_entries(cfg.max_stacks.saturating_mul(2))?;
+    match cfg.live {
+        Some(live) => {
+            open.maps.live.set_max_entries(live.max_objects)?;
+            open.maps.unseen.set_max_entries(cfg.max_sites)?;
+        }
+        // Maps a mode does not use keep one entry (zero is refused).
+        None => {
+            open.maps.live.set_max_entries(1)?;
+            open.maps.unseen.set_max_entries(1)?;
+        }
+    }
+    if !cfg.by_cgroup {
+        open.maps.cgroups.set_max_entries(1)?;
+    }
+    if !cfg.by_process {
+        open.maps.procs.set_max_entries(1)?;
+    }
+    // Process names: of process rows, and of the processes stacks are
+    // keyed by.
+    if !cfg.by_process && !cfg.stacks_by_owner() {
+        open.maps.proc_comms.set_max_entries(1)?;
+    }
+    Ok(kmalloc_caches)
+}
+
+/// The hooks of a source beyond the slab, all of them or none: a source
+/// without its free hook would look like it leaks, one without its
+/// allocation hook would count nothing. With how they attach where the
+/// tracepoints are missing (`attach::source_mechanism`). Err: the line
+/// that says why.
+fn source_hooks_available(
+    source: Source,
+    trace_frees: bool,
+    kbtf: &KernelBtf,
+) -> std::result::Result<(Vec<&'static Hook>, Option<Fallback>), String> {
+    let via = attach::source_mechanism(source, kbtf)
+        .map_err(|why| format!("{source}: not traced: {why}"))?;
+    let hooks = crate::kernel::hooks::source_hooks(source)
+        .filter(|h| h.role == Role::Alloc || trace_frees)
+        .collect();
+    Ok((hooks, via))
+}
+
+/// The program of a hook: its function's when the hook falls back to it.
+fn program_name(hook: &Hook, mech: Mechanism, fallback: Option<Fallback>) -> String {
+    match (hook.function, fallback) {
+        (Some(_), Some(via)) => hook.fallback_program(via),
+        _ => hook.program(mech),
+    }
+}
+
+/// log2 of the page size, for the page allocator's bytes (PAGE_SIZE << order).
+fn page_shift() -> u8 {
+    crate::sys::page_size().trailing_zeros() as u8
+}
+
+/// Whether kfree events name their cache in this run (`Config::kfree_caches`
+/// where the kfunc can; leaks counts no frees per cache).
+fn kfree_caches_traced(cfg: &Config, kbtf: &KernelBtf, mech: Mechanism) -> bool {
+    cfg.kfree_caches && cfg.live.is_none() && mech == Mechanism::Btf && kbtf.kmem_cache_kfunc
+}

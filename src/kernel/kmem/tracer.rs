@@ -1,0 +1,49 @@
+//! The tracer: the loaded object, its links and what a read needs to
+//! remember between reads.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use libbpf_rs::Link;
+
+use crate::kernel::attach::{Fallback, Hook, Mechanism};
+use crate::kernel::features::Tracefs;
+use crate::kernel::skel::{types, KheapSkel};
+use crate::slab::sysfs::SlabSysfs;
+
+use super::config::Config;
+
+pub struct Tracer<'obj> {
+    pub(super) skel: KheapSkel<'obj>,
+    pub(super) links: Vec<Link>,
+    pub(super) cfg: Config,
+    pub(super) mech: Mechanism,
+    /// How hooks whose tracepoint this kernel lacks attach to their
+    /// function instead (vmalloc before 6.2), if any does.
+    pub(super) fallback: Option<Fallback>,
+    /// The hooks attached.
+    pub(super) hooks: Vec<&'static Hook>,
+    /// Hook → how it is attached ("kmalloc: tp_btf").
+    pub attached: Vec<String>,
+    /// Hooks not attached, with the reason (and, where this kernel gives
+    /// no way to find the cache of a kmalloc object, why).
+    pub skipped: Vec<String>,
+    /// How the cache of a kmalloc object is found, or why it is not.
+    pub kmalloc_caches: String,
+    /// kfree events name their cache (`start::kfree_caches_traced`).
+    pub kfree_caches: bool,
+    /// Stack traces already read, by id (a hash of their frames: an id
+    /// always means the same frames), so a refreshing view reads each once.
+    pub(super) stack_cache: RefCell<HashMap<i64, Vec<u64>>>,
+    /// Which caches SLUB merged (/sys/kernel/slab), read on first use.
+    /// and how many cache names there were then.
+    pub(super) slab_sysfs: RefCell<Option<(SlabSysfs, usize)>>,
+    /// The clock when the programs were loaded, to measure the tick rate
+    /// that turns live objects' jiffies into ages.
+    pub(super) clock0: types::clock_sample,
+    /// The clock when the programs were detached: the end of the run, the
+    /// moment the report's ages are taken at (its duration's end too).
+    pub(super) ended: Option<types::clock_sample>,
+    // Held so a tracefs kheap mounted itself stays mounted while attached.
+    pub(super) _tracefs: Option<Tracefs>,
+}
