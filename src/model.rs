@@ -10,6 +10,7 @@ pub mod backing;
 pub mod kallsyms;
 pub mod live;
 pub mod progress;
+pub mod slab_loss;
 pub mod snapshot;
 pub mod source;
 

@@ -1,6 +1,11 @@
 //! Small reads of the running system that several commands make: the page
 //! size, a process's name, whether the kernel has BTF of its own. One
-//! place, so every command agrees.
+//! place, so every command agrees. `/proc/slabinfo` and SLUB's
+//! `/sys/kernel/slab`, read by `slab`, `serve` and the kmem tracer, are its
+//! `slabinfo` and `slab_sysfs`.
+
+pub mod slab_sysfs;
+pub mod slabinfo;
 
 /// The page size in bytes (4096 if the C library cannot say).
 pub fn page_size() -> u64 {

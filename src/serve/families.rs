@@ -4,14 +4,14 @@
 
 use std::collections::BTreeMap;
 
+use crate::model::slab_loss::{slab_bytes, slab_loss};
 use crate::model::{Hist, Source, HIST_BUCKETS};
 use crate::serve::cgroups;
 use crate::serve::exposition::{Family, Kind, Value};
 use crate::serve::series::{
     LabelValues, Ranked, SeriesCounters, SeriesState, SourceCounters, OTHER,
 };
-use crate::slab::loss::{slab_bytes, slab_loss};
-use crate::slab::slabinfo::SlabinfoRow;
+use crate::sys::slabinfo::SlabinfoRow;
 
 /// One outstanding (allocated, not yet freed) object group: a site in a
 /// cache, with its objects and allocated bytes.

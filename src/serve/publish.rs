@@ -23,9 +23,9 @@ use crate::serve::routes::Published;
 use crate::serve::series::SiteDelta;
 use crate::serve::triggers;
 use crate::session::stop_requested;
-use crate::slab::slabinfo::{read_slabinfo, SlabinfoRow, PROC_SLABINFO};
-use crate::slab::sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
 use crate::symbolize::Symbolize;
+use crate::sys::slab_sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
+use crate::sys::slabinfo::{read_slabinfo, SlabinfoRow, PROC_SLABINFO};
 
 impl Daemon {
     /// The `site` label of a site: its function, or the whole allocator

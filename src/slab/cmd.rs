@@ -10,15 +10,15 @@ use anyhow::{bail, Result};
 
 use super::render::{report_json, report_table, watch_json, watch_table};
 use super::report::{build_report, ReportInput, SortKey};
-use super::slabinfo::PROC_SLABINFO;
 use super::snapshot::{read_static, StaticSnapshot};
-use super::sysfs::SYS_KERNEL_SLAB;
 use super::watch::{diff, series};
 use crate::cli::{OutputArgs, TableOrJson, TraceArgs};
 use crate::output::emit;
 use crate::output::Sink;
 use crate::render::table::output_width;
 use crate::signals::sleep_unless_stopped;
+use crate::sys::slab_sysfs::SYS_KERNEL_SLAB;
+use crate::sys::slabinfo::PROC_SLABINFO;
 
 /// `--sort`: [`SortKey`] as the command line spells it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]

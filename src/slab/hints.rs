@@ -5,8 +5,8 @@
 
 use serde::Serialize;
 
-use super::loss::{align8, per_second, right_size};
 use super::traced::{TracedCache, TracedSite};
+use crate::model::slab_loss::{align8, per_second, right_size};
 use crate::model::{
     human_count, human_size, pct, AllocStats, CacheId, Hist, KmallocSlab, KMALLOC_MAX_CACHE_SIZE,
 };

@@ -8,12 +8,9 @@
 
 pub mod cmd;
 pub mod hints;
-pub mod loss;
 pub mod render;
 pub mod report;
-pub mod slabinfo;
 pub mod snapshot;
-pub mod sysfs;
 pub mod traced;
 pub mod watch;
 

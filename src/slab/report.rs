@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::hints::{all_hints, CacheSeries, Hint};
-use super::loss::per_second;
 use super::snapshot::{StaticCache, StaticSnapshot};
 use super::traced::{TracedCache, TracedRun};
 use super::watch::{diff, CacheDelta};
+use crate::model::slab_loss::per_second;
 use crate::report::top_n;
 
 /// Sites listed per cache.
@@ -283,11 +283,11 @@ fn figures(
 
 #[cfg(test)]
 pub mod tests {
-    use super::super::slabinfo::parse_slabinfo;
     use super::super::snapshot::build_static;
     use super::super::traced::TracedSite;
     use super::*;
     use crate::model::{AllocStats, Hist};
+    use crate::sys::slabinfo::parse_slabinfo;
     use crate::testing::kmalloc;
 
     const FIXTURE: &str = include_str!("../../tests/fixtures/slabinfo-6.18.txt");

@@ -6,9 +6,9 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use super::loss::{partial_bytes, slab_bytes, slab_loss};
-use super::slabinfo::{read_slabinfo, SlabinfoRow};
-use super::sysfs::SlabSysfs;
+use crate::model::slab_loss::{partial_bytes, slab_bytes, slab_loss};
+use crate::sys::slab_sysfs::SlabSysfs;
+use crate::sys::slabinfo::{read_slabinfo, SlabinfoRow};
 
 /// One cache, statically.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -145,8 +145,8 @@ pub fn build_static(
 
 #[cfg(test)]
 mod tests {
-    use super::super::slabinfo::parse_slabinfo;
     use super::*;
+    use crate::sys::slabinfo::parse_slabinfo;
 
     const FIXTURE: &str = include_str!("../../tests/fixtures/slabinfo-6.18.txt");
 

@@ -14,7 +14,7 @@ use crate::model::{
     merged_cache_name, CacheId, KmallocSlab, Owner, PageUse, SiteKey, Source, VmapKind,
     UNRESOLVED_PREFIX,
 };
-use crate::slab::sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
+use crate::sys::slab_sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
 
 use super::tracer::Tracer;
 

@@ -9,7 +9,7 @@ use libbpf_rs::Link;
 use crate::kernel::attach::{Fallback, Hook, Mechanism};
 use crate::kernel::features::Tracefs;
 use crate::kernel::skel::{types, KheapSkel};
-use crate::slab::sysfs::SlabSysfs;
+use crate::sys::slab_sysfs::SlabSysfs;
 
 use super::config::Config;
 
