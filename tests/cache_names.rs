@@ -278,7 +278,20 @@ fn kfree_frees_land_in_the_row_of_their_cache() {
         .collect();
     assert_eq!(rows.len(), 1, "load_msg in one row: {:#}", r["caches"]);
     let row = rows[0];
-    assert_eq!(u(&row["count"]), 300, "{row:#}");
+    let load_msg = row["top_sites"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["function"].as_str().map(base_name) == Some("load_msg"))
+        .unwrap();
+    assert_eq!(u(&load_msg["count"]), 300, "{row:#}");
+    if kernel_before(6, 11) {
+        // Before the msg_msg buckets (6.11) the row is a kmalloc size class
+        // that other sites share, so it counts at least the 300.
+        assert!(u(&row["count"]) >= 300, "{row:#}");
+    } else {
+        assert_eq!(u(&row["count"]), 300, "{row:#}");
+    }
     if kernel_before(6, 13) {
         assert_eq!(u(&row["frees"]), 0, "{row:#}");
         partial_check(
