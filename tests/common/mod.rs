@@ -223,7 +223,7 @@ pub fn parse_valid(text: &str) -> Value {
 /// in, as a regular expression (pprof's -tagfocus): a kmalloc size class
 /// (kmalloc-4k; kmalloc-cg-4k where charged; a kmalloc-rnd-NN-4k copy) or,
 /// since 6.11, msg_msg's own bucket cache (msg_msg-4k). Which one a kernel
-/// uses, tests/cache_names.rs checks against /proc/slabinfo.
+/// uses, tests/kernel_dependent/cache_names.rs checks against /proc/slabinfo.
 pub const MSG_CACHE_RE: &str = "^(kmalloc-(cg-|rnd-[0-9]+-)?|msg_msg-)4k$";
 
 /// Whether `name` is one of the caches of `MSG_CACHE_RE`.

@@ -1,4 +1,4 @@
-// A minimal allocator for tests/malloc.rs's --lib test: malloc, calloc,
+// A minimal allocator for tests/kernel_dependent/malloc.rs's --lib test: malloc, calloc,
 // realloc and free only, from a static arena, never reused (free does
 // nothing). Preloaded, it serves the program's calls to those four names;
 // the rest of the family stays glibc's.

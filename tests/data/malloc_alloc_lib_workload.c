@@ -1,4 +1,4 @@
-/* kheap malloc test workload (tests/malloc_langs.rs), linked against
+/* kheap malloc test workload (tests/host_only/malloc_langs.rs), linked against
  * jemalloc or tcmalloc: 123 malloc(77) calls, every third one never freed.
  * Exits with 3 if its blocks did not come from that allocator: both round
  * 77 bytes up to 80, where glibc's malloc gives 88. */

@@ -1,4 +1,4 @@
-// kheap malloc test workload (tests/malloc_langs.rs): C++ operator new
+// kheap malloc test workload (tests/host_only/malloc_langs.rs): C++ operator new
 // calls with known counts and sizes; leak_some never frees its arrays.
 #include <new>
 #include <cstdio>

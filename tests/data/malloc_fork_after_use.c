@@ -1,4 +1,4 @@
-/* kheap malloc test workload (tests/malloc.rs): the parent allocates (so
+/* kheap malloc test workload (tests/kernel_dependent/malloc.rs): the parent allocates (so
  * kheap's sites are hot, and on Linux 6.18 optimized) before it forks; the
  * child allocates too. Exits with the child's status, or 100 + its signal. */
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-/* kheap malloc test allocator (tests/malloc_langs.rs). It stands for
+/* kheap malloc test allocator (tests/host_only/malloc_langs.rs). It stands for
  * jemalloc configured with --with-jemalloc-prefix=je_, which Debian does not
  * ship: it exports the prefixed names only (je_malloc, je_calloc, je_free)
  * and serves them from the C library's malloc, as a wrapper would. Built

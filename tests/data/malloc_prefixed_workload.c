@@ -1,4 +1,4 @@
-/* kheap malloc test workload (tests/malloc_langs.rs) for a je_-prefixed
+/* kheap malloc test workload (tests/host_only/malloc_langs.rs) for a je_-prefixed
  * allocator: 123 je_malloc(77) calls, every third one never freed. */
 #include <stddef.h>
 void *je_malloc(size_t n);

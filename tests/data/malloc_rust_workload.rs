@@ -1,4 +1,4 @@
-// kheap malloc test workload (tests/malloc_langs.rs): Rust allocations
+// kheap malloc test workload (tests/host_only/malloc_langs.rs): Rust allocations
 // through the global allocator with known counts; make_boxes leaks its boxes.
 #[inline(never)]
 fn make_vecs() -> usize {

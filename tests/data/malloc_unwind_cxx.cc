@@ -1,4 +1,4 @@
-// kheap malloc test workload (tests/malloc_unwind.rs): the standard
+// kheap malloc test workload (tests/host_only/malloc_unwind.rs): the standard
 // containers grow through libstdc++ and template code, both built without
 // frame pointers (g++ -O2); the allocations must be attributed to the
 // functions below, which grow them.

@@ -1,4 +1,4 @@
-// kheap malloc test workload (tests/malloc_unwind.rs): built with -O2
+// kheap malloc test workload (tests/host_only/malloc_unwind.rs): built with -O2
 // -fomit-frame-pointer; malloc is called through six nested functions, so a
 // frame-pointer walk cannot get past the first of them. noipa keeps each
 // function out of line, unspecialised and under its own name; the work

@@ -1,4 +1,4 @@
-// kheap malloc test workload (tests/malloc_unwind.rs): built with -O2
+// kheap malloc test workload (tests/host_only/malloc_unwind.rs): built with -O2
 // -fomit-frame-pointer. One call site (malloc in make_block) is reached
 // along two stacks, 3000 calls through from_a and 2000 through from_b,
 // which a frame-pointer walk cannot tell apart (it stops before

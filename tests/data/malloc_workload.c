@@ -1,4 +1,4 @@
-// Known user-space allocations for tests/malloc.rs: each do_* function
+// Known user-space allocations for tests/kernel_dependent/malloc.rs: each do_* function
 // calls one member of the malloc family a known number of times with known
 // sizes; some blocks are never freed. Built by the tests with
 // `cc -O1 -g -fno-omit-frame-pointer -fno-inline`.

@@ -5,7 +5,7 @@
 //! name every function on the way, with exact counts when every call is
 //! sampled.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -89,7 +89,7 @@ fn assert_no_unwind_losses(r: &Value) {
 fn deep_c() -> Workload {
     build(
         "cc",
-        include_str!("data/malloc_unwind_deep.c"),
+        include_str!("../data/malloc_unwind_deep.c"),
         "w.c",
         &[
             "-O2",
@@ -166,7 +166,7 @@ fn sampled_stacks_without_frame_pointers_show_every_function() {
 fn split_c() -> Workload {
     build(
         "cc",
-        include_str!("data/malloc_unwind_split.c"),
+        include_str!("../data/malloc_unwind_split.c"),
         "w.c",
         &[
             "-O2",
@@ -264,7 +264,7 @@ fn cxx_container_growth_is_attributed_to_the_growing_function() {
     require_root();
     let w = build(
         "g++",
-        include_str!("data/malloc_unwind_cxx.cc"),
+        include_str!("../data/malloc_unwind_cxx.cc"),
         "w.cc",
         &["-O2", "-g"],
     );

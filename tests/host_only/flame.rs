@@ -2,7 +2,7 @@
 //! workload carries the exact numbers, is well-formed XML, and a real
 //! headless browser draws it and runs its script.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

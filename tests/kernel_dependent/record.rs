@@ -1,7 +1,7 @@
 //! `kheap record` against the real kernel: known allocation patterns driven
 //! by kheap-load, exact numbers asserted.
 
-mod common;
+use crate::common;
 
 use std::os::unix::process::CommandExt;
 use std::process::Command;

@@ -4,7 +4,7 @@
 //! (every stack captured: --exact-stacks) and asserts their exact counts and
 //! bytes. The maps and mappings the workloads create go with their process.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 

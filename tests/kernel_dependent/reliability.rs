@@ -1,7 +1,7 @@
 //! Root tests for issue 16 against the real kernel: what ends a run, what a
 //! run leaves behind, and reports that say when they are incomplete.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

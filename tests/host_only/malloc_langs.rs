@@ -3,7 +3,7 @@
 //! system's libstdc++ (no frame pointers), traced through the real binary;
 //! every operator new call is counted once, at the function that made it.
 
-mod common;
+use crate::common;
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -11,7 +11,7 @@ use std::process::Command;
 use common::*;
 use serde_json::Value;
 
-const SOURCE: &str = include_str!("data/malloc_cxx_workload.cc");
+const SOURCE: &str = include_str!("../data/malloc_cxx_workload.cc");
 
 /// The workload, compiled into a temporary directory (removed on drop).
 struct Workload {
@@ -186,7 +186,7 @@ fn cxx_leaks_with_jemalloc_operators_are_exact() {
     check(true, Some(("-ljemalloc", "libjemalloc.so.2")));
 }
 
-const ALLOC_LIB_SOURCE: &str = include_str!("data/malloc_alloc_lib_workload.c");
+const ALLOC_LIB_SOURCE: &str = include_str!("../data/malloc_alloc_lib_workload.c");
 
 /// A C program linked against another allocator library is traced without
 /// --lib: that library's malloc family is found and probed, and its
@@ -255,7 +255,7 @@ fn tcmalloc_linked_is_found_without_lib() {
     );
 }
 
-const RUST_SOURCE: &str = include_str!("data/malloc_rust_workload.rs");
+const RUST_SOURCE: &str = include_str!("../data/malloc_rust_workload.rs");
 
 /// The rustc of the toolchain that built these tests: the one beside the
 /// cargo running the build, so the test needs no rustc on PATH (scripts/
@@ -374,8 +374,8 @@ fn rust_leaks_are_exact() {
     check_rust(true);
 }
 
-const PREFIXED_ALLOCATOR: &str = include_str!("data/malloc_prefixed_allocator.c");
-const PREFIXED_WORKLOAD: &str = include_str!("data/malloc_prefixed_workload.c");
+const PREFIXED_ALLOCATOR: &str = include_str!("../data/malloc_prefixed_allocator.c");
+const PREFIXED_WORKLOAD: &str = include_str!("../data/malloc_prefixed_workload.c");
 
 fn cc(dir: &std::path::Path, args: &[&str]) {
     let mut cc = Command::new("cc");

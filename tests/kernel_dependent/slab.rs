@@ -2,7 +2,7 @@
 //! above a kmalloc size class shows up in the right cache, with the exact
 //! waste and a right-sizing hint naming the site.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 
@@ -22,7 +22,7 @@ fn waste_just_above_a_size_class_is_exact_and_hinted() {
 
     // The messages' 4 KiB cache: kmalloc-cg-4k where msg_msg is
     // memcg-accounted (6.1), msg_msg-4k where it has bucket caches of its
-    // own (6.11+; tests/cache_names.rs checks it is the row that grows).
+    // own (6.11+; tests/kernel_dependent/cache_names.rs checks it is the row that grows).
     let with_load_msg: Vec<(&serde_json::Value, &serde_json::Value)> = r["caches"]
         .as_array()
         .unwrap()

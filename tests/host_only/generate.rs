@@ -1,7 +1,7 @@
 //! `kheap completions` and `kheap man`: the generated files work in the
 //! real consumers (bash's completion machinery, mandoc). No root needed.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -3,7 +3,7 @@
 //! the report is printed (also after Ctrl-C), and absent when stderr is a
 //! file.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 

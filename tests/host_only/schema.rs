@@ -5,7 +5,7 @@
 //! and slab's traced report are validated in their own suites, on every
 //! JSON they parse.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! line. Also what kheap leaves behind when killed, and signals it does
 //! not use.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

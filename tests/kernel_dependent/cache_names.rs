@@ -8,7 +8,7 @@
 //! kmalloc-cg-4k or kmalloc-4k before; epoll's epitems live in a cache SLUB
 //! merged with others of their size.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! and runs their unit tests (contrib/tests/kheap-alerts.test.yml), and a
 //! real `kheap serve` scrape has every metric the rules read (root).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -2,7 +2,7 @@
 //! is known, batch output checked interval by interval, and the full-screen
 //! view driven through a real terminal (tmux).
 
-mod common;
+use crate::common;
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;

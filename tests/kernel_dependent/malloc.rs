@@ -2,7 +2,7 @@
 //! allocations (tests/data/malloc_workload.c), built here with the system
 //! compiler, traced through the real binary; exact numbers asserted.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
@@ -582,7 +582,7 @@ fn bad_input_gives_one_line_errors() {
 #[test]
 fn a_child_forked_after_allocating_is_counted_and_lives() {
     require_root();
-    let w = Workload::build_from(include_str!("data/malloc_fork_after_use.c"), &[]);
+    let w = Workload::build_from(include_str!("../data/malloc_fork_after_use.c"), &[]);
     if malloc_refused_here(
         "a_child_forked_after_allocating_is_counted_and_lives",
         &["--outstanding", "--", w.path()],
@@ -740,7 +740,7 @@ fn lib_points_the_probes_at_another_allocator() {
         return;
     }
     let src = w.dir.path().join("bump_alloc.c");
-    std::fs::write(&src, include_str!("data/bump_alloc.c")).unwrap();
+    std::fs::write(&src, include_str!("../data/bump_alloc.c")).unwrap();
     let lib = w.dir.path().join("libbump.so");
     let out = Command::new("cc")
         .args(["-O1", "-g", "-shared", "-fPIC", "-o"])

@@ -2,7 +2,7 @@
 //! subcommand they belong to, with one spelling, and conflicting flags are
 //! refused before anything is attached.
 
-mod common;
+use crate::common;
 
 use common::*;
 

@@ -10,7 +10,7 @@
 //! charged). Each workload starts, is moved into its cgroup, and only then
 //! runs (KHEAP_LOAD_WAIT), so its exec and start-up are not in the cgroup.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

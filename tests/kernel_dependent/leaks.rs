@@ -3,7 +3,7 @@
 //! 48 + SIZE bytes in load_msg each, 4096 bytes allocated for SIZE 2100),
 //! freed by msgrcv after the hold.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

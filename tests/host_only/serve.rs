@@ -4,7 +4,7 @@
 //! PromQL over the scraped series returns those counts exactly. Needs root,
 //! `prometheus` and `promtool` (scripts/setup installs them).
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -714,7 +714,7 @@ fn by_cgroup_exports_each_cgroups_exact_counts_and_keeps_removed_paths() {
     let cg = TestCgroup::top("serve");
     let port = free_port();
     // Only the 144-byte requests of the test's cgroup: a SysV message of 96
-    // bytes is one kmalloc of 48 + 96 bytes (see tests/cgroup.rs).
+    // bytes is one kmalloc of 48 + 96 bytes (see tests/kernel_dependent/cgroup.rs).
     let mut serve = start_serve(
         port,
         &[

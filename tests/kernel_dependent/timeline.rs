@@ -4,7 +4,7 @@
 //! levels exactly, for as long as they last, with /proc/meminfo's Slab
 //! line rising with them.
 
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::Value;

@@ -1,11 +1,11 @@
 //! `kheap top`'s full-screen layout at 80x24 and 200x50, in tmux. Apart
-//! from tests/top.rs because it checks the layout, which does not depend on
+//! from tests/kernel_dependent/top.rs because it checks the layout, which does not depend on
 //! the kernel, and runs on the host only (.ci/run): in a qemu TCG guest the
 //! header lines grow (slower BPF programs, longer numbers) and wrap at 80
 //! columns, pushing rows off a 24-line screen — a layout gap to close (the
 //! header lines should be fitted like the key line), not a kernel one.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 

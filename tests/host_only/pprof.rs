@@ -3,7 +3,7 @@
 //! exactly those of the JSON report of the same run (`--json FILE` writes
 //! it beside the profile), and those are the workload's known numbers.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
