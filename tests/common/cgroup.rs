@@ -169,3 +169,64 @@ impl Drop for Workload {
 pub fn run_in(cg: &TestCgroup, load_args: &[&str]) {
     Workload::start_in(cg, load_args).finish();
 }
+
+/// Notices a directory being opened as one (`read_dir`), as a walk of the
+/// cgroup2 tree does (kheap learns cgroup paths by walking it): an inotify
+/// watch on the directory itself. Opens of the files in it (a workload
+/// moved in through `cgroup.procs`) do not count.
+pub struct DirOpened {
+    fd: i32,
+}
+
+impl DirOpened {
+    /// Watches `dir` from now on.
+    pub fn watch(dir: &Path) -> DirOpened {
+        use std::os::unix::ffi::OsStrExt;
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
+        assert!(
+            fd >= 0,
+            "inotify_init1: {}",
+            std::io::Error::last_os_error()
+        );
+        let watched = DirOpened { fd };
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+        let wd = unsafe { libc::inotify_add_watch(fd, path.as_ptr(), libc::IN_OPEN) };
+        assert!(
+            wd >= 0,
+            "inotify_add_watch {}: {}",
+            dir.display(),
+            std::io::Error::last_os_error()
+        );
+        watched
+    }
+
+    /// Waits at most `limit` for the directory to have been opened since
+    /// `watch`; whether it was.
+    pub fn wait(&self, limit: std::time::Duration) -> bool {
+        let mut buf = [0u8; 4096];
+        super::poll_until(limit, || {
+            let mut opened = false;
+            loop {
+                let n = unsafe { libc::read(self.fd, buf.as_mut_ptr().cast(), buf.len()) };
+                if n <= 0 {
+                    return opened;
+                }
+                // struct inotify_event: wd, mask, cookie, len, then the
+                // name (len bytes; none for the watched directory itself).
+                let field = |at: usize| u32::from_ne_bytes(buf[at..at + 4].try_into().unwrap());
+                let mut at = 0;
+                while at + 16 <= n as usize {
+                    let (mask, len) = (field(at + 4), field(at + 12) as usize);
+                    opened |= len == 0 && mask & libc::IN_OPEN != 0 && mask & libc::IN_ISDIR != 0;
+                    at += 16 + len;
+                }
+            }
+        })
+    }
+}
+
+impl Drop for DirOpened {
+    fn drop(&mut self) {
+        unsafe { libc::close(self.fd) };
+    }
+}

@@ -82,7 +82,7 @@ pub fn wait_or_kill(child: &mut Child, limit: Duration) -> ExitStatus {
 }
 
 /// The exit status of `child` if it exits within `limit`.
-fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+pub fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
     let mut status = None;
     poll_until(limit, || {
         status = child.try_wait().expect("waiting for a child");

@@ -209,7 +209,7 @@ fn stacks_shared_out_from_samples_are_marked_estimated() {
     assert!(shared.iter().all(|s| s["estimated"] == true), "{shared:#?}");
     assert_eq!(totals(&shared), (5000, 5000 * 64), "{shared:#?}");
     assert!(
-        u(&r["stack_depth"]["unwind_samples"]) < 5000,
+        (1..5000).contains(&u(&r["stack_depth"]["unwind_samples"])),
         "{:#}",
         r["stack_depth"]
     );

@@ -15,7 +15,7 @@ use crate::common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::cgroup::{run_in, TestCgroup, Workload};
+use common::cgroup::{run_in, DirOpened, TestCgroup, Workload};
 use common::*;
 use serde_json::Value;
 
@@ -45,9 +45,12 @@ impl Drop for Tracing {
     fn drop(&mut self) {
         if let Ok(None) = self.0.try_wait() {
             unsafe { libc::kill(self.0.id() as i32, libc::SIGINT) };
-            std::thread::sleep(Duration::from_secs(2));
-            let _ = self.0.kill();
-            let _ = self.0.wait();
+            // Killed after the limit rather than hanging the suite (as
+            // Background's drop); no panic: the test already failed.
+            if exit_within(&mut self.0, HANG_LIMIT).is_none() {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
         }
     }
 }
@@ -129,10 +132,17 @@ fn by_cgroup_counts_each_cgroup_exactly() {
             gone.path(),
         ],
         || {
-            run_in(&gone, &["writev", "200"]);
-            // kheap learns paths every second: let it see this one, then
+            // kheap learns paths by walking the cgroup2 tree, on its next
+            // tick (every second) after a cgroup it does not know has
+            // allocated: wait until a walk has opened this one, then
             // remove the cgroup while the run goes on.
-            std::thread::sleep(Duration::from_millis(2500));
+            let walked = DirOpened::watch(&gone.dir);
+            run_in(&gone, &["writev", "200"]);
+            assert!(
+                walked.wait(Duration::from_secs(20)),
+                "no walk of the cgroup tree opened {} within 20 s",
+                gone.path()
+            );
             gone.remove();
             assert!(!gone.dir.exists());
             run_in(&a, &["msg", "500", "96"]);

@@ -283,10 +283,19 @@ fn sigusr1_does_not_cost_the_report() {
         std::io::BufRead::read_line(&mut err, &mut line).unwrap();
         assert!(line.contains("tracing"), "{line}");
         unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
-        std::thread::sleep(Duration::from_millis(300));
-        assert!(child.try_wait().unwrap().is_none(), "{sub} died of SIGUSR1");
+        // No wait for the SIGUSR1 to act: a signal whose default action
+        // kills the process dooms it when it is sent (the kernel marks the
+        // group exiting at once), so a kheap that does not ignore it ends
+        // killed by SIGUSR1 whatever comes after, and a fixed wait here
+        // would prove nothing more.
         unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-        assert!(child.wait().unwrap().success());
+        let status = wait_or_kill(&mut child, HANG_LIMIT);
+        assert_ne!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGUSR1),
+            "{sub} died of SIGUSR1"
+        );
+        assert!(status.success(), "{sub}: {status}");
         let text = std::fs::read_to_string(&path).unwrap();
         let first = text.lines().next().unwrap_or("");
         let json = if sub == "top" { first } else { &text };
@@ -335,7 +344,8 @@ fn a_short_leaks_run_has_a_real_duration_and_no_absurd_rate() {
     let duration = r["duration_s"].as_f64().unwrap();
     assert!(duration > 0.0, "{duration}");
     let l = &r["leaks"];
-    assert!(l["oldest_s"].as_f64().unwrap() <= duration, "{l}");
+    let oldest = l["oldest_s"].as_f64().unwrap();
+    assert!((0.0..=duration).contains(&oldest), "{l}");
     if duration < 1.0 {
         assert_eq!(l["growth_bytes_per_s"].as_f64(), Some(0.0), "{l}");
     }

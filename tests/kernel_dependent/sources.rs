@@ -491,7 +491,9 @@ fn leaks_interrupted(extra: &[&str], until: impl FnOnce(&mut Background)) -> Val
     parse_valid(&std::fs::read_to_string(&path).expect("kheap wrote no report"))
 }
 
-/// Waits (at most 60 s) until no BPF map came or went for two seconds.
+/// Waits (at most 60 s) until no BPF map came or went for two seconds; says
+/// so on stderr when they never did (the caller's comparison of the maps
+/// before and after the run then decides whether the run counts).
 fn wait_for_quiet_maps() {
     let ids = || {
         let mut ids: Vec<u32> = bpf_maps().into_keys().collect();
@@ -508,6 +510,12 @@ fn wait_for_quiet_maps() {
         if now != last {
             (last, since) = (now, std::time::Instant::now());
         }
+    }
+    if since.elapsed() < std::time::Duration::from_secs(2) {
+        let _ = writeln!(
+            std::io::stderr(),
+            "kheap test: BPF maps kept coming or going for 60 s: measuring without a quiet start"
+        );
     }
 }
 
@@ -835,7 +843,8 @@ fn assert_page_row_closes(row: &Value, held: u64, isolated: i64) {
 }
 
 /// Waits (at most 10 s) until the /proc/meminfo line `name` has not moved
-/// for a second.
+/// for a second; says so on stderr when it kept moving (the remainder the
+/// test bounds then includes that movement).
 fn wait_for_quiet(name: &str) {
     let read = || {
         std::fs::read_to_string("/proc/meminfo")
@@ -854,6 +863,10 @@ fn wait_for_quiet(name: &str) {
         }
         last = now;
     }
+    let _ = writeln!(
+        std::io::stderr(),
+        "kheap test: /proc/meminfo's {name} moved every second for 10 s: measuring without a quiet start"
+    );
 }
 
 /// The tables of a run with more than the slab name each row's source:
