@@ -3,7 +3,9 @@
 //!
 //!   kheap-load msg COUNT SIZE [HOLD_SECS]   SysV messages: one kmalloc of
 //!       48+SIZE bytes (SIZE <= 4000) each in load_msg (msgsnd), freed by msgrcv after
-//!       HOLD_SECS; the queue is removed on every exit path.
+//!       HOLD_SECS, or as soon as SIGUSR1 comes while they are held (a test
+//!       holds them long enough for a slow tracer start, then lets them go
+//!       when its tracer is ready); the queue is removed on every exit path.
 //!   kheap-load msg-steps COUNT SIZE STEP_SECS   messages as msg makes them,
 //!       held in three steps: COUNT, then 2*COUNT, then 3*COUNT, each step
 //!       held STEP_SECS (said on stderr as it starts), then all received.
@@ -31,7 +33,10 @@
 //!       busy or emulated CPU), a test can still count the calls made in any
 //!       time window. They are kept in memory and written at the end: a
 //!       write while the loop runs would allocate kernel memory (page
-//!       cache, journal) under the loop's PID.
+//!       cache, journal) under the loop's PID. SIGUSR1 ends the run early,
+//!       as if SECS had passed, once the calls due by then are made (a
+//!       test runs it long enough for a slow tracer start, then stops it
+//!       when the tracer is done).
 //!   kheap-load pages COUNT [HOLD_SECS]      COUNT anonymous pages, without
 //!       huge pages, faulted in for writing by MADV_POPULATE_WRITE (before
 //!       5.14: by mlock, under __mm_populate): COUNT order-0 allocations in
@@ -199,8 +204,15 @@ fn msg(count: usize, size: usize, hold_secs: Option<f64>) {
     let mut held = HeldMessages::new(count, size);
     held.send(count);
     if let Some(secs) = hold_secs {
+        catch_stop_early();
         eprintln!("holding {count} messages of {size} bytes for {secs}s");
-        std::thread::sleep(Duration::from_secs_f64(secs));
+        let end = Instant::now() + Duration::from_secs_f64(secs);
+        while let Some(left) = end.checked_duration_since(Instant::now()) {
+            if STOP_EARLY.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            std::thread::sleep(left.min(Duration::from_millis(10)));
+        }
     }
     held.receive_all();
     eprintln!("sent and received {count} messages of {size} bytes");
@@ -425,8 +437,23 @@ fn writev(count: u64) {
     println!("{count} writev calls, {ns:.1} ns per call");
 }
 
+/// Set by SIGUSR1: writev-rate ends early, msg lets its held messages go
+/// (see the module comment).
+static STOP_EARLY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+extern "C" fn stop_early(_: libc::c_int) {
+    STOP_EARLY.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Sets STOP_EARLY on SIGUSR1 from now on.
+fn catch_stop_early() {
+    let handler = stop_early as extern "C" fn(libc::c_int);
+    unsafe { libc::signal(libc::SIGUSR1, handler as libc::sighandler_t) };
+}
+
 fn writev_rate(rate: u64, secs: f64, ticks: Option<std::fs::File>) {
     use std::io::Write;
+    catch_stop_early();
     let unix_ms = || {
         std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -449,6 +476,7 @@ fn writev_rate(rate: u64, secs: f64, ticks: Option<std::fs::File>) {
     let start = Instant::now();
     let mut done = 0u64;
     loop {
+        let stopping = STOP_EARLY.load(std::sync::atomic::Ordering::SeqCst);
         let elapsed = start.elapsed().as_secs_f64();
         if elapsed >= secs {
             break;
@@ -466,6 +494,9 @@ fn writev_rate(rate: u64, secs: f64, ticks: Option<std::fs::File>) {
                 *slot = (before, unix_ms(), done);
                 logged += 1;
             }
+        }
+        if stopping {
+            break;
         }
         std::thread::sleep(Duration::from_millis(2));
     }
