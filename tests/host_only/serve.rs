@@ -475,10 +475,11 @@ fn go_tool_pprof_reads_alloc_and_inuse_over_http() {
     assert_eq!(code, 200);
     assert!(index.contains("/pprof/alloc") && index.contains("/pprof/inuse"));
 
-    // Holds its COUNT messages for 20 s, then frees them and exits (on a
-    // failure, dropping it interrupts it and it removes its queue).
+    // Holds its COUNT messages until the test lets them go (SIGUSR1; 600 s
+    // at most), then frees them and exits (on a failure, dropping it
+    // interrupts it and it removes its queue).
     let count = COUNT.to_string();
-    let mut holder = Background::spawn(load.to_str().unwrap(), &["msg", &count, "2100", "20"]);
+    let mut holder = Background::spawn(load.to_str().unwrap(), &["msg", &count, "2100", "600"]);
     let (alloc, inuse) = (format!("{base}/pprof/alloc"), format!("{base}/pprof/inuse"));
     let cum = |url: &str, index: &str| {
         pprof_cum(
@@ -499,6 +500,8 @@ fn go_tool_pprof_reads_alloc_and_inuse_over_http() {
     // The inuse profile carries the allocations too (as Go's heap does).
     assert_eq!(cum(&inuse, "alloc_objects"), COUNT);
 
+    holder.wait_for("holding");
+    holder.signal(libc::SIGUSR1);
     assert!(holder.wait(), "kheap-load msg failed");
     // Freed: nothing outstanding, and the allocations since the start stay.
     wait_for_value("inuse_objects of load_msg after the frees", 0, || {
@@ -578,8 +581,9 @@ fn a_condition_fires_once_writes_its_profiles_and_says_when() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs_f64();
+    // Held until the test lets them go (SIGUSR1; 600 s at most).
     let count = COUNT.to_string();
-    let mut holder = Background::spawn(load.to_str().unwrap(), &["msg", &count, "2100", "20"]);
+    let mut holder = Background::spawn(load.to_str().unwrap(), &["msg", &count, "2100", "600"]);
     wait_for_value("kheap_trigger_fired_total of the site condition", 1, || {
         fired(&curl(&[&metrics]), site).unwrap_or(0.0) as u64
     });
@@ -643,6 +647,8 @@ fn a_condition_fires_once_writes_its_profiles_and_says_when() {
             .sum::<f64>() as u64
     };
     wait_for_value("outstanding bytes of load_msg", COUNT * OBJECT, outstanding);
+    holder.wait_for("holding");
+    holder.signal(libc::SIGUSR1);
     assert!(holder.wait(), "kheap-load msg failed");
     wait_for_value(
         "outstanding bytes of load_msg after the frees",

@@ -90,12 +90,13 @@ fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--exact-stacks"]);
-    let mut load = spawn_load(&["msg", "500", "2100", "4"]);
+    let mut load = spawn_load(&["msg", "500", "2100", "600"]);
     load.wait_for("holding 500 messages");
     // Not a wait for anything: the age the snapshot must show (1.3 s or
     // more) is made here, by holding the messages that long.
     std::thread::sleep(Duration::from_millis(1300));
     let snap = read_json(&snapshot(&mut k));
+    load.signal(libc::SIGUSR1);
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
     k.signal(libc::SIGINT);
     assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
@@ -222,9 +223,10 @@ fn diff_of_snapshots_shows_the_workload_as_top_grower() {
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &[]);
     let before = snapshot(&mut k);
-    let mut load = spawn_load(&["msg", "300", "2100", "3"]);
+    let mut load = spawn_load(&["msg", "300", "2100", "600"]);
     load.wait_for("holding 300 messages");
     let after = snapshot(&mut k);
+    load.signal(libc::SIGUSR1);
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
     k.signal(libc::SIGINT);
     assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
@@ -303,9 +305,10 @@ fn address_sampling_keeps_allocation_and_free_together() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--sample", "4"]);
-    let mut load = spawn_load(&["msg", "2000", "2100", "3"]);
+    let mut load = spawn_load(&["msg", "2000", "2100", "600"]);
     load.wait_for("holding 2000 messages");
     let snap = read_json(&snapshot(&mut k));
+    load.signal(libc::SIGUSR1);
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
     k.signal(libc::SIGINT);
     assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
@@ -331,9 +334,10 @@ fn a_full_object_map_is_counted_not_hidden() {
     require_root();
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &["--max-objects", "100"]);
-    let mut load = spawn_load(&["msg", "500", "2100", "3"]);
+    let mut load = spawn_load(&["msg", "500", "2100", "600"]);
     load.wait_for("holding 500 messages");
     let snap = read_json(&snapshot(&mut k));
+    load.signal(libc::SIGUSR1);
     assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
     k.signal(libc::SIGINT);
     assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
