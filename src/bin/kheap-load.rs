@@ -80,7 +80,7 @@ fn arg<T: std::str::FromStr>(args: &[String], i: usize) -> T {
 fn main() {
     // Interrupted (as kheap ends a traced command's tree): remove the
     // queues first; the default action would leave them.
-    let _ = ctrlc::set_handler(|| {
+    let _ = kheap::signals::on_interrupt(|| {
         remove_all_queues();
         std::process::exit(130);
     });

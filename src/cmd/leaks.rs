@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -34,6 +33,7 @@ use crate::session::{
     install_stop_handler, kmem_config, name_command_process, run_info, start_tracing,
     wait_for_end_every, Targets,
 };
+use crate::signals::{install_snapshot_handler, take_snapshot_request};
 use crate::symbolize::{KernelSymbols, Symbolize};
 
 #[derive(Args, Debug)]
@@ -118,17 +118,6 @@ fn parse_age(s: &str) -> Result<f64, String> {
         Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
         _ => Err(format!("'{s}' is not a number of seconds")),
     }
-}
-
-static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sigusr1(_: libc::c_int) {
-    SNAPSHOT_REQUESTED.store(true, Ordering::SeqCst);
-}
-
-fn install_snapshot_handler() {
-    let handler = on_sigusr1 as extern "C" fn(libc::c_int);
-    unsafe { libc::signal(libc::SIGUSR1, handler as libc::sighandler_t) };
 }
 
 pub fn run(args: LeaksArgs) -> Result<i32> {
@@ -241,7 +230,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
                         *next += every;
                     }
                 }
-                if !(periodic || SNAPSHOT_REQUESTED.swap(false, Ordering::SeqCst)) {
+                if !(periodic || take_snapshot_request()) {
                     return None;
                 }
                 snapshots += 1;
