@@ -211,7 +211,7 @@ pub struct TraceArgs {
     #[command(flatten)]
     pub stacks: StackArgs,
     /// Capacity of the per-site and per-stack maps
-    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
+    #[arg(long, value_parser = parse_map_entries, default_value = DEFAULT_MAP_ENTRIES, value_name = "N")]
     pub max_entries: u32,
     #[command(flatten)]
     pub source: SourceArgs,
@@ -411,6 +411,11 @@ fn parse_capacity(s: &str, max: u32) -> Result<u32, String> {
     }
 }
 
+/// `--max-entries`' default, for every command that has it.
+pub const DEFAULT_MAP_ENTRIES: &str = "8192";
+/// `--max-objects`' and `--max-outstanding`'s default.
+pub const DEFAULT_TRACKED_OBJECTS: &str = "262144";
+
 /// Parses `--max-entries`: 1 to [`MAX_MAP_ENTRIES`].
 pub fn parse_map_entries(s: &str) -> Result<u32, String> {
     parse_capacity(s, MAX_MAP_ENTRIES)
@@ -489,7 +494,7 @@ pub fn parse_cgroup(s: &str) -> Result<CgroupTarget, String> {
             "an empty cgroup path: give a directory under the cgroup2 mount, a path relative to it, or '/' for every cgroup".into(),
         );
     }
-    let mount = crate::cgroup::cgroup2_mount().map_err(|e| e.to_string())?;
+    let mount = crate::sys::cgroup2_mount().map_err(|e| e.to_string())?;
     crate::cgroup::resolve_target(s, &mount).map_err(|e| e.to_string())
 }
 

@@ -34,7 +34,7 @@ impl TreeCgroup {
     /// used here (not mounted, not root).
     pub fn create() -> Option<TreeCgroup> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
-        let mount = crate::cgroup::cgroup2_mount().ok()?;
+        let mount = crate::sys::cgroup2_mount().ok()?;
         let name = format!(
             "kheap.{}.{}",
             std::process::id(),

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cgroup::{cgroup2_mount, CgroupNames};
+use crate::cgroup::CgroupNames;
 use crate::cli::{parse_duration, parse_sample, parse_tracked_objects, OutputArgs, TraceArgs};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
@@ -35,6 +35,7 @@ use crate::session::{
 };
 use crate::signals::{install_snapshot_handler, take_snapshot_request};
 use crate::symbolize::{KernelSymbols, Symbolize};
+use crate::sys::cgroup2_mount;
 
 #[derive(Args, Debug)]
 pub struct LeaksArgs {
@@ -65,7 +66,7 @@ pub struct LeaksArgs {
     #[arg(long, value_parser = parse_sample, default_value = "1", value_name = "N")]
     pub sample: u32,
     /// Capacity of the object map (objects tracked at once; ~100 bytes of kernel memory each)
-    #[arg(long, value_parser = parse_tracked_objects, default_value = "262144", value_name = "N")]
+    #[arg(long, value_parser = parse_tracked_objects, default_value = crate::cli::DEFAULT_TRACKED_OBJECTS, value_name = "N")]
     pub max_objects: u32,
     /// Read the timeline (outstanding bytes of the top sites, /proc/meminfo) every SECS seconds
     #[arg(long, value_parser = parse_interval, default_value = "1", value_name = "SECS")]

@@ -86,7 +86,7 @@ pub struct MallocArgs {
     #[arg(
         long,
         value_parser = parse_tracked_objects,
-        default_value = "262144",
+        default_value = crate::cli::DEFAULT_TRACKED_OBJECTS,
         value_name = "N",
         requires = "outstanding"
     )]
@@ -243,7 +243,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     if args.targets.pids.is_empty() && args.targets.command.is_empty() && args.cgroups.is_empty() {
         bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...], or --cgroup PATH");
     }
-    let cgroup_mount = crate::cgroup::cgroup2_mount().ok();
+    let cgroup_mount = crate::sys::cgroup2_mount().ok();
     let cgroups = resolve_cgroups(&args.cgroups, cgroup_mount.as_deref())?;
     if args.sort == MallocSortBy::Outstanding && !args.outstanding {
         bail!("--sort outstanding needs --outstanding");
@@ -520,7 +520,7 @@ fn resolve_cgroups(
     }
     let mount = match mount {
         Some(m) => m.to_path_buf(),
-        None => crate::cgroup::cgroup2_mount()?, // says what is missing
+        None => crate::sys::cgroup2_mount()?, // says what is missing
     };
     args.iter()
         .map(|a| {

@@ -107,7 +107,7 @@ pub struct ServeArgs {
     pub source: SourceArgs,
     /// Capacity of the per-site map (and of the per-stack map, and of the
     /// stacks the profiles keep their own counts for)
-    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
+    #[arg(long, value_parser = parse_map_entries, default_value = crate::cli::DEFAULT_MAP_ENTRIES, value_name = "N")]
     pub max_entries: u32,
     /// Delete map entries idle for this many intervals (their counts are
     /// kept), so the maps do not fill over days
