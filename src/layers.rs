@@ -74,6 +74,10 @@ mod tests {
         ("malloc", Cmd),
         ("malloc::probes::*", Base),
         ("malloc::procmaps", Base),
+        // Which allocator files to probe (ELF symbols, /proc maps).
+        ("malloc::libraries", Base),
+        // Follows the traced processes with the kernel session.
+        ("malloc::scanner", Cmd),
         ("malloc::preload", Base),
         ("malloc::usersyms", Base),
         ("malloc::model", Model),

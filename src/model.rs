@@ -21,7 +21,8 @@ use std::ops::{AddAssign, Sub};
 use serde::{Deserialize, Serialize};
 
 /// Number of log2 buckets; must match `KHEAP_HIST_BUCKETS` in `bpf/kheap.h`
-/// (checked at compile time in `bpf.rs` against the generated type).
+/// (checked at compile time in `kernel/skel.rs` and `kernel/malloc_skel.rs`
+/// against the generated types).
 pub const HIST_BUCKETS: usize = 32;
 
 /// A log2 histogram of requested sizes. Bucket 0 holds size 0; bucket

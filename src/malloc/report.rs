@@ -11,7 +11,6 @@ use crate::cgroup::CgroupRef;
 use crate::model::{AllocStats, Counts};
 use crate::report::RunInfo;
 
-// At their old paths until every branch imports them from `malloc::model`.
 use super::model::{AllocatorCode, Key, Snapshot};
 
 /// Blocks not freed by the end, flattened into rows and totals under the
