@@ -3,12 +3,11 @@
 //! what was never freed.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use crate::report::budget::{self, Budget, BudgetRow};
 use clap::Args;
@@ -26,7 +25,7 @@ use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
 use crate::malloc::report::{self, BuildOptions, MallocReport};
 use crate::malloc::scanner::Scanner;
 use crate::malloc::unwind::StackUnwinder;
-use crate::malloc::usersyms::{host_path, symbolize_return_addresses, Blaze, Modules};
+use crate::malloc::usersyms::{symbolize_return_addresses, Blaze, Modules};
 use crate::render::Format;
 use crate::report::RunInfo;
 use crate::session::status::StatusLine;

@@ -99,7 +99,7 @@ impl Scanner {
                 if session.has_library(&path) {
                     continue;
                 }
-                // Late by up to SCAN_EVERY: allocations before are missed.
+                // Late by up to one scan interval: allocations before are missed.
                 match session.probe_library(&path) {
                     Ok(false) => {}
                     Ok(true) => eprintln!(

@@ -1,4 +1,3 @@
-
 use super::*;
 
 fn sample(frames: &[&str], count: u64, bytes: u64) -> Sample {
