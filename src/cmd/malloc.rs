@@ -251,10 +251,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     for l in &libs {
         session.probe_library(l)?;
     }
-    let mut scanner = Scanner {
-        cgroup_mount,
-        ..Scanner::default()
-    };
+    let mut scanner = Scanner::new(cgroup_mount);
     if let Some(c) = &command {
         // Until it execs, the held child is a copy of kheap: name it after
         // the program, as the kernel will (comm is 15 bytes at most).

@@ -26,7 +26,7 @@ pub struct Scanner {
     pub held: Option<u32>,
     /// Each process's cgroup v2 when last read.
     pub cgroups: HashMap<u32, crate::cgroup::CgroupRef>,
-    pub cgroup_mount: Option<PathBuf>,
+    cgroup_mount: Option<PathBuf>,
     /// Files whose symbols were read for allocator functions.
     inspected: HashSet<(u32, u64)>,
     /// With the preload library, processes that run without it are named
@@ -41,6 +41,15 @@ pub struct Scanner {
 const RESCAN_EVERY: Duration = Duration::from_secs(2);
 
 impl Scanner {
+    /// A scanner that reads each process's cgroup under `cgroup_mount`
+    /// (none: no cgroups).
+    pub fn new(cgroup_mount: Option<PathBuf>) -> Scanner {
+        Scanner {
+            cgroup_mount,
+            ..Scanner::default()
+        }
+    }
+
     pub fn scan(
         &mut self,
         session: &mut MallocSession,
