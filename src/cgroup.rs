@@ -11,6 +11,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
+// The root tests (tests/common) reach the mount through this module; it is
+// read in `sys` like the other small system reads.
+pub use crate::sys::cgroup2_mount;
+
 /// What `kheap doctor` says about cgroups, from a /proc/mounts text.
 pub fn doctor_line(mounts: &str) -> String {
     let v1 = mounts
