@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{cpu_time_ns, fail};
+use crate::{cpu_time_ns, usage};
 
 /// A BPF array map made with the raw bpf(2) syscall; closed (and freed by
 /// the kernel) when the process exits.

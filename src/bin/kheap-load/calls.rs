@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{cpu_time_ns, fail};
+use crate::{cpu_time_ns, fail, usage};
 
 /// /dev/null opened for writing, closed when dropped.
 struct DevNull(i32);

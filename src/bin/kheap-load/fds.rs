@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::fail;
+use crate::{fail, usage};
 
 /// Raises the soft limit on open files to `want` (within the hard limit), so
 /// that a leak of thousands of fds runs where the default soft limit is 1024.

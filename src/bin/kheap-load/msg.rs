@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::fail;
+use crate::{fail, usage};
 
 /// A private SysV message queue, removed when dropped.
 struct MsgQueue(i32);
