@@ -2,6 +2,7 @@
 //! caches are named (kmalloc size classes, merged caches, page, vmalloc and
 //! percpu rows).
 
+use super::units::human_size;
 use super::{PageUse, Source, VmapKind};
 
 /// Which slab cache an allocation came from.
