@@ -2,8 +2,8 @@
 //! caches are named (kmalloc size classes, merged caches, page, vmalloc and
 //! percpu rows).
 
+use super::source::{PageUse, Source, VmapKind};
 use super::units::human_size;
-use super::{PageUse, Source, VmapKind};
 
 /// Which slab cache an allocation came from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
