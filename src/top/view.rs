@@ -464,7 +464,7 @@ pub fn header_lines(
     if total > shown {
         let _ = write!(rows, " ({} hidden)", total - shown);
     }
-    [
+    let mut lines: Vec<String> = [
         [title, title_short],
         [events, events_short],
         [losses, losses_short],
@@ -473,7 +473,14 @@ pub fn header_lines(
     ]
     .iter()
     .map(|[full, short]| fitting_line(&[full, short], width).into_owned())
-    .collect()
+    .collect();
+    // What this run could not trace or name (a hook this kernel lacks,
+    // frees counted in the totals only): numbers read without it mislead.
+    if !r.run.skipped.is_empty() {
+        let notes = format!("notes: {}", r.run.skipped.join("; "));
+        lines.push(fitting_line(&[&notes], width).into_owned());
+    }
+    lines
 }
 
 #[cfg(test)]
@@ -723,5 +730,24 @@ mod tests {
                 "rows: 1 of 2 (1 hidden)",
             ],
         );
+    }
+
+    #[test]
+    fn header_says_what_the_run_skipped_in_one_line() {
+        let mut iv = interval_with_stats(2.0, 3, (1.5, 40.0, 2000), (0.3, 12 << 20));
+        let v = ViewOptions {
+            by: GroupBy::Cache,
+            sort: TopSort::Bytes,
+            paused: false,
+        };
+        assert_eq!(header_lines(&iv, &v, 1, 2, 200).len(), 5);
+        let why = "kfree: frees counted in the totals only, not per cache (no kfunc)";
+        iv.report.run.skipped = vec![why.into()];
+        let lines = header_lines(&iv, &v, 1, 2, 200);
+        assert_eq!(lines.len(), 6);
+        assert_eq!(lines[5], format!("notes: {why}"));
+        let narrow = header_lines(&iv, &v, 1, 2, 60);
+        assert!(narrow[5].starts_with("notes: kfree: frees"), "{narrow:#?}");
+        assert_eq!(narrow[5].chars().count(), 60, "{narrow:#?}");
     }
 }
