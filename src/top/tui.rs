@@ -203,8 +203,9 @@ pub const HELP_LINES: [(&str, &str); 13] = [
 pub fn draw(f: &mut Frame, app: &App, iv: Option<&Interval>, rows: &[TopRow], total: usize) {
     let area = f.area();
     let detail_h = if app.expanded { area.height / 2 } else { 0 };
+    let head_h = iv.map_or(1, |iv| 5 + u16::from(!iv.report.run.skipped.is_empty()));
     let [head, table, detail, keys] = Layout::vertical([
-        Constraint::Length(5),
+        Constraint::Length(head_h),
         Constraint::Min(3),
         Constraint::Length(detail_h),
         Constraint::Length(1),

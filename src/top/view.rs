@@ -464,7 +464,7 @@ pub fn header_lines(
     if total > shown {
         let _ = write!(rows, " ({} hidden)", total - shown);
     }
-    [
+    let mut lines: Vec<String> = [
         [title, title_short],
         [events, events_short],
         [losses, losses_short],
@@ -473,7 +473,14 @@ pub fn header_lines(
     ]
     .iter()
     .map(|[full, short]| fitting_line(&[full, short], width).into_owned())
-    .collect()
+    .collect();
+    // What this run could not trace or name (a hook this kernel lacks,
+    // frees counted in the totals only): numbers read without it mislead.
+    if !r.run.skipped.is_empty() {
+        let notes = format!("notes: {}", r.run.skipped.join("; "));
+        lines.push(fitting_line(&[&notes], width).into_owned());
+    }
+    lines
 }
 
 #[cfg(test)]

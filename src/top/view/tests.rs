@@ -1,3 +1,4 @@
+
 use super::*;
 use crate::model::snapshot::Snapshot;
 use crate::report::fixtures::{report_of, sample_snapshot, sources_snapshot};
@@ -243,4 +244,23 @@ fn header_lines_fit_eighty_columns_with_their_numbers() {
             "rows: 1 of 2 (1 hidden)",
         ],
     );
+}
+
+#[test]
+fn header_says_what_the_run_skipped_in_one_line() {
+    let mut iv = interval_with_stats(2.0, 3, (1.5, 40.0, 2000), (0.3, 12 << 20));
+    let v = ViewOptions {
+        by: GroupBy::Cache,
+        sort: TopSort::Bytes,
+        paused: false,
+    };
+    assert_eq!(header_lines(&iv, &v, 1, 2, 200).len(), 5);
+    let why = "kfree: frees counted in the totals only, not per cache (no kfunc)";
+    iv.report.run.skipped = vec![why.into()];
+    let lines = header_lines(&iv, &v, 1, 2, 200);
+    assert_eq!(lines.len(), 6);
+    assert_eq!(lines[5], format!("notes: {why}"));
+    let narrow = header_lines(&iv, &v, 1, 2, 60);
+    assert!(narrow[5].starts_with("notes: kfree: frees"), "{narrow:#?}");
+    assert_eq!(narrow[5].chars().count(), 60, "{narrow:#?}");
 }
