@@ -1,4 +1,3 @@
-
 use super::*;
 use crate::model::snapshot::Snapshot;
 use crate::report::fixtures::{report_of, sample_snapshot, sources_snapshot};
