@@ -1,6 +1,6 @@
 //! Small reads of the running system that several commands make: the page
 //! size, a process's name, whether the kernel has BTF of its own, where
-//! cgroup2 is mounted. One place, so every command agrees. `/proc/slabinfo` and SLUB's
+//! cgroup2 is mounted, /proc/kallsyms. One place, so every command agrees. `/proc/slabinfo` and SLUB's
 //! `/sys/kernel/slab`, read by `slab`, `serve` and the kmem tracer, are its
 //! `slabinfo` and `slab_sysfs`.
 
@@ -9,7 +9,7 @@ pub mod slabinfo;
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 /// The page size in bytes (4096 if the C library cannot say).
 pub fn page_size() -> u64 {
@@ -29,6 +29,11 @@ pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// built without CONFIG_DEBUG_INFO_BTF, read through `--btf FILE`) the
 /// kernel cannot check typed programs (tp_btf, fentry) or kfunc calls, and
 /// libbpf cannot resolve them: only untyped programs are loaded there.
+/// The text of /proc/kallsyms (addresses read as zero without root).
+pub fn kallsyms_text() -> Result<String> {
+    std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")
+}
+
 pub fn kernel_has_own_btf() -> bool {
     std::path::Path::new(KERNEL_BTF).exists()
 }
