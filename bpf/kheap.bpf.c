@@ -9,13 +9,14 @@
  *   and a log2 histogram of requested sizes. Kernel stacks are costly (2-4 us
  *   each on an ORC kernel), so by default only a random sample of events
  *   captures one; user space scales the sampled stacks to the exact per-site
- *   totals. Frees are counted per cache.
+ *   totals. Frees are counted per cache (event_counts.bpf.h).
  * - leaks (cfg.track_live): every traced allocation is also remembered by
  *   address in `live` (a plain hash: the free may run on another CPU) with
  *   its site, stack, sizes, time and process; every free of a remembered
  *   address forgets it, in one map operation (the free path is the hot path
  *   of a leak tracer). User space walks `live` for what is outstanding and
- *   derives what was freed as allocated - outstanding - unseen.
+ *   derives what was freed as allocated - outstanding - unseen
+ *   (live_objects.bpf.h).
  *
  * Each hook exists three times: tp_btf (typed arguments, cheapest), raw_tp
  * (as cheap; 6.1 and 6.12 verifiers reject tp_btf reads of kmalloc's
@@ -66,18 +67,6 @@ KHEAP_PERCPU_SLOT(counters, struct counters);
 /* Per-CPU countdown to the next sampled stack (bpf/sampler.bpf.h). */
 KHEAP_PERCPU_SLOT(sample_countdown, __u32);
 
-/* leaks: live objects by address. Sized from user space (1 entry unless
- * cfg.track_live). Preallocated: with BPF_F_NO_PREALLOC, element allocation
- * itself runs kmalloc, which recurses into these programs (measured:
- * recursion misses and 5x slower kmem_cache_alloc events). */
-KHEAP_HASH(live, __u64, struct live_obj, 262144);
-
-/* leaks: same keys as `sites`; only on the rare path of an address reused
- * while tracked. */
-KHEAP_PERCPU_HASH(unseen, struct site_key, struct site_unseen, 8192);
-
-static const struct site_unseen zero_unseen;
-
 static __always_inline struct counters *counters_get(void)
 {
 	__u32 zero = 0;
@@ -122,283 +111,11 @@ static __always_inline void remember_cache_name(__u64 cache, const char *name)
 	bpf_map_update_elem(&cache_names, &cache, &n, BPF_NOEXIST);
 }
 
-static __always_inline void count_process(__u32 tgid, __u64 req, __u64 alloc,
-					  __u32 bucket)
-{
-	bool new_proc = false;
-
-	if (!upsert_stats(&procs, &tgid, req, alloc, bucket, &new_proc)) {
-		COUNT(map_full_procs);
-	} else if (new_proc) {
-		struct proc_info info = {};
-
-		COUNT(procs_created);
-
-		bpf_get_current_comm(info.comm, sizeof(info.comm));
-		info.cgroup = bpf_get_current_cgroup_id();
-		bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
-	}
-}
-
-/* --by cgroup: the allocating task's cgroup, or the interrupt row. */
-static __always_inline void count_cgroup(bool accounted, bool interrupt,
-					 __u64 req, __u64 alloc, __u32 bucket)
-{
-	struct cgroup_key key = {.accounted = accounted};
-	bool created = false;
-
-	if (interrupt)
-		key.interrupt = 1;
-	else
-		key.cgroup = bpf_get_current_cgroup_id();
-	if (!upsert_stats(&cgroups, &key, req, alloc, bucket, &created))
-		COUNT(map_full_cgroups);
-	else if (created)
-		COUNT(cgroups_created);
-}
-
-/* cfg.stack_owners: who made a sampled stack's allocation. One made in
- * interrupt context is not the interrupted task's: it gets no process and
- * no cgroup (the same test as --by cgroup's interrupt row). Returns whether
- * it was in interrupt context. Only on the sampled stack path. */
-static __always_inline bool stack_owner(void *ctx, bool classic,
-					struct stack_key *skey)
-{
-	skey->interrupt =
-		classic ? record_in_interrupt(ctx) : args_in_interrupt(ctx);
-	if (skey->interrupt)
-		return true;
-	skey->tgid = bpf_get_current_pid_tgid() >> 32;
-	skey->cgroup = bpf_get_current_cgroup_id();
-	return false;
-}
-
-/* The name of a process that made a new stack entry: its main thread's
- * (what ps and /proc/PID/comm show), not the allocating thread's, which
- * may be a helper thread ("ctrl-c" in kheap-load). Rewritten at each new
- * entry, so a process named before its exec (a `-- CMD` child) ends up
- * under its new name; the cgroup of its first allocation (--by process)
- * stays. */
-static __always_inline void remember_comm(__u32 tgid)
-{
-	struct task_struct *task = (void *)bpf_get_current_task();
-	struct proc_info *known = bpf_map_lookup_elem(&proc_comms, &tgid);
-	struct proc_info info = {};
-
-	BPF_CORE_READ_STR_INTO(&info.comm, task, group_leader, comm);
-	info.cgroup = known ? known->cgroup : bpf_get_current_cgroup_id();
-	bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
-}
-
-/* Captures the kernel stack and counts the event under it (and, with
- * cfg.stack_owners, under who made it; *interrupt is set when that was
- * interrupt context). `names_cache`: a new stack entry records its cache's
- * name (exact stacks, where no site entry does). Returns the stack's id, or
- * 0 if the stack or its entry could not be recorded (counted as lost). */
-static __always_inline __s64 record_stack(void *ctx, bool classic,
-					  struct site_key *key, __u64 req,
-					  __u64 alloc, __u32 bucket,
-					  const char *name, bool names_cache,
-					  bool *interrupt)
-{
-	struct stack_key skey = {.site = *key};
-	struct stack_frames *frames;
-	bool created = false;
-	__u64 id = 0;
-	/* constant 0 unless vmalloc is traced through kprobes */
-	long given = cfg.given_stacks ? given_stack_len(ctx) : 0;
-
-	switch (given > 0 ? store_given_stack(given, &id, &frames)
-			  : store_stack(ctx, 0, &id, &frames)) {
-	case STACK_OK:
-		break;
-	case STACK_MAP_FULL:
-		COUNT(map_full_stacks);
-		return 0;
-	default:
-		COUNT(lost_stack_other);
-		return 0;
-	}
-	skey.stack_id = id;
-	if (cfg.stack_owners && stack_owner(ctx, classic, &skey) && interrupt)
-		*interrupt = true;
-	if (!upsert_stats(&stacks, &skey, req, alloc, bucket, &created)) {
-		COUNT(map_full_stacks);
-		return 0;
-	}
-	COUNT(stack_samples);
-	if (created) {
-		COUNT(stacks_created);
-		/* Exact stacks count no site: the stack names the cache. */
-		if (names_cache)
-			remember_cache_name(key->cache, name);
-		if (cfg.stack_owners && !skey.interrupt)
-			remember_comm(skey.tgid);
-	}
-	return id;
-}
-
-/* Whether an object's address is sampled (leaks --sample N). Allocations
- * are aligned and sit in runs (objects of one slab, pages of one block), so
- * every bit of the address must move every bit of the hash: a full 64-bit
- * finalizer (MurmurHash3's fmix64). A middle slice of a Fibonacci product,
- * used before, picked nearly all or none of 16 consecutive pages (its step
- * per 4 KiB was 3.96 of 4), and estimates of 4 KiB objects came out 30%
- * high. */
-static __always_inline bool ptr_traced(__u64 ptr)
-{
-	__u64 h = ptr;
-
-	if (!cfg.ptr_sample_mask)
-		return true;
-	h ^= h >> 33;
-	h *= 0xff51afd7ed558ccdULL;
-	h ^= h >> 33;
-	h *= 0xc4ceb9fe1a85ec53ULL;
-	h ^= h >> 33;
-	return (h & cfg.ptr_sample_mask) == 0;
-}
-
-static __always_inline void count_update_error(int err)
-{
-	if (err == -KHEAP_E2BIG)
-		COUNT(map_full_live);
-	else
-		COUNT(map_busy);
-}
-
-/* Accounts a tracked object whose free no tracepoint showed. */
-static __always_inline void add_unseen(const struct live_obj *o)
-{
-	struct site_unseen *u = bpf_map_lookup_elem(&unseen, &o->site);
-
-	if (!u) {
-		bpf_map_update_elem(&unseen, &o->site, &zero_unseen,
-				    BPF_NOEXIST);
-		u = bpf_map_lookup_elem(&unseen, &o->site);
-		if (!u) {
-			COUNT(map_full_sites);
-			return;
-		}
-	}
-	u->count++;
-	u->bytes_alloc += o->bytes_alloc;
-}
-
-/* leaks: remembers the object by address, then counts it under its site. */
-static __always_inline void track_alloc(void *ctx, bool classic,
-					struct site_key *key, __u64 ptr,
-					__u64 req, __u64 alloc, __u32 tgid,
-					bool accounted, bool interrupt,
-					const char *name)
-{
-	struct live_obj obj = {
-		.site = *key,
-		.accounted = accounted,
-	};
-	bool created = false, reused;
-	__u32 bucket;
-	int err; /* int: 6.1 zero-extends helper errors from 32 bits */
-
-	if (!ptr_traced(ptr))
-		return;
-	bucket = size_bucket(req);
-	/* A sampled stack learns (with cfg.stack_owners) whether this is
-	 * interrupt context: the object then has no task's cgroup either, as
-	 * its stack entry has none. */
-	if (cfg.capture_stacks && (!cfg.stack_sample_mask || sample_now()))
-		obj.stack_id = record_stack(ctx, classic, key, req, alloc,
-					    bucket, NULL, false, &interrupt);
-	obj.interrupt = interrupt;
-	obj.bytes_req = req;
-	obj.bytes_alloc = alloc;
-	/* Jiffies, not bpf_ktime_get_ns(): measured 60-70 ns cheaper per
-	 * allocation on a KVM guest, and a tick is fine for ages. */
-	obj.ts = bpf_jiffies64();
-	obj.tgid = tgid;
-	/* Every outstanding object names its cgroup: process rows carry it
-	 * even without --by cgroup. */
-	if (!interrupt)
-		obj.cgroup = bpf_get_current_cgroup_id();
-	err = bpf_map_update_elem(&live, &ptr, &obj, BPF_NOEXIST);
-	reused = err == -KHEAP_EEXIST;
-	if (reused) {
-		/* The allocator handed out an address we still track: its
-		 * free was invisible. Account the old object as freed unseen
-		 * and track the new one. */
-		struct live_obj *old = bpf_map_lookup_elem(&live, &ptr);
-
-		if (old) {
-			struct live_obj prev = *old;
-
-			add_unseen(&prev);
-		}
-		COUNT(reused_live);
-		err = bpf_map_update_elem(&live, &ptr, &obj, BPF_ANY);
-	}
-	if (err) {
-		count_update_error(err);
-		return;
-	}
-	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
-		/* Keep the two views consistent: untrack what is uncounted. */
-		bpf_map_delete_elem(&live, &ptr);
-		if (reused) /* the entry it replaced was counted as added */
-			COUNT(live_removed);
-		COUNT(map_full_sites);
-		return;
-	}
-	/* A replaced entry (reused_live) did not grow the map. */
-	if (!reused)
-		COUNT(live_added);
-	if (created) {
-		COUNT(sites_created);
-		remember_cache_name(key->cache, name);
-	}
-	/* Allocations per cgroup, beside what each still holds. */
-	if (cfg.by_cgroup)
-		count_cgroup(accounted, interrupt, req, alloc, bucket);
-}
-
-/* record/top/slab: counts the event under its site (and stack). */
-static __always_inline void count_alloc(void *ctx, bool classic,
-					struct site_key *key, __u64 req,
-					__u64 alloc, __u32 tgid, bool accounted,
-					bool interrupt, const char *name)
-{
-	bool created = false;
-	__u32 bucket = size_bucket(req);
-
-	if (cfg.by_process)
-		count_process(tgid, req, alloc, bucket);
-	if (cfg.by_cgroup)
-		count_cgroup(accounted, interrupt, req, alloc, bucket);
-
-	/* Exact-stacks mode: the per-stack entry is the only update, and user
-	 * space sums stacks into sites. An event whose stack is lost still
-	 * lands in the site map below, so site totals stay exact. */
-	if (cfg.capture_stacks && !cfg.stack_sample_mask &&
-	    record_stack(ctx, classic, key, req, alloc, bucket, name, true,
-			 NULL))
-		return;
-
-	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
-		COUNT(map_full_sites);
-		return;
-	}
-	if (created) {
-		COUNT(sites_created);
-		remember_cache_name(key->cache, name);
-	}
-
-	if (!cfg.capture_stacks || !cfg.stack_sample_mask)
-		return;
-	/* A site's first allocation always gets a stack, so every site can be
-	 * attributed to its caller; after that, about one event in N. */
-	if (created || sample_now())
-		record_stack(ctx, classic, key, req, alloc, bucket, NULL, false,
-			     NULL);
-}
+/* record, top, slab: what an event adds to the counts of its site, stack,
+ * process, cgroup and cache. */
+#include "event_counts.bpf.h"
+/* leaks: objects tracked by address until their free. */
+#include "live_objects.bpf.h"
 
 /* The common path of every allocation event. `name` is only read when the
  * (site, cache) pair is new, so the cost stays off the hot path. `accounted`
@@ -452,81 +169,6 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 	else
 		count_alloc(ctx, classic, key, req, alloc, tgid, accounted,
 			    interrupt, name);
-}
-
-/* leaks: forgets a freed object. Any task may free it. True when the object
- * was not tracked (allocated before tracing, or not kept). */
-static __always_inline bool track_free(__u64 ptr)
-{
-	int err; /* see track_alloc */
-
-	if (!ptr) {
-		COUNT(frees_null);
-		return false;
-	}
-	if (!ptr_traced(ptr))
-		return false;
-	/* With a process filter most frees are of objects never tracked: a
-	 * lockless lookup rejects them cheaper than a failed delete, which
-	 * takes the bucket lock (71 vs 87 ns per untracked free, measured).
-	 * Without a filter most frees are of tracked objects, and the lookup
-	 * would only add to them. */
-	if ((cfg.filter.pids || cfg.filter.comm_set) &&
-	    !bpf_map_lookup_elem(&live, &ptr)) {
-		COUNT(frees_untracked);
-		return true;
-	}
-	err = bpf_map_delete_elem(&live, &ptr);
-	if (!err) {
-		COUNT(live_removed);
-		return false;
-	}
-	if (err == -KHEAP_ENOENT) {
-		COUNT(frees_untracked);
-		return true;
-	}
-	COUNT(map_busy);
-	return false;
-}
-
-/* record/top/slab: frees per cache. */
-static __always_inline void count_free(const void *ptr, __u64 cache,
-				       const char *name, __u64 tag)
-{
-	struct cache_frees *f;
-	/* kheap leaves its own events out (cfg.filter.ignore_tgid), but not
-	 * a kfree()'s: it names no cache and only adds to the total of frees,
-	 * where kheap's few while it runs are noise, and the process lookup
-	 * was a sixth of the default path's cost. `cache` is the constant 0
-	 * in kfree programs, so the test goes from them at compile time. */
-	bool user_filter =
-		cfg.filter.pids || cfg.filter.comm_set || cfg.filter.cgroups;
-
-	if ((user_filter || (cfg.filter.ignore_tgid && cache)) &&
-	    !task_passes(&cfg.filter, bpf_get_current_pid_tgid() >> 32))
-		return;
-	if (!ptr) {
-		COUNT(frees_null);
-		return;
-	}
-	COUNT(frees);
-	if (!cache)
-		return;
-	/* +, not |: the verifier refuses bitwise operators on the kfunc's
-	 * typed pointer; the tag bit is clear in an aligned address. */
-	__u64 key = cache + tag;
-
-	f = bpf_map_lookup_elem(&cache_frees, &key);
-	if (f) {
-		f->frees++;
-		return;
-	}
-	struct cache_frees one = {.frees = 1};
-
-	if (bpf_map_update_elem(&cache_frees, &key, &one, BPF_NOEXIST) == 0)
-		remember_cache_name(cache, name);
-	else if (!bpf_map_lookup_elem(&cache_frees, &key))
-		COUNT(map_full_caches);
 }
 
 static __always_inline void on_free(const void *ptr, __u64 cache,

@@ -27,7 +27,7 @@ fn main() -> Result<()> {
         p.empty_cache_free.attach()?,
     ];
     let (tx, rx) = std::sync::mpsc::channel();
-    ctrlc::set_handler(move || {
+    kheap::signals::on_interrupt(move || {
         let _ = tx.send(());
     })?;
     eprintln!("empty_tracer: tracing");

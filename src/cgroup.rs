@@ -1,4 +1,4 @@
-//! cgroup v2: where the hierarchy is mounted, the id of a cgroup directory
+//! cgroup v2: the id of a cgroup directory
 //! (its inode number, which is what `bpf_get_current_cgroup_id()` returns),
 //! the path of an id (walking the mount, cached so a cgroup removed during a
 //! run keeps its last known path), and the container or service a path
@@ -11,43 +11,16 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
-/// The cgroup2 mount point in a /proc/mounts text (the first one), if any.
-/// Hybrid hosts mount it at /sys/fs/cgroup/unified, pure v2 hosts at
-/// /sys/fs/cgroup: never assume either.
-pub fn cgroup2_mount_in(mounts: &str) -> Option<PathBuf> {
-    mounts.lines().find_map(|line| {
-        let mut f = line.split_whitespace();
-        let (_src, dir, fstype) = (f.next()?, f.next()?, f.next()?);
-        (fstype == "cgroup2").then(|| PathBuf::from(unescape_mount(dir)))
-    })
-}
-
-/// /proc/mounts escapes space, tab, newline and backslash as octal.
-fn unescape_mount(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
+// The root tests (tests/common) reach the mount through this module; it is
+// read in `sys` like the other small system reads.
+pub use crate::sys::cgroup2_mount;
 
 /// What `kheap doctor` says about cgroups, from a /proc/mounts text.
 pub fn doctor_line(mounts: &str) -> String {
     let v1 = mounts
         .lines()
         .any(|l| l.split_whitespace().nth(2) == Some("cgroup"));
-    match cgroup2_mount_in(mounts) {
+    match crate::sys::cgroup2_mount_in(mounts) {
         Some(m) if v1 => format!(
             "cgroup2 mounted at {} (hybrid: v1 controllers too; --cgroup and --by cgroup use cgroup2)",
             m.display()
@@ -55,17 +28,6 @@ pub fn doctor_line(mounts: &str) -> String {
         Some(m) => format!("cgroup2 mounted at {}", m.display()),
         None => "no cgroup2 mount: --cgroup is refused and --by cgroup shows ids only".into(),
     }
-}
-
-/// This host's cgroup2 mount point, or a one-line error.
-pub fn cgroup2_mount() -> Result<PathBuf> {
-    let mounts = std::fs::read_to_string("/proc/mounts")
-        .map_err(|e| anyhow::anyhow!("reading /proc/mounts: {e}"))?;
-    cgroup2_mount_in(&mounts).ok_or_else(|| {
-        anyhow::anyhow!(
-            "no cgroup2 filesystem is mounted (see /proc/mounts): mount one, e.g. `mount -t cgroup2 none /sys/fs/cgroup/unified`"
-        )
-    })
 }
 
 /// A cgroup given on the command line, resolved.
@@ -415,29 +377,6 @@ mod tests {
         names.retain(&[2].into_iter().collect());
         assert_eq!(names.path(1), None);
         assert_eq!(names.path(2), Some("/b"));
-    }
-
-    #[test]
-    fn finds_cgroup2_on_hybrid_and_unified_hosts() {
-        let hybrid = "sysfs /sys sysfs rw 0 0\n\
-            tmpfs /sys/fs/cgroup tmpfs ro,nosuid 0 0\n\
-            cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nsdelegate 0 0\n\
-            cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n";
-        assert_eq!(
-            cgroup2_mount_in(hybrid),
-            Some(PathBuf::from("/sys/fs/cgroup/unified"))
-        );
-        let unified = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n";
-        assert_eq!(
-            cgroup2_mount_in(unified),
-            Some(PathBuf::from("/sys/fs/cgroup"))
-        );
-        assert_eq!(
-            cgroup2_mount_in("cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n"),
-            None
-        );
-        let spaced = "none /mnt/my\\040cg cgroup2 rw 0 0\n";
-        assert_eq!(cgroup2_mount_in(spaced), Some(PathBuf::from("/mnt/my cg")));
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //! types do not parse command lines.
 //!
 //! What counts as an import: every `crate::…` path outside comments and
-//! test modules (in `use` lines or inline), `super::…` and `self::…`
+//! test modules (inline ones and `tests.rs` files; in `use` lines or
+//! inline), `super::…` and `self::…`
 //! paths, and a `mod.rs`'s `use child::…`. A path names the deepest module
 //! file it reaches.
 
@@ -73,6 +74,10 @@ mod tests {
         ("malloc", Cmd),
         ("malloc::probes::*", Base),
         ("malloc::procmaps", Base),
+        // Which allocator files to probe (ELF symbols, /proc maps).
+        ("malloc::libraries", Base),
+        // Follows the traced processes with the kernel session.
+        ("malloc::scanner", Cmd),
         ("malloc::preload", Base),
         ("malloc::usersyms", Base),
         ("malloc::model", Model),
@@ -210,6 +215,12 @@ mod tests {
             }
             if matches!(segs.last().map(String::as_str), Some("mod") | Some("lib")) {
                 segs.pop();
+            }
+            // A module's unit tests in a file of their own (`x/tests.rs`,
+            // declared `#[cfg(test)] mod tests;`): test code, left out as
+            // the inline test modules are.
+            if segs.len() > 1 && segs.last().is_some_and(|s| s == "tests") {
+                continue;
             }
             out.insert(segs.join("::"), f);
         }

@@ -3,17 +3,33 @@
 //! and so do the other signals that would end it by default and that a
 //! sender means as "stop" (SIGQUIT, SIGALRM, SIGVTALRM, SIGPROF, SIGXCPU);
 //! SIGUSR1 asks `kheap leaks` for a snapshot and is ignored by the others
-//! (it must never kill a run and lose its report). SIGUSR2, SIGPWR, SIGIO,
+//! (it must never kill a run and lose its report); `kheap serve` reloads
+//! its settings on SIGHUP instead of stopping. SIGUSR2, SIGPWR, SIGIO,
 //! SIGSTKFLT, SIGXFSZ (a write past the limit then fails, and says so) and
 //! the real-time signals are ignored by every subcommand. The command kheap
 //! starts gets every signal back at its default (see [`reset_for_exec`]).
+//!
+//! The handlers are signal-hook's: each only sets a flag that the run
+//! polls. Ignoring and resetting (SIG_IGN, SIG_DFL) are plain `signal(2)`
+//! calls, which signal-hook has no words for, and the only ones that are
+//! safe between fork and exec.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Once;
+use std::sync::{Arc, LazyLock, Mutex, Once};
 use std::time::{Duration, Instant};
 
-static STOP: AtomicBool = AtomicBool::new(false);
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+use signal_hook::SigId;
+
+/// A flag a signal sets; an `Arc` because signal-hook holds one too.
+type Flag = LazyLock<Arc<AtomicBool>>;
+
+static STOP: Flag = LazyLock::new(Default::default);
+static RELOAD: Flag = LazyLock::new(Default::default);
+static SNAPSHOT: Flag = LazyLock::new(Default::default);
 static INSTALL: Once = Once::new();
+/// SIGHUP's stop registration, which `serve` swaps for a reload.
+static HUP_STOPS: Mutex<Option<SigId>> = Mutex::new(None);
 
 /// Signals that end a run like SIGTERM (besides SIGINT, SIGTERM, SIGHUP).
 const ALSO_STOP: [libc::c_int; 5] = [
@@ -37,14 +53,26 @@ fn unused() -> impl Iterator<Item = libc::c_int> {
     .chain(libc::SIGRTMIN()..=libc::SIGRTMAX())
 }
 
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
+/// Sets `flag` whenever `sig` arrives.
+fn raise_flag_on(sig: libc::c_int, flag: &Flag) -> SigId {
+    // Fails only for the signals signal-hook forbids (SIGKILL, SIGSEGV…),
+    // none of which is asked for here.
+    signal_hook::flag::register(sig, Arc::clone(flag))
+        .unwrap_or_else(|e| panic!("signal {sig}: {e}"))
+}
+
+/// Ignores `signals` (SIG_IGN, kept across exec). Async-signal-safe, so a
+/// forked child may call it before it execs or instead.
+pub fn ignore(signals: &[libc::c_int]) {
+    for &sig in signals {
+        unsafe { libc::signal(sig, libc::SIG_IGN) };
+    }
 }
 
 /// Ignores the signals no subcommand uses (every subcommand, first thing).
 pub fn ignore_unused() {
     for sig in unused() {
-        unsafe { libc::signal(sig, libc::SIG_IGN) };
+        ignore(&[sig]);
     }
 }
 
@@ -55,13 +83,12 @@ pub fn ignore_unused() {
 /// SIGUSR1 stays.
 pub fn install_stop_handler() {
     INSTALL.call_once(|| {
-        // Fails only if a handler is already installed, which is then ours.
-        let _ = ctrlc::set_handler(|| STOP.store(true, Ordering::SeqCst));
         ignore_unused();
-        for sig in ALSO_STOP {
-            unsafe { libc::signal(sig, on_stop_signal as *const () as libc::sighandler_t) };
+        ignore(&[SIGUSR1]);
+        for sig in [SIGINT, SIGTERM].into_iter().chain(ALSO_STOP) {
+            raise_flag_on(sig, &STOP);
         }
-        unsafe { libc::signal(libc::SIGUSR1, libc::SIG_IGN) };
+        *HUP_STOPS.lock().unwrap_or_else(|e| e.into_inner()) = Some(raise_flag_on(SIGHUP, &STOP));
     });
 }
 
@@ -81,23 +108,44 @@ pub fn reset_for_exec() {
     }
 }
 
-static RELOAD: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sighup(_: libc::c_int) {
-    RELOAD.store(true, Ordering::SeqCst);
-}
-
 /// For the daemon (`kheap serve`): SIGHUP asks for a reload instead of
-/// ending the run. Called after `install_stop_handler`, whose SIGHUP
-/// handling it replaces.
+/// ending the run. Installs the stop handler first, then swaps its SIGHUP
+/// registration for the reload one.
 pub fn install_reload_handler() {
     install_stop_handler();
-    unsafe { libc::signal(libc::SIGHUP, on_sighup as *const () as libc::sighandler_t) };
+    if let Some(id) = HUP_STOPS.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        signal_hook::low_level::unregister(id);
+        raise_flag_on(SIGHUP, &RELOAD);
+    }
 }
 
 /// Whether a reload was asked for since the last call (and clears it).
 pub fn take_reload_request() -> bool {
     RELOAD.swap(false, Ordering::SeqCst)
+}
+
+/// For `kheap leaks`: SIGUSR1 asks for a snapshot (instead of being
+/// ignored).
+pub fn install_snapshot_handler() {
+    raise_flag_on(SIGUSR1, &SNAPSHOT);
+}
+
+/// Whether a snapshot was asked for since the last call (and clears it).
+pub fn take_snapshot_request() -> bool {
+    SNAPSHOT.swap(false, Ordering::SeqCst)
+}
+
+/// Calls `on_interrupt` on a thread of its own when SIGINT, SIGTERM or
+/// SIGHUP arrives, where it may do what a signal handler may not (lock,
+/// allocate, exit): for kheap-load, which must clean up before it dies.
+pub fn on_interrupt(on_interrupt: impl Fn() + Send + 'static) -> std::io::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    std::thread::spawn(move || {
+        for _ in signals.forever() {
+            on_interrupt();
+        }
+    });
+    Ok(())
 }
 
 pub fn stop_requested() -> bool {

@@ -1,11 +1,15 @@
 //! Small reads of the running system that several commands make: the page
-//! size, a process's name, whether the kernel has BTF of its own. One
-//! place, so every command agrees. `/proc/slabinfo` and SLUB's
+//! size, a process's name, whether the kernel has BTF of its own, where
+//! cgroup2 is mounted, /proc/kallsyms. One place, so every command agrees. `/proc/slabinfo` and SLUB's
 //! `/sys/kernel/slab`, read by `slab`, `serve` and the kmem tracer, are its
 //! `slabinfo` and `slab_sysfs`.
 
 pub mod slab_sysfs;
 pub mod slabinfo;
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
 
 /// The page size in bytes (4096 if the C library cannot say).
 pub fn page_size() -> u64 {
@@ -25,6 +29,11 @@ pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 /// built without CONFIG_DEBUG_INFO_BTF, read through `--btf FILE`) the
 /// kernel cannot check typed programs (tp_btf, fentry) or kfunc calls, and
 /// libbpf cannot resolve them: only untyped programs are loaded there.
+/// The text of /proc/kallsyms (addresses read as zero without root).
+pub fn kallsyms_text() -> Result<String> {
+    std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")
+}
+
 pub fn kernel_has_own_btf() -> bool {
     std::path::Path::new(KERNEL_BTF).exists()
 }
@@ -37,9 +46,74 @@ pub fn process_name(pid: u32) -> Option<String> {
         .map(|c| c.trim_end_matches('\n').to_string())
 }
 
+/// The cgroup2 mount point in a /proc/mounts text (the first one), if any.
+/// Hybrid hosts mount it at /sys/fs/cgroup/unified, pure v2 hosts at
+/// /sys/fs/cgroup: never assume either.
+pub fn cgroup2_mount_in(mounts: &str) -> Option<PathBuf> {
+    mounts.lines().find_map(|line| {
+        let mut f = line.split_whitespace();
+        let (_src, dir, fstype) = (f.next()?, f.next()?, f.next()?);
+        (fstype == "cgroup2").then(|| PathBuf::from(unescape_mount(dir)))
+    })
+}
+
+/// /proc/mounts escapes space, tab, newline and backslash as octal.
+fn unescape_mount(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// This host's cgroup2 mount point, or a one-line error.
+pub fn cgroup2_mount() -> Result<PathBuf> {
+    let mounts = std::fs::read_to_string("/proc/mounts")
+        .map_err(|e| anyhow::anyhow!("reading /proc/mounts: {e}"))?;
+    cgroup2_mount_in(&mounts).ok_or_else(|| {
+        anyhow::anyhow!(
+            "no cgroup2 filesystem is mounted (see /proc/mounts): mount one, e.g. `mount -t cgroup2 none /sys/fs/cgroup/unified`"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_cgroup2_on_hybrid_and_unified_hosts() {
+        let hybrid = "sysfs /sys sysfs rw 0 0\n\
+            tmpfs /sys/fs/cgroup tmpfs ro,nosuid 0 0\n\
+            cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nsdelegate 0 0\n\
+            cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\n";
+        assert_eq!(
+            cgroup2_mount_in(hybrid),
+            Some(PathBuf::from("/sys/fs/cgroup/unified"))
+        );
+        let unified = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\n";
+        assert_eq!(
+            cgroup2_mount_in(unified),
+            Some(PathBuf::from("/sys/fs/cgroup"))
+        );
+        assert_eq!(
+            cgroup2_mount_in("cgroup /sys/fs/cgroup/cpu cgroup rw 0 0\n"),
+            None
+        );
+        let spaced = "none /mnt/my\\040cg cgroup2 rw 0 0\n";
+        assert_eq!(cgroup2_mount_in(spaced), Some(PathBuf::from("/mnt/my cg")));
+    }
 
     #[test]
     fn this_process_and_the_page() {

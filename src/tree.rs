@@ -34,7 +34,7 @@ impl TreeCgroup {
     /// used here (not mounted, not root).
     pub fn create() -> Option<TreeCgroup> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
-        let mount = crate::cgroup::cgroup2_mount().ok()?;
+        let mount = crate::sys::cgroup2_mount().ok()?;
         let name = format!(
             "kheap.{}.{}",
             std::process::id(),
@@ -201,16 +201,14 @@ pub fn fork_guard(on_death: impl FnOnce()) -> Option<(OwnedFd, libc::pid_t)> {
         0 => unsafe {
             // The terminal's Ctrl-C reaches the whole foreground group: the
             // guard outlives kheap's reaction to it.
-            for sig in [
+            crate::signals::ignore(&[
                 libc::SIGINT,
                 libc::SIGQUIT,
                 libc::SIGTERM,
                 libc::SIGHUP,
                 libc::SIGUSR1,
                 libc::SIGUSR2,
-            ] {
-                libc::signal(sig, libc::SIG_IGN);
-            }
+            ]);
             // Hold nothing of kheap's: not its output pipes (a reader would
             // wait for the guard), not its BPF descriptors.
             let null = libc::open(dev_null.as_ptr(), libc::O_RDWR);

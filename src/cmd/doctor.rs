@@ -191,13 +191,15 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
     // Measured, not inferred: load and attach the record object the way
     // `kheap record` would, then detach at once.
     let mut kmalloc_caches = "unknown (needs root and BTF to try)".to_string();
+    let mut kfree_caches = kmalloc_caches.clone();
     let mode = if privileged.is_ok() && btf_ok {
         let mut storage = crate::kernel::storage::ObjectStorage::default();
-        let started = crate::kernel::kmem::Tracer::start(
-            &crate::kernel::kmem::Config::default(),
-            &mut storage,
-            None,
-        );
+        // As top and slab ask: kfree's frees per cache where the kernel can.
+        let config = crate::kernel::kmem::Config {
+            kfree_caches: true,
+            ..Default::default()
+        };
+        let started = crate::kernel::kmem::Tracer::start(&config, &mut storage, None);
         let mode = match started {
             Ok(s) => {
                 let how = s
@@ -205,10 +207,20 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
                     .first()
                     .map_or("", |a| a.split(": ").nth(1).unwrap_or(""));
                 let mut m = format!("{how} (loaded and attached for this check)");
-                for note in s.skipped.iter().filter(|n| **n != s.kmalloc_caches) {
+                let (kfree_notes, notes): (Vec<&String>, Vec<&String>) = s
+                    .skipped
+                    .iter()
+                    .filter(|n| **n != s.kmalloc_caches)
+                    .partition(|n| n.starts_with("kfree: "));
+                for note in notes {
                     m.push_str(&format!("; {note}"));
                 }
                 kmalloc_caches = s.kmalloc_caches.clone();
+                kfree_caches = match kfree_notes.first() {
+                    _ if s.kfree_caches => "per cache (the bpf_get_kmem_cache kfunc)".into(),
+                    Some(why) => why.trim_start_matches("kfree: ").to_string(),
+                    None => "in the totals only".into(),
+                };
                 m
             }
             Err(e) => format!("nothing: {}", format!("{e:#}").replace('\n', " ")),
@@ -219,6 +231,7 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
     };
     row("kheap record attaches with", mode);
     row("kmalloc caches named by", kmalloc_caches);
+    row("kfree frees (top, slab)", kfree_caches);
     println!("{}", render(t));
     Ok(0)
 }

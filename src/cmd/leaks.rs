@@ -5,13 +5,12 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 use clap::Args;
 
-use crate::cgroup::{cgroup2_mount, CgroupNames};
+use crate::cgroup::CgroupNames;
 use crate::cli::{parse_duration, parse_sample, parse_tracked_objects, OutputArgs, TraceArgs};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
@@ -34,7 +33,9 @@ use crate::session::{
     install_stop_handler, kmem_config, name_command_process, run_info, start_tracing,
     wait_for_end_every, Targets,
 };
+use crate::signals::{install_snapshot_handler, take_snapshot_request};
 use crate::symbolize::{KernelSymbols, Symbolize};
+use crate::sys::cgroup2_mount;
 
 #[derive(Args, Debug)]
 pub struct LeaksArgs {
@@ -65,7 +66,7 @@ pub struct LeaksArgs {
     #[arg(long, value_parser = parse_sample, default_value = "1", value_name = "N")]
     pub sample: u32,
     /// Capacity of the object map (objects tracked at once; ~100 bytes of kernel memory each)
-    #[arg(long, value_parser = parse_tracked_objects, default_value = "262144", value_name = "N")]
+    #[arg(long, value_parser = parse_tracked_objects, default_value = crate::cli::DEFAULT_TRACKED_OBJECTS, value_name = "N")]
     pub max_objects: u32,
     /// Read the timeline (outstanding bytes of the top sites, /proc/meminfo) every SECS seconds
     #[arg(long, value_parser = parse_interval, default_value = "1", value_name = "SECS")]
@@ -118,17 +119,6 @@ fn parse_age(s: &str) -> Result<f64, String> {
         Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
         _ => Err(format!("'{s}' is not a number of seconds")),
     }
-}
-
-static SNAPSHOT_REQUESTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_sigusr1(_: libc::c_int) {
-    SNAPSHOT_REQUESTED.store(true, Ordering::SeqCst);
-}
-
-fn install_snapshot_handler() {
-    let handler = on_sigusr1 as extern "C" fn(libc::c_int);
-    unsafe { libc::signal(libc::SIGUSR1, handler as libc::sighandler_t) };
 }
 
 pub fn run(args: LeaksArgs) -> Result<i32> {
@@ -241,7 +231,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
                         *next += every;
                     }
                 }
-                if !(periodic || SNAPSHOT_REQUESTED.swap(false, Ordering::SeqCst)) {
+                if !(periodic || take_snapshot_request()) {
                     return None;
                 }
                 snapshots += 1;

@@ -3,12 +3,11 @@
 //! what was never freed.
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use crate::report::budget::{self, Budget, BudgetRow};
 use clap::Args;
@@ -19,15 +18,14 @@ use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
 use crate::kernel::storage::ObjectStorage;
 use crate::kernel::user_stack::UserStackRing;
+use crate::malloc::libraries::initial_libraries;
 use crate::malloc::preload::{self, PreloadLibrary};
-use crate::malloc::probes::{
-    check_elf, defines_allocator, extra_allocators_of_program, libc_of_program,
-};
 use crate::malloc::procmaps;
 use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
 use crate::malloc::report::{self, BuildOptions, MallocReport};
+use crate::malloc::scanner::Scanner;
 use crate::malloc::unwind::StackUnwinder;
-use crate::malloc::usersyms::{host_path, symbolize_return_addresses, Blaze, Modules};
+use crate::malloc::usersyms::{symbolize_return_addresses, Blaze, Modules};
 use crate::render::Format;
 use crate::report::RunInfo;
 use crate::session::status::StatusLine;
@@ -86,7 +84,7 @@ pub struct MallocArgs {
     #[arg(
         long,
         value_parser = parse_tracked_objects,
-        default_value = "262144",
+        default_value = crate::cli::DEFAULT_TRACKED_OBJECTS,
         value_name = "N",
         requires = "outstanding"
     )]
@@ -149,92 +147,6 @@ const SCAN_EVERY: Duration = Duration::from_millis(100);
 /// copy of its stack to be unwound.
 const UNWIND_SAMPLE_EVERY: u32 = 1024;
 
-/// The allocator libraries to probe before anything runs.
-fn initial_libraries(args: &MallocArgs, pids: &[u32]) -> Result<Vec<PathBuf>> {
-    if let Some(lib) = &args.lib {
-        if !lib.exists() {
-            bail!("--lib {}: no such file", lib.display());
-        }
-        check_elf(lib)?;
-        // Checked here, before anything starts, as it will be when probed
-        // (--lib means no preload library).
-        crate::malloc::probes::plan(&crate::malloc::probes::lookup_symbols(lib)?)
-            .with_context(|| format!("{} is not an allocator library", lib.display()))?;
-        return Ok(vec![lib.clone()]);
-    }
-    let mut libs: Vec<PathBuf> = Vec::new();
-    for &pid in pids {
-        let maps = procmaps::read(pid)
-            .ok_or_else(|| anyhow::anyhow!("no process with PID {pid} (it exited)"))?;
-        let Some(libc) = procmaps::find_libc(&maps).and_then(|m| host_path(pid, m)) else {
-            bail!(
-                "process {pid} ({}) maps no C library (a static binary?): use --lib PATH to name its allocator",
-                comm(pid)
-            );
-        };
-        if !libs.contains(&libc) {
-            libs.push(libc);
-        }
-        for p in other_allocators(pid, &maps, &mut HashSet::new()) {
-            if !libs.contains(&p) {
-                libs.push(p);
-            }
-        }
-    }
-    if let Some(prog) = args.targets.command.first() {
-        let path = find_program(prog)?;
-        let libc = libc_of_program(&path)?;
-        if !libs.contains(&libc) {
-            libs.push(libc);
-        }
-        // A Rust program's global allocator entry points are in itself, as
-        // is an allocator linked in statically (prefixed or not).
-        let exe = crate::malloc::probes::executable_of(&path)?;
-        if defines_allocator(&exe) && !libs.contains(&exe) {
-            libs.push(exe);
-        }
-        for lib in extra_allocators_of_program(&path)? {
-            if !libs.contains(&lib) {
-                libs.push(lib);
-            }
-        }
-    }
-    Ok(libs)
-}
-
-/// The allocator files a process maps besides its C library: C++ runtimes
-/// and allocator libraries known by name, and any other file (the program
-/// too) that defines allocator functions. `inspected` holds the files
-/// whose symbols were read already, by (device, inode): each is read once.
-fn other_allocators(
-    pid: u32,
-    maps: &[procmaps::Mapping],
-    inspected: &mut HashSet<(u32, u64)>,
-) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for m in procmaps::mapped_files(maps) {
-        if !inspected.insert((m.dev, m.inode)) {
-            continue;
-        }
-        let Some(path) = host_path(pid, m) else {
-            continue;
-        };
-        let by_name = m
-            .path
-            .as_deref()
-            .is_some_and(procmaps::is_extra_allocator_name);
-        let libc = m.path.as_deref().is_some_and(procmaps::is_libc_name);
-        if by_name || !libc && defines_allocator(&path) {
-            out.push(path);
-        }
-    }
-    out
-}
-
-fn comm(pid: u32) -> String {
-    crate::sys::process_name(pid).unwrap_or_else(|| "?".into())
-}
-
 fn parse_budget(s: &str) -> Result<Budget, String> {
     budget::parse(s, false)
 }
@@ -243,7 +155,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     if args.targets.pids.is_empty() && args.targets.command.is_empty() && args.cgroups.is_empty() {
         bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...], or --cgroup PATH");
     }
-    let cgroup_mount = crate::cgroup::cgroup2_mount().ok();
+    let cgroup_mount = crate::sys::cgroup2_mount().ok();
     let cgroups = resolve_cgroups(&args.cgroups, cgroup_mount.as_deref())?;
     if args.sort == MallocSortBy::Outstanding && !args.outstanding {
         bail!("--sort outstanding needs --outstanding");
@@ -281,7 +193,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     user_pids.sort_unstable();
     user_pids.dedup();
     let mut pids = user_pids.clone();
-    let libs = initial_libraries(&args, &pids)?;
+    let libs = initial_libraries(args.lib.as_deref(), &pids, &args.targets.command)?;
     let mut modules = Modules::default();
     for &pid in &pids {
         modules.add_maps(pid, &procmaps::read(pid).unwrap_or_default());
@@ -339,10 +251,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     for l in &libs {
         session.probe_library(l)?;
     }
-    let mut scanner = Scanner {
-        cgroup_mount,
-        ..Scanner::default()
-    };
+    let mut scanner = Scanner::new(cgroup_mount);
     if let Some(c) = &command {
         // Until it execs, the held child is a copy of kheap: name it after
         // the program, as the kernel will (comm is 15 bytes at most).
@@ -520,7 +429,7 @@ fn resolve_cgroups(
     }
     let mount = match mount {
         Some(m) => m.to_path_buf(),
-        None => crate::cgroup::cgroup2_mount()?, // says what is missing
+        None => crate::sys::cgroup2_mount()?, // says what is missing
     };
     args.iter()
         .map(|a| {
@@ -537,153 +446,6 @@ fn describe_targets(pids: &[u32], command: &[String]) -> String {
         parts.push(format!("'{c}'"));
     }
     format!("{} and children", parts.join(", "))
-}
-
-/// Keeps up with the traced processes: learns their mappings (paths for
-/// symbolization) and probes any new C library one of them maps.
-#[derive(Default)]
-struct Scanner {
-    /// When each process was last read, and its exec count then.
-    seen: HashMap<u32, (Instant, u32)>,
-    /// Each process's command name when last read (after an exec, the new
-    /// program's).
-    comms: HashMap<u32, String>,
-    /// The command kheap started: its name is read once it has exec'd.
-    held: Option<u32>,
-    /// Each process's cgroup v2 when last read.
-    cgroups: HashMap<u32, crate::cgroup::CgroupRef>,
-    cgroup_mount: Option<PathBuf>,
-    /// Files whose symbols were read for allocator functions.
-    inspected: HashSet<(u32, u64)>,
-    /// With the preload library, processes that run without it are named
-    /// once (`check_preloadable`). Why a program cannot load it (None: it can), by (device, inode).
-    preload_unusable: HashMap<(u64, u64), Option<String>>,
-    /// (process, program) pairs already named.
-    preload_warned: HashSet<(u32, (u64, u64))>,
-}
-
-/// Known processes are re-read this often (for libraries they load later);
-/// new ones and those that just exec'd at once.
-const RESCAN_EVERY: Duration = Duration::from_secs(2);
-
-impl Scanner {
-    fn scan(
-        &mut self,
-        session: &mut MallocSession,
-        modules: &mut Modules,
-        probe_new_libraries: bool,
-        everything: bool,
-    ) {
-        let execs = session.exec_counts();
-        let now = Instant::now();
-        for pid in session.traced_pids() {
-            let exec = execs.get(&pid).copied().unwrap_or(0);
-            let due = match self.seen.get(&pid) {
-                Some(&(when, n)) => everything || n != exec || now - when >= RESCAN_EVERY,
-                None => true,
-            };
-            if !due {
-                continue;
-            }
-            self.seen.insert(pid, (now, exec));
-            // Name and cgroup first: a short-lived process may be gone by
-            // the time its mappings have been read.
-            let not_yet_execd = self.held == Some(pid) && exec == 0;
-            if let (false, Some(c)) = (not_yet_execd, crate::sys::process_name(pid)) {
-                self.comms.insert(pid, c);
-            }
-            if let Some(c) = self
-                .cgroup_mount
-                .as_deref()
-                .and_then(|m| crate::cgroup::of_pid(pid, m))
-            {
-                self.cgroups.insert(pid, c);
-            }
-            let Some(maps) = procmaps::read(pid) else {
-                continue;
-            };
-            modules.add_maps(pid, &maps);
-            // Until it execs, the held command is a copy of kheap.
-            if not_yet_execd {
-                continue;
-            }
-            if session.preloaded() && !self.check_preloadable(pid, &maps) {
-                // Caught between exec and its loader mapping the C library
-                // (seen under TCG in the 6.1 guest): looked at again on the
-                // next scan, not after RESCAN_EVERY, which a program that
-                // runs for a second would never see.
-                self.seen.remove(&pid);
-            }
-            if !probe_new_libraries {
-                continue;
-            }
-            // The C library, the C++ runtime whose operator new the
-            // program may call, and allocator libraries (jemalloc…).
-            let mut found = other_allocators(pid, &maps, &mut self.inspected);
-            found.extend(procmaps::find_libc(&maps).and_then(|m| host_path(pid, m)));
-            for path in found {
-                if session.has_library(&path) {
-                    continue;
-                }
-                // Late by up to SCAN_EVERY: allocations before are missed.
-                match session.probe_library(&path) {
-                    Ok(false) => {}
-                    Ok(true) => eprintln!(
-                        "kheap: process {pid} maps another allocator library, now probed too: {}",
-                        path.display()
-                    ),
-                    Err(e) => eprintln!("kheap: warning: cannot probe {}: {e:#}", path.display()),
-                }
-            }
-        }
-    }
-}
-
-impl Scanner {
-    /// Says once when a traced process runs without the preload library,
-    /// so that its allocations are not seen: its program cannot load it
-    /// (static, set-user-ID, defines malloc itself), or its loader failed
-    /// to (it said why on the process's standard error). The second is
-    /// known only once the loader has mapped the C library, which it does
-    /// after the preloaded libraries.
-    /// Whether the process is settled: it maps the library, was named, or
-    /// is gone; false while its loader has not mapped the C library yet.
-    fn check_preloadable(&mut self, pid: u32, maps: &[procmaps::Mapping]) -> bool {
-        use std::os::unix::fs::MetadataExt;
-        if preload::maps_it(maps) {
-            return true;
-        }
-        let exe = PathBuf::from(format!("/proc/{pid}/exe"));
-        let Ok(meta) = std::fs::metadata(&exe) else {
-            return true;
-        };
-        let program = (meta.dev(), meta.ino());
-        if self.preload_warned.contains(&(pid, program)) {
-            return true;
-        }
-        let why = self
-            .preload_unusable
-            .entry(program)
-            .or_insert_with(|| preload::unusable_reason(&exe))
-            .clone();
-        let name = std::fs::read_link(&exe).unwrap_or(exe);
-        let message = match why {
-            Some(why) => format!(
-                "process {pid} runs {}, which {why} and so does not load kheap's preload library",
-                name.display()
-            ),
-            None if procmaps::find_libc(maps).is_some() => format!(
-                "process {pid} ({}) did not load kheap's preload library (its loader said why on its standard error)",
-                name.display()
-            ),
-            None => return false, // not loaded yet: the next scan looks again
-        };
-        self.preload_warned.insert((pid, program));
-        eprintln!(
-            "kheap: warning: {message}: its allocations are not seen; use --no-preload to probe the C library instead"
-        );
-        true
-    }
 }
 
 fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {

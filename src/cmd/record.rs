@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::Args;
 
-use crate::cgroup::{cgroup2_mount, CgroupNames};
+use crate::cgroup::CgroupNames;
 use crate::cli::{OutputArgs, TraceArgs};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
@@ -22,6 +22,7 @@ use crate::session::{
     Targets,
 };
 use crate::symbolize::KernelSymbols;
+use crate::sys::cgroup2_mount;
 
 /// `--latency-probe`: [`LatencyProbe`] as the command line spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

@@ -61,11 +61,15 @@ pub fn run(args: SlabArgs) -> Result<i32> {
     targets.terminate();
     let elapsed = start.elapsed().as_secs_f64();
     let snap = session.snapshot()?;
+    let session_skipped = std::mem::take(&mut session.skipped);
     drop(session);
     samples.push((elapsed, args.read_static()?));
     let exit_code = ended.report();
 
-    let traced = traced_run(&snap, &KernelSymbols::new(None), elapsed);
+    let traced = TracedRun {
+        skipped: session_skipped,
+        ..traced_run(&snap, &KernelSymbols::new(None), elapsed)
+    };
     let series = series(&samples);
     slab::print_report(
         &args,
@@ -106,6 +110,7 @@ pub fn traced_run(snap: &Snapshot, syms: &dyn Symbolize, duration_s: f64) -> Tra
         duration_s,
         caches: caches.into_values().collect(),
         sites,
+        skipped: Vec::new(),
     }
 }
 

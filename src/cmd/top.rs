@@ -5,7 +5,8 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::cgroup::{cgroup2_mount, CgroupNames};
+use crate::cgroup::CgroupNames;
+use crate::sys::cgroup2_mount;
 use anyhow::{bail, Result};
 use clap::Args;
 

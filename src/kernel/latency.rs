@@ -70,8 +70,7 @@ impl<'obj> LatencySession<'obj> {
     ) -> Result<LatencySession<'obj>> {
         let mut slots = storage.slots();
         let mut slot = || slots.next().context("no object storage left");
-        let kallsyms =
-            std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
+        let kallsyms = crate::sys::kallsyms_text()?;
         let resolved = resolve_functions(&kallsyms_functions(&kallsyms));
         if resolved.iter().all(Option::is_none) {
             bail!(
@@ -105,8 +104,7 @@ impl<'obj> LatencySession<'obj> {
     pub fn probe() -> Result<(Vec<Option<&'static str>>, Result<()>)> {
         let mut storage = ObjectStorage::default();
         let slot = storage.slots().next().context("no object storage left")?;
-        let kallsyms =
-            std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
+        let kallsyms = crate::sys::kallsyms_text()?;
         let resolved = resolve_functions(&kallsyms_functions(&kallsyms));
         let fentry = LatencySession::start_with(slot, &resolved, Mechanism::Fentry).map(drop);
         Ok((resolved, fentry))

@@ -4,10 +4,13 @@
 //! Kernel-facing parts live in `crate::kernel::malloc`. Pure here:
 //! `probes` (what to probe where), `procmaps`, `usersyms` (addresses to
 //! symbols via recorded mappings), `model` (what the kernel side reads),
-//! `report`, `render`; `preload` (the library `-- CMD` runs with); `unwind` (stacks through code without frame
-//! pointers, from sampled stack copies) and `merge` (which stack a row is
-//! shown along).
+//! `report`, `render`; `preload` (the library `-- CMD` runs with); `unwind`
+//! (stacks through code without frame pointers, from sampled stack copies)
+//! and `merge` (which stack a row is shown along). `libraries` finds the
+//! allocator files to probe; `scanner` follows the traced processes while
+//! the command runs (it holds the kernel session).
 
+pub mod libraries;
 pub mod merge;
 pub mod model;
 pub mod preload;
@@ -15,5 +18,6 @@ pub mod probes;
 pub mod procmaps;
 pub mod render;
 pub mod report;
+pub mod scanner;
 pub mod unwind;
 pub mod usersyms;

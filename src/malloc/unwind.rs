@@ -239,7 +239,7 @@ impl StackUnwinder {
                     .map(|v| MappedFile {
                         start: v.start,
                         end: v.end,
-                        offset: v.pgoff * 4096,
+                        offset: v.file_offset(),
                         dev: v.dev,
                         ino: v.ino,
                         name: v.name.clone(),
@@ -300,7 +300,7 @@ impl StackUnwinder {
             .map(|f| Vma {
                 start: f.start,
                 end: f.end,
-                pgoff: f.offset / 4096,
+                pgoff: Vma::pgoff_of(f.offset),
                 dev: f.dev,
                 ino: f.ino,
                 name: f.name,

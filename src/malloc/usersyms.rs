@@ -59,13 +59,24 @@ pub struct Vma {
     pub name: String,
 }
 
-const PAGE_SIZE: u64 = 4096;
+impl Vma {
+    /// The offset in its file where the mapping starts (`pgoff` counts
+    /// the kernel's pages, as `vm_pgoff` does).
+    pub fn file_offset(&self) -> u64 {
+        self.pgoff * crate::sys::page_size()
+    }
+
+    /// `pgoff` for a mapping that starts `offset` bytes into its file.
+    pub fn pgoff_of(offset: u64) -> u64 {
+        offset / crate::sys::page_size()
+    }
+}
 
 /// The mapping an address falls in and the address's offset in its file.
 pub fn locate(vmas: &[Vma], addr: u64) -> Option<(&Vma, u64)> {
     vmas.iter()
         .find(|v| v.start <= addr && addr < v.end && v.ino != 0)
-        .map(|v| (v, addr - v.start + v.pgoff * PAGE_SIZE))
+        .map(|v| (v, addr - v.start + v.file_offset()))
 }
 
 /// Where the files behind (device, inode) pairs are: learnt from the maps of

@@ -17,7 +17,6 @@ use std::hash::Hash;
 use crate::model::snapshot::{CgroupKey, EventCounters, Snapshot};
 use crate::model::{AllocStats, CacheId, SiteKey};
 
-// At its old path until every branch imports it from the model.
 use crate::model::snapshot::IdleKeys;
 
 /// A cumulative counter value of one map entry.

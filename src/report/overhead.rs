@@ -5,7 +5,6 @@
 use serde::{Deserialize, Serialize};
 
 use crate::model::round2;
-// At its old path until every branch imports it from the model.
 use crate::model::snapshot::ProgRunTime;
 
 /// This process's CPU time (user + system) and peak resident set.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::cgroup::{cgroup2_mount, CgroupNames};
+use crate::cgroup::CgroupNames;
 use crate::kernel::kmem::{self, Config, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::model::live::OutstandingRead;
@@ -25,6 +25,7 @@ use crate::serve::webconfig::WebConfig;
 use crate::session::stop_requested;
 use crate::signals::take_reload_request;
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
+use crate::sys::cgroup2_mount;
 
 /// What ends one attachment.
 pub enum Next {

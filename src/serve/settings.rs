@@ -40,7 +40,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub allow_remote: bool,
     /// Permission bits of the --listen unix:PATH socket (octal)
-    #[arg(long, value_parser = parse_mode, default_value = "0600", value_name = "MODE")]
+    #[arg(long, value_parser = parse_mode, default_value = DEFAULT_SOCKET_MODE, value_name = "MODE")]
     pub socket_mode: u32,
     /// Group of the --listen unix:PATH socket (name or number; with
     /// --socket-mode 0660 its members may connect)
@@ -107,7 +107,7 @@ pub struct ServeArgs {
     pub source: SourceArgs,
     /// Capacity of the per-site map (and of the per-stack map, and of the
     /// stacks the profiles keep their own counts for)
-    #[arg(long, value_parser = parse_map_entries, default_value = "8192", value_name = "N")]
+    #[arg(long, value_parser = parse_map_entries, default_value = crate::cli::DEFAULT_MAP_ENTRIES, value_name = "N")]
     pub max_entries: u32,
     /// Delete map entries idle for this many intervals (their counts are
     /// kept), so the maps do not fill over days
@@ -159,7 +159,7 @@ pub fn check(args: &ServeArgs) -> Result<()> {
         );
     }
     if matches!(args.listen, Listen::Tcp(_))
-        && (args.socket_group.is_some() || args.socket_mode != DEFAULT_SOCKET_MODE)
+        && (args.socket_group.is_some() || Ok(args.socket_mode) != parse_mode(DEFAULT_SOCKET_MODE))
     {
         bail!(
             "--socket-mode and --socket-group set a unix socket's access: use them with --listen unix:PATH"
@@ -220,7 +220,8 @@ pub fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
 }
 
 /// `--socket-mode`'s default: root only.
-const DEFAULT_SOCKET_MODE: u32 = 0o600;
+/// --socket-mode when not given (octal, as the option is written).
+const DEFAULT_SOCKET_MODE: &str = "0600";
 
 #[cfg(test)]
 mod tests {

@@ -327,6 +327,7 @@ mod tests {
                 cache: k,
                 stats: stats(10, 800, 960),
             }],
+            skipped: vec![],
         };
         let mut r = build_report(
             ReportInput {

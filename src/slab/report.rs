@@ -159,6 +159,7 @@ pub fn build_report(input: ReportInput, sort: SortKey, rows: usize) -> SlabRepor
 
     if let Some(run) = input.traced {
         join_traced(&mut caches, after, run, &mut notes);
+        notes.extend(run.skipped.iter().cloned());
     }
 
     if input.traced.is_none() && sort == SortKey::Rate {
@@ -340,7 +341,26 @@ pub mod tests {
                     },
                 },
             ],
+            skipped: vec![],
         }
+    }
+
+    #[test]
+    fn what_the_tracer_skipped_is_in_the_notes() {
+        let snap = fixture();
+        let why = "kfree: frees counted in the totals only, not per cache (no kfunc)";
+        let run = TracedRun {
+            skipped: vec![why.into()],
+            ..sample_run()
+        };
+        let r = every_row(
+            ReportInput {
+                traced: Some(&run),
+                ..ReportInput::of(&snap)
+            },
+            SortKey::Waste,
+        );
+        assert!(r.notes.iter().any(|n| n == why), "{:?}", r.notes);
     }
 
     #[test]

@@ -70,4 +70,7 @@ pub struct TracedRun {
     pub duration_s: f64,
     pub caches: Vec<TracedCache>,
     pub sites: Vec<TracedSite>,
+    /// What the tracer could not trace or name on this kernel (a hook it
+    /// lacks, kfree's frees counted in the totals only), for the notes.
+    pub skipped: Vec<String>,
 }

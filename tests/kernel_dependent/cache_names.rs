@@ -292,13 +292,18 @@ fn kfree_frees_land_in_the_row_of_their_cache() {
     } else {
         assert_eq!(u(&row["count"]), 300, "{row:#}");
     }
+    let notes = r["notes"].to_string();
+    let totals_only = notes.contains("kfree: frees counted in the totals only, not per cache");
     if kernel_before(6, 13) {
         assert_eq!(u(&row["frees"]), 0, "{row:#}");
+        // ...and the report says why the row shows none.
+        assert!(totals_only, "{notes}");
         partial_check(
             "kfree_frees_land_in_the_row_of_their_cache: no bpf_get_kmem_cache before 6.13, \
-             only checked that the row counts no kfree",
+             only checked that the row counts no kfree and the notes say why",
         );
     } else {
+        assert!(!totals_only, "{notes}");
         assert_eq!(u(&row["frees"]), 300, "{row:#}");
         assert_eq!(row["net_objs"].as_i64(), Some(0), "{row:#}");
     }

@@ -2,7 +2,7 @@
 //! objects' caches are found, and the text ranges that label events by
 //! the functions on their stack.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use crate::kernel::attach::Mechanism;
 use crate::kernel::features::KernelBtf;
@@ -74,7 +74,7 @@ impl Kallsyms {
         if let Some(t) = self.0.get() {
             return Ok(t);
         }
-        let t = std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")?;
+        let t = crate::sys::kallsyms_text()?;
         Ok(self.0.get_or_init(|| t))
     }
 }

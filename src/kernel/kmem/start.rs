@@ -112,6 +112,9 @@ impl<'obj> Tracer<'obj> {
         if let Err(why) = &kmalloc_caches {
             skipped.push(why.clone());
         }
+        if let Some(why) = kfree_caches_missing(cfg, kbtf, mech) {
+            skipped.push(why);
+        }
         let labels = label_ranges(cfg, &kallsyms)?;
         // Programs that hook a function's entry besides its return.
         let entry_programs: Vec<String> = enabled
@@ -428,3 +431,24 @@ fn page_shift() -> u8 {
 fn kfree_caches_traced(cfg: &Config, kbtf: &KernelBtf, mech: Mechanism) -> bool {
     cfg.kfree_caches && cfg.live.is_none() && mech == Mechanism::Btf && kbtf.kmem_cache_kfunc
 }
+
+/// Why a run that asked for kfree's frees per cache counts them in the
+/// totals only, said in the report's header rather than left as a row
+/// with no frees that looks like a leak.
+fn kfree_caches_missing(cfg: &Config, kbtf: &KernelBtf, mech: Mechanism) -> Option<String> {
+    if !cfg.kfree_caches || cfg.live.is_some() || kfree_caches_traced(cfg, kbtf, mech) {
+        return None;
+    }
+    let why = if !kbtf.kmem_cache_kfunc {
+        KFREE_CACHES_NEED
+    } else {
+        "the kfunc that names them runs only in tp_btf programs, which this run does not use"
+    };
+    Some(format!(
+        "kfree: frees counted in the totals only, not per cache ({why})"
+    ))
+}
+
+/// What a kernel needs for kfree's frees to be counted per cache.
+pub const KFREE_CACHES_NEED: &str =
+    "this kernel has no bpf_get_kmem_cache kfunc: Linux 6.13+ with its own BTF";

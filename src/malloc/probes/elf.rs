@@ -107,43 +107,29 @@ pub fn interpreter(exe: &Path) -> Result<Option<PathBuf>> {
     parse_interpreter(&data).with_context(|| format!("{} is not an ELF executable", exe.display()))
 }
 
-/// PT_INTERP of a 64-bit little-endian ELF image.
+/// PT_INTERP of a 64-bit little-endian ELF image (the only kind the
+/// probes are placed in), read with `object`.
 pub fn parse_interpreter(data: &[u8]) -> Result<Option<PathBuf>> {
+    use object::elf::FileHeader64;
+    use object::read::elf::{FileHeader, ProgramHeader};
+    use object::LittleEndian;
     if data.get(..4) != Some(ELF_MAGIC) {
         bail!("no ELF header");
     }
     if data.get(4) != Some(&2) || data.get(5) != Some(&1) {
         bail!("not a 64-bit little-endian ELF file");
     }
-    let u16_at = |o: usize| {
-        data.get(o..o + 2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
-    };
-    let u64_at = |o: usize| {
-        data.get(o..o + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().unwrap()) as usize)
-    };
-    let (Some(phoff), Some(phentsize), Some(phnum)) = (u64_at(0x20), u16_at(0x36), u16_at(0x38))
-    else {
-        bail!("truncated ELF header");
-    };
-    const PT_INTERP: u32 = 3;
-    for i in 0..phnum {
-        let ph = phoff + i * phentsize;
-        let Some(kind) = data.get(ph..ph + 4) else {
-            bail!("truncated program headers");
-        };
-        if u32::from_le_bytes(kind.try_into().unwrap()) != PT_INTERP {
-            continue;
+    let header = FileHeader64::<LittleEndian>::parse(data).context("truncated ELF header")?;
+    let headers = header
+        .program_headers(LittleEndian, data)
+        .context("truncated program headers")?;
+    for ph in headers {
+        if let Some(raw) = ph
+            .interpreter(LittleEndian, data)
+            .context("PT_INTERP outside the file")?
+        {
+            return Ok(Some(PathBuf::from(String::from_utf8_lossy(raw).as_ref())));
         }
-        let (Some(off), Some(size)) = (u64_at(ph + 8), u64_at(ph + 32)) else {
-            bail!("truncated program headers");
-        };
-        let Some(raw) = data.get(off..off + size) else {
-            bail!("PT_INTERP outside the file");
-        };
-        let s = String::from_utf8_lossy(raw);
-        return Ok(Some(PathBuf::from(s.trim_end_matches('\0'))));
     }
     Ok(None)
 }

@@ -1,0 +1,209 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * What record, top and slab count per event (kheap.bpf.c's count_alloc and
+ * count_free, and the process, cgroup and stack entries they update): one
+ * per-CPU update of the event's site on the default path, the rest only
+ * where a load-time constant in `cfg` asks for it. Stacks are also what
+ * leaks samples (record_stack). Part of kheap.bpf.c: include it there after
+ * its maps, `cfg`, COUNT() and remember_cache_name().
+ */
+#ifndef KHEAP_EVENT_COUNTS_BPF_H
+#define KHEAP_EVENT_COUNTS_BPF_H
+
+static __always_inline void count_process(__u32 tgid, __u64 req, __u64 alloc,
+					  __u32 bucket)
+{
+	bool new_proc = false;
+
+	if (!upsert_stats(&procs, &tgid, req, alloc, bucket, &new_proc)) {
+		COUNT(map_full_procs);
+	} else if (new_proc) {
+		struct proc_info info = {};
+
+		COUNT(procs_created);
+
+		bpf_get_current_comm(info.comm, sizeof(info.comm));
+		info.cgroup = bpf_get_current_cgroup_id();
+		bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
+	}
+}
+
+/* --by cgroup: the allocating task's cgroup, or the interrupt row. */
+static __always_inline void count_cgroup(bool accounted, bool interrupt,
+					 __u64 req, __u64 alloc, __u32 bucket)
+{
+	struct cgroup_key key = {.accounted = accounted};
+	bool created = false;
+
+	if (interrupt)
+		key.interrupt = 1;
+	else
+		key.cgroup = bpf_get_current_cgroup_id();
+	if (!upsert_stats(&cgroups, &key, req, alloc, bucket, &created))
+		COUNT(map_full_cgroups);
+	else if (created)
+		COUNT(cgroups_created);
+}
+
+/* cfg.stack_owners: who made a sampled stack's allocation. One made in
+ * interrupt context is not the interrupted task's: it gets no process and
+ * no cgroup (the same test as --by cgroup's interrupt row). Returns whether
+ * it was in interrupt context. Only on the sampled stack path. */
+static __always_inline bool stack_owner(void *ctx, bool classic,
+					struct stack_key *skey)
+{
+	skey->interrupt =
+		classic ? record_in_interrupt(ctx) : args_in_interrupt(ctx);
+	if (skey->interrupt)
+		return true;
+	skey->tgid = bpf_get_current_pid_tgid() >> 32;
+	skey->cgroup = bpf_get_current_cgroup_id();
+	return false;
+}
+
+/* The name of a process that made a new stack entry: its main thread's
+ * (what ps and /proc/PID/comm show), not the allocating thread's, which
+ * may be a helper thread ("ctrl-c" in kheap-load). Rewritten at each new
+ * entry, so a process named before its exec (a `-- CMD` child) ends up
+ * under its new name; the cgroup of its first allocation (--by process)
+ * stays. */
+static __always_inline void remember_comm(__u32 tgid)
+{
+	struct task_struct *task = (void *)bpf_get_current_task();
+	struct proc_info *known = bpf_map_lookup_elem(&proc_comms, &tgid);
+	struct proc_info info = {};
+
+	BPF_CORE_READ_STR_INTO(&info.comm, task, group_leader, comm);
+	info.cgroup = known ? known->cgroup : bpf_get_current_cgroup_id();
+	bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
+}
+
+/* Captures the kernel stack and counts the event under it (and, with
+ * cfg.stack_owners, under who made it; *interrupt is set when that was
+ * interrupt context). `names_cache`: a new stack entry records its cache's
+ * name (exact stacks, where no site entry does). Returns the stack's id, or
+ * 0 if the stack or its entry could not be recorded (counted as lost). */
+static __always_inline __s64 record_stack(void *ctx, bool classic,
+					  struct site_key *key, __u64 req,
+					  __u64 alloc, __u32 bucket,
+					  const char *name, bool names_cache,
+					  bool *interrupt)
+{
+	struct stack_key skey = {.site = *key};
+	struct stack_frames *frames;
+	bool created = false;
+	__u64 id = 0;
+	/* constant 0 unless vmalloc is traced through kprobes */
+	long given = cfg.given_stacks ? given_stack_len(ctx) : 0;
+
+	switch (given > 0 ? store_given_stack(given, &id, &frames)
+			  : store_stack(ctx, 0, &id, &frames)) {
+	case STACK_OK:
+		break;
+	case STACK_MAP_FULL:
+		COUNT(map_full_stacks);
+		return 0;
+	default:
+		COUNT(lost_stack_other);
+		return 0;
+	}
+	skey.stack_id = id;
+	if (cfg.stack_owners && stack_owner(ctx, classic, &skey) && interrupt)
+		*interrupt = true;
+	if (!upsert_stats(&stacks, &skey, req, alloc, bucket, &created)) {
+		COUNT(map_full_stacks);
+		return 0;
+	}
+	COUNT(stack_samples);
+	if (created) {
+		COUNT(stacks_created);
+		/* Exact stacks count no site: the stack names the cache. */
+		if (names_cache)
+			remember_cache_name(key->cache, name);
+		if (cfg.stack_owners && !skey.interrupt)
+			remember_comm(skey.tgid);
+	}
+	return id;
+}
+
+/* record/top/slab: counts the event under its site (and stack). */
+static __always_inline void count_alloc(void *ctx, bool classic,
+					struct site_key *key, __u64 req,
+					__u64 alloc, __u32 tgid, bool accounted,
+					bool interrupt, const char *name)
+{
+	bool created = false;
+	__u32 bucket = size_bucket(req);
+
+	if (cfg.by_process)
+		count_process(tgid, req, alloc, bucket);
+	if (cfg.by_cgroup)
+		count_cgroup(accounted, interrupt, req, alloc, bucket);
+
+	/* Exact-stacks mode: the per-stack entry is the only update, and user
+	 * space sums stacks into sites. An event whose stack is lost still
+	 * lands in the site map below, so site totals stay exact. */
+	if (cfg.capture_stacks && !cfg.stack_sample_mask &&
+	    record_stack(ctx, classic, key, req, alloc, bucket, name, true,
+			 NULL))
+		return;
+
+	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
+		COUNT(map_full_sites);
+		return;
+	}
+	if (created) {
+		COUNT(sites_created);
+		remember_cache_name(key->cache, name);
+	}
+
+	if (!cfg.capture_stacks || !cfg.stack_sample_mask)
+		return;
+	/* A site's first allocation always gets a stack, so every site can be
+	 * attributed to its caller; after that, about one event in N. */
+	if (created || sample_now())
+		record_stack(ctx, classic, key, req, alloc, bucket, NULL, false,
+			     NULL);
+}
+
+/* record/top/slab: frees per cache. */
+static __always_inline void count_free(const void *ptr, __u64 cache,
+				       const char *name, __u64 tag)
+{
+	struct cache_frees *f;
+	/* kheap leaves its own events out (cfg.filter.ignore_tgid), but not
+	 * a kfree()'s: it names no cache and only adds to the total of frees,
+	 * where kheap's few while it runs are noise, and the process lookup
+	 * was a sixth of the default path's cost. `cache` is the constant 0
+	 * in kfree programs, so the test goes from them at compile time. */
+	bool user_filter =
+		cfg.filter.pids || cfg.filter.comm_set || cfg.filter.cgroups;
+
+	if ((user_filter || (cfg.filter.ignore_tgid && cache)) &&
+	    !task_passes(&cfg.filter, bpf_get_current_pid_tgid() >> 32))
+		return;
+	if (!ptr) {
+		COUNT(frees_null);
+		return;
+	}
+	COUNT(frees);
+	if (!cache)
+		return;
+	/* +, not |: the verifier refuses bitwise operators on the kfunc's
+	 * typed pointer; the tag bit is clear in an aligned address. */
+	__u64 key = cache + tag;
+
+	f = bpf_map_lookup_elem(&cache_frees, &key);
+	if (f) {
+		f->frees++;
+		return;
+	}
+	struct cache_frees one = {.frees = 1};
+
+	if (bpf_map_update_elem(&cache_frees, &key, &one, BPF_NOEXIST) == 0)
+		remember_cache_name(cache, name);
+	else if (!bpf_map_lookup_elem(&cache_frees, &key))
+		COUNT(map_full_caches);
+}
+
+#endif /* KHEAP_EVENT_COUNTS_BPF_H */

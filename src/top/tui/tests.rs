@@ -1,0 +1,175 @@
+use super::*;
+use crate::report::fixtures::{report_of, sample_snapshot};
+use crate::testing::assert_contains;
+use crate::top::view::TopSort;
+use crate::top::view::{rows, sort_rows, ObjectSizes};
+use ratatui::backend::TestBackend;
+
+fn key(c: KeyCode) -> KeyEvent {
+    KeyEvent::new(c, KeyModifiers::NONE)
+}
+
+fn app() -> App {
+    App::new(
+        ViewOptions {
+            by: GroupBy::Site,
+            sort: TopSort::Bytes,
+            paused: false,
+        },
+        1.0,
+        None,
+    )
+}
+
+#[test]
+fn keys_change_sort_view_pause_and_interval() {
+    let mut a = app();
+    assert_eq!(a.on_key(key(KeyCode::Char('s')), 5), Action::Redraw);
+    assert_eq!(a.view.sort, TopSort::Count);
+    a.on_key(key(KeyCode::Tab), 5);
+    assert_eq!(a.view.by, GroupBy::Stack);
+    a.on_key(key(KeyCode::Char('3')), 5);
+    assert_eq!(a.view.by, GroupBy::Cache);
+    assert_eq!(
+        a.on_key(key(KeyCode::Char('4')), 5),
+        Action::Nothing,
+        "no process data"
+    );
+    a.on_key(key(KeyCode::Char('v')), 5);
+    assert_eq!(a.view.by, GroupBy::Site);
+    assert_eq!(a.on_key(key(KeyCode::Char(' ')), 5), Action::Reschedule);
+    assert!(a.view.paused);
+    assert_eq!(a.on_key(key(KeyCode::Char('+')), 5), Action::Reschedule);
+    assert_eq!(a.interval_s, 2.0);
+    a.on_key(key(KeyCode::Char('-')), 5);
+    a.on_key(key(KeyCode::Char('-')), 5);
+    assert_eq!(a.interval_s, 0.5);
+    a.interval_s = 1.5;
+    a.on_key(key(KeyCode::Char('+')), 5);
+    assert_eq!(a.interval_s, 2.0, "between steps, + goes up one");
+    for _ in 0..10 {
+        a.on_key(key(KeyCode::Char('+')), 5);
+    }
+    assert_eq!(a.interval_s, 10.0);
+}
+
+#[test]
+fn selection_follows_its_row_across_refreshes() {
+    let row = |n: &str| TopRow {
+        key: n.into(),
+        ..Default::default()
+    };
+    let mut a = app();
+    a.on_key(key(KeyCode::Down), 3);
+    a.follow(&[row("a"), row("b"), row("c")]);
+    assert_eq!(a.selected_key.as_deref(), Some("b"));
+    a.follow(&[row("b"), row("c"), row("a")]);
+    assert_eq!(a.selected, 0, "b moved to the top");
+    a.follow(&[row("c")]);
+    assert_eq!((a.selected, a.selected_key.as_deref()), (0, Some("c")));
+    a.follow(&[]);
+    assert_eq!(a.selected_key, None);
+}
+
+#[test]
+fn selection_stays_in_range_and_esc_collapses_first() {
+    let mut a = app();
+    for _ in 0..10 {
+        a.on_key(key(KeyCode::Down), 3);
+    }
+    assert_eq!(a.selected, 2);
+    a.on_key(key(KeyCode::Up), 3);
+    assert_eq!(a.selected, 1);
+    a.on_key(key(KeyCode::Enter), 3);
+    assert!(a.expanded);
+    assert_eq!(a.on_key(key(KeyCode::Esc), 3), Action::Redraw);
+    assert!(!a.expanded);
+    assert_eq!(a.on_key(key(KeyCode::Esc), 3), Action::Quit);
+    assert_eq!(a.on_key(key(KeyCode::Char('q')), 3), Action::Quit);
+    let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
+    assert_eq!(a.on_key(ctrl_c, 3), Action::Quit);
+}
+
+fn screen_text(a: &App) -> String {
+    screen_text_sized(a, 140, 40)
+}
+
+fn screen_text_sized(a: &App, width: u16, height: u16) -> String {
+    let report = report_of(&sample_snapshot(), 10, 1.0);
+    let iv = Interval {
+        time: "2026-11-29T17:30:01.000Z".into(),
+        interval_s: 1.0,
+        report,
+        ..Default::default()
+    };
+    let mut r = rows(&iv.report, a.view.by, &ObjectSizes::default());
+    sort_rows(&mut r, a.view.sort);
+    let mut term = Terminal::new(TestBackend::new(width, height)).unwrap();
+    let total = r.len();
+    term.draw(|f| draw(f, a, Some(&iv), &r, total)).unwrap();
+    let buf = term.backend().buffer().clone();
+    let mut s = String::new();
+    for y in 0..buf.area.height {
+        for x in 0..buf.area.width {
+            s.push_str(buf[(x, y)].symbol());
+        }
+        s.push('\n');
+    }
+    s
+}
+
+#[test]
+fn draws_header_rows_and_expanded_stack() {
+    let mut a = app();
+    let s = screen_text(&a);
+    assert_contains(&s, &["kheap top  2026-11-29T17:30:01.000Z", "alloc/s"]);
+    let first = s.lines().position(|l| l.contains("load_msg+0x10")).unwrap();
+    let second = s
+        .lines()
+        .position(|l| l.contains("simple_xattr_alloc"))
+        .unwrap();
+    assert!(first < second, "sorted by bytes: {s}");
+    assert!(s.contains("q quit"), "{s}");
+    a.expanded = true;
+    let s = screen_text(&a);
+    assert_contains(&s, &["stack:", "do_msgsnd+0x10"]);
+    assert!(s.contains("[2K, 4K)"), "histogram: {s}");
+}
+
+#[test]
+fn eighty_columns_keep_the_key_column_and_the_key_line() {
+    let mut a = app();
+    for (by, key, real) in [
+        (GroupBy::Site, "site", "simple_xattr_alloc+0x10"),
+        (GroupBy::Stack, "stack", "load_msg"),
+        (GroupBy::Cache, "cache", "kmalloc-cg-4k"),
+    ] {
+        a.view.by = by;
+        let s = screen_text_sized(&a, 80, 24);
+        let header = s.lines().find(|l| l.starts_with(&format!("{key} ")));
+        assert!(header.is_some_and(|h| h.contains("alloc/s")), "{by:?}: {s}");
+        assert!(s.lines().any(|l| l.starts_with(real)), "{by:?}: {s}");
+        let keys = s.lines().last().unwrap();
+        assert!(keys.contains("q quit") && keys.contains("? help"), "{keys}");
+        assert!(!keys.trim_end().ends_with("Enter e"), "{keys}");
+    }
+}
+
+#[test]
+fn h_and_question_mark_show_help_and_any_key_closes_it() {
+    for open in ['h', '?'] {
+        let mut a = app();
+        assert_eq!(a.on_key(key(KeyCode::Char(open)), 3), Action::Redraw);
+        assert!(a.help);
+        let s = screen_text_sized(&a, 80, 24);
+        assert_contains(&s, &["kheap top: keys", "any key closes this help"]);
+        // 'q' closes the help, it does not quit.
+        assert_eq!(a.on_key(key(KeyCode::Char('q')), 3), Action::Redraw);
+        assert!(!a.help);
+        assert!(!screen_text_sized(&a, 80, 24).contains("kheap top: keys"));
+    }
+    let mut a = app();
+    a.on_key(key(KeyCode::Char('?')), 3);
+    let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
+    assert_eq!(a.on_key(ctrl_c, 3), Action::Quit, "Ctrl-C quits even then");
+}
