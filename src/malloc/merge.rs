@@ -164,15 +164,9 @@ mod tests {
             .collect()
     }
 
+    /// `count` allocations of `size` bytes (the report fixtures' counts).
     fn stats(count: u64, size: u64) -> AllocStats {
-        let mut s = AllocStats {
-            count,
-            bytes_req: count * size,
-            bytes_alloc: count * size,
-            ..Default::default()
-        };
-        s.hist.0[Hist::bucket_of(size)] = count;
-        s
+        crate::report::fixtures::stats(count, size, size)
     }
 
     #[test]

@@ -1,16 +1,9 @@
 use super::*;
 use crate::malloc::model::UnwoundStack;
-use crate::model::Hist;
 
+/// `count` allocations of `size` bytes (the report fixtures' counts).
 fn stats(count: u64, size: u64) -> AllocStats {
-    let mut s = AllocStats {
-        count,
-        bytes_req: count * size,
-        bytes_alloc: count * size,
-        ..Default::default()
-    };
-    s.hist.0[Hist::bucket_of(size)] = count;
-    s
+    crate::report::fixtures::stats(count, size, size)
 }
 
 fn uf(addr: u64, f: &str, off: u64) -> UserFrame {
