@@ -7,10 +7,11 @@
 //! daemons and would take the terminal away from an interactive command.
 //! If kheap itself dies (SIGKILL), a small guard process it forked first
 //! sees its pipe close and ends the cgroup the same way: SIGTERM, the same
-//! grace, then `cgroup.kill` (the command's PR_SET_PDEATHSIG is then
-//! SIGTERM, not SIGKILL). Without cgroup2 (or without
-//! the right to use it), the command's descendants found through /proc are
-//! signalled instead, and PR_SET_PDEATHSIG ends the command with kheap.
+//! grace, then `cgroup.kill`, or SIGKILL to each process before 5.14 (the
+//! command's PR_SET_PDEATHSIG is then SIGTERM, not SIGKILL). Without
+//! cgroup2 (or without the right to use it), the command's descendants
+//! found through /proc are signalled instead, and PR_SET_PDEATHSIG ends the
+//! command with kheap.
 
 use std::ffi::CString;
 use std::fs;
@@ -139,8 +140,9 @@ fn read_pids(path: &Path) -> Vec<u32> {
 /// Forks the guard: it waits on a pipe only kheap writes to. A byte means
 /// kheap ended the tree itself; EOF without one means kheap died, and the
 /// guard ends the tree as kheap would have (SIGTERM, a grace period, then
-/// `cgroup.kill`: a command that cleans up on SIGTERM, such as removing
-/// SysV IPC objects that outlive it, gets to) and removes the cgroup.
+/// `cgroup.kill`, or SIGKILL to each process before 5.14: a command that
+/// cleans up on SIGTERM, such as removing SysV IPC objects that outlive it,
+/// gets to) and removes the cgroup.
 /// Returns the pipe and its PID.
 fn spawn_guard(cgroup: &Path) -> Option<(OwnedFd, libc::pid_t)> {
     // Prepared before fork: after it only async-signal-safe calls.
@@ -165,6 +167,17 @@ fn spawn_guard(cgroup: &Path) -> Option<(OwnedFd, libc::pid_t)> {
         if fd >= 0 {
             libc::write(fd, b"1".as_ptr().cast(), 1);
             libc::close(fd);
+        } else {
+            // No cgroup.kill before 5.14: SIGKILL what cgroup.procs lists
+            // until it lists nothing (a process may fork meanwhile), as
+            // kill_all does. Seen on 5.10: a child that got SIGTERM
+            // between its fork and its exec lost it and ran on.
+            for _ in 0..100 {
+                if !signal_procs(&procs_file, libc::SIGKILL) {
+                    break;
+                }
+                libc::nanosleep(&pause, std::ptr::null_mut());
+            }
         }
         for _ in 0..500 {
             if libc::rmdir(dir.as_ptr()) == 0 {
