@@ -25,15 +25,15 @@ pub fn page_size() -> u64 {
 /// Where a kernel built with CONFIG_DEBUG_INFO_BTF exposes its BTF.
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 
-/// Whether the running kernel exposes its own BTF. Without it (a kernel
-/// built without CONFIG_DEBUG_INFO_BTF, read through `--btf FILE`) the
-/// kernel cannot check typed programs (tp_btf, fentry) or kfunc calls, and
-/// libbpf cannot resolve them: only untyped programs are loaded there.
 /// The text of /proc/kallsyms (addresses read as zero without root).
 pub fn kallsyms_text() -> Result<String> {
     std::fs::read_to_string("/proc/kallsyms").context("reading /proc/kallsyms")
 }
 
+/// Whether the running kernel exposes its own BTF. Without it (a kernel
+/// built without CONFIG_DEBUG_INFO_BTF, read through `--btf FILE`) the
+/// kernel cannot check typed programs (tp_btf, fentry) or kfunc calls, and
+/// libbpf cannot resolve them: only untyped programs are loaded there.
 pub fn kernel_has_own_btf() -> bool {
     std::path::Path::new(KERNEL_BTF).exists()
 }
