@@ -45,7 +45,12 @@ fn main() {
             .build_and_generate(&skel)
             .unwrap_or_else(|e| build_failed(file, e));
         if name == "kheap" {
-            build_kheap_without_kfuncs(&src, &out, &skel, clang_args(&["-DKHEAP_NO_KFUNCS"]));
+            build_kheap_for_older_kernels(
+                &src,
+                &out,
+                &skel,
+                clang_args(&["-DKHEAP_NO_KFUNCS", "-DKHEAP_NO_ATOMICS"]),
+            );
         }
     }
     build_preload(&manifest, &out);
@@ -61,16 +66,19 @@ fn build_failed(file: &str, e: impl std::fmt::Display) -> ! {
     )
 }
 
-/// The kmem object once more without its kfunc (bpf/slab_cache.bpf.h), for
-/// kernels that expose no BTF of their own: libbpf resolves a kfunc extern
-/// only through the kernel's BTF and fails the whole load without it. The
-/// skeleton keeps one set of types: its object bytes come from
-/// `kernel::skel::kheap_object`, which picks one of the two. Both objects
-/// must describe the same maps, programs and sections, which the two
-/// generated skeletons (equal but for the file they include) prove here.
-fn build_kheap_without_kfuncs(src: &Path, out: &Path, skel: &Path, args: Vec<OsString>) {
-    let dir = out.join("no-kfuncs");
-    fs::create_dir_all(&dir).expect("creating OUT_DIR/no-kfuncs");
+/// The kmem object once more without its kfunc (bpf/slab_cache.bpf.h) and
+/// without BPF atomics (the object table of bpf/live_objects.bpf.h), for
+/// kernels that expose no BTF of their own (libbpf resolves a kfunc extern
+/// only through the kernel's BTF and fails the whole load without it) or
+/// that predate BPF atomics (5.12: the verifier refuses the whole object,
+/// reachable or not). The skeleton keeps one set of types: its object bytes
+/// come from `kernel::skel::kheap_object`, which picks one of the two. Both
+/// objects must describe the same maps, programs and sections, which the
+/// two generated skeletons (equal but for the file they include) prove
+/// here.
+fn build_kheap_for_older_kernels(src: &Path, out: &Path, skel: &Path, args: Vec<OsString>) {
+    let dir = out.join("older-kernels");
+    fs::create_dir_all(&dir).expect("creating OUT_DIR/older-kernels");
     let obj = dir.join("kheap.bpf.o");
     let variant_skel = dir.join("kheap.skel.rs");
     SkeletonBuilder::new()
@@ -79,7 +87,7 @@ fn build_kheap_without_kfuncs(src: &Path, out: &Path, skel: &Path, args: Vec<OsS
         .reference_obj(true)
         .clang_args(args)
         .build_and_generate(&variant_skel)
-        .unwrap_or_else(|e| build_failed("kheap.bpf.c (KHEAP_NO_KFUNCS)", e));
+        .unwrap_or_else(|e| build_failed("kheap.bpf.c (KHEAP_NO_KFUNCS, KHEAP_NO_ATOMICS)", e));
     let text = fs::read_to_string(skel).expect("reading the kheap skeleton");
     let variant = fs::read_to_string(&variant_skel).expect("reading its variant");
     // Everything but the `static DATA … = *include_bytes!(…);` statement
@@ -92,7 +100,7 @@ fn build_kheap_without_kfuncs(src: &Path, out: &Path, skel: &Path, args: Vec<OsS
     };
     assert!(
         without_data(&text) == without_data(&variant),
-        "bpf/kheap.bpf.c built with and without KHEAP_NO_KFUNCS differs in more than its code \
+        "bpf/kheap.bpf.c built with and without KHEAP_NO_KFUNCS/KHEAP_NO_ATOMICS differs in more than its code \
          (maps, programs or data sections): the one skeleton cannot load both"
     );
     let config = "ObjectSkeletonConfigBuilder::new(&DATA)";

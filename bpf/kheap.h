@@ -220,6 +220,13 @@ struct live_obj {
 	__u64 cgroup;
 };
 
+/* leaks: one bucket of the object table, one cache line: the addresses of
+ * the objects in its slots (0: free). */
+#define KHEAP_LIVE_WAYS 8
+struct live_bucket {
+	__u64 ptr[KHEAP_LIVE_WAYS];
+};
+
 /* Tracked objects of a site whose address the allocator handed out again
  * while still tracked: their free happened on a path without a tracepoint
  * (kfree_bulk, kvfree_rcu batches) or was dropped (BPF recursion). Frees
@@ -282,6 +289,9 @@ struct kheap_config {
 	 * ranges; 0 of a kind: its events are not classified */
 	__u32 backing_ranges;
 	__u32 vmap_ranges;
+	/* leaks: buckets of the object table (live_objects.bpf.h); 0: the
+	 * object hash map alone (kernels without BPF atomics) */
+	__u32 live_buckets;
 	/* vmalloc through kprobes: allocations take the stack captured at
 	 * alloc_vmap_area's entry (given_stacks), not their own */
 	__u8 given_stacks;

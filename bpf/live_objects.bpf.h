@@ -1,10 +1,18 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * leaks: every allocation remembered by address in `live`, with its site,
- * stack, sizes, time and process, and forgotten by its free in one map
- * operation; `unseen` counts objects whose free no tracepoint showed (their
- * address came back from the allocator while still tracked). Part of
- * kheap.bpf.c: include it there after event_counts.bpf.h.
+ * leaks: every allocation remembered by address, with its site, stack,
+ * sizes, time and process, and forgotten by its free; `unseen` counts
+ * objects whose free no tracepoint showed (their address came back from the
+ * allocator while still tracked). Part of kheap.bpf.c: include it there
+ * after event_counts.bpf.h.
+ *
+ * Objects are kept in a table of arrays (live_buckets, live_slots): an
+ * address picks a bucket of 8 slots, one cache line of addresses, and takes
+ * a free slot with cmpxchg; its free clears the slot. A bucket that is full
+ * spills into the `live` hash map. The kernel's hash map costs about 235 ns
+ * per allocation and free (hashing, the bucket lock, its free list); the
+ * table a few loads and one atomic. Kernels without BPF atomics (5.12) get
+ * the object built with KHEAP_NO_ATOMICS and keep every object in `live`.
  */
 #ifndef KHEAP_LIVE_OBJECTS_BPF_H
 #define KHEAP_LIVE_OBJECTS_BPF_H
@@ -14,6 +22,19 @@
  * itself runs kmalloc, which recurses into these programs (measured:
  * recursion misses and 5x slower kmem_cache_alloc events). */
 KHEAP_HASH(live, __u64, struct live_obj, 262144);
+
+/* leaks: the object table, sized from user space (cfg.live_buckets buckets
+ * and 8 slots each; 1 entry each without it). Slot i of bucket b is
+ * live_slots[b * KHEAP_LIVE_WAYS + i]. Mapped by user space, which reads
+ * them from memory: a full table is 16 MiB, too much to copy every
+ * --interval through the syscall. */
+KHEAP_MMAPABLE_ARRAY(live_buckets, struct live_bucket, 1);
+KHEAP_MMAPABLE_ARRAY(live_slots, struct live_obj, 1);
+
+/* Objects in `live` (spilled from full buckets): while there are none, a
+ * free the table does not know is of an untracked object, and no hash map
+ * operation is needed to learn it. */
+__u64 live_spilled;
 
 /* leaks: same keys as `sites`; only on the rare path of an address reused
  * while tracked. */
@@ -40,6 +61,137 @@ static __always_inline bool ptr_traced(__u64 ptr)
 	h *= 0xc4ceb9fe1a85ec53ULL;
 	h ^= h >> 33;
 	return (h & cfg.ptr_sample_mask) == 0;
+}
+
+/* The table's answers. */
+enum live_table_result {
+	LIVE_STORED,
+	LIVE_REPLACED, /* the address was still tracked: *prev was its object */
+	LIVE_NO_ROOM,  /* no table, or its bucket is full */
+};
+
+#ifndef KHEAP_NO_ATOMICS
+/* The bucket of an address. Objects are aligned and sit in runs, so every
+ * bit of the address is mixed in (fmix64's first half), and the mix's low
+ * 32 bits are scaled to the bucket count with a multiply, not a division. */
+static __always_inline __u32 live_bucket_of(__u64 ptr)
+{
+	__u64 h = ptr ^ (ptr >> 33);
+
+	h *= 0xff51afd7ed558ccdULL;
+	h ^= h >> 33;
+	return ((h & 0xffffffffULL) * cfg.live_buckets) >> 32;
+}
+
+static __always_inline struct live_obj *live_slot(__u32 bucket, __u32 way)
+{
+	__u32 i = bucket * KHEAP_LIVE_WAYS + way;
+
+	return bpf_map_lookup_elem(&live_slots, &i);
+}
+
+/* Stores obj under ptr in the table: in ptr's slot if the address is still
+ * tracked (its free was unseen), else in a free slot of its bucket. */
+static __always_inline enum live_table_result
+live_table_store(__u64 ptr, const struct live_obj *obj, struct live_obj *prev)
+{
+	__u32 b = live_bucket_of(ptr);
+	struct live_bucket *bucket;
+	struct live_obj *slot;
+	int i;
+
+	if (!cfg.live_buckets)
+		return LIVE_NO_ROOM;
+	bucket = bpf_map_lookup_elem(&live_buckets, &b);
+	if (!bucket)
+		return LIVE_NO_ROOM;
+	for (i = 0; i < KHEAP_LIVE_WAYS; i++) {
+		if (bucket->ptr[i] != ptr)
+			continue;
+		slot = live_slot(b, i);
+		if (!slot)
+			return LIVE_NO_ROOM;
+		*prev = *slot;
+		*slot = *obj;
+		return LIVE_REPLACED;
+	}
+	for (i = 0; i < KHEAP_LIVE_WAYS; i++) {
+		/* Another CPU may take the same free slot: the one whose
+		 * cmpxchg finds it still 0 has it. */
+		if (bucket->ptr[i] ||
+		    __sync_val_compare_and_swap(&bucket->ptr[i], 0, ptr))
+			continue;
+		/* The address is published before the object is written:
+		 * only its own free could read the slot sooner, and that
+		 * cannot run before the allocator has returned. */
+		slot = live_slot(b, i);
+		if (slot)
+			*slot = *obj;
+		return LIVE_STORED;
+	}
+	return LIVE_NO_ROOM;
+}
+
+/* Clears ptr's slot. True when the table had it. */
+static __always_inline bool live_table_forget(__u64 ptr)
+{
+	__u32 b = live_bucket_of(ptr);
+	struct live_bucket *bucket;
+	int i;
+
+	if (!cfg.live_buckets)
+		return false;
+	bucket = bpf_map_lookup_elem(&live_buckets, &b);
+	if (!bucket)
+		return false;
+	for (i = 0; i < KHEAP_LIVE_WAYS; i++) {
+		if (bucket->ptr[i] == ptr) {
+			bucket->ptr[i] = 0;
+			return true;
+		}
+	}
+	return false;
+}
+
+static __always_inline bool live_spill_possible(void)
+{
+	return !cfg.live_buckets || live_spilled;
+}
+
+static __always_inline void live_spill_count(bool added)
+{
+	if (cfg.live_buckets)
+		__sync_fetch_and_add(&live_spilled, added ? 1 : -1);
+}
+#else
+/* KHEAP_NO_ATOMICS: the hash map alone (user space sets no table). */
+static __always_inline enum live_table_result
+live_table_store(__u64 ptr, const struct live_obj *obj, struct live_obj *prev)
+{
+	return LIVE_NO_ROOM;
+}
+
+static __always_inline bool live_table_forget(__u64 ptr)
+{
+	return false;
+}
+
+static __always_inline bool live_spill_possible(void)
+{
+	return true;
+}
+
+static __always_inline void live_spill_count(bool added)
+{
+}
+#endif
+
+/* Whether ptr is among the objects spilled into the hash map (with the
+ * table in use; without it, the hash map's own update tells). */
+static __always_inline bool spilled_in_hash(__u64 ptr)
+{
+	return cfg.live_buckets && live_spilled &&
+	       bpf_map_lookup_elem(&live, &ptr);
 }
 
 static __always_inline void count_update_error(int err)
@@ -79,9 +231,11 @@ static __always_inline void track_alloc(void *ctx, bool classic,
 		.site = *key,
 		.accounted = accounted,
 	};
-	bool created = false, reused;
+	struct live_obj prev = {};
+	bool created = false, reused, in_table;
+	enum live_table_result stored;
 	__u32 bucket;
-	int err; /* int: 6.1 zero-extends helper errors from 32 bits */
+	int err = 0; /* int: 6.1 zero-extends helper errors from 32 bits */
 
 	if (!ptr_traced(ptr))
 		return;
@@ -103,21 +257,38 @@ static __always_inline void track_alloc(void *ctx, bool classic,
 	 * even without --by cgroup. */
 	if (!interrupt)
 		obj.cgroup = bpf_get_current_cgroup_id();
-	err = bpf_map_update_elem(&live, &ptr, &obj, BPF_NOEXIST);
-	reused = err == -KHEAP_EEXIST;
+	/* An address spilled into the hash map is looked for there first,
+	 * so that it is never tracked twice. */
+	if (spilled_in_hash(ptr))
+		stored = LIVE_NO_ROOM;
+	else
+		stored = live_table_store(ptr, &obj, &prev);
+	in_table = stored != LIVE_NO_ROOM;
+	reused = stored == LIVE_REPLACED;
+	if (!in_table) {
+		/* Counted first: a free that follows must find it counted. */
+		live_spill_count(true);
+		err = bpf_map_update_elem(&live, &ptr, &obj, BPF_NOEXIST);
+		if (err == -KHEAP_EEXIST) {
+			struct live_obj *old = bpf_map_lookup_elem(&live, &ptr);
+
+			/* Replaced, not added: unless its free just took it. */
+			if (old) {
+				prev = *old;
+				reused = true;
+				live_spill_count(false);
+			}
+			err = bpf_map_update_elem(&live, &ptr, &obj, BPF_ANY);
+		}
+		if (err)
+			live_spill_count(false);
+	}
 	if (reused) {
 		/* The allocator handed out an address we still track: its
 		 * free was invisible. Account the old object as freed unseen
 		 * and track the new one. */
-		struct live_obj *old = bpf_map_lookup_elem(&live, &ptr);
-
-		if (old) {
-			struct live_obj prev = *old;
-
-			add_unseen(&prev);
-		}
+		add_unseen(&prev);
 		COUNT(reused_live);
-		err = bpf_map_update_elem(&live, &ptr, &obj, BPF_ANY);
 	}
 	if (err) {
 		count_update_error(err);
@@ -125,7 +296,10 @@ static __always_inline void track_alloc(void *ctx, bool classic,
 	}
 	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
 		/* Keep the two views consistent: untrack what is uncounted. */
-		bpf_map_delete_elem(&live, &ptr);
+		if (in_table)
+			live_table_forget(ptr);
+		else if (!bpf_map_delete_elem(&live, &ptr))
+			live_spill_count(false);
 		if (reused) /* the entry it replaced was counted as added */
 			COUNT(live_removed);
 		COUNT(map_full_sites);
@@ -155,6 +329,15 @@ static __always_inline bool track_free(__u64 ptr)
 	}
 	if (!ptr_traced(ptr))
 		return false;
+	if (live_table_forget(ptr)) {
+		COUNT(live_removed);
+		return false;
+	}
+	/* Nothing spilled from the table: the object was not tracked. */
+	if (!live_spill_possible()) {
+		COUNT(frees_untracked);
+		return true;
+	}
 	/* With a process filter most frees are of objects never tracked: a
 	 * lockless lookup rejects them cheaper than a failed delete, which
 	 * takes the bucket lock (71 vs 87 ns per untracked free, measured).
@@ -167,6 +350,7 @@ static __always_inline bool track_free(__u64 ptr)
 	}
 	err = bpf_map_delete_elem(&live, &ptr);
 	if (!err) {
+		live_spill_count(false);
 		COUNT(live_removed);
 		return false;
 	}

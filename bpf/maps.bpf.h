@@ -19,6 +19,15 @@
 	KHEAP_MAP(BPF_MAP_TYPE_HASH, name, key_type, value_type, entries)
 #define KHEAP_PERCPU_HASH(name, key_type, value_type, entries) \
 	KHEAP_MAP(BPF_MAP_TYPE_PERCPU_HASH, name, key_type, value_type, entries)
+/* An array user space maps (mmap) and reads in place. */
+#define KHEAP_MMAPABLE_ARRAY(name, value_type, entries) \
+	struct {                                        \
+		__uint(type, BPF_MAP_TYPE_ARRAY);       \
+		__uint(map_flags, BPF_F_MMAPABLE);      \
+		__uint(max_entries, entries);           \
+		__type(key, __u32);                     \
+		__type(value, value_type);              \
+	} name SEC(".maps")
 /* A per-CPU array of one slot: counters and scratch space. */
 #define KHEAP_PERCPU_SLOT(name, value_type) \
 	KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, name, __u32, value_type, 1)

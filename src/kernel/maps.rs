@@ -267,6 +267,75 @@ where
     Ok(())
 }
 
+/// A BPF array map created with BPF_F_MMAPABLE, mapped read-only: its
+/// values are read from memory, with no syscall and no copy of the entries
+/// not asked for. Unmapped when dropped.
+pub struct MappedArray {
+    base: *const u8,
+    len: usize,
+    value_size: usize,
+    entries: u32,
+}
+
+impl MappedArray {
+    pub fn new<M: MapCore>(map: &M) -> Result<MappedArray> {
+        // The kernel lays values out 8-byte aligned, from offset 0.
+        let value_size = (map.value_size() as usize).div_ceil(8) * 8;
+        let entries = map.max_entries();
+        let len = value_size * entries as usize;
+        // SAFETY: a fresh read-only shared mapping of the map's fd; the
+        // kernel checks the length against the map.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                map.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("mapping BPF map {}", map.name().to_string_lossy()));
+        }
+        Ok(MappedArray {
+            base: base.cast(),
+            len,
+            value_size,
+            entries,
+        })
+    }
+
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// The value at `index` as it is now (BPF programs write it meanwhile:
+    /// read once, volatile). `None` past the end.
+    pub fn get<V: plain::Plain + Copy>(&self, index: u32) -> Option<V> {
+        if index >= self.entries
+            || std::mem::size_of::<V>() > self.value_size
+            || std::mem::align_of::<V>() > 8
+        {
+            return None;
+        }
+        // SAFETY: inside the mapping (checked above), which lives as long
+        // as self, at a multiple of 8 bytes from its page-aligned start (V
+        // needs no more); V is plain data, valid for any bytes.
+        Some(unsafe {
+            std::ptr::read_volatile(self.base.add(index as usize * self.value_size).cast::<V>())
+        })
+    }
+}
+
+impl Drop for MappedArray {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in new, unmapped once.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.len) };
+    }
+}
+
 /// Reads one stack from a map of stacks (a stack-trace map keyed by id, or
 /// kheap's store keyed by the frames' hash): return addresses, innermost
 /// first, up to the first zero.

@@ -53,6 +53,41 @@ pub struct LiveConfig {
     pub max_objects: u32,
 }
 
+/// Slots per bucket of leaks' object table (KHEAP_LIVE_WAYS in
+/// bpf/kheap.h).
+pub const LIVE_WAYS: u32 = 8;
+
+/// How `--max-objects` objects are held: buckets of the object table, and
+/// entries of the hash map that takes what a full bucket spills. The two
+/// add up to `max_objects`, so the capacity the user asked for is exact.
+/// About 7/8 of it is table (objects land in buckets at random: at the
+/// table's full load a few percent spill, an eighth is room enough); none
+/// without BPF atomics or for fewer than 10 objects, where the hash map
+/// holds them all.
+///
+/// An object the store has no room for is counted (`map_full_live`), as a
+/// full hash map's always was; with a table this can happen a little before
+/// `max_objects` are tracked, when the spill map is full and the object's
+/// bucket too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LiveStore {
+    pub buckets: u32,
+    pub spill_entries: u32,
+}
+
+impl LiveStore {
+    pub fn sized(max_objects: u32, table: bool) -> LiveStore {
+        let buckets = match table {
+            true => (u64::from(max_objects) * 7 / (8 * u64::from(LIVE_WAYS))) as u32,
+            false => 0,
+        };
+        LiveStore {
+            buckets,
+            spill_entries: max_objects - buckets * LIVE_WAYS,
+        }
+    }
+}
+
 impl Default for LiveConfig {
     fn default() -> Self {
         LiveConfig {
@@ -117,5 +152,37 @@ mod tests {
             ..exact
         };
         assert!(!leaks.sites_from_stacks());
+    }
+
+    #[test]
+    fn the_object_store_holds_exactly_max_objects() {
+        for max in [1, 9, 10, 63, 64, 100, 1000, 262_144, u32::MAX] {
+            let s = LiveStore::sized(max, true);
+            assert_eq!(
+                u64::from(s.buckets) * u64::from(LIVE_WAYS) + u64::from(s.spill_entries),
+                u64::from(max),
+                "{max}: {s:?}"
+            );
+            // An eighth or more is left for what full buckets spill.
+            assert!(s.spill_entries >= max / 8, "{max}: {s:?}");
+        }
+        // 100: 10 buckets of 8, 20 spill entries.
+        assert_eq!(
+            LiveStore::sized(100, true),
+            LiveStore {
+                buckets: 10,
+                spill_entries: 20
+            }
+        );
+        assert_eq!(LiveStore::sized(9, true).buckets, 0);
+        assert_eq!(LiveStore::sized(10, true).buckets, 1);
+        // Without BPF atomics the hash map holds everything.
+        assert_eq!(
+            LiveStore::sized(262_144, false),
+            LiveStore {
+                buckets: 0,
+                spill_entries: 262_144
+            }
+        );
     }
 }

@@ -20,6 +20,38 @@ use super::keys::{comm_now, site_key, Names};
 use super::tracer::Tracer;
 
 impl<'obj> Tracer<'obj> {
+    /// Calls `visit` with every tracked object: those in the object
+    /// table's slots, then those spilled into the hash map. The table is
+    /// read from memory (its arrays are mapped): first which slots are
+    /// taken, then those slots. An object is written right after its
+    /// address is published, in the same BPF program, so a slot seen taken
+    /// is written by the time the second pass reads it (a program preempted
+    /// in between, on a preemptible kernel, could leave one object read
+    /// with the slot's previous contents, in that reading only); one freed
+    /// in between is reported once, as it was, as a hash map entry deleted
+    /// during its read would be.
+    pub(super) fn visit_live(&self, visit: &mut dyn FnMut(&types::live_obj)) -> Result<()> {
+        if let Some(table) = &self.live_table {
+            let mut taken = Vec::new();
+            for b in 0..table.buckets.entries() {
+                let Some(bucket) = table.buckets.get::<types::live_bucket>(b) else {
+                    continue;
+                };
+                for (way, &ptr) in bucket.ptr.iter().enumerate() {
+                    if ptr != 0 {
+                        taken.push(b * bucket.ptr.len() as u32 + way as u32);
+                    }
+                }
+            }
+            for slot in taken {
+                if let Some(o) = table.slots.get::<types::live_obj>(slot) {
+                    visit(&o);
+                }
+            }
+        }
+        maps::visit_hash_values::<types::live_obj, _>(&self.skel.maps.live, visit)
+    }
+
     /// The live objects folded by site and stack (0: no stack sampled),
     /// with the live map's full-map drops so far. Folded while read: no
     /// allocation per object, so a full map of 262,144 objects costs one
@@ -32,7 +64,7 @@ impl<'obj> Tracer<'obj> {
         // Raw keys first (the site key's bytes), names once per group.
         type RawKey = ([u8; std::mem::size_of::<types::site_key>()], i64);
         let mut raw: HashMap<RawKey, Outstanding> = HashMap::new();
-        maps::visit_hash_values::<types::live_obj, _>(&m.live, &mut |o| {
+        self.visit_live(&mut |o| {
             // SAFETY: a plain C struct of integers, without implicit padding.
             let site = unsafe { plain::as_bytes(&o.site) };
             let k = (site.try_into().expect("site_key size"), o.stack_id);
@@ -65,7 +97,7 @@ impl<'obj> Tracer<'obj> {
         }
         type RawKey = ([u8; std::mem::size_of::<types::site_key>()], u64, bool);
         let mut raw: HashMap<RawKey, Outstanding> = HashMap::new();
-        maps::visit_hash_values::<types::live_obj, _>(&self.skel.maps.live, &mut |o| {
+        self.visit_live(&mut |o| {
             // SAFETY: a plain C struct of integers, without implicit padding.
             let site = unsafe { plain::as_bytes(&o.site) };
             let (cgroup, interrupt) = match by_cgroup {

@@ -88,7 +88,8 @@ impl<'obj> Tracer<'obj> {
             Some(lcfg) => {
                 let unseen =
                     maps::read_percpu_hash::<types::site_key, types::site_unseen, _>(&m.unseen)?;
-                let objects = maps::read_hash_values::<types::live_obj, _>(&m.live)?;
+                let mut objects = Vec::new();
+                self.visit_live(&mut |o| objects.push(*o))?;
                 let now = self.clock()?;
                 Some((lcfg, unseen, objects, now))
             }
@@ -245,7 +246,11 @@ impl<'obj> Tracer<'obj> {
         }
         if self.cfg.live.is_some() {
             let live = c.live_added.saturating_sub(c.live_removed);
-            maps.push(fill("objects", live, &m.live));
+            maps.push(progress::MapFill {
+                name: "objects",
+                entries: live,
+                capacity: self.cfg.live.map_or(0, |l| l.max_objects).into(),
+            });
         }
         Ok(progress::Counters {
             events: c.allocs,

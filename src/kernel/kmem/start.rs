@@ -10,13 +10,14 @@ use libbpf_rs::{MapCore, MapFlags, OpenObject, ProgramMut};
 
 use crate::kernel::attach::{self, Fallback, Hook, Mechanism, Role, HOOKS};
 use crate::kernel::features::{self, KernelBtf, Tracefs};
-use crate::kernel::skel::{types, KheapSkelBuilder, OpenKheapSkel};
+use crate::kernel::maps::MappedArray;
+use crate::kernel::skel::{full_object_fits, types, KheapSkelBuilder, OpenKheapSkel};
 use crate::kernel::storage::ObjectStorage;
 use crate::model::Source;
 
-use super::config::Config;
+use super::config::{Config, LiveStore, LIVE_WAYS};
 use super::labels::{kmalloc_cache_resolution, label_ranges, Kallsyms};
-use super::tracer::Tracer;
+use super::tracer::{LiveTable, Tracer};
 
 impl<'obj> Tracer<'obj> {
     /// Opens, configures, loads and attaches with the cheapest mechanism
@@ -167,12 +168,23 @@ impl<'obj> Tracer<'obj> {
             kfree_caches: kfree_caches_traced(cfg, kbtf, mech),
             stack_cache: RefCell::default(),
             slab_sysfs: RefCell::default(),
+            live_table: None,
             clock0: types::clock_sample::default(),
             ended: None,
             _tracefs: tracefs,
         };
         if cfg.live.is_some() {
             tracer.clock0 = tracer.clock()?;
+        }
+        let live_buckets = cfg.live.map_or(0, |live| {
+            LiveStore::sized(live.max_objects, full_object_fits()).buckets
+        });
+        if live_buckets > 0 {
+            let maps = &tracer.skel.maps;
+            tracer.live_table = Some(LiveTable {
+                buckets: MappedArray::new(&maps.live_buckets)?,
+                slots: MappedArray::new(&maps.live_slots)?,
+            });
         }
         for (i, value) in labels.ranges.iter().enumerate() {
             tracer
@@ -355,9 +367,15 @@ fn configure(
         });
     let c = &mut rodata.cfg;
     c.kfree_caches = u8::from(kfree_caches_traced(cfg, kbtf, mech));
+    let live_store = cfg
+        .live
+        .map(|live| LiveStore::sized(live.max_objects, full_object_fits()));
     if let Some(live) = cfg.live {
         c.track_live = 1;
         c.ptr_sample_mask = live.sample_every.max(1) - 1;
+    }
+    if let Some(store) = live_store {
+        c.live_buckets = store.buckets;
     }
     if let Some(fd) = lat_starts {
         c.latency_active = 1;
@@ -370,17 +388,22 @@ fn configure(
     open.maps
         .stack_traces
         .set_max_entries(cfg.max_stacks.saturating_mul(2))?;
-    match cfg.live {
-        Some(live) => {
-            open.maps.live.set_max_entries(live.max_objects)?;
-            open.maps.unseen.set_max_entries(cfg.max_sites)?;
-        }
-        // Maps a mode does not use keep one entry (zero is refused).
-        None => {
-            open.maps.live.set_max_entries(1)?;
-            open.maps.unseen.set_max_entries(1)?;
-        }
-    }
+    // Maps a mode does not use keep one entry (zero is refused).
+    let store = live_store.unwrap_or(LiveStore {
+        buckets: 0,
+        spill_entries: 1,
+    });
+    open.maps.live.set_max_entries(store.spill_entries.max(1))?;
+    open.maps
+        .live_buckets
+        .set_max_entries(store.buckets.max(1))?;
+    open.maps
+        .live_slots
+        .set_max_entries((store.buckets * LIVE_WAYS).max(1))?;
+    open.maps.unseen.set_max_entries(match cfg.live {
+        Some(_) => cfg.max_sites,
+        None => 1,
+    })?;
     if !cfg.by_cgroup {
         open.maps.cgroups.set_max_entries(1)?;
     }

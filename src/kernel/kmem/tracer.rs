@@ -8,6 +8,7 @@ use libbpf_rs::Link;
 
 use crate::kernel::attach::{Fallback, Hook, Mechanism};
 use crate::kernel::features::Tracefs;
+use crate::kernel::maps::MappedArray;
 use crate::kernel::skel::{types, KheapSkel};
 use crate::sys::slab_sysfs::SlabSysfs;
 
@@ -38,6 +39,9 @@ pub struct Tracer<'obj> {
     /// Which caches SLUB merged (/sys/kernel/slab), read on first use.
     /// and how many cache names there were then.
     pub(super) slab_sysfs: RefCell<Option<(SlabSysfs, usize)>>,
+    /// leaks' object table, mapped (`live_objects.bpf.h`); None without
+    /// one (not leaks, or no BPF atomics: the hash map holds every object).
+    pub(super) live_table: Option<LiveTable>,
     /// The clock when the programs were loaded, to measure the tick rate
     /// that turns live objects' jiffies into ages.
     pub(super) clock0: types::clock_sample,
@@ -46,4 +50,10 @@ pub struct Tracer<'obj> {
     pub(super) ended: Option<types::clock_sample>,
     // Held so a tracefs kheap mounted itself stays mounted while attached.
     pub(super) _tracefs: Option<Tracefs>,
+}
+
+/// The two arrays of leaks' object table, mapped read-only.
+pub(super) struct LiveTable {
+    pub buckets: MappedArray,
+    pub slots: MappedArray,
 }
