@@ -232,8 +232,28 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
     row("kheap record attaches with", mode);
     row("kmalloc caches named by", kmalloc_caches);
     row("kfree frees (top, slab)", kfree_caches);
+    row(
+        "leaks keeps objects in",
+        leaks_object_store(privileged.is_ok()),
+    );
     println!("{}", render(t));
     Ok(0)
+}
+
+/// Where `kheap leaks` keeps the objects it tracks on this kernel
+/// (bpf/live_objects.bpf.h): asking the verifier takes root.
+fn leaks_object_store(privileged: bool) -> String {
+    if !privileged {
+        "unknown (needs root to ask the verifier)".into()
+    } else if crate::kernel::skel::full_object_fits() {
+        "a table of 8-slot buckets taken with cmpxchg, spilling into a hash map".into()
+    } else if !crate::sys::kernel_has_own_btf() {
+        "a hash map: the kernel has no BTF of its own, and kheap loads its object for older \
+         kernels (about twice leaks' cost per object)"
+            .into()
+    } else {
+        "a hash map: no BPF atomics before 5.12 (about twice leaks' cost per object)".into()
+    }
 }
 
 #[cfg(test)]

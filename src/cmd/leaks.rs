@@ -65,7 +65,7 @@ pub struct LeaksArgs {
     /// Track about one object in N, chosen by a hash of its address (a power of two); totals become estimates
     #[arg(long, value_parser = parse_sample, default_value = "1", value_name = "N")]
     pub sample: u32,
-    /// Capacity of the object map (objects tracked at once; ~100 bytes of kernel memory each)
+    /// Capacity of the object store (objects tracked at once; about 80 bytes of kernel memory each, 120 before 5.12)
     #[arg(long, value_parser = parse_tracked_objects, default_value = crate::cli::DEFAULT_TRACKED_OBJECTS, value_name = "N")]
     pub max_objects: u32,
     /// Read the timeline (outstanding bytes of the top sites, /proc/meminfo) every SECS seconds
