@@ -272,15 +272,15 @@ static __always_inline void track_alloc(void *ctx, bool classic,
 		if (err == -KHEAP_EEXIST) {
 			struct live_obj *old = bpf_map_lookup_elem(&live, &ptr);
 
-			/* Replaced, not added: unless its free just took it. */
+			/* Replaced: unless its free just took it. */
 			if (old) {
 				prev = *old;
 				reused = true;
-				live_spill_count(false);
 			}
 			err = bpf_map_update_elem(&live, &ptr, &obj, BPF_ANY);
 		}
-		if (err)
+		/* Not added: refused, or in place of a counted entry. */
+		if (err || reused)
 			live_spill_count(false);
 	}
 	if (reused) {

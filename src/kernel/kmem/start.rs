@@ -109,7 +109,10 @@ impl<'obj> Tracer<'obj> {
         // Read at most once, and only where a table of kernel addresses is
         // needed (bucket-cache bases, label ranges).
         let kallsyms = Kallsyms::default();
-        let kmalloc_caches = configure(&mut open, cfg, kbtf, mech, &kallsyms, lat_starts)?;
+        let live_store = cfg.live_store(full_object_fits());
+        let kmalloc_caches = configure(
+            &mut open, cfg, live_store, kbtf, mech, &kallsyms, lat_starts,
+        )?;
         if let Err(why) = &kmalloc_caches {
             skipped.push(why.clone());
         }
@@ -176,10 +179,7 @@ impl<'obj> Tracer<'obj> {
         if cfg.live.is_some() {
             tracer.clock0 = tracer.clock()?;
         }
-        let live_buckets = cfg.live.map_or(0, |live| {
-            LiveStore::sized(live.max_objects, full_object_fits()).buckets
-        });
-        if live_buckets > 0 {
+        if live_store.buckets > 0 {
             let maps = &tracer.skel.maps;
             tracer.live_table = Some(LiveTable {
                 buckets: MappedArray::new(&maps.live_buckets)?,
@@ -309,6 +309,7 @@ impl<'obj> Tracer<'obj> {
 fn configure(
     open: &mut OpenKheapSkel<'_>,
     cfg: &Config,
+    live_store: LiveStore,
     kbtf: &KernelBtf,
     mech: Mechanism,
     kallsyms: &Kallsyms,
@@ -367,16 +368,11 @@ fn configure(
         });
     let c = &mut rodata.cfg;
     c.kfree_caches = u8::from(kfree_caches_traced(cfg, kbtf, mech));
-    let live_store = cfg
-        .live
-        .map(|live| LiveStore::sized(live.max_objects, full_object_fits()));
     if let Some(live) = cfg.live {
         c.track_live = 1;
         c.ptr_sample_mask = live.sample_every.max(1) - 1;
     }
-    if let Some(store) = live_store {
-        c.live_buckets = store.buckets;
-    }
+    c.live_buckets = live_store.buckets;
     if let Some(fd) = lat_starts {
         c.latency_active = 1;
         open.maps.lat_starts.reuse_fd(fd)?;
@@ -389,17 +385,15 @@ fn configure(
         .stack_traces
         .set_max_entries(cfg.max_stacks.saturating_mul(2))?;
     // Maps a mode does not use keep one entry (zero is refused).
-    let store = live_store.unwrap_or(LiveStore {
-        buckets: 0,
-        spill_entries: 1,
-    });
-    open.maps.live.set_max_entries(store.spill_entries.max(1))?;
+    open.maps
+        .live
+        .set_max_entries(live_store.spill_entries.max(1))?;
     open.maps
         .live_buckets
-        .set_max_entries(store.buckets.max(1))?;
+        .set_max_entries(live_store.buckets.max(1))?;
     open.maps
         .live_slots
-        .set_max_entries((store.buckets * LIVE_WAYS).max(1))?;
+        .set_max_entries((live_store.buckets * LIVE_WAYS).max(1))?;
     open.maps.unseen.set_max_entries(match cfg.live {
         Some(_) => cfg.max_sites,
         None => 1,
