@@ -152,7 +152,8 @@ pub fn order(mode: AttachMode) -> &'static [Mechanism] {
 }
 
 /// Tries each mechanism of `mode` in turn. Returns the first session that
-/// started and, for the header, why the cheaper ones were refused.
+/// started and, for the header, why the cheaper ones were refused and what
+/// was used instead (a refusal alone reads like a failed run).
 pub fn start_first<T>(
     mode: AttachMode,
     mut start: impl FnMut(Mechanism) -> Result<T>,
@@ -161,7 +162,10 @@ pub fn start_first<T>(
     let mut last_err = None;
     for &mech in order(mode) {
         match start(mech) {
-            Ok(s) => return Ok((s, refused)),
+            Ok(s) => {
+                let used = |r: String| format!("{r}; {} used instead", mech.name());
+                return Ok((s, refused.into_iter().map(used).collect()));
+            }
             Err(e) => {
                 refused.push(format!(
                     "{}: refused by this kernel ({})",
@@ -311,8 +315,8 @@ mod tests {
         assert_eq!(
             refused,
             [
-                "tp_btf: refused by this kernel (no)",
-                "raw_tp: refused by this kernel (no)"
+                "tp_btf: refused by this kernel (no); tracepoint used instead",
+                "raw_tp: refused by this kernel (no); tracepoint used instead"
             ]
         );
         assert!(start_first(AttachMode::Raw, |_| -> Result<()> { anyhow::bail!("x") }).is_err());
