@@ -180,6 +180,18 @@ static __always_inline void on_free(const void *ptr, __u64 cache,
 		count_free(ptr, cache, name, 0);
 }
 
+/* A kfree(): the event names no cache; with cfg.kfree_caches (top, slab)
+ * the kernel is asked for the object's, counted under a tag that user
+ * space joins to that cache's kmalloc row. */
+static __always_inline void on_kfree(const void *ptr)
+{
+	if (cfg.kfree_caches && !cfg.track_live)
+		count_free(ptr, kfree_cache_kfunc(ptr), NULL,
+			   KHEAP_KFREE_CACHE_TAG);
+	else
+		on_free(ptr, 0, NULL);
+}
+
 /* Counts a kmalloc-family event whose key names its cache (or not). */
 static __always_inline void count_kmalloc(void *ctx, bool classic,
 					  struct site_key *key, const void *ptr,
@@ -198,10 +210,10 @@ static __always_inline void count_kmalloc(void *ctx, bool classic,
 /* A kmalloc-family event: keyed by the cache the object really lives in
  * (slab_cache.bpf.h), or by its size alone when that is unknown (above the
  * kmalloc caches, or where the kernel gives no way to find it; user space
- * tells which). `typed`: a tp_btf program. */
-static __always_inline void on_kmalloc(void *ctx, bool classic, bool typed,
-				       __u64 call_site, const void *ptr,
-				       __u64 req, __u64 alloc, __u64 gfp_flags)
+ * tells which). */
+static __always_inline void on_kmalloc(void *ctx, bool classic, __u64 call_site,
+				       const void *ptr, __u64 req, __u64 alloc,
+				       __u64 gfp_flags)
 {
 	/* __GFP_ACCOUNT's bit lives in an anonymous enum (6.10+) or a macro
 	 * (older), neither reachable through CO-RE: user space reads it from
@@ -216,7 +228,7 @@ static __always_inline void on_kmalloc(void *ctx, bool classic, bool typed,
 		bool stale = false;
 
 		key.cache = kmalloc_cache_of(ptr, alloc, call_site, gfp_flags,
-					     typed, &stale);
+					     &stale);
 		if (stale)
 			COUNT(cache_memo_stale);
 	}
@@ -240,7 +252,7 @@ SEC("tp_btf/kmalloc")
 int BPF_PROG(kmalloc_btf, unsigned long call_site, const void *ptr,
 	     size_t bytes_req, size_t bytes_alloc, gfp_t gfp_flags, int node)
 {
-	on_kmalloc(ctx, false, true, call_site, ptr, bytes_req, bytes_alloc,
+	on_kmalloc(ctx, false, call_site, ptr, bytes_req, bytes_alloc,
 		   gfp_flags);
 	return 0;
 }
@@ -262,11 +274,7 @@ int BPF_PROG(cache_alloc_btf, unsigned long call_site, const void *ptr,
 SEC("tp_btf/kfree")
 int BPF_PROG(kfree_btf, unsigned long call_site, const void *ptr)
 {
-	if (cfg.kfree_caches && !cfg.track_live)
-		count_free(ptr, kfree_cache_kfunc(ptr), NULL,
-			   KHEAP_KFREE_CACHE_TAG);
-	else
-		on_free(ptr, 0, NULL);
+	on_kfree(ptr);
 	return 0;
 }
 
@@ -287,8 +295,8 @@ int kmalloc_raw(struct bpf_raw_tracepoint_args *ctx)
 {
 	const void *ptr = (const void *)ctx->args[1];
 
-	on_kmalloc(ctx, false, false, ctx->args[0], ptr, ctx->args[2],
-		   ctx->args[3], ctx->args[4]);
+	on_kmalloc(ctx, false, ctx->args[0], ptr, ctx->args[2], ctx->args[3],
+		   ctx->args[4]);
 	return 0;
 }
 
@@ -335,7 +343,7 @@ int cache_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 SEC("raw_tp/kfree")
 int kfree_raw(struct bpf_raw_tracepoint_args *ctx)
 {
-	on_free((const void *)ctx->args[1], 0, NULL);
+	on_kfree((const void *)ctx->args[1]);
 	return 0;
 }
 
@@ -371,8 +379,8 @@ int kmalloc_tp(void *ctx)
 	struct kmem_alloc_event e;
 
 	read_kmalloc_record(ctx, &e);
-	on_kmalloc(ctx, true, false, e.call_site, e.ptr, e.bytes_req,
-		   e.bytes_alloc, e.gfp_flags);
+	on_kmalloc(ctx, true, e.call_site, e.ptr, e.bytes_req, e.bytes_alloc,
+		   e.gfp_flags);
 	return 0;
 }
 
@@ -397,7 +405,7 @@ int cache_alloc_tp(void *ctx)
 SEC("tracepoint/kmem/kfree")
 int kfree_tp(void *ctx)
 {
-	on_free(free_record_ptr(ctx), 0, NULL);
+	on_kfree(free_record_ptr(ctx));
 	return 0;
 }
 

@@ -13,12 +13,14 @@
 #ifndef KHEAP_SLAB_CACHE_BPF_H
 #define KHEAP_SLAB_CACHE_BPF_H
 
-/* 6.13+ names the cache of an address itself; a kfunc, so only typed
- * (tp_btf) programs may call it. libbpf resolves a kfunc extern through the
+/* 6.13+ names the cache of an address itself: a kfunc of the kernel's
+ * common set, which every kind of program may call (tp_btf, raw_tp and
+ * classic tracepoints alike). libbpf resolves a kfunc extern through the
  * kernel's own BTF and refuses to load an object that has one where the
  * kernel exposes none, even with a BTF file given (--btf): build.rs also
- * compiles this object with KHEAP_NO_KFUNCS for those kernels, which run
- * no typed programs anyway. */
+ * compiles this object with KHEAP_NO_KFUNCS for those kernels. Where the
+ * kernel has no such kfunc, the call is left in a branch the verifier
+ * knows is never taken (bpf_ksym_exists). */
 #ifdef KHEAP_NO_KFUNCS
 #define kmem_cache_kfunc_exists() false
 #else
@@ -26,7 +28,7 @@ extern struct kmem_cache *bpf_get_kmem_cache(__u64 addr) __ksym __weak;
 #define kmem_cache_kfunc_exists() bpf_ksym_exists(bpf_get_kmem_cache)
 #endif
 
-/* Without the kfunc (older kernels; raw_tp and classic programs), the page
+/* Without the kfunc (before 6.13, or no BTF of the kernel's own), the page
  * is found through the direct map and vmemmap bases. Both are variables
  * randomized with KASLR; user space looks their addresses up in
  * /proc/kallsyms (data symbols are listed with CONFIG_KALLSYMS_ALL, as
@@ -93,11 +95,10 @@ static __always_inline bool kmalloc_cache_wanted(const void *ptr, __u64 alloc)
 	       alloc <= KHEAP_KMALLOC_MAX_CACHE_SIZE;
 }
 
-/* The cache of a kmalloc'ed object, asked of the kernel (6.13+; typed
- * programs only), or NULL. The answer is checked against the event: a
- * kmalloc event's bytes_alloc is its cache's object size, so a cache of
- * another size is not the object's and is not used. A typed pointer: a
- * plain load, no helper call. */
+/* The cache of a kmalloc'ed object, asked of the kernel (6.13+), or NULL. The
+ * answer is checked against the event: a kmalloc event's bytes_alloc is its
+ * cache's object size, so a cache of another size is not the object's and is
+ * not used. A typed pointer: a plain load, no helper call. */
 static __always_inline struct kmem_cache *kmalloc_cache_kfunc(const void *ptr,
 							      __u64 alloc)
 {
@@ -111,7 +112,7 @@ static __always_inline struct kmem_cache *kmalloc_cache_kfunc(const void *ptr,
 }
 
 /* The cache a kfree()'d object lives in, or 0: asked of the kernel's kfunc
- * only (6.13+, typed programs). The page walk of older kernels would need
+ * only (6.13+). The page walk of older kernels would need
  * the page's slab flag first: a kfree() of a kmalloc_large() object has no
  * slab, and its page's slab_cache is some other field. */
 static __always_inline __u64 kfree_cache_kfunc(const void *ptr)
@@ -128,7 +129,7 @@ static __always_inline __u64 kfree_cache_kfunc(const void *ptr)
 #endif
 }
 
-/* The same through the object's page (older kernels, untyped programs): its
+/* The same through the object's page (kernels without the kfunc): its
  * address, or KHEAP_CACHE_UNRESOLVED when none of the event's size was
  * found. */
 static __always_inline __u64 kmalloc_cache_by_page(const void *ptr, __u64 alloc)
@@ -141,14 +142,14 @@ static __always_inline __u64 kmalloc_cache_by_page(const void *ptr, __u64 alloc)
 }
 
 /* The cache of a kmalloc'ed object, however this kernel and program can
- * find it: an address, or KHEAP_CACHE_UNRESOLVED. `typed`: a tp_btf program.
+ * find it: an address, or KHEAP_CACHE_UNRESOLVED.
  * Returned as a number (a volatile load of what was stored), never as the
  * kfunc's typed pointer: the verifier would tell the two apart in every
  * later state of the event path (2.4x its instructions). */
 static __always_inline __u64 kmalloc_cache_resolve(const void *ptr, __u64 alloc,
-						   bool typed, __u64 *store)
+						   __u64 *store)
 {
-	if (typed && kmem_cache_kfunc_exists()) {
+	if (kmem_cache_kfunc_exists()) {
 		struct kmem_cache *s = kmalloc_cache_kfunc(ptr, alloc);
 
 		if (s)
@@ -198,7 +199,7 @@ KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, kmalloc_memo, __u32, struct kmalloc_memo,
  * periodic check found the remembered answer wrong. */
 static __always_inline __u64 kmalloc_cache_of(const void *ptr, __u64 alloc,
 					      __u64 call_site, __u64 gfp_flags,
-					      bool typed, bool *stale)
+					      bool *stale)
 {
 	/* Fibonacci hashing: call sites are byte addresses, so the top bits
 	 * of the product spread them over the slots. */
@@ -214,7 +215,7 @@ static __always_inline __u64 kmalloc_cache_of(const void *ptr, __u64 alloc,
 			return m->cache;
 		old = m->cache;
 		m->uses_left = KHEAP_KMALLOC_MEMO_USES;
-		if (kmalloc_cache_resolve(ptr, alloc, typed, &m->cache) != old)
+		if (kmalloc_cache_resolve(ptr, alloc, &m->cache) != old)
 			*stale = true;
 		return m->cache;
 	}
@@ -222,7 +223,7 @@ static __always_inline __u64 kmalloc_cache_of(const void *ptr, __u64 alloc,
 	m->size = alloc;
 	m->gfp_flags = gfp_flags;
 	m->uses_left = KHEAP_KMALLOC_MEMO_USES;
-	return kmalloc_cache_resolve(ptr, alloc, typed, &m->cache);
+	return kmalloc_cache_resolve(ptr, alloc, &m->cache);
 }
 
 #endif /* KHEAP_SLAB_CACHE_BPF_H */

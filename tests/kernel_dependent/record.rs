@@ -124,6 +124,7 @@ fn writev_iovec_array_lands_in_kmalloc_192() {
 #[test]
 fn every_attach_mechanism_gives_the_same_numbers() {
     require_root();
+    let mut load_msg_caches = Vec::new();
     for (mode, shown) in [
         ("tracepoint", "tracepoint"),
         ("raw", "raw_tp"),
@@ -152,6 +153,14 @@ fn every_attach_mechanism_gives_the_same_numbers() {
                 "{mode}: {names:?}"
             );
         }
+        // The cache kmalloc really used (msg_msg-4k from 6.11 on) is found
+        // the same way whatever the programs are attached with.
+        let caches = rows_of_fn(&r, "sites", "load_msg")[0]["caches"].clone();
+        load_msg_caches.push((mode, caches));
+    }
+    let (first, caches) = &load_msg_caches[0];
+    for (mode, other) in &load_msg_caches[1..] {
+        assert_eq!(other, caches, "load_msg's cache: {mode} against {first}");
     }
 }
 

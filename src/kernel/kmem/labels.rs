@@ -4,7 +4,6 @@
 
 use anyhow::Result;
 
-use crate::kernel::attach::Mechanism;
 use crate::kernel::features::KernelBtf;
 use crate::kernel::skel::types;
 use crate::model::Source;
@@ -12,18 +11,17 @@ use crate::model::Source;
 use super::config::Config;
 
 /// How the kmalloc programs find the cache an object lives in
-/// (bpf/slab_cache.bpf.h): Ok(None) through the kernel's kfunc (typed
-/// programs on 6.13+), Ok(Some(addresses of `page_offset_base` and
+/// (bpf/slab_cache.bpf.h): Ok(None) through the kernel's kfunc (6.13+, any
+/// attach mechanism), Ok(Some(addresses of `page_offset_base` and
 /// `vmemmap_base`)) through the object's page. Err: the line the report
 /// header and `kheap doctor` show, where this kernel gives no way (kallsyms
 /// without data symbols, i.e. no CONFIG_KALLSYMS_ALL, or not x86-64's
 /// memory layout); kmalloc caches are then named by their size class.
 pub(super) fn kmalloc_cache_resolution(
     kbtf: &KernelBtf,
-    mech: Mechanism,
     kallsyms: &Kallsyms,
 ) -> std::result::Result<Option<(u64, u64)>, String> {
-    if mech == Mechanism::Btf && kbtf.kmem_cache_kfunc {
+    if kbtf.kmem_cache_kfunc {
         return Ok(None);
     }
     let why = |what: &str| {

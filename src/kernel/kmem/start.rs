@@ -110,13 +110,11 @@ impl<'obj> Tracer<'obj> {
         // needed (bucket-cache bases, label ranges).
         let kallsyms = Kallsyms::default();
         let live_store = cfg.live_store(full_object_fits());
-        let kmalloc_caches = configure(
-            &mut open, cfg, live_store, kbtf, mech, &kallsyms, lat_starts,
-        )?;
+        let kmalloc_caches = configure(&mut open, cfg, live_store, kbtf, &kallsyms, lat_starts)?;
         if let Err(why) = &kmalloc_caches {
             skipped.push(why.clone());
         }
-        if let Some(why) = kfree_caches_missing(cfg, kbtf, mech) {
+        if let Some(why) = kfree_caches_missing(cfg, kbtf) {
             skipped.push(why);
         }
         let labels = label_ranges(cfg, &kallsyms)?;
@@ -168,7 +166,7 @@ impl<'obj> Tracer<'obj> {
             attached: Vec::new(),
             skipped,
             kmalloc_caches: kmalloc_caches.unwrap_or_else(|why| why),
-            kfree_caches: kfree_caches_traced(cfg, kbtf, mech),
+            kfree_caches: kfree_caches_traced(cfg, kbtf),
             stack_cache: RefCell::default(),
             slab_sysfs: RefCell::default(),
             live_table: None,
@@ -311,7 +309,6 @@ fn configure(
     cfg: &Config,
     live_store: LiveStore,
     kbtf: &KernelBtf,
-    mech: Mechanism,
     kallsyms: &Kallsyms,
     lat_starts: Option<BorrowedFd<'_>>,
 ) -> Result<std::result::Result<String, String>> {
@@ -345,7 +342,7 @@ fn configure(
     c.page_shift = page_shift();
     // The same page lookup names the cache of kmem_cache events before 6.1,
     // which pass none (bpf/kmem_classic.bpf.h, cache_events_pass_cache).
-    let kmalloc_caches = kmalloc_cache_resolution(kbtf, mech, kallsyms)
+    let kmalloc_caches = kmalloc_cache_resolution(kbtf, kallsyms)
         .map_err(|why| match kbtf.cache_events_pass_cache {
             true => why,
             false => format!(
@@ -367,7 +364,7 @@ fn configure(
             }
         });
     let c = &mut rodata.cfg;
-    c.kfree_caches = u8::from(kfree_caches_traced(cfg, kbtf, mech));
+    c.kfree_caches = u8::from(kfree_caches_traced(cfg, kbtf));
     if let Some(live) = cfg.live {
         c.track_live = 1;
         c.ptr_sample_mask = live.sample_every.max(1) - 1;
@@ -445,24 +442,19 @@ fn page_shift() -> u8 {
 
 /// Whether kfree events name their cache in this run (`Config::kfree_caches`
 /// where the kfunc can; leaks counts no frees per cache).
-fn kfree_caches_traced(cfg: &Config, kbtf: &KernelBtf, mech: Mechanism) -> bool {
-    cfg.kfree_caches && cfg.live.is_none() && mech == Mechanism::Btf && kbtf.kmem_cache_kfunc
+fn kfree_caches_traced(cfg: &Config, kbtf: &KernelBtf) -> bool {
+    cfg.kfree_caches && cfg.live.is_none() && kbtf.kmem_cache_kfunc
 }
 
 /// Why a run that asked for kfree's frees per cache counts them in the
 /// totals only, said in the report's header rather than left as a row
 /// with no frees that looks like a leak.
-fn kfree_caches_missing(cfg: &Config, kbtf: &KernelBtf, mech: Mechanism) -> Option<String> {
-    if !cfg.kfree_caches || cfg.live.is_some() || kfree_caches_traced(cfg, kbtf, mech) {
+fn kfree_caches_missing(cfg: &Config, kbtf: &KernelBtf) -> Option<String> {
+    if !cfg.kfree_caches || cfg.live.is_some() || kfree_caches_traced(cfg, kbtf) {
         return None;
     }
-    let why = if !kbtf.kmem_cache_kfunc {
-        KFREE_CACHES_NEED
-    } else {
-        "the kfunc that names them runs only in tp_btf programs, which this run does not use"
-    };
     Some(format!(
-        "kfree: frees counted in the totals only, not per cache ({why})"
+        "kfree: frees counted in the totals only, not per cache ({KFREE_CACHES_NEED})"
     ))
 }
 
