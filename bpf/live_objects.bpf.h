@@ -92,17 +92,25 @@ static __always_inline struct live_obj *live_slot(__u32 bucket, __u32 way)
 
 /* Stores obj under ptr in the table: in ptr's slot if the address is still
  * tracked (its free was unseen), else in a free slot of its bucket. */
+/* The bucket of ptr in the table (its index in *b), or NULL without a
+ * table. */
+static __always_inline struct live_bucket *live_bucket_lookup(__u64 ptr,
+							      __u32 *b)
+{
+	if (!cfg.live_buckets)
+		return NULL;
+	*b = live_bucket_of(ptr);
+	return bpf_map_lookup_elem(&live_buckets, b);
+}
+
 static __always_inline enum live_table_result
 live_table_store(__u64 ptr, const struct live_obj *obj, struct live_obj *prev)
 {
-	__u32 b = live_bucket_of(ptr);
-	struct live_bucket *bucket;
+	__u32 b = 0;
+	struct live_bucket *bucket = live_bucket_lookup(ptr, &b);
 	struct live_obj *slot;
 	int i;
 
-	if (!cfg.live_buckets)
-		return LIVE_NO_ROOM;
-	bucket = bpf_map_lookup_elem(&live_buckets, &b);
 	if (!bucket)
 		return LIVE_NO_ROOM;
 	for (i = 0; i < KHEAP_LIVE_WAYS; i++) {
@@ -135,13 +143,10 @@ live_table_store(__u64 ptr, const struct live_obj *obj, struct live_obj *prev)
 /* Clears ptr's slot. True when the table had it. */
 static __always_inline bool live_table_forget(__u64 ptr)
 {
-	__u32 b = live_bucket_of(ptr);
-	struct live_bucket *bucket;
+	__u32 b = 0;
+	struct live_bucket *bucket = live_bucket_lookup(ptr, &b);
 	int i;
 
-	if (!cfg.live_buckets)
-		return false;
-	bucket = bpf_map_lookup_elem(&live_buckets, &b);
 	if (!bucket)
 		return false;
 	for (i = 0; i < KHEAP_LIVE_WAYS; i++) {
