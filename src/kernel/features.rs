@@ -157,8 +157,9 @@ pub struct KernelBtf {
     /// 6.11+: kmalloc memory can come from dedicated bucket caches, which
     /// kmalloc events do not name.
     pub kmalloc_buckets: bool,
-    /// 6.13+: the `bpf_get_kmem_cache` kfunc names an object's cache (for
-    /// typed tracing programs).
+    /// 6.13+: the `bpf_get_kmem_cache` kfunc names an object's cache (any
+    /// program may call it; libbpf resolves it through the kernel's own BTF,
+    /// so only with `typed_programs`).
     pub kmem_cache_kfunc: bool,
     /// 6.1+: kmem_cache_alloc and kmem_cache_free pass the cache; before,
     /// the programs find it from the object's page (bpf/kmem_classic.bpf.h).
