@@ -20,6 +20,11 @@
 //!   kheap-load writev COUNT                 writev(2) of 9 iovecs to
 //!       /dev/null: exactly one kmalloc (144 bytes, iovec_from_user) and one
 //!       kfree per call. Prints CPU ns per call.
+//!   kheap-load writev-diff COUNT            COUNT writev(2) calls as above
+//!       in blocks of 200, each block followed by as many one-byte write(2)
+//!       calls to /dev/null (no kmem event). Prints CPU ns per call of each
+//!       and their difference: one kmalloc and kfree with their tracing,
+//!       plus a constant that cancels out between tracers.
 //!   kheap-load malloc COUNT SIZE            COUNT pairs of malloc(SIZE) and
 //!       free() through the C library (for `kheap malloc`). Prints CPU ns
 //!       per pair.
@@ -74,14 +79,14 @@ mod msg;
 mod pages;
 
 use bpf::{bpf_array, bpf_maps};
-use calls::{malloc_free, probe_site, writev, writev_rate};
+use calls::{malloc_free, probe_site, writev, writev_diff, writev_rate};
 use fds::{epoll, fds};
 use msg::{msg, msg_steps, remove_all_queues};
 use pages::{page_cycle, pages};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | epoll COUNT [HOLD_SECS] | writev COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | epoll COUNT [HOLD_SECS] | writev COUNT | writev-diff COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
     );
     std::process::exit(2);
 }
@@ -139,6 +144,7 @@ fn main() {
         ),
         Some("epoll") => epoll(arg(&args, 2), args.get(3).map(|_| arg(&args, 3))),
         Some("writev") => writev(arg(&args, 2)),
+        Some("writev-diff") => writev_diff(arg(&args, 2)),
         Some("malloc") => malloc_free(arg(&args, 2), arg(&args, 3)),
         Some("probe-site") => probe_site(&arg::<String>(&args, 2), arg(&args, 3)),
         Some("pages") => pages(arg(&args, 2), args.get(3).map(|_| arg(&args, 3))),
