@@ -19,11 +19,10 @@ static __always_inline void stats_add(struct alloc_stats *s, __u64 req,
 /* A zeroed value to insert new hash entries from (too big for the stack). */
 static struct alloc_stats zero_stats;
 
-/* Adds to an existing entry, or creates it. Returns false if the map is full.
+/* The entry of `key`, created (zeroed) if missing: NULL if the map is full.
  * A racing insert on another CPU (-EEXIST) is retried as a lookup. */
-static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
-					 __u64 alloc, __u32 bucket,
-					 bool *created)
+static __always_inline struct alloc_stats *stats_entry(void *map, void *key,
+						       bool *created)
 {
 	struct alloc_stats *s = bpf_map_lookup_elem(map, key);
 
@@ -32,13 +31,24 @@ static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
 		int err =
 			bpf_map_update_elem(map, key, &zero_stats, BPF_NOEXIST);
 		if (err && err != -KHEAP_EEXIST)
-			return false;
+			return NULL;
 		if (created && !err)
 			*created = true;
 		s = bpf_map_lookup_elem(map, key);
-		if (!s)
-			return false;
 	}
+	return s;
+}
+
+/* Adds to an existing entry, or creates it. Returns false if the map is full.
+ */
+static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
+					 __u64 alloc, __u32 bucket,
+					 bool *created)
+{
+	struct alloc_stats *s = stats_entry(map, key, created);
+
+	if (!s)
+		return false;
 	stats_add(s, req, alloc, bucket);
 	return true;
 }

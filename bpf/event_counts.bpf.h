@@ -91,6 +91,7 @@ static __always_inline __s64 record_stack(void *ctx, bool classic,
 {
 	struct stack_key skey = {.site = *key};
 	struct stack_frames *frames;
+	struct alloc_stats *s;
 	bool created = false;
 	__u64 id = 0;
 	/* constant 0 unless vmalloc is traced through kprobes */
@@ -110,16 +111,22 @@ static __always_inline __s64 record_stack(void *ctx, bool classic,
 	skey.stack_id = id;
 	if (cfg.stack_owners && stack_owner(ctx, classic, &skey) && interrupt)
 		*interrupt = true;
-	if (!upsert_stats(&stacks, &skey, req, alloc, bucket, &created)) {
-		COUNT(map_full_stacks);
-		return 0;
+	s = bpf_map_lookup_elem(&stacks, &skey);
+	if (!s) {
+		/* Exact stacks count no site: the stack names the cache, and
+		 * before its entry exists (count_site() says why). */
+		if (names_cache)
+			remember_cache_name(key->cache, name);
+		s = stats_entry(&stacks, &skey, &created);
+		if (!s) {
+			COUNT(map_full_stacks);
+			return 0;
+		}
 	}
+	stats_add(s, req, alloc, bucket);
 	COUNT(stack_samples);
 	if (created) {
 		COUNT(stacks_created);
-		/* Exact stacks count no site: the stack names the cache. */
-		if (names_cache)
-			remember_cache_name(key->cache, name);
 		if (cfg.stack_owners && !skey.interrupt)
 			remember_comm(skey.tgid);
 	}
@@ -148,13 +155,9 @@ static __always_inline void count_alloc(void *ctx, bool classic,
 			 NULL))
 		return;
 
-	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
+	if (!count_site(key, req, alloc, bucket, name, &created)) {
 		COUNT(map_full_sites);
 		return;
-	}
-	if (created) {
-		COUNT(sites_created);
-		remember_cache_name(key->cache, name);
 	}
 
 	if (!cfg.capture_stacks || !cfg.stack_sample_mask)
@@ -200,9 +203,15 @@ static __always_inline void count_free(const void *ptr, __u64 cache,
 	}
 	struct cache_frees one = {.frees = 1};
 
-	if (bpf_map_update_elem(&cache_frees, &key, &one, BPF_NOEXIST) == 0)
-		remember_cache_name(cache, name);
-	else if (!bpf_map_lookup_elem(&cache_frees, &key))
+	/* The name first (count_site() says why). */
+	remember_cache_name(cache, name);
+	if (!bpf_map_update_elem(&cache_frees, &key, &one, BPF_NOEXIST))
+		return;
+	/* Another CPU made the entry first: this CPU's part of it is zero. */
+	f = bpf_map_lookup_elem(&cache_frees, &key);
+	if (f)
+		f->frees++;
+	else
 		COUNT(map_full_caches);
 }
 

@@ -28,6 +28,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "maps.bpf.h"
+#include "flags.bpf.h"
 #include "kheap.h"
 #include "lat_starts.bpf.h"
 #include "alloc_stats.bpf.h"
@@ -111,6 +112,8 @@ static __always_inline void remember_cache_name(__u64 cache, const char *name)
 	bpf_map_update_elem(&cache_names, &cache, &n, BPF_NOEXIST);
 }
 
+/* The per-CPU front of `sites`. */
+#include "site_slots.bpf.h"
 /* record, top, slab: what an event adds to the counts of its site, stack,
  * process, cgroup and cache. */
 #include "event_counts.bpf.h"
@@ -203,7 +206,8 @@ static __always_inline void count_kmalloc(void *ctx, bool classic,
 	const struct kmem_cache *s = (const void *)key->cache;
 
 	if (cfg.by_cgroup && !accounted && key->cache > KHEAP_CACHE_UNRESOLVED)
-		accounted = !!(BPF_CORE_READ(s, flags) & cfg.slab_account_mask);
+		accounted = flag_of(BPF_CORE_READ(s, flags) &
+				    cfg.slab_account_mask);
 	on_alloc(ctx, classic, key, ptr, req, alloc, accounted, NULL);
 }
 
@@ -221,7 +225,7 @@ static __always_inline void on_kmalloc(void *ctx, bool classic, __u64 call_site,
 	struct site_key key = {
 		.call_site = call_site,
 		.kmalloc_size = alloc,
-		.kmalloc_accounted = !!(gfp_flags & cfg.gfp_account_mask),
+		.kmalloc_accounted = flag_of(gfp_flags & cfg.gfp_account_mask),
 	};
 
 	if (kmalloc_cache_wanted(ptr, alloc)) {
@@ -239,8 +243,8 @@ static __always_inline void on_kmalloc(void *ctx, bool classic, __u64 call_site,
  * the caller (__GFP_ACCOUNT) or always, for the cache (SLAB_ACCOUNT). */
 static __always_inline bool cache_accounted(__u64 gfp_flags, __u64 slab_flags)
 {
-	return (gfp_flags & cfg.gfp_account_mask) ||
-	       (slab_flags & cfg.slab_account_mask);
+	return flag_of((gfp_flags & cfg.gfp_account_mask) |
+		       (slab_flags & cfg.slab_account_mask));
 }
 
 /* The page allocator, vmalloc and percpu (--source). */
@@ -397,7 +401,7 @@ int cache_alloc_tp(void *ctx)
 	key.cache = classic_cache_key(&e);
 	on_alloc(ctx, true, &key, e.ptr, e.bytes_req, e.bytes_alloc,
 		 e.accounted >= 0 ? e.accounted
-				  : !!(e.gfp_flags & cfg.gfp_account_mask),
+				  : flag_of(e.gfp_flags & cfg.gfp_account_mask),
 		 e.name);
 	return 0;
 }

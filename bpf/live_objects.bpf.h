@@ -299,7 +299,7 @@ static __always_inline void track_alloc(void *ctx, bool classic,
 		count_update_error(err);
 		return;
 	}
-	if (!upsert_stats(&sites, key, req, alloc, bucket, &created)) {
+	if (!count_site(key, req, alloc, bucket, name, &created)) {
 		/* Keep the two views consistent: untrack what is uncounted. */
 		if (in_table)
 			live_table_forget(ptr);
@@ -313,10 +313,6 @@ static __always_inline void track_alloc(void *ctx, bool classic,
 	/* A replaced entry (reused_live) did not grow the map. */
 	if (!reused)
 		COUNT(live_added);
-	if (created) {
-		COUNT(sites_created);
-		remember_cache_name(key->cache, name);
-	}
 	/* Allocations per cgroup, beside what each still holds. */
 	if (cfg.by_cgroup)
 		count_cgroup(accounted, interrupt, req, alloc, bucket);

@@ -106,7 +106,7 @@ int page_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 	__u64 bytes = 1ULL << ((cfg.page_shift + order) & 63);
 	struct site_key key = {
 		.kmalloc_size = order,
-		.kmalloc_accounted = !!(gfp_flags & cfg.gfp_account_mask),
+		.kmalloc_accounted = flag_of(gfp_flags & cfg.gfp_account_mask),
 		.source = KHEAP_SOURCE_PAGE,
 	};
 
@@ -302,7 +302,7 @@ int percpu_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 	__u64 gfp_flags = ctx->args[9];
 	struct site_key key = {
 		.call_site = ctx->args[0],
-		.kmalloc_accounted = !!(gfp_flags & cfg.gfp_account_mask),
+		.kmalloc_accounted = flag_of(gfp_flags & cfg.gfp_account_mask),
 		.source = KHEAP_SOURCE_PERCPU,
 	};
 

@@ -83,6 +83,7 @@ pub fn kheap_object(full: &'static [u8]) -> &'static [u8] {
 plain_types!(
     types::alloc_stats,
     types::site_key,
+    types::site_slot,
     types::stack_key,
     types::cache_name,
     types::cache_frees,

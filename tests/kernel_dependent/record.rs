@@ -164,6 +164,67 @@ fn every_attach_mechanism_gives_the_same_numbers() {
     }
 }
 
+/// Each CPU counts sites in slots of its own, and sites that find no free
+/// slot in the site map (bpf/site_slots.bpf.h): with 8 slots per CPU
+/// (--max-entries 64) the 40-odd sites of a kheap-load run cannot all have
+/// slots on a machine of up to 4 CPUs, yet every site adds up exactly.
+#[test]
+fn sites_add_up_across_slots_and_the_site_map() {
+    require_root();
+    let r = record_json(&["--max-entries", "64"], &["msg", "1000", "2100"]);
+    assert_eq!(u(&r["lost"]["map_full_sites"]), 0, "{}", r["lost"]);
+    assert_msg_site(&r, 1000, 2100);
+    let sites = r["sites"].as_array().unwrap();
+    let counted: u64 = sites.iter().map(|s| u(&s["count"])).sum();
+    assert_eq!(counted, u(&r["totals"]["count"]), "{}", r["totals"]);
+    assert!(
+        sites.len() > 16,
+        "{} sites: too few to need the map",
+        sites.len()
+    );
+}
+
+/// From 6.13 on, the typed programs (tp_btf) load in every mode. A mode
+/// whose typed programs the verifier refused would fall back to raw_tp
+/// with the same numbers, unseen by every other test.
+#[test]
+fn typed_programs_load_in_every_mode() {
+    require_root();
+    if kernel_before(6, 13) {
+        partial_check(
+            "typed_programs_load_in_every_mode: before 6.13 the kernel may refuse tp_btf \
+             (6.1 and 6.12 do), not checked",
+        );
+        return;
+    }
+    for (cmd, args) in [
+        ("record", &[][..]),
+        ("record", &["--exact-stacks"]),
+        ("record", &["--by", "process"]),
+        ("record", &["--by", "cgroup"]),
+        ("leaks", &[]),
+        ("leaks", &["--by", "cgroup"]),
+    ] {
+        let r = report_json(cmd, args, &["msg", "10", "100"]);
+        assert_typed_programs(&format!("{cmd} {args:?}"), &r["run"]);
+    }
+    // top (and slab) also count kfree() frees per cache.
+    let out = kheap(&["top", "-b", "-i", "1", "-n", "1", "--format", "json"]);
+    assert!(out.status.success(), "{out:?}");
+    let top: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_typed_programs("top", &top["run"]);
+}
+
+fn assert_typed_programs(what: &str, run: &serde_json::Value) {
+    assert_eq!(run["skipped"], serde_json::json!([]), "{what}: {run:#}");
+    let hooks = run["attach"].as_array().unwrap();
+    assert!(!hooks.is_empty(), "{what}: {run:#}");
+    for hook in hooks {
+        let hook = hook.as_str().unwrap();
+        assert!(hook.ends_with(": tp_btf"), "{what}: {hook}");
+    }
+}
+
 #[test]
 fn size_filter_and_process_view() {
     require_root();

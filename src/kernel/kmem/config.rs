@@ -144,6 +144,15 @@ impl Config {
         self.stack_owners && self.stack_sample_every != 0
     }
 
+    /// Slots per CPU in front of the site map (bpf/site_slots.bpf.h): an
+    /// eighth of `max_sites`, a power of two from 1 to 1024, so that
+    /// `--max-entries` bounds the memory of both.
+    pub(super) fn site_slots(&self) -> u32 {
+        const MOST: u32 = 1024;
+        let eighth = (self.max_sites / 8).clamp(1, MOST);
+        1 << eighth.ilog2()
+    }
+
     /// Every stack is captured and counted under its stack only; sites are
     /// summed from stacks in user space (one map update per event).
     pub(super) fn sites_from_stacks(&self) -> bool {
@@ -154,6 +163,23 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn site_slots_are_an_eighth_of_the_sites_as_a_power_of_two() {
+        let slots = |max_sites| {
+            Config {
+                max_sites,
+                ..Config::default()
+            }
+            .site_slots()
+        };
+        assert_eq!(slots(8192), 1024);
+        assert_eq!(slots(65536), 1024);
+        assert_eq!(slots(1000), 64);
+        assert_eq!(slots(16), 2);
+        assert_eq!(slots(4), 1);
+        assert_eq!(slots(1), 1);
+    }
 
     #[test]
     fn only_exact_record_runs_sum_sites_from_stacks() {

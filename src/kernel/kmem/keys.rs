@@ -66,9 +66,10 @@ pub(super) fn stack_owner(k: &types::stack_key) -> Owner {
     }
 }
 
-/// Cache names for one read of the maps. A cache's name is written just
-/// after the first entry that uses it, so an entry read after the names
-/// can be newer than them: a miss reads the names again, once per read.
+/// Cache names for one read of the maps. A cache's name is written before
+/// the first counts of any entry that uses it, but entries read after the
+/// names can be newer than them: a miss reads the names again, once, and
+/// once more after each `entries_copied()`.
 pub(super) struct Names<'t, 'obj> {
     tracer: &'t Tracer<'obj>,
     names: RefCell<HashMap<u64, String>>,
@@ -82,6 +83,13 @@ impl<'t, 'obj> Names<'t, 'obj> {
             names: RefCell::new(tracer.cache_names()?),
             reread: std::cell::Cell::new(false),
         })
+    }
+
+    /// Entries were copied from the maps since the names were read: the
+    /// next miss among them reads the names again, which then hold every
+    /// name those entries need.
+    pub(super) fn entries_copied(&self) {
+        self.reread.set(false);
     }
 
     fn refresh_for(&self, cache: u64) {

@@ -97,7 +97,18 @@ impl<'obj> Tracer<'obj> {
         };
         let mut snap = Snapshot::default();
         // Two kernel caches can share a name: their entries are merged.
-        for (k, v) in maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)? {
+        // A site's counts are its entry in the map plus its slot on each
+        // CPU (bpf/site_slots.bpf.h); no event is in two of them. Both are
+        // copied before any key is named (Names::entries_copied).
+        let in_map = maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)?;
+        let mut in_slots = Vec::new();
+        maps::visit_percpu_array::<types::site_slot, _>(&m.site_slots, &mut |slot| {
+            if slot.stats.count > 0 {
+                in_slots.push((slot.key, slot.stats));
+            }
+        })?;
+        names.entries_copied();
+        for (k, v) in in_map.into_iter().chain(in_slots) {
             *snap.sites.entry(key(&k)).or_default() += v.into();
         }
         // Processes right after sites (both are counted on every event):
@@ -131,8 +142,9 @@ impl<'obj> Tracer<'obj> {
         }
         let sites_from_stacks = self.cfg.sites_from_stacks();
         let owners = self.cfg.stacks_by_owner();
-        for (k, v) in maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(&m.stacks)?
-        {
+        let stacks = maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(&m.stacks)?;
+        names.entries_copied();
+        for (k, v) in stacks {
             let id = k.stack_id;
             if let std::collections::hash_map::Entry::Vacant(e) = snap.stack_frames.entry(id) {
                 if let Some(frames) = self.stack_frames(id)? {
@@ -274,7 +286,19 @@ impl<'obj> Tracer<'obj> {
         let m = &self.skel.maps;
         let names = Names::read(self)?;
 
-        let sites: HashSet<&SiteKey> = idle.sites.iter().collect();
+        // A site that holds a slot on some CPU keeps it for the run: it is
+        // never removed, and stays in the caller's view.
+        let mut in_slots = HashSet::new();
+        maps::visit_percpu_array::<types::site_slot, _>(&m.site_slots, &mut |slot| {
+            if slot.stats.count > 0 {
+                in_slots.insert(names.site_key(&slot.key));
+            }
+        })?;
+        let sites: HashSet<&SiteKey> = idle
+            .sites
+            .iter()
+            .filter(|k| !in_slots.contains(*k))
+            .collect();
         for raw in maps::keys(&m.sites)? {
             let k = names.site_key(&from_bytes::<types::site_key>(&raw));
             if sites.contains(&k) {

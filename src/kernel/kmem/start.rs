@@ -363,6 +363,7 @@ fn configure(
                 None => "the object's slab, named by the kernel (bpf_get_kmem_cache)".to_string(),
             }
         });
+    rodata.site_slot_mask = cfg.site_slots() - 1;
     let c = &mut rodata.cfg;
     c.kfree_caches = u8::from(kfree_caches_traced(cfg, kbtf));
     if let Some(live) = cfg.live {
@@ -375,6 +376,7 @@ fn configure(
         open.maps.lat_starts.reuse_fd(fd)?;
     }
     open.maps.sites.set_max_entries(cfg.max_sites)?;
+    open.maps.site_slots.set_max_entries(cfg.site_slots())?;
     open.maps.stacks.set_max_entries(cfg.max_stacks)?;
     // Stacks are stored before they are counted, and top deletes idle ones:
     // room for twice the stacks kept.

@@ -1,0 +1,150 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The per-CPU front of the site map. Every counted allocation adds to its
+ * site's entry; a per-CPU hash does that with a call, a hash of the key and
+ * a bucket walk, which was most of the default path's cost above the empty
+ * programs'. So each CPU first tries a table of its own: an open-addressed
+ * per-CPU array (lookups the verifier inlines, no hashing of the whole key
+ * and no bucket walk) where a site takes the first free slot among
+ * KHEAP_SITE_SLOT_PROBES and keeps it for the rest of the run.
+ * Nothing ever moves out of a slot, so user space reads a site as the sum of
+ * its slots on every CPU and its entry in `sites`, with no count in two
+ * places at once. Events of a site that found no slot (the probed ones held
+ * by other sites) go to `sites` as before, so counts stay exact whichever
+ * way an event went.
+ *
+ * A program on this CPU can run inside another (an interrupt that
+ * allocates while a kmalloc event is being counted): the request's `busy`
+ * sends the inner one to `sites`, so two events never claim one slot.
+ *
+ * Part of kheap.bpf.c: include after kheap.h, maps.bpf.h, alloc_stats.bpf.h
+ * and the definitions of `sites`, COUNT() and remember_cache_name().
+ */
+#ifndef KHEAP_SITE_SLOTS_BPF_H
+#define KHEAP_SITE_SLOTS_BPF_H
+
+#define KHEAP_SITE_SLOT_PROBES 4
+
+/* Slots per CPU, minus one (a power of two; user space sizes the array to
+ * match before load). */
+const volatile __u32 site_slot_mask = 0;
+
+KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, site_slots, __u32, struct site_slot, 1024);
+
+/* What site_slot_add() is asked for, passed through this CPU's scratch
+ * entry: a function verified on its own takes scalars only, and the key's
+ * cache word can be a typed pointer (tp_btf), which a map value turns into
+ * a number. `busy`: a request is under way on this CPU; a program that runs
+ * inside it (an interrupt that allocates) uses `sites` instead, so two
+ * events never claim one slot or overwrite one request. */
+struct site_slot_request {
+	struct site_key key;
+	__u64 name;
+	__u32 busy;
+	__u32 _pad;
+};
+
+KHEAP_PERCPU_SLOT(site_slot_request, struct site_slot_request);
+
+_Static_assert(sizeof(struct site_key) == 3 * sizeof(__u64),
+	       "site keys are compared and hashed as three words");
+
+enum site_slot_result { SLOT_NONE, SLOT_ADDED, SLOT_CLAIMED };
+
+/* Adds the request's event to this CPU's slot of its site, claiming a free
+ * one if the site has none yet (SLOT_CLAIMED). SLOT_NONE: no slot for it
+ * here. Global, not inlined: the verifier walks it once per program, where
+ * inlined it was walked again for every path that reaches it (leaks came
+ * near the verifier's limit of a million instructions). */
+__noinline int site_slot_add(__u64 req, __u64 alloc, __u32 bucket)
+{
+	__u32 zero = 0;
+	struct site_slot_request *r =
+		bpf_map_lookup_elem(&site_slot_request, &zero);
+	struct site_slot *slot = NULL;
+	bool claim = false;
+	__u64 w0, w1, w2;
+	__u32 first;
+
+	if (!r)
+		return SLOT_NONE;
+	w0 = r->key.call_site;
+	w1 = r->key.cache;
+	w2 = *(__u64 *)&r->key.kmalloc_size;
+	/* A multiplicative hash: call sites, caches and sizes differ in few
+	 * bits each. */
+	first = ((w0 ^ (w1 * 0xff51afd7ed558ccdULL) ^ w2) *
+		 0x9e3779b97f4a7c15ULL) >>
+		32;
+	for (__u32 p = 0; p < KHEAP_SITE_SLOT_PROBES; p++) {
+		__u32 i = (first + p) & site_slot_mask;
+		struct site_slot *s = bpf_map_lookup_elem(&site_slots, &i);
+
+		if (!s)
+			break;
+		if (!s->stats.count) {
+			slot = s;
+			claim = true;
+			break;
+		}
+		if (s->key.call_site == w0 && s->key.cache == w1 &&
+		    *(__u64 *)&s->key.kmalloc_size == w2) {
+			slot = s;
+			break;
+		}
+	}
+	if (!slot)
+		return SLOT_NONE;
+	if (claim) {
+		slot->key = r->key;
+		remember_cache_name(w1, (const char *)r->name);
+		/* The key and the name before the count: a reader that sees
+		 * the count finds both (struct site_slot). */
+		asm volatile("" ::: "memory");
+	}
+	stats_add(&slot->stats, req, alloc, bucket);
+	return claim ? SLOT_CLAIMED : SLOT_ADDED;
+}
+
+/* Counts an event under its site: in this CPU's slot, or else in `sites`.
+ * A site new on this CPU or in `sites` has its cache's name recorded first,
+ * so that a reader who finds its counts finds the name too, and sets
+ * *created (it gets a first stack). False: `sites` was full. */
+static __always_inline bool count_site(const struct site_key *key, __u64 req,
+				       __u64 alloc, __u32 bucket,
+				       const char *name, bool *created)
+{
+	__u32 zero = 0;
+	struct site_slot_request *r =
+		bpf_map_lookup_elem(&site_slot_request, &zero);
+	int added = SLOT_NONE;
+	struct alloc_stats *s;
+	bool new_entry = false;
+
+	if (r && !r->busy) {
+		r->busy = 1;
+		r->key = *key;
+		r->name = (__u64)name;
+		added = site_slot_add(req, alloc, bucket);
+		r->busy = 0;
+	}
+	if (added == SLOT_CLAIMED)
+		*created = true;
+	if (added != SLOT_NONE)
+		return true;
+	s = bpf_map_lookup_elem(&sites, key);
+	if (!s) {
+		remember_cache_name(key->cache, name);
+		s = stats_entry(&sites, (void *)key, &new_entry);
+		if (!s)
+			return false;
+	}
+	stats_add(s, req, alloc, bucket);
+	if (new_entry) {
+		COUNT(sites_created);
+		*created = true;
+	}
+	return true;
+}
+
+#endif /* KHEAP_SITE_SLOTS_BPF_H */
