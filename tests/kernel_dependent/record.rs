@@ -184,19 +184,16 @@ fn sites_add_up_across_slots_and_the_site_map() {
     );
 }
 
-/// From 6.13 on, the typed programs (tp_btf) load in every mode. A mode
-/// whose typed programs the verifier refused would fall back to raw_tp
-/// with the same numbers, unseen by every other test.
+/// Every mode's programs pass the verifier, unfiltered (a filter lets the
+/// verifier drop paths: `leaks --by cgroup` alone once went over its limit
+/// of a million instructions while the filtered tests passed). From 6.13
+/// on they are the typed programs (tp_btf): a mode whose typed programs
+/// the verifier refused would fall back to raw_tp with the same numbers,
+/// unseen by every other test. Before 6.13 the kernel may refuse tp_btf
+/// (6.1 and 6.12 do), and any mechanism will do.
 #[test]
-fn typed_programs_load_in_every_mode() {
+fn programs_load_in_every_mode() {
     require_root();
-    if kernel_before(6, 13) {
-        partial_check(
-            "typed_programs_load_in_every_mode: before 6.13 the kernel may refuse tp_btf \
-             (6.1 and 6.12 do), not checked",
-        );
-        return;
-    }
     for (cmd, args) in [
         ("record", &[][..]),
         ("record", &["--exact-stacks"]),
@@ -216,9 +213,12 @@ fn typed_programs_load_in_every_mode() {
 }
 
 fn assert_typed_programs(what: &str, run: &serde_json::Value) {
-    assert_eq!(run["skipped"], serde_json::json!([]), "{what}: {run:#}");
     let hooks = run["attach"].as_array().unwrap();
     assert!(!hooks.is_empty(), "{what}: {run:#}");
+    if kernel_before(6, 13) {
+        return;
+    }
+    assert_eq!(run["skipped"], serde_json::json!([]), "{what}: {run:#}");
     for hook in hooks {
         let hook = hook.as_str().unwrap();
         assert!(hook.ends_with(": tp_btf"), "{what}: {hook}");
