@@ -39,8 +39,7 @@ static __always_inline struct alloc_stats *stats_entry(void *map, void *key,
 	return s;
 }
 
-/* Adds to an existing entry, or creates it. Returns false if the map is full.
- */
+/* Adds to the entry of `key`, made if missing. False: the map is full. */
 static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
 					 __u64 alloc, __u32 bucket,
 					 bool *created)

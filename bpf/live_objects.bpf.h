@@ -90,8 +90,6 @@ static __always_inline struct live_obj *live_slot(__u32 bucket, __u32 way)
 	return bpf_map_lookup_elem(&live_slots, &i);
 }
 
-/* Stores obj under ptr in the table: in ptr's slot if the address is still
- * tracked (its free was unseen), else in a free slot of its bucket. */
 /* The bucket of ptr in the table (its index in *b), or NULL without a
  * table. */
 static __always_inline struct live_bucket *live_bucket_lookup(__u64 ptr,
@@ -103,6 +101,8 @@ static __always_inline struct live_bucket *live_bucket_lookup(__u64 ptr,
 	return bpf_map_lookup_elem(&live_buckets, b);
 }
 
+/* Stores obj under ptr in the table: in ptr's slot if the address is still
+ * tracked (its free was unseen), else in a free slot of its bucket. */
 static __always_inline enum live_table_result
 live_table_store(__u64 ptr, const struct live_obj *obj, struct live_obj *prev)
 {
@@ -237,7 +237,7 @@ static __always_inline void track_alloc(void *ctx, bool classic,
 		.accounted = accounted,
 	};
 	struct live_obj prev = {};
-	bool created = false, reused, in_table;
+	bool reused, in_table;
 	enum live_table_result stored;
 	__u32 bucket;
 	int err = 0; /* int: 6.1 zero-extends helper errors from 32 bits */
@@ -299,7 +299,7 @@ static __always_inline void track_alloc(void *ctx, bool classic,
 		count_update_error(err);
 		return;
 	}
-	if (!count_site(key, req, alloc, bucket, name, &created)) {
+	if (!count_site(key, req, alloc, bucket, name, NULL)) {
 		/* Keep the two views consistent: untrack what is uncounted. */
 		if (in_table)
 			live_table_forget(ptr);

@@ -49,11 +49,11 @@ KHEAP_PERCPU_SLOT(site_slot_request, struct site_slot_request);
 _Static_assert(sizeof(struct site_key) == 3 * sizeof(__u64),
 	       "site keys are compared and hashed as three words");
 
-enum site_slot_result { SLOT_NONE, SLOT_ADDED, SLOT_CLAIMED, SLOT_NEW_SITE };
+enum site_slot_result { SLOT_NONE, SLOT_ADDED, SLOT_NEW_SITE };
 
 /* Adds the request's event to this CPU's slot of its site, claiming a free
- * one if the site has none yet (SLOT_CLAIMED, or SLOT_NEW_SITE for the
- * run's first claim of the site). SLOT_NONE: no slot for it here. Global, not
+ * one if the site has none yet. SLOT_NEW_SITE: that was the run's first
+ * claim of the site. SLOT_NONE: no slot for it here. Global, not
  * inlined: the verifier walks it once per program, where inlined it was walked
  * again for every path that reaches it (leaks came near the verifier's limit of
  * a million instructions). */
@@ -110,15 +110,15 @@ __noinline int site_slot_add(__u64 req, __u64 alloc, __u32 bucket)
 	 * CPU that sees it: the site is new to the run only then, and gets
 	 * its first stack once, not once per CPU. */
 	if (bpf_map_update_elem(&sites, &r->key, &zero_stats, BPF_NOEXIST))
-		return SLOT_CLAIMED;
+		return SLOT_ADDED;
 	return SLOT_NEW_SITE;
 }
 
 /* Counts an event under its site: in this CPU's slot, or else in `sites`.
  * A site new on this CPU or in `sites` has its cache's name recorded first,
- * so that a reader who finds its counts finds the name too. *created: the
- * site is new to the run (it gets a first stack). False: `sites` was
- * full. */
+ * so that a reader who finds its counts finds the name too. *created (if
+ * given): the site is new to the run (it gets a first stack). False:
+ * `sites` was full. */
 static __always_inline bool count_site(const struct site_key *key, __u64 req,
 				       __u64 alloc, __u32 bucket,
 				       const char *name, bool *created)
@@ -137,9 +137,13 @@ static __always_inline bool count_site(const struct site_key *key, __u64 req,
 		added = site_slot_add(req, alloc, bucket);
 		r->busy = 0;
 	}
+	/* The new-site case is written out twice below (slot and map): one
+	 * test of either made the verifier walk `leaks --by cgroup` 9%
+	 * longer (827,629 instructions against 760,391). */
 	if (added == SLOT_NEW_SITE) {
 		COUNT(sites_created);
-		*created = true;
+		if (created)
+			*created = true;
 	}
 	if (added != SLOT_NONE)
 		return true;
@@ -153,7 +157,8 @@ static __always_inline bool count_site(const struct site_key *key, __u64 req,
 	stats_add(s, req, alloc, bucket);
 	if (new_entry) {
 		COUNT(sites_created);
-		*created = true;
+		if (created)
+			*created = true;
 	}
 	return true;
 }
