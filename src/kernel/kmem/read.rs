@@ -108,9 +108,16 @@ impl<'obj> Tracer<'obj> {
             }
         })?;
         names.entries_copied();
-        for (k, v) in in_map.into_iter().chain(in_slots) {
+        for (k, v) in in_map {
             *snap.sites.entry(key(&k)).or_default() += v.into();
         }
+        let mut slot_sites = self.slot_sites.borrow_mut();
+        for (k, v) in in_slots {
+            let site = key(&k);
+            *snap.sites.entry(site.clone()).or_default() += v.into();
+            slot_sites.insert(site);
+        }
+        drop(slot_sites);
         // Processes right after sites (both are counted on every event):
         // the slower stack reads below would widen the gap between them.
         let comms: HashMap<u32, (String, u64)> =
@@ -287,13 +294,10 @@ impl<'obj> Tracer<'obj> {
         let names = Names::read(self)?;
 
         // A site that holds a slot on some CPU keeps it for the run: it is
-        // never removed, and stays in the caller's view.
-        let mut in_slots = HashSet::new();
-        maps::visit_percpu_array::<types::site_slot, _>(&m.site_slots, &mut |slot| {
-            if slot.stats.count > 0 {
-                in_slots.insert(names.site_key(&slot.key));
-            }
-        })?;
+        // never removed, and stays in the caller's view. One that took its
+        // first slot since the last read counts there only events after
+        // it, which the next read adds as new.
+        let in_slots = self.slot_sites.borrow();
         let sites: HashSet<&SiteKey> = idle
             .sites
             .iter()

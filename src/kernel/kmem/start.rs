@@ -168,6 +168,7 @@ impl<'obj> Tracer<'obj> {
             kmalloc_caches: kmalloc_caches.unwrap_or_else(|why| why),
             kfree_caches: kfree_caches_traced(cfg, kbtf),
             stack_cache: RefCell::default(),
+            slot_sites: RefCell::default(),
             slab_sysfs: RefCell::default(),
             live_table: None,
             clock0: types::clock_sample::default(),

@@ -2,7 +2,7 @@
 //! remember between reads.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use libbpf_rs::Link;
 
@@ -11,6 +11,8 @@ use crate::kernel::features::Tracefs;
 use crate::kernel::maps::MappedArray;
 use crate::kernel::skel::{types, KheapSkel};
 use crate::sys::slab_sysfs::SlabSysfs;
+
+use crate::model::SiteKey;
 
 use super::config::Config;
 
@@ -36,6 +38,10 @@ pub struct Tracer<'obj> {
     /// Stack traces already read, by id (a hash of their frames: an id
     /// always means the same frames), so a refreshing view reads each once.
     pub(super) stack_cache: RefCell<HashMap<i64, Vec<u64>>>,
+    /// Sites that held a slot on some CPU at the last read
+    /// (bpf/site_slots.bpf.h). A slot is held for the run, so idle aging
+    /// leaves these alone without reading the slots again.
+    pub(super) slot_sites: RefCell<HashSet<SiteKey>>,
     /// Which caches SLUB merged (/sys/kernel/slab), read on first use.
     /// and how many cache names there were then.
     pub(super) slab_sysfs: RefCell<Option<(SlabSysfs, usize)>>,
