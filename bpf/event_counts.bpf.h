@@ -137,7 +137,8 @@ static __always_inline __s64 record_stack(void *ctx, bool classic,
 static __always_inline void count_alloc(void *ctx, bool classic,
 					struct site_key *key, __u64 req,
 					__u64 alloc, __u32 tgid, bool accounted,
-					bool interrupt, const char *name)
+					bool interrupt, const char *name,
+					__u32 site_hint)
 {
 	bool created = false;
 	__u32 bucket = size_bucket(req);
@@ -155,7 +156,7 @@ static __always_inline void count_alloc(void *ctx, bool classic,
 			 NULL))
 		return;
 
-	if (!count_site(key, req, alloc, bucket, name, &created)) {
+	if (!count_site(key, req, alloc, bucket, name, &created, site_hint)) {
 		COUNT(map_full_sites);
 		return;
 	}

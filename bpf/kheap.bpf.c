@@ -122,11 +122,12 @@ static __always_inline void remember_cache_name(__u64 cache, const char *name)
 
 /* The common path of every allocation event. `name` is only read when the
  * (site, cache) pair is new, so the cost stays off the hot path. `accounted`
- * is only computed by callers when cfg.by_cgroup. */
+ * is only computed by callers when cfg.by_cgroup. `site_hint`: what the
+ * event knows of its site's slot (count_site()), or 0; leaks uses none. */
 static __always_inline void on_alloc(void *ctx, bool classic,
 				     struct site_key *key, const void *ptr,
 				     __u64 req, __u64 alloc, bool accounted,
-				     const char *name)
+				     const char *name, __u32 site_hint)
 {
 	bool interrupt = false;
 	__u32 tgid = 0;
@@ -171,7 +172,7 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 			    accounted, interrupt, name);
 	else
 		count_alloc(ctx, classic, key, req, alloc, tgid, accounted,
-			    interrupt, name);
+			    interrupt, name, site_hint);
 }
 
 static __always_inline void on_free(const void *ptr, __u64 cache,
@@ -198,7 +199,8 @@ static __always_inline void on_kfree(const void *ptr)
 /* Counts a kmalloc-family event whose key names its cache (or not). */
 static __always_inline void count_kmalloc(void *ctx, bool classic,
 					  struct site_key *key, const void *ptr,
-					  __u64 req, __u64 alloc)
+					  __u64 req, __u64 alloc,
+					  __u32 site_hint)
 {
 	/* Bucket caches are created SLAB_ACCOUNT: charged to the memcg
 	 * without __GFP_ACCOUNT. */
@@ -208,7 +210,8 @@ static __always_inline void count_kmalloc(void *ctx, bool classic,
 	if (cfg.by_cgroup && !accounted && key->cache > KHEAP_CACHE_UNRESOLVED)
 		accounted = flag_of(BPF_CORE_READ(s, flags) &
 				    cfg.slab_account_mask);
-	on_alloc(ctx, classic, key, ptr, req, alloc, accounted, NULL);
+	on_alloc(ctx, classic, key, ptr, req, alloc, accounted, NULL,
+		 site_hint);
 }
 
 /* A kmalloc-family event: keyed by the cache the object really lives in
@@ -227,16 +230,18 @@ static __always_inline void on_kmalloc(void *ctx, bool classic, __u64 call_site,
 		.kmalloc_size = alloc,
 		.kmalloc_accounted = flag_of(gfp_flags & cfg.gfp_account_mask),
 	};
+	__u32 site_slot = 0;
 
 	if (kmalloc_cache_wanted(ptr, alloc)) {
 		bool stale = false;
 
 		key.cache = kmalloc_cache_of(ptr, alloc, call_site, gfp_flags,
-					     &stale);
+					     &stale, &site_slot);
 		if (stale)
 			COUNT(cache_memo_stale);
 	}
-	count_kmalloc(ctx, classic, &key, ptr, req, alloc);
+	count_kmalloc(ctx, classic, &key, ptr, req, alloc,
+		      SITE_HINT_KMALLOC | site_slot);
 }
 
 /* Whether a kmem_cache_alloc() is charged to a memory cgroup: asked for by
@@ -271,7 +276,7 @@ int BPF_PROG(cache_alloc_btf, unsigned long call_site, const void *ptr,
 	if (cfg.by_cgroup)
 		accounted = cache_accounted(gfp_flags, s->flags);
 	on_alloc(ctx, false, &key, ptr, s->object_size, s->size, accounted,
-		 s->name);
+		 s->name, 0);
 	return 0;
 }
 
@@ -340,7 +345,7 @@ int cache_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 	if (cfg.by_cgroup)
 		accounted = cache_accounted(gfp_flags,
 					    s ? BPF_CORE_READ(s, flags) : 0);
-	on_alloc(ctx, false, &key, ptr, req, alloc, accounted, NULL);
+	on_alloc(ctx, false, &key, ptr, req, alloc, accounted, NULL, 0);
 	return 0;
 }
 
@@ -402,7 +407,7 @@ int cache_alloc_tp(void *ctx)
 	on_alloc(ctx, true, &key, e.ptr, e.bytes_req, e.bytes_alloc,
 		 e.accounted >= 0 ? e.accounted
 				  : flag_of(e.gfp_flags & cfg.gfp_account_mask),
-		 e.name);
+		 e.name, 0);
 	return 0;
 }
 

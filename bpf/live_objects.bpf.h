@@ -299,7 +299,10 @@ static __always_inline void track_alloc(void *ctx, bool classic,
 		count_update_error(err);
 		return;
 	}
-	if (!count_site(key, req, alloc, bucket, name, NULL)) {
+	/* No hint (count_site()): with it, the verifier walked the
+	 * unfiltered `leaks --by cgroup` a fifth longer (900,636 instructions
+	 * on 6.18, of its limit of a million). */
+	if (!count_site(key, req, alloc, bucket, name, NULL, 0)) {
 		/* Keep the two views consistent: untrack what is uncounted. */
 		if (in_table)
 			live_table_forget(ptr);

@@ -51,6 +51,11 @@ _Static_assert(sizeof(struct site_key) == 3 * sizeof(__u64),
 
 enum site_slot_result { SLOT_NONE, SLOT_ADDED, SLOT_NEW_SITE };
 
+/* site_slot_add() returns a site_slot_result in its low bits and, unless
+ * SLOT_NONE, the slot's index above them. */
+#define SLOT_RESULT_BITS 2
+#define SLOT_RESULT_MASK ((1 << SLOT_RESULT_BITS) - 1)
+
 /* Adds the request's event to this CPU's slot of its site, claiming a free
  * one if the site has none yet. SLOT_NEW_SITE: that was the run's first
  * claim of the site. SLOT_NONE: no slot for it here. Global, not
@@ -65,7 +70,7 @@ __noinline int site_slot_add(__u64 req, __u64 alloc, __u32 bucket)
 	struct site_slot *slot = NULL;
 	bool claim = false;
 	__u64 w0, w1, w2;
-	__u32 first;
+	__u32 first, at = 0;
 
 	if (!r)
 		return SLOT_NONE;
@@ -85,12 +90,14 @@ __noinline int site_slot_add(__u64 req, __u64 alloc, __u32 bucket)
 			break;
 		if (!s->stats.count) {
 			slot = s;
+			at = i;
 			claim = true;
 			break;
 		}
 		if (s->key.call_site == w0 && s->key.cache == w1 &&
 		    *(__u64 *)&s->key.kmalloc_size == w2) {
 			slot = s;
+			at = i;
 			break;
 		}
 	}
@@ -105,31 +112,57 @@ __noinline int site_slot_add(__u64 req, __u64 alloc, __u32 bucket)
 	}
 	stats_add(&slot->stats, req, alloc, bucket);
 	if (!claim)
-		return SLOT_ADDED;
+		return (at << SLOT_RESULT_BITS) | SLOT_ADDED;
 	/* Each site also gets an empty entry in `sites`, made by the first
 	 * CPU that sees it: the site is new to the run only then, and gets
 	 * its first stack once, not once per CPU. */
 	if (bpf_map_update_elem(&sites, &r->key, &zero_stats, BPF_NOEXIST))
-		return SLOT_ADDED;
-	return SLOT_NEW_SITE;
+		return (at << SLOT_RESULT_BITS) | SLOT_ADDED;
+	return (at << SLOT_RESULT_BITS) | SLOT_NEW_SITE;
+}
+
+/* The slot a hint names (SITE_HINT_SLOT()), if it holds the event's site:
+ * a plain array load and a key compare, no search. */
+static __always_inline struct site_slot *hinted_slot(const struct site_key *key,
+						     __u32 hint)
+{
+	__u32 i = SITE_HINT_SLOT(hint) - 1;
+	struct site_slot *s;
+
+	if (!SITE_HINT_SLOT(hint))
+		return NULL;
+	s = bpf_map_lookup_elem(&site_slots, &i);
+	if (!s || s->key.call_site != key->call_site ||
+	    s->key.cache != key->cache ||
+	    *(__u64 *)&s->key.kmalloc_size != *(__u64 *)&key->kmalloc_size)
+		return NULL;
+	return s;
 }
 
 /* Counts an event under its site: in this CPU's slot, or else in `sites`.
  * A site new on this CPU or in `sites` has its cache's name recorded first,
  * so that a reader who finds its counts finds the name too. *created (if
- * given): the site is new to the run (it gets a first stack). False:
- * `sites` was full. */
+ * given): the site is new to the run (it gets a first stack). `hint`: what
+ * the event knows of its slot (SITE_HINT_KMALLOC); a kmalloc event's slot
+ * found by search is remembered in the memo, so the site's next events on
+ * this CPU go straight to it. False: `sites` was full. */
 static __always_inline bool count_site(const struct site_key *key, __u64 req,
 				       __u64 alloc, __u32 bucket,
-				       const char *name, bool *created)
+				       const char *name, bool *created,
+				       __u32 hint)
 {
 	__u32 zero = 0;
-	struct site_slot_request *r =
-		bpf_map_lookup_elem(&site_slot_request, &zero);
+	struct site_slot_request *r;
+	struct site_slot *hinted = hinted_slot(key, hint);
 	int added = SLOT_NONE;
 	struct alloc_stats *s;
 	bool new_entry = false;
 
+	if (hinted) {
+		stats_add(&hinted->stats, req, alloc, bucket);
+		return true;
+	}
+	r = bpf_map_lookup_elem(&site_slot_request, &zero);
 	if (r && !r->busy) {
 		r->busy = 1;
 		r->key = *key;
@@ -137,15 +170,18 @@ static __always_inline bool count_site(const struct site_key *key, __u64 req,
 		added = site_slot_add(req, alloc, bucket);
 		r->busy = 0;
 	}
+	if ((hint & SITE_HINT_KMALLOC) &&
+	    (added & SLOT_RESULT_MASK) != SLOT_NONE)
+		kmalloc_memo_remember_slot(key, added >> SLOT_RESULT_BITS);
 	/* The new-site case is written out twice below (slot and map): one
 	 * test of either made the verifier walk `leaks --by cgroup` 9%
 	 * longer (827,629 instructions against 760,391). */
-	if (added == SLOT_NEW_SITE) {
+	if ((added & SLOT_RESULT_MASK) == SLOT_NEW_SITE) {
 		COUNT(sites_created);
 		if (created)
 			*created = true;
 	}
-	if (added != SLOT_NONE)
+	if ((added & SLOT_RESULT_MASK) != SLOT_NONE)
 		return true;
 	s = bpf_map_lookup_elem(&sites, key);
 	if (!s) {

@@ -186,7 +186,9 @@ struct kmalloc_memo {
 	__u32 gfp_flags;
 	__u32 size;
 	__u32 uses_left;
-	__u32 _pad;
+	/* This CPU's slot of the event's site (site_slots.bpf.h), plus one; 0:
+	 * not known yet. Only a hint: it is checked against the slot's key. */
+	__u32 site_slot;
 };
 
 #define KHEAP_KMALLOC_MEMO_SLOTS 1024
@@ -195,15 +197,34 @@ struct kmalloc_memo {
 KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, kmalloc_memo, __u32, struct kmalloc_memo,
 	  KHEAP_KMALLOC_MEMO_SLOTS);
 
+/* What an event tells count_site() about its site: SITE_HINT_KMALLOC for a
+ * kmalloc event (count_site() then remembers the slot it finds in the memo),
+ * or'ed with the slot the memo remembers for it, plus one (0: none). Events
+ * of other kinds pass 0. The flag is a constant where the hint is made, so
+ * the compiler drops what it guards from other programs. */
+#define SITE_HINT_KMALLOC    (1U << 31)
+#define SITE_HINT_SLOT(hint) ((hint) & ~SITE_HINT_KMALLOC)
+
+/* The memo's table index of a call site. Fibonacci hashing: call sites are
+ * byte addresses, so the top bits of the product spread them over the
+ * slots. */
+static __always_inline __u32 kmalloc_memo_index(__u64 call_site)
+{
+	return (call_site * 0x9e3779b97f4a7c15ULL) >> 54;
+}
+
 /* The cache of a kmalloc event's object (see above). *stale: the slot's
- * periodic check found the remembered answer wrong. */
+ * periodic check found the remembered answer wrong. *site_slot: this CPU's
+ * slot of the event's site, plus one, if the memo knows it (else 0). A
+ * program run inside this one on the CPU (an interrupt that allocates, on
+ * kernels that let a raw tracepoint's program nest in itself) may rewrite the
+ * entry meanwhile: the slot is then at worst another site's, and
+ * count_site() checks it against the event's key. */
 static __always_inline __u64 kmalloc_cache_of(const void *ptr, __u64 alloc,
 					      __u64 call_site, __u64 gfp_flags,
-					      bool *stale)
+					      bool *stale, __u32 *site_slot)
 {
-	/* Fibonacci hashing: call sites are byte addresses, so the top bits
-	 * of the product spread them over the slots. */
-	__u32 i = (call_site * 0x9e3779b97f4a7c15ULL) >> 54;
+	__u32 i = kmalloc_memo_index(call_site);
 	struct kmalloc_memo *m = bpf_map_lookup_elem(&kmalloc_memo, &i);
 	__u64 old;
 
@@ -211,19 +232,39 @@ static __always_inline __u64 kmalloc_cache_of(const void *ptr, __u64 alloc,
 		return KHEAP_CACHE_UNRESOLVED;
 	if (m->call_site == call_site && m->size == alloc &&
 	    m->gfp_flags == (__u32)gfp_flags) {
-		if (--m->uses_left)
+		if (--m->uses_left) {
+			*site_slot = m->site_slot;
 			return m->cache;
+		}
 		old = m->cache;
 		m->uses_left = KHEAP_KMALLOC_MEMO_USES;
-		if (kmalloc_cache_resolve(ptr, alloc, &m->cache) != old)
+		if (kmalloc_cache_resolve(ptr, alloc, &m->cache) != old) {
+			m->site_slot = 0;
 			*stale = true;
+		}
 		return m->cache;
 	}
 	m->call_site = call_site;
 	m->size = alloc;
 	m->gfp_flags = gfp_flags;
 	m->uses_left = KHEAP_KMALLOC_MEMO_USES;
+	m->site_slot = 0;
 	return kmalloc_cache_resolve(ptr, alloc, &m->cache);
+}
+
+/* Remembers that a kmalloc event's site is counted in this CPU's slot
+ * `slot` (count_site(), after a search found it), if the memo entry of its
+ * call site is the event's (with --latency the key names another call
+ * site). */
+static __always_inline void
+kmalloc_memo_remember_slot(const struct site_key *key, __u32 slot)
+{
+	__u32 i = kmalloc_memo_index(key->call_site);
+	struct kmalloc_memo *m = bpf_map_lookup_elem(&kmalloc_memo, &i);
+
+	if (m && m->call_site == key->call_site && m->cache == key->cache &&
+	    m->size == key->kmalloc_size)
+		m->site_slot = slot + 1;
 }
 
 #endif /* KHEAP_SLAB_CACHE_BPF_H */

@@ -114,7 +114,7 @@ int page_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 		key.page_use = page_use(ctx);
 
 	on_alloc(ctx, false, &key, page, bytes, bytes, key.kmalloc_accounted,
-		 NULL);
+		 NULL, 0);
 	return 0;
 }
 
@@ -152,7 +152,8 @@ static __always_inline void count_vmap_area(void *ctx, __u64 addr, __u64 size,
 		.vmap_kind = kind,
 	};
 
-	on_alloc(ctx, false, &key, (const void *)addr, size, size, false, NULL);
+	on_alloc(ctx, false, &key, (const void *)addr, size, size, false, NULL,
+		 0);
 }
 
 /* The kind of the area being allocated, from the current stack. */
@@ -307,7 +308,7 @@ int percpu_alloc_raw(struct bpf_raw_tracepoint_args *ctx)
 	};
 
 	on_alloc(ctx, false, &key, (const void *)ctx->args[7], ctx->args[3],
-		 ctx->args[8], key.kmalloc_accounted, NULL);
+		 ctx->args[8], key.kmalloc_accounted, NULL, 0);
 	return 0;
 }
 
