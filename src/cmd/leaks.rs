@@ -278,11 +278,16 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         args.sample,
     );
     let by_cgroup = cfg.by_cgroup;
+    // A reading's /proc lines are taken at its time, t_s, before the walk of
+    // the object map: a trigger then fires at a time when its condition
+    // held (an OOM kill read after a slow walk was stamped with the time the
+    // walk began, before the kill).
     let read_timeline = |timeline: &mut TimelineBuilder, session: &Tracer| {
         let t_s = start.elapsed().as_secs_f64();
         let began = Instant::now();
-        let read = session.outstanding_by_site(by_cgroup);
         let meminfo = MemLines::read();
+        let oom_kills = oom_kills(&std::fs::read_to_string("/proc/vmstat").unwrap_or_default());
+        let read = session.outstanding_by_site(by_cgroup);
         let read_us = began.elapsed().as_micros() as u64;
         match read {
             Ok(Some(read)) => {
@@ -296,7 +301,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
                         m
                     });
                 timeline.add(t_s, &read, meminfo, read_us);
-                Some((t_s, read, meminfo))
+                Some((t_s, read, meminfo, oom_kills))
             }
             Ok(None) => None,
             // A reading missed is a gap in the chart, said once per miss.
@@ -332,17 +337,17 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         |elapsed: Duration,
          snapshot: &mut dyn FnMut(Duration, Option<&Trigger>) -> Option<PathBuf>| {
             let reading = read_timeline(&mut timeline, &session);
-            let Some((t_s, read, meminfo)) = reading.filter(|_| !triggers.is_empty()) else {
+            let Some((t_s, read, meminfo, oom_kills)) = reading.filter(|_| !triggers.is_empty())
+            else {
                 return;
             };
             let sites: Vec<(String, u64)> = read
                 .iter()
                 .map(|(k, o)| (site_name(k), o.bytes_alloc * u64::from(args.sample)))
                 .collect();
-            let vmstat = std::fs::read_to_string("/proc/vmstat").unwrap_or_default();
             let r = TriggerReading {
                 sunreclaim_bytes: meminfo.sunreclaim_bytes,
-                oom_kills: oom_kills(&vmstat),
+                oom_kills,
                 sites: &sites,
             };
             for t in triggers.iter_mut() {
