@@ -25,7 +25,7 @@ use crate::model::snapshot::Snapshot;
 use crate::model::{CgroupSlot, Source};
 use crate::report::budget::{self, Budget, BudgetRow};
 use crate::report::meminfo::{account, comparable, Geometry, MemInfo};
-use crate::report::trigger::{self, oom_kills, Reading as TriggerReading, Trigger};
+use crate::report::trigger::{self, oom_kills, Condition, Reading as TriggerReading, Trigger};
 use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::session::args::{FrameArgs, JsonCopy};
 use crate::session::status::StatusLine;
@@ -278,6 +278,12 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         args.sample,
     );
     let by_cgroup = cfg.by_cgroup;
+    // What the triggers read beyond the timeline's own lines: vmstat only for
+    // an OOM trigger, the sites' names only for a site trigger.
+    let wants_oom = triggers.iter().any(|t| t.condition == Condition::Oom);
+    let wants_sites = triggers
+        .iter()
+        .any(|t| matches!(t.condition, Condition::SiteGrew { .. }));
     // A reading's /proc lines are taken at its time, t_s, before the walk of
     // the object map: a trigger then fires at a time when its condition
     // held (an OOM kill read after a slow walk was stamped with the time the
@@ -286,7 +292,11 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         let t_s = start.elapsed().as_secs_f64();
         let began = Instant::now();
         let meminfo = MemLines::read();
-        let oom_kills = oom_kills(&std::fs::read_to_string("/proc/vmstat").unwrap_or_default());
+        let oom_kills = if wants_oom {
+            oom_kills(&std::fs::read_to_string("/proc/vmstat").unwrap_or_default())
+        } else {
+            0
+        };
         let read = session.outstanding_by_site(by_cgroup);
         let read_us = began.elapsed().as_micros() as u64;
         match read {
@@ -341,10 +351,13 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             else {
                 return;
             };
-            let sites: Vec<(String, u64)> = read
-                .iter()
-                .map(|(k, o)| (site_name(k), o.bytes_alloc * u64::from(args.sample)))
-                .collect();
+            let sites: Vec<(String, u64)> = if wants_sites {
+                read.iter()
+                    .map(|(k, o)| (site_name(k), o.bytes_alloc * u64::from(args.sample)))
+                    .collect()
+            } else {
+                Vec::new()
+            };
             let r = TriggerReading {
                 sunreclaim_bytes: meminfo.sunreclaim_bytes,
                 oom_kills,
