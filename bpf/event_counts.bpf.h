@@ -52,8 +52,7 @@ static __always_inline void count_cgroup(bool accounted, bool interrupt,
 static __always_inline bool stack_owner(void *ctx, bool classic,
 					struct stack_key *skey)
 {
-	skey->interrupt =
-		classic ? record_in_interrupt(ctx) : args_in_interrupt(ctx);
+	skey->interrupt = in_interrupt_context(ctx, classic);
 	if (skey->interrupt)
 		return true;
 	skey->tgid = bpf_get_current_pid_tgid() >> 32;
@@ -180,10 +179,8 @@ static __always_inline void count_free(const void *ptr, __u64 cache,
 	 * where kheap's few while it runs are noise, and the process lookup
 	 * was a sixth of the default path's cost. `cache` is the constant 0
 	 * in kfree programs, so the test goes from them at compile time. */
-	bool user_filter =
-		cfg.filter.pids || cfg.filter.comm_set || cfg.filter.cgroups;
-
-	if ((user_filter || (cfg.filter.ignore_tgid && cache)) &&
+	if ((tasks_filtered(&cfg.filter) ||
+	     (cfg.filter.ignore_tgid && cache)) &&
 	    !task_passes(&cfg.filter, bpf_get_current_pid_tgid() >> 32))
 		return;
 	if (!ptr) {

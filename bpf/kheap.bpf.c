@@ -33,6 +33,7 @@
 #include "lat_starts.bpf.h"
 #include "alloc_stats.bpf.h"
 #include "kmem_classic.bpf.h"
+#include "interrupt_context.bpf.h"
 #include "slab_cache.bpf.h"
 #include "stack_store.bpf.h"
 #include "sampler.bpf.h"
@@ -148,11 +149,11 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 	/* cfg is constant after load: without filters, a per-process view or
 	 * live objects the verifier drops this block entirely. */
 	/* An allocation in interrupt context is not the running task's: it
-	 * goes to the interrupt row, and no cgroup filter matches it. */
-	if (cfg.by_cgroup || cfg.filter.cgroups) {
-		interrupt = classic ? record_in_interrupt(ctx)
-				    : args_in_interrupt(ctx);
-		if (interrupt && cfg.filter.cgroups)
+	 * goes to the interrupt row, and no filter of tasks (PIDs, command
+	 * name, cgroups) matches it. */
+	if (cfg.by_cgroup || tasks_filtered(&cfg.filter)) {
+		interrupt = in_interrupt_context(ctx, classic);
+		if (interrupt && tasks_filtered(&cfg.filter))
 			return;
 	}
 	if (filter_active(&cfg.filter) || cfg.by_process || cfg.track_live) {

@@ -44,51 +44,6 @@ struct trace_event_raw_kmem_cache_alloc___accounted {
 	bool accounted;
 } __attribute__((preserve_access_index));
 
-/* Whether an allocation event ran in interrupt context (hard or soft
- * interrupt, NMI), where the current task is only whoever was interrupted.
- *
- * The preempt count says so, but it is a per-CPU variable, readable only as
- * a typed ksym, which needs CONFIG_KALLSYMS_ALL (without it the whole object
- * fails to load). Raw tracepoint arguments (tp_btf, raw_tp) are an array on
- * the kernel stack of the code that fired the event; on x86-64 hard and soft
- * interrupts run on per-CPU IRQ stacks and NMIs on their own, so arguments
- * outside the current task's stack mean interrupt context. Softirqs run by
- * ksoftirqd are on its stack and count under ksoftirqd's (root) cgroup.
- *
- * Classic tracepoint records are in a per-CPU buffer instead (and their
- * common_flags are overwritten for BPF); see record_in_interrupt(). */
-/* x86-64 THREAD_SIZE (16 KiB; 32 KiB only with KASAN, not in distribution
- * kernels). */
-#define KHEAP_THREAD_SIZE (16 * 1024)
-
-/* Whether a kernel stack address is off the current task's stack. */
-static __always_inline bool off_task_stack(__u64 at)
-{
-	struct task_struct *t = (void *)bpf_get_current_task();
-	__u64 lo = (__u64)BPF_CORE_READ(t, stack);
-
-	return at < lo || at >= lo + KHEAP_THREAD_SIZE;
-}
-
-static __always_inline bool args_in_interrupt(void *ctx)
-{
-	return off_task_stack((__u64)ctx);
-}
-
-/* The same for a classic tracepoint's record. Before it runs the program,
- * perf_trace_run_bpf_submit() stores in the record's first 8 bytes the
- * pt_regs the event filled (perf_fetch_caller_regs()), whose sp is the frame
- * of the perf_trace_<event> function: on the stack of the code that fired
- * the event. */
-static __always_inline bool record_in_interrupt(void *ctx)
-{
-	struct pt_regs *regs = NULL;
-
-	if (bpf_probe_read_kernel(&regs, sizeof(regs), ctx) || !regs)
-		return false;
-	return off_task_stack(BPF_CORE_READ(regs, sp));
-}
-
 /* Whether the kmem_cache_alloc and kmem_cache_free tracepoints pass the
  * cache (6.1+). Before, kmem_cache_alloc(_node) shared the kmem_alloc class
  * with kmalloc (call_site, ptr, bytes_req, bytes_alloc, gfp_flags) and

@@ -81,6 +81,13 @@ static __always_inline bool filter_active(const volatile struct task_filter *f)
 	return f->ignore_tgid || f->pids || f->comm_set || f->cgroups;
 }
 
+/* Whether only some tasks' events are counted (kheap's own exclusion aside).
+ * Constant after load. */
+static __always_inline bool tasks_filtered(const volatile struct task_filter *f)
+{
+	return f->pids || f->comm_set || f->cgroups;
+}
+
 static __always_inline bool task_passes(const volatile struct task_filter *f,
 					__u32 tgid)
 {

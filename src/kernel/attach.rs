@@ -190,13 +190,14 @@ mod tests {
             include_str!("../../bpf/kheap.bpf.c"),
             include_str!("../../bpf/task_filter.bpf.h"),
             include_str!("../../bpf/sources.bpf.h"),
+            include_str!("../../bpf/interrupt_context.bpf.h"),
         ]
         .concat();
         assert_eq!(HOOKS[0].program(Mechanism::Btf), "kfree_btf");
-        assert_eq!(HOOKS[7].program(Mechanism::Raw), "cache_alloc_raw");
+        assert_eq!(HOOKS[19].program(Mechanism::Raw), "cache_alloc_raw");
         assert_eq!(HOOKS[5].program(Mechanism::Classic), "fork_tp");
         // The other sources have raw_tp programs only.
-        assert_eq!(HOOKS[8].program(Mechanism::Btf), "page_alloc_raw");
+        assert_eq!(HOOKS[20].program(Mechanism::Btf), "page_alloc_raw");
         for hook in &HOOKS {
             for m in [Mechanism::Btf, Mechanism::Raw, Mechanism::Classic] {
                 let name = hook.program(m);
@@ -217,7 +218,7 @@ mod tests {
             }
         }
         assert_eq!(
-            HOOKS[9].fallback_program(Fallback::Fentry),
+            HOOKS[21].fallback_program(Fallback::Fentry),
             "vmalloc_alloc_fexit"
         );
         assert_eq!(
@@ -227,6 +228,25 @@ mod tests {
         // Frees are attached before allocations.
         let first_alloc = HOOKS.iter().position(|h| h.role == Role::Alloc).unwrap();
         assert!(HOOKS[first_alloc..].iter().all(|h| h.role != Role::Free));
+        // Interrupt exits before entries, both before allocations.
+        let first_entry = HOOKS
+            .iter()
+            .position(|h| h.role == Role::InterruptEntry)
+            .unwrap();
+        assert!(HOOKS[first_entry..]
+            .iter()
+            .all(|h| h.role != Role::InterruptExit));
+        assert!(HOOKS[first_alloc..].iter().all(|h| !h.role.is_interrupt()));
+        assert_eq!(HOOKS[6].program(Mechanism::Btf), "softirq_exit_raw");
+        // Every bracket has its other half.
+        for hook in HOOKS.iter().filter(|h| h.role.is_interrupt()) {
+            let partner = hook.bracket_partner().expect(hook.tracepoint);
+            assert_ne!(partner.role, hook.role);
+            assert_eq!(
+                partner.bracket_partner().unwrap().tracepoint,
+                hook.tracepoint
+            );
+        }
     }
 
     #[test]

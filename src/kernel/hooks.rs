@@ -11,6 +11,10 @@ pub enum Role {
     Free,
     /// A process forked: its child is followed when the parent is traced.
     Fork,
+    /// An interrupt's handler ends, or begins: together they tell which
+    /// events ran in interrupt context (bpf/interrupt_context.bpf.h).
+    InterruptExit,
+    InterruptEntry,
 }
 
 /// One tracepoint the kmem object hooks.
@@ -87,9 +91,26 @@ impl Hook {
     }
 }
 
+/// An interrupt bracket's hook (raw_tp only; no source of its own).
+const fn bracket(tracepoint: &'static str, system: &'static str, role: Role) -> Hook {
+    Hook {
+        tracepoint,
+        system,
+        role,
+        program: tracepoint,
+        source: Source::Kmalloc,
+        raw_only: true,
+        function: None,
+        until: None,
+        layout: None,
+    }
+}
+
 /// Every hook, in attach order: frees before allocations, so that no
-/// tracked object's free can be missed at start.
-pub const HOOKS: [Hook; 13] = [
+/// tracked object's free can be missed at start; interrupt exits before
+/// their entries, so that no bracket opens without its exit watched, and
+/// both before allocations.
+pub const HOOKS: [Hook; 25] = [
     Hook {
         tracepoint: "kfree",
         system: "kmem",
@@ -156,6 +177,26 @@ pub const HOOKS: [Hook; 13] = [
         until: None,
         layout: None,
     },
+    bracket("softirq_exit", "irq", Role::InterruptExit),
+    bracket("irq_handler_exit", "irq", Role::InterruptExit),
+    bracket("local_timer_exit", "irq_vectors", Role::InterruptExit),
+    bracket("irq_work_exit", "irq_vectors", Role::InterruptExit),
+    bracket("call_function_exit", "irq_vectors", Role::InterruptExit),
+    bracket(
+        "call_function_single_exit",
+        "irq_vectors",
+        Role::InterruptExit,
+    ),
+    bracket("softirq_entry", "irq", Role::InterruptEntry),
+    bracket("irq_handler_entry", "irq", Role::InterruptEntry),
+    bracket("local_timer_entry", "irq_vectors", Role::InterruptEntry),
+    bracket("irq_work_entry", "irq_vectors", Role::InterruptEntry),
+    bracket("call_function_entry", "irq_vectors", Role::InterruptEntry),
+    bracket(
+        "call_function_single_entry",
+        "irq_vectors",
+        Role::InterruptEntry,
+    ),
     Hook {
         tracepoint: "kmalloc",
         system: "kmem",
@@ -239,16 +280,41 @@ pub const HOOKS: [Hook; 13] = [
     },
 ];
 
+impl Role {
+    /// Allocations and frees: events of a source.
+    pub fn is_event(self) -> bool {
+        matches!(self, Role::Alloc | Role::Free)
+    }
+
+    pub fn is_interrupt(self) -> bool {
+        matches!(self, Role::InterruptExit | Role::InterruptEntry)
+    }
+}
+
+impl Hook {
+    /// An interrupt bracket's other half: the entry of an exit, the exit of
+    /// an entry.
+    pub fn bracket_partner(&self) -> Option<&'static Hook> {
+        let (from, to) = match self.role {
+            Role::InterruptExit => ("_exit", "_entry"),
+            Role::InterruptEntry => ("_entry", "_exit"),
+            _ => return None,
+        };
+        let name = format!("{}{to}", self.tracepoint.strip_suffix(from)?);
+        HOOKS.iter().find(|h| h.tracepoint == name)
+    }
+}
+
 /// The slab's kmem tracepoints (allocations and frees), in attach order.
 pub fn kmem_hooks() -> impl Iterator<Item = &'static Hook> {
     HOOKS
         .iter()
-        .filter(|h| h.source == Source::Kmalloc && h.role != Role::Fork)
+        .filter(|h| h.source == Source::Kmalloc && h.role.is_event())
 }
 
 /// The hooks of one source beyond the slab, in attach order.
 pub fn source_hooks(source: Source) -> impl Iterator<Item = &'static Hook> {
     HOOKS
         .iter()
-        .filter(move |h| h.source == source && h.role != Role::Fork)
+        .filter(move |h| h.source == source && h.role.is_event())
 }

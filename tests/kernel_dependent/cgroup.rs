@@ -291,6 +291,67 @@ fn classic_tracepoints_put_interrupt_allocations_in_their_own_row() {
     );
 }
 
+/// A timer's interrupt of a process that computes in user mode runs on the
+/// process's own kernel stack (x86-64 switches stacks only for an interrupt
+/// of kernel code), with the process as the current task; each SIGALRM of
+/// its interval timer allocates a `sigqueue` object there, under
+/// it_real_fn. Those allocations are still no task's: the interrupt row and
+/// the stacks' interrupt entries have them, and a run that traces the
+/// process by PID does not count them.
+#[test]
+fn an_interrupt_of_user_mode_is_no_task_s() {
+    require_root();
+    const ALARMS: u64 = 300;
+    let alarms = ALARMS.to_string();
+    let from_timer = |r: &Value| -> Vec<Value> {
+        r["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| frames(s).iter().any(|f| f.starts_with("it_real_fn+")))
+            .cloned()
+            .collect()
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    #[rustfmt::skip]
+    let mut kheap = Tracing::start(&[
+        "record", "--by", "cgroup", "--exact-stacks", "--max-entries", "65536",
+        "--format", "json", "-o", out.to_str().unwrap(),
+    ]);
+    let load = Command::new(LOAD)
+        .args(["alarm-spin", &alarms])
+        .output()
+        .unwrap();
+    assert!(load.status.success(), "{load:?}");
+    assert!(kheap.stop());
+    let r = parse_valid(&std::fs::read_to_string(&out).unwrap());
+    let stacks = from_timer(&r);
+    let count: u64 = stacks.iter().map(|s| u(&s["count"])).sum();
+    // Every alarm's allocation (other timers of the machine may add some).
+    assert!(count >= ALARMS, "{count} of {ALARMS}: {stacks:#?}");
+    for p in stacks
+        .iter()
+        .flat_map(|s| s["processes"].as_array().unwrap())
+    {
+        assert_eq!(p["interrupt"], true, "{p:#}");
+    }
+    let irq = r["cgroups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["interrupt"] == true)
+        .expect("an interrupt row");
+    assert!(u(&irq["count"]) >= count, "{irq:#}");
+    stacks_blame_interrupts_on_no_process(&r, irq);
+
+    // Traced by PID: the process's own allocations (its start) only.
+    let r = record_json(&["--exact-stacks"], &["alarm-spin", &alarms]);
+    assert!(u(&r["totals"]["count"]) > 0, "{:#}", r["totals"]);
+    assert_eq!(from_timer(&r), Vec::<Value>::new());
+}
+
 /// Runs `record --by cgroup EXTRA` around loopback TCP traffic and checks
 /// its rows: one interrupt row, and the sends in the test's own cgroup.
 fn interrupt_rows(extra: &[&str]) -> Value {

@@ -145,11 +145,23 @@ fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
     assert_eq!(u(&s["freed_count"]), 500);
     assert_eq!(u(&s["freed_bytes"]), 500 * MSG_ALLOC);
     assert_eq!(u(&s["freed_unseen"]), 0);
-    // Every attached program reports its recursion misses.
+    // Every attached program reports its recursion misses: the four kmem
+    // hooks and the interrupt brackets.
     let progs = end["leaks"]["recursion_misses_by_program"]
         .as_array()
         .unwrap();
-    assert_eq!(progs.len(), 4, "{progs:?}");
+    let mut reported: Vec<&str> = progs
+        .iter()
+        .map(|p| p["program"].as_str().unwrap())
+        .collect();
+    let mut attached: Vec<&str> = attach_lines(&end)
+        .iter()
+        .map(|a| a.split(':').next().unwrap())
+        .collect();
+    reported.sort_unstable();
+    attached.sort_unstable();
+    assert_eq!(reported, attached);
+    assert!(attached.contains(&"softirq_entry"), "{attached:?}");
 }
 
 /// Thousands of live objects are all read back: the live-object reader must
@@ -385,11 +397,17 @@ fn sigterm_detaches_and_still_reports() {
     let dir = tempfile::tempdir().unwrap();
     let mut k = start_leaks(dir.path(), &[]);
     let ids = bpf_prog_ids(k.child.id());
-    assert_eq!(ids.len(), 5, "four hooks and the clock program: {ids:?}");
     k.signal(libc::SIGTERM);
     assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
     let end = read_json(&dir.path().join("final.json"));
     assert_eq!(end["leaks"]["snapshot"], false);
+    let attached = attach_lines(&end);
+    assert!(attached.len() >= 4, "{attached:?}");
+    assert_eq!(
+        ids.len(),
+        attached.len() + 1,
+        "a program per hook and the clock program: {ids:?}, {attached:?}"
+    );
     for id in ids {
         assert!(!prog_loaded(id), "program {id} still loaded");
     }

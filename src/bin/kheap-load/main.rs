@@ -66,18 +66,25 @@
 //!       COUNT BPF maps as bpf-array does (`array` above 32 KiB: one
 //!       vmalloc area each; `percpu`: ENTRIES percpu allocations each; the
 //!       kernel frees them later, in a kworker). Prints CPU ns per call.
+//!   kheap-load alarm-spin COUNT             spins in user mode until an
+//!       interval timer (every millisecond) has sent COUNT SIGALRMs: each
+//!       allocates a `sigqueue` object in hard interrupt context, on the
+//!       process's own kernel stack when the timer interrupts it in user
+//!       mode. Prints `COUNT alarms`.
 //!
 //! With KHEAP_LOAD_WAIT set, any mode prints `ready` once started and then
 //! waits for a line on stdin: a test can then move the process into a
 //! cgroup, so that only the workload (not the exec and start-up) runs
 //! there.
 
+mod alarms;
 mod bpf;
 mod calls;
 mod fds;
 mod msg;
 mod pages;
 
+use alarms::alarm_spin;
 use bpf::{bpf_array, bpf_maps};
 use calls::{malloc_free, probe_site, writev, writev_diff, writev_rate};
 use fds::{epoll, fds};
@@ -86,7 +93,7 @@ use pages::{page_cycle, pages};
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | epoll COUNT [HOLD_SECS] | writev COUNT | writev-diff COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | epoll COUNT [HOLD_SECS] | writev COUNT | writev-diff COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE | alarm-spin COUNT"
     );
     std::process::exit(2);
 }
@@ -144,6 +151,7 @@ fn main() {
         ),
         Some("epoll") => epoll(arg(&args, 2), args.get(3).map(|_| arg(&args, 3))),
         Some("writev") => writev(arg(&args, 2)),
+        Some("alarm-spin") => alarm_spin(arg(&args, 2)),
         Some("writev-diff") => writev_diff(arg(&args, 2)),
         Some("malloc") => malloc_free(arg(&args, 2), arg(&args, 3)),
         Some("probe-site") => probe_site(&arg::<String>(&args, 2), arg(&args, 3)),

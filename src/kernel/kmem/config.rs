@@ -144,6 +144,17 @@ impl Config {
         self.stack_owners && self.stack_sample_every != 0
     }
 
+    /// The programs ask whether an event ran in interrupt context (for the
+    /// interrupt row, a filter of tasks, or stacks' owners): the interrupt
+    /// brackets are attached.
+    pub(super) fn tells_interrupts(&self) -> bool {
+        self.by_cgroup
+            || !self.pids.is_empty()
+            || self.comm.is_some()
+            || !self.cgroups.is_empty()
+            || self.stacks_by_owner()
+    }
+
     /// Slots per CPU in front of the site map (bpf/site_slots.bpf.h): an
     /// eighth of `max_sites`, a power of two from 1 to 1024, so that
     /// `--max-entries` bounds the memory of both.

@@ -65,6 +65,7 @@ impl<'obj> Tracer<'obj> {
                 Role::Alloc => cfg.sources.contains(Source::Kmalloc),
                 Role::Free => trace_frees && cfg.sources.contains(Source::Kmalloc),
                 Role::Fork => cfg.follow_children,
+                Role::InterruptExit | Role::InterruptEntry => cfg.tells_interrupts(),
             };
             if !wanted {
                 continue;
@@ -74,7 +75,7 @@ impl<'obj> Tracer<'obj> {
                 enabled.push(hook);
             } else if hook.until.is_some() {
                 // Newer kernels fire these events as another hook's.
-            } else if cfg.live.is_some() && hook.role != Role::Fork {
+            } else if cfg.live.is_some() && hook.role.is_event() {
                 // Without every free hook, everything would look leaked.
                 bail!("kheap leaks needs the kmem:{tp} tracepoint, which this kernel lacks");
             } else {
@@ -102,6 +103,23 @@ impl<'obj> Tracer<'obj> {
         }
         if cfg.follow_children && !enabled.iter().any(|h| h.role == Role::Fork) {
             eprintln!("kheap: warning: sched_process_fork is not available; children of the command are not followed");
+        }
+        // An interrupt's entry without its exit would leave its brackets
+        // open: each kind is attached whole or not at all.
+        let halves: Vec<&'static Hook> = enabled
+            .iter()
+            .copied()
+            .filter(|h| {
+                h.bracket_partner()
+                    .is_some_and(|p| !enabled.iter().any(|e| e.tracepoint == p.tracepoint))
+            })
+            .collect();
+        enabled.retain(|h| !halves.iter().any(|x| x.tracepoint == h.tracepoint));
+        for h in halves {
+            skipped.push(format!(
+                "{}: not attached without its other half",
+                h.tracepoint
+            ));
         }
 
         let mut open = crate::kernel::features::open_skel(KheapSkelBuilder::default(), slot)
@@ -283,6 +301,18 @@ impl<'obj> Tracer<'obj> {
             &p.vmalloc_free_kprobe,
             &p.percpu_alloc_raw,
             &p.percpu_free_raw,
+            &p.softirq_exit_raw,
+            &p.irq_handler_exit_raw,
+            &p.local_timer_exit_raw,
+            &p.irq_work_exit_raw,
+            &p.call_function_exit_raw,
+            &p.call_function_single_exit_raw,
+            &p.softirq_entry_raw,
+            &p.irq_handler_entry_raw,
+            &p.local_timer_entry_raw,
+            &p.irq_work_entry_raw,
+            &p.call_function_entry_raw,
+            &p.call_function_single_entry_raw,
         ];
         all.into_iter().find(|p| p.name() == name)
     }
