@@ -151,7 +151,7 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 	/* An allocation in interrupt context is not the running task's: it
 	 * goes to the interrupt row, and no filter of tasks (PIDs, command
 	 * name, cgroups) matches it. */
-	if (cfg.by_cgroup || tasks_filtered(&cfg.filter)) {
+	if (cfg.tests_context) {
 		interrupt = in_interrupt_context(ctx, classic);
 		if (interrupt && tasks_filtered(&cfg.filter))
 			return;

@@ -309,6 +309,10 @@ struct kheap_config {
 	/* kfree events ask the object's slab for its cache (top, slab, serve:
 	 * frees per cache; the kfunc only) */
 	__u8 kfree_caches;
+	/* an allocation's context is tested (interrupt_context.bpf.h): for
+	 * the interrupt row (by_cgroup) or a filter of tasks, which leaves
+	 * interrupts out; one load on the default path */
+	__u8 tests_context;
 };
 
 /* cache_frees keys of kfree events (cfg.kfree_caches): the cache's address

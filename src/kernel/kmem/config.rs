@@ -148,11 +148,13 @@ impl Config {
     /// interrupt row, a filter of tasks, or stacks' owners): the interrupt
     /// brackets are attached.
     pub(super) fn tells_interrupts(&self) -> bool {
-        self.by_cgroup
-            || !self.pids.is_empty()
-            || self.comm.is_some()
-            || !self.cgroups.is_empty()
-            || self.stacks_by_owner()
+        self.by_cgroup || self.filters_tasks() || self.stacks_by_owner()
+    }
+
+    /// Only some tasks' allocations are counted (PIDs, a command name,
+    /// cgroups; kheap's own exclusion aside), and no interrupt's.
+    pub(super) fn filters_tasks(&self) -> bool {
+        !self.pids.is_empty() || self.comm.is_some() || !self.cgroups.is_empty()
     }
 
     /// Slots per CPU in front of the site map (bpf/site_slots.bpf.h): an
