@@ -118,8 +118,12 @@ static __always_inline bool record_off_task_stack(void *ctx)
 }
 
 /* Whether the event of context `ctx` (a classic tracepoint's record when
- * `classic`, else raw tracepoint arguments) ran in interrupt context. */
-static __always_inline bool in_interrupt_context(void *ctx, bool classic)
+ * `classic`, else raw tracepoint arguments) ran in interrupt context.
+ * A subprogram, not inlined: inlined into the sampled-stack path, its map
+ * lookup and reads took registers that moved values of the path every
+ * event takes onto the stack (more stores and loads per event, with no
+ * run asking for the test). Called, it keeps its registers to itself. */
+static __noinline bool in_interrupt_context(void *ctx, bool classic)
 {
 	/* Both tests, whatever the first says: one branch less for the
 	 * verifier to walk on every path after (an interrupt is rare, its
