@@ -19,7 +19,7 @@
  *   is empty then), and so do the softirqs run as it ends, so the first test
  *   cannot see it: a timer's signal, a network card's receive refill, made
  *   while a process computes, would be that process's. Programs on the
- *   entry and exit tracepoints of interrupt handlers keep a per-CPU count
+ *   entry and exit tracepoints of interrupt handlers keep a per-CPU record
  *   of the brackets open (below). Interrupts of user mode without such
  *   tracepoints (other system vectors) are not bracketed: what they
  *   allocate is still the interrupted task's. Softirqs run by ksoftirqd
@@ -30,65 +30,82 @@
 #ifndef KHEAP_INTERRUPT_CONTEXT_BPF_H
 #define KHEAP_INTERRUPT_CONTEXT_BPF_H
 
-/* Brackets open on this CPU. User space attaches every exit program before
- * any entry program, so no bracket is opened without its exit watched; an
- * exit whose entry came before the attach finds 0 and leaves it. */
-KHEAP_PERCPU_SLOT(interrupt_depth, __u32);
+/* The brackets open on this CPU: a bit per kind of handler (below). None of
+ * these handlers runs inside another of its kind on one CPU, so a bit is
+ * enough, and a kind's exit clears only its own: an exit whose entry came
+ * before the attach, or before its entry program was attached, clears a bit
+ * that is not set and leaves the other kinds' brackets open. User space
+ * attaches each kind's exit program before its entry program, so no bit is
+ * set without its clear watched. A bracket program interrupted between its
+ * load and its store is interrupted by whole brackets, which leave the
+ * word as they found it. */
+KHEAP_PERCPU_SLOT(interrupts_open, __u32);
 
-static __always_inline void bracket_open(void)
+enum interrupt_kind {
+	INTERRUPT_SOFTIRQ = 1 << 0,
+	INTERRUPT_IRQ_HANDLER = 1 << 1,
+	INTERRUPT_LOCAL_TIMER = 1 << 2,
+	INTERRUPT_IRQ_WORK = 1 << 3,
+	INTERRUPT_CALL_FUNCTION = 1 << 4,
+	INTERRUPT_CALL_FUNCTION_SINGLE = 1 << 5,
+};
+
+static __always_inline void bracket_open(__u32 kind)
 {
 	__u32 zero = 0;
-	__u32 *depth = bpf_map_lookup_elem(&interrupt_depth, &zero);
+	__u32 *open = bpf_map_lookup_elem(&interrupts_open, &zero);
 
-	if (depth)
-		(*depth)++;
+	if (open)
+		*open |= kind;
 }
 
-static __always_inline void bracket_close(void)
+static __always_inline void bracket_close(__u32 kind)
 {
 	__u32 zero = 0;
-	__u32 *depth = bpf_map_lookup_elem(&interrupt_depth, &zero);
+	__u32 *open = bpf_map_lookup_elem(&interrupts_open, &zero);
 
-	if (depth && *depth)
-		(*depth)--;
+	if (open)
+		*open &= ~kind;
 }
 
-static __always_inline __u32 brackets_open(void)
+static __always_inline bool brackets_open(void)
 {
 	__u32 zero = 0;
-	__u32 *depth = bpf_map_lookup_elem(&interrupt_depth, &zero);
+	__u32 *open = bpf_map_lookup_elem(&interrupts_open, &zero);
 
-	return depth ? *depth : 0;
+	return open && *open;
 }
 
 /* The programs, raw_tp on every kernel kheap supports (they read no
  * argument), attached by user space to the tracepoints their names say:
  * soft interrupts, device interrupt handlers, and the x86 system vectors
  * that run callbacks (the local timer's hrtimers, irq_work, function
- * calls). None of these handlers runs inside another of its kind on one
- * CPU, so the kernel never skips one of these programs as recursive, which
- * would lose half a bracket. (hrtimer_expire_entry/exit would: a hard
- * hrtimer can interrupt a soft one's program.) */
-#define KHEAP_BRACKET(prog, action) \
-	SEC("raw_tp")               \
-	int prog(void *ctx)         \
-	{                           \
-		action();           \
-		return 0;           \
+ * calls). As no handler of these kinds runs inside another of its kind,
+ * the kernel never skips one of these programs as recursive, which would
+ * lose half a bracket. (hrtimer_expire_entry/exit would: a hard hrtimer
+ * can interrupt a soft one's program.) */
+#define KHEAP_BRACKET(prog, action, kind) \
+	SEC("raw_tp")                     \
+	int prog(void *ctx)               \
+	{                                 \
+		action(kind);             \
+		return 0;                 \
 	}
 
-KHEAP_BRACKET(softirq_exit_raw, bracket_close)
-KHEAP_BRACKET(irq_handler_exit_raw, bracket_close)
-KHEAP_BRACKET(local_timer_exit_raw, bracket_close)
-KHEAP_BRACKET(irq_work_exit_raw, bracket_close)
-KHEAP_BRACKET(call_function_exit_raw, bracket_close)
-KHEAP_BRACKET(call_function_single_exit_raw, bracket_close)
-KHEAP_BRACKET(softirq_entry_raw, bracket_open)
-KHEAP_BRACKET(irq_handler_entry_raw, bracket_open)
-KHEAP_BRACKET(local_timer_entry_raw, bracket_open)
-KHEAP_BRACKET(irq_work_entry_raw, bracket_open)
-KHEAP_BRACKET(call_function_entry_raw, bracket_open)
-KHEAP_BRACKET(call_function_single_entry_raw, bracket_open)
+KHEAP_BRACKET(softirq_exit_raw, bracket_close, INTERRUPT_SOFTIRQ)
+KHEAP_BRACKET(softirq_entry_raw, bracket_open, INTERRUPT_SOFTIRQ)
+KHEAP_BRACKET(irq_handler_exit_raw, bracket_close, INTERRUPT_IRQ_HANDLER)
+KHEAP_BRACKET(irq_handler_entry_raw, bracket_open, INTERRUPT_IRQ_HANDLER)
+KHEAP_BRACKET(local_timer_exit_raw, bracket_close, INTERRUPT_LOCAL_TIMER)
+KHEAP_BRACKET(local_timer_entry_raw, bracket_open, INTERRUPT_LOCAL_TIMER)
+KHEAP_BRACKET(irq_work_exit_raw, bracket_close, INTERRUPT_IRQ_WORK)
+KHEAP_BRACKET(irq_work_entry_raw, bracket_open, INTERRUPT_IRQ_WORK)
+KHEAP_BRACKET(call_function_exit_raw, bracket_close, INTERRUPT_CALL_FUNCTION)
+KHEAP_BRACKET(call_function_entry_raw, bracket_open, INTERRUPT_CALL_FUNCTION)
+KHEAP_BRACKET(call_function_single_exit_raw, bracket_close,
+	      INTERRUPT_CALL_FUNCTION_SINGLE)
+KHEAP_BRACKET(call_function_single_entry_raw, bracket_open,
+	      INTERRUPT_CALL_FUNCTION_SINGLE)
 
 /* x86-64 THREAD_SIZE (16 KiB; 32 KiB only with KASAN, not in distribution
  * kernels). */
@@ -131,7 +148,7 @@ static __noinline bool in_interrupt_context(void *ctx, bool classic)
 	bool off_stack = classic ? record_off_task_stack(ctx)
 				 : off_task_stack((__u64)ctx);
 
-	return off_stack | (brackets_open() != 0);
+	return off_stack | brackets_open();
 }
 
 #endif /* KHEAP_INTERRUPT_CONTEXT_BPF_H */

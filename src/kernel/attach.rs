@@ -63,11 +63,13 @@ impl Mechanism {
             // with an older argument layout is not the hook's.
             Mechanism::Btf | Mechanism::Raw => {
                 (mech == Mechanism::Raw || kbtf.typed_programs)
-                    && kbtf.btf_tracepoints.iter().any(|t| t == hook.tracepoint)
+                    && hook
+                        .tracepoints()
+                        .all(|tp| kbtf.btf_tracepoints.iter().any(|t| t == tp))
                     && !kbtf.old_layouts.iter().any(|t| t == hook.tracepoint)
             }
             Mechanism::Classic => {
-                tracefs.is_some_and(|t| t.has_event(hook.system, hook.tracepoint))
+                tracefs.is_some_and(|t| hook.tracepoints().all(|tp| t.has_event(hook.system, tp)))
             }
         }
     }
@@ -239,28 +241,34 @@ mod tests {
         // Frees are attached before allocations.
         let first_alloc = HOOKS.iter().position(|h| h.role == Role::Alloc).unwrap();
         assert!(HOOKS[first_alloc..].iter().all(|h| h.role != Role::Free));
-        // Interrupt exits before entries, both before allocations.
-        let first_entry = HOOKS
+        // Interrupt brackets before allocations, each closed before it is
+        // opened, by a program of its own.
+        let first_bracket = HOOKS
             .iter()
-            .position(|h| h.role == Role::InterruptEntry)
+            .position(|h| h.role == Role::Interrupt)
             .unwrap();
-        assert!(HOOKS[first_entry..]
+        assert!(first_bracket < first_alloc);
+        assert!(HOOKS[first_alloc..]
             .iter()
-            .all(|h| h.role != Role::InterruptExit));
-        assert!(HOOKS[first_alloc..].iter().all(|h| !h.role.is_interrupt()));
+            .all(|h| h.role != Role::Interrupt));
+        let softirq = named("softirq_entry");
+        assert_eq!(softirq.program(Mechanism::Btf), "softirq_entry_raw");
         assert_eq!(
-            named("softirq_exit").program(Mechanism::Btf),
-            "softirq_exit_raw"
+            softirq.closing_program().as_deref(),
+            Some("softirq_exit_raw")
         );
-        // Every bracket has its other half.
-        for hook in HOOKS.iter().filter(|h| h.role.is_interrupt()) {
-            let partner = hook.bracket_partner().expect(hook.tracepoint);
-            assert_ne!(partner.role, hook.role);
-            assert_eq!(
-                partner.bracket_partner().unwrap().tracepoint,
-                hook.tracepoint
-            );
+        assert_eq!(
+            softirq.tracepoints().collect::<Vec<_>>(),
+            ["softirq_exit", "softirq_entry"]
+        );
+        for hook in HOOKS.iter().filter(|h| h.role == Role::Interrupt) {
+            let name = hook.closing_program().expect(hook.tracepoint);
+            assert!(src.contains(&format!("({name},")), "{name} not defined");
         }
+        assert!(HOOKS
+            .iter()
+            .filter(|h| h.role != Role::Interrupt)
+            .all(|h| h.closed_by.is_none()));
     }
 
     #[test]

@@ -331,7 +331,7 @@ fn read_kernel_btf() -> Result<KernelBtf> {
     let hooks = &crate::kernel::hooks::HOOKS;
     let btf_tracepoints = hooks
         .iter()
-        .map(|h| h.tracepoint)
+        .flat_map(|h| h.tracepoints())
         .filter(|tp| index.find::<Typedef>(&format!("btf_trace_{tp}")).is_some())
         .map(str::to_string)
         .collect();

@@ -11,10 +11,10 @@ pub enum Role {
     Free,
     /// A process forked: its child is followed when the parent is traced.
     Fork,
-    /// An interrupt's handler ends, or begins: together they tell which
-    /// events ran in interrupt context (bpf/interrupt_context.bpf.h).
-    InterruptExit,
-    InterruptEntry,
+    /// An interrupt's handler begins (the hook's tracepoint) and ends
+    /// (`closed_by`): together they tell which events ran in interrupt
+    /// context (bpf/interrupt_context.bpf.h).
+    Interrupt,
 }
 
 /// One tracepoint the kmem object hooks.
@@ -44,6 +44,11 @@ pub struct Hook {
     /// it: without it the arguments are another layout, which the program
     /// does not read.
     pub layout: Option<(&'static str, &'static str)>,
+    /// The tracepoint that ends what this hook's tracepoint begins (an
+    /// interrupt handler's exit), hooked by the raw_tp program
+    /// `<closed_by>_raw` and attached just before the hook's own program:
+    /// no bracket is opened without its close watched.
+    pub closed_by: Option<&'static str>,
 }
 
 /// How a hook whose tracepoint is missing is attached to its function.
@@ -91,26 +96,27 @@ impl Hook {
     }
 }
 
-/// An interrupt bracket's hook (raw_tp only; no source of its own).
-const fn bracket(tracepoint: &'static str, system: &'static str, role: Role) -> Hook {
+/// An interrupt bracket's hook: its handler's entry and exit (raw_tp only;
+/// no source of its own).
+const fn bracket(entry: &'static str, exit: &'static str, system: &'static str) -> Hook {
     Hook {
-        tracepoint,
+        tracepoint: entry,
         system,
-        role,
-        program: tracepoint,
+        role: Role::Interrupt,
+        program: entry,
         source: Source::Kmalloc,
         raw_only: true,
         function: None,
         until: None,
         layout: None,
+        closed_by: Some(exit),
     }
 }
 
 /// Every hook, in attach order: frees before allocations, so that no
-/// tracked object's free can be missed at start; interrupt exits before
-/// their entries, so that no bracket opens without its exit watched, and
-/// both before allocations.
-pub const HOOKS: [Hook; 25] = [
+/// tracked object's free can be missed at start; interrupt brackets before
+/// allocations, so that the first allocations' context is known.
+pub const HOOKS: [Hook; 19] = [
     Hook {
         tracepoint: "kfree",
         system: "kmem",
@@ -121,6 +127,7 @@ pub const HOOKS: [Hook; 25] = [
         function: None,
         until: None,
         layout: None,
+        closed_by: None,
     },
     Hook {
         tracepoint: "kmem_cache_free",
@@ -132,6 +139,7 @@ pub const HOOKS: [Hook; 25] = [
         function: None,
         until: None,
         layout: None,
+        closed_by: None,
     },
     Hook {
         tracepoint: "mm_page_free",
@@ -143,6 +151,7 @@ pub const HOOKS: [Hook; 25] = [
         function: None,
         until: None,
         layout: None,
+        closed_by: None,
     },
     Hook {
         tracepoint: "free_vmap_area_noflush",
@@ -154,6 +163,7 @@ pub const HOOKS: [Hook; 25] = [
         function: Some("free_vmap_area_noflush"),
         until: None,
         layout: None,
+        closed_by: None,
     },
     Hook {
         tracepoint: "percpu_free_percpu",
@@ -165,6 +175,7 @@ pub const HOOKS: [Hook; 25] = [
         function: None,
         until: None,
         layout: None,
+        closed_by: None,
     },
     Hook {
         tracepoint: "sched_process_fork",
@@ -176,26 +187,17 @@ pub const HOOKS: [Hook; 25] = [
         function: None,
         until: None,
         layout: None,
+        closed_by: None,
     },
-    bracket("softirq_exit", "irq", Role::InterruptExit),
-    bracket("irq_handler_exit", "irq", Role::InterruptExit),
-    bracket("local_timer_exit", "irq_vectors", Role::InterruptExit),
-    bracket("irq_work_exit", "irq_vectors", Role::InterruptExit),
-    bracket("call_function_exit", "irq_vectors", Role::InterruptExit),
-    bracket(
-        "call_function_single_exit",
-        "irq_vectors",
-        Role::InterruptExit,
-    ),
-    bracket("softirq_entry", "irq", Role::InterruptEntry),
-    bracket("irq_handler_entry", "irq", Role::InterruptEntry),
-    bracket("local_timer_entry", "irq_vectors", Role::InterruptEntry),
-    bracket("irq_work_entry", "irq_vectors", Role::InterruptEntry),
-    bracket("call_function_entry", "irq_vectors", Role::InterruptEntry),
+    bracket("softirq_entry", "softirq_exit", "irq"),
+    bracket("irq_handler_entry", "irq_handler_exit", "irq"),
+    bracket("local_timer_entry", "local_timer_exit", "irq_vectors"),
+    bracket("irq_work_entry", "irq_work_exit", "irq_vectors"),
+    bracket("call_function_entry", "call_function_exit", "irq_vectors"),
     bracket(
         "call_function_single_entry",
+        "call_function_single_exit",
         "irq_vectors",
-        Role::InterruptEntry,
     ),
     Hook {
         tracepoint: "kmalloc",
@@ -207,6 +209,7 @@ pub const HOOKS: [Hook; 25] = [
         function: None,
         until: None,
         layout: None,
+        closed_by: None,
     },
     Hook {
         tracepoint: "kmem_cache_alloc",
@@ -218,6 +221,7 @@ pub const HOOKS: [Hook; 25] = [
         function: None,
         until: None,
         layout: None,
+        closed_by: None,
     },
     Hook {
         tracepoint: "mm_page_alloc",
@@ -229,6 +233,7 @@ pub const HOOKS: [Hook; 25] = [
         function: None,
         until: None,
         layout: None,
+        closed_by: None,
     },
     Hook {
         tracepoint: "alloc_vmap_area",
@@ -240,6 +245,7 @@ pub const HOOKS: [Hook; 25] = [
         function: Some("alloc_vmap_area"),
         until: None,
         layout: None,
+        closed_by: None,
     },
     Hook {
         tracepoint: "percpu_alloc_percpu",
@@ -252,6 +258,7 @@ pub const HOOKS: [Hook; 25] = [
         until: None,
         // call_site, bytes_alloc and gfp_flags came together.
         layout: Some(("call_site", "5.19")),
+        closed_by: None,
     },
     // Before 6.1 the NUMA-node variants fired tracepoints of their own,
     // with kmalloc's and (pre-6.1) kmem_cache_alloc's arguments: the same
@@ -266,6 +273,7 @@ pub const HOOKS: [Hook; 25] = [
         function: None,
         until: Some("6.1"),
         layout: None,
+        closed_by: None,
     },
     Hook {
         tracepoint: "kmem_cache_alloc_node",
@@ -277,6 +285,7 @@ pub const HOOKS: [Hook; 25] = [
         function: None,
         until: Some("6.1"),
         layout: None,
+        closed_by: None,
     },
 ];
 
@@ -285,23 +294,20 @@ impl Role {
     pub fn is_event(self) -> bool {
         matches!(self, Role::Alloc | Role::Free)
     }
-
-    pub fn is_interrupt(self) -> bool {
-        matches!(self, Role::InterruptExit | Role::InterruptEntry)
-    }
 }
 
 impl Hook {
-    /// An interrupt bracket's other half: the entry of an exit, the exit of
-    /// an entry.
-    pub fn bracket_partner(&self) -> Option<&'static Hook> {
-        let (from, to) = match self.role {
-            Role::InterruptExit => ("_exit", "_entry"),
-            Role::InterruptEntry => ("_entry", "_exit"),
-            _ => return None,
-        };
-        let name = format!("{}{to}", self.tracepoint.strip_suffix(from)?);
-        HOOKS.iter().find(|h| h.tracepoint == name)
+    /// The tracepoints this hook attaches to, in attach order: a bracket's
+    /// close before its opening.
+    pub fn tracepoints(&self) -> impl Iterator<Item = &'static str> {
+        self.closed_by
+            .into_iter()
+            .chain(std::iter::once(self.tracepoint))
+    }
+
+    /// The program of `closed_by`.
+    pub fn closing_program(&self) -> Option<String> {
+        self.closed_by.map(|tp| format!("{tp}_raw"))
     }
 }
 

@@ -157,7 +157,9 @@ fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
     reported.sort_unstable();
     let attached = attached_programs(&end);
     assert_eq!(reported, attached);
-    assert!(attached.contains(&"softirq_entry"), "{attached:?}");
+    for bracket in ["softirq_entry", "softirq_exit"] {
+        assert!(attached.iter().any(|p| p == bracket), "{attached:?}");
+    }
 }
 
 /// Thousands of live objects are all read back: the live-object reader must
@@ -387,15 +389,24 @@ fn doctor_names_the_object_store_this_kernel_gets() {
     }
 }
 
-/// Each program a report says is attached, once, by its hook's name (sorted):
-/// before 6.1 kmalloc_node and kmem_cache_alloc_node are attached to the
-/// programs of kmalloc and kmem_cache_alloc.
-fn attached_programs(report: &Value) -> Vec<&str> {
-    let mut programs: Vec<&str> = attach_lines(report)
-        .iter()
-        .map(|a| a.split(':').next().unwrap())
-        .map(|t| t.strip_suffix("_node").unwrap_or(t))
-        .collect();
+/// Each program a report says is attached, once, by its tracepoint's name
+/// (sorted): before 6.1 kmalloc_node and kmem_cache_alloc_node are attached
+/// to the programs of kmalloc and kmem_cache_alloc; the interrupts' line
+/// names the kinds whose entry and exit each have a program.
+fn attached_programs(report: &Value) -> Vec<String> {
+    let mut programs: Vec<String> = Vec::new();
+    for line in attach_lines(report) {
+        let (hook, how) = line.split_once(": ").unwrap();
+        if hook == "interrupts" {
+            let kinds = how.split_once(" of ").expect(line).1;
+            for kind in kinds.split('/') {
+                programs.push(format!("{kind}_entry"));
+                programs.push(format!("{kind}_exit"));
+            }
+        } else {
+            programs.push(hook.strip_suffix("_node").unwrap_or(hook).to_string());
+        }
+    }
     programs.sort_unstable();
     programs.dedup();
     programs

@@ -65,7 +65,7 @@ impl<'obj> Tracer<'obj> {
                 Role::Alloc => cfg.sources.contains(Source::Kmalloc),
                 Role::Free => trace_frees && cfg.sources.contains(Source::Kmalloc),
                 Role::Fork => cfg.follow_children,
-                Role::InterruptExit | Role::InterruptEntry => cfg.tells_interrupts(),
+                Role::Interrupt => cfg.tells_interrupts(),
             };
             if !wanted {
                 continue;
@@ -104,24 +104,6 @@ impl<'obj> Tracer<'obj> {
         if cfg.follow_children && !enabled.iter().any(|h| h.role == Role::Fork) {
             eprintln!("kheap: warning: sched_process_fork is not available; children of the command are not followed");
         }
-        // An interrupt's entry without its exit would leave its brackets
-        // open: each kind is attached whole or not at all.
-        let halves: Vec<&'static Hook> = enabled
-            .iter()
-            .copied()
-            .filter(|h| {
-                h.bracket_partner()
-                    .is_some_and(|p| !enabled.iter().any(|e| e.tracepoint == p.tracepoint))
-            })
-            .collect();
-        enabled.retain(|h| !halves.iter().any(|x| x.tracepoint == h.tracepoint));
-        for h in halves {
-            skipped.push(format!(
-                "{}: not attached without its other half",
-                h.tracepoint
-            ));
-        }
-
         let mut open = crate::kernel::features::open_skel(KheapSkelBuilder::default(), slot)
             .context("opening the BPF object")?;
         // Read at most once, and only where a table of kernel addresses is
@@ -162,9 +144,10 @@ impl<'obj> Tracer<'obj> {
             } else if entry_programs.contains(&name) {
                 true
             } else {
-                enabled
-                    .iter()
-                    .any(|h| program_name(h, mech, fallback) == name)
+                enabled.iter().any(|h| {
+                    program_name(h, mech, fallback) == name
+                        || h.closing_program().is_some_and(|c| c == name)
+                })
             };
             prog.set_autoload(on);
             if on && verifier_stats {
@@ -180,7 +163,7 @@ impl<'obj> Tracer<'obj> {
             cfg: cfg.clone(),
             mech,
             fallback,
-            hooks: Vec::new(),
+            programs: Vec::new(),
             attached: Vec::new(),
             skipped,
             kmalloc_caches: kmalloc_caches.unwrap_or_else(|why| why),
@@ -227,8 +210,20 @@ impl<'obj> Tracer<'obj> {
                 .update(&id.to_ne_bytes(), &[1u8], MapFlags::ANY)
                 .context("adding a cgroup to the filter map")?;
         }
+        // One line for the interrupt brackets, where the first is attached.
+        let mut brackets: Option<(usize, Vec<&str>)> = None;
         for hook in enabled {
             let tp = hook.tracepoint;
+            if let (Some(close), Some(name)) = (hook.closed_by, hook.closing_program()) {
+                let prog = tracer
+                    .program_named(&name)
+                    .with_context(|| format!("no program {name}"))?;
+                let link = prog
+                    .attach_raw_tracepoint(close)
+                    .with_context(|| format!("attaching to {close}"))?;
+                tracer.links.push(link);
+                tracer.programs.push((close, name));
+            }
             let prog = tracer
                 .program(hook)
                 .with_context(|| format!("no {} program for {tp}", mech.name()))?;
@@ -256,13 +251,31 @@ impl<'obj> Tracer<'obj> {
                     .with_context(|| format!("attaching to {tp}'s entry"))?;
                 tracer.links.push(link);
             }
-            tracer.hooks.push(hook);
+            tracer
+                .programs
+                .push((tp, program_name(hook, mech, fallback)));
+            if hook.role == Role::Interrupt {
+                let at = tracer.attached.len();
+                let kind = tp.strip_suffix("_entry").unwrap_or(tp);
+                brackets.get_or_insert((at, Vec::new())).1.push(kind);
+                continue;
+            }
             let how = match (hook.function, fallback) {
                 (Some(f), Some(via)) => format!("{} on {f}", via.name()),
                 _ if hook.raw_only => Mechanism::Raw.name().to_string(),
                 _ => mech.name().to_string(),
             };
             tracer.attached.push(format!("{tp}: {how}"));
+        }
+        if let Some((at, kinds)) = brackets {
+            tracer.attached.insert(
+                at,
+                format!(
+                    "interrupts: {} on the entries and exits of {}",
+                    Mechanism::Raw.name(),
+                    kinds.join("/")
+                ),
+            );
         }
         Ok(tracer)
     }
@@ -272,7 +285,7 @@ impl<'obj> Tracer<'obj> {
         self.program_named(&program_name(hook, self.mech, self.fallback))
     }
 
-    fn program_named(&self, name: &str) -> Option<&ProgramMut<'obj>> {
+    pub(super) fn program_named(&self, name: &str) -> Option<&ProgramMut<'obj>> {
         let p = &self.skel.progs;
         let all = [
             &p.kmalloc_btf,

@@ -11,17 +11,17 @@ use crate::model::snapshot::ProgRunTime;
 use super::tracer::Tracer;
 
 impl<'obj> Tracer<'obj> {
-    /// Per attached hook: run time, run count and recursion misses (events
+    /// Per attached program (by its tracepoint): run time, run count and recursion misses (events
     /// the kernel skipped because a BPF program was already running on the
     /// CPU), from the kernel's program info. Run time and count only advance
     /// while BPF run-time statistics are enabled (`enable_run_time_stats`).
     pub fn program_stats(&self) -> Vec<(String, ProgRunTime)> {
         let ours: Vec<(u32, &str)> = self
-            .hooks
+            .programs
             .iter()
-            .filter_map(|h| {
-                let id = Program::id_from_fd(self.program(h)?.as_fd()).ok()?;
-                Some((id, h.tracepoint))
+            .filter_map(|(tp, name)| {
+                let id = Program::id_from_fd(self.program_named(name)?.as_fd()).ok()?;
+                Some((id, *tp))
             })
             .collect();
         let mut out: Vec<(String, ProgRunTime)> =

@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use libbpf_rs::Link;
 
-use crate::kernel::attach::{Fallback, Hook, Mechanism};
+use crate::kernel::attach::{Fallback, Mechanism};
 use crate::kernel::features::Tracefs;
 use crate::kernel::maps::MappedArray;
 use crate::kernel::skel::{types, KheapSkel};
@@ -24,8 +24,9 @@ pub struct Tracer<'obj> {
     /// How hooks whose tracepoint this kernel lacks attach to their
     /// function instead (vmalloc before 6.2), if any does.
     pub(super) fallback: Option<Fallback>,
-    /// The hooks attached.
-    pub(super) hooks: Vec<&'static Hook>,
+    /// The programs attached (not a kprobe path's entry programs), each
+    /// by the tracepoint it is attached to, and its name.
+    pub(super) programs: Vec<(&'static str, String)>,
     /// Hook → how it is attached ("kmalloc: tp_btf").
     pub attached: Vec<String>,
     /// Hooks not attached, with the reason (and, where this kernel gives
