@@ -115,8 +115,11 @@ const fn bracket(entry: &'static str, exit: &'static str, system: &'static str) 
 
 /// Every hook, in attach order: frees before allocations, so that no
 /// tracked object's free can be missed at start; interrupt brackets before
-/// allocations, so that the first allocations' context is known.
-pub const HOOKS: [Hook; 19] = [
+/// allocations, so that the first allocations' context is known. A
+/// static, not a const: every `&'static Hook` is then into this one array,
+/// and the attach order is found by address (`kmem::start`); a const is
+/// copied at each use, with no promise that two uses share an address.
+pub static HOOKS: [Hook; 19] = [
     Hook {
         tracepoint: "kfree",
         system: "kmem",
