@@ -195,6 +195,8 @@ mod tests {
             include_str!("../../bpf/interrupt_context.bpf.h"),
         ]
         .concat();
+        let defined =
+            |name: &str| src.contains(&format!("({name},")) || src.contains(&format!(" {name}("));
         // By name: the table's indices move as hooks are added.
         let named = |tp: &str| HOOKS.iter().find(|h| h.tracepoint == tp).unwrap();
         assert_eq!(HOOKS[0].program(Mechanism::Btf), "kfree_btf");
@@ -214,20 +216,14 @@ mod tests {
         for hook in &HOOKS {
             for m in [Mechanism::Btf, Mechanism::Raw, Mechanism::Classic] {
                 let name = hook.program(m);
-                assert!(
-                    src.contains(&format!("({name},")) || src.contains(&format!(" {name}(")),
-                    "{name} not defined"
-                );
+                assert!(defined(&name), "{name} not defined");
             }
         }
         // Hooks with a kernel function have its fentry and kprobe programs.
         for hook in HOOKS.iter().filter(|h| h.function.is_some()) {
             for via in [Fallback::Fentry, Fallback::Kprobe] {
                 let name = hook.fallback_program(via);
-                assert!(
-                    src.contains(&format!("({name},")) || src.contains(&format!(" {name}(")),
-                    "{name} not defined"
-                );
+                assert!(defined(&name), "{name} not defined");
             }
         }
         assert_eq!(
@@ -263,7 +259,7 @@ mod tests {
         );
         for hook in HOOKS.iter().filter(|h| h.role == Role::Interrupt) {
             let name = hook.closing_program().expect(hook.tracepoint);
-            assert!(src.contains(&format!("({name},")), "{name} not defined");
+            assert!(defined(&name), "{name} not defined");
         }
         assert!(HOOKS
             .iter()
