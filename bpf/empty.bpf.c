@@ -22,3 +22,5 @@ EMPTY(empty_kmalloc, kmalloc)
 EMPTY(empty_cache_alloc, kmem_cache_alloc)
 EMPTY(empty_kfree, kfree)
 EMPTY(empty_cache_free, kmem_cache_free)
+/* kheap's record tells its own process by the CPU's task switches */
+EMPTY(empty_sched_switch, sched_switch)

@@ -174,14 +174,12 @@ static __always_inline void count_free(const void *ptr, __u64 cache,
 				       const char *name, __u64 tag)
 {
 	struct cache_frees *f;
-	/* kheap leaves its own events out (cfg.filter.ignore_tgid), but not
-	 * a kfree()'s: it names no cache and only adds to the total of frees,
-	 * where kheap's few while it runs are noise, and the process lookup
-	 * was a sixth of the default path's cost. `cache` is the constant 0
-	 * in kfree programs, so the test goes from them at compile time. */
-	if ((tasks_filtered(&cfg.filter) ||
-	     (cfg.filter.ignore_tgid && cache)) &&
-	    !task_passes(&cfg.filter, bpf_get_current_pid_tgid() >> 32))
+	/* kheap leaves its own events out (cfg.filter.ignore_tgid). A
+	 * kfree() names no cache and only adds to the total of frees, so it
+	 * is tested for being kheap's only where that costs a per-CPU load
+	 * (cfg.own_process_by_switch), not a helper call: `cache` is the
+	 * constant 0 in kfree programs. */
+	if (task_left_out(cache || cfg.own_process_by_switch))
 		return;
 	if (!ptr) {
 		COUNT(frees_null);

@@ -113,6 +113,8 @@ static __always_inline void remember_cache_name(__u64 cache, const char *name)
 	bpf_map_update_elem(&cache_names, &cache, &n, BPF_NOEXIST);
 }
 
+/* Whether an event is kheap's own. */
+#include "own_process.bpf.h"
 /* The per-CPU front of `sites`. */
 #include "site_slots.bpf.h"
 /* record, top, slab: what an event adds to the counts of its site, stack,
@@ -146,8 +148,6 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 			key->call_site = caller;
 	}
 
-	/* cfg is constant after load: without filters, a per-process view or
-	 * live objects the verifier drops this block entirely. */
 	/* An allocation in interrupt context is not the running task's: it
 	 * goes to the interrupt row, and no filter of tasks (PIDs, command
 	 * name, cgroups) matches it. */
@@ -156,10 +156,15 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 		if (interrupt && tasks_filtered(&cfg.filter))
 			return;
 	}
-	if (filter_active(&cfg.filter) || cfg.by_process || cfg.track_live) {
+	/* cfg is constant after load: the tgid is asked for only where a
+	 * filter, a per-process view or live objects need it; otherwise only
+	 * whether the event is kheap's own (own_process.bpf.h). */
+	if (tasks_filtered(&cfg.filter) || cfg.by_process || cfg.track_live) {
 		tgid = bpf_get_current_pid_tgid() >> 32;
 		if (!task_passes(&cfg.filter, tgid))
 			return;
+	} else if (task_left_out(true)) {
+		return;
 	}
 	if (req < cfg.min_size || (cfg.max_size && req > cfg.max_size))
 		return;

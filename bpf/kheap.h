@@ -313,6 +313,9 @@ struct kheap_config {
 	 * the interrupt row (by_cgroup) or a filter of tasks, which leaves
 	 * interrupts out; one load on the default path */
 	__u8 tests_context;
+	/* kheap's own events are told by own_process_on_cpu, which a
+	 * sched_switch program keeps, not by the tgid (own_process.bpf.h) */
+	__u8 own_process_by_switch;
 };
 
 /* cache_frees keys of kfree events (cfg.kfree_caches): the cache's address

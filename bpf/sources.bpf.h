@@ -24,8 +24,7 @@ static __always_inline bool count_source_free(const void *ptr, __u32 source)
 
 	if (cfg.track_live)
 		return track_free((__u64)ptr);
-	if (filter_active(&cfg.filter) &&
-	    !task_passes(&cfg.filter, bpf_get_current_pid_tgid() >> 32))
+	if (task_left_out(true))
 		return false;
 	c = counters_get();
 	if (!c)

@@ -74,13 +74,6 @@ static __always_inline bool comm_is(const volatile char *want)
 	return true;
 }
 
-/* Whether any part of the filter needs the current tgid. Constant after load,
- * so the verifier drops the whole check from a run without filters. */
-static __always_inline bool filter_active(const volatile struct task_filter *f)
-{
-	return f->ignore_tgid || f->pids || f->comm_set || f->cgroups;
-}
-
 /* Whether only some tasks' events are counted (kheap's own exclusion aside).
  * Constant after load. */
 static __always_inline bool tasks_filtered(const volatile struct task_filter *f)

@@ -1,5 +1,5 @@
 //! Attaches empty BPF programs (bpf/empty.bpf.c) to the kmem tracepoints
-//! kheap hooks and waits for SIGINT: the floor scripts/bench compares
+//! and sched_switch, which kheap hooks, and waits for SIGINT: the floor scripts/bench compares
 //! kheap's cost per event against. Prints "tracing" once attached.
 
 use std::mem::MaybeUninit;
@@ -25,6 +25,7 @@ fn main() -> Result<()> {
         p.empty_cache_alloc.attach()?,
         p.empty_kfree.attach()?,
         p.empty_cache_free.attach()?,
+        p.empty_sched_switch.attach()?,
     ];
     let (tx, rx) = std::sync::mpsc::channel();
     kheap::signals::on_interrupt(move || {

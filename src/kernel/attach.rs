@@ -5,7 +5,7 @@ use anyhow::Result;
 
 use crate::kernel::features;
 use crate::kernel::features::{KernelBtf, Tracefs};
-pub use crate::kernel::hooks::{kmem_hooks, Fallback, Hook, Role, HOOKS};
+pub use crate::kernel::hooks::{kmem_hooks, Fallback, Hook, Mechanism, Role, HOOKS};
 use crate::model::Source;
 
 /// Which mechanisms the kmem tracer tries (`--attach`, parsed as
@@ -22,17 +22,10 @@ pub enum AttachMode {
     Tracepoint,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum Mechanism {
-    Btf,
-    Raw,
-    Classic,
-}
-
 impl Hook {
     /// The BPF program of this hook for one mechanism.
     pub fn program(&self, mech: Mechanism) -> String {
-        let mech = if self.raw_only { Mechanism::Raw } else { mech };
+        let mech = self.only.unwrap_or(mech);
         self.program_with_suffix(match mech {
             Mechanism::Btf => "btf",
             Mechanism::Raw => "raw",
@@ -42,22 +35,9 @@ impl Hook {
 }
 
 impl Mechanism {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mechanism::Btf => "tp_btf",
-            Mechanism::Raw => "raw_tp",
-            Mechanism::Classic => "tracepoint",
-        }
-    }
-
-    /// Classic tracepoints are found (and attached) through tracefs.
-    pub fn needs_tracefs(self) -> bool {
-        self == Mechanism::Classic
-    }
-
     /// Whether this kernel has the hook for this mechanism.
     pub fn has_hook(self, hook: &Hook, kbtf: &KernelBtf, tracefs: Option<&Tracefs>) -> bool {
-        let mech = if hook.raw_only { Mechanism::Raw } else { self };
+        let mech = hook.only.unwrap_or(self);
         match mech {
             // Raw tracepoints exist exactly where BTF names them; one
             // with an older argument layout is not the hook's.
@@ -193,13 +173,14 @@ mod tests {
             include_str!("../../bpf/task_filter.bpf.h"),
             include_str!("../../bpf/sources.bpf.h"),
             include_str!("../../bpf/interrupt_context.bpf.h"),
+            include_str!("../../bpf/own_process.bpf.h"),
         ]
         .concat();
         let defined =
             |name: &str| src.contains(&format!("({name},")) || src.contains(&format!(" {name}("));
         // By name: the table's indices move as hooks are added.
         let named = |tp: &str| HOOKS.iter().find(|h| h.tracepoint == tp).unwrap();
-        assert_eq!(HOOKS[0].program(Mechanism::Btf), "kfree_btf");
+        assert_eq!(named("kfree").program(Mechanism::Btf), "kfree_btf");
         assert_eq!(
             named("kmem_cache_alloc").program(Mechanism::Raw),
             "cache_alloc_raw"
@@ -234,6 +215,9 @@ mod tests {
             named("free_vmap_area_noflush").fallback_program(Fallback::Kprobe),
             "vmalloc_free_kprobe"
         );
+        // The task switches before any event.
+        assert_eq!(HOOKS[0].role, Role::Switch);
+        assert_eq!(HOOKS[0].program(Mechanism::Classic), "own_switch_btf");
         // Frees are attached before allocations.
         let first_alloc = HOOKS.iter().position(|h| h.role == Role::Alloc).unwrap();
         assert!(HOOKS[first_alloc..].iter().all(|h| h.role != Role::Free));
@@ -320,7 +304,7 @@ mod tests {
     fn typed_programs_need_the_kernels_own_btf() {
         let kmalloc = HOOKS
             .iter()
-            .find(|h| h.tracepoint == "kmalloc" && !h.raw_only)
+            .find(|h| h.tracepoint == "kmalloc" && h.only.is_none())
             .unwrap();
         // A kernel read through a --btf file: its tracepoints, untyped.
         let from_a_file = KernelBtf {

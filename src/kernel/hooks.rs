@@ -15,6 +15,10 @@ pub enum Role {
     /// (`closed_by`): together they tell which events ran in interrupt
     /// context (bpf/interrupt_context.bpf.h).
     Interrupt,
+    /// A CPU switches tasks: tells whether kheap's own process runs there,
+    /// so that its own events are left out without asking each event for
+    /// its tgid (bpf/own_process.bpf.h).
+    Switch,
 }
 
 /// One tracepoint the kmem object hooks.
@@ -28,9 +32,11 @@ pub struct Hook {
     program: &'static str,
     /// The allocator whose events these are (`--source`).
     pub source: Source,
-    /// Only a raw_tp program exists (bpf/sources.bpf.h): whatever the
-    /// mechanism of the run, this hook is attached as raw_tp.
-    pub raw_only: bool,
+    /// The one mechanism this hook has a program for, whatever the run's:
+    /// raw_tp for the sources beyond the slab (bpf/sources.bpf.h) and the
+    /// interrupt brackets, tp_btf for the task switches
+    /// (bpf/own_process.bpf.h).
+    pub only: Option<Mechanism>,
     /// The kernel function the tracepoint sits in, hooked instead (fentry or
     /// kprobe) on kernels that lack the tracepoint: vmalloc's came with 6.2.
     pub function: Option<&'static str>,
@@ -49,6 +55,29 @@ pub struct Hook {
     /// `<closed_by>_raw` and attached just before the hook's own program:
     /// no bracket is opened without its close watched.
     pub closed_by: Option<&'static str>,
+}
+
+/// How a hook's program is attached to its tracepoint.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Mechanism {
+    Btf,
+    Raw,
+    Classic,
+}
+
+impl Mechanism {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Btf => "tp_btf",
+            Mechanism::Raw => "raw_tp",
+            Mechanism::Classic => "tracepoint",
+        }
+    }
+
+    /// Classic tracepoints are found (and attached) through tracefs.
+    pub fn needs_tracefs(self) -> bool {
+        self == Mechanism::Classic
+    }
 }
 
 /// How a hook whose tracepoint is missing is attached to its function.
@@ -105,7 +134,7 @@ const fn bracket(entry: &'static str, exit: &'static str, system: &'static str) 
         role: Role::Interrupt,
         program: entry,
         source: Source::Kmalloc,
-        raw_only: true,
+        only: Some(Mechanism::Raw),
         function: None,
         until: None,
         layout: None,
@@ -113,20 +142,33 @@ const fn bracket(entry: &'static str, exit: &'static str, system: &'static str) 
     }
 }
 
-/// Every hook, in attach order: frees before allocations, so that no
+/// Every hook, in attach order: the task switches first, so that kheap's
+/// own events are known from the first; frees before allocations, so that no
 /// tracked object's free can be missed at start; interrupt brackets before
 /// allocations, so that the first allocations' context is known. A
 /// static, not a const: every `&'static Hook` is then into this one array,
 /// and the attach order is found by address (`kmem::start`); a const is
 /// copied at each use, with no promise that two uses share an address.
-pub static HOOKS: [Hook; 19] = [
+pub static HOOKS: [Hook; 20] = [
+    Hook {
+        tracepoint: "sched_switch",
+        system: "sched",
+        role: Role::Switch,
+        program: "own_switch",
+        source: Source::Kmalloc,
+        only: Some(Mechanism::Btf),
+        function: None,
+        until: None,
+        layout: None,
+        closed_by: None,
+    },
     Hook {
         tracepoint: "kfree",
         system: "kmem",
         role: Role::Free,
         program: "kfree",
         source: Source::Kmalloc,
-        raw_only: false,
+        only: None,
         function: None,
         until: None,
         layout: None,
@@ -138,7 +180,7 @@ pub static HOOKS: [Hook; 19] = [
         role: Role::Free,
         program: "cache_free",
         source: Source::Kmalloc,
-        raw_only: false,
+        only: None,
         function: None,
         until: None,
         layout: None,
@@ -150,7 +192,7 @@ pub static HOOKS: [Hook; 19] = [
         role: Role::Free,
         program: "page_free",
         source: Source::Page,
-        raw_only: true,
+        only: Some(Mechanism::Raw),
         function: None,
         until: None,
         layout: None,
@@ -162,7 +204,7 @@ pub static HOOKS: [Hook; 19] = [
         role: Role::Free,
         program: "vmalloc_free",
         source: Source::Vmalloc,
-        raw_only: true,
+        only: Some(Mechanism::Raw),
         function: Some("free_vmap_area_noflush"),
         until: None,
         layout: None,
@@ -174,7 +216,7 @@ pub static HOOKS: [Hook; 19] = [
         role: Role::Free,
         program: "percpu_free",
         source: Source::Percpu,
-        raw_only: true,
+        only: Some(Mechanism::Raw),
         function: None,
         until: None,
         layout: None,
@@ -186,7 +228,7 @@ pub static HOOKS: [Hook; 19] = [
         role: Role::Fork,
         program: "fork",
         source: Source::Kmalloc,
-        raw_only: false,
+        only: None,
         function: None,
         until: None,
         layout: None,
@@ -208,7 +250,7 @@ pub static HOOKS: [Hook; 19] = [
         role: Role::Alloc,
         program: "kmalloc",
         source: Source::Kmalloc,
-        raw_only: false,
+        only: None,
         function: None,
         until: None,
         layout: None,
@@ -220,7 +262,7 @@ pub static HOOKS: [Hook; 19] = [
         role: Role::Alloc,
         program: "cache_alloc",
         source: Source::Kmalloc,
-        raw_only: false,
+        only: None,
         function: None,
         until: None,
         layout: None,
@@ -232,7 +274,7 @@ pub static HOOKS: [Hook; 19] = [
         role: Role::Alloc,
         program: "page_alloc",
         source: Source::Page,
-        raw_only: true,
+        only: Some(Mechanism::Raw),
         function: None,
         until: None,
         layout: None,
@@ -244,7 +286,7 @@ pub static HOOKS: [Hook; 19] = [
         role: Role::Alloc,
         program: "vmalloc_alloc",
         source: Source::Vmalloc,
-        raw_only: true,
+        only: Some(Mechanism::Raw),
         function: Some("alloc_vmap_area"),
         until: None,
         layout: None,
@@ -256,7 +298,7 @@ pub static HOOKS: [Hook; 19] = [
         role: Role::Alloc,
         program: "percpu_alloc",
         source: Source::Percpu,
-        raw_only: true,
+        only: Some(Mechanism::Raw),
         function: None,
         until: None,
         // call_site, bytes_alloc and gfp_flags came together.
@@ -272,7 +314,7 @@ pub static HOOKS: [Hook; 19] = [
         role: Role::Alloc,
         program: "kmalloc",
         source: Source::Kmalloc,
-        raw_only: true,
+        only: Some(Mechanism::Raw),
         function: None,
         until: Some("6.1"),
         layout: None,
@@ -284,7 +326,7 @@ pub static HOOKS: [Hook; 19] = [
         role: Role::Alloc,
         program: "cache_alloc",
         source: Source::Kmalloc,
-        raw_only: true,
+        only: Some(Mechanism::Raw),
         function: None,
         until: Some("6.1"),
         layout: None,

@@ -172,6 +172,17 @@ pub fn attach_lines(report: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// The attach line of one hook: "kmalloc: tp_btf" for "kmalloc".
+pub fn attach_line<'a>(report: &'a Value, hook: &str) -> &'a str {
+    attach_lines(report)
+        .into_iter()
+        .find(|a| {
+            a.strip_prefix(hook)
+                .is_some_and(|how| how.starts_with(": "))
+        })
+        .unwrap_or_else(|| panic!("no attach line of {hook}: {}", report["run"]["attach"]))
+}
+
 /// Asserts that a kheap run succeeded, showing its stderr when not.
 #[track_caller]
 pub fn assert_ok(out: &Output) {

@@ -458,6 +458,61 @@ fn kheap_leaves_itself_out() {
     assert!(others > 0, "the loop's allocations are counted");
 }
 
+/// Unfiltered and not by process, no event is asked for its tgid: a
+/// program on the task switches tells the CPUs where kheap runs
+/// (bpf/own_process.bpf.h). Every read of kheap's maps is a bpf(2) call, so
+/// no exact stack may pass through the syscall's entry.
+#[test]
+fn kheap_leaves_its_own_map_reads_out_without_a_filter() {
+    require_root();
+    let load = Loop::start(UNTIL_DROPPED);
+    let top = Command::new(KHEAP)
+        .args([
+            "top",
+            "-b",
+            "--iterations",
+            "6",
+            "-i",
+            "0.3",
+            "--exact-stacks",
+            "--format",
+            "json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = wait_bounded(top, Duration::from_secs(60));
+    drop(load);
+    assert_ok(&out);
+    let mut stacks = 0;
+    let mut loop_stacks = 0;
+    for line in String::from_utf8(out.stdout).unwrap().lines() {
+        let iv = parse_valid(line);
+        assert_eq!(attach_line(&iv, "sched_switch"), "sched_switch: tp_btf");
+        for s in iv["stacks"].as_array().unwrap() {
+            let frames: Vec<&str> = s["frames"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|f| f.as_str())
+                .collect();
+            assert!(
+                !frames.iter().any(|f| f.starts_with("__sys_bpf")),
+                "kheap counted its own map reads: {s}"
+            );
+            stacks += 1;
+            if frames.iter().any(|f| f.starts_with("iovec_from_user")) {
+                loop_stacks += 1;
+            }
+        }
+    }
+    assert!(
+        stacks > 0 && loop_stacks > 0,
+        "the loop's allocations are counted, with their stacks"
+    );
+}
+
 #[test]
 fn cache_view_shows_frees_of_dedicated_caches() {
     require_root();

@@ -71,6 +71,10 @@
 //!       allocates a `sigqueue` object in hard interrupt context, on the
 //!       process's own kernel stack when the timer interrupts it in user
 //!       mode. Prints `COUNT alarms`.
+//!   kheap-load switch-pingpong COUNT        one byte passed COUNT times
+//!       back and forth through two pipes between two threads: 2*COUNT
+//!       context switches (on one CPU when pinned) and no kmem event.
+//!       Prints CPU ns per switch.
 //!
 //! With KHEAP_LOAD_WAIT set, any mode prints `ready` once started and then
 //! waits for a line on stdin: a test can then move the process into a
@@ -83,6 +87,7 @@ mod calls;
 mod fds;
 mod msg;
 mod pages;
+mod switches;
 
 use alarms::alarm_spin;
 use bpf::{bpf_array, bpf_maps};
@@ -90,10 +95,11 @@ use calls::{malloc_free, probe_site, writev, writev_diff, writev_rate};
 use fds::{epoll, fds};
 use msg::{msg, msg_steps, remove_all_queues};
 use pages::{page_cycle, pages};
+use switches::switch_pingpong;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | epoll COUNT [HOLD_SECS] | writev COUNT | writev-diff COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE | alarm-spin COUNT"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | epoll COUNT [HOLD_SECS] | writev COUNT | writev-diff COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE | alarm-spin COUNT | switch-pingpong COUNT"
     );
     std::process::exit(2);
 }
@@ -153,6 +159,7 @@ fn main() {
         Some("writev") => writev(arg(&args, 2)),
         Some("alarm-spin") => alarm_spin(arg(&args, 2)),
         Some("writev-diff") => writev_diff(arg(&args, 2)),
+        Some("switch-pingpong") => switch_pingpong(arg(&args, 2)),
         Some("malloc") => malloc_free(arg(&args, 2), arg(&args, 3)),
         Some("probe-site") => probe_site(&arg::<String>(&args, 2), arg(&args, 3)),
         Some("pages") => pages(arg(&args, 2), args.get(3).map(|_| arg(&args, 3))),

@@ -151,6 +151,13 @@ impl Config {
         self.by_cgroup || self.filters_tasks() || self.stacks_by_owner()
     }
 
+    /// kheap's own events are told by a per-CPU word that a sched_switch
+    /// program keeps (bpf/own_process.bpf.h): they are left out, and
+    /// nothing else asks an event for its tgid.
+    pub(super) fn own_process_by_switch(&self) -> bool {
+        !self.include_self && !self.filters_tasks() && !self.by_process && self.live.is_none()
+    }
+
     /// Only some tasks' allocations are counted (PIDs, a command name,
     /// cgroups; kheap's own exclusion aside), and no interrupt's.
     pub(super) fn filters_tasks(&self) -> bool {

@@ -66,6 +66,7 @@ impl<'obj> Tracer<'obj> {
                 Role::Free => trace_frees && cfg.sources.contains(Source::Kmalloc),
                 Role::Fork => cfg.follow_children,
                 Role::Interrupt => cfg.tells_interrupts(),
+                Role::Switch => cfg.own_process_by_switch(),
             };
             if !wanted {
                 continue;
@@ -75,6 +76,8 @@ impl<'obj> Tracer<'obj> {
                 enabled.push(hook);
             } else if hook.until.is_some() {
                 // Newer kernels fire these events as another hook's.
+            } else if hook.role == Role::Switch {
+                // Each event's tgid tells kheap's own instead.
             } else if cfg.live.is_some() && hook.role.is_event() {
                 // Without every free hook, everything would look leaked.
                 bail!("kheap leaks needs the kmem:{tp} tracepoint, which this kernel lacks");
@@ -127,6 +130,8 @@ impl<'obj> Tracer<'obj> {
             rodata.cfg.backing_ranges = labels.page;
             rodata.cfg.vmap_ranges = labels.vmap;
             rodata.cfg.given_stacks = u8::from(!entry_programs.is_empty());
+            rodata.cfg.own_process_by_switch =
+                u8::from(enabled.iter().any(|h| h.role == Role::Switch));
         }
         if entry_programs.is_empty() {
             open.maps
@@ -254,6 +259,9 @@ impl<'obj> Tracer<'obj> {
             tracer
                 .programs
                 .push((tp, program_name(hook, mech, fallback)));
+            if hook.role == Role::Switch {
+                tracer.await_own_switch()?;
+            }
             if hook.role == Role::Interrupt {
                 let at = tracer.attached.len();
                 let kind = tp.strip_suffix("_entry").unwrap_or(tp);
@@ -262,8 +270,7 @@ impl<'obj> Tracer<'obj> {
             }
             let how = match (hook.function, fallback) {
                 (Some(f), Some(via)) => format!("{} on {f}", via.name()),
-                _ if hook.raw_only => Mechanism::Raw.name().to_string(),
-                _ => mech.name().to_string(),
+                _ => hook.only.unwrap_or(mech).name().to_string(),
             };
             tracer.attached.push(format!("{tp}: {how}"));
         }
@@ -303,6 +310,7 @@ impl<'obj> Tracer<'obj> {
             &p.fork_btf,
             &p.fork_raw,
             &p.fork_tp,
+            &p.own_switch_btf,
             &p.page_alloc_raw,
             &p.page_free_raw,
             &p.vmalloc_alloc_raw,
@@ -339,9 +347,40 @@ impl<'obj> Tracer<'obj> {
             .context("adding a PID to the filter map")
     }
 
-    /// Detaches every program now; the maps stay readable.
+    /// Sleeps until the thread attaching has been switched in under the
+    /// sched_switch program's watch: until then, the CPU it runs on does
+    /// not know that it runs kheap (bpf/own_process.bpf.h). kheap's other
+    /// threads are asleep, and known when they are switched in.
+    fn await_own_switch(&self) -> Result<()> {
+        let key = 0u32.to_ne_bytes();
+        for _ in 0..1000 {
+            // A sleep switches this thread out, and back in under the
+            // program's watch.
+            std::thread::sleep(std::time::Duration::from_micros(20));
+            let per_cpu = self
+                .skel
+                .maps
+                .own_process_on_cpu
+                .lookup_percpu(&key, MapFlags::ANY)
+                .context("reading which CPU runs kheap")?
+                .unwrap_or_default();
+            // This thread runs the lookup: its CPU says so once it has
+            // been switched in since the attach.
+            if per_cpu.iter().any(|v| v.iter().any(|&b| b != 0)) {
+                return Ok(());
+            }
+        }
+        bail!(
+            "the sched_switch program never saw kheap switched in: its own allocations \
+             could not be told apart (run with a filter, e.g. --by process, to test each event's process instead)"
+        )
+    }
+
+    /// Detaches every program now, in the reverse of the attach order (the
+    /// task switches last: kheap's own events are known until the end);
+    /// the maps stay readable.
     pub fn detach(&mut self) {
-        self.links.clear();
+        self.drop_links();
         if self.cfg.live.is_some() {
             self.ended = self.clock().ok();
         }

@@ -59,6 +59,21 @@ pub struct Tracer<'obj> {
     pub(super) _tracefs: Option<Tracefs>,
 }
 
+impl Tracer<'_> {
+    /// Drops the links newest first: the reverse of the attach order.
+    pub(super) fn drop_links(&mut self) {
+        while let Some(link) = self.links.pop() {
+            drop(link);
+        }
+    }
+}
+
+impl Drop for Tracer<'_> {
+    fn drop(&mut self) {
+        self.drop_links();
+    }
+}
+
 /// The two arrays of leaks' object table, mapped read-only.
 pub(super) struct LiveTable {
     pub buckets: MappedArray,
