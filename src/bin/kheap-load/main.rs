@@ -71,10 +71,11 @@
 //!       allocates a `sigqueue` object in hard interrupt context, on the
 //!       process's own kernel stack when the timer interrupts it in user
 //!       mode. Prints `COUNT alarms`.
-//!   kheap-load switch-pingpong COUNT        one byte passed COUNT times
-//!       back and forth through two pipes between two threads: 2*COUNT
-//!       context switches (on one CPU when pinned) and no kmem event.
-//!       Prints CPU ns per switch.
+//!   kheap-load switch-pingpong COUNT        one byte passed back and forth
+//!       through two pipes between two threads (two context switches per
+//!       round trip on one CPU when pinned, no kmem event), COUNT round
+//!       trips in blocks alternating with the same pipe calls made by one
+//!       thread alone. Prints CPU ns per switch of each and their difference.
 //!
 //! With KHEAP_LOAD_WAIT set, any mode prints `ready` once started and then
 //! waits for a line on stdin: a test can then move the process into a
