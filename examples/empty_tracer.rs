@@ -1,6 +1,7 @@
 //! Attaches empty BPF programs (bpf/empty.bpf.c) to the kmem tracepoints
-//! and sched_switch, which kheap hooks, and waits for SIGINT: the floor scripts/bench compares
-//! kheap's cost per event against. Prints "tracing" once attached.
+//! and sched_switch, which kheap hooks, and waits for SIGINT: the floor
+//! scripts/bench compares kheap's cost per event against. Prints "tracing"
+//! once attached.
 
 use std::mem::MaybeUninit;
 

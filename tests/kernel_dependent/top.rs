@@ -466,22 +466,16 @@ fn kheap_leaves_itself_out() {
 fn kheap_leaves_its_own_map_reads_out_without_a_filter() {
     require_root();
     let load = Loop::start(UNTIL_DROPPED);
-    let top = Command::new(KHEAP)
-        .args([
-            "top",
-            "-b",
-            "--iterations",
-            "6",
-            "-i",
-            "0.3",
-            "--exact-stacks",
-            "--format",
-            "json",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let top = start_top(&[
+        "-b",
+        "--iterations",
+        "6",
+        "-i",
+        "0.3",
+        "--exact-stacks",
+        "--format",
+        "json",
+    ]);
     let out = wait_bounded(top, Duration::from_secs(60));
     drop(load);
     assert_ok(&out);

@@ -202,10 +202,19 @@ fn fail(what: &str) -> ! {
 
 /// CPU time (user + system) this thread has used.
 fn cpu_time_ns() -> u128 {
+    clock_ns(libc::CLOCK_THREAD_CPUTIME_ID)
+}
+
+/// CPU time (user + system) all of this process's threads have used.
+fn process_cpu_time_ns() -> u128 {
+    clock_ns(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u128 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
 }

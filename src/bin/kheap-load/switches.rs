@@ -5,6 +5,8 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::FromRawFd;
 
+use crate::process_cpu_time_ns;
+
 /// A pipe's two ends.
 fn pipe() -> (File, File) {
     let mut fds = [0; 2];
@@ -62,16 +64,16 @@ pub fn switch_pingpong(count: u64) {
     let (mut switching, mut not) = (0u128, 0u128);
     let blocks = count.div_ceil(BLOCK).max(1);
     for _ in 0..blocks {
-        let start = process_cpu_ns();
+        let start = process_cpu_time_ns();
         for _ in 0..BLOCK {
             round_trip();
         }
-        let middle = process_cpu_ns();
+        let middle = process_cpu_time_ns();
         for _ in 0..BLOCK {
             alone();
         }
         switching += middle - start;
-        not += process_cpu_ns() - middle;
+        not += process_cpu_time_ns() - middle;
     }
     drop(to_echo_w);
     let _ = echo.join();
@@ -82,13 +84,4 @@ pub fn switch_pingpong(count: u64) {
         2 * blocks * BLOCK,
         a - b
     );
-}
-
-fn process_cpu_ns() -> u128 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as u128 * 1_000_000_000 + ts.tv_nsec as u128
 }
