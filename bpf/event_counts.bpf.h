@@ -10,18 +10,23 @@
 #ifndef KHEAP_EVENT_COUNTS_BPF_H
 #define KHEAP_EVENT_COUNTS_BPF_H
 
-static __always_inline void count_process(__u32 tgid, __u64 req, __u64 alloc,
-					  __u32 bucket)
+/* --by process: the allocating task's process, or the interrupt row (an
+ * allocation in interrupt context is not the interrupted task's). */
+static __always_inline void count_process(__u32 tgid, bool interrupt, __u64 req,
+					  __u64 alloc, __u32 bucket)
 {
 	bool new_proc = false;
 
+	if (interrupt)
+		tgid = KHEAP_INTERRUPT_TGID;
 	if (!upsert_stats(&procs, &tgid, req, alloc, bucket, &new_proc)) {
 		COUNT(map_full_procs);
 	} else if (new_proc) {
 		struct proc_info info = {};
 
 		COUNT(procs_created);
-
+		if (interrupt)
+			return;
 		bpf_get_current_comm(info.comm, sizeof(info.comm));
 		info.cgroup = bpf_get_current_cgroup_id();
 		bpf_map_update_elem(&proc_comms, &tgid, &info, BPF_ANY);
@@ -143,7 +148,7 @@ static __always_inline void count_alloc(void *ctx, bool classic,
 	__u32 bucket = size_bucket(req);
 
 	if (cfg.by_process)
-		count_process(tgid, req, alloc, bucket);
+		count_process(tgid, interrupt, req, alloc, bucket);
 	if (cfg.by_cgroup)
 		count_cgroup(accounted, interrupt, req, alloc, bucket);
 

@@ -119,6 +119,10 @@ struct site_slot {
  * (never a pointer: even and below the first page). */
 #define KHEAP_CACHE_UNRESOLVED 2
 
+/* The `procs` key of allocations made in interrupt context (--by process):
+ * no process's, and above every tgid (PID_MAX_LIMIT is 2^22). */
+#define KHEAP_INTERRUPT_TGID 0xFFFFFFFFu
+
 struct stack_key {
 	struct site_key site;
 	/* hash of the frames (stack_store.bpf.h), > 0 */
@@ -310,8 +314,8 @@ struct kheap_config {
 	 * frees per cache; the kfunc only) */
 	__u8 kfree_caches;
 	/* an allocation's context is tested (interrupt_context.bpf.h): for
-	 * the interrupt row (by_cgroup) or a filter of tasks, which leaves
-	 * interrupts out; one load on the default path */
+	 * the interrupt rows (by_cgroup, by_process) or a filter of tasks,
+	 * which leaves interrupts out; one load on the default path */
 	__u8 tests_context;
 	/* kheap's own events are told by own_process_on_cpu, which a
 	 * sched_switch program keeps, not by the tgid (own_process.bpf.h) */

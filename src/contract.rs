@@ -36,15 +36,17 @@ impl Kind {
             // on stack rows; top shares the stack row and never fills it);
             // leaks also `excluded_bytes` in `leaks.accounting` rows, which
             // `unexplained_bytes` now leaves out. 5: `lost.latency_nested`.
-            // 6: `lost.kmalloc_cache_stale`.
-            Kind::Record | Kind::Top => 6,
+            // 6: `lost.kmalloc_cache_stale`. 7: the interrupt row of
+            // `processes` (`interrupt`; `pid`, `comm` null there).
+            Kind::Record | Kind::Top => 7,
             // leaks 5: the page row of `leaks.accounting` compares every
             // page (`counted_elsewhere_bytes` added back, frees of pages
             // allocated before the run, `frees_untracked_bytes`, taken off)
             // with `-MemFree - pcp`, beside /proc/vmstat's own counts
             // (`vmstat_pgalloc_bytes`, `vmstat_pgfree_bytes`). 8:
-            // `lost.latency_nested`. 9: `lost.kmalloc_cache_stale`.
-            Kind::Leaks => 9,
+            // `lost.latency_nested`. 9: `lost.kmalloc_cache_stale`. 10: the interrupt row of
+            // `processes`.
+            Kind::Leaks => 10,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound
@@ -148,13 +150,13 @@ mod tests {
         };
         let text = pretty(Kind::Leaks, &body);
         assert!(
-            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 9,\n"),
+            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 10,\n"),
             "{text}"
         );
         assert!(text.ends_with("}\n"));
         let l = line(Kind::Top, &body);
         assert!(
-            l.starts_with("{\"kind\":\"top\",\"schema_version\":6,\"duration_s\":1.5"),
+            l.starts_with("{\"kind\":\"top\",\"schema_version\":7,\"duration_s\":1.5"),
             "{l}"
         );
         assert_eq!(l.lines().count(), 1);
@@ -168,7 +170,7 @@ mod tests {
         let err = |t: &str| format!("{:#}", read(t, "x.json").unwrap_err());
         assert!(err("{\"sites\": []}").contains("has no \"kind\""));
         assert!(err("{\"kind\": \"nope\", \"schema_version\": 1}").contains("unknown report kind"));
-        assert!(err("{\"kind\": \"record\", \"schema_version\": 7}").contains("schema_version 7"));
+        assert!(err("{\"kind\": \"record\", \"schema_version\": 8}").contains("schema_version 8"));
         assert!(err("{\"kind\": \"record\"}").contains("no schema_version"));
         let e = err("{\"kind\": \"record\", \"schema_version\": \"4\"}");
         assert!(
@@ -255,12 +257,11 @@ mod tests {
         fn record_and_leaks() {
             let mut rec = kmem(&sample_snapshot(), 10);
             let mut with_procs = sample_snapshot();
-            with_procs.procs.insert(
-                7,
-                ("msgd".into(), *with_procs.sites.values().next().unwrap()),
-            );
+            let some_site = *with_procs.sites.values().next().unwrap();
+            with_procs.procs.insert(Some(7), ("msgd".into(), some_site));
+            with_procs.procs.insert(None, (String::new(), some_site));
             rec.processes = kmem(&with_procs, 10).processes;
-            assert_eq!(rec.processes.len(), 1);
+            assert_eq!(rec.processes.len(), 2, "a process and the interrupt row");
             assert_valid(&parsed(&pretty(Kind::Record, &rec)));
 
             let mut snap = leak_snapshot(4);

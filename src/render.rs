@@ -310,10 +310,10 @@ pub fn table(
             if r.processes.is_empty() {
                 let _ = writeln!(out, "(no per-process data)");
             }
-            let rows = r
-                .processes
-                .iter()
-                .map(|row| with_counts([Cell::new(row.pid), Cell::new(&row.comm)], &row.counts));
+            let rows = r.processes.iter().map(|row| {
+                let (pid, comm) = process_cells(row);
+                with_counts([Cell::new(pid), Cell::new(comm)], &row.counts)
+            });
             out.push_str(&table_text(
                 (&["pid", "comm"], &COUNT_HEADERS),
                 &[1],
@@ -351,6 +351,15 @@ pub fn table(
 }
 
 /// A cgroup row's label: its path and what runs there, or the interrupt row.
+/// A process row's pid and command cells: `-` and `[interrupt]` for the
+/// interrupt row, as `cgroup_label` names it among cgroups.
+pub fn process_cells(row: &crate::report::ProcRow) -> (String, String) {
+    match row.pid {
+        None => ("-".to_string(), "[interrupt]".to_string()),
+        Some(pid) => (pid.to_string(), row.comm.clone().unwrap_or_default()),
+    }
+}
+
 pub fn cgroup_label(row: &crate::report::CgroupRow) -> String {
     match &row.cgroup {
         None => "[interrupt]".to_string(),

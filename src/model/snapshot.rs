@@ -23,7 +23,9 @@ pub struct Snapshot {
     /// Names of the processes (tgid) that made stacks or process rows, as
     /// the kernel saw them last.
     pub comms: HashMap<u32, String>,
-    pub procs: HashMap<u32, (String, AllocStats)>,
+    /// `--by process`: per process (tgid), and interrupt context under
+    /// `None` (an allocation there is not the interrupted task's).
+    pub procs: HashMap<Option<u32>, (String, AllocStats)>,
     /// `--by cgroup`: per cgroup, charged to its memory controller or not.
     pub cgroups: HashMap<CgroupKey, AllocStats>,
     /// The cgroup v2 id of each process in `procs`, where known.
@@ -95,7 +97,7 @@ impl EventCounters {
 pub struct IdleKeys {
     pub sites: Vec<SiteKey>,
     pub stacks: Vec<(SiteKey, i64)>,
-    pub procs: Vec<u32>,
+    pub procs: Vec<Option<u32>>,
     /// Cgroups that allocate no more (a container that stopped) would
     /// otherwise fill the map over days of `serve --by-cgroup`.
     pub cgroups: Vec<CgroupKey>,

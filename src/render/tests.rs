@@ -141,3 +141,19 @@ fn folded_lines_are_callers_first() {
     let f = folded(&report());
     assert_line(&f, "do_msgsnd;load_msg;__kmalloc_noprof 1000");
 }
+
+#[test]
+fn the_interrupt_row_of_processes_names_no_process() {
+    let mut snap = sample_snapshot();
+    let some_site = *snap.sites.values().next().unwrap();
+    snap.procs.insert(Some(42), ("cc1".into(), some_site));
+    snap.procs.insert(None, (String::new(), some_site));
+    let r = report_of(&snap, 10, 2.0);
+    let t = table(&r, GroupBy::Process, 0, 0, None);
+    assert_eq!(cells_of(&t, "cc1")[1..3], ["42", "cc1"], "{t}");
+    assert_eq!(
+        cells_of(&t, "[interrupt]")[1..3],
+        ["-", "[interrupt]"],
+        "{t}"
+    );
+}

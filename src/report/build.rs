@@ -99,11 +99,12 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         .procs
         .iter()
         .map(|(&pid, (comm, s))| {
-            let cgroup_id = snap.proc_cgroups.get(&pid).copied();
+            let cgroup_id = pid.and_then(|p| snap.proc_cgroups.get(&p).copied());
             ProcRow {
                 pid,
-                comm: comm.clone(),
+                comm: pid.map(|_| comm.clone()),
                 cgroup: cgroup_id.map(CgroupRef::unnamed),
+                interrupt: pid.is_none(),
                 cgroup_id,
                 counts: s.into(),
             }

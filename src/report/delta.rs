@@ -208,7 +208,7 @@ impl<K: Clone + Eq + Hash, V: Counter> MapTrack<K, V> {
 pub struct Tracker {
     sites: MapTrack<SiteKey, AllocStats>,
     stacks: MapTrack<(SiteKey, i64), AllocStats>,
-    procs: MapTrack<u32, (String, AllocStats)>,
+    procs: MapTrack<Option<u32>, (String, AllocStats)>,
     cgroups: MapTrack<CgroupKey, AllocStats>,
     caches: MapTrack<CacheId, u64>,
     prev_events: EventCounters,
@@ -422,20 +422,20 @@ mod tests {
         let mut a = Snapshot::default();
         a.stacks.insert((key(1), 7), stats(2, 144));
         a.stack_frames.insert(7, vec![0x10, 0x20]);
-        a.procs.insert(42, ("cc1".into(), stats(5, 64)));
+        a.procs.insert(Some(42), ("cc1".into(), stats(5, 64)));
         a.cache_frees.insert(CacheId::Named("dentry".into()), 100);
         a.events.frees = 100;
         a.events.lost_stack_collision = 1;
         t.interval(a.clone());
         let mut b = a.clone();
         b.stacks.insert((key(1), 7), stats(5, 144));
-        b.procs.insert(42, ("cc1".into(), stats(9, 64)));
+        b.procs.insert(Some(42), ("cc1".into(), stats(9, 64)));
         b.cache_frees.insert(CacheId::Named("dentry".into()), 160);
         b.events.frees = 190;
         let d = t.interval(b);
         assert_eq!(d.stacks[&(key(1), 7)].count, 3);
         assert_eq!(d.stack_frames[&7], vec![0x10, 0x20]);
-        assert_eq!(d.procs[&42], ("cc1".to_string(), stats(4, 64)));
+        assert_eq!(d.procs[&Some(42)], ("cc1".to_string(), stats(4, 64)));
         assert_eq!(d.cache_frees[&CacheId::Named("dentry".into())], 60);
         assert_eq!(d.events.frees, 90);
         assert_eq!(d.events.lost_stack_collision, 0);

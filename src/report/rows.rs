@@ -154,11 +154,16 @@ pub struct CacheRow {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcRow {
-    pub pid: u32,
-    pub comm: String,
-    /// The process's cgroup v2 when it first allocated; null when unknown.
+    /// null for the interrupt row.
+    pub pid: Option<u32>,
+    /// null for the interrupt row; empty when the name is not known.
+    pub comm: Option<String>,
+    /// The process's cgroup v2 when it first allocated; null when unknown
+    /// and for the interrupt row.
     #[serde(default)]
     pub cgroup: Option<CgroupRef>,
+    /// Allocated in hard/soft interrupt or NMI context: no process's.
+    pub interrupt: bool,
     /// Its id, until `name_cgroups` resolves it.
     #[serde(skip)]
     pub cgroup_id: Option<u64>,

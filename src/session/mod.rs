@@ -79,7 +79,7 @@ impl Targets {
 /// Rows counted for the command's PID before its exec carry kheap's own
 /// name (it was a fork of kheap then): name them after the command.
 pub fn name_command_process(snap: &mut Snapshot, command: &HeldCommand) {
-    let process_row = snap.procs.get_mut(&command.pid).map(|(comm, _)| comm);
+    let process_row = snap.procs.get_mut(&Some(command.pid)).map(|(comm, _)| comm);
     for comm in process_row
         .into_iter()
         .chain(snap.comms.get_mut(&command.pid))
@@ -231,17 +231,17 @@ mod tests {
         let mut snap = Snapshot::default();
         for pid in [held.pid, 1] {
             snap.procs
-                .insert(pid, ("kheap".to_string(), Default::default()));
+                .insert(Some(pid), ("kheap".to_string(), Default::default()));
             snap.comms.insert(pid, "kheap".to_string());
         }
         name_command_process(&mut snap, &held);
-        assert_eq!(snap.procs[&held.pid].0, "sh");
+        assert_eq!(snap.procs[&Some(held.pid)].0, "sh");
         assert_eq!(
             snap.comms[&held.pid], "sh",
             "the name stacks are labelled with"
         );
         // Only the command's own PID: another kheap stays kheap.
-        assert_eq!(snap.procs[&1].0, "kheap");
+        assert_eq!(snap.procs[&Some(1)].0, "kheap");
         assert_eq!(snap.comms[&1], "kheap");
     }
 }

@@ -9,7 +9,7 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{human_count, human_size, pct, signed_size, Counts, Source};
-use crate::render::{cgroup_label, short_list, GroupBy, SourceColumn};
+use crate::render::{cgroup_label, process_cells, short_list, GroupBy, SourceColumn};
 use crate::report::overhead::Overhead;
 use crate::report::{CacheRow, Report};
 use crate::top::columns::fitting_line;
@@ -211,15 +211,18 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
         GroupBy::Process => report
             .processes
             .iter()
-            .map(|p| TopRow {
-                key: p.pid.to_string(),
-                name: p.pid.to_string(),
-                detail: p.comm.clone(),
-                counts: p.counts.clone(),
-                net_bytes: None,
-                stacks: Vec::new(),
-                estimated: false,
-                source: None,
+            .map(|p| {
+                let (pid, comm) = process_cells(p);
+                TopRow {
+                    key: pid.clone(),
+                    name: pid,
+                    detail: comm,
+                    counts: p.counts.clone(),
+                    net_bytes: None,
+                    stacks: Vec::new(),
+                    estimated: false,
+                    source: None,
+                }
             })
             .collect(),
         GroupBy::Cgroup => report

@@ -301,33 +301,8 @@ fn classic_tracepoints_put_interrupt_allocations_in_their_own_row() {
 #[test]
 fn an_interrupt_of_user_mode_is_no_task_s() {
     require_root();
-    const ALARMS: u64 = 300;
-    let alarms = ALARMS.to_string();
-    let from_timer = |r: &Value| -> Vec<Value> {
-        r["stacks"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|s| frames(s).iter().any(|f| f.starts_with("it_real_fn+")))
-            .cloned()
-            .collect()
-    };
-
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("r.json");
-    #[rustfmt::skip]
-    let mut kheap = Tracing::start(&[
-        "record", "--by", "cgroup", "--exact-stacks", "--max-entries", "65536",
-        "--format", "json", "-o", out.to_str().unwrap(),
-    ]);
-    let load = Command::new(LOAD)
-        .args(["alarm-spin", &alarms])
-        .output()
-        .unwrap();
-    assert!(load.status.success(), "{load:?}");
-    assert!(kheap.stop());
-    let r = parse_valid(&std::fs::read_to_string(&out).unwrap());
-    let stacks = from_timer(&r);
+    let (r, _) = record_alarms("cgroup");
+    let stacks = stacks_from_timer(&r);
     let count: u64 = stacks.iter().map(|s| u(&s["count"])).sum();
     // Every alarm's allocation (other timers of the machine may add some).
     assert!(count >= ALARMS, "{count} of {ALARMS}: {stacks:#?}");
@@ -347,9 +322,92 @@ fn an_interrupt_of_user_mode_is_no_task_s() {
     stacks_blame_interrupts_on_no_process(&r, irq);
 
     // Traced by PID: the process's own allocations (its start) only.
-    let r = record_json(&["--exact-stacks"], &["alarm-spin", &alarms]);
+    let r = record_json(&["--exact-stacks"], &["alarm-spin", &ALARMS.to_string()]);
     assert!(u(&r["totals"]["count"]) > 0, "{:#}", r["totals"]);
-    assert_eq!(from_timer(&r), Vec::<Value>::new());
+    assert_eq!(stacks_from_timer(&r), Vec::<Value>::new());
+}
+
+/// `--by process` has the same interrupt row: the alarms' allocations are
+/// not the interrupted process's. Its row holds what its stacks' entries
+/// of its PID hold, none under it_real_fn, and the interrupt row what the
+/// stacks' interrupt entries hold.
+#[test]
+fn by_process_puts_interrupt_allocations_in_their_own_row() {
+    require_root();
+    let (r, pid) = record_alarms("process");
+    let rows = r["processes"].as_array().unwrap();
+    let irq: Vec<&Value> = rows.iter().filter(|p| p["interrupt"] == true).collect();
+    assert_eq!(irq.len(), 1, "one interrupt row: {rows:#?}");
+    assert!(
+        irq[0]["pid"].is_null() && irq[0]["comm"].is_null() && irq[0]["cgroup"].is_null(),
+        "{:#}",
+        irq[0]
+    );
+    let from_timer: u64 = stacks_from_timer(&r).iter().map(|s| u(&s["count"])).sum();
+    assert!(from_timer >= ALARMS, "{from_timer} of {ALARMS}");
+    assert!(u(&irq[0]["count"]) >= from_timer, "{:#}", irq[0]);
+    stacks_blame_interrupts_on_no_process(&r, irq[0]);
+
+    let mine = rows
+        .iter()
+        .find(|p| p["pid"] == pid)
+        .unwrap_or_else(|| panic!("no row of alarm-spin [{pid}]: {rows:#?}"));
+    assert_eq!(mine["interrupt"], false);
+    let shares: Vec<&Value> = r["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["processes"].as_array().unwrap())
+        .filter(|p| p["pid"] == pid)
+        .collect();
+    assert_eq!(
+        (u(&mine["count"]), u(&mine["bytes_alloc"])),
+        (
+            shares.iter().map(|p| u(&p["count"])).sum(),
+            shares.iter().map(|p| u(&p["bytes_alloc"])).sum()
+        ),
+        "the process row vs its stacks' entries: {mine:#}"
+    );
+    for s in stacks_from_timer(&r) {
+        for p in s["processes"].as_array().unwrap() {
+            assert_eq!(p["interrupt"], true, "{p:#}");
+        }
+    }
+}
+
+const ALARMS: u64 = 300;
+
+/// The stack rows under it_real_fn: the alarms' allocations.
+fn stacks_from_timer(r: &Value) -> Vec<Value> {
+    r["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| frames(s).iter().any(|f| f.starts_with("it_real_fn+")))
+        .cloned()
+        .collect()
+}
+
+/// `record --by BY --exact-stacks` of the whole machine around
+/// `kheap-load alarm-spin`: the report and the load's PID.
+fn record_alarms(by: &str) -> (Value, u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    #[rustfmt::skip]
+    let mut kheap = Tracing::start(&[
+        "record", "--by", by, "--exact-stacks", "--max-entries", "65536",
+        "--format", "json", "-o", out.to_str().unwrap(),
+    ]);
+    let load = Command::new(LOAD)
+        .args(["alarm-spin", &ALARMS.to_string()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = load.id();
+    let load = load.wait_with_output().unwrap();
+    assert!(load.status.success(), "{load:?}");
+    assert!(kheap.stop());
+    (parse_valid(&std::fs::read_to_string(&out).unwrap()), pid)
 }
 
 /// Runs `record --by cgroup EXTRA` around loopback TCP traffic and checks

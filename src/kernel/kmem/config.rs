@@ -144,11 +144,18 @@ impl Config {
         self.stack_owners && self.stack_sample_every != 0
     }
 
-    /// The programs ask whether an event ran in interrupt context (for the
-    /// interrupt row, a filter of tasks, or stacks' owners): the interrupt
-    /// brackets are attached.
+    /// Every allocation event asks whether it ran in interrupt context: for
+    /// the interrupt rows of `--by cgroup` and `--by process`, or a filter
+    /// of tasks, which leaves interrupts out.
+    pub(super) fn tests_context(&self) -> bool {
+        self.by_cgroup || self.by_process || self.filters_tasks()
+    }
+
+    /// The programs ask whether an event ran in interrupt context (every
+    /// event, or the sampled stacks' owners): the interrupt brackets are
+    /// attached.
     pub(super) fn tells_interrupts(&self) -> bool {
-        self.by_cgroup || self.filters_tasks() || self.stacks_by_owner()
+        self.tests_context() || self.stacks_by_owner()
     }
 
     /// kheap's own events are told by a per-CPU word that a sched_switch

@@ -66,6 +66,15 @@ pub(super) fn stack_owner(k: &types::stack_key) -> Owner {
     }
 }
 
+/// The `procs` key of interrupt context's row (KHEAP_INTERRUPT_TGID in
+/// bpf/kheap.h): above every tgid.
+pub(super) const INTERRUPT_TGID: u32 = u32::MAX;
+
+/// The process a `procs` key names; `None` for interrupt context's row.
+pub(super) fn process_of_key(tgid: u32) -> Option<u32> {
+    (tgid != INTERRUPT_TGID).then_some(tgid)
+}
+
 /// Cache names for one read of the maps. A cache's name is written before
 /// the first counts of any entry that uses it, but entries read after the
 /// names can be newer than them: a miss reads the names again, once, and

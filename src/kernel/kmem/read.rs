@@ -11,7 +11,9 @@ use crate::kernel::skel::{c_str, from_bytes, types};
 use crate::model::snapshot::{CgroupKey, EventCounters, IdleKeys, Snapshot};
 use crate::model::{progress, CacheId, KmallocSlab, Owner, SiteKey, Source};
 
-use super::keys::{cgroup_key, comm_now, free_row, stack_owner, Names};
+use super::keys::{
+    cgroup_key, comm_now, free_row, process_of_key, stack_owner, Names, INTERRUPT_TGID,
+};
 use super::tracer::Tracer;
 
 impl<'obj> Tracer<'obj> {
@@ -132,12 +134,16 @@ impl<'obj> Tracer<'obj> {
         snap.comms = comms.iter().map(|(&k, (c, _))| (k, c.clone())).collect();
         if self.cfg.by_process {
             let procs = maps::read_percpu_hash::<u32, types::alloc_stats, _>(&m.procs)?;
-            for (pid, v) in procs {
+            for (tgid, v) in procs {
+                let Some(pid) = process_of_key(tgid) else {
+                    snap.procs.insert(None, (String::new(), v.into()));
+                    continue;
+                };
                 let (comm, cgroup) = comms.get(&pid).cloned().unwrap_or_default();
                 if cgroup != 0 {
                     snap.proc_cgroups.insert(pid, cgroup);
                 }
-                snap.procs.insert(pid, (comm, v.into()));
+                snap.procs.insert(Some(pid), (comm, v.into()));
             }
         }
         if self.cfg.by_cgroup {
@@ -341,7 +347,7 @@ impl<'obj> Tracer<'obj> {
         }
 
         for &pid in &idle.procs {
-            let key = pid.to_ne_bytes();
+            let key = pid.unwrap_or(INTERRUPT_TGID).to_ne_bytes();
             if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.procs, &key)? {
                 let comm = m
                     .proc_comms

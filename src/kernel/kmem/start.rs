@@ -412,7 +412,7 @@ fn configure(
     c.by_process = u8::from(cfg.by_process);
     c.stack_owners = u8::from(cfg.stacks_by_owner());
     c.filter.pids = u8::from(!cfg.pids.is_empty());
-    c.tests_context = u8::from(cfg.by_cgroup || cfg.filters_tasks());
+    c.tests_context = u8::from(cfg.tests_context());
     if !cfg.include_self {
         c.filter.ignore_tgid = std::process::id();
     }
