@@ -25,7 +25,8 @@
  *   allocate is still the interrupted task's. Softirqs run by ksoftirqd
  *   are bracketed too, so they are no task's either.
  *
- * Include after vmlinux.h, the libbpf headers and maps.bpf.h.
+ * Include after vmlinux.h, the libbpf headers, maps.bpf.h and the object's
+ * `cfg` (kheap.h's struct kheap_config).
  */
 #ifndef KHEAP_INTERRUPT_CONTEXT_BPF_H
 #define KHEAP_INTERRUPT_CONTEXT_BPF_H
@@ -114,8 +115,15 @@ KHEAP_BRACKET(call_function_single_entry_raw, bracket_open,
 /* Whether a kernel stack address is off the current task's stack. */
 static __always_inline bool off_task_stack(__u64 at)
 {
-	struct task_struct *t = (void *)bpf_get_current_task();
-	__u64 lo = (__u64)BPF_CORE_READ(t, stack);
+	__u64 lo;
+
+	if (cfg.task_btf) {
+		lo = (__u64)bpf_get_current_task_btf()->stack;
+	} else {
+		struct task_struct *t = (void *)bpf_get_current_task();
+
+		lo = (__u64)BPF_CORE_READ(t, stack);
+	}
 
 	return at < lo || at >= lo + KHEAP_THREAD_SIZE;
 }

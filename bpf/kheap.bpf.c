@@ -33,7 +33,6 @@
 #include "lat_starts.bpf.h"
 #include "alloc_stats.bpf.h"
 #include "kmem_classic.bpf.h"
-#include "interrupt_context.bpf.h"
 #include "slab_cache.bpf.h"
 #include "stack_store.bpf.h"
 #include "sampler.bpf.h"
@@ -42,6 +41,9 @@
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile struct kheap_config cfg = {};
+
+/* Whether an event ran in interrupt context (reads cfg). */
+#include "interrupt_context.bpf.h"
 
 /* Written by the `clock` program, which user space runs on demand. */
 struct clock_sample clock_now = {};

@@ -45,7 +45,8 @@ impl Kind {
             // with `-MemFree - pcp`, beside /proc/vmstat's own counts
             // (`vmstat_pgalloc_bytes`, `vmstat_pgfree_bytes`). 8:
             // `lost.latency_nested`. 9: `lost.kmalloc_cache_stale`. 10: the interrupt row of
-            // `processes`.
+            // `processes` and `leaks.processes`, which is filled only where
+            // every allocation's context is tested.
             Kind::Leaks => 10,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process

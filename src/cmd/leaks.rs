@@ -108,6 +108,8 @@ fn kernel_config(args: &LeaksArgs, targets: &Targets) -> Config {
             max_objects: args.max_objects,
         }),
         by_cgroup: args.by == LeakGroupBy::Cgroup,
+        // Tests every allocation's context, for the interrupt row.
+        by_process: args.by == LeakGroupBy::Process,
         // Each stack row says who made it (JSON, pprof labels).
         stack_owners: true,
         ..kmem_config(&args.trace, targets, LEAKS_STACK_SAMPLE)

@@ -272,13 +272,14 @@ pub fn table(
         LeakGroupBy::Process => {
             let rows = r.leaks.iter().flat_map(|l| &l.processes).map(|p| {
                 let ret = &p.retention;
+                let (pid, comm) = match (p.pid, p.comm.as_deref()) {
+                    (None, _) => ("-".to_string(), "[interrupt]"),
+                    (Some(pid), None | Some("")) => (pid.to_string(), "(exited)"),
+                    (Some(pid), Some(comm)) => (pid.to_string(), comm),
+                };
                 vec![
-                    Cell::new(p.pid),
-                    Cell::new(if p.comm.is_empty() {
-                        "(exited)"
-                    } else {
-                        &p.comm
-                    }),
+                    Cell::new(pid),
+                    Cell::new(comm),
                     Cell::new(ret.outstanding_count),
                     Cell::new(human_size(ret.outstanding_bytes)),
                     Cell::new(human_age(ret.oldest_s)),
@@ -490,16 +491,44 @@ mod tests {
     fn process_view_lists_what_each_allocator_holds() {
         let mut r = report(1);
         let procs = &r.leaks.as_ref().unwrap().processes;
-        assert_eq!(procs.len(), 1);
-        assert_eq!((procs[0].pid, procs[0].comm.as_str()), (7, "msgd"));
-        assert_eq!(procs[0].retention.outstanding_count, 420);
+        assert_eq!(procs.len(), 2, "msgd and the interrupt row");
+        assert_eq!(
+            (procs[0].pid, procs[0].comm.as_deref()),
+            (Some(7), Some("msgd"))
+        );
+        assert_eq!(procs[0].retention.outstanding_count, 400);
         let hidden = apply_top(&mut r, LeakGroupBy::Process, Some(5));
         let t = table(&r, LeakGroupBy::Process, hidden, 0, None);
         let row = t
             .lines()
             .find(|l| l.contains("msgd"))
             .unwrap_or_else(|| panic!("{t}"));
-        assert!(row.contains("420") && row.contains("1.6M"), "{row}");
+        assert!(row.contains("400") && row.contains("1.6M"), "{row}");
+    }
+
+    #[test]
+    fn interrupt_objects_are_held_by_no_process() {
+        // The fixture's 20 kvmalloc objects were allocated in interrupt
+        // context while tgid 7 ran.
+        let mut snap = leak_snapshot(1);
+        let r = report_of(&snap, 10, 2.0);
+        let procs = &r.leaks.as_ref().unwrap().processes;
+        let row = procs.iter().find(|p| p.interrupt).unwrap();
+        assert_eq!((row.pid, row.comm.as_deref()), (None, None));
+        assert_eq!(row.retention.outstanding_count, 20);
+        let t = table(&r, LeakGroupBy::Process, 0, 0, None);
+        let line = t
+            .lines()
+            .find(|l| l.contains("[interrupt]"))
+            .unwrap_or_else(|| panic!("{t}"));
+        assert!(line.contains(" - "), "{line}");
+
+        // Where the context of every object was not tested, an object
+        // without a sampled stack would pass for the interrupted process's:
+        // no process rows.
+        snap.leaks.as_mut().unwrap().contexts_known = false;
+        let r = report_of(&snap, 10, 2.0);
+        assert!(r.leaks.as_ref().unwrap().processes.is_empty());
     }
 
     #[test]

@@ -84,13 +84,17 @@ pub struct ProgramMisses {
 /// no per-process allocation totals, hence only retention here.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessRetention {
-    pub pid: u32,
-    /// Empty when the process had exited by the time of the snapshot.
-    pub comm: String,
+    /// null for the interrupt row.
+    pub pid: Option<u32>,
+    /// Empty when the process had exited by the time of the snapshot; null
+    /// for the interrupt row.
+    pub comm: Option<String>,
     /// The cgroup v2 it allocated its newest outstanding object in; null
-    /// when unknown (all its objects were allocated in interrupt context).
+    /// when unknown and for the interrupt row.
     #[serde(default)]
     pub cgroup: Option<CgroupRef>,
+    /// Allocated in hard/soft interrupt or NMI context: no process's.
+    pub interrupt: bool,
     /// Its id, until `Report::name_cgroups` resolves it.
     #[serde(skip)]
     pub cgroup_id: Option<u64>,
@@ -259,7 +263,11 @@ pub fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Leak
             })
             .collect(),
         unseen_free_paths: UNSEEN_FREE_PATHS.iter().map(|s| s.to_string()).collect(),
-        processes: process_rows(l, idx, duration_s),
+        processes: if l.contexts_known {
+            process_rows(l, idx, duration_s)
+        } else {
+            Vec::new()
+        },
         accounting: Vec::new(),
         accounting_skipped: None,
         timeline: None,
@@ -284,9 +292,10 @@ fn process_rows(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Vec<Proc
         .iter()
         .map(|(&pid, r)| ProcessRetention {
             pid,
-            comm: l.comms.get(&pid).cloned().unwrap_or_default(),
+            comm: pid.map(|p| l.comms.get(&p).cloned().unwrap_or_default()),
             cgroup: None,
-            cgroup_id: idx.proc_cgroups.get(&pid).copied(),
+            interrupt: pid.is_none(),
+            cgroup_id: pid.and_then(|p| idx.proc_cgroups.get(&p).copied()),
             retention: Retention::new(r, duration_s),
         })
         .collect();

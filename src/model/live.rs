@@ -26,6 +26,15 @@ pub struct LiveObject {
 }
 
 impl LiveObject {
+    /// The process that made it; `None` in interrupt context, which is
+    /// no process's.
+    pub fn process(&self) -> Option<u32> {
+        match self.cgroup.slot {
+            CgroupSlot::Interrupt => None,
+            CgroupSlot::Cgroup(_) => Some(self.tgid),
+        }
+    }
+
     /// Who made it, as its stack entry is keyed: interrupt context, or its
     /// process in its cgroup.
     pub fn owner(&self) -> Owner {
@@ -242,6 +251,11 @@ pub struct LeakInput {
     /// Command names of the processes (tgid) that allocated live objects,
     /// read when the snapshot was taken (absent: the process is gone).
     pub comms: HashMap<u32, String>,
+    /// Every object's context was tested (`--by process`, `--by cgroup`,
+    /// a filter of tasks): an object allocated in interrupt context is
+    /// known as such. Otherwise only those with a sampled stack are, and
+    /// the rest would pass for the interrupted process's: no process rows.
+    pub contexts_known: bool,
 }
 
 /// Outstanding objects folded per key.
@@ -251,8 +265,9 @@ pub struct RetainedIndex {
     pub stacks: HashMap<(SiteKey, i64), Retained>,
     /// The same stacks split by who made the objects.
     pub stack_owners: HashMap<(SiteKey, i64), HashMap<Owner, Retained>>,
-    /// By the process (tgid) that allocated them.
-    pub procs: HashMap<u32, Retained>,
+    /// By the process (tgid) that allocated them; interrupt context's
+    /// under `None`.
+    pub procs: HashMap<Option<u32>, Retained>,
     /// The cgroup of each process's newest outstanding object: where it
     /// runs now, or ran last.
     pub proc_cgroups: HashMap<u32, u64>,
@@ -306,7 +321,7 @@ impl RetainedIndex {
                 continue;
             }
             idx.sites.entry(o.site.clone()).or_default().add_object(o);
-            idx.procs.entry(o.tgid).or_default().add_object(o);
+            idx.procs.entry(o.process()).or_default().add_object(o);
             idx.cgroups.entry(o.cgroup).or_default().add_object(o);
             if let Some(id) = o.stack_id {
                 let key = (o.site.clone(), id);
@@ -479,10 +494,18 @@ mod tests {
             cgroup: 42,
         };
         assert_eq!(idx.stack_owners[&(site(0x10), 7)][&owner].count, 1);
-        assert_eq!(idx.procs[&1].count, 3, "all allocated by tgid 1");
+        assert_eq!(idx.procs[&Some(1)].count, 3, "all allocated by tgid 1");
         let t = idx.total();
         assert_eq!((t.count, t.bytes_alloc), (3, 3 * 4096));
         assert_eq!(idx.by_cache().len(), 1);
+
+        // Allocated in interrupt context while tgid 1 ran: no process's.
+        let mut irq = obj(0x10, None, 1700);
+        irq.cgroup.slot = CgroupSlot::Interrupt;
+        input.live.push(irq);
+        let idx = RetainedIndex::build(&input, &allocs, &HashMap::new());
+        assert_eq!(idx.procs[&Some(1)].count, 3);
+        assert_eq!(idx.procs[&None].count, 1, "the interrupt row");
     }
 
     #[test]

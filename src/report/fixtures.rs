@@ -183,6 +183,7 @@ pub fn leak_snapshot(sample_every: u32) -> Snapshot {
         kind: "leaks".into(),
         max_objects: 1000,
         recursion_misses: vec![("kfree".into(), 3), ("kmalloc".into(), 0)],
+        contexts_known: true,
         ..Default::default()
     };
     leaks.unseen.insert(

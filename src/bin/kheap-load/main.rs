@@ -71,6 +71,10 @@
 //!       allocates a `sigqueue` object in hard interrupt context, on the
 //!       process's own kernel stack when the timer interrupts it in user
 //!       mode. Prints `COUNT alarms`.
+//!   kheap-load alarm-pending COUNT          COUNT child processes each
+//!       hold one SIGALRM blocked and pending: COUNT `sigqueue` objects
+//!       allocated in hard interrupt context and held. Prints `COUNT
+//!       pending`, then waits for stdin to end before the children exit.
 //!   kheap-load switch-pingpong COUNT        one byte passed back and forth
 //!       through two pipes between two threads (two context switches per
 //!       round trip on one CPU when pinned, no kmem event), COUNT round
@@ -90,7 +94,7 @@ mod msg;
 mod pages;
 mod switches;
 
-use alarms::alarm_spin;
+use alarms::{alarm_pending, alarm_spin};
 use bpf::{bpf_array, bpf_maps};
 use calls::{malloc_free, probe_site, writev, writev_diff, writev_rate};
 use fds::{epoll, fds};
@@ -100,7 +104,7 @@ use switches::switch_pingpong;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | epoll COUNT [HOLD_SECS] | writev COUNT | writev-diff COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE | alarm-spin COUNT | switch-pingpong COUNT"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | epoll COUNT [HOLD_SECS] | writev COUNT | writev-diff COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE | alarm-spin COUNT | alarm-pending COUNT | switch-pingpong COUNT"
     );
     std::process::exit(2);
 }
@@ -159,6 +163,7 @@ fn main() {
         Some("epoll") => epoll(arg(&args, 2), args.get(3).map(|_| arg(&args, 3))),
         Some("writev") => writev(arg(&args, 2)),
         Some("alarm-spin") => alarm_spin(arg(&args, 2)),
+        Some("alarm-pending") => alarm_pending(arg(&args, 2)),
         Some("writev-diff") => writev_diff(arg(&args, 2)),
         Some("switch-pingpong") => switch_pingpong(arg(&args, 2)),
         Some("malloc") => malloc_free(arg(&args, 2), arg(&args, 3)),

@@ -188,6 +188,7 @@ impl<'obj> Tracer<'obj> {
                 .collect(),
             kind: "leaks".to_string(),
             comms,
+            contexts_known: self.cfg.tests_context(),
         })
     }
 

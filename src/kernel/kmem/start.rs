@@ -404,6 +404,7 @@ fn configure(
     c.min_size = cfg.min_size;
     c.max_size = cfg.max_size.unwrap_or(0);
     c.gfp_account_mask = kbtf.gfp_account_mask;
+    c.task_btf = u8::from(kbtf.typed_programs && kbtf.has_helper("get_current_task_btf"));
     c.slab_account_mask = kbtf.slab_account_mask;
     c.by_cgroup = u8::from(cfg.by_cgroup);
     c.filter.cgroups = u8::from(!cfg.cgroups.is_empty());
@@ -484,7 +485,8 @@ fn configure(
     if !cfg.by_cgroup {
         open.maps.cgroups.set_max_entries(1)?;
     }
-    if !cfg.by_process {
+    // leaks keeps its processes in the objects, not in `procs`.
+    if !cfg.by_process || cfg.live.is_some() {
         open.maps.procs.set_max_entries(1)?;
     }
     // Process names: of process rows, and of the processes stacks are
