@@ -201,6 +201,7 @@ fn programs_load_in_every_mode() {
         ("record", &["--by", "cgroup"]),
         ("leaks", &[]),
         ("leaks", &["--by", "cgroup"]),
+        ("leaks", &["--by", "process"]),
     ] {
         let r = report_json(cmd, args, &["msg", "10", "100"]);
         assert_typed_programs(&format!("{cmd} {args:?}"), &r["run"]);
