@@ -78,8 +78,6 @@ impl<'obj> Tracer<'obj> {
 
     fn read_snapshot(&self, with_live: bool) -> Result<Snapshot> {
         let m = &self.skel.maps;
-        let names = Names::read(self)?;
-        let key = |k: &types::site_key| names.site_key(k);
         // Read while events keep arriving, in the order that keeps every
         // site adding up (allocated >= outstanding + freed unseen): objects
         // found freed unseen, then the live objects (and the clock their
@@ -101,7 +99,9 @@ impl<'obj> Tracer<'obj> {
         // Two kernel caches can share a name: their entries are merged.
         // A site's counts are its entry in the map plus its slot on each
         // CPU (bpf/site_slots.bpf.h); no event is in two of them. Both are
-        // copied before any key is named (Names::entries_copied).
+        // copied before the caches' names are read: a new name can send
+        // that read through /sys/kernel/slab, slow enough under emulation
+        // that counts read after it would end top's interval late.
         let in_map = maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)?;
         let mut in_slots = Vec::new();
         maps::visit_percpu_array::<types::site_slot, _>(&m.site_slots, &mut |slot| {
@@ -109,7 +109,8 @@ impl<'obj> Tracer<'obj> {
                 in_slots.push((slot.key, slot.stats));
             }
         })?;
-        names.entries_copied();
+        let names = Names::read(self)?;
+        let key = |k: &types::site_key| names.site_key(k);
         for (k, v) in in_map {
             *snap.sites.entry(key(&k)).or_default() += v.into();
         }
