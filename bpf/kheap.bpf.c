@@ -160,12 +160,15 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 	}
 	/* cfg is constant after load: the tgid is asked for only where a
 	 * filter, a per-process view or live objects need it; otherwise only
-	 * whether the event is kheap's own (own_process.bpf.h). */
+	 * whether the event is kheap's own (own_process.bpf.h). An interrupt
+	 * known as such is not kheap's even when it lands on kheap's thread
+	 * (only kheap's own exclusion is left to test here: a filter of tasks
+	 * has returned above). */
 	if (tasks_filtered(&cfg.filter) || cfg.by_process || cfg.track_live) {
 		tgid = bpf_get_current_pid_tgid() >> 32;
-		if (!task_passes(&cfg.filter, tgid))
+		if (!interrupt && !task_passes(&cfg.filter, tgid))
 			return;
-	} else if (task_left_out(true)) {
+	} else if (!interrupt && task_left_out(true)) {
 		return;
 	}
 	if (req < cfg.min_size || (cfg.max_size && req > cfg.max_size))
