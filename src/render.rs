@@ -311,7 +311,7 @@ pub fn table(
                 let _ = writeln!(out, "(no per-process data)");
             }
             let rows = r.processes.iter().map(|row| {
-                let (pid, comm) = process_cells(row);
+                let (pid, comm) = process_cells(row.pid, row.comm.as_deref(), "");
                 with_counts([Cell::new(pid), Cell::new(comm)], &row.counts)
             });
             out.push_str(&table_text(
@@ -351,12 +351,14 @@ pub fn table(
 }
 
 /// A cgroup row's label: its path and what runs there, or the interrupt row.
-/// A process row's pid and command cells: `-` and `[interrupt]` for the
-/// interrupt row, as `cgroup_label` names it among cgroups.
-pub fn process_cells(row: &crate::report::ProcRow) -> (String, String) {
-    match row.pid {
-        None => ("-".to_string(), "[interrupt]".to_string()),
-        Some(pid) => (pid.to_string(), row.comm.clone().unwrap_or_default()),
+/// A process row's pid and command cells (record, top and leaks): `-` and
+/// `[interrupt]` for the interrupt row (no pid), as `cgroup_label` names it
+/// among cgroups; `unnamed` where the process's name is not known.
+pub fn process_cells(pid: Option<u32>, comm: Option<&str>, unnamed: &str) -> (String, String) {
+    match (pid, comm) {
+        (None, _) => ("-".to_string(), "[interrupt]".to_string()),
+        (Some(pid), None | Some("")) => (pid.to_string(), unnamed.to_string()),
+        (Some(pid), Some(comm)) => (pid.to_string(), comm.to_string()),
     }
 }
 

@@ -272,11 +272,7 @@ pub fn table(
         LeakGroupBy::Process => {
             let rows = r.leaks.iter().flat_map(|l| &l.processes).map(|p| {
                 let ret = &p.retention;
-                let (pid, comm) = match (p.pid, p.comm.as_deref()) {
-                    (None, _) => ("-".to_string(), "[interrupt]"),
-                    (Some(pid), None | Some("")) => (pid.to_string(), "(exited)"),
-                    (Some(pid), Some(comm)) => (pid.to_string(), comm),
-                };
+                let (pid, comm) = render::process_cells(p.pid, p.comm.as_deref(), "(exited)");
                 vec![
                     Cell::new(pid),
                     Cell::new(comm),
