@@ -37,8 +37,9 @@ impl Kind {
             // leaks also `excluded_bytes` in `leaks.accounting` rows, which
             // `unexplained_bytes` now leaves out. 5: `lost.latency_nested`.
             // 6: `lost.kmalloc_cache_stale`. 7: the interrupt row of
-            // `processes` (`interrupt`; `pid`, `comm` null there).
-            Kind::Record | Kind::Top => 7,
+            // `processes` (`interrupt`; `pid`, `comm` null there). 8:
+            // `lost.recursion_misses`.
+            Kind::Record | Kind::Top => 8,
             // leaks 5: the page row of `leaks.accounting` compares every
             // page (`counted_elsewhere_bytes` added back, frees of pages
             // allocated before the run, `frees_untracked_bytes`, taken off)
@@ -46,8 +47,9 @@ impl Kind {
             // (`vmstat_pgalloc_bytes`, `vmstat_pgfree_bytes`). 8:
             // `lost.latency_nested`. 9: `lost.kmalloc_cache_stale`. 10: the interrupt row of
             // `processes` and `leaks.processes`, which is filled only where
-            // every allocation's context is tested.
-            Kind::Leaks => 10,
+            // every allocation's context is tested. 11:
+            // `lost.recursion_misses`.
+            Kind::Leaks => 11,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound
@@ -150,16 +152,18 @@ mod tests {
             rows: vec![1, 2],
         };
         let text = pretty(Kind::Leaks, &body);
-        assert!(
-            text.starts_with("{\n  \"kind\": \"leaks\",\n  \"schema_version\": 10,\n"),
-            "{text}"
+        let leaks_head = format!(
+            "{{\n  \"kind\": \"leaks\",\n  \"schema_version\": {},\n",
+            Kind::Leaks.schema_version()
         );
+        assert!(text.starts_with(&leaks_head), "{text}");
         assert!(text.ends_with("}\n"));
         let l = line(Kind::Top, &body);
-        assert!(
-            l.starts_with("{\"kind\":\"top\",\"schema_version\":7,\"duration_s\":1.5"),
-            "{l}"
+        let top_head = format!(
+            "{{\"kind\":\"top\",\"schema_version\":{},\"duration_s\":1.5",
+            Kind::Top.schema_version()
         );
+        assert!(l.starts_with(&top_head), "{l}");
         assert_eq!(l.lines().count(), 1);
         let (kind, v) = read(&text, "a.json").unwrap();
         assert_eq!(kind, Kind::Leaks);
@@ -171,7 +175,9 @@ mod tests {
         let err = |t: &str| format!("{:#}", read(t, "x.json").unwrap_err());
         assert!(err("{\"sites\": []}").contains("has no \"kind\""));
         assert!(err("{\"kind\": \"nope\", \"schema_version\": 1}").contains("unknown report kind"));
-        assert!(err("{\"kind\": \"record\", \"schema_version\": 8}").contains("schema_version 8"));
+        let newer = Kind::Record.schema_version() + 1;
+        let text = format!("{{\"kind\": \"record\", \"schema_version\": {newer}}}");
+        assert!(err(&text).contains(&format!("schema_version {newer}")));
         assert!(err("{\"kind\": \"record\"}").contains("no schema_version"));
         let e = err("{\"kind\": \"record\", \"schema_version\": \"4\"}");
         assert!(

@@ -163,9 +163,17 @@ pub fn header(r: &Report) -> String {
         s,
         // Stacks are stored by content: no bucket collisions to report
         // (lost.stack_collisions stays in the JSON, always 0).
-        "lost: {} stacks, {} events not aggregated (map full){}",
+        "lost: {} stacks, {} events not aggregated (map full){}{}",
         r.lost.stacks,
         r.lost.map_full,
+        if r.lost.recursion_misses > 0 {
+            format!(
+                ", {} events skipped by the kernel (a kheap program was already running on their CPU)",
+                r.lost.recursion_misses
+            )
+        } else {
+            String::new()
+        },
         if r.totals.failed_allocs > 0 {
             format!(
                 ", {} failed allocations not counted",

@@ -19,6 +19,20 @@ fn site_table_has_label_counts_and_waste() {
         "{t}"
     );
     assert!(t.contains("lost: 2 stacks"), "{t}");
+    assert!(!t.contains("skipped by the kernel"), "{t}");
+}
+
+#[test]
+fn events_the_kernel_skipped_are_on_the_lost_line() {
+    let mut snap = sample_snapshot();
+    snap.events.recursion_misses = 3;
+    let r = report_of(&snap, 10, 2.0);
+    assert_eq!(r.lost.recursion_misses, 3);
+    let t = table(&r, GroupBy::Site, 0, 1, None);
+    assert_line(
+        &t,
+        "lost: 2 stacks, 0 events not aggregated (map full), 3 events skipped by the kernel (a kheap program was already running on their CPU)",
+    );
 }
 
 #[test]

@@ -161,6 +161,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
             latency_unmatched: 0,
             latency_nested: 0,
             kmalloc_cache_stale: ev.kmalloc_cache_stale,
+            recursion_misses: ev.recursion_misses,
         },
         sampling: Sampling {
             stack_sample_every: opts.stack_sample_every,

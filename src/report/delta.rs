@@ -126,6 +126,7 @@ fn events_delta(cur: &EventCounters, prev: &EventCounters) -> EventCounters {
         map_full_cgroups: d(cur.map_full_cgroups, prev.map_full_cgroups),
         kmalloc_cache_stale: d(cur.kmalloc_cache_stale, prev.kmalloc_cache_stale),
         map_full_caches: d(cur.map_full_caches, prev.map_full_caches),
+        recursion_misses: d(cur.recursion_misses, prev.recursion_misses),
     }
 }
 

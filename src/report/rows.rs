@@ -90,6 +90,10 @@ pub struct Lost {
     /// time up to 4096 events before may have named the old cache.
     #[serde(default)]
     pub kmalloc_cache_stale: u64,
+    /// Events the kernel did not hand to kheap's programs because one was
+    /// already running on that CPU (an interrupt allocating meanwhile).
+    #[serde(default)]
+    pub recursion_misses: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -311,6 +311,7 @@ fn add_events(
     total.map_full_caches += d.map_full_caches;
     total.map_full_cgroups += d.map_full_cgroups;
     total.kmalloc_cache_stale += d.kmalloc_cache_stale;
+    total.recursion_misses += d.recursion_misses;
 }
 
 /// Gives the pages freed by the interval's transient buffers (map reads,

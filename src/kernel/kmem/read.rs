@@ -208,6 +208,7 @@ impl<'obj> Tracer<'obj> {
                 .insert(source, c.source_frees[source.raw() as usize]);
         }
         snap.events = self.event_counters(&c);
+        snap.events.recursion_misses = self.run_time().recursion_misses;
         if let Some((lcfg, unseen, objects, now)) = live {
             snap.leaks = Some(self.leak_input(lcfg, unseen, objects, now, &c, &key)?);
         }
@@ -235,6 +236,9 @@ impl<'obj> Tracer<'obj> {
             map_full_cgroups: c.map_full_cgroups,
             map_full_caches: c.map_full_caches,
             kmalloc_cache_stale: c.cache_memo_stale,
+            // From the programs' info, read with snapshots only (not for
+            // each status line): read_snapshot.
+            recursion_misses: 0,
         }
     }
 
