@@ -94,15 +94,14 @@ static __always_inline __s64 record_stack(void *ctx, bool classic,
 					  bool *interrupt)
 {
 	struct stack_key skey = {.site = *key};
-	struct stack_frames *frames;
 	struct alloc_stats *s;
 	bool created = false;
 	__u64 id = 0;
 	/* constant 0 unless vmalloc is traced through kprobes */
 	long given = cfg.given_stacks ? given_stack_len(ctx) : 0;
 
-	switch (given > 0 ? store_given_stack(given, &id, &frames)
-			  : store_stack(ctx, 0, &id, &frames)) {
+	switch (given > 0 ? store_given_stack(given, &id)
+			  : store_stack(ctx, 0, &id)) {
 	case STACK_OK:
 		break;
 	case STACK_MAP_FULL:

@@ -189,6 +189,7 @@ on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
 	bool created = false, captured;
 	__u64 stack_id = 0;
 	__u32 bucket;
+	int level; /* of the scratch buffer taken for the stack */
 
 	t = traced_thread(key.tgid);
 	if (!t)
@@ -215,8 +216,9 @@ on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
 	t->free_active = 0;
 
 	/* A stack not kept (map full, or not captured) is counted as lost. */
-	captured = capture_stack(ctx, BPF_F_USER_STACK | e->skip, &stack_id,
-				 &frames);
+	level = scratch_take();
+	captured = level >= 0 && capture_stack(ctx, BPF_F_USER_STACK | e->skip,
+					       level, &stack_id, &frames);
 	key.stack_id = captured ? (__s64)stack_id : -1;
 	if (!captured)
 		COUNT(lost_stacks);
@@ -236,12 +238,16 @@ on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
 					       BPF_NOEXIST);
 		if (err && err != -17 /* EEXIST: another CPU was first */) {
 			COUNT(map_full_sites);
-			return NULL;
+			s = NULL;
+		} else {
+			created = !err;
+			s = bpf_map_lookup_elem(&sites, &key);
 		}
-		created = !err;
-		s = bpf_map_lookup_elem(&sites, &key);
-		if (!s)
-			return NULL;
+	}
+	if (!s) {
+		if (level >= 0)
+			scratch_release();
+		return NULL;
 	}
 	COUNT(allocs);
 	if (created)
@@ -256,6 +262,8 @@ on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
 			frames->ip[1] = 0;
 		record_stack_vmas(frames, key.mm, key.caller);
 	}
+	if (level >= 0)
+		scratch_release();
 	/* Sampled calls (and each row's first) also send a copy of the stack
 	 * to be unwound without frame pointers. */
 	maybe_copy_user_stack(&key, size, sp, e->bp, e->bp_at, created);

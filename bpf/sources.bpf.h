@@ -261,26 +261,33 @@ int BPF_KPROBE(vmalloc_alloc_kprobe)
 SEC("kretprobe/alloc_vmap_area")
 int BPF_KRETPROBE(vmalloc_alloc_kretprobe, struct vmap_area *va)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid(), zero = 0;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid(), zero = 0, level;
 	struct vmap_entry *e = bpf_map_lookup_elem(&vmap_entries, &tid);
 	struct stack_frames *scratch;
 	struct given_stack *g;
+	int taken;
 
 	if (!e) {
 		/* its entry was not seen (attached in between) */
 		count_returned_area(ctx, va, vmap_kind_here(ctx));
 		return 0;
 	}
-	scratch = bpf_map_lookup_elem(&stack_scratch, &zero);
+	taken = e->len > 0 ? scratch_take() : -1;
+	level = taken;
+	scratch =
+		taken >= 0 ? bpf_map_lookup_elem(&stack_scratch, &level) : NULL;
 	g = bpf_map_lookup_elem(&given_stacks, &zero);
-	if (scratch && g && e->len > 0) {
+	if (scratch && g) {
 		bpf_probe_read_kernel(scratch, sizeof(*scratch), &e->frames);
 		g->ctx = (__u64)ctx;
 		g->len = e->len;
+		g->level = level;
 	}
 	count_returned_area(ctx, va, e->kind);
 	if (g)
 		g->ctx = 0;
+	if (taken >= 0)
+		scratch_release();
 	bpf_map_delete_elem(&vmap_entries, &tid);
 	return 0;
 }

@@ -17,8 +17,50 @@
  * are deleted by `kheap top`, and a stack is stored before its counts). */
 KHEAP_HASH(stack_traces, __u64, struct stack_frames, 16384);
 
-/* One stack being captured (too big for the BPF stack). */
-KHEAP_PERCPU_SLOT(stack_scratch, struct stack_frames);
+/* Stacks being captured (too big for the BPF stack), one buffer per level
+ * of nesting on a CPU: a program can run inside another on the same CPU
+ * (an interrupt allocating while a task's event is being captured; raw
+ * tracepoints on 6.1 and 6.18 let it run), and with a single buffer the
+ * inner capture overwrote the outer one's frames, which were then stored
+ * as the outer event's stack (seen on 6.18: writev's kmalloc-192 events
+ * under the frames of a timer's it_real_fn). Levels: task, soft
+ * interrupt, hard interrupt, NMI. */
+#define KHEAP_SCRATCH_LEVELS 4
+KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, stack_scratch, __u32, struct stack_frames,
+	  KHEAP_SCRATCH_LEVELS);
+
+/* The scratch buffers taken on this CPU. A program that runs inside another
+ * ends before the outer one goes on, so this counts up and back down like
+ * a stack without atomics. */
+KHEAP_PERCPU_SLOT(stack_scratch_used, __u32);
+
+/* Takes this CPU's next scratch buffer: its level, to look it up and to give
+ * back with scratch_release(), or -1 when all are taken (more than four
+ * programs nested: not expected). Global functions, verified once on their
+ * own rather than at every capture of every program. */
+__noinline int scratch_take(void)
+{
+	__u32 zero = 0, level;
+	__u32 *used = bpf_map_lookup_elem(&stack_scratch_used, &zero);
+
+	if (!used)
+		return -1;
+	level = *used;
+	if (level >= KHEAP_SCRATCH_LEVELS)
+		return -1;
+	*used = level + 1;
+	return level;
+}
+
+__noinline int scratch_release(void)
+{
+	__u32 zero = 0;
+	__u32 *used = bpf_map_lookup_elem(&stack_scratch_used, &zero);
+
+	if (used && *used)
+		*used -= 1;
+	return 0;
+}
 
 enum stack_result {
 	STACK_OK,
@@ -27,15 +69,14 @@ enum stack_result {
 };
 
 /* The hash (> 0) of the first `len` bytes of frames in this CPU's scratch
- * stack. A global function: the verifier checks it once, on its own,
- * instead of walking its 64 iterations again for every state that reaches
- * a capture (that walk was 60% of what verifying kmalloc_btf took). It
- * looks the scratch up itself: a global function may take no pointer on
+ * buffer of `level`. A global function: the verifier checks it once, on
+ * its own, instead of walking its 64 iterations again for every state that
+ * reaches a capture (that walk was 60% of what verifying kmalloc_btf took).
+ * It looks the scratch up itself: a global function may take no pointer on
  * older kernels (5.10 accepts scalars and the context only). */
-__noinline __u64 scratch_stack_hash(long len)
+__noinline __u64 scratch_stack_hash(__u32 level, long len)
 {
-	__u32 zero = 0;
-	struct stack_frames *f = bpf_map_lookup_elem(&stack_scratch, &zero);
+	struct stack_frames *f = bpf_map_lookup_elem(&stack_scratch, &level);
 	__u64 h = 0xcbf29ce484222325ULL;
 
 	if (!f)
@@ -54,14 +95,14 @@ __noinline __u64 scratch_stack_hash(long len)
 }
 
 /* Captures the current stack (kernel, or user with BPF_F_USER_STACK in
- * flags) into per-CPU scratch and sets *id to its hash (> 0). The frames
- * stay in *frames until the next capture on this CPU (*frames is set even
- * when the capture fails). Returns whether a stack was captured. */
-static __always_inline bool capture_stack(void *ctx, __u64 flags, __u64 *id,
+ * flags) into the scratch buffer of `level` and sets *id to its hash
+ * (> 0). *frames is set to the buffer even when the capture fails. Returns
+ * whether a stack was captured. */
+static __always_inline bool capture_stack(void *ctx, __u64 flags, __u32 level,
+					  __u64 *id,
 					  struct stack_frames **frames)
 {
-	__u32 zero = 0;
-	struct stack_frames *f = bpf_map_lookup_elem(&stack_scratch, &zero);
+	struct stack_frames *f = bpf_map_lookup_elem(&stack_scratch, &level);
 	long len;
 
 	if (!f)
@@ -72,17 +113,19 @@ static __always_inline bool capture_stack(void *ctx, __u64 flags, __u64 *id,
 	len = bpf_get_stack(ctx, f->ip, sizeof(f->ip), flags);
 	if (len <= 0)
 		return false;
-	*id = scratch_stack_hash(len);
+	*id = scratch_stack_hash(level, len);
 	return true;
 }
 
 /* A stack captured before the running program, for it (vmalloc's on the
- * kprobe path, sources.bpf.h): the program copies its frames into this
- * CPU's scratch and marks them here with its context, so that a program
- * interrupting it on this CPU does not take them for its own. */
+ * kprobe path, sources.bpf.h): the program copies its frames into a
+ * scratch buffer it took and marks them here with its context, so that a
+ * program interrupting it on this CPU does not take them for its own. */
 struct given_stack {
 	__u64 ctx;
-	long len; /* bytes of frames in the scratch */
+	long len;    /* bytes of frames in the scratch */
+	__u32 level; /* the scratch buffer's */
+	__u32 _pad;
 };
 
 KHEAP_PERCPU_SLOT(given_stacks, struct given_stack);
@@ -112,28 +155,40 @@ static __always_inline enum stack_result keep_stack(__u64 id,
 	return STACK_OK;
 }
 
-/* Captures the current stack and stores it if it is new: capture_stack,
- * then keep_stack. */
-static __always_inline enum stack_result
-store_stack(void *ctx, __u64 flags, __u64 *id, struct stack_frames **frames)
+/* Captures the current stack and stores it if it is new (capture_stack,
+ * then keep_stack) in a scratch buffer taken and given back. */
+static __always_inline enum stack_result store_stack(void *ctx, __u64 flags,
+						     __u64 *id)
 {
-	if (!capture_stack(ctx, flags, id, frames))
+	struct stack_frames *frames = NULL;
+	enum stack_result r = STACK_NOT_CAPTURED;
+	int level = scratch_take();
+
+	if (level < 0)
 		return STACK_NOT_CAPTURED;
-	return keep_stack(*id, *frames);
+	if (capture_stack(ctx, flags, level, id, &frames))
+		r = keep_stack(*id, frames);
+	scratch_release();
+	return r;
 }
 
 /* Stores the stack given to the program (given_stack_len(), > 0), which
- * is in this CPU's scratch, as store_stack() stores a captured one. */
-static __always_inline enum stack_result
-store_given_stack(long len, __u64 *id, struct stack_frames **frames)
+ * is in the scratch buffer its giver took, as store_stack() stores a
+ * captured one. */
+static __always_inline enum stack_result store_given_stack(long len, __u64 *id)
 {
 	__u32 zero = 0;
-	struct stack_frames *f = bpf_map_lookup_elem(&stack_scratch, &zero);
+	struct given_stack *g = bpf_map_lookup_elem(&given_stacks, &zero);
+	struct stack_frames *f;
+	__u32 level;
 
+	if (!g)
+		return STACK_NOT_CAPTURED;
+	level = g->level;
+	f = bpf_map_lookup_elem(&stack_scratch, &level);
 	if (!f)
 		return STACK_NOT_CAPTURED;
-	*frames = f;
-	*id = scratch_stack_hash(len);
+	*id = scratch_stack_hash(level, len);
 	return keep_stack(*id, f);
 }
 

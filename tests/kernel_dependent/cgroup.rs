@@ -304,8 +304,7 @@ fn an_interrupt_of_user_mode_is_no_task_s() {
     let (r, _) = record_alarms("cgroup");
     let stacks = stacks_from_timer(&r);
     let count: u64 = stacks.iter().map(|s| u(&s["count"])).sum();
-    // Every alarm's allocation (other timers of the machine may add some).
-    assert!(count >= ALARMS, "{count} of {ALARMS}: {stacks:#?}");
+    nearly_every("alarm", count, ALARMS, &r);
     for p in stacks
         .iter()
         .flat_map(|s| s["processes"].as_array().unwrap())
@@ -327,6 +326,67 @@ fn an_interrupt_of_user_mode_is_no_task_s() {
     assert_eq!(stacks_from_timer(&r), Vec::<Value>::new());
 }
 
+/// An interrupt that allocates while kheap's program is capturing a task's
+/// stack on the same CPU (the kernel runs the interrupt's program inside
+/// the task's) keeps its stack apart: each captures into its own scratch
+/// buffer. With one buffer, the interrupt's frames were stored as the
+/// task's stack (writev's kmalloc-192 events showed the timer's it_real_fn
+/// frames, about 5 in 2000 alarms on this host). Two writev loops keep the
+/// CPUs in kheap's program while the alarms fire.
+#[test]
+fn an_interrupt_in_a_capture_leaves_the_captured_stack_alone() {
+    require_root();
+    const MANY_ALARMS: u64 = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.json");
+    #[rustfmt::skip]
+    let mut kheap = Tracing::start(&[
+        "record", "--exact-stacks", "--max-entries", "65536",
+        "--format", "json", "-o", out.to_str().unwrap(),
+    ]);
+    let loops = Loops(
+        (0..2)
+            .map(|_| {
+                Command::new(LOAD)
+                    .args(["writev", "1000000000"])
+                    .stdout(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect(),
+    );
+    let alarms = Command::new(LOAD)
+        .args(["alarm-spin", &MANY_ALARMS.to_string()])
+        .output()
+        .unwrap();
+    assert!(alarms.status.success(), "{alarms:?}");
+    drop(loops);
+    assert!(kheap.stop());
+    let r = parse_valid(&std::fs::read_to_string(&out).unwrap());
+    let stacks = stacks_from_timer(&r);
+    let count: u64 = stacks.iter().map(|s| u(&s["count"])).sum();
+    nearly_every("alarm", count, MANY_ALARMS, &r);
+    // The signal's cache only (named as this kernel merges it): a writev
+    // event stored under the timer's frames would add its kmalloc cache.
+    let caches: std::collections::BTreeSet<&str> = stacks
+        .iter()
+        .map(|s| s["cache"].as_str().unwrap())
+        .collect();
+    assert_eq!(caches.len(), 1, "{stacks:#?}");
+}
+
+/// Load processes killed (and reaped) when dropped, as when a test fails.
+struct Loops(Vec<std::process::Child>);
+
+impl Drop for Loops {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// `--by process` has the same interrupt row: the alarms' allocations are
 /// not the interrupted process's. Its row holds what its stacks' entries
 /// of its PID hold, none under it_real_fn, and the interrupt row what the
@@ -338,10 +398,7 @@ fn by_process_puts_interrupt_allocations_in_their_own_row() {
     let rows = r["processes"].as_array().unwrap();
     let irq = interrupt_process_row(rows);
     let from_timer: u64 = stacks_from_timer(&r).iter().map(|s| u(&s["count"])).sum();
-    // Nearly every alarm: a timer that fires while a kheap program runs on
-    // its CPU is not traced (the kernel skips the nested run), and the
-    // rows below are compared with each other, not with the load.
-    assert!(from_timer >= ALARMS * 9 / 10, "{from_timer} of {ALARMS}");
+    nearly_every("alarm", from_timer, ALARMS, &r);
     assert!(u(&irq["count"]) >= from_timer, "{irq:#}");
     stacks_blame_interrupts_on_no_process(&r, irq);
 
@@ -393,13 +450,8 @@ fn leaks_by_process_holds_interrupt_objects_in_their_own_row() {
             u(&p["outstanding_count"])
         })
         .sum();
-    // Nearly every one (a timer that fires while a kheap program runs on
-    // its CPU is not traced; counted in recursion_misses): before the
-    // interrupt row the children's rows held them.
-    assert!(
-        held_by_timer >= HELD * 3 / 4,
-        "{held_by_timer} of {HELD} held"
-    );
+    // Before the interrupt row the children's rows held them.
+    nearly_every("held alarm", held_by_timer, HELD, &r);
     assert!(u(&irq["outstanding_count"]) >= held_by_timer, "{irq:#}");
     // Each row, the interrupt row among them, holds what the stacks'
     // entries of its owner hold.
@@ -420,7 +472,7 @@ fn leaks_by_process_holds_interrupt_objects_in_their_own_row() {
 
     let r = leaks_alarms_pending(&[]);
     let irq = interrupt_process_row(r["leaks"]["processes"].as_array().unwrap());
-    assert!(u(&irq["outstanding_count"]) >= HELD * 3 / 4, "{irq:#}");
+    nearly_every("held alarm", u(&irq["outstanding_count"]), HELD, &r);
     assert!(u(&irq["outstanding_count"]) <= u(&r["leaks"]["outstanding_count"]));
 }
 
@@ -478,6 +530,28 @@ fn interrupt_process_row(rows: &[Value]) -> &Value {
 }
 
 const ALARMS: u64 = 300;
+
+/// Checks that `counted` of the `load`'s `expected` allocations (alarms'
+/// `sigqueue` objects) were seen: nearly all of them, and says on stderr
+/// what the report lost when one is missing. The interrupt-row tests
+/// compare rows with each other exactly; against the load they allow a
+/// few missing: an alarm that interrupts a task inside a BPF system call
+/// (another BPF agent's, or kheap's own map reads) may reach no program
+/// and no counter (docs/design/numbers.md; one CI run counted 299 of 300).
+/// Before the interrupt row, none was counted.
+fn nearly_every(load: &str, counted: u64, expected: u64, r: &Value) {
+    if counted < expected {
+        eprintln!(
+            "kheap test: {counted} of {expected} {load}s counted; lost: {}",
+            r["lost"]
+        );
+    }
+    assert!(
+        counted >= expected * 9 / 10,
+        "{counted} of {expected} {load}s: lost {:#}",
+        r["lost"]
+    );
+}
 
 /// The stack rows under it_real_fn: the alarms' allocations.
 fn stacks_from_timer(r: &Value) -> Vec<Value> {
