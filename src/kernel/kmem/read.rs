@@ -98,10 +98,12 @@ impl<'obj> Tracer<'obj> {
         let mut snap = Snapshot::default();
         // Two kernel caches can share a name: their entries are merged.
         // A site's counts are its entry in the map plus its slot on each
-        // CPU (bpf/site_slots.bpf.h); no event is in two of them. Both are
-        // copied before the caches' names are read: a new name can send
-        // that read through /sys/kernel/slab, slow enough under emulation
-        // that counts read after it would end top's interval late.
+        // CPU (bpf/site_slots.bpf.h); no event is in two of them. The maps
+        // every event counts in (sites, slots, processes, cgroups) are
+        // copied one after the other, before the caches' names are read: a
+        // new name can send that read through /sys/kernel/slab, slow
+        // enough under emulation that counts read after it would end top's
+        // interval late, or differ from the sites' by the events between.
         let in_map = maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)?;
         let mut in_slots = Vec::new();
         maps::visit_percpu_array::<types::site_slot, _>(&m.site_slots, &mut |slot| {
@@ -109,6 +111,16 @@ impl<'obj> Tracer<'obj> {
                 in_slots.push((slot.key, slot.stats));
             }
         })?;
+        let procs = if self.cfg.by_process {
+            maps::read_percpu_hash::<u32, types::alloc_stats, _>(&m.procs)?
+        } else {
+            Vec::new()
+        };
+        let cgroups = if self.cfg.by_cgroup {
+            maps::read_percpu_hash::<types::cgroup_key, types::alloc_stats, _>(&m.cgroups)?
+        } else {
+            Vec::new()
+        };
         let names = Names::read(self)?;
         let key = |k: &types::site_key| names.site_key(k);
         for (k, v) in in_map {
@@ -121,8 +133,6 @@ impl<'obj> Tracer<'obj> {
             slot_sites.insert(site);
         }
         drop(slot_sites);
-        // Processes right after sites (both are counted on every event):
-        // the slower stack reads below would widen the gap between them.
         let comms: HashMap<u32, (String, u64)> =
             if self.cfg.by_process || self.cfg.stacks_by_owner() {
                 maps::read_hash::<u32, types::proc_info, _>(&m.proc_comms)?
@@ -133,26 +143,19 @@ impl<'obj> Tracer<'obj> {
                 HashMap::new()
             };
         snap.comms = comms.iter().map(|(&k, (c, _))| (k, c.clone())).collect();
-        if self.cfg.by_process {
-            let procs = maps::read_percpu_hash::<u32, types::alloc_stats, _>(&m.procs)?;
-            for (tgid, v) in procs {
-                let Some(pid) = process_of_key(tgid) else {
-                    snap.procs.insert(None, (String::new(), v.into()));
-                    continue;
-                };
-                let (comm, cgroup) = comms.get(&pid).cloned().unwrap_or_default();
-                if cgroup != 0 {
-                    snap.proc_cgroups.insert(pid, cgroup);
-                }
-                snap.procs.insert(Some(pid), (comm, v.into()));
+        for (tgid, v) in procs {
+            let Some(pid) = process_of_key(tgid) else {
+                snap.procs.insert(None, (String::new(), v.into()));
+                continue;
+            };
+            let (comm, cgroup) = comms.get(&pid).cloned().unwrap_or_default();
+            if cgroup != 0 {
+                snap.proc_cgroups.insert(pid, cgroup);
             }
+            snap.procs.insert(Some(pid), (comm, v.into()));
         }
-        if self.cfg.by_cgroup {
-            for (k, v) in
-                maps::read_percpu_hash::<types::cgroup_key, types::alloc_stats, _>(&m.cgroups)?
-            {
-                *snap.cgroups.entry(cgroup_key(&k)).or_default() += v.into();
-            }
+        for (k, v) in cgroups {
+            *snap.cgroups.entry(cgroup_key(&k)).or_default() += v.into();
         }
         let sites_from_stacks = self.cfg.sites_from_stacks();
         let owners = self.cfg.stacks_by_owner();
