@@ -19,6 +19,16 @@ use super::config::LiveConfig;
 use super::keys::{comm_now, site_key, Names};
 use super::tracer::Tracer;
 
+/// What a snapshot copies of the live objects, in the order it reads them
+/// (read_snapshot says why): objects found freed unseen, the live objects,
+/// then the clock their ages are measured against.
+pub(super) struct LiveRead {
+    pub lcfg: LiveConfig,
+    pub unseen: Vec<(types::site_key, types::site_unseen)>,
+    pub objects: Vec<types::live_obj>,
+    pub now: types::clock_sample,
+}
+
 impl<'obj> Tracer<'obj> {
     /// Calls `visit` with every tracked object: those in the object
     /// table's slots, then those spilled into the hash map. The table is
@@ -125,15 +135,21 @@ impl<'obj> Tracer<'obj> {
         Ok(Some(out))
     }
 
+    /// The leaks part of a snapshot, from what read_snapshot copied of the
+    /// live objects, the event counters and each program's misses.
     pub(super) fn leak_input(
         &self,
-        lcfg: LiveConfig,
-        unseen_read: Vec<(types::site_key, types::site_unseen)>,
-        live: Vec<types::live_obj>,
-        now: types::clock_sample,
+        read: LiveRead,
         c: &types::counters,
         key: &dyn Fn(&types::site_key) -> SiteKey,
+        recursion_misses: Vec<(String, u64)>,
     ) -> Result<LeakInput> {
+        let LiveRead {
+            lcfg,
+            unseen: unseen_read,
+            objects: live,
+            now,
+        } = read;
         let hz = self.tick_rate(&now)?;
         // After detach, ages are as at the end of the run (the report's
         // duration ends there too), not at this later read.
@@ -181,11 +197,7 @@ impl<'obj> Tracer<'obj> {
             sample_every: lcfg.sample_every.max(1),
             min_age_ns: 0,
             max_objects: lcfg.max_objects,
-            recursion_misses: self
-                .program_stats()
-                .into_iter()
-                .map(|(tp, s)| (tp, s.recursion_misses))
-                .collect(),
+            recursion_misses,
             kind: "leaks".to_string(),
             comms,
             contexts_known: self.cfg.tests_context(),

@@ -14,6 +14,7 @@ use crate::model::{progress, CacheId, KmallocSlab, Owner, SiteKey, Source};
 use super::keys::{
     cgroup_key, comm_now, free_row, process_of_key, stack_owner, Names, INTERRUPT_TGID,
 };
+use super::live::LiveRead;
 use super::tracer::Tracer;
 
 impl<'obj> Tracer<'obj> {
@@ -91,7 +92,12 @@ impl<'obj> Tracer<'obj> {
                 let mut objects = Vec::new();
                 self.visit_live(&mut |o| objects.push(*o))?;
                 let now = self.clock()?;
-                Some((lcfg, unseen, objects, now))
+                Some(LiveRead {
+                    lcfg,
+                    unseen,
+                    objects,
+                    now,
+                })
             }
             None => None,
         };
@@ -211,9 +217,16 @@ impl<'obj> Tracer<'obj> {
                 .insert(source, c.source_frees[source.raw() as usize]);
         }
         snap.events = self.event_counters(&c);
-        snap.events.recursion_misses = self.run_time().recursion_misses;
-        if let Some((lcfg, unseen, objects, now)) = live {
-            snap.leaks = Some(self.leak_input(lcfg, unseen, objects, now, &c, &key)?);
+        // One walk of the kernel's program list per snapshot: the total for
+        // `lost`, and leaks' misses per program.
+        let programs = self.program_stats();
+        snap.events.recursion_misses = programs.iter().map(|(_, s)| s.recursion_misses).sum();
+        if let Some(read) = live {
+            let misses = programs
+                .into_iter()
+                .map(|(tp, s)| (tp, s.recursion_misses))
+                .collect();
+            snap.leaks = Some(self.leak_input(read, &c, &key, misses)?);
         }
         Ok(snap)
     }
