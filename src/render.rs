@@ -166,22 +166,11 @@ pub fn header(r: &Report) -> String {
         "lost: {} stacks, {} events not aggregated (map full){}{}",
         r.lost.stacks,
         r.lost.map_full,
-        if r.lost.recursion_misses > 0 {
-            format!(
-                ", {} events skipped by the kernel (a kheap program was already running on their CPU)",
-                r.lost.recursion_misses
-            )
-        } else {
-            String::new()
-        },
-        if r.totals.failed_allocs > 0 {
-            format!(
-                ", {} failed allocations not counted",
-                r.totals.failed_allocs
-            )
-        } else {
-            String::new()
-        }
+        unless_zero(
+            r.lost.recursion_misses,
+            "events skipped by the kernel (a kheap program was already running on their CPU)"
+        ),
+        unless_zero(r.totals.failed_allocs, "failed allocations not counted"),
     );
     if r.lost.kmalloc_cache_stale > 0 {
         let _ = writeln!(
@@ -193,6 +182,15 @@ pub fn header(r: &Report) -> String {
         );
     }
     s
+}
+
+/// `, N what` for a count the header names only when there is one.
+fn unless_zero(n: u64, what: &str) -> String {
+    if n > 0 {
+        format!(", {n} {what}")
+    } else {
+        String::new()
+    }
 }
 
 /// The `source` column of site, stack and cache tables: shown right after
