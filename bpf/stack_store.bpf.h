@@ -19,11 +19,12 @@ KHEAP_HASH(stack_traces, __u64, struct stack_frames, 16384);
 
 /* Stacks being captured (too big for the BPF stack), one buffer per level
  * of nesting on a CPU: a program can run inside another on the same CPU
- * (an interrupt allocating while a task's event is being captured; raw
- * tracepoints on 6.1 and 6.18 let it run), and with a single buffer the
- * inner capture overwrote the outer one's frames, which were then stored
- * as the outer event's stack (seen on 6.18: writev's kmalloc-192 events
- * under the frames of a timer's it_real_fn). Levels: task, soft
+ * (an interrupt allocating while a task's event is being captured: seen
+ * on 6.18 for another of kheap's programs; by the kernel's source, raw
+ * tracepoints before 6.2 nest even the same one), and with a single
+ * buffer the inner capture overwrote the outer one's frames, which were
+ * then stored as the outer event's stack (seen on 6.18: writev's kmalloc-192
+ * events under the frames of a timer's it_real_fn). Levels: task, soft
  * interrupt, hard interrupt, NMI. */
 #define KHEAP_SCRATCH_LEVELS 4
 KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, stack_scratch, __u32, struct stack_frames,

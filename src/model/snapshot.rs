@@ -76,9 +76,9 @@ pub struct EventCounters {
     /// changed (bpf/slab_cache.bpf.h); the events just before may name the
     /// old cache.
     pub kmalloc_cache_stale: u64,
-    /// Runs of kheap's programs the kernel skipped because one of them was
-    /// already running on that CPU (an interrupt allocating while a program
-    /// ran): events that reached no map, from the programs' info.
+    /// Runs of kheap's programs the kernel skipped because the same program
+    /// was already running on that CPU (an interrupt allocating while it
+    /// ran): events that reached no map, as counted in the programs' info.
     pub recursion_misses: u64,
 }
 

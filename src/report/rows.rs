@@ -90,8 +90,9 @@ pub struct Lost {
     /// time up to 4096 events before may have named the old cache.
     #[serde(default)]
     pub kmalloc_cache_stale: u64,
-    /// Events the kernel did not hand to kheap's programs because one was
-    /// already running on that CPU (an interrupt allocating meanwhile).
+    /// Events the kernel did not hand to kheap's programs because the same
+    /// program was already running on that CPU (an interrupt allocating
+    /// meanwhile), as the kernel counted them.
     #[serde(default)]
     pub recursion_misses: u64,
 }
