@@ -38,8 +38,10 @@ impl Kind {
             // `unexplained_bytes` now leaves out. 5: `lost.latency_nested`.
             // 6: `lost.kmalloc_cache_stale`. 7: the interrupt row of
             // `processes` (`interrupt`; `pid`, `comm` null there). 8:
-            // `lost.recursion_misses`.
-            Kind::Record | Kind::Top => 8,
+            // `lost.recursion_misses`. 9: top's
+            // `overhead.bpf_recursion_misses` removed, the same count as
+            // `lost.recursion_misses` (record unchanged: they share a version).
+            Kind::Record | Kind::Top => 9,
             // leaks 5: the page row of `leaks.accounting` compares every
             // page (`counted_elsewhere_bytes` added back, frees of pages
             // allocated before the run, `frees_untracked_bytes`, taken off)
@@ -48,8 +50,9 @@ impl Kind {
             // `lost.latency_nested`. 9: `lost.kmalloc_cache_stale`. 10: the interrupt row of
             // `processes` and `leaks.processes`, which is filled only where
             // every allocation's context is tested. 11:
-            // `lost.recursion_misses`.
-            Kind::Leaks => 11,
+            // `lost.recursion_misses`. 12: `leaks.recursion_misses` removed,
+            // the same count as `lost.recursion_misses`.
+            Kind::Leaks => 12,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound

@@ -185,7 +185,8 @@ pub fn header(r: &Report) -> String {
 }
 
 /// `, N what` for a count the header names only when there is one.
-fn unless_zero(n: u64, what: &str) -> String {
+/// `, N what` when N is not 0, else nothing: an optional part of a line.
+pub fn unless_zero(n: u64, what: &str) -> String {
     if n > 0 {
         format!(", {n} {what}")
     } else {

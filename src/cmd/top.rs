@@ -15,7 +15,6 @@ use crate::clock::rfc3339_utc;
 use crate::kernel::features;
 use crate::kernel::kmem::{self as session, Config, Tracer};
 use crate::kernel::storage::ObjectStorage;
-use crate::model::snapshot::ProgRunTime;
 use crate::output::Sink;
 use crate::render::table::output_width;
 use crate::render::GroupBy;
@@ -119,7 +118,6 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     let mut tracker = Tracker::new();
     let last_read = Instant::now();
     tracker.interval(session.snapshot()?);
-    let run_time = stats.as_ref().map(|_| session.run_time());
     let usage = self_usage();
     // Said once counting has begun: every event after this line is in an
     // interval.
@@ -132,7 +130,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         "",
     )?;
     let mut top = Top {
-        run_time,
+        bpf_stats: stats.is_some(),
         session,
         tracker,
         syms,
@@ -173,8 +171,9 @@ struct Top<'obj> {
     idle_intervals: u32,
     run: RunInfo,
     last_read: Instant,
-    /// None when BPF statistics are off.
-    run_time: Option<ProgRunTime>,
+    /// Whether the kernel's BPF run-time statistics are on (the intervals'
+    /// program run times are 0 otherwise).
+    bpf_stats: bool,
     usage: SelfUsage,
     /// The processes traced; with `-- CMD`, top ends when the command does.
     targets: Targets,
@@ -215,10 +214,6 @@ impl Top<'_> {
         let now = Instant::now();
         let time = rfc3339_utc(SystemTime::now());
         let snap = self.session.snapshot()?;
-        let run_time = match self.run_time {
-            Some(_) => Some(self.session.run_time()),
-            None => None,
-        };
         let usage = self_usage();
         let interval_s = now.duration_since(self.last_read).as_secs_f64();
         self.last_read = now;
@@ -237,8 +232,7 @@ impl Top<'_> {
         report.name_cgroups(&mut self.cgroup_names);
         self.sizes.learn(&report);
 
-        let bpf = self.run_time.zip(run_time);
-        self.run_time = run_time;
+        let bpf = self.bpf_stats.then_some(delta.bpf_run);
         let overhead = Overhead::between(bpf, (self.usage, usage), interval_s);
         self.usage = usage;
 

@@ -133,8 +133,8 @@ pub fn leak_header(r: &Report) -> String {
     );
     let _ = writeln!(
         s,
-        "not tracked: {} allocations (object map full, --max-objects {}); {} map updates busy; {} events dropped by BPF recursion",
-        l.map_full_objects, l.max_objects, l.map_busy, l.recursion_misses
+        "not tracked: {} allocations (object map full, --max-objects {}); {} map updates busy",
+        l.map_full_objects, l.max_objects, l.map_busy
     );
     if t.freed_unseen > 0 || l.reused_live > 0 {
         let _ = writeln!(
@@ -452,7 +452,7 @@ mod tests {
                 "transient: 875 objects",
                 "ignored frees: 123 of untracked objects",
                 ", 9 of NULL",
-                "3 events dropped by BPF recursion",
+                "3 events skipped by the kernel (a kheap program was already running on their CPU)",
             ],
         );
         assert!(

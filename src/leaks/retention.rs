@@ -128,9 +128,8 @@ pub struct LeakSummary {
     pub max_objects: u32,
     /// Map updates refused because an interrupt hit the tracer mid-update.
     pub map_busy: u64,
-    /// Events the kernel dropped because a BPF program was already running
-    /// on that CPU (e.g. a kfree in an interrupt during a kfree event).
-    pub recursion_misses: u64,
+    /// Per program, the events the kernel skipped because a program was
+    /// already running on that CPU (their sum is `lost.recursion_misses`).
     pub recursion_misses_by_program: Vec<ProgramMisses>,
     /// Free paths that fire no tracepoint: objects freed there look
     /// outstanding until their address is reused (then freed_unseen).
@@ -253,7 +252,6 @@ pub fn leak_summary(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Leak
         map_full_objects: l.events.map_full_live,
         max_objects: l.max_objects,
         map_busy: l.events.map_busy,
-        recursion_misses: l.recursion_misses.iter().map(|(_, m)| m).sum(),
         recursion_misses_by_program: l
             .recursion_misses
             .iter()

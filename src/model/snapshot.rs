@@ -34,6 +34,9 @@ pub struct Snapshot {
     /// Frees per source beyond the slab (the slab's are `cache_frees`).
     pub source_frees: HashMap<Source, u64>,
     pub events: EventCounters,
+    /// kheap's programs' run time and count so far (0 while the kernel's
+    /// BPF run-time statistics are off).
+    pub bpf_run: ProgRunTime,
     /// Outstanding objects, from `kheap leaks` only.
     pub leaks: Option<LeakInput>,
 }
@@ -126,7 +129,14 @@ impl IdleKeys {
 pub struct ProgRunTime {
     pub run_time_ns: u64,
     pub run_cnt: u64,
-    /// Runs the kernel skipped because a program was already running on
-    /// that CPU (events lost to recursion).
-    pub recursion_misses: u64,
+}
+
+impl ProgRunTime {
+    /// What ran between `earlier` and this reading.
+    pub fn since(&self, earlier: &ProgRunTime) -> ProgRunTime {
+        ProgRunTime {
+            run_time_ns: self.run_time_ns.saturating_sub(earlier.run_time_ns),
+            run_cnt: self.run_cnt.saturating_sub(earlier.run_cnt),
+        }
+    }
 }

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::hash::Hash;
 
-use crate::model::snapshot::{CgroupKey, EventCounters, Snapshot};
+use crate::model::snapshot::{CgroupKey, EventCounters, ProgRunTime, Snapshot};
 use crate::model::{AllocStats, CacheId, SiteKey};
 
 use crate::model::snapshot::IdleKeys;
@@ -213,6 +213,7 @@ pub struct Tracker {
     cgroups: MapTrack<CgroupKey, AllocStats>,
     caches: MapTrack<CacheId, u64>,
     prev_events: EventCounters,
+    prev_bpf_run: ProgRunTime,
     prev_source_frees: HashMap<crate::model::Source, u64>,
     /// Stack frames of carried stacks (their ids may be gone from the map).
     carried_frames: HashMap<i64, Vec<u64>>,
@@ -228,6 +229,8 @@ impl Tracker {
     pub fn interval(&mut self, cur: Snapshot) -> Snapshot {
         let events = events_delta(&cur.events, &self.prev_events);
         self.prev_events = cur.events;
+        let bpf_run = cur.bpf_run.since(&self.prev_bpf_run);
+        self.prev_bpf_run = cur.bpf_run;
         let source_frees = cur
             .source_frees
             .iter()
@@ -264,6 +267,7 @@ impl Tracker {
             cache_frees,
             source_frees,
             events,
+            bpf_run,
             leaks: None,
             // top does not key stacks by owner.
             stack_owners: HashMap::new(),

@@ -35,15 +35,16 @@ pub struct Overhead {
     pub bpf_ns_per_run: f64,
     /// BPF run time as a share of one CPU.
     pub bpf_cpu_pct: f64,
-    pub bpf_recursion_misses: u64,
     /// The kheap process's own CPU time as a share of one CPU.
     pub self_cpu_pct: f64,
     pub self_max_rss_bytes: u64,
 }
 
 impl Overhead {
+    /// `bpf`: what kheap's programs ran in the interval, if the kernel's
+    /// statistics were on.
     pub fn between(
-        bpf: Option<(ProgRunTime, ProgRunTime)>,
+        bpf: Option<ProgRunTime>,
         usage: (SelfUsage, SelfUsage),
         interval_s: f64,
     ) -> Overhead {
@@ -59,11 +60,10 @@ impl Overhead {
             self_max_rss_bytes: usage.1.max_rss_bytes,
             ..Default::default()
         };
-        if let Some((a, b)) = bpf {
+        if let Some(ran) = bpf {
             o.bpf_stats = true;
-            o.bpf_run_time_ns = b.run_time_ns.saturating_sub(a.run_time_ns);
-            o.bpf_runs = b.run_cnt.saturating_sub(a.run_cnt);
-            o.bpf_recursion_misses = b.recursion_misses.saturating_sub(a.recursion_misses);
+            o.bpf_run_time_ns = ran.run_time_ns;
+            o.bpf_runs = ran.run_cnt;
             o.bpf_cpu_pct = share(o.bpf_run_time_ns);
             if o.bpf_runs > 0 {
                 o.bpf_ns_per_run = round2(o.bpf_run_time_ns as f64 / o.bpf_runs as f64);
@@ -82,12 +82,10 @@ mod tests {
         let a = ProgRunTime {
             run_time_ns: 1_000,
             run_cnt: 10,
-            recursion_misses: 0,
         };
         let b = ProgRunTime {
             run_time_ns: 50_001_000,
             run_cnt: 1_000_010,
-            recursion_misses: 2,
         };
         let u0 = SelfUsage {
             cpu_ns: 0,
@@ -97,12 +95,11 @@ mod tests {
             cpu_ns: 4_000_000,
             max_rss_bytes: 12 << 20,
         };
-        let o = Overhead::between(Some((a, b)), (u0, u1), 2.0);
+        let o = Overhead::between(Some(b.since(&a)), (u0, u1), 2.0);
         assert_eq!(o.bpf_runs, 1_000_000);
         assert_eq!(o.bpf_ns_per_run, 50.0);
         assert_eq!(o.bpf_cpu_pct, 2.5, "50 ms of BPF in 2 s");
         assert_eq!(o.self_cpu_pct, 0.2);
-        assert_eq!(o.bpf_recursion_misses, 2);
         let o = Overhead::between(None, (u0, u1), 2.0);
         assert!(!o.bpf_stats && o.bpf_runs == 0);
     }

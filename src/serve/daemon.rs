@@ -39,8 +39,9 @@ pub(super) struct Totals {
     pub(super) events: crate::model::snapshot::EventCounters,
     pub(super) aged_out: u64,
     pub(super) reads: u64,
-    /// Run time of earlier attachments (a new one starts from zero).
-    pub(super) bpf_base: crate::model::snapshot::ProgRunTime,
+    /// Run time and runs of kheap's programs over every attachment (a new
+    /// one's programs start from zero).
+    pub(super) bpf_run: crate::model::snapshot::ProgRunTime,
 }
 
 /// One attachment of the tracer and what reading it needs.
@@ -161,13 +162,9 @@ impl Daemon {
                     self.reload_web_config();
                     match reloaded {
                         Ok(true) => {
+                            // The last read of this attachment: its counts and
+                            // run time are in the totals before it detaches.
                             self.read_and_publish(&mut att)?;
-                            // One read of the programs' stats, not one per field.
-                            let ran = att.tracer.run_time();
-                            let base = &mut self.totals.bpf_base;
-                            base.run_time_ns += ran.run_time_ns;
-                            base.run_cnt += ran.run_cnt;
-                            base.recursion_misses += ran.recursion_misses;
                             return Ok(Next::Reattach);
                         }
                         Ok(false) => {}

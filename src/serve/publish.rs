@@ -100,6 +100,8 @@ impl Daemon {
         }
         self.profile.add_interval(&delta, &self.syms);
         add_events(&mut self.totals.events, &delta.events);
+        self.totals.bpf_run.run_time_ns += delta.bpf_run.run_time_ns;
+        self.totals.bpf_run.run_cnt += delta.bpf_run.run_cnt;
         self.totals.reads += 1;
 
         let cfg = &att.cfg;
@@ -137,9 +139,8 @@ impl Daemon {
             }
         }
 
-        let ran = att.tracer.run_time();
-        let bpf = att.bpf_stats.then_some(ran);
         let totals = &self.totals;
+        let bpf = att.bpf_stats.then_some(totals.bpf_run);
         let e = &totals.events;
         let mut events_lost = vec![
             ("map_full_sites", e.map_full_sites),
@@ -157,9 +158,9 @@ impl Daemon {
         }
         let usage = self_usage();
         let health = Health {
-            bpf_run_time_ns: bpf.map(|b| totals.bpf_base.run_time_ns + b.run_time_ns),
-            bpf_runs: bpf.map(|b| totals.bpf_base.run_cnt + b.run_cnt),
-            bpf_recursion_misses: totals.bpf_base.recursion_misses + ran.recursion_misses,
+            bpf_run_time_ns: bpf.map(|b| b.run_time_ns),
+            bpf_runs: bpf.map(|b| b.run_cnt),
+            bpf_recursion_misses: e.recursion_misses,
             events_lost,
             stack_collisions: e.lost_stack_collision,
             map_fill,

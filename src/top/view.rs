@@ -9,7 +9,7 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use crate::model::{human_count, human_size, pct, signed_size, Counts, Source};
-use crate::render::{cgroup_label, process_cells, short_list, GroupBy, SourceColumn};
+use crate::render::{cgroup_label, process_cells, short_list, unless_zero, GroupBy, SourceColumn};
 use crate::report::overhead::Overhead;
 use crate::report::{CacheRow, Report};
 use crate::top::columns::fitting_line;
@@ -421,25 +421,23 @@ pub fn header_lines(
             format!("stacks 1/{n} ({})", r.sampling.stack_samples),
         ),
     };
-    let failed = if t.failed_allocs > 0 {
-        format!(", {} failed allocs", t.failed_allocs)
-    } else {
-        String::new()
-    };
+    let failed = unless_zero(t.failed_allocs, "failed allocs");
+    let misses = r.lost.recursion_misses;
     let losses = format!(
-        "sampling: {sampling}; lost: {} stacks, {} map-full drops{failed}; aged out: {} idle keys",
-        r.lost.stacks, r.lost.map_full, iv.aged_out
+        "sampling: {sampling}; lost: {} stacks, {} map-full drops{}{failed}; aged out: {} idle keys",
+        r.lost.stacks,
+        r.lost.map_full,
+        unless_zero(misses, "skipped by the kernel (recursion)"),
+        iv.aged_out
     );
     let losses_short = format!(
-        "{sampling_short}; lost: {} stacks, {} drops{failed}; aged out {}",
-        r.lost.stacks, r.lost.map_full, iv.aged_out
+        "{sampling_short}; lost: {} stacks, {} drops{}{failed}; aged out {}",
+        r.lost.stacks,
+        r.lost.map_full,
+        unless_zero(misses, "skipped"),
+        iv.aged_out
     );
     let o = &iv.overhead;
-    let misses = if o.bpf_recursion_misses > 0 {
-        format!(", {} missed by recursion", o.bpf_recursion_misses)
-    } else {
-        String::new()
-    };
     let runs = human_count(rate(o.bpf_runs));
     let own = format!(
         "kheap {:.1}% CPU, {} RSS",
@@ -449,11 +447,11 @@ pub fn header_lines(
     let (overhead, overhead_short) = if o.bpf_stats {
         (
             format!(
-                "overhead: BPF {:.1}% of a CPU ({:.0} ns x {runs} runs/s{misses}); {own}",
+                "overhead: BPF {:.1}% of a CPU ({:.0} ns x {runs} runs/s); {own}",
                 o.bpf_cpu_pct, o.bpf_ns_per_run
             ),
             format!(
-                "overhead: BPF {:.1}% CPU ({:.0} ns x {runs}/s{misses}); {own}",
+                "overhead: BPF {:.1}% CPU ({:.0} ns x {runs}/s); {own}",
                 o.bpf_cpu_pct, o.bpf_ns_per_run
             ),
         )

@@ -354,6 +354,22 @@ fn sighup_reloads_and_bad_settings_are_refused() {
         "no site series after 20 s"
     );
     assert!((2..=6).contains(&n), "{n} series: five sites and other");
+    // The programs' runs are a counter across attachments: a reload's new
+    // programs start from zero, the exported total does not.
+    let runs = || {
+        sample(
+            &curl(&[&format!("http://127.0.0.1:{port}/metrics")]),
+            "kheap_bpf_runs_total",
+        )
+    };
+    let mut before = 0.0;
+    assert!(
+        poll_until(Duration::from_secs(20), || {
+            before = runs().unwrap_or(0.0);
+            before > 0.0
+        }),
+        "no kheap_bpf_runs_total above 0 after 20 s"
+    );
     std::fs::write(&conf, "--sites 1\n--comm nosuchcomm\n").unwrap();
     serve.signal(libc::SIGHUP);
     serve.wait_for("attaching again");
@@ -374,6 +390,8 @@ fn sighup_reloads_and_bad_settings_are_refused() {
         ranked,
         "{n} series 20 s after the reload: one site and other expected"
     );
+    let after = runs().expect("kheap_bpf_runs_total after the reload");
+    assert!(after >= before, "runs went back from {before} to {after}");
     serve.signal(libc::SIGTERM);
     assert!(serve.wait(), "{:#?}", serve.seen);
 }

@@ -245,7 +245,14 @@ fn batch_json_rates_match_the_loop() {
         assert_eq!(site["caches"][0], "kmalloc-192");
         assert!(iv["time"].as_str().unwrap().ends_with('Z'));
         assert!(iv["lost"]["map_full"].is_u64());
-        assert!(iv["overhead"]["bpf_stats"].is_boolean());
+        // top turns the kernel's run-time statistics on: every counted
+        // allocation is a run of kheap's kmalloc program in this interval.
+        assert_eq!(iv["overhead"]["bpf_stats"], true, "{}", iv["overhead"]);
+        assert!(
+            u(&iv["overhead"]["bpf_runs"]) >= count,
+            "{} runs for {count} allocations",
+            iv["overhead"]["bpf_runs"]
+        );
         assert_eq!(iv["sampling"]["stack_sample_every"], 1024);
     }
     // The -p filter leaves only the loop: every allocation is its own.

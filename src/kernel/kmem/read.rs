@@ -217,14 +217,18 @@ impl<'obj> Tracer<'obj> {
                 .insert(source, c.source_frees[source.raw() as usize]);
         }
         snap.events = self.event_counters(&c);
-        // One walk of the kernel's program list per snapshot: the total for
-        // `lost`, and leaks' misses per program.
-        let programs = self.program_stats();
-        snap.events.recursion_misses = programs.iter().map(|(_, s)| s.recursion_misses).sum();
+        // The programs' info once per snapshot: the total for `lost`, the
+        // run time top and serve show, and leaks' misses per program.
+        let programs = self.program_counters();
+        for p in &programs {
+            snap.events.recursion_misses += p.recursion_misses;
+            snap.bpf_run.run_time_ns += p.run.run_time_ns;
+            snap.bpf_run.run_cnt += p.run.run_cnt;
+        }
         if let Some(read) = live {
             let misses = programs
-                .into_iter()
-                .map(|(tp, s)| (tp, s.recursion_misses))
+                .iter()
+                .map(|p| (p.tracepoint.to_string(), p.recursion_misses))
                 .collect();
             snap.leaks = Some(self.leak_input(read, &c, &key, misses)?);
         }

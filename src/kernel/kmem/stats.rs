@@ -1,58 +1,65 @@
 //! The attached programs' run time, run count and recursion misses.
 
-use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 use anyhow::{bail, Result};
-use libbpf_rs::query::{ProgInfoIter, ProgInfoQueryOptions};
-use libbpf_rs::Program;
 
 use crate::model::snapshot::ProgRunTime;
 
 use super::tracer::Tracer;
 
+/// One attached program's counters, from the kernel's program info.
+pub(super) struct ProgramCounters {
+    /// The tracepoint it is attached to.
+    pub tracepoint: &'static str,
+    pub run: ProgRunTime,
+    /// Runs the kernel skipped because a program was already running on
+    /// that CPU (events that reached no map).
+    pub recursion_misses: u64,
+}
+
 impl<'obj> Tracer<'obj> {
-    /// Per attached program (by its tracepoint): run time, run count and recursion misses (events
-    /// the kernel skipped because a BPF program was already running on the
-    /// CPU), from the kernel's program info. Run time and count only advance
-    /// while BPF run-time statistics are enabled (`enable_run_time_stats`).
-    pub fn program_stats(&self) -> Vec<(String, ProgRunTime)> {
-        let ours: Vec<(u32, &str)> = self
+    /// Per attached program, sorted by tracepoint: run time and count (they
+    /// only advance while BPF run-time statistics are enabled:
+    /// `enable_run_time_stats`) and recursion misses. One
+    /// `BPF_OBJ_GET_INFO_BY_FD` per program of ours, not a walk of every
+    /// program on the machine.
+    pub(super) fn program_counters(&self) -> Vec<ProgramCounters> {
+        let mut out: Vec<ProgramCounters> = self
             .programs
             .iter()
             .filter_map(|(tp, name)| {
-                let id = Program::id_from_fd(self.program_named(name)?.as_fd()).ok()?;
-                Some((id, *tp))
+                let info = program_info(self.program_named(name)?.as_fd())?;
+                Some(ProgramCounters {
+                    tracepoint: tp,
+                    run: ProgRunTime {
+                        run_time_ns: info.run_time_ns,
+                        run_cnt: info.run_cnt,
+                    },
+                    recursion_misses: info.recursion_misses,
+                })
             })
             .collect();
-        let mut out: Vec<(String, ProgRunTime)> =
-            ProgInfoIter::with_query_opts(ProgInfoQueryOptions::default())
-                .filter_map(|info| {
-                    let (_, tp) = ours.iter().find(|(id, _)| *id == info.id)?;
-                    Some((
-                        tp.to_string(),
-                        ProgRunTime {
-                            run_time_ns: info.run_time_ns,
-                            run_cnt: info.run_cnt,
-                            recursion_misses: info.recursion_misses,
-                        },
-                    ))
-                })
-                .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out.sort_by_key(|p| p.tracepoint);
         out
     }
+}
 
-    /// The attached programs' run time, run count and recursion misses,
-    /// summed.
-    pub fn run_time(&self) -> ProgRunTime {
-        let mut total = ProgRunTime::default();
-        for (_, s) in self.program_stats() {
-            total.run_time_ns += s.run_time_ns;
-            total.run_cnt += s.run_cnt;
-            total.recursion_misses += s.recursion_misses;
-        }
-        total
-    }
+/// The kernel's info of one program (the fixed part only: no instruction,
+/// map or line arrays are asked for).
+fn program_info(fd: std::os::fd::BorrowedFd<'_>) -> Option<libbpf_sys::bpf_prog_info> {
+    let mut info = libbpf_sys::bpf_prog_info::default();
+    let mut len = std::mem::size_of_val(&info) as u32;
+    // SAFETY: `info` is a bpf_prog_info of `len` bytes that the kernel
+    // fills; every pointer field in it is 0, so nothing else is written.
+    let ret = unsafe {
+        libbpf_sys::bpf_obj_get_info_by_fd(
+            fd.as_raw_fd(),
+            (&mut info as *mut libbpf_sys::bpf_prog_info).cast(),
+            &mut len,
+        )
+    };
+    (ret == 0).then_some(info)
 }
 
 /// Turns on the kernel's BPF run-time statistics (run_time_ns, run_cnt per

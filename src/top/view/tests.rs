@@ -192,7 +192,8 @@ fn interval_with_stats(
 
 #[test]
 fn header_says_rates_losses_sampling_and_overhead() {
-    let iv = interval_with_stats(2.0, 3, (1.5, 40.0, 2000), (0.3, 12 << 20));
+    let mut iv = interval_with_stats(2.0, 3, (1.5, 40.0, 2000), (0.3, 12 << 20));
+    iv.report.lost.recursion_misses = 7;
     let v = ViewOptions {
         by: GroupBy::Site,
         sort: TopSort::Bytes,
@@ -206,8 +207,7 @@ fn header_says_rates_losses_sampling_and_overhead() {
             "[PAUSED]",
             "650 allocs/s, 450 frees/s",
             "sampled 1 in 10",
-            "lost: 2 stacks, 0 map-full drops",
-            "aged out: 3 idle keys",
+            "lost: 2 stacks, 0 map-full drops, 7 skipped by the kernel (recursion); aged out: 3 idle keys",
             "BPF 1.5% of a CPU (40 ns x 1.0k runs/s)",
             "kheap 0.3% CPU, 12.0M RSS",
             "rows: 1 of 2 (1 hidden)",
@@ -217,7 +217,8 @@ fn header_says_rates_losses_sampling_and_overhead() {
 
 #[test]
 fn header_lines_fit_eighty_columns_with_their_numbers() {
-    let iv = interval_with_stats(0.5, 12345, (12.5, 4321.0, 123_456_789), (10.3, 123 << 20));
+    let mut iv = interval_with_stats(0.5, 12345, (12.5, 4321.0, 123_456_789), (10.3, 123 << 20));
+    iv.report.lost.recursion_misses = 99_999;
     let v = ViewOptions {
         by: GroupBy::Process,
         sort: TopSort::Bytes,
@@ -235,8 +236,7 @@ fn header_lines_fit_eighty_columns_with_their_numbers() {
         &[
             "[PAUSED]",
             "2.6k allocs/s 1.8k frees/s",
-            "lost: 2 stacks, 0 drops",
-            "aged out 12345",
+            "lost: 2 stacks, 0 drops, 99999 skipped; aged out 12345",
             "4321 ns",
             "kheap 10.3% CPU, 123M RSS",
             "view process, sort alloc/s",
