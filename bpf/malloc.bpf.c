@@ -244,26 +244,28 @@ on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
 			s = bpf_map_lookup_elem(&sites, &key);
 		}
 	}
-	if (!s) {
-		if (level >= 0)
-			scratch_release();
-		return NULL;
+	if (s) {
+		COUNT(allocs);
+		if (created)
+			COUNT(sites_created);
+		bucket = size_bucket(size);
+		s->count++;
+		s->bytes += size;
+		s->hist[hist_index(bucket)]++;
+		if (created && frames) {
+			/* the frames of a failed capture are stale: keep
+			 * none */
+			if (!captured)
+				frames->ip[1] = 0;
+			record_stack_vmas(frames, key.mm, key.caller);
+		}
 	}
-	COUNT(allocs);
-	if (created)
-		COUNT(sites_created);
-	bucket = size_bucket(size);
-	s->count++;
-	s->bytes += size;
-	s->hist[hist_index(bucket)]++;
-	if (created && frames) {
-		/* the frames of a failed capture are stale: keep none */
-		if (!captured)
-			frames->ip[1] = 0;
-		record_stack_vmas(frames, key.mm, key.caller);
-	}
+	/* The frames are read up to here: the scratch goes back once, on
+	 * every path that took it. */
 	if (level >= 0)
 		scratch_release();
+	if (!s)
+		return NULL;
 	/* Sampled calls (and each row's first) also send a copy of the stack
 	 * to be unwound without frame pointers. */
 	maybe_copy_user_stack(&key, size, sp, e->bp, e->bp_at, created);
