@@ -123,7 +123,9 @@ fn parse_age(s: &str) -> Result<f64, String> {
     }
 }
 
-pub fn run(args: LeaksArgs) -> Result<i32> {
+/// What can be refused before anything is attached. Returns where
+/// snapshots go.
+fn check_args(args: &LeaksArgs) -> Result<PathBuf> {
     args.trace.filters.check()?;
     let stacks_only = match args.output.format {
         Format::Folded => Some("folded"),
@@ -153,6 +155,11 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     if args.output.format == Format::Pprof {
         crate::output::check_binary_destination(args.output.output(), "pprof")?;
     }
+    Ok(snapshot_dir)
+}
+
+pub fn run(args: LeaksArgs) -> Result<i32> {
+    let snapshot_dir = check_args(&args)?;
     install_stop_handler();
     install_snapshot_handler();
 
@@ -286,43 +293,6 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let wants_sites = triggers
         .iter()
         .any(|t| matches!(t.condition, Condition::SiteGrew { .. }));
-    // A reading's /proc lines are taken at its time, t_s, before the walk of
-    // the object map: a trigger then fires at a time when its condition
-    // held (an OOM kill read after a slow walk was stamped with the time the
-    // walk began, before the kill).
-    let read_timeline = |timeline: &mut TimelineBuilder, session: &Tracer| {
-        let t_s = start.elapsed().as_secs_f64();
-        let began = Instant::now();
-        let meminfo = MemLines::read();
-        let oom_kills = if wants_oom {
-            oom_kills(&std::fs::read_to_string("/proc/vmstat").unwrap_or_default())
-        } else {
-            0
-        };
-        let read = session.outstanding_by_site(by_cgroup);
-        let read_us = began.elapsed().as_micros() as u64;
-        match read {
-            Ok(Some(read)) => {
-                let read = read
-                    .into_iter()
-                    .fold(HashMap::new(), |mut m, ((site, cgroup), o)| {
-                        let e: &mut Outstanding =
-                            m.entry(SeriesKey::of(&site, cgroup)).or_default();
-                        e.objects += o.objects;
-                        e.bytes_alloc += o.bytes_alloc;
-                        m
-                    });
-                timeline.add(t_s, &read, meminfo, read_us);
-                Some((t_s, read, meminfo, oom_kills))
-            }
-            Ok(None) => None,
-            // A reading missed is a gap in the chart, said once per miss.
-            Err(e) => {
-                eprintln!("kheap: warning: timeline reading at {t_s:.1}s failed: {e:#}");
-                None
-            }
-        }
-    };
     let mut fired: Vec<TriggerMark> = Vec::new();
     let site_names = std::cell::RefCell::new(HashMap::<(u64, Source), String>::new());
     let site_name = |k: &SeriesKey| -> String {
@@ -348,8 +318,13 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let mut reading =
         |elapsed: Duration,
          snapshot: &mut dyn FnMut(Duration, Option<&Trigger>) -> Option<PathBuf>| {
-            let reading = read_timeline(&mut timeline, &session);
-            let Some((t_s, read, meminfo, oom_kills)) = reading.filter(|_| !triggers.is_empty())
+            let reading = read_timeline(&mut timeline, &session, start, wants_oom, by_cgroup);
+            let Some(TimelineRead {
+                t_s,
+                series: read,
+                meminfo,
+                oom_kills,
+            }) = reading.filter(|_| !triggers.is_empty())
             else {
                 return;
             };
@@ -416,23 +391,14 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     drop(session);
     let mut report = build(&mut snap, "leaks", duration_s, info);
     report.name_cgroups(&mut cgroup_names);
-    let mut outstanding = report.outstanding_by_source(Geometry::read());
-    if let Some(l) = &snap.leaks {
-        if cfg.sources.contains(Source::Page) {
-            let freed = l
-                .events
-                .page_bytes_freed_untracked
-                .saturating_sub(page_frees_before);
-            outstanding.entry(Source::Page).or_default().freed_untracked =
-                freed * u64::from(l.sample_every.max(1));
-        }
-    }
-    if let (Some(before), Some(after), Some(l)) =
-        (&meminfo_before, &meminfo_after, report.leaks.as_mut())
-    {
-        let (sources, skipped) = comparable(cfg.sources, &args.trace.filters.describe());
-        l.accounting_skipped = skipped;
-        l.accounting = account(sources, &outstanding, before, after);
+    if let (Some(before), Some(after)) = (&meminfo_before, &meminfo_after) {
+        let filters = args.trace.filters.describe();
+        let memory = MemoryChange {
+            before,
+            after,
+            page_frees_before,
+        };
+        account_sources(&mut report, &snap, cfg.sources, &memory, &filters);
     }
     if let Some(l) = report.leaks.as_mut() {
         l.timeline = Some(finish_timeline(
@@ -443,7 +409,109 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             fired,
         ));
     }
-    let rows: Vec<BudgetRow> = report
+    let rows = budget_rows(&report);
+    let (exit_code, over) = budget::verdict(&args.fail_if, &rows, exit_code);
+    write_report(report, &args)?;
+    eprint!("{over}");
+    Ok(exit_code)
+}
+
+/// The timeline with its series named as the report names its sites.
+/// One reading of the timeline: when, what each series holds, the
+/// /proc/meminfo lines and the OOM kills so far.
+struct TimelineRead {
+    t_s: f64,
+    series: HashMap<SeriesKey, Outstanding>,
+    meminfo: MemLines,
+    oom_kills: u64,
+}
+
+/// Reads the outstanding objects by series into the timeline. A reading's
+/// /proc lines are taken at its time, t_s, before the walk of the object
+/// map: a trigger then fires at a time when its condition held (an OOM kill
+/// read after a slow walk was stamped with the time the walk began, before
+/// the kill). vmstat is read only for an OOM trigger (`wants_oom`).
+fn read_timeline(
+    timeline: &mut TimelineBuilder,
+    session: &Tracer,
+    start: Instant,
+    wants_oom: bool,
+    by_cgroup: bool,
+) -> Option<TimelineRead> {
+    let t_s = start.elapsed().as_secs_f64();
+    let began = Instant::now();
+    let meminfo = MemLines::read();
+    let oom_kills = if wants_oom {
+        oom_kills(&std::fs::read_to_string("/proc/vmstat").unwrap_or_default())
+    } else {
+        0
+    };
+    let read = session.outstanding_by_site(by_cgroup);
+    let read_us = began.elapsed().as_micros() as u64;
+    match read {
+        Ok(Some(read)) => {
+            let series = read
+                .into_iter()
+                .fold(HashMap::new(), |mut m, ((site, cgroup), o)| {
+                    let e: &mut Outstanding = m.entry(SeriesKey::of(&site, cgroup)).or_default();
+                    e.objects += o.objects;
+                    e.bytes_alloc += o.bytes_alloc;
+                    m
+                });
+            timeline.add(t_s, &series, meminfo, read_us);
+            Some(TimelineRead {
+                t_s,
+                series,
+                meminfo,
+                oom_kills,
+            })
+        }
+        Ok(None) => None,
+        // A reading missed is a gap in the chart, said once per miss.
+        Err(e) => {
+            eprintln!("kheap: warning: timeline reading at {t_s:.1}s failed: {e:#}");
+            None
+        }
+    }
+}
+
+/// /proc/meminfo at both ends of the run, and the untracked page frees
+/// counted before it.
+struct MemoryChange<'a> {
+    before: &'a MemInfo,
+    after: &'a MemInfo,
+    page_frees_before: u64,
+}
+
+/// The report's comparison of what the sources hold with what /proc/meminfo
+/// says changed (`leaks.accounting`), or why a run has none.
+fn account_sources(
+    report: &mut Report,
+    snap: &Snapshot,
+    sources: crate::model::Sources,
+    memory: &MemoryChange,
+    filters: &[String],
+) {
+    let mut outstanding = report.outstanding_by_source(Geometry::read());
+    if let (Some(l), true) = (&snap.leaks, sources.contains(Source::Page)) {
+        let freed = l
+            .events
+            .page_bytes_freed_untracked
+            .saturating_sub(memory.page_frees_before);
+        outstanding.entry(Source::Page).or_default().freed_untracked =
+            freed * u64::from(l.sample_every.max(1));
+    }
+    if let Some(l) = report.leaks.as_mut() {
+        let (sources, skipped) = comparable(sources, filters);
+        l.accounting_skipped = skipped;
+        l.accounting = account(sources, &outstanding, memory.before, memory.after);
+    }
+}
+
+/// What --fail-if is checked against: each site's outstanding and
+/// allocated bytes.
+fn budget_rows(report: &Report) -> Vec<BudgetRow> {
+    report
         .sites
         .iter()
         .map(|r| BudgetRow {
@@ -452,14 +520,9 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             outstanding_bytes: r.retention.as_ref().map_or(0, |x| x.outstanding_bytes),
             allocated_bytes: r.counts.bytes_alloc,
         })
-        .collect();
-    let (exit_code, over) = budget::verdict(&args.fail_if, &rows, exit_code);
-    write_report(report, &args)?;
-    eprint!("{over}");
-    Ok(exit_code)
+        .collect()
 }
 
-/// The timeline with its series named as the report names its sites.
 fn finish_timeline(
     timeline: &TimelineBuilder,
     snap: &Snapshot,
