@@ -245,6 +245,11 @@ impl ProfileState {
                 &mut values,
             );
             split(&parts.inuse, parts.inuse_exact, 2, &mut values);
+            // The rows are estimates where the stacks do not add up to the
+            // exact totals (sampled stacks, or stacks lost) and were
+            // scaled; every stack captured (--exact-stacks) splits nothing.
+            let estimated = !adds_up(&parts.alloc, (exact.count, exact.bytes_alloc))
+                || !adds_up(&parts.inuse, parts.inuse_exact);
             let (site_frame, cache) = &self.site_frames[site];
             for (id, v) in values {
                 if v == [0; 4] {
@@ -259,7 +264,7 @@ impl ProfileState {
                     cache: cache.clone(),
                     source: site.cache.source(),
                     values: v.map(|x| x as i64),
-                    estimated: id != NO_STACK || parts.alloc.len() > 1 || parts.inuse.len() > 1,
+                    estimated,
                     aged_out: id == NO_STACK && parts.alloc.contains_key(&NO_STACK),
                 });
             }
@@ -300,6 +305,12 @@ impl ProfileState {
 /// Apportions a site's exact (objects, bytes) over its sampled parts (by
 /// stack id) into `values[at]` and `values[at + 1]`; with no sampled part
 /// all of it goes to the site's own row.
+/// Whether a site's stacks hold its exact totals between them (none at all
+/// is a site shown whole, also exact).
+fn adds_up(parts: &HashMap<i64, (u64, u64)>, exact: (u64, u64)) -> bool {
+    parts.is_empty() || parts.values().fold((0, 0), |t, v| (t.0 + v.0, t.1 + v.1)) == exact
+}
+
 fn split(
     parts: &HashMap<i64, (u64, u64)>,
     exact: (u64, u64),
@@ -554,6 +565,26 @@ mod tests {
         assert_eq!(alloc.sample_type.len(), 2);
         let s = |i: i64| alloc.string_table[i as usize].as_str();
         assert!(alloc.comment.iter().any(|&c| s(c).contains("1 in 1024")));
+    }
+
+    #[test]
+    fn stacks_that_hold_every_allocation_are_not_estimates() {
+        let mut p = ProfileState::new(10, 1);
+        let (_, d) = site_with_stacks(3, 64, &[(7, 2), (9, 1)]);
+        p.add_interval(&d, &Syms);
+        let mut rows = p.rows(None);
+        rows.sort_by_key(|r| r.values[0]);
+        let values: Vec<[i64; 4]> = rows.iter().map(|r| r.values).collect();
+        assert_eq!(values, [[1, 64, 0, 0], [2, 128, 0, 0]]);
+        assert!(rows.iter().all(|r| !r.estimated));
+        // One stack of the site lost: the other is scaled up to the
+        // site's total, an estimate.
+        let mut p = ProfileState::new(10, 1);
+        let (_, d) = site_with_stacks(3, 64, &[(7, 2)]);
+        p.add_interval(&d, &Syms);
+        let rows = p.rows(None);
+        assert_eq!(rows[0].values, [3, 192, 0, 0]);
+        assert!(rows[0].estimated);
     }
 
     #[test]

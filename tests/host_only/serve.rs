@@ -407,6 +407,30 @@ const COUNT: u64 = 300;
 /// 4 KiB cache (MSG_CACHE_RE).
 const OBJECT: u64 = 4096;
 
+/// `go tool pprof -traces` of `url`'s allocation counts with the label
+/// `tag`: every stack with its count, for a failure to show.
+fn pprof_traces(dir: &Path, url: &str, tag: &str) -> String {
+    let out = Command::new("go")
+        .args([
+            "tool",
+            "pprof",
+            "-traces",
+            "-sample_index=alloc_objects",
+            &format!("-tagfocus={tag}"),
+            url,
+        ])
+        .env("PPROF_TMPDIR", dir)
+        .env("HOME", dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("go (golang-go) is needed by this test");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// `go tool pprof -top` of `url` (fetched over HTTP by pprof itself) for
 /// one sample type, only the samples with the label `tag` (`cache=…`): the
 /// cumulative value of `function`, 0 when it is not in the profile.
@@ -892,8 +916,19 @@ fn page_source_is_scraped_with_its_exact_count() {
     let mut prom = start_prometheus(dir.path(), port_p, &[port]);
     load.run_loop();
 
+    let url = format!("http://127.0.0.1:{port}/pprof/alloc");
+    // When a count is off, the profile says which stacks made the pages.
     let page = |q: &str, want: f64| {
-        wait_query(port_p, q, |r| r.len() == 1 && r[0].1 == want);
+        let mut last = Vec::new();
+        let exact = poll_until(Duration::from_secs(40), || {
+            last = query(port_p, q);
+            last.len() == 1 && last[0].1 == want
+        });
+        assert!(
+            exact,
+            "{q}: {last:?}, not {want}; the process's page allocations by stack:\n{}",
+            pprof_traces(dir.path(), &url, "source=page")
+        );
     };
     page("kheap_source_allocations_total{source=\"page\"}", N as f64);
     page(
@@ -926,10 +961,15 @@ fn page_source_is_scraped_with_its_exact_count() {
 
     // The profile labels each sample with its source; every page came
     // through the fault handler.
-    let url = format!("http://127.0.0.1:{port}/pprof/alloc");
     let cum = |index: &str| pprof_cum(dir.path(), &url, index, "source=page", "handle_mm_fault");
     assert_eq!(cum("alloc_objects"), N);
     assert_eq!(cum("alloc_space"), N * 4096);
+    // Every allocation's stack was captured: no sample is an estimate.
+    let traces = pprof_traces(dir.path(), &url, "source=page");
+    assert!(
+        traces.contains("do_anonymous_page") && !traces.contains("estimated"),
+        "{traces}"
+    );
     load.finish();
 
     serve.signal(libc::SIGTERM);
