@@ -23,11 +23,15 @@ impl<'obj> Tracer<'obj> {
     /// only advance while BPF run-time statistics are enabled:
     /// `enable_run_time_stats`) and recursion misses. One
     /// `BPF_OBJ_GET_INFO_BY_FD` per program of ours, not a walk of every
-    /// program on the machine.
+    /// program on the machine. A program attached to two tracepoints (a
+    /// raw_tp on kmalloc and kmalloc_node, before 6.1) has one set of
+    /// counters: it is listed once, under the first.
     pub(super) fn program_counters(&self) -> Vec<ProgramCounters> {
+        let mut seen = std::collections::HashSet::new();
         let mut out: Vec<ProgramCounters> = self
             .programs
             .iter()
+            .filter(|(_, name)| seen.insert(name.as_str()))
             .filter_map(|(tp, name)| {
                 let info = program_info(self.program_named(name)?.as_fd())?;
                 Some(ProgramCounters {
