@@ -184,7 +184,6 @@ pub fn header(r: &Report) -> String {
     s
 }
 
-/// `, N what` for a count the header names only when there is one.
 /// `, N what` when N is not 0, else nothing: an optional part of a line.
 pub fn unless_zero(n: u64, what: &str) -> String {
     if n > 0 {

@@ -9,7 +9,7 @@ use comfy_table::Cell;
 use super::report::{MallocReport, MallocRow};
 use crate::model::{human_count, human_size};
 use crate::render::table::{self, hidden_note, new_table};
-use crate::render::{hist, stack_body};
+use crate::render::{hist, stack_body, unless_zero};
 use crate::report::top_n;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -111,11 +111,7 @@ pub fn header(r: &MallocReport) -> String {
         } else {
             String::new()
         },
-        if t.failed_allocs > 0 {
-            format!(", {} calls returned NULL", t.failed_allocs)
-        } else {
-            String::new()
-        }
+        unless_zero(t.failed_allocs, "calls returned NULL")
     );
     if t.nested_calls > 0 {
         let _ = writeln!(

@@ -302,15 +302,15 @@ impl ProfileState {
     }
 }
 
-/// Apportions a site's exact (objects, bytes) over its sampled parts (by
-/// stack id) into `values[at]` and `values[at + 1]`; with no sampled part
-/// all of it goes to the site's own row.
 /// Whether a site's stacks hold its exact totals between them (none at all
 /// is a site shown whole, also exact).
 fn adds_up(parts: &HashMap<i64, (u64, u64)>, exact: (u64, u64)) -> bool {
     parts.is_empty() || parts.values().fold((0, 0), |t, v| (t.0 + v.0, t.1 + v.1)) == exact
 }
 
+/// Apportions a site's exact (objects, bytes) over its sampled parts (by
+/// stack id) into `values[at]` and `values[at + 1]`; with no sampled part
+/// all of it goes to the site's own row.
 fn split(
     parts: &HashMap<i64, (u64, u64)>,
     exact: (u64, u64),
