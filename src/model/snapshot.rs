@@ -131,6 +131,13 @@ pub struct ProgRunTime {
     pub run_cnt: u64,
 }
 
+impl std::ops::AddAssign for ProgRunTime {
+    fn add_assign(&mut self, more: ProgRunTime) {
+        self.run_time_ns += more.run_time_ns;
+        self.run_cnt += more.run_cnt;
+    }
+}
+
 impl ProgRunTime {
     /// What ran between `earlier` and this reading.
     pub fn since(&self, earlier: &ProgRunTime) -> ProgRunTime {

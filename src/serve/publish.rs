@@ -100,8 +100,7 @@ impl Daemon {
         }
         self.profile.add_interval(&delta, &self.syms);
         add_events(&mut self.totals.events, &delta.events);
-        self.totals.bpf_run.run_time_ns += delta.bpf_run.run_time_ns;
-        self.totals.bpf_run.run_cnt += delta.bpf_run.run_cnt;
+        self.totals.bpf_run += delta.bpf_run;
         self.totals.reads += 1;
 
         let cfg = &att.cfg;

@@ -222,8 +222,7 @@ impl<'obj> Tracer<'obj> {
         let programs = self.program_counters();
         for p in &programs {
             snap.events.recursion_misses += p.recursion_misses;
-            snap.bpf_run.run_time_ns += p.run.run_time_ns;
-            snap.bpf_run.run_cnt += p.run.run_cnt;
+            snap.bpf_run += p.run;
         }
         if let Some(read) = live {
             let misses = programs
