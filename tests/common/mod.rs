@@ -456,3 +456,27 @@ pub fn chromium(args: &[&str], url: &str, profile: &std::path::Path) -> String {
     assert!(out.status.success(), "chromium {args:?} failed");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// `go tool pprof ARGS SOURCE` (a profile's file, or a URL pprof fetches
+/// itself) with the environment Go needs: a HOME and cache of its own
+/// (where pprof also saves what it fetched), no toolchain download. Its
+/// output; a failure fails the test.
+pub fn go_pprof(args: &[&str], source: impl AsRef<std::ffi::OsStr>) -> String {
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(source.as_ref())
+        .env("HOME", home.path())
+        .env("GOCACHE", home.path().join("cache"))
+        .env("GOTOOLCHAIN", "local")
+        .stdin(Stdio::null())
+        .output()
+        .expect("running go tool pprof (scripts/setup installs golang-go)");
+    assert!(
+        out.status.success(),
+        "go tool pprof {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}

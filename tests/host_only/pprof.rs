@@ -13,27 +13,6 @@ use common::workload::{line_of, Workload};
 use common::*;
 use serde_json::Value;
 
-/// `go tool pprof ARGS FILE`, with the environment Go needs (a writable
-/// HOME and cache, no toolchain download).
-fn pprof(args: &[&str], file: &Path) -> String {
-    let home = tempfile::tempdir().unwrap();
-    let out = Command::new("go")
-        .args(["tool", "pprof"])
-        .args(args)
-        .arg(file)
-        .env("HOME", home.path())
-        .env("GOCACHE", home.path().join("cache"))
-        .env("GOTOOLCHAIN", "local")
-        .output()
-        .expect("running go tool pprof (scripts/setup installs golang-go)");
-    assert!(
-        out.status.success(),
-        "go tool pprof {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
 /// The cumulative value of `function` in `pprof -top -cum` output.
 fn cum_of(top: &str, function: &str) -> String {
     top.lines()
@@ -57,7 +36,7 @@ fn pprof_value(file: &Path, focus: &[&str], sample_type: &str, function: &str) -
     let index = format!("-sample_index={sample_type}");
     let mut args = vec!["-top", "-cum", "-nodecount=100000", unit, &index];
     args.extend(focus);
-    let top = pprof(&args, file);
+    let top = go_pprof(&args, file);
     assert!(top.contains(&format!("Type: {sample_type}")), "{top}");
     let v = cum_of(&top, function);
     v.trim_end_matches('B')
@@ -158,7 +137,7 @@ fn go_pprof_shows_the_json_site_totals_with_exact_stacks() {
     // The raw dump shows the kernel mapping and the sample types.
     let dir = tempfile::tempdir().unwrap();
     let (file, _) = profile_and_json(dir.path(), "record", &["--", LOAD, "msg", "10", "2100"]);
-    let raw = pprof(&["-raw"], &file);
+    let raw = go_pprof(&["-raw"], &file);
     assert!(raw.contains("[kernel.kallsyms]"), "{raw}");
     assert!(
         raw.contains("alloc_objects/count alloc_space/bytes"),
@@ -203,7 +182,7 @@ fn go_pprof_flat_names_the_callers_unless_allocator_frames_are_kept() {
     ];
     let focus = msg_focus();
     args.push(&focus);
-    let top = pprof(&args, &file);
+    let top = go_pprof(&args, &file);
     let rows = flat_rows(&top);
     // The messages' flat bytes are on load_msg itself, the caller.
     assert_eq!(
@@ -222,7 +201,7 @@ fn go_pprof_flat_names_the_callers_unless_allocator_frames_are_kept() {
     kept.extend(run);
     let kept_dir = tempfile::tempdir().unwrap();
     let (file, _) = profile_and_json(kept_dir.path(), "record", &kept);
-    let top = pprof(&args, &file);
+    let top = go_pprof(&args, &file);
     let rows = flat_rows(&top);
     let (flat, leaf) = rows.first().unwrap_or_else(|| panic!("{top}"));
     assert!(allocator(leaf) && *flat == bytes, "{top}");
@@ -294,7 +273,7 @@ fn go_pprof_shows_user_functions_lines_and_outstanding_blocks() {
     assert_eq!(json("do_malloc"), [10, 1000, 0, 0]);
     assert_eq!(shown("do_malloc", &all[..2]), json("do_malloc")[..2]);
     // File and line of the call, from the binary's debug information.
-    let lines = pprof(&["-top", "-lines", "-sample_index=inuse_space"], &file);
+    let lines = go_pprof(&["-top", "-lines", "-sample_index=inuse_space"], &file);
     let want = format!(
         "do_leak malloc_workload.c:{}",
         line_of("leaks[nleaks++] = malloc(5000)")
@@ -334,7 +313,7 @@ fn go_pprof_shows_the_json_outstanding_messages_of_leaks() {
         .map(|t| pprof_value(&file, &[&msg_focus()], t, "load_msg"));
     assert_eq!(shown, json, "pprof vs the JSON site of the same run");
     // inuse_space is what pprof shows first for a leaks profile.
-    let default = pprof(&["-top"], &file);
+    let default = go_pprof(&["-top"], &file);
     assert!(default.contains("Type: inuse_space"), "{default}");
 }
 
@@ -480,7 +459,7 @@ fn check_labels(file: &Path, r: &Value, senders: &[Sender; 2], types: &[&str]) {
         assert_eq!(labelled(file, &cgroup, types), json, "{cgroup}");
     }
     // The numeric pid label: pprof's tag view counts each PID's samples.
-    let tags = pprof(
+    let tags = go_pprof(
         &[
             "-tags",
             "-focus=^load_msg$",

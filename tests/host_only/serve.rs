@@ -408,63 +408,25 @@ const COUNT: u64 = 300;
 const OBJECT: u64 = 4096;
 
 /// `go tool pprof -traces` of `url`'s allocation counts with the label
-/// `tag`: every stack with its count, for a failure to show.
-fn pprof_traces(dir: &Path, url: &str, tag: &str) -> String {
-    let out = Command::new("go")
-        .args([
-            "tool",
-            "pprof",
-            "-traces",
-            "-sample_index=alloc_objects",
-            &format!("-tagfocus={tag}"),
-            url,
-        ])
-        .env("PPROF_TMPDIR", dir)
-        .env("HOME", dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("go (golang-go) is needed by this test");
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+/// `tag`: every stack with its count.
+fn pprof_traces(url: &str, tag: &str) -> String {
+    let tag = format!("-tagfocus={tag}");
+    go_pprof(&["-traces", "-sample_index=alloc_objects", &tag], url)
 }
 
 /// `go tool pprof -top` of `url` (fetched over HTTP by pprof itself) for
 /// one sample type, only the samples with the label `tag` (`cache=…`).
-fn pprof_top(dir: &Path, url: &str, sample_index: &str, tag: &str) -> String {
-    let out = Command::new("go")
-        .args([
-            "tool",
-            "pprof",
-            "-top",
-            "-nodecount=1000",
-            "-unit=B",
-            &format!("-sample_index={sample_index}"),
-            &format!("-tagfocus={tag}"),
-            url,
-        ])
-        // pprof saves each fetched profile under $PPROF_TMPDIR.
-        .env("PPROF_TMPDIR", dir)
-        .env("HOME", dir)
-        .stdin(Stdio::null())
-        .output()
-        .expect("go (golang-go) is needed by this test");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "go tool pprof {url}: {}\n{text}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
+fn pprof_top(url: &str, sample_index: &str, tag: &str) -> String {
+    let index = format!("-sample_index={sample_index}");
+    let tag = format!("-tagfocus={tag}");
+    go_pprof(&["-top", "-nodecount=1000", "-unit=B", &index, &tag], url)
 }
 
 /// The cumulative value of `function` in [`pprof_top`]'s samples, 0 when
 /// it is not in the profile.
-fn pprof_cum(dir: &Path, url: &str, sample_index: &str, tag: &str, function: &str) -> u64 {
+fn pprof_cum(url: &str, sample_index: &str, tag: &str, function: &str) -> u64 {
     // flat flat% sum% cum cum% name
-    pprof_top(dir, url, sample_index, tag)
+    pprof_top(url, sample_index, tag)
         .lines()
         .filter_map(|l| {
             let cols: Vec<&str> = l.split_whitespace().collect();
@@ -481,8 +443,8 @@ fn pprof_cum(dir: &Path, url: &str, sample_index: &str, tag: &str, function: &st
 
 /// The total of [`pprof_top`]'s samples ("Showing nodes accounting for
 /// …, …% of TOTAL total").
-fn pprof_total(dir: &Path, url: &str, sample_index: &str, tag: &str) -> u64 {
-    let text = pprof_top(dir, url, sample_index, tag);
+fn pprof_total(url: &str, sample_index: &str, tag: &str) -> u64 {
+    let text = pprof_top(url, sample_index, tag);
     text.lines()
         .find_map(|l| {
             let of = l.strip_prefix("Showing nodes accounting for ")?;
@@ -545,13 +507,7 @@ fn go_tool_pprof_reads_alloc_and_inuse_over_http() {
     let mut holder = Background::spawn(load.to_str().unwrap(), &["msg", &count, "2100", "600"]);
     let (alloc, inuse) = (format!("{base}/pprof/alloc"), format!("{base}/pprof/inuse"));
     let cum = |url: &str, index: &str| {
-        pprof_cum(
-            dir.path(),
-            url,
-            index,
-            &format!("cache={MSG_CACHE_RE}"),
-            "load_msg",
-        )
+        pprof_cum(url, index, &format!("cache={MSG_CACHE_RE}"), "load_msg")
     };
     // While held: every message outstanding, exactly.
     wait_for_value("inuse_objects of load_msg", COUNT, || {
@@ -680,13 +636,7 @@ fn a_condition_fires_once_writes_its_profiles_and_says_when() {
     let (alloc, inuse) = (named("alloc"), named("inuse"));
     assert_eq!(files.len(), 2, "{files:?}");
     let cum = |file: &str, index: &str| {
-        pprof_cum(
-            dir.path(),
-            file,
-            index,
-            &format!("cache={MSG_CACHE_RE}"),
-            "load_msg",
-        )
+        pprof_cum(file, index, &format!("cache={MSG_CACHE_RE}"), "load_msg")
     };
     // The read that fired saw at least the 1M of the condition, in whole
     // messages, and no more than were made.
@@ -970,18 +920,12 @@ fn page_source_is_scraped_with_its_exact_count() {
     // not known). The profile tells them apart by stack, and agrees with
     // Prometheus on the total.
     let url = format!("http://127.0.0.1:{port}/pprof/alloc");
-    let cum = |index: &str| pprof_cum(dir.path(), &url, index, "source=page", "handle_mm_fault");
+    let cum = |index: &str| pprof_cum(&url, index, "source=page", "handle_mm_fault");
     assert_eq!(cum("alloc_objects"), N);
     assert_eq!(cum("alloc_space"), N * 4096);
-    assert_eq!(
-        pprof_total(dir.path(), &url, "alloc_objects", "source=page"),
-        pages
-    );
-    assert_eq!(
-        pprof_total(dir.path(), &url, "alloc_space", "source=page"),
-        bytes
-    );
-    let traces = pprof_traces(dir.path(), &url, "source=page");
+    assert_eq!(pprof_total(&url, "alloc_objects", "source=page"), pages);
+    assert_eq!(pprof_total(&url, "alloc_space", "source=page"), bytes);
+    let traces = pprof_traces(&url, "source=page");
     if pages != N {
         // Not an interrupt's: -p leaves those out (the stack would run
         // through an interrupt's entry).
