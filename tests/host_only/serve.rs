@@ -887,10 +887,6 @@ fn page_source_is_scraped_with_its_exact_count() {
 
     // The counts settle once the loop is done (the process then waits on
     // its stdin): what Prometheus scraped is what kheap exports, exactly.
-    let exported = |name: &str| {
-        let body = curl(&[&format!("http://127.0.0.1:{port}/metrics")]);
-        sample(&body, name).unwrap_or(0.0) as u64
-    };
     let scraped = |q: &str| {
         let r = query(port_p, q);
         assert!(r.len() <= 1, "{q}: {r:?}");
@@ -901,9 +897,16 @@ fn page_source_is_scraped_with_its_exact_count() {
         "kheap_source_allocated_bytes_total{source=\"page\"}",
     ];
     let mut last = Vec::new();
+    // Each try reads kheap's /metrics once; Prometheus scrapes every second.
     let settled = poll_until(Duration::from_secs(40), || {
+        let body = curl(&[&format!("http://127.0.0.1:{port}/metrics")]);
+        let exported = |name: &str| sample(&body, name).unwrap_or(0.0) as u64;
         last = totals.iter().map(|q| (scraped(q), exported(q))).collect();
-        last[0].0 >= N && last.iter().all(|(s, e)| s == e)
+        let done = last[0].0 >= N && last.iter().all(|(s, e)| s == e);
+        if !done {
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        done
     });
     assert!(
         settled,
