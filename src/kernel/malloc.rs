@@ -420,6 +420,9 @@ impl<'obj> MallocSession<'obj> {
             lost_stacks: c.lost_stacks,
             // As the report's lost.map_full.
             not_aggregated: c.map_full_sites + c.map_full_live + c.map_full_vmas,
+            // The report counts none: a uprobe's program is never skipped
+            // for another running on its CPU.
+            skipped: 0,
             maps: vec![crate::model::progress::MapFill {
                 name: "sites",
                 entries: c.sites_created,

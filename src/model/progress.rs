@@ -35,6 +35,9 @@ pub struct Counters {
     pub lost_stacks: u64,
     /// Events not aggregated because a map was full.
     pub not_aggregated: u64,
+    /// Events the kernel skipped: one of kheap's programs was already
+    /// running on their CPU (the programs' recursion misses).
+    pub skipped: u64,
     /// The aggregation maps in use.
     pub maps: Vec<MapFill>,
 }
@@ -42,7 +45,7 @@ pub struct Counters {
 impl Counters {
     /// Everything the report will show as lost.
     pub fn lost(&self) -> u64 {
-        self.lost_stacks + self.not_aggregated
+        self.lost_stacks + self.not_aggregated + self.skipped
     }
 
     /// The map closest to full (the first of equals).
@@ -121,6 +124,7 @@ mod tests {
             events: 12_345,
             lost_stacks: 2,
             not_aggregated: 3,
+            skipped: 4,
             maps: vec![
                 MapFill {
                     name: "sites",
@@ -141,7 +145,7 @@ mod tests {
         let l = line(Duration::from_millis(3_900), &counters(), Some(4_115.4));
         assert_eq!(
             l,
-            "kheap: 3s, 12.3k events (4.1k/s), lost 5, map fill 25% (stacks)"
+            "kheap: 3s, 12.3k events (4.1k/s), lost 9, map fill 25% (stacks)"
         );
     }
 
@@ -158,8 +162,8 @@ mod tests {
     }
 
     #[test]
-    fn lost_sums_stacks_and_full_maps() {
-        assert_eq!(counters().lost(), 5);
+    fn lost_sums_stacks_full_maps_and_skipped_runs() {
+        assert_eq!(counters().lost(), 9);
     }
 
     #[test]

@@ -15,6 +15,7 @@ use super::keys::{
     cgroup_key, comm_now, free_row, process_of_key, stack_owner, Names, INTERRUPT_TGID,
 };
 use super::live::LiveRead;
+use super::stats::ProgramCounters;
 use super::tracer::Tracer;
 
 impl<'obj> Tracer<'obj> {
@@ -216,12 +217,11 @@ impl<'obj> Tracer<'obj> {
             snap.source_frees
                 .insert(source, c.source_frees[source.raw() as usize]);
         }
-        snap.events = self.event_counters(&c);
         // The programs' info once per snapshot: the total for `lost`, the
         // run time top and serve show, and leaks' misses per program.
         let programs = self.program_counters();
+        snap.events = self.event_counters(&c, &programs);
         for p in &programs {
-            snap.events.recursion_misses += p.recursion_misses;
             snap.bpf_run += p.run;
         }
         if let Some(read) = live {
@@ -234,7 +234,7 @@ impl<'obj> Tracer<'obj> {
         Ok(snap)
     }
 
-    fn event_counters(&self, c: &types::counters) -> EventCounters {
+    fn event_counters(&self, c: &types::counters, programs: &[ProgramCounters]) -> EventCounters {
         EventCounters {
             // Leaks: tracked frees are derived from the sites (LeakInput).
             frees: if self.cfg.live.is_some() {
@@ -255,9 +255,7 @@ impl<'obj> Tracer<'obj> {
             map_full_cgroups: c.map_full_cgroups,
             map_full_caches: c.map_full_caches,
             kmalloc_cache_stale: c.cache_memo_stale,
-            // From the programs' info, read with snapshots only (not for
-            // each status line): read_snapshot.
-            recursion_misses: 0,
+            recursion_misses: programs.iter().map(|p| p.recursion_misses).sum(),
         }
     }
 
@@ -270,14 +268,15 @@ impl<'obj> Tracer<'obj> {
     }
 
     /// The status line's counters: one read of the per-CPU counters slot
-    /// (no walk of the aggregation maps, however big they are). Map fill
+    /// and of each program's info (for the runs the kernel skipped), no walk
+    /// of the aggregation maps, however big they are. Map fill
     /// comes from entries counted as they are created, which holds while
     /// nothing deletes entries (record, leaks; not top, which removes idle
     /// keys).
     pub fn progress(&self) -> Result<progress::Counters> {
         let m = &self.skel.maps;
         let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
-        let ev = self.event_counters(&c);
+        let ev = self.event_counters(&c, &self.program_counters());
         let fill = |name, entries, map: &dyn MapCore| progress::MapFill {
             name,
             entries,
@@ -307,6 +306,7 @@ impl<'obj> Tracer<'obj> {
             // Leaks: objects not tracked because the object map was full
             // are not aggregated either.
             not_aggregated: ev.map_full() + c.map_full_live,
+            skipped: ev.recursion_misses,
             maps,
         })
     }
