@@ -3,6 +3,7 @@
 //! everything it shows is computed by the pure `top` modules.
 
 use std::io::{IsTerminal, Write};
+use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::cgroup::CgroupNames;
@@ -130,7 +131,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
         "",
     )?;
     let mut top = Top {
-        bpf_stats: stats.is_some(),
+        run_time_stats: stats,
         session,
         tracker,
         syms,
@@ -150,7 +151,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     } else {
         screen_loop(&mut top, &args)
     };
-    drop(stats);
+    top.run_time_stats = None;
     top.targets.terminate();
     result?;
     // A signal is how top usually ends: only a failed command is news.
@@ -171,9 +172,9 @@ struct Top<'obj> {
     idle_intervals: u32,
     run: RunInfo,
     last_read: Instant,
-    /// Whether the kernel's BPF run-time statistics are on (the intervals'
-    /// program run times are 0 otherwise).
-    bpf_stats: bool,
+    /// Keeps the kernel's BPF run-time statistics on while open (the
+    /// intervals' program run times are 0 without it).
+    run_time_stats: Option<OwnedFd>,
     usage: SelfUsage,
     /// The processes traced; with `-- CMD`, top ends when the command does.
     targets: Targets,
@@ -232,7 +233,7 @@ impl Top<'_> {
         report.name_cgroups(&mut self.cgroup_names);
         self.sizes.learn(&report);
 
-        let bpf = self.bpf_stats.then_some(delta.bpf_run);
+        let bpf = self.run_time_stats.is_some().then_some(delta.bpf_run);
         let overhead = Overhead::between(bpf, (self.usage, usage), interval_s);
         self.usage = usage;
 
