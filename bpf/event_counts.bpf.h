@@ -52,17 +52,20 @@ static __always_inline void count_cgroup(bool accounted, bool interrupt,
 
 /* cfg.stack_owners: who made a sampled stack's allocation. One made in
  * interrupt context is not the interrupted task's: it gets no process and
- * no cgroup (the same test as --by cgroup's interrupt row). Returns whether
- * it was in interrupt context. Only on the sampled stack path. */
-static __always_inline bool stack_owner(void *ctx, bool classic,
-					struct stack_key *skey)
+ * no cgroup (the same test as --by cgroup's interrupt row). *interrupt is
+ * the event's context: tested here unless every event tests it
+ * (cfg.tests_context, on_alloc()), then taken as it is. Only on the
+ * sampled stack path. */
+static __always_inline void stack_owner(void *ctx, bool classic,
+					struct stack_key *skey, bool *interrupt)
 {
-	skey->interrupt = in_interrupt_context(ctx, classic);
-	if (skey->interrupt)
-		return true;
+	if (!cfg.tests_context)
+		*interrupt = in_interrupt_context(ctx, classic);
+	skey->interrupt = *interrupt;
+	if (*interrupt)
+		return;
 	skey->tgid = bpf_get_current_pid_tgid() >> 32;
 	skey->cgroup = bpf_get_current_cgroup_id();
-	return false;
 }
 
 /* The name of a process that made a new stack entry: its main thread's
@@ -83,10 +86,11 @@ static __always_inline void remember_comm(__u32 tgid)
 }
 
 /* Captures the kernel stack and counts the event under it (and, with
- * cfg.stack_owners, under who made it; *interrupt is set when that was
- * interrupt context). `names_cache`: a new stack entry records its cache's
- * name (exact stacks, where no site entry does). Returns the stack's id, or
- * 0 if the stack or its entry could not be recorded (counted as lost). */
+ * cfg.stack_owners, under who made it: *interrupt is the event's context,
+ * as stack_owner() takes and sets it). `names_cache`: a new stack entry
+ * records its cache's name (exact stacks, where no site entry does).
+ * Returns the stack's id, or 0 if the stack or its entry could not be
+ * recorded (counted as lost). */
 static __always_inline __s64 record_stack(void *ctx, bool classic,
 					  struct site_key *key, __u64 req,
 					  __u64 alloc, __u32 bucket,
@@ -112,8 +116,8 @@ static __always_inline __s64 record_stack(void *ctx, bool classic,
 		return 0;
 	}
 	skey.stack_id = id;
-	if (cfg.stack_owners && stack_owner(ctx, classic, &skey) && interrupt)
-		*interrupt = true;
+	if (cfg.stack_owners)
+		stack_owner(ctx, classic, &skey, interrupt);
 	s = bpf_map_lookup_elem(&stacks, &skey);
 	if (!s) {
 		/* Exact stacks count no site: the stack names the cache, and
@@ -156,7 +160,7 @@ static __always_inline void count_alloc(void *ctx, bool classic,
 	 * lands in the site map below, so site totals stay exact. */
 	if (cfg.capture_stacks && !cfg.stack_sample_mask &&
 	    record_stack(ctx, classic, key, req, alloc, bucket, name, true,
-			 NULL))
+			 &interrupt))
 		return;
 
 	if (!count_site(key, req, alloc, bucket, name, &created, site_hint)) {
@@ -170,7 +174,7 @@ static __always_inline void count_alloc(void *ctx, bool classic,
 	 * attributed to its caller; after that, about one event in N. */
 	if (created || sample_now())
 		record_stack(ctx, classic, key, req, alloc, bucket, NULL, false,
-			     NULL);
+			     &interrupt);
 }
 
 /* record/top/slab: frees per cache. */
