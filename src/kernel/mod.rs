@@ -54,12 +54,18 @@ pub mod user_stack;
 /// BPF_LOG_STATS: the verifier reports how much work each program took.
 pub const VERIFIER_STATS_LOG_LEVEL: u32 = 4;
 
-/// `KHEAP_DEBUG=verifier`: the verifier statistics of each program of the
-/// kmem object loaded go to stderr: what a program
-/// costs to load (docs/benchmarks.md). The malloc and latency objects do
-/// not ask for them.
-pub fn verifier_stats_asked() -> bool {
-    std::env::var("KHEAP_DEBUG").is_ok_and(|v| v == "verifier")
+/// The log level the kmem object's programs are loaded with. Without one,
+/// libbpf loads a program the kernel refused a second time, with the
+/// verifier's whole log; for a program refused at the verifier's
+/// instruction limit that second pass took minutes (leaks' object table on
+/// 5.15, emulated) for a log nobody reads. The statistics level keeps one
+/// pass, and gives `KHEAP_DEBUG=verifier` its figures (docs/benchmarks.md);
+/// any other `KHEAP_DEBUG` asks for libbpf's full log of a refusal.
+pub fn load_log_level() -> u32 {
+    match std::env::var("KHEAP_DEBUG").as_deref() {
+        Ok(v) if v != "verifier" => 0,
+        _ => VERIFIER_STATS_LOG_LEVEL,
+    }
 }
 
 /// Routes libbpf's debug output to stderr, keeping one line per program

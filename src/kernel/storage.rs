@@ -10,8 +10,9 @@ use std::slice::IterMut;
 use libbpf_rs::OpenObject;
 
 /// Attach strategies try up to three mechanisms, each opening the object
-/// afresh; every attempt gets its own slot.
-const SLOTS: usize = 3;
+/// afresh, and leaks may try each twice (with its object table, then
+/// without); every attempt gets its own slot.
+const SLOTS: usize = 6;
 
 pub struct ObjectStorage {
     slots: [MaybeUninit<OpenObject>; SLOTS],

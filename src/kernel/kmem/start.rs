@@ -32,9 +32,26 @@ impl<'obj> Tracer<'obj> {
     ) -> Result<Tracer<'obj>> {
         let kbtf = features::kernel_btf()?;
         let mut slots = storage.slots();
+        let table = cfg.live.is_some() && full_object_fits();
         let (mut tracer, refused) = attach::start_first(cfg.attach, |mech| {
             let slot = slots.next().context("no object storage left")?;
-            Self::start_with(cfg, kbtf, mech, slot, lat_starts)
+            match Self::start_with(cfg, kbtf, mech, slot, lat_starts, table) {
+                // Older verifiers (5.15's) give up on leaks' program with the
+                // object table before the end of its paths; without it, the
+                // program is the one kernels before 5.12 load.
+                Err(e) if table && verifier_gave_up(&e) => {
+                    let slot = slots.next().context("no object storage left")?;
+                    let mut tracer = Self::start_with(cfg, kbtf, mech, slot, lat_starts, false)?;
+                    tracer.skipped.push(
+                        "leaks' object table: this kernel's verifier gave up checking its \
+                         program (too many instructions); objects are kept in a hash map \
+                         (about twice the cost per object)"
+                            .into(),
+                    );
+                    Ok(tracer)
+                }
+                result => result,
+            }
         })?;
         // Shown in the report header: why a cheaper way was not used.
         tracer.skipped.extend(refused);
@@ -47,6 +64,7 @@ impl<'obj> Tracer<'obj> {
         mech: Mechanism,
         slot: &'obj mut MaybeUninit<OpenObject>,
         lat_starts: Option<BorrowedFd<'_>>,
+        table: bool,
     ) -> Result<Tracer<'obj>> {
         if mech == Mechanism::Btf && !kbtf.typed_programs {
             bail!("the kernel exposes no BTF of its own to check typed programs with");
@@ -112,7 +130,7 @@ impl<'obj> Tracer<'obj> {
         // Read at most once, and only where a table of kernel addresses is
         // needed (bucket-cache bases, label ranges).
         let kallsyms = Kallsyms::default();
-        let live_store = cfg.live_store(full_object_fits());
+        let live_store = cfg.live_store(table);
         let kmalloc_caches = configure(&mut open, cfg, live_store, kbtf, &kallsyms, lat_starts)?;
         if let Err(why) = &kmalloc_caches {
             skipped.push(why.clone());
@@ -141,7 +159,7 @@ impl<'obj> Tracer<'obj> {
         }
         // Exactly the programs of the chosen mechanism and hooks load; any
         // other program left in the object would fail the whole load.
-        let verifier_stats = crate::kernel::verifier_stats_asked();
+        let log_level = crate::kernel::load_log_level();
         for mut prog in open.open_object_mut().progs_mut() {
             let name = prog.name().to_string_lossy().into_owned();
             let on = if name == "clock" {
@@ -155,8 +173,8 @@ impl<'obj> Tracer<'obj> {
                 })
             };
             prog.set_autoload(on);
-            if on && verifier_stats {
-                prog.set_log_level(crate::kernel::VERIFIER_STATS_LOG_LEVEL);
+            if on {
+                prog.set_log_level(log_level);
             }
         }
         let skel = open
@@ -385,6 +403,14 @@ impl<'obj> Tracer<'obj> {
             self.ended = self.clock().ok();
         }
     }
+}
+
+/// Whether loading failed because the verifier stopped before checking
+/// every path (its instruction limit: E2BIG).
+fn verifier_gave_up(e: &anyhow::Error) -> bool {
+    e.chain()
+        .filter_map(|c| c.downcast_ref::<libbpf_rs::Error>())
+        .any(|e| e.kind() == libbpf_rs::ErrorKind::TooBig)
 }
 
 fn configure(
