@@ -250,6 +250,26 @@ pub fn is_msg_cache(name: &str) -> bool {
     }
 }
 
+/// The function whose call allocates a SysV message's kmalloc, the site
+/// kheap names for it: `load_msg` where the kernel inlines `alloc_msg` into
+/// it (Debian's builds), else `alloc_msg` (Ubuntu 22.04's 5.15). Read from
+/// this kernel's symbols once.
+pub fn msg_fn() -> &'static str {
+    static NAME: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        let syms = std::fs::read_to_string("/proc/kallsyms").expect("/proc/kallsyms");
+        let alloc_msg_exists = syms.lines().any(|l| {
+            let mut f = l.split_whitespace().skip(1);
+            matches!(f.next(), Some("t" | "T")) && f.next().map(base_name) == Some("alloc_msg")
+        });
+        if alloc_msg_exists {
+            "alloc_msg"
+        } else {
+            "load_msg"
+        }
+    })
+}
+
 /// A kernel function's name without the compiler's clone suffixes
 /// (`iovec_from_user.part.0` on 6.1 and 6.12 is `iovec_from_user` on 6.18).
 pub fn base_name(name: &str) -> &str {

@@ -189,7 +189,7 @@ fn msg_rows_name_the_cache_slabinfo_grew() {
     let grew = rows_that_grew(&["msg", "2000", "2100", "2"], 2000);
 
     let record = record_json(&[], &["msg", "2000", "2100"]);
-    let (cache, count) = site_cache(&record, "load_msg");
+    let (cache, count) = site_cache(&record, msg_fn());
     assert_eq!(count, 2000);
     assert!(
         grew.contains(&cache),
@@ -198,15 +198,15 @@ fn msg_rows_name_the_cache_slabinfo_grew() {
     assert_cache_row(&record, &cache, 2000);
 
     let leaks = report_json("leaks", &[], &["msg", "2000", "2100"]);
-    assert_eq!(site_cache(&leaks, "load_msg"), (cache.clone(), 2000));
+    assert_eq!(site_cache(&leaks, msg_fn()), (cache.clone(), 2000));
     assert_cache_row(&leaks, &cache, 2000);
 
     assert_eq!(
-        slab_row_of("load_msg", &["msg", "2000", "2100", "1"]),
+        slab_row_of(msg_fn(), &["msg", "2000", "2100", "1"]),
         (cache.clone(), 2000)
     );
     assert_eq!(
-        metrics_cache_of("load_msg", 2000, &["msg", "2000", "2100"]),
+        metrics_cache_of(msg_fn(), 2000, &["msg", "2000", "2100"]),
         cache
     );
 }
@@ -289,7 +289,7 @@ fn check_kfree_row(mode: &str, r: &Value) {
         .filter(|c| {
             c["top_sites"].as_array().is_some_and(|s| {
                 s.iter()
-                    .any(|s| s["function"].as_str().map(base_name) == Some("load_msg"))
+                    .any(|s| s["function"].as_str().map(base_name) == Some(msg_fn()))
             })
         })
         .collect();
@@ -304,7 +304,7 @@ fn check_kfree_row(mode: &str, r: &Value) {
         .as_array()
         .unwrap()
         .iter()
-        .find(|s| s["function"].as_str().map(base_name) == Some("load_msg"))
+        .find(|s| s["function"].as_str().map(base_name) == Some(msg_fn()))
         .unwrap();
     assert_eq!(u(&load_msg["count"]), 300, "{mode}: {row:#}");
     if kernel_before(6, 11) {

@@ -210,7 +210,7 @@ fn cgroup_filter_counts_only_that_cgroup_and_below() {
         400 + 300,
         "A's messages and its nested cgroup's writes, none of B's"
     );
-    let msg = rows_of_fn(&r, "sites", "load_msg");
+    let msg = rows_of_fn(&r, "sites", msg_fn());
     assert_eq!(msg.iter().map(|s| u(&s["count"])).sum::<u64>(), 400);
     let iov = rows_of_fn(&r, "sites", "iovec_from_user");
     assert_eq!(iov.iter().map(|s| u(&s["count"])).sum::<u64>(), 300);

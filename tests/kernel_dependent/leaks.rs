@@ -21,7 +21,7 @@ fn read_json(path: &Path) -> Value {
 }
 
 fn load_msg_site(report: &Value) -> Option<&Value> {
-    let sites = rows(report, "sites", "function", "load_msg");
+    let sites = rows(report, "sites", "function", msg_fn());
     assert!(sites.len() <= 1, "{:#}", report["sites"]);
     sites.first().copied()
 }
@@ -128,7 +128,7 @@ fn held_objects_are_outstanding_with_their_age_then_return_to_zero() {
         .find(|p| p["comm"] == private_load().1.as_str())
         .unwrap_or_else(|| panic!("{procs:?}"));
     assert!(u(&load["outstanding_bytes"]) >= 500 * MSG_ALLOC, "{load}");
-    let stacks = rows(&snap, "stacks", "function", "load_msg");
+    let stacks = rows(&snap, "stacks", "function", msg_fn());
     let stacked: u64 = stacks.iter().map(|s| u(&s["outstanding_count"])).sum();
     let lost = u(&snap["lost"]["stacks"]);
     assert!(
@@ -257,7 +257,10 @@ fn diff_of_snapshots_shows_the_workload_as_top_grower() {
     assert_eq!(grew["measure"], "outstanding");
     let top = &grew["rows"][0];
     assert!(
-        top["name"].as_str().unwrap().starts_with("load_msg+"),
+        top["name"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{}+", msg_fn())),
         "{:#}",
         grew["rows"]
     );
@@ -268,7 +271,10 @@ fn diff_of_snapshots_shows_the_workload_as_top_grower() {
     let shrank = diff(&after, &end);
     let last = shrank["rows"].as_array().unwrap().last().unwrap().clone();
     assert!(
-        last["name"].as_str().unwrap().starts_with("load_msg+"),
+        last["name"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{}+", msg_fn())),
         "{last}"
     );
     assert_eq!(last["change_bytes"], -(300 * MSG_ALLOC as i64));
@@ -277,7 +283,7 @@ fn diff_of_snapshots_shows_the_workload_as_top_grower() {
     let out = kheap(&["diff", before.to_str().unwrap(), after.to_str().unwrap()]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
-        table.contains("load_msg+") && table.contains("+1.2M"),
+        table.contains(&format!("{}+", msg_fn())) && table.contains("+1.2M"),
         "{table}"
     );
 }

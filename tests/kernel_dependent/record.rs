@@ -13,7 +13,7 @@ use common::*;
 const MSG_HEADER: u64 = 48;
 
 fn assert_msg_site(report: &serde_json::Value, count: u64, size: u64) {
-    let sites = rows_of_fn(report, "sites", "load_msg");
+    let sites = rows_of_fn(report, "sites", msg_fn());
     assert_eq!(
         sites.len(),
         1,
@@ -48,7 +48,7 @@ fn msgsnd_sites_are_exact_with_sampled_stacks() {
     // Each site's first allocation and about 1 in 1024 after it capture a
     // stack (3000 events: a few samples); the estimate is scaled to the
     // exact total, so the stacks of the site add up to it.
-    let stacks = rows_of_fn(&r, "stacks", "load_msg");
+    let stacks = rows_of_fn(&r, "stacks", msg_fn());
     assert!(
         !stacks.is_empty(),
         "no sampled load_msg stack: {:#}",
@@ -76,7 +76,7 @@ fn exact_stacks_attribute_every_allocation() {
     // bucket to another (a stack-trace map lost load_msg's stack in about
     // one run in 200).
     assert_eq!(u(&r["lost"]["stack_collisions"]), 0, "{:#}", r["lost"]);
-    let stacks = rows_of_fn(&r, "stacks", "load_msg");
+    let stacks = rows_of_fn(&r, "stacks", msg_fn());
     assert_eq!(stacks.len(), 1, "{:#}", r["stacks"]);
     let s = stacks[0];
     assert_eq!(s["estimated"], false);
@@ -102,7 +102,7 @@ fn exact_stacks_attribute_every_allocation() {
             .position(|f| f.starts_with(&format!("{name}+0x")))
     };
     assert!(
-        pos("load_msg") < pos("do_msgsnd") && pos("load_msg").is_some(),
+        pos(msg_fn()) < pos("do_msgsnd") && pos(msg_fn()).is_some(),
         "{frames:?}"
     );
 }
@@ -155,7 +155,7 @@ fn every_attach_mechanism_gives_the_same_numbers() {
         }
         // The cache kmalloc really used (msg_msg-4k from 6.11 on) is found
         // the same way whatever the programs are attached with.
-        let caches = rows_of_fn(&r, "sites", "load_msg")[0]["caches"].clone();
+        let caches = rows_of_fn(&r, "sites", msg_fn())[0]["caches"].clone();
         load_msg_caches.push((mode, caches));
     }
     let (first, caches) = &load_msg_caches[0];
@@ -282,18 +282,19 @@ fn folded_and_table_output() {
     ]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.lines()
-            .any(|l| l.contains("do_msgsnd;load_msg;__kmalloc") && l.ends_with(" 100")),
+        text.lines().any(|l| l.contains("do_msgsnd;load_msg;")
+            && l.contains(&format!("{};__kmalloc", msg_fn()))
+            && l.ends_with(" 100")),
         "{text}"
     );
     let out = kheap(&["record", "--", LOAD, "msg", "100", "2100"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("load_msg+0x"), "{text}");
+    assert!(text.contains(&format!("{}+0x", msg_fn())), "{text}");
     assert!(text.contains("47.6%"), "waste of 2148 in 4096: {text}");
     // A stack row says which process made it.
     assert!(
         text.lines().any(|l| l.starts_with('#')
-            && l.contains(" load_msg ")
+            && l.contains(&format!(" {} ", msg_fn()))
             && l.contains("; by kheap-load [")),
         "{text}"
     );
@@ -321,7 +322,7 @@ fn stop_and_check(signal: i32) {
     assert!(out.status.success(), "exit status {:?}", out.status);
     let report = String::from_utf8_lossy(&out.stdout);
     assert!(
-        report.contains("load_msg+0x"),
+        report.contains(&format!("{}+0x", msg_fn())),
         "report printed after the signal: {report}"
     );
     for id in progs {
@@ -505,7 +506,7 @@ fn latency_is_measured_or_refused_in_one_line() {
     ]);
     if out.status.success() {
         let r: serde_json::Value = parse_valid(&std::fs::read_to_string(&path).unwrap());
-        let rows = rows_of_fn(&r, "latency", "load_msg");
+        let rows = rows_of_fn(&r, "latency", msg_fn());
         assert!(
             !rows.is_empty(),
             "no latency row for load_msg: {:#}",
@@ -590,7 +591,7 @@ fn kprobe_latency_path_is_measured_or_refused() {
     let r: serde_json::Value = parse_valid(&std::fs::read_to_string(&path).unwrap());
     let attach = r["run"]["attach"].to_string();
     assert!(attach.contains("kprobe/kretprobe"), "{attach}");
-    let rows = rows_of_fn(&r, "latency", "load_msg");
+    let rows = rows_of_fn(&r, "latency", msg_fn());
     let calls: u64 = rows.iter().map(|l| u(&l["count"])).sum();
     assert_eq!(calls, 200, "{:#}", r["latency"]);
     // The record rows keep the real call site although kretprobes replace
@@ -722,7 +723,7 @@ fn a_kernel_without_its_own_btf_is_read_through_a_file() {
     assert_ok(&out);
     let r = parse_valid(&std::fs::read_to_string(&report).unwrap());
     assert_msg_site(&r, 300, 2100);
-    let caches = |r: &serde_json::Value| rows_of_fn(r, "sites", "load_msg")[0]["caches"].clone();
+    let caches = |r: &serde_json::Value| rows_of_fn(r, "sites", msg_fn())[0]["caches"].clone();
     assert_eq!(
         caches(&own).as_array().map(Vec::len),
         Some(1),

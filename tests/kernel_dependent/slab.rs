@@ -31,7 +31,7 @@ fn waste_just_above_a_size_class_is_exact_and_hinted() {
             let site = c["top_sites"]
                 .as_array()?
                 .iter()
-                .find(|s| s["function"] == "load_msg")?;
+                .find(|s| s["function"] == msg_fn())?;
             Some((c, site))
         })
         .collect();
@@ -52,7 +52,7 @@ fn waste_just_above_a_size_class_is_exact_and_hinted() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|h| h["kind"] == "boundary" && h["site"] == "load_msg");
+        .find(|h| h["kind"] == "boundary" && h["site"] == msg_fn());
     // A bucket cache is already load_msg's own: no "dedicated cache" to
     // propose.
     if cache.starts_with("msg_msg-") {
@@ -99,12 +99,12 @@ fn messages_that_do_not_stay_claim_no_saving() {
         .iter()
         .filter_map(|c| c["top_sites"].as_array())
         .flatten()
-        .filter(|s| s["function"] == "load_msg")
+        .filter(|s| s["function"] == msg_fn())
         .map(|s| u(&s["count"]))
         .sum();
     assert!((1..=2000).contains(&sent), "{sent}: {:#}", r["caches"]);
     for h in r["hints"].as_array().unwrap() {
-        if h["site"] == "load_msg" {
+        if h["site"] == msg_fn() {
             assert!(u(&h["saving_bytes"]) < churned / 10, "{h:#}");
         }
     }

@@ -27,7 +27,7 @@ fn load_msg_levels(report: &Value) -> Vec<(f64, u64, u64, &Value)> {
                 .as_array()
                 .unwrap()
                 .iter()
-                .filter(|s| series[u(&s["series"]) as usize]["function"] == "load_msg")
+                .filter(|s| series[u(&s["series"]) as usize]["function"] == msg_fn())
                 .fold((0, 0), |(o, b), s| {
                     (o + u(&s["objects"]), b + u(&s["bytes"]))
                 });
@@ -38,7 +38,7 @@ fn load_msg_levels(report: &Value) -> Vec<(f64, u64, u64, &Value)> {
 
 /// The allocated size of one message, from the report's own totals.
 fn msg_object_size(report: &Value) -> u64 {
-    let sites = rows_of_fn(report, "sites", "load_msg");
+    let sites = rows_of_fn(report, "sites", msg_fn());
     assert_eq!(sites.len(), 1, "{:#}", report["sites"]);
     let count = u(&sites[0]["count"]);
     assert_eq!(count, 3 * STEP_N, "every message allocated once");
@@ -160,7 +160,10 @@ fn the_html_chart_opens_in_a_browser_with_the_site_and_its_three_steps() {
         .unwrap()
         .0;
     let dom = chromium(&["--dump-dom"], &format!("{url}?t={third}"), &profile);
-    assert!(dom.contains("load_msg [kmalloc]"), "site not named");
+    assert!(
+        dom.contains(&format!("{} [kmalloc]", msg_fn())),
+        "site not named"
+    );
     for k in 1..=3 {
         let cell = format!("<td>{}</td>", k * STEP_N * objsize);
         assert!(dom.contains(&cell), "step {k}: no {cell}");
@@ -169,11 +172,11 @@ fn the_html_chart_opens_in_a_browser_with_the_site_and_its_three_steps() {
         dom.contains("data-chart-ready=\"1\""),
         "the script did not run"
     );
-    let hover = "load_msg [kmalloc]: ";
+    let hover = format!("{} [kmalloc]: ", msg_fn());
     let tip = dom.split("id=\"tip\"").nth(1).expect("tooltip");
     let shown = tip.split("</div>").next().unwrap();
     assert!(
-        shown.contains(hover) && shown.contains(&format!("({} bytes)", 3 * STEP_N * objsize)),
+        shown.contains(&hover) && shown.contains(&format!("({} bytes)", 3 * STEP_N * objsize)),
         "{shown}"
     );
 
@@ -270,7 +273,7 @@ fn a_site_trigger_fires_once_at_the_right_step() {
     let snap = parse_valid(&std::fs::read_to_string(&path).unwrap());
     assert_eq!(snap["leaks"]["snapshot"], true);
     // Taken just after that reading: what it saw, or more of the same step.
-    let site = &rows_of_fn(&snap, "sites", "load_msg")[0];
+    let site = &rows_of_fn(&snap, "sites", msg_fn())[0];
     let held = u(&site["outstanding_count"]);
     assert!(held >= at.1 && held <= want, "{held} held, {} read", at.1);
     assert!(path.with_extension("pb.gz").exists());
@@ -284,13 +287,13 @@ fn a_site_trigger_fires_once_at_the_right_step() {
 #[test]
 fn fail_if_fails_a_command_that_leaves_objects_and_passes_one_that_frees_them() {
     require_root();
-    let budget = "outstanding{site=load_msg*} > 0";
+    let budget = format!("outstanding{{site={}*}} > 0", msg_fn());
     let held = kheap(&[
         "leaks",
         "-d",
         "2",
         "--fail-if",
-        budget,
+        &budget,
         "-o",
         "/dev/null",
         "--",
@@ -306,15 +309,15 @@ fn fail_if_fails_a_command_that_leaves_objects_and_passes_one_that_frees_them() 
         stderr.contains(&format!(
             "kheap: over budget: {budget} ({} bytes > 0 bytes)",
             100 * 4096
-        )) && stderr.contains("  load_msg [kmalloc]: 409600 bytes"),
+        )) && stderr.contains(&format!("  {} [kmalloc]: 409600 bytes", msg_fn())),
         "{stderr}"
     );
     let freed = kheap(&[
         "leaks",
         "--fail-if",
-        budget,
+        &budget,
         "--fail-if",
-        "outstanding[kmalloc]{site=load_msg} > 0",
+        &format!("outstanding[kmalloc]{{site={}}} > 0", msg_fn()),
         "-o",
         "/dev/null",
         "--",
