@@ -202,10 +202,13 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
         let started = crate::kernel::kmem::Tracer::start(&config, &mut storage, None);
         let mode = match started {
             Ok(s) => {
+                // kmalloc's mechanism: the first hook attached may be one
+                // that is typed on every kernel (sched_switch).
                 let how = s
                     .attached
-                    .first()
-                    .map_or("", |a| a.split(": ").nth(1).unwrap_or(""));
+                    .iter()
+                    .find_map(|a| a.strip_prefix("kmalloc: "))
+                    .unwrap_or("");
                 let mut m = format!("{how} (loaded and attached for this check)");
                 let (kfree_notes, notes): (Vec<&String>, Vec<&String>) = s
                     .skipped
@@ -246,7 +249,10 @@ fn leaks_object_store(privileged: bool) -> String {
     if !privileged {
         "unknown (needs root to ask the verifier)".into()
     } else if crate::kernel::skel::full_object_fits() {
-        "a table of 8-slot buckets taken with cmpxchg, spilling into a hash map".into()
+        "a table of 8-slot buckets taken with cmpxchg, spilling into a hash map (a hash map \
+         alone where this kernel's verifier gives up on the table's program: the run's header \
+         says so)"
+            .into()
     } else if !crate::sys::kernel_has_own_btf() {
         "a hash map: the kernel has no BTF of its own, and kheap loads its object for older \
          kernels (about twice leaks' cost per object)"

@@ -425,3 +425,28 @@ fn doctor_without_root_says_what_it_cannot_tell() {
         "{text}"
     );
 }
+
+#[test]
+fn doctor_names_the_mechanism_record_attaches_kmalloc_with() {
+    require_root();
+    let out = kheap(&["doctor"]);
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.contains("kheap record attaches with"))
+        .unwrap_or_else(|| panic!("no attach row: {text}"));
+    let report = json_report("record", &["-d", "0.2"]);
+    let kmalloc = report["run"]["attach"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|a| a.as_str()?.strip_prefix("kmalloc: "))
+        .unwrap_or_else(|| panic!("kmalloc not attached: {:#}", report["run"]));
+    // The row's value begins with the mechanism (tp_btf, raw_tp, tracepoint).
+    let value = row.split('┆').nth(1).unwrap_or_default().trim_start();
+    assert!(
+        value.starts_with(&format!("{kmalloc} (loaded and attached")),
+        "doctor: {row}; record attached kmalloc with {kmalloc}"
+    );
+}
