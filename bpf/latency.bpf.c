@@ -13,6 +13,7 @@
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
 #include "maps.bpf.h"
 #include "kheap.h"
 #include "lat_starts.bpf.h"
@@ -124,14 +125,65 @@ static __always_inline __u64 caller_from_stack(void *ctx)
 	return 0;
 }
 
+/* fentry: the caller of the timed function, read from the trampoline's
+ * frame. Unwinding cannot find it on a kernel with the frame-pointer
+ * unwinder (Ubuntu's): at the function's first instruction the caller has
+ * no frame of its own yet, so the unwinder goes from the trampoline to the
+ * caller's caller. Above the program's context (the saved arguments) every
+ * x86-64 trampoline since 5.5 keeps the return value's slot (when an fexit
+ * is attached), its saved rbp, the return address into the traced
+ * function (func+5, or +9 after an endbr64) and the one into the caller.
+ * The saved rbp is checked too: on a frame-pointer kernel it points into
+ * the task's stack, which no argument or stale return-value slot does.
+ * Where it does not (rbp is a general register on ORC kernels; an
+ * interrupt's stack), the unwinder, right on ORC kernels, is asked. */
+#define TRAMPOLINE_SLOTS  10
+#define KHEAP_THREAD_SIZE (16 * 1024)
+
+static __always_inline __u64 caller_from_trampoline(void *ctx)
+{
+	struct task_struct *task = (void *)bpf_get_current_task();
+	__u64 func = bpf_get_func_ip(ctx);
+	__u64 stack = (__u64)BPF_CORE_READ(task, stack);
+	__u64 slots[TRAMPOLINE_SLOTS] = {};
+
+	if (bpf_probe_read_kernel(slots, sizeof(slots), ctx))
+		return caller_from_stack(ctx);
+#pragma unroll
+	for (int i = 1; i < TRAMPOLINE_SLOTS - 1; i++) {
+		if (slots[i] - func < 16 &&
+		    slots[i - 1] - stack < KHEAP_THREAD_SIZE)
+			return slots[i + 1];
+	}
+	return caller_from_stack(ctx);
+}
+
+/* The kretprobe trampoline's address (from kallsyms; 0 if not found). */
+const volatile __u64 kretprobe_return = 0;
+
+/* kprobes: the return address on top of the stack at the function's entry,
+ * which is the caller, unless the kretprobe on the same function has put
+ * its trampoline there first. Then the unwinder recovers the real one
+ * (right on ORC kernels; a frame-pointer unwinder skips the caller, as at
+ * fentry). Without the trampoline's address, the top of the stack is not
+ * trusted. */
+static __always_inline __u64 caller_from_kprobe(struct pt_regs *regs)
+{
+	__u64 ret = 0;
+
+	if (kretprobe_return &&
+	    !bpf_probe_read_kernel(&ret, sizeof(ret),
+				   (void *)PT_REGS_SP(regs)) &&
+	    ret && ret != kretprobe_return)
+		return ret;
+	return caller_from_stack(regs);
+}
+
 /* kprobes: one program, attached to every resolved allocator function. */
 SEC("kprobe")
 int BPF_KPROBE(lat_enter_kprobe)
 {
-	/* Not the return address at sp: the kretprobe on the same function
-	 * has already replaced it with its trampoline. The unwinder recovers
-	 * the real one. */
-	on_enter(ctx, caller_from_stack(ctx));
+	on_enter(ctx, caller_from_kprobe(ctx));
 	return 0;
 }
 
@@ -145,18 +197,18 @@ int BPF_KRETPROBE(lat_exit_kretprobe)
 /* fentry/fexit programs bind to one function each at load time; user space
  * retargets these slots to the allocator functions the kernel has (the
  * placeholder names below are replaced before load) and turns off the rest. */
-#define FENTRY_SLOT(n)                                 \
-	SEC("fentry/__kmalloc_noprof")                 \
-	int BPF_PROG(lat_enter_fentry##n)              \
-	{                                              \
-		on_enter(ctx, caller_from_stack(ctx)); \
-		return 0;                              \
-	}                                              \
-	SEC("fexit/__kmalloc_noprof")                  \
-	int BPF_PROG(lat_exit_fexit##n)                \
-	{                                              \
-		on_exit();                             \
-		return 0;                              \
+#define FENTRY_SLOT(n)                                      \
+	SEC("fentry/__kmalloc_noprof")                      \
+	int BPF_PROG(lat_enter_fentry##n)                   \
+	{                                                   \
+		on_enter(ctx, caller_from_trampoline(ctx)); \
+		return 0;                                   \
+	}                                                   \
+	SEC("fexit/__kmalloc_noprof")                       \
+	int BPF_PROG(lat_exit_fexit##n)                     \
+	{                                                   \
+		on_exit();                                  \
+		return 0;                                   \
 	}
 
 FENTRY_SLOT(0)

@@ -139,16 +139,21 @@ impl<'obj> LatencySession<'obj> {
         let p = &self.skel.progs;
         match self.mechanism {
             Mechanism::Kprobe => {
+                // The kretprobe first: probes on one address run newest
+                // first, so the entry program then reads the return address
+                // before the kretprobe replaces it with its trampoline (the
+                // unwinder cannot recover it on a frame-pointer kernel). An
+                // exit between the two attaches is counted as missed_start.
                 for f in resolved.iter().flatten() {
-                    self.links.push(
-                        p.lat_enter_kprobe
-                            .attach_kprobe(false, f)
-                            .with_context(|| format!("kprobe on {f}"))?,
-                    );
                     self.links.push(
                         p.lat_exit_kretprobe
                             .attach_kprobe(true, f)
                             .with_context(|| format!("kretprobe on {f}"))?,
+                    );
+                    self.links.push(
+                        p.lat_enter_kprobe
+                            .attach_kprobe(false, f)
+                            .with_context(|| format!("kprobe on {f}"))?,
                     );
                 }
             }
@@ -197,12 +202,29 @@ impl<'obj> LatencySession<'obj> {
     }
 }
 
+/// Where a kretprobe sends its function's return, by kernel: before 5.15,
+/// from 5.15 (`__kretprobe_trampoline`), and since kretprobes use rethook.
+const KRETPROBE_TRAMPOLINES: [&str; 3] = [
+    "kretprobe_trampoline",
+    "__kretprobe_trampoline",
+    "arch_rethook_trampoline",
+];
+
 fn configure(
     open: &mut OpenLatencySkel<'_>,
     resolved: &[Option<&'static str>],
     mech: Mechanism,
 ) -> Result<()> {
     let kprobe = mech == Mechanism::Kprobe;
+    if kprobe {
+        let kallsyms = crate::sys::kallsyms_text()?;
+        let trampoline = KRETPROBE_TRAMPOLINES
+            .iter()
+            .find_map(|name| crate::model::kallsyms::address_of(&kallsyms, name));
+        if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
+            rodata.kretprobe_return = trampoline.unwrap_or(0);
+        }
+    }
     open.progs.lat_enter_kprobe.set_autoload(kprobe);
     open.progs.lat_exit_kretprobe.set_autoload(kprobe);
     let p = &mut open.progs;
