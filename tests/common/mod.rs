@@ -93,7 +93,13 @@ pub fn exit_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
 
 /// Checks `done` every 20 ms until it holds (true) or `limit` has passed
 /// (false): the one polling loop of the tests' bounded waits.
-pub fn poll_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+pub fn poll_until(limit: Duration, done: impl FnMut() -> bool) -> bool {
+    poll_every(limit, Duration::from_millis(20), done)
+}
+
+/// `poll_until` at a pace of the caller's: for a condition whose check is
+/// itself costly (a scrape of /metrics).
+pub fn poll_every(limit: Duration, pace: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
     loop {
         if done() {
@@ -102,8 +108,20 @@ pub fn poll_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
         if Instant::now() >= deadline {
             return false;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(pace);
     }
+}
+
+/// The row of `kheap doctor`'s table whose feature is `feature` (asserts
+/// that doctor succeeds and has it).
+pub fn doctor_row(feature: &str) -> String {
+    let out = kheap(&["doctor"]);
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find(|l| l.contains(feature))
+        .unwrap_or_else(|| panic!("no {feature:?} row: {text}"))
+        .to_string()
 }
 
 /// Whether the running kernel is older than `major.minor`.

@@ -898,15 +898,12 @@ fn page_source_is_scraped_with_its_exact_count() {
     ];
     let mut last = Vec::new();
     // Each try reads kheap's /metrics once; Prometheus scrapes every second.
-    let settled = poll_until(Duration::from_secs(40), || {
+    let quarter = Duration::from_millis(250);
+    let settled = poll_every(Duration::from_secs(40), quarter, || {
         let body = curl(&[&format!("http://127.0.0.1:{port}/metrics")]);
         let exported = |name: &str| sample(&body, name).unwrap_or(0.0) as u64;
         last = totals.iter().map(|q| (scraped(q), exported(q))).collect();
-        let done = last[0].0 >= N && last.iter().all(|(s, e)| s == e);
-        if !done {
-            std::thread::sleep(Duration::from_millis(250));
-        }
-        done
+        last[0].0 >= N && last.iter().all(|(s, e)| s == e)
     });
     assert!(
         settled,

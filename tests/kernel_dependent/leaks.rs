@@ -377,13 +377,7 @@ fn a_full_object_map_is_counted_not_hidden() {
 #[test]
 fn doctor_names_the_object_store_this_kernel_gets() {
     require_root();
-    let out = kheap(&["doctor"]);
-    assert_ok(&out);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let row = text
-        .lines()
-        .find(|l| l.contains("leaks keeps objects in"))
-        .unwrap_or_else(|| panic!("no object store row: {text}"));
+    let row = doctor_row("leaks keeps objects in");
     // Every kernel CI boots has its own BTF: atomics alone decide.
     if kernel_before(5, 12) {
         assert!(

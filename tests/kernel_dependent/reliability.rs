@@ -429,13 +429,7 @@ fn doctor_without_root_says_what_it_cannot_tell() {
 #[test]
 fn doctor_names_the_mechanism_record_attaches_kmalloc_with() {
     require_root();
-    let out = kheap(&["doctor"]);
-    assert_ok(&out);
-    let text = String::from_utf8_lossy(&out.stdout);
-    let row = text
-        .lines()
-        .find(|l| l.contains("kheap record attaches with"))
-        .unwrap_or_else(|| panic!("no attach row: {text}"));
+    let row = doctor_row("kheap record attaches with");
     let report = json_report("record", &["-d", "0.2"]);
     let kmalloc = report["run"]["attach"]
         .as_array()
