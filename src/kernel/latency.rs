@@ -81,9 +81,9 @@ impl<'obj> LatencySession<'obj> {
             if !features::has_kprobes() {
                 bail!("--latency-probe kprobe: this kernel has no kprobes (CONFIG_KPROBES is off)");
             }
-            return Self::start_with(slot()?, &resolved, Mechanism::Kprobe);
+            return Self::start_with(slot()?, &kallsyms, &resolved, Mechanism::Kprobe);
         }
-        let fentry_err = match Self::start_with(slot()?, &resolved, Mechanism::Fentry) {
+        let fentry_err = match Self::start_with(slot()?, &kallsyms, &resolved, Mechanism::Fentry) {
             Ok(s) => return Ok(s),
             Err(e) => e,
         };
@@ -92,7 +92,7 @@ impl<'obj> LatencySession<'obj> {
             bail!("--latency-probe fentry: this kernel refuses fentry ({fentry_err})");
         }
         if features::has_kprobes() {
-            return Self::start_with(slot()?, &resolved, Mechanism::Kprobe);
+            return Self::start_with(slot()?, &kallsyms, &resolved, Mechanism::Kprobe);
         }
         bail!(
             "this kernel cannot time the allocator: it has no kprobes (CONFIG_KPROBES is off) and refuses fentry ({fentry_err}); --latency needs one of them"
@@ -106,12 +106,14 @@ impl<'obj> LatencySession<'obj> {
         let slot = storage.slots().next().context("no object storage left")?;
         let kallsyms = crate::sys::kallsyms_text()?;
         let resolved = resolve_functions(&kallsyms_functions(&kallsyms));
-        let fentry = LatencySession::start_with(slot, &resolved, Mechanism::Fentry).map(drop);
+        let fentry =
+            LatencySession::start_with(slot, &kallsyms, &resolved, Mechanism::Fentry).map(drop);
         Ok((resolved, fentry))
     }
 
     fn start_with(
         slot: &'obj mut MaybeUninit<OpenObject>,
+        kallsyms: &str,
         resolved: &[Option<&'static str>],
         mech: Mechanism,
     ) -> Result<LatencySession<'obj>> {
@@ -121,7 +123,7 @@ impl<'obj> LatencySession<'obj> {
         let mut open = crate::kernel::features::open_skel(LatencySkelBuilder::default(), slot)
             .context("opening the latency BPF object")?;
         let functions: Vec<&'static str> = resolved.iter().flatten().copied().collect();
-        configure(&mut open, resolved, mech)?;
+        configure(&mut open, kallsyms, resolved, mech)?;
         let skel = open
             .load()
             .with_context(|| format!("loading {} programs", mech.name()))?;
@@ -212,15 +214,15 @@ const KRETPROBE_TRAMPOLINES: [&str; 3] = [
 
 fn configure(
     open: &mut OpenLatencySkel<'_>,
+    kallsyms: &str,
     resolved: &[Option<&'static str>],
     mech: Mechanism,
 ) -> Result<()> {
     let kprobe = mech == Mechanism::Kprobe;
     if kprobe {
-        let kallsyms = crate::sys::kallsyms_text()?;
         let trampoline = KRETPROBE_TRAMPOLINES
             .iter()
-            .find_map(|name| crate::model::kallsyms::address_of(&kallsyms, name));
+            .find_map(|name| crate::model::kallsyms::address_of(kallsyms, name));
         if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
             rodata.kretprobe_return = trampoline.unwrap_or(0);
         }
