@@ -108,10 +108,6 @@ KHEAP_BRACKET(call_function_single_exit_raw, bracket_close,
 KHEAP_BRACKET(call_function_single_entry_raw, bracket_open,
 	      INTERRUPT_CALL_FUNCTION_SINGLE)
 
-/* x86-64 THREAD_SIZE (16 KiB; 32 KiB only with KASAN, not in distribution
- * kernels). */
-#define KHEAP_THREAD_SIZE (16 * 1024)
-
 /* Whether a kernel stack address is off the current task's stack. */
 static __always_inline bool off_task_stack(__u64 at)
 {

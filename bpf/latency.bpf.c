@@ -137,8 +137,7 @@ static __always_inline __u64 caller_from_stack(void *ctx)
  * the task's stack, which no argument or stale return-value slot does.
  * Where it does not (rbp is a general register on ORC kernels; an
  * interrupt's stack), the unwinder, right on ORC kernels, is asked. */
-#define TRAMPOLINE_SLOTS  10
-#define KHEAP_THREAD_SIZE (16 * 1024)
+#define TRAMPOLINE_SLOTS 10
 
 static __always_inline __u64 caller_from_trampoline(void *ctx)
 {

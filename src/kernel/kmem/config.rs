@@ -54,8 +54,11 @@ pub struct LiveConfig {
 }
 
 /// Slots per bucket of leaks' object table (KHEAP_LIVE_WAYS in
-/// bpf/kheap.h).
+/// bpf/kheap.h, the generated bucket's width).
 pub const LIVE_WAYS: u32 = 8;
+const _: () = assert!(
+    std::mem::size_of::<crate::kernel::skel::types::live_bucket>() == LIVE_WAYS as usize * 8
+);
 
 /// How `--max-objects` objects are held: buckets of the object table, and
 /// entries of the hash map that takes what a full bucket spills. The two

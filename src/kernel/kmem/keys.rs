@@ -67,7 +67,7 @@ pub(super) fn stack_owner(k: &types::stack_key) -> Owner {
 }
 
 /// The `procs` key of interrupt context's row (KHEAP_INTERRUPT_TGID in
-/// bpf/kheap.h): above every tgid.
+/// bpf/kheap.h, checked in kmem's tests): above every tgid.
 pub(super) const INTERRUPT_TGID: u32 = u32::MAX;
 
 /// The process a `procs` key names; `None` for interrupt context's row.
@@ -178,10 +178,10 @@ pub fn cache_id(
     CacheId::Named(format!("{UNRESOLVED_PREFIX}cache]"))
 }
 
-/// Must match KHEAP_CACHE_UNRESOLVED in bpf/kheap.h.
-const KHEAP_CACHE_UNRESOLVED: u64 = 2;
-/// Must match KHEAP_KFREE_CACHE_TAG in bpf/kheap.h.
-const KHEAP_KFREE_CACHE_TAG: u64 = 2;
+/// KHEAP_CACHE_UNRESOLVED in bpf/kheap.h (checked in kmem's tests).
+pub(super) const KHEAP_CACHE_UNRESOLVED: u64 = 2;
+/// KHEAP_KFREE_CACHE_TAG in bpf/kheap.h (checked in kmem's tests).
+pub(super) const KHEAP_KFREE_CACHE_TAG: u64 = 2;
 
 /// The cache row a free belongs to. kfree's keys carry the tag bit
 /// (bpf/kheap.h, KHEAP_KFREE_CACHE_TAG) and join the kmalloc row of their

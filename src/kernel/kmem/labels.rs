@@ -120,5 +120,6 @@ pub(super) fn label_ranges(cfg: &Config, kallsyms: &Kallsyms) -> Result<LabelRan
     })
 }
 
-/// Must match KHEAP_BACKING_RANGES in bpf/kheap.h (the map's size).
-const KHEAP_BACKING_RANGES: usize = 40;
+/// KHEAP_BACKING_RANGES in bpf/kheap.h, the map's size (checked in kmem's
+/// tests).
+pub(super) const KHEAP_BACKING_RANGES: usize = 40;
