@@ -246,7 +246,12 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
 /// Where `kheap leaks` keeps the objects it tracks on this kernel
 /// (bpf/live_objects.bpf.h): asking the verifier takes root.
 fn leaks_object_store(privileged: bool) -> String {
-    if !privileged {
+    let tracing_refused = features::kernel_btf()
+        .ok()
+        .is_some_and(|k| features::kmem_unsupported(k).is_some());
+    if tracing_refused {
+        "nothing: leaks does not run on this kernel (see 'kheap record attaches with')".into()
+    } else if !privileged {
         "unknown (needs root to ask the verifier)".into()
     } else if crate::kernel::skel::full_object_fits() {
         "a table of 8-slot buckets taken with cmpxchg, spilling into a hash map (a hash map \

@@ -14,17 +14,35 @@ skeleton!("btf_check");
 
 use skel::BtfCheckSkelBuilder;
 
+/// Why the release could not be read through a BTF file.
+pub enum CheckFailed {
+    /// The check did not open or load: the file's layouts do not fit.
+    Load(anyhow::Error),
+    /// It loaded but the kernel would not run it (test runs of raw
+    /// tracepoint programs came in 5.10).
+    Run(anyhow::Error),
+}
+
 /// The running kernel's release, as read through the layouts of `btf`.
-pub fn release_through(btf: &Path) -> Result<String> {
+pub fn release_through(btf: &Path) -> std::result::Result<String, CheckFailed> {
     let mut slot = MaybeUninit::<OpenObject>::uninit();
     let open = open_with_btf(BtfCheckSkelBuilder::default(), &mut slot, Some(btf))
-        .context("opening the BTF check")?;
-    let skel = open.load().context("loading the BTF check")?;
+        .context("opening the BTF check")
+        .map_err(CheckFailed::Load)?;
+    let skel = open
+        .load()
+        .context("loading the BTF check")
+        .map_err(CheckFailed::Load)?;
     skel.progs
         .read_release
         .test_run(ProgramInput::default())
-        .context("running the BTF check")?;
-    let bss = skel.maps.bss_data.as_deref().context("no .bss")?;
+        .map_err(|e| CheckFailed::Run(e.into()))?;
+    let bss = skel
+        .maps
+        .bss_data
+        .as_deref()
+        .context("no .bss")
+        .map_err(CheckFailed::Load)?;
     // SAFETY: the kernel wrote it behind the compiler's back.
     let raw = unsafe { std::ptr::read_volatile(&bss.release) };
     Ok(crate::kernel::skel::c_str(&raw))

@@ -13,6 +13,7 @@ use anyhow::{bail, Result};
 use libbpf_rs::btf::types::{Enum, Func, Struct, Typedef};
 use libbpf_rs::btf::{Btf, BtfType, TypeId};
 
+use crate::kernel::btf_check::CheckFailed;
 use crate::sys::{kernel_has_own_btf, KERNEL_BTF};
 
 const CAP_PERFMON: u32 = 38;
@@ -187,6 +188,15 @@ impl KernelBtf {
     }
 }
 
+/// What the kmem object (bpf/kheap.bpf.c) needs of every kernel, and that
+/// kernels before 5.5 lack (Ubuntu 20.04's 5.4 refused the whole object
+/// with EINVAL): (helper, what to call it, the Linux version that brought
+/// it).
+const KMEM_NEEDS: [(&str, &str, &str); 2] = [
+    ("probe_read_kernel", "bpf_probe_read_kernel", "5.5"),
+    ("jiffies64", "bpf_jiffies64", "5.5"),
+];
+
 /// What the malloc object (bpf/malloc.bpf.c) needs beyond what the kmem
 /// tracer does: (map type or helper, what to call it, the Linux version that
 /// brought it).
@@ -198,6 +208,34 @@ const MALLOC_NEEDS: [(&str, &str, &str); 5] = [
     ("loop", "bpf_loop", "5.17"),
 ];
 
+/// Which of `needs` (map types with a `map:` prefix, or helpers) the kernel
+/// lacks, each as "what (version)".
+fn lacking(k: &KernelBtf, needs: &[(&str, &str, &str)]) -> Vec<String> {
+    needs
+        .iter()
+        .filter(|(need, _, _)| match need.strip_prefix("map:") {
+            Some(map) => !k.has_map_type(map),
+            None => !k.has_helper(need),
+        })
+        .map(|(_, what, since)| format!("{what} ({since})"))
+        .collect()
+}
+
+/// The one line that says why kheap's kernel tracing (record, top, leaks,
+/// slab -d, serve) cannot run on this kernel, if it cannot.
+pub fn kmem_unsupported(k: &KernelBtf) -> Option<String> {
+    let missing = lacking(k, &KMEM_NEEDS);
+    (!missing.is_empty()).then(|| {
+        format!(
+            "this kernel ({}) lacks BPF helpers kheap's tracing needs: {}; record, top, leaks, \
+             slab -d and serve need Linux 5.10 or newer, and `kheap slab` without -d (it reads \
+             /proc/slabinfo) works here",
+            kernel_release(),
+            missing.join(", ")
+        )
+    })
+}
+
 /// The one line that says why `kheap malloc` cannot run on this kernel, if
 /// it cannot: which of the BPF features it needs the kernel lacks.
 pub fn malloc_unsupported(k: &KernelBtf) -> Option<String> {
@@ -205,19 +243,17 @@ pub fn malloc_unsupported(k: &KernelBtf) -> Option<String> {
         .then(|| format!("its own BTF ({KERNEL_BTF}; a --btf file serves kheap, not the kernel's checks of malloc's typed programs)"));
     let missing: Vec<String> = own_btf
         .into_iter()
-        .chain(
-            MALLOC_NEEDS
-                .iter()
-                .filter(|(need, _, _)| match need.strip_prefix("map:") {
-                    Some(map) => !k.has_map_type(map),
-                    None => !k.has_helper(need),
-                })
-                .map(|(_, what, since)| format!("{what} ({since})")),
-        )
+        .chain(lacking(k, &MALLOC_NEEDS))
         .collect();
+    let works_here = match kmem_unsupported(k) {
+        None => "kheap record, leaks, top and slab work here",
+        Some(_) => {
+            "nor do record, top and leaks (Linux 5.10 or newer); `kheap slab` without -d works here"
+        }
+    };
     (!missing.is_empty()).then(|| {
         format!(
-            "malloc needs BPF features this kernel ({}) lacks: {}; kheap record, leaks, top and slab work here",
+            "malloc needs BPF features this kernel ({}) lacks: {}; {works_here}",
             kernel_release(),
             missing.join(", ")
         )
@@ -383,14 +419,19 @@ fn read_release() -> String {
 /// make every number wrong.
 fn check_btf_describes_this_kernel(path: &Path) -> Result<()> {
     let release = read_release();
-    let got = crate::kernel::btf_check::release_through(path)
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "the BTF in {} does not describe this kernel ({release}): reading the kernel through it failed ({}); give the BTF of {release}",
-                path.display(),
-                format!("{e:#}").replace('\n', " ")
-            )
-        })?;
+    let one_line = |e: &anyhow::Error| format!("{e:#}").replace('\n', " ");
+    let got = crate::kernel::btf_check::release_through(path).map_err(|failed| match failed {
+        CheckFailed::Load(e) => anyhow::anyhow!(
+            "the BTF in {} does not describe this kernel ({release}): reading the kernel through it failed ({}); give the BTF of {release}",
+            path.display(),
+            one_line(&e)
+        ),
+        CheckFailed::Run(e) => anyhow::anyhow!(
+            "cannot check the BTF in {} against this kernel ({release}): the kernel would not run the check ({}; kernels before 5.10 cannot), and kheap's tracing needs Linux 5.10 or newer",
+            path.display(),
+            one_line(&e)
+        ),
+    })?;
     if got != release {
         bail!(
             "the BTF in {} is another kernel's: read through it, this kernel's release ({release}) comes out as {got:?}; give the BTF of {release}",
@@ -549,6 +590,46 @@ impl Drop for Tracefs {
 mod tests {
     use super::*;
 
+    /// A kernel with BTF of its own and these helpers and map types.
+    fn kernel_with(helpers: &[&str], map_types: &[&str]) -> KernelBtf {
+        KernelBtf {
+            helpers: helpers.iter().map(|h| h.to_string()).collect(),
+            map_types: map_types.iter().map(|m| m.to_string()).collect(),
+            typed_programs: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_kernel_before_5_5_is_refused_in_one_line_that_says_what_works() {
+        // Ubuntu 20.04's 5.4: BTF, but neither 5.5 helper.
+        let old = kernel_with(&["probe_read", "get_stack", "ringbuf_output"], &["hash"]);
+        let why = kmem_unsupported(&old).unwrap();
+        assert!(
+            why.contains("needs: bpf_probe_read_kernel (5.5), bpf_jiffies64 (5.5); record, top, leaks, slab -d and serve need Linux 5.10 or newer")
+                && why.contains("`kheap slab` without -d"),
+            "{why}"
+        );
+        assert_eq!(why.lines().count(), 1, "{why}");
+        // malloc's line does not say that record works where it does not.
+        let malloc = malloc_unsupported(&old).unwrap();
+        assert!(
+            !malloc.contains("record, leaks, top and slab work here"),
+            "{malloc}"
+        );
+        assert!(malloc.contains("nor do record, top and leaks"), "{malloc}");
+
+        // 5.10: kernel tracing runs; malloc lacks 5.11-5.17's features.
+        let debian11 = kernel_with(&["probe_read_kernel", "jiffies64"], &["hash"]);
+        assert_eq!(kmem_unsupported(&debian11), None);
+        let malloc = malloc_unsupported(&debian11).unwrap();
+        assert!(
+            malloc.contains("task storage maps (5.11)")
+                && malloc.ends_with("kheap record, leaks, top and slab work here"),
+            "{malloc}"
+        );
+    }
+
     #[test]
     fn this_kernels_btf_names_the_kmem_tracepoints() {
         // Reading BTF needs no privileges; skip loudly where there is none.
@@ -558,6 +639,7 @@ mod tests {
         }
         let k = kernel_btf().unwrap();
         assert!(k.btf_tracepoints.iter().any(|t| t == "kmalloc"), "{k:?}");
+        assert_eq!(kmem_unsupported(k), None, "{:?}", k.helpers);
         assert_eq!(k.gfp_account_mask.count_ones(), 1);
     }
 }

@@ -31,6 +31,9 @@ impl<'obj> Tracer<'obj> {
         lat_starts: Option<BorrowedFd<'_>>,
     ) -> Result<Tracer<'obj>> {
         let kbtf = features::kernel_btf()?;
+        if let Some(why) = features::kmem_unsupported(kbtf) {
+            bail!(why);
+        }
         let mut slots = storage.slots();
         let table = cfg.live.is_some() && full_object_fits();
         let (mut tracer, refused) = attach::start_first(cfg.attach, |mech| {
