@@ -111,17 +111,7 @@ KHEAP_BRACKET(call_function_single_entry_raw, bracket_open,
 /* Whether a kernel stack address is off the current task's stack. */
 static __always_inline bool off_task_stack(__u64 at)
 {
-	__u64 lo;
-
-	if (cfg.task_btf) {
-		lo = (__u64)bpf_get_current_task_btf()->stack;
-	} else {
-		struct task_struct *t = (void *)bpf_get_current_task();
-
-		lo = (__u64)BPF_CORE_READ(t, stack);
-	}
-
-	return at < lo || at >= lo + KHEAP_THREAD_SIZE;
+	return !on_task_stack(at, task_stack_base(cfg.task_btf));
 }
 
 /* A classic tracepoint's record: before it runs the program,

@@ -42,7 +42,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile struct kheap_config cfg = {};
 
-/* Whether an event ran in interrupt context (reads cfg). */
+/* The task's kernel stack, and whether an event ran in interrupt context
+ * (reads cfg). */
+#include "task_stack.bpf.h"
 #include "interrupt_context.bpf.h"
 
 /* Written by the `clock` program, which user space runs on demand. */

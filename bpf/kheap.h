@@ -123,10 +123,6 @@ struct site_slot {
  * no process's, and above every tgid (PID_MAX_LIMIT is 2^22). */
 #define KHEAP_INTERRUPT_TGID 0xFFFFFFFFu
 
-/* x86-64 THREAD_SIZE, a task's kernel stack (16 KiB; 32 KiB only with
- * KASAN, not in distribution kernels). */
-#define KHEAP_THREAD_SIZE (16 * 1024)
-
 struct stack_key {
 	struct site_key site;
 	/* hash of the frames (stack_store.bpf.h), > 0 */

@@ -17,6 +17,7 @@
 #include "maps.bpf.h"
 #include "kheap.h"
 #include "lat_starts.bpf.h"
+#include "task_stack.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -141,17 +142,15 @@ static __always_inline __u64 caller_from_stack(void *ctx)
 
 static __always_inline __u64 caller_from_trampoline(void *ctx)
 {
-	struct task_struct *task = (void *)bpf_get_current_task();
 	__u64 func = bpf_get_func_ip(ctx);
-	__u64 stack = (__u64)BPF_CORE_READ(task, stack);
+	__u64 stack = task_stack_base(false);
 	__u64 slots[TRAMPOLINE_SLOTS] = {};
 
 	if (bpf_probe_read_kernel(slots, sizeof(slots), ctx))
 		return caller_from_stack(ctx);
 #pragma unroll
 	for (int i = 1; i < TRAMPOLINE_SLOTS - 1; i++) {
-		if (slots[i] - func < 16 &&
-		    slots[i - 1] - stack < KHEAP_THREAD_SIZE)
+		if (slots[i] - func < 16 && on_task_stack(slots[i - 1], stack))
 			return slots[i + 1];
 	}
 	return caller_from_stack(ctx);
