@@ -7,6 +7,7 @@
 #ifndef KHEAP_ALLOC_STATS_BPF_H
 #define KHEAP_ALLOC_STATS_BPF_H
 
+/* Adds an event to this CPU's own entry (a per-CPU slot). */
 static __always_inline void stats_add(struct alloc_stats *s, __u64 req,
 				      __u64 alloc, __u32 bucket)
 {
@@ -14,6 +15,16 @@ static __always_inline void stats_add(struct alloc_stats *s, __u64 req,
 	s->bytes_req += req;
 	s->bytes_alloc += alloc;
 	s->hist[hist_index(bucket)]++;
+}
+
+/* Adds an event to an entry every CPU adds to (a shared hash entry). */
+static __always_inline void stats_add_shared(struct alloc_stats *s, __u64 req,
+					     __u64 alloc, __u32 bucket)
+{
+	SHARED_ADD(s->count, 1);
+	SHARED_ADD(s->bytes_req, req);
+	SHARED_ADD(s->bytes_alloc, alloc);
+	SHARED_ADD(s->hist[hist_index(bucket)], 1);
 }
 
 /* A zeroed value to insert new hash entries from (too big for the stack). */
@@ -39,7 +50,8 @@ static __always_inline struct alloc_stats *stats_entry(void *map, void *key,
 	return s;
 }
 
-/* Adds to the entry of `key`, made if missing. False: the map is full. */
+/* Adds to the entry of `key` in a shared map, made if missing. False: the
+ * map is full. */
 static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
 					 __u64 alloc, __u32 bucket,
 					 bool *created)
@@ -48,7 +60,7 @@ static __always_inline bool upsert_stats(void *map, void *key, __u64 req,
 
 	if (!s)
 		return false;
-	stats_add(s, req, alloc, bucket);
+	stats_add_shared(s, req, alloc, bucket);
 	return true;
 }
 

@@ -2,10 +2,10 @@
 /*
  * What record, top and slab count per event (kheap.bpf.c's count_alloc and
  * count_free, and the process, cgroup and stack entries they update): one
- * per-CPU update of the event's site on the default path, the rest only
- * where a load-time constant in `cfg` asks for it. Stacks are also what
- * leaks samples (record_stack). Part of kheap.bpf.c: include it there after
- * its maps, `cfg`, COUNT() and remember_cache_name().
+ * update of the event's site on the default path (its slot on this CPU),
+ * the rest only where a load-time constant in `cfg` asks for it. Stacks are
+ * also what leaks samples (record_stack). Part of kheap.bpf.c: include it there
+ * after its maps, `cfg`, COUNT() and remember_cache_name().
  */
 #ifndef KHEAP_EVENT_COUNTS_BPF_H
 #define KHEAP_EVENT_COUNTS_BPF_H
@@ -130,7 +130,7 @@ static __always_inline __s64 record_stack(void *ctx, bool classic,
 			return 0;
 		}
 	}
-	stats_add(s, req, alloc, bucket);
+	stats_add_shared(s, req, alloc, bucket);
 	COUNT(stack_samples);
 	if (created) {
 		COUNT(stacks_created);

@@ -4,12 +4,14 @@
  * every kmem subcommand; user space picks the mode before load (cfg, read-only
  * data, so the verifier drops what a run does not use):
  *
- * - record, top, slab: every traced allocation updates one per-CPU hash entry
- *   keyed by (call site, cache): exact counts, requested and allocated bytes
- *   and a log2 histogram of requested sizes. Kernel stacks are costly (2-4 us
- *   each on an ORC kernel), so by default only a random sample of events
- *   captures one; user space scales the sampled stacks to the exact per-site
- *   totals. Frees are counted per cache (event_counts.bpf.h).
+ * - record, top, slab: every traced allocation updates one entry keyed by
+ *   (call site, cache), this CPU's slot of the site or else the site's entry
+ *   in a hash all CPUs share (site_slots.bpf.h): exact counts, requested
+ *   and allocated bytes and a log2 histogram of requested sizes. Kernel
+ *   stacks are costly (2-4 us each on an ORC kernel), so by default only a
+ *   random sample of events captures one; user space scales the sampled
+ *   stacks to the exact per-site totals. Frees are counted per cache
+ * (event_counts.bpf.h).
  * - leaks (cfg.track_live): every traced allocation is also remembered by
  *   address in `live` (a plain hash: the free may run on another CPU) with
  *   its site, stack, sizes, time and process; every free of a remembered
@@ -50,19 +52,23 @@ const volatile struct kheap_config cfg = {};
 /* Written by the `clock` program, which user space runs on demand. */
 struct clock_sample clock_now = {};
 
-KHEAP_PERCPU_HASH(sites, struct site_key, struct alloc_stats, 8192);
+/* The maps keyed by what is traced are shared by all CPUs (SHARED_ADD): a
+ * site's hot events are counted in this CPU's slot first (site_slots.bpf.h). */
+KHEAP_HASH(sites, struct site_key, struct alloc_stats, 8192);
 
-KHEAP_PERCPU_HASH(stacks, struct stack_key, struct alloc_stats, 8192);
+KHEAP_HASH(stacks, struct stack_key, struct alloc_stats, 8192);
 
 /* Per process (tgid); only updated when the report is grouped by process. */
-KHEAP_PERCPU_HASH(procs, __u32, struct alloc_stats, 4096);
+KHEAP_HASH(procs, __u32, struct alloc_stats, 4096);
 
 KHEAP_HASH(proc_comms, __u32, struct proc_info, 4096);
 
 /* Per cgroup, accounted or not, and the interrupt row; only updated when
  * the report is grouped by cgroup. */
-KHEAP_PERCPU_HASH(cgroups, struct cgroup_key, struct alloc_stats, 4096);
+KHEAP_HASH(cgroups, struct cgroup_key, struct alloc_stats, 4096);
 
+/* Per CPU: every free of a named cache adds here, and the values are 8
+ * bytes (16 KiB a CPU at 2048 caches). */
 KHEAP_PERCPU_HASH(cache_frees, __u64, struct cache_frees, 2048);
 
 /* Written once per cache, when a cache is first seen, off the hot path. */

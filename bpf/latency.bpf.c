@@ -21,7 +21,7 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-KHEAP_PERCPU_HASH(latencies, struct lat_key, struct lat_stats, 8192);
+KHEAP_HASH(latencies, struct lat_key, struct lat_stats, 8192);
 
 KHEAP_PERCPU_SLOT(lat_counters, struct lat_counters);
 
@@ -102,9 +102,9 @@ static __always_inline void on_exit(void)
 			return;
 		}
 	}
-	st->count++;
-	st->total_ns += delta;
-	st->hist[hist_index(size_bucket(delta))]++;
+	SHARED_ADD(st->count, 1);
+	SHARED_ADD(st->total_ns, delta);
+	SHARED_ADD(st->hist[hist_index(size_bucket(delta))], 1);
 }
 
 /* The caller of the timed function, from the stack: the frame after the

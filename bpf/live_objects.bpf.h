@@ -38,7 +38,7 @@ __u64 live_spilled;
 
 /* leaks: same keys as `sites`; only on the rare path of an address reused
  * while tracked. */
-KHEAP_PERCPU_HASH(unseen, struct site_key, struct site_unseen, 8192);
+KHEAP_HASH(unseen, struct site_key, struct site_unseen, 8192);
 
 static const struct site_unseen zero_unseen;
 
@@ -221,8 +221,8 @@ static __always_inline void add_unseen(const struct live_obj *o)
 			return;
 		}
 	}
-	u->count++;
-	u->bytes_alloc += o->bytes_alloc;
+	SHARED_ADD(u->count, 1);
+	SHARED_ADD(u->bytes_alloc, o->bytes_alloc);
 }
 
 /* leaks: remembers the object by address, then counts it under its site. */

@@ -34,7 +34,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile struct malloc_config cfg = {};
 
-KHEAP_PERCPU_HASH(sites, struct malloc_key, struct malloc_stats, 16384);
+KHEAP_HASH(sites, struct malloc_key, struct malloc_stats, 16384);
 
 /* Blocks allocated while tracing and not freed yet (cfg.track_live). */
 KHEAP_HASH(live, struct live_key, struct live_alloc, 262144);
@@ -249,9 +249,9 @@ on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
 		if (created)
 			COUNT(sites_created);
 		bucket = size_bucket(size);
-		s->count++;
-		s->bytes += size;
-		s->hist[hist_index(bucket)]++;
+		SHARED_ADD(s->count, 1);
+		SHARED_ADD(s->bytes, size);
+		SHARED_ADD(s->hist[hist_index(bucket)], 1);
 		if (created && frames) {
 			/* the frames of a failed capture are stale: keep
 			 * none */

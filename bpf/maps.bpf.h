@@ -32,4 +32,15 @@
 #define KHEAP_PERCPU_SLOT(name, value_type) \
 	KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, name, __u32, value_type, 1)
 
+/*
+ * Adds to a value of a map that every CPU writes (a plain hash, not a
+ * per-CPU one): one locked add. Per-CPU hashes cost one value per possible
+ * CPU for every entry (281 MiB for 8192 histograms on 128 CPUs), so the
+ * maps keyed by what is traced are shared, and only small fronts and
+ * counters stay per CPU (docs/design/kernel.md, "Kernel memory"). The
+ * result is never used, so clang emits BPF's plain atomic add (BPF_XADD),
+ * which every kernel kheap runs on accepts, not a fetching one (5.12).
+ */
+#define SHARED_ADD(lvalue, n) ((void)__sync_fetch_and_add(&(lvalue), (n)))
+
 #endif /* KHEAP_MAPS_BPF_H */

@@ -198,7 +198,7 @@ static __always_inline bool count_site(const struct site_key *key, __u64 req,
 		if (!s)
 			return false;
 	}
-	stats_add(s, req, alloc, bucket);
+	stats_add_shared(s, req, alloc, bucket);
 	if (new_entry) {
 		COUNT(sites_created);
 		if (created)

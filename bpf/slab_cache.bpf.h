@@ -194,6 +194,12 @@ struct kmalloc_memo {
 #define KHEAP_KMALLOC_MEMO_SLOTS 1024
 #define KHEAP_KMALLOC_MEMO_USES	 4096
 
+/* Slots per CPU, minus one: a power of two up to KHEAP_KMALLOC_MEMO_SLOTS,
+ * fewer on machines of many CPUs (user space sizes the map to match before
+ * load, src/kernel/kmem/config.rs), so that the memo's memory does not grow
+ * with the CPU count. */
+const volatile __u32 kmalloc_memo_mask = KHEAP_KMALLOC_MEMO_SLOTS - 1;
+
 KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, kmalloc_memo, __u32, struct kmalloc_memo,
 	  KHEAP_KMALLOC_MEMO_SLOTS);
 
@@ -207,10 +213,11 @@ KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, kmalloc_memo, __u32, struct kmalloc_memo,
 
 /* The memo's table index of a call site. Fibonacci hashing: call sites are
  * byte addresses, so the top bits of the product spread them over the
- * slots. */
+ * slots (the mask keeps the lowest of those ten bits where there are fewer
+ * slots). */
 static __always_inline __u32 kmalloc_memo_index(__u64 call_site)
 {
-	return (call_site * 0x9e3779b97f4a7c15ULL) >> 54;
+	return ((call_site * 0x9e3779b97f4a7c15ULL) >> 54) & kmalloc_memo_mask;
 }
 
 /* The cache of a kmalloc event's object (see above). *stale: the slot's

@@ -9,6 +9,7 @@
 pub mod backing;
 pub mod identity;
 pub mod kallsyms;
+pub mod kernel_memory;
 pub mod live;
 pub mod progress;
 pub mod slab_loss;

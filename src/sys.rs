@@ -22,6 +22,13 @@ pub fn page_size() -> u64 {
     }
 }
 
+/// MemAvailable of /proc/meminfo in bytes.
+pub fn mem_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?;
+    Some(kib.split_whitespace().next()?.parse::<u64>().ok()? * 1024)
+}
+
 /// Where a kernel built with CONFIG_DEBUG_INFO_BTF exposes its BTF.
 pub const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 

@@ -239,8 +239,96 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
         "leaks keeps objects in",
         leaks_object_store(privileged.is_ok()),
     );
+    for (mode, memory) in kernel_memory_rows() {
+        row(&format!("kernel memory: {mode}"), memory);
+    }
     println!("{}", render(t));
     Ok(0)
+}
+
+/// The kernel memory each mode's maps take on this machine, with default
+/// flags, as the kernel counts it (`model::kernel_memory`), against
+/// kheap's budget: measured from the objects as they would load, without
+/// loading them.
+fn kernel_memory_rows() -> Vec<(&'static str, String)> {
+    use crate::kernel::kmem::{self, Config, LiveConfig};
+    use crate::model::human_size;
+    // What record asks for: sampled stacks keyed by who made them.
+    let record = Config {
+        stack_owners: true,
+        ..Config::default()
+    };
+    let leaks = Config {
+        live: Some(LiveConfig::default()),
+        ..record.clone()
+    };
+    let modes: [(&str, Config, bool); 5] = [
+        ("record, top, slab -d, serve", record.clone(), false),
+        (
+            "  with --by process",
+            Config {
+                by_process: true,
+                ..record.clone()
+            },
+            false,
+        ),
+        (
+            "  with --by cgroup",
+            Config {
+                by_cgroup: true,
+                ..record.clone()
+            },
+            false,
+        ),
+        ("  with --latency", record.clone(), true),
+        ("leaks", leaks, false),
+    ];
+    let line = |total: u64, cpus: u32, budget: u64, apart: Option<String>| {
+        let mut line = format!(
+            "{} on {cpus} possible CPUs (budget {})",
+            human_size(total),
+            human_size(budget)
+        );
+        if let Some(apart) = apart {
+            line.push_str(&format!(", and {apart}"));
+        }
+        line
+    };
+    let mut rows = Vec::new();
+    for (mode, cfg, latency) in modes {
+        let memory = match kmem::footprint(&cfg, latency) {
+            Ok(f) => line(
+                f.total,
+                f.cpus,
+                kmem::budget(&cfg, f.cpus).bytes,
+                cfg.live.map(|l| {
+                    format!(
+                        "{} for the object store (--max-objects {})",
+                        human_size(f.apart),
+                        l.max_objects
+                    )
+                }),
+            ),
+            Err(e) => format!("unknown: {e:#}"),
+        };
+        rows.push((mode, memory));
+    }
+    let malloc =
+        crate::kernel::malloc::footprint(false, 1, crate::kernel::user_stack::DEFAULT_SAMPLE_EVERY);
+    let memory = match malloc {
+        Ok(f) => line(
+            f.total,
+            f.cpus,
+            crate::kernel::malloc::budget(f.cpus).bytes,
+            Some(format!(
+                "{} for the stack-copy ring (more with --exact-stacks)",
+                human_size(f.apart)
+            )),
+        ),
+        Err(e) => format!("unknown: {e:#}"),
+    };
+    rows.push(("malloc", memory));
+    rows
 }
 
 /// Where `kheap leaks` keeps the objects it tracks on this kernel

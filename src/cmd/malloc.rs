@@ -143,10 +143,6 @@ fn preload_for(args: &MallocArgs, cgroups: usize) -> Result<Option<PreloadLibrar
 /// then.
 const SCAN_EVERY: Duration = Duration::from_millis(100);
 
-/// By default, about one call in this many (and each row's first) sends a
-/// copy of its stack to be unwound.
-const UNWIND_SAMPLE_EVERY: u32 = 1024;
-
 fn parse_budget(s: &str) -> Result<Budget, String> {
     budget::parse(s, false)
 }
@@ -234,7 +230,8 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         args.outstanding,
         args.max_outstanding,
         args.probes_at_entry,
-        args.stacks.sample_every(UNWIND_SAMPLE_EVERY),
+        args.stacks
+            .sample_every(crate::kernel::user_stack::DEFAULT_SAMPLE_EVERY),
     )?;
     // Stack copies are unwound as they come, while their processes (and
     // so their mappings) are still there.

@@ -18,6 +18,8 @@ use crate::sys::{kernel_has_own_btf, KERNEL_BTF};
 
 const CAP_PERFMON: u32 = 38;
 const CAP_BPF: u32 = 39;
+/// Raising resource limits beyond their hard limit (RLIMIT_MEMLOCK).
+pub const CAP_SYS_RESOURCE: u32 = 24;
 
 /// A BTF file given with `--btf`, set before the kernel is first probed.
 static BTF_FILE: OnceLock<PathBuf> = OnceLock::new();
@@ -102,6 +104,11 @@ pub fn check_privileges(command: &str) -> Result<()> {
     bail!(
         "kheap {command} needs root (or CAP_BPF and CAP_PERFMON) to load BPF programs: run it with sudo"
     )
+}
+
+/// Whether this process has `cap` in its effective set.
+pub fn has_capability(cap: u32) -> bool {
+    effective_caps().is_some_and(|caps| caps & (1u64 << cap) != 0)
 }
 
 fn effective_caps() -> Option<u64> {
@@ -476,7 +483,7 @@ pub fn hash_lookup_and_delete() -> bool {
             return true;
         }
         !matches!(
-            crate::kernel::maps::take_percpu::<u64, _>(&map, &key),
+            crate::kernel::maps::take_counts::<u64, _>(&map, &key),
             Err(e) if e
                 .root_cause()
                 .downcast_ref::<std::io::Error>()

@@ -27,6 +27,17 @@ impl_sum!(types::lat_counters {
     nested
 });
 
+/// The latency object's maps as it loads them (`--latency`), for the
+/// kernel-memory budget (`kmem::budget`).
+pub fn map_shapes() -> Result<Vec<crate::model::kernel_memory::MapShape>> {
+    let mut slot = std::mem::MaybeUninit::uninit();
+    let open = crate::kernel::features::open_skel(LatencySkelBuilder::default(), &mut slot)?;
+    Ok(crate::kernel::footprint::map_shapes(
+        open.open_object(),
+        &[],
+    ))
+}
+
 /// Why `--latency` cannot run on this kernel, if it cannot: both
 /// mechanisms' programs read the probed function's address with
 /// bpf_get_func_ip.
@@ -184,7 +195,7 @@ impl<'obj> LatencySession<'obj> {
 
     pub fn read(&self) -> Result<LatencyData> {
         let m = &self.skel.maps;
-        let entries = maps::read_percpu_hash::<types::lat_key, types::lat_stats, _>(&m.latencies)?
+        let entries = maps::read_counts::<types::lat_key, types::lat_stats, _>(&m.latencies)?
             .into_iter()
             .map(|(k, v)| LatencyEntry {
                 call_site: k.call_site,

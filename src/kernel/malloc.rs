@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::OpenSkel;
 use libbpf_rs::{Link, MapCore, MapFlags, UprobeOpts};
 
-use crate::kernel::malloc_skel::{types, MallocSkel, MallocSkelBuilder};
+use crate::kernel::malloc_skel::{types, MallocSkel, MallocSkelBuilder, OpenMallocSkel};
 use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes};
 use crate::kernel::storage::ObjectStorage;
@@ -62,6 +62,52 @@ pub struct MallocSession<'obj> {
     preload: Option<(u32, u64)>,
 }
 
+/// Stated apart from the budget: the outstanding-block store, which
+/// `--max-outstanding` sizes (as leaks' object store), and the ring the
+/// stack copies travel through to be unwound (16 MiB; 128 MiB with
+/// --exact-stacks, `user_stack.rs` says why).
+pub const APART: [&str; 2] = ["live", "user_stacks"];
+
+/// malloc's budget on `cpus` possible CPUs: the counting modes'.
+pub fn budget(cpus: u32) -> crate::model::kernel_memory::Budget {
+    crate::model::kernel_memory::Budget::new(crate::model::kernel_memory::COUNTING_BASE, cpus)
+}
+
+/// Sizes the maps and the stack ring for a run (`start`, and `footprint`
+/// before anything loads).
+fn size_maps(
+    open: &mut OpenMallocSkel<'_>,
+    track_live: bool,
+    max_live: u32,
+    stack_sample_every: u32,
+) -> Result<()> {
+    // The block map is preallocated (~60 bytes a block): keep a token
+    // entry when it is not used.
+    open.maps
+        .live
+        .set_max_entries(if track_live { max_live } else { 1 })
+        .context("sizing the outstanding-block map")?;
+    crate::kernel::user_stack::configure(open, stack_sample_every)
+}
+
+/// The kernel memory a malloc run of these settings takes on this machine
+/// (what `APART` names apart).
+pub fn footprint(
+    track_live: bool,
+    max_live: u32,
+    stack_sample_every: u32,
+) -> Result<crate::model::kernel_memory::Footprint> {
+    let mut slot = std::mem::MaybeUninit::uninit();
+    let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), &mut slot)?;
+    size_maps(&mut open, track_live, max_live, stack_sample_every)?;
+    let shapes = crate::kernel::footprint::map_shapes(open.open_object(), &[]);
+    Ok(crate::model::kernel_memory::Footprint::of(
+        &shapes,
+        crate::kernel::footprint::possible_cpus()?,
+        &APART,
+    ))
+}
+
 impl<'obj> MallocSession<'obj> {
     /// Loads the programs, fills the PID filter and starts following forks.
     /// No library is probed yet: see `probe_library`.
@@ -97,13 +143,7 @@ impl<'obj> MallocSession<'obj> {
             .expect("the BPF object has read-only data");
         rodata.cfg.track_live = track_live as u8;
         rodata.cfg.cgroups = u8::from(!cgroups.is_empty());
-        // The block map is preallocated (~60 bytes a block): keep a token
-        // entry when it is not used.
-        open.maps
-            .live
-            .set_max_entries(if track_live { max_live } else { 1 })
-            .context("sizing the outstanding-block map")?;
-        crate::kernel::user_stack::configure(&mut open, stack_sample_every)?;
+        size_maps(&mut open, track_live, max_live, stack_sample_every)?;
         let skel = open
             .load()
             .context("loading the BPF programs into the kernel")?;
@@ -369,8 +409,7 @@ impl<'obj> MallocSession<'obj> {
     pub fn snapshot(&self) -> Result<Snapshot> {
         let m = &self.skel.maps;
         let mut snap = Snapshot::default();
-        for (k, v) in maps::read_percpu_hash::<types::malloc_key, types::malloc_stats, _>(&m.sites)?
-        {
+        for (k, v) in maps::read_counts::<types::malloc_key, types::malloc_stats, _>(&m.sites)? {
             let key = Key::from(&k);
             if key.stack_id >= 0 && !snap.stacks.contains_key(&key.stack_id) {
                 if let Some(frames) =

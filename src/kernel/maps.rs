@@ -105,61 +105,72 @@ fn visit_batched<M: MapCore>(
 /// Every key of a hash map, listed before the caller deletes any (deleting
 /// during a get-next-key walk restarts it). Batched where the kernel can.
 pub fn keys<M: MapCore>(map: &M) -> Result<Vec<Vec<u8>>> {
-    let len = if map.map_type().is_percpu() {
-        percpu_value_len(map)?.1
-    } else {
-        map.value_size() as usize
-    };
+    let len = value_layout(map)?.1;
     Ok(match lookup_all_batched(map, len)? {
         Some(entries) => entries.into_iter().map(|(k, _)| k).collect(),
         None => map.keys().collect(),
     })
 }
 
-/// Bytes the kernel uses per value of a per-CPU map: one 8-byte-aligned
-/// value per possible CPU.
-fn percpu_value_len<M: MapCore>(map: &M) -> Result<(usize, usize)> {
+/// How the kernel lays out one value of a map for user space: (bytes of
+/// one CPU's value, bytes in all). A per-CPU map has one 8-byte-aligned
+/// value per possible CPU; a shared map one value.
+fn value_layout<M: MapCore>(map: &M) -> Result<(usize, usize)> {
+    if !map.map_type().is_percpu() {
+        let len = map.value_size() as usize;
+        return Ok((len, len));
+    }
     let aligned = (map.value_size() as usize).div_ceil(8) * 8;
     Ok((aligned, aligned * libbpf_rs::num_possible_cpus()?))
 }
 
-/// Splits one per-CPU value into its CPUs' values.
-fn split_per_cpu<M: MapCore>(map: &M, bytes: &[u8], aligned: usize) -> Vec<Vec<u8>> {
-    bytes
-        .chunks_exact(aligned)
-        .map(|c| c[..map.value_size() as usize].to_vec())
-        .collect()
+/// Sums a value as the kernel laid it out (`value_layout`): one CPU's
+/// value after another for a per-CPU map, the value itself for a shared
+/// one.
+fn sum_value<V, M>(map: &M, bytes: &[u8], aligned: usize) -> V
+where
+    M: MapCore,
+    V: plain::Plain + Default + Copy + AddAssign,
+{
+    let value_size = map.value_size() as usize;
+    let mut total = V::default();
+    for cpu in bytes.chunks_exact(aligned) {
+        total += from_bytes::<V>(&cpu[..value_size]);
+    }
+    total
 }
 
-/// Reads every entry of a per-CPU hash map, summing each value over CPUs.
-/// Entries deleted between listing and lookup are skipped.
-pub fn read_percpu_hash<K, V, M>(map: &M) -> Result<Vec<(K, V)>>
+/// Reads every entry of a hash map of counters, per-CPU (each value summed
+/// over CPUs) or shared alike. Entries deleted between listing and lookup
+/// are skipped.
+pub fn read_counts<K, V, M>(map: &M) -> Result<Vec<(K, V)>>
 where
     M: MapCore,
     K: plain::Plain + Default + Copy,
     V: plain::Plain + Default + Copy + AddAssign,
 {
-    let (aligned, len) = percpu_value_len(map)?;
+    let (aligned, len) = value_layout(map)?;
     if let Some(entries) = lookup_all_batched(map, len)? {
         return Ok(entries
             .into_iter()
-            .map(|(k, v)| {
-                (
-                    from_bytes::<K>(&k),
-                    sum_per_cpu::<V>(&split_per_cpu(map, &v, aligned)),
-                )
-            })
+            .map(|(k, v)| (from_bytes::<K>(&k), sum_value::<V, _>(map, &v, aligned)))
             .collect());
     }
     let mut out = Vec::new();
     for key in map.keys() {
-        let Some(per_cpu) = map
-            .lookup_percpu(&key, MapFlags::ANY)
-            .with_context(|| format!("reading BPF map {}", map.name().to_string_lossy()))?
+        let value = if map.map_type().is_percpu() {
+            map.lookup_percpu(&key, MapFlags::ANY)
+                .map(|v| v.map(|per_cpu| sum_per_cpu::<V>(&per_cpu)))
+        } else {
+            map.lookup(&key, MapFlags::ANY)
+                .map(|v| v.map(|bytes| from_bytes::<V>(&bytes)))
+        };
+        let Some(value) =
+            value.with_context(|| format!("reading BPF map {}", map.name().to_string_lossy()))?
         else {
             continue;
         };
-        out.push((from_bytes::<K>(&key), sum_per_cpu::<V>(&per_cpu)));
+        out.push((from_bytes::<K>(&key), value));
     }
     Ok(out)
 }
@@ -274,7 +285,7 @@ where
     M: MapCore,
     V: plain::Plain + Default + Copy,
 {
-    let (aligned, len) = percpu_value_len(map)?;
+    let (aligned, len) = value_layout(map)?;
     let value_size = map.value_size() as usize;
     let mut visit_cpus = |bytes: &[u8]| {
         for cpu in bytes.chunks_exact(aligned) {
@@ -381,17 +392,18 @@ pub fn read_stack<M: MapCore>(map: &M, key: &[u8]) -> Result<Option<Vec<u64>>> {
     ))
 }
 
-/// Deletes one entry of a per-CPU hash map and returns its value at the
-/// moment of deletion, summed over CPUs: read and delete are one syscall,
-/// so no event that lands in between is lost. `None` if the key was gone.
-pub fn take_percpu<V, M>(map: &M, key: &[u8]) -> Result<Option<V>>
+/// Deletes one entry of a hash map of counters (per-CPU or shared) and
+/// returns its value at the moment of deletion, summed over CPUs: read and
+/// delete are one syscall, so no event that lands in between is lost.
+/// `None` if the key was gone.
+pub fn take_counts<V, M>(map: &M, key: &[u8]) -> Result<Option<V>>
 where
     M: MapCore,
     V: plain::Plain + Default + Copy + AddAssign,
 {
     // libbpf-rs's lookup_and_delete sizes its buffer for one CPU; the
     // kernel writes one 8-byte-aligned value per possible CPU.
-    let (aligned, len) = percpu_value_len(map)?;
+    let (aligned, len) = value_layout(map)?;
     let mut buf = vec![0u8; len];
     let ret = unsafe {
         libbpf_sys::bpf_map_lookup_and_delete_elem(
@@ -412,5 +424,5 @@ where
             )
         });
     }
-    Ok(Some(sum_per_cpu(&split_per_cpu(map, &buf, aligned))))
+    Ok(Some(sum_value(map, &buf, aligned)))
 }

@@ -41,6 +41,7 @@ macro_rules! impl_sum {
 pub mod attach;
 pub mod btf_check;
 pub mod features;
+pub mod footprint;
 pub mod hooks;
 pub mod kmem;
 pub mod latency;

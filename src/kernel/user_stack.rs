@@ -11,6 +11,10 @@ use crate::kernel::malloc_skel::{types, OpenMallocSkel};
 use crate::kernel::maps;
 use crate::malloc::model::{Sample, UnwindEvents};
 
+/// By default, about one call in this many (and each row's first) sends a
+/// copy of its stack to be unwound.
+pub const DEFAULT_SAMPLE_EVERY: u32 = 1024;
+
 /// The ring buffer's size: about 1000 copies of 16 KiB waiting to be read.
 const RING_BYTES: u32 = 16 << 20;
 

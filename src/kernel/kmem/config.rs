@@ -4,6 +4,19 @@ use crate::model::Sources;
 
 use crate::kernel::attach::AttachMode;
 
+/// All CPUs' site slots together at most (bpf/site_slots.bpf.h): 8 MiB, a
+/// quarter of the default modes' kernel-memory budget at 128 CPUs
+/// (docs/design/kernel.md, "Kernel memory").
+pub const SITE_SLOTS_BYTES: u64 = 8 << 20;
+/// One slot: struct site_slot, checked against the generated type.
+pub const SITE_SLOT_BYTES: u64 = 304;
+/// All CPUs' kmalloc memos together at most (bpf/slab_cache.bpf.h): 2 MiB.
+pub const KMALLOC_MEMO_BYTES: u64 = 2 << 20;
+/// One memo entry: struct kmalloc_memo, checked against the generated type.
+pub const KMALLOC_MEMO_ENTRY_BYTES: u64 = 32;
+/// KHEAP_KMALLOC_MEMO_SLOTS: the memo's slots per CPU at most.
+pub const KMALLOC_MEMO_SLOTS: u32 = 1024;
+
 /// What a run traces and how.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -176,11 +189,26 @@ impl Config {
 
     /// Slots per CPU in front of the site map (bpf/site_slots.bpf.h): an
     /// eighth of `max_sites`, a power of two from 1 to 1024, so that
-    /// `--max-entries` bounds the memory of both.
-    pub(super) fn site_slots(&self) -> u32 {
+    /// `--max-entries` bounds the memory of both; and on a machine of many
+    /// possible CPUs, no more than [`SITE_SLOTS_BYTES`] in all, so that the
+    /// front's memory does not grow with the CPU count (1024 slots up to 26
+    /// CPUs, 128 at 128, 64 at 256; never fewer than 16 a CPU).
+    pub(super) fn site_slots(&self, cpus: u32) -> u32 {
         const MOST: u32 = 1024;
+        const FEWEST: u64 = 16;
         let eighth = (self.max_sites / 8).clamp(1, MOST);
-        1 << eighth.ilog2()
+        let fit = (SITE_SLOTS_BYTES / (u64::from(cpus.max(1)) * SITE_SLOT_BYTES)).max(FEWEST);
+        let slots = u64::from(eighth).min(fit) as u32;
+        1 << slots.ilog2()
+    }
+
+    /// Slots per CPU of the kmalloc memo (bpf/slab_cache.bpf.h): all 1024
+    /// up to 64 CPUs, then fewer, so that all CPUs' memos keep to
+    /// [`KMALLOC_MEMO_BYTES`] (512 at 128 CPUs, 256 at 256).
+    pub(super) fn kmalloc_memo_slots(cpus: u32) -> u32 {
+        let fit = KMALLOC_MEMO_BYTES / (u64::from(cpus.max(1)) * KMALLOC_MEMO_ENTRY_BYTES);
+        let slots = fit.clamp(16, u64::from(KMALLOC_MEMO_SLOTS)) as u32;
+        1 << slots.ilog2()
     }
 
     /// Every stack is captured and counted under its stack only; sites are
@@ -201,7 +229,7 @@ mod tests {
                 max_sites,
                 ..Config::default()
             }
-            .site_slots()
+            .site_slots(2)
         };
         assert_eq!(slots(8192), 1024);
         assert_eq!(slots(65536), 1024);
@@ -209,6 +237,33 @@ mod tests {
         assert_eq!(slots(16), 2);
         assert_eq!(slots(4), 1);
         assert_eq!(slots(1), 1);
+    }
+
+    #[test]
+    fn site_slots_keep_to_their_bytes_on_many_cpus() {
+        let slots = |cpus| Config::default().site_slots(cpus);
+        assert_eq!(slots(1), 1024);
+        assert_eq!(slots(26), 1024);
+        assert_eq!(slots(32), 512);
+        assert_eq!(slots(128), 128);
+        assert_eq!(slots(192), 128);
+        assert_eq!(slots(256), 64);
+        assert_eq!(slots(4096), 16);
+        for cpus in [2, 27, 64, 100, 128, 192, 256, 512] {
+            let bytes = u64::from(slots(cpus)) * u64::from(cpus) * SITE_SLOT_BYTES;
+            assert!(bytes <= SITE_SLOTS_BYTES, "{cpus} CPUs: {bytes}");
+            // A power of two no less than half of what fits.
+            assert!(bytes * 2 > SITE_SLOTS_BYTES.min(1024 * u64::from(cpus) * SITE_SLOT_BYTES));
+        }
+    }
+
+    #[test]
+    fn kmalloc_memos_keep_to_their_bytes_on_many_cpus() {
+        assert_eq!(Config::kmalloc_memo_slots(2), 1024);
+        assert_eq!(Config::kmalloc_memo_slots(64), 1024);
+        assert_eq!(Config::kmalloc_memo_slots(128), 512);
+        assert_eq!(Config::kmalloc_memo_slots(256), 256);
+        assert_eq!(Config::kmalloc_memo_slots(100_000), 16);
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! live objects of `leaks` (`live`), map keys as the model names them
 //! (`keys`) and the programs' run-time statistics (`stats`).
 
+mod budget;
 mod config;
 mod keys;
 mod labels;
@@ -21,7 +22,8 @@ mod stats;
 mod tracer;
 
 pub use crate::kernel::attach::AttachMode;
-pub use config::{Config, LiveConfig};
+pub use budget::{budget, footprint, footprint_at, OBJECT_STORE};
+pub use config::{Config, LiveConfig, KMALLOC_MEMO_ENTRY_BYTES, SITE_SLOT_BYTES};
 pub use keys::cache_id;
 pub use stats::enable_run_time_stats;
 pub use tracer::Tracer;

@@ -89,7 +89,7 @@ impl<'obj> Tracer<'obj> {
         let live = match self.cfg.live.filter(|_| with_live) {
             Some(lcfg) => {
                 let unseen =
-                    maps::read_percpu_hash::<types::site_key, types::site_unseen, _>(&m.unseen)?;
+                    maps::read_counts::<types::site_key, types::site_unseen, _>(&m.unseen)?;
                 let mut objects = Vec::new();
                 self.visit_live(&mut |o| objects.push(*o))?;
                 let now = self.clock()?;
@@ -111,7 +111,7 @@ impl<'obj> Tracer<'obj> {
         // new name can send that read through /sys/kernel/slab, slow
         // enough under emulation that counts read after it would end top's
         // interval late, or differ from the sites' by the events between.
-        let in_map = maps::read_percpu_hash::<types::site_key, types::alloc_stats, _>(&m.sites)?;
+        let in_map = maps::read_counts::<types::site_key, types::alloc_stats, _>(&m.sites)?;
         let mut in_slots = Vec::new();
         maps::visit_percpu_array::<types::site_slot, _>(&m.site_slots, &mut |slot| {
             if slot.stats.count > 0 {
@@ -119,12 +119,12 @@ impl<'obj> Tracer<'obj> {
             }
         })?;
         let procs = if self.cfg.by_process {
-            maps::read_percpu_hash::<u32, types::alloc_stats, _>(&m.procs)?
+            maps::read_counts::<u32, types::alloc_stats, _>(&m.procs)?
         } else {
             Vec::new()
         };
         let cgroups = if self.cfg.by_cgroup {
-            maps::read_percpu_hash::<types::cgroup_key, types::alloc_stats, _>(&m.cgroups)?
+            maps::read_counts::<types::cgroup_key, types::alloc_stats, _>(&m.cgroups)?
         } else {
             Vec::new()
         };
@@ -166,7 +166,7 @@ impl<'obj> Tracer<'obj> {
         }
         let sites_from_stacks = self.cfg.sites_from_stacks();
         let owners = self.cfg.stacks_by_owner();
-        let stacks = maps::read_percpu_hash::<types::stack_key, types::alloc_stats, _>(&m.stacks)?;
+        let stacks = maps::read_counts::<types::stack_key, types::alloc_stats, _>(&m.stacks)?;
         names.entries_copied();
         for (k, v) in stacks {
             let id = k.stack_id;
@@ -208,7 +208,7 @@ impl<'obj> Tracer<'obj> {
                 _ => None,
             })
             .collect();
-        for (cache, v) in maps::read_percpu_hash::<u64, types::cache_frees, _>(&m.cache_frees)? {
+        for (cache, v) in maps::read_counts::<u64, types::cache_frees, _>(&m.cache_frees)? {
             let row = free_row(cache, kfree_tags, &names, &kmalloc_rows);
             *snap.cache_frees.entry(row).or_default() += v.frees;
         }
@@ -336,7 +336,7 @@ impl<'obj> Tracer<'obj> {
         for raw in maps::keys(&m.sites)? {
             let k = names.site_key(&from_bytes::<types::site_key>(&raw));
             if sites.contains(&k) {
-                if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.sites, &raw)? {
+                if let Some(v) = maps::take_counts::<types::alloc_stats, _>(&m.sites, &raw)? {
                     *removed.sites.entry(k).or_default() += v.into();
                 }
             }
@@ -351,7 +351,7 @@ impl<'obj> Tracer<'obj> {
                 still_used.insert(sk.stack_id);
                 continue;
             }
-            if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.stacks, &raw)? {
+            if let Some(v) = maps::take_counts::<types::alloc_stats, _>(&m.stacks, &raw)? {
                 *removed.stacks.entry(k).or_default() += v.into();
             }
         }
@@ -372,7 +372,7 @@ impl<'obj> Tracer<'obj> {
 
         for &pid in &idle.procs {
             let key = pid.unwrap_or(INTERRUPT_TGID).to_ne_bytes();
-            if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.procs, &key)? {
+            if let Some(v) = maps::take_counts::<types::alloc_stats, _>(&m.procs, &key)? {
                 let comm = m
                     .proc_comms
                     .lookup(&key, MapFlags::ANY)?
@@ -387,7 +387,7 @@ impl<'obj> Tracer<'obj> {
         for raw in maps::keys(&m.cgroups)? {
             let k = cgroup_key(&from_bytes::<types::cgroup_key>(&raw));
             if cgroups.contains(&k) {
-                if let Some(v) = maps::take_percpu::<types::alloc_stats, _>(&m.cgroups, &raw)? {
+                if let Some(v) = maps::take_counts::<types::alloc_stats, _>(&m.cgroups, &raw)? {
                     *removed.cgroups.entry(k).or_default() += v.into();
                 }
             }
@@ -397,7 +397,7 @@ impl<'obj> Tracer<'obj> {
         for raw in maps::keys(&m.cache_frees)? {
             let id = names.cache_id(from_bytes::<u64>(&raw));
             if caches.contains(&id) {
-                if let Some(v) = maps::take_percpu::<types::cache_frees, _>(&m.cache_frees, &raw)? {
+                if let Some(v) = maps::take_counts::<types::cache_frees, _>(&m.cache_frees, &raw)? {
                     *removed.cache_frees.entry(id).or_default() += v.frees;
                 }
             }

@@ -10,6 +10,7 @@ use libbpf_rs::{MapCore, MapFlags, OpenObject, ProgramMut};
 
 use crate::kernel::attach::{self, Fallback, Hook, Mechanism, Role, HOOKS};
 use crate::kernel::features::{self, KernelBtf, Tracefs};
+use crate::kernel::footprint::possible_cpus;
 use crate::kernel::maps::MappedArray;
 use crate::kernel::skel::{full_object_fits, types, KheapSkelBuilder, OpenKheapSkel};
 use crate::kernel::storage::ObjectStorage;
@@ -34,6 +35,8 @@ impl<'obj> Tracer<'obj> {
         if let Some(why) = features::kmem_unsupported(kbtf) {
             bail!(why);
         }
+        // Refused before anything loads when the maps would not fit.
+        super::budget::check(cfg, lat_starts.is_some())?;
         let mut slots = storage.slots();
         let table = cfg.live.is_some() && full_object_fits();
         let (mut tracer, refused) = attach::start_first(cfg.attach, |mech| {
@@ -477,7 +480,9 @@ fn configure(
                 None => "the object's slab, named by the kernel (bpf_get_kmem_cache)".to_string(),
             }
         });
-    rodata.site_slot_mask = cfg.site_slots() - 1;
+    let cpus = possible_cpus()?;
+    rodata.site_slot_mask = cfg.site_slots(cpus) - 1;
+    rodata.kmalloc_memo_mask = Config::kmalloc_memo_slots(cpus) - 1;
     let c = &mut rodata.cfg;
     c.kfree_caches = u8::from(kfree_caches_traced(cfg, kbtf));
     if let Some(live) = cfg.live {
@@ -489,8 +494,24 @@ fn configure(
         c.latency_active = 1;
         open.maps.lat_starts.reuse_fd(fd)?;
     }
+    size_maps(open, cfg, live_store, cpus, lat_starts.is_some())?;
+    Ok(kmalloc_caches)
+}
+
+/// Sizes the maps for a run: the part of the configuration that decides
+/// the object's kernel memory (`footprint` reads it back before loading).
+pub(super) fn size_maps(
+    open: &mut OpenKheapSkel<'_>,
+    cfg: &Config,
+    live_store: LiveStore,
+    cpus: u32,
+    latency: bool,
+) -> Result<()> {
     open.maps.sites.set_max_entries(cfg.max_sites)?;
-    open.maps.site_slots.set_max_entries(cfg.site_slots())?;
+    open.maps.site_slots.set_max_entries(cfg.site_slots(cpus))?;
+    open.maps
+        .kmalloc_memo
+        .set_max_entries(Config::kmalloc_memo_slots(cpus))?;
     open.maps.stacks.set_max_entries(cfg.max_stacks)?;
     // Stacks are stored before they are counted, and top deletes idle ones:
     // room for twice the stacks kept.
@@ -523,7 +544,15 @@ fn configure(
     if !cfg.by_process && !cfg.stacks_by_owner() {
         open.maps.proc_comms.set_max_entries(1)?;
     }
-    Ok(kmalloc_caches)
+    // PIDs of -p and of a command and its children: none asked.
+    if cfg.pids.is_empty() && !cfg.follow_children {
+        open.maps.pid_filter.set_max_entries(1)?;
+    }
+    // Only --latency's programs fill it (then it is the latency object's).
+    if !latency {
+        open.maps.lat_starts.set_max_entries(1)?;
+    }
+    Ok(())
 }
 
 /// The hooks of a source beyond the slab, all of them or none: a source

@@ -1,0 +1,284 @@
+//! The kmem object's kernel memory for a configuration, and the check,
+//! before anything is loaded, that it keeps to kheap's budget on this
+//! machine (`model::kernel_memory`): the maps are sized from the
+//! configuration exactly as a run sizes them (`start::size_maps`), and
+//! measured as the kernel counts them.
+
+use std::mem::MaybeUninit;
+
+use anyhow::{bail, Result};
+use libbpf_rs::skel::OpenSkel;
+
+use crate::kernel::footprint::{map_shapes, possible_cpus};
+use crate::kernel::skel::{full_object_fits, KheapSkelBuilder, OpenKheapSkel};
+use crate::model::human_size;
+use crate::model::kernel_memory::{
+    largest_fitting, Budget, Footprint, TooBig, COUNTING_BASE, LEAKS_BASE,
+};
+
+use super::config::Config;
+use super::start::size_maps;
+
+/// leaks' object store: sized by `--max-objects` and stated apart from the
+/// budget.
+pub const OBJECT_STORE: [&str; 3] = ["live", "live_buckets", "live_slots"];
+
+/// Maps the kmem object borrows from the latency object (`--latency`).
+const FROM_LATENCY: [&str; 1] = ["lat_starts"];
+
+/// The budget of a configuration on `cpus` CPUs.
+pub fn budget(cfg: &Config, cpus: u32) -> Budget {
+    let fixed = match cfg.live {
+        Some(_) => LEAKS_BASE,
+        None => COUNTING_BASE,
+    };
+    Budget::new(fixed, cpus)
+}
+
+/// The kernel memory a run of `cfg` takes on this machine (with the
+/// latency object's maps when `latency`).
+pub fn footprint(cfg: &Config, latency: bool) -> Result<Footprint> {
+    footprint_at(cfg, latency, possible_cpus()?)
+}
+
+/// The same on a machine of `cpus` possible CPUs.
+pub fn footprint_at(cfg: &Config, latency: bool, cpus: u32) -> Result<Footprint> {
+    let mut slot = MaybeUninit::uninit();
+    let mut open = open_for_sizing(&mut slot)?;
+    measure(&mut open, cfg, cpus, latency)
+}
+
+fn open_for_sizing<'obj>(
+    slot: &'obj mut MaybeUninit<libbpf_rs::OpenObject>,
+) -> Result<OpenKheapSkel<'obj>> {
+    crate::kernel::features::open_skel(KheapSkelBuilder::default(), slot)
+}
+
+fn measure(
+    open: &mut OpenKheapSkel<'_>,
+    cfg: &Config,
+    cpus: u32,
+    latency: bool,
+) -> Result<Footprint> {
+    let table = cfg.live.is_some() && full_object_fits();
+    size_maps(open, cfg, cfg.live_store(table), cpus, latency)?;
+    let borrowed: &[&str] = if latency { &FROM_LATENCY } else { &[] };
+    let mut shapes = map_shapes(open.open_object(), borrowed);
+    if latency {
+        shapes.extend(crate::kernel::latency::map_shapes()?);
+    }
+    Ok(Footprint::of(&shapes, cpus, &OBJECT_STORE))
+}
+
+/// The footprint of `cfg`, or the one line that says why it does not fit
+/// and what would: the maps against kheap's budget (and RLIMIT_MEMLOCK
+/// where the kernel charges it), the object store against the memory
+/// available.
+pub fn check(cfg: &Config, latency: bool) -> Result<Footprint> {
+    let cpus = possible_cpus()?;
+    let mut slot = MaybeUninit::uninit();
+    let mut open = open_for_sizing(&mut slot)?;
+    let found = measure(&mut open, cfg, cpus, latency)?;
+    let budget = budget(cfg, cpus);
+    let memlock = memlock_limit();
+    let maps_limit = match memlock {
+        Some(m) if m < budget.bytes => (
+            m,
+            "RLIMIT_MEMLOCK, which this kernel charges BPF maps to".to_string(),
+        ),
+        _ => (
+            budget.bytes,
+            format!("kheap's budget on this {cpus}-CPU machine"),
+        ),
+    };
+    if found.total > maps_limit.0 {
+        let fits = largest_fitting(1, cfg.max_sites, |n| {
+            let smaller = Config {
+                max_sites: n,
+                max_stacks: n,
+                ..cfg.clone()
+            };
+            measure(&mut open, &smaller, cpus, latency).is_ok_and(|f| f.total <= maps_limit.0)
+        });
+        let too_big = TooBig {
+            needed: found.total,
+            limit: maps_limit.0,
+            what: maps_limit.1,
+        };
+        bail!(
+            "--max-entries {}: {too_big}; at most --max-entries {fits} fits here",
+            cfg.max_sites
+        );
+    }
+    if let Some(live) = cfg.live {
+        let store_limit = store_limit(memlock.map(|m| m.saturating_sub(found.total)));
+        if found.apart > store_limit.0 {
+            let fits = largest_fitting(1, live.max_objects, |n| {
+                let mut smaller = cfg.clone();
+                if let Some(l) = smaller.live.as_mut() {
+                    l.max_objects = n;
+                }
+                measure(&mut open, &smaller, cpus, latency).is_ok_and(|f| f.apart <= store_limit.0)
+            });
+            bail!(
+                "--max-objects {}: the object store would take {} of kernel memory, above {} ({}); at most --max-objects {fits} fits here",
+                live.max_objects,
+                human_size(found.apart),
+                human_size(store_limit.0),
+                store_limit.1
+            );
+        }
+    }
+    Ok(found)
+}
+
+/// What an object store may take: a quarter of the memory available now,
+/// and what RLIMIT_MEMLOCK leaves where the kernel charges it.
+fn store_limit(memlock_left: Option<u64>) -> (u64, String) {
+    let available = crate::sys::mem_available().unwrap_or(u64::MAX);
+    let quarter = (available / 4, "a quarter of MemAvailable".to_string());
+    match memlock_left {
+        Some(left) if left < quarter.0 => (left, "what RLIMIT_MEMLOCK leaves".into()),
+        _ => quarter,
+    }
+}
+
+/// RLIMIT_MEMLOCK where it limits BPF maps: kernels before 5.11 charge
+/// maps to it (later ones to the memory cgroup), and libbpf raises it to
+/// unlimited where it may (CAP_SYS_RESOURCE); otherwise its hard limit.
+fn memlock_limit() -> Option<u64> {
+    if !charges_memlock(&crate::kernel::features::kernel_release()) {
+        return None;
+    }
+    if crate::kernel::features::has_capability(crate::kernel::features::CAP_SYS_RESOURCE) {
+        return None;
+    }
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0
+        || lim.rlim_max == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    Some(lim.rlim_max)
+}
+
+/// Whether a kernel of this release charges BPF maps to RLIMIT_MEMLOCK
+/// (before 5.11).
+fn charges_memlock(release: &str) -> bool {
+    let mut parts = release
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) < (5, 11)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernels_before_5_11_charge_maps_to_memlock() {
+        assert!(charges_memlock("5.10.0-33-amd64"));
+        assert!(charges_memlock("5.4.0-216-generic"));
+        assert!(!charges_memlock("5.11.0"));
+        assert!(!charges_memlock("5.15.0-130-generic"));
+        assert!(!charges_memlock("6.18.0"));
+    }
+
+    /// Every mode's maps, as a run sizes them, keep to the budget from a
+    /// small machine to a 256-CPU one (the objects are opened, not loaded:
+    /// no root needed).
+    #[test]
+    fn every_mode_keeps_to_its_budget_on_any_cpu_count() {
+        let modes = [
+            (
+                "record",
+                Config {
+                    stack_owners: true,
+                    ..Config::default()
+                },
+                false,
+            ),
+            (
+                "by process",
+                Config {
+                    by_process: true,
+                    stack_owners: true,
+                    ..Config::default()
+                },
+                false,
+            ),
+            (
+                "by cgroup",
+                Config {
+                    by_cgroup: true,
+                    stack_owners: true,
+                    ..Config::default()
+                },
+                false,
+            ),
+            (
+                "latency",
+                Config {
+                    stack_owners: true,
+                    ..Config::default()
+                },
+                true,
+            ),
+            (
+                "leaks",
+                Config {
+                    live: Some(Default::default()),
+                    stack_owners: true,
+                    ..Config::default()
+                },
+                false,
+            ),
+            (
+                "leaks by cgroup",
+                Config {
+                    live: Some(Default::default()),
+                    by_cgroup: true,
+                    stack_owners: true,
+                    ..Config::default()
+                },
+                false,
+            ),
+        ];
+        for (name, cfg, latency) in modes {
+            let mut at = Vec::new();
+            for cpus in [1, 2, 32, 128, 192, 256] {
+                let f = footprint_at(&cfg, latency, cpus).unwrap();
+                let b = budget(&cfg, cpus);
+                assert!(
+                    f.total <= b.bytes,
+                    "{name} at {cpus} CPUs: {} > {}: {:?}",
+                    f.total,
+                    b.bytes,
+                    &f.maps[..8]
+                );
+                at.push(f.total);
+            }
+            // Something was measured: the histograms' maps alone are
+            // megabytes.
+            assert!(at[0] > 8 << 20, "{name}: {at:?}");
+            // What each CPU adds stays small (the site slots shrink as
+            // the CPUs grow).
+            assert!(at[5] - at[1] < 254 * (96 << 10), "{name}: {at:?}");
+        }
+    }
+
+    #[test]
+    fn leaks_gets_the_larger_budget() {
+        let leaks = Config {
+            live: Some(Default::default()),
+            ..Config::default()
+        };
+        assert_eq!(budget(&leaks, 128).bytes, 64 << 20);
+        assert_eq!(budget(&Config::default(), 128).bytes, 32 << 20);
+    }
+}
