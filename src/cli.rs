@@ -213,6 +213,10 @@ pub struct TraceArgs {
     /// Capacity of the per-site and per-stack maps
     #[arg(long, value_parser = parse_map_entries, default_value = DEFAULT_MAP_ENTRIES, value_name = "N")]
     pub max_entries: u32,
+    /// Kernel memory kheap's maps may take (default: 32M up to 128 CPUs,
+    /// 128K more a CPU beyond; leaks 64M, its object store apart)
+    #[arg(long, value_parser = parse_size, value_name = "SIZE")]
+    pub kernel_memory: Option<u64>,
     #[command(flatten)]
     pub source: SourceArgs,
 }

@@ -41,7 +41,9 @@ impl Kind {
             // `lost.recursion_misses`. 9: top's
             // `overhead.bpf_recursion_misses` removed, the same count as
             // `lost.recursion_misses` (record unchanged: they share a version).
-            Kind::Record | Kind::Top => 9,
+            // 10: `run.kernel_memory_bytes`, and top's
+            // `overhead.maps_read_ms`.
+            Kind::Record | Kind::Top => 10,
             // leaks 5: the page row of `leaks.accounting` compares every
             // page (`counted_elsewhere_bytes` added back, frees of pages
             // allocated before the run, `frees_untracked_bytes`, taken off)
@@ -51,13 +53,15 @@ impl Kind {
             // `processes` and `leaks.processes`, which is filled only where
             // every allocation's context is tested. 11:
             // `lost.recursion_misses`. 12: `leaks.recursion_misses` removed,
-            // the same count as `lost.recursion_misses`.
-            Kind::Leaks => 12,
+            // the same count as `lost.recursion_misses`. 13:
+            // `run.kernel_memory_bytes`.
+            Kind::Leaks => 13,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound
             // (frame_pointer, dwarf, unwind_samples), `lost.unwind_*`.
-            Kind::Malloc => 5,
+            // 5: `estimated` on stack rows; 6: `run.kernel_memory_bytes`.
+            Kind::Malloc => 6,
             Kind::Slab | Kind::Diff => SCHEMA_VERSION,
         }
     }

@@ -138,6 +138,13 @@ pub fn header(r: &Report) -> String {
         let _ = writeln!(s, "sources: {}", parts.join("; "));
     }
     let _ = writeln!(s, "attach: {}", r.run.attach.join(", "));
+    if r.run.kernel_memory_bytes > 0 {
+        let _ = writeln!(
+            s,
+            "kernel memory: {} in kheap's BPF maps",
+            human_size(r.run.kernel_memory_bytes)
+        );
+    }
     if !r.run.skipped.is_empty() {
         let _ = writeln!(s, "skipped: {}", r.run.skipped.join("; "));
     }

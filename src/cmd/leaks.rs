@@ -195,8 +195,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         "; Ctrl-C to stop, SIGUSR1 for a snapshot",
     )?;
     let syms = KernelSymbols::new(None);
-    let info_of =
-        |session: &Tracer| run_info(&session.attached, &session.skipped, &args.trace.filters);
+    let info_of = |session: &Tracer| run_info(session, &session.skipped, &args.trace.filters);
     let info = info_of(&session);
     let build = |snap: &mut Snapshot, kind: &str, duration_s: f64, run: RunInfo| {
         if let Some(l) = snap.leaks.as_mut() {

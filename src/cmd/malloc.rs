@@ -360,6 +360,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
                     .chain(cgroups.iter().map(|(c, _)| format!("cgroup {}", c.path)))
                     .collect(),
                 command: (!args.targets.command.is_empty()).then(|| args.targets.command.join(" ")),
+                kernel_memory_bytes: session.kernel_memory,
             },
             probes: preload
                 .iter()

@@ -150,7 +150,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     if let Some(cmd) = &targets.command {
         name_command_process(&mut snap, cmd);
     }
-    let run = run_info(&session.attached, &session.skipped, &args.trace.filters);
+    let run = run_info(&session, &session.skipped, &args.trace.filters);
     drop(session);
     let latency_data = latency.map(|l| l.read()).transpose()?;
 

@@ -110,7 +110,7 @@ pub fn run(mut args: TopArgs) -> Result<i32> {
     let mut skipped = session.skipped.clone();
     let (idle_intervals, kept) = features::idle_intervals_here(args.idle_intervals);
     skipped.extend(kept.map(str::to_string));
-    let run = run_info(&session.attached, &skipped, &args.trace.filters);
+    let run = run_info(&session, &skipped, &args.trace.filters);
     let syms = CachingSymbols::new(KernelSymbols::new(None));
     // The first lookup loads kallsyms; do it now, not inside an interval.
     let _ = syms.symbolize(&[0]);
@@ -215,6 +215,7 @@ impl Top<'_> {
         let now = Instant::now();
         let time = rfc3339_utc(SystemTime::now());
         let snap = self.session.snapshot()?;
+        let read = now.elapsed();
         let usage = self_usage();
         let interval_s = now.duration_since(self.last_read).as_secs_f64();
         self.last_read = now;
@@ -234,7 +235,8 @@ impl Top<'_> {
         self.sizes.learn(&report);
 
         let bpf = self.run_time_stats.is_some().then_some(delta.bpf_run);
-        let overhead = Overhead::between(bpf, (self.usage, usage), interval_s);
+        let mut overhead = Overhead::between(bpf, (self.usage, usage), interval_s);
+        overhead.maps_read_ms = crate::model::round2(read.as_secs_f64() * 1e3);
         self.usage = usage;
 
         let mut aged_out = 0;

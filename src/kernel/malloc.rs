@@ -60,6 +60,9 @@ pub struct MallocSession<'obj> {
     /// The preload library, once its sites are probed: (kernel device,
     /// inode) of its file.
     preload: Option<(u32, u64)>,
+    /// The kernel memory of the run's BPF maps (the block store and the
+    /// stack-copy ring too), as the kernel counts it.
+    pub kernel_memory: u64,
 }
 
 /// Stated apart from the budget: the outstanding-block store, which
@@ -144,6 +147,12 @@ impl<'obj> MallocSession<'obj> {
         rodata.cfg.track_live = track_live as u8;
         rodata.cfg.cgroups = u8::from(!cgroups.is_empty());
         size_maps(&mut open, track_live, max_live, stack_sample_every)?;
+        let kernel_memory = crate::model::kernel_memory::Footprint::of(
+            &crate::kernel::footprint::map_shapes(open.open_object(), &[]),
+            crate::kernel::footprint::possible_cpus()?,
+            &[],
+        )
+        .total;
         let skel = open
             .load()
             .context("loading the BPF programs into the kernel")?;
@@ -154,6 +163,7 @@ impl<'obj> MallocSession<'obj> {
             track_live,
             probes_at_entry,
             preload: None,
+            kernel_memory,
         };
         for &pid in pids {
             s.skel

@@ -38,6 +38,9 @@ pub struct Overhead {
     /// The kheap process's own CPU time as a share of one CPU.
     pub self_cpu_pct: f64,
     pub self_max_rss_bytes: u64,
+    /// How long the interval's one read of the maps took, in milliseconds
+    /// (what grows with the keys, and with the CPUs for per-CPU maps).
+    pub maps_read_ms: f64,
 }
 
 impl Overhead {

@@ -226,6 +226,10 @@ pub struct RunInfo {
     pub skipped: Vec<String>,
     pub filters: Vec<String>,
     pub command: Option<String>,
+    /// The kernel memory of kheap's own BPF maps in this run, as the
+    /// kernel counts it (docs/design/kernel.md, "Kernel memory").
+    #[serde(default)]
+    pub kernel_memory_bytes: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

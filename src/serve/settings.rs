@@ -109,6 +109,10 @@ pub struct ServeArgs {
     /// stacks the profiles keep their own counts for)
     #[arg(long, value_parser = parse_map_entries, default_value = crate::cli::DEFAULT_MAP_ENTRIES, value_name = "N")]
     pub max_entries: u32,
+    /// Kernel memory kheap's maps may take (default: 32M up to 128 CPUs,
+    /// 128K more a CPU beyond)
+    #[arg(long, value_parser = crate::cli::parse_size, value_name = "SIZE")]
+    pub kernel_memory: Option<u64>,
     /// Delete map entries idle for this many intervals (their counts are
     /// kept), so the maps do not fill over days
     #[arg(long, default_value = "12", value_name = "N")]
@@ -208,6 +212,7 @@ pub fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
         stack_sample_every: args.stacks.sample_every(crate::cli::DEFAULT_STACK_SAMPLE),
         max_sites: args.max_entries,
         max_stacks: args.max_entries,
+        kernel_memory: args.kernel_memory,
         trace_frees: true,
         // kheap_cache_frees_total counts kfree()'s too.
         kfree_caches: true,

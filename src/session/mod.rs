@@ -183,6 +183,7 @@ pub fn kmem_config(t: &TraceArgs, targets: &Targets, default_sample: u32) -> Con
         stack_sample_every: t.stacks.sample_every(default_sample),
         max_sites: t.max_entries,
         max_stacks: t.max_entries,
+        kernel_memory: t.kernel_memory,
         sources: t.source.sources,
         ..Config::default()
     }
@@ -207,17 +208,22 @@ pub fn start_tracing(
 }
 
 /// What a kmem run was, for the report's header and JSON.
-pub fn run_info(attached: &[String], skipped: &[String], f: &FilterArgs) -> RunInfo {
+pub fn run_info(
+    session: &crate::kernel::kmem::Tracer,
+    skipped: &[String],
+    f: &FilterArgs,
+) -> RunInfo {
     let mut filters = f.describe();
     // The kmem tracer leaves kheap's own process out (Config::include_self):
     // its map reads allocate in the kernel, and that is not the workload.
     filters.push(format!("not kheap itself (pid {})", std::process::id()));
     RunInfo {
         kernel: features::kernel_release(),
-        attach: attached.to_vec(),
+        attach: session.attached.clone(),
         skipped: skipped.to_vec(),
         filters,
         command: f.targets.command_line(),
+        kernel_memory_bytes: session.kernel_memory,
     }
 }
 

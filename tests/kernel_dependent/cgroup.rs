@@ -341,7 +341,7 @@ fn an_interrupt_in_a_capture_leaves_the_captured_stack_alone() {
     let out = dir.path().join("r.json");
     #[rustfmt::skip]
     let mut kheap = Tracing::start(&[
-        "record", "--exact-stacks", "--max-entries", "65536",
+        "record", "--exact-stacks", "--max-entries", "65536", "--kernel-memory", "256M",
         "--format", "json", "-o", out.to_str().unwrap(),
     ]);
     let loops = Loops(
@@ -487,7 +487,7 @@ fn leaks_alarms_pending(extra: &[&str]) -> Value {
     let out = dir.path().join("l.json");
     #[rustfmt::skip]
     let mut args = vec![
-        "leaks", "--by", "process", "--max-entries", "65536",
+        "leaks", "--by", "process", "--max-entries", "65536", "--kernel-memory", "256M",
         "--format", "json", "-o", out.to_str().unwrap(),
     ];
     args.extend(extra);
@@ -571,7 +571,7 @@ fn record_alarms(by: &str) -> (Value, u32) {
     let out = dir.path().join("r.json");
     #[rustfmt::skip]
     let mut kheap = Tracing::start(&[
-        "record", "--by", by, "--exact-stacks", "--max-entries", "65536",
+        "record", "--by", by, "--exact-stacks", "--max-entries", "65536", "--kernel-memory", "256M",
         "--format", "json", "-o", out.to_str().unwrap(),
     ]);
     let load = Command::new(LOAD)
@@ -598,7 +598,7 @@ fn interrupt_rows(extra: &[&str]) -> Value {
     // machine: the stacks' interrupt share is then the interrupt row.
     #[rustfmt::skip]
     let mut args = vec![
-        "record", "--by", "cgroup", "--exact-stacks", "--max-entries", "65536",
+        "record", "--by", "cgroup", "--exact-stacks", "--max-entries", "65536", "--kernel-memory", "256M",
         "--format", "json", "-o", out.to_str().unwrap(),
     ];
     args.extend(extra);

@@ -14,6 +14,7 @@ mod common;
 
 mod cache_names;
 mod cgroup;
+mod footprint;
 mod leaks;
 mod malloc;
 mod record;

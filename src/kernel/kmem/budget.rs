@@ -13,7 +13,7 @@ use crate::kernel::footprint::{map_shapes, possible_cpus};
 use crate::kernel::skel::{full_object_fits, KheapSkelBuilder, OpenKheapSkel};
 use crate::model::human_size;
 use crate::model::kernel_memory::{
-    largest_fitting, Budget, Footprint, TooBig, COUNTING_BASE, LEAKS_BASE,
+    largest_fitting, Budget, Footprint, MapShape, TooBig, COUNTING_BASE, LEAKS_BASE,
 };
 
 use super::config::Config;
@@ -26,13 +26,17 @@ pub const OBJECT_STORE: [&str; 3] = ["live", "live_buckets", "live_slots"];
 /// Maps the kmem object borrows from the latency object (`--latency`).
 const FROM_LATENCY: [&str; 1] = ["lat_starts"];
 
-/// The budget of a configuration on `cpus` CPUs.
+/// The budget of a configuration on `cpus` CPUs: `--kernel-memory`, or
+/// the mode's.
 pub fn budget(cfg: &Config, cpus: u32) -> Budget {
-    let fixed = match cfg.live {
+    if let Some(bytes) = cfg.kernel_memory {
+        return Budget { bytes, cpus };
+    }
+    let base = match cfg.live {
         Some(_) => LEAKS_BASE,
         None => COUNTING_BASE,
     };
-    Budget::new(fixed, cpus)
+    Budget::new(base, cpus)
 }
 
 /// The kernel memory a run of `cfg` takes on this machine (with the
@@ -46,6 +50,13 @@ pub fn footprint_at(cfg: &Config, latency: bool, cpus: u32) -> Result<Footprint>
     let mut slot = MaybeUninit::uninit();
     let mut open = open_for_sizing(&mut slot)?;
     measure(&mut open, cfg, cpus, latency)
+}
+
+/// The kernel memory of an object configured for a run, about to load:
+/// every map of it (its object store too) and, with `latency`, the latency
+/// object's.
+pub(super) fn loaded_footprint(open: &OpenKheapSkel<'_>, latency: bool) -> Result<u64> {
+    Ok(Footprint::of(&run_shapes(open, latency)?, possible_cpus()?, &[]).total)
 }
 
 fn open_for_sizing<'obj>(
@@ -62,12 +73,22 @@ fn measure(
 ) -> Result<Footprint> {
     let table = cfg.live.is_some() && full_object_fits();
     size_maps(open, cfg, cfg.live_store(table), cpus, latency)?;
+    Ok(Footprint::of(
+        &run_shapes(open, latency)?,
+        cpus,
+        &OBJECT_STORE,
+    ))
+}
+
+/// The maps of a run: the kmem object's as configured (less what it
+/// borrows) and, with `latency`, the latency object's.
+fn run_shapes(open: &OpenKheapSkel<'_>, latency: bool) -> Result<Vec<MapShape>> {
     let borrowed: &[&str] = if latency { &FROM_LATENCY } else { &[] };
     let mut shapes = map_shapes(open.open_object(), borrowed);
     if latency {
         shapes.extend(crate::kernel::latency::map_shapes()?);
     }
-    Ok(Footprint::of(&shapes, cpus, &OBJECT_STORE))
+    Ok(shapes)
 }
 
 /// The footprint of `cfg`, or the one line that says why it does not fit
@@ -81,16 +102,23 @@ pub fn check(cfg: &Config, latency: bool) -> Result<Footprint> {
     let found = measure(&mut open, cfg, cpus, latency)?;
     let budget = budget(cfg, cpus);
     let memlock = memlock_limit();
-    let maps_limit = match memlock {
+    let needed_mib = found.total.div_ceil(1 << 20);
+    let (limit, what, or_else) = match memlock {
         Some(m) if m < budget.bytes => (
             m,
             "RLIMIT_MEMLOCK, which this kernel charges BPF maps to".to_string(),
+            format!("or raise the limit (ulimit -l {})", needed_mib << 10),
         ),
         _ => (
             budget.bytes,
-            format!("kheap's budget on this {cpus}-CPU machine"),
+            match cfg.kernel_memory {
+                Some(_) => "--kernel-memory".to_string(),
+                None => format!("kheap's budget on this {cpus}-CPU machine"),
+            },
+            format!("or allow it with --kernel-memory {needed_mib}M"),
         ),
     };
+    let maps_limit = (limit, what);
     if found.total > maps_limit.0 {
         let fits = largest_fitting(1, cfg.max_sites, |n| {
             let smaller = Config {
@@ -106,7 +134,7 @@ pub fn check(cfg: &Config, latency: bool) -> Result<Footprint> {
             what: maps_limit.1,
         };
         bail!(
-            "--max-entries {}: {too_big}; at most --max-entries {fits} fits here",
+            "--max-entries {}: {too_big}; at most --max-entries {fits} fits here, {or_else}",
             cfg.max_sites
         );
     }

@@ -43,6 +43,9 @@ pub struct Config {
     pub attach: AttachMode,
     pub max_sites: u32,
     pub max_stacks: u32,
+    /// The kernel memory the maps may take (`--kernel-memory`); the mode's
+    /// budget if not given (`kmem::budget`).
+    pub kernel_memory: Option<u64>,
     /// Attach the free tracepoints too (frees per cache, net counts).
     /// Tracking live objects always does.
     pub trace_frees: bool,
@@ -146,6 +149,7 @@ impl Default for Config {
             attach: AttachMode::Auto,
             max_sites: 8192,
             max_stacks: 8192,
+            kernel_memory: None,
             trace_frees: true,
             live: None,
             include_self: false,

@@ -183,6 +183,7 @@ impl<'obj> Tracer<'obj> {
                 prog.set_log_level(log_level);
             }
         }
+        let kernel_memory = super::budget::loaded_footprint(&open, lat_starts.is_some())?;
         let skel = open
             .load()
             .context("loading the BPF programs into the kernel")?;
@@ -197,6 +198,7 @@ impl<'obj> Tracer<'obj> {
             skipped,
             kmalloc_caches: kmalloc_caches.unwrap_or_else(|why| why),
             kfree_caches: kfree_caches_traced(cfg, kbtf),
+            kernel_memory,
             stack_cache: RefCell::default(),
             slot_sites: RefCell::default(),
             slab_sysfs: RefCell::default(),

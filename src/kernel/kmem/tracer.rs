@@ -36,6 +36,10 @@ pub struct Tracer<'obj> {
     pub kmalloc_caches: String,
     /// kfree events name their cache (`start::kfree_caches_traced`).
     pub kfree_caches: bool,
+    /// The kernel memory of the run's BPF maps, as the kernel counts it
+    /// (`model::kernel_memory`): the kmem object's, its object store and,
+    /// with `--latency`, the latency object's.
+    pub kernel_memory: u64,
     /// Stack traces already read, by id (a hash of their frames: an id
     /// always means the same frames), so a refreshing view reads each once.
     pub(super) stack_cache: RefCell<HashMap<i64, Vec<u64>>>,
