@@ -58,7 +58,11 @@ impl Kind {
             // entries; 4: `stack_depth` says how stacks were unwound
             // (frame_pointer, dwarf, unwind_samples), `lost.unwind_*`.
             Kind::Malloc => 5,
-            Kind::Slab | Kind::Diff => SCHEMA_VERSION,
+            Kind::Slab => SCHEMA_VERSION,
+            // diff 2: rows are matched by a stable identity (`name`: a
+            // cache's own name, without its merge note), and `cache`, a
+            // joined string, became `caches`, a list.
+            Kind::Diff => 2,
         }
     }
 

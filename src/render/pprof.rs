@@ -491,7 +491,11 @@ pub fn from_diff(d: &Diff) -> Builder {
         b.add(&Sample {
             frames,
             values: vec![row.change_count, row.change_bytes],
-            labels: vec![Label::Str("cache".into(), row.cache.clone())],
+            labels: row
+                .caches
+                .iter()
+                .map(|c| Label::Str("cache".into(), c.clone()))
+                .collect(),
         });
     }
     b

@@ -186,14 +186,14 @@ fn diff_values_are_signed_changes() {
         rows: vec![
             crate::diff::DiffRow {
                 name: "__kmalloc+0x1;load_msg+0x41".into(),
-                cache: "kmalloc-4k".into(),
+                caches: vec!["kmalloc-4k".into()],
                 change_count: 1,
                 change_bytes: 4096,
                 ..Default::default()
             },
             crate::diff::DiffRow {
                 name: "kmem_cache_alloc+0x2;newque+0x10".into(),
-                cache: "kmalloc-128".into(),
+                caches: vec!["kmalloc-128".into()],
                 change_count: -1,
                 change_bytes: -128,
                 ..Default::default()
