@@ -27,7 +27,7 @@ use crate::malloc::report::MallocReport;
 use crate::malloc::usersyms::UserFrame;
 use crate::model::Source;
 use crate::render::SourceColumn;
-use crate::report::{Report, StackProcess};
+use crate::report::{Report, StackProcess, StackRow};
 
 /// The mapping kernel frames belong to, named as `perf` names it.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
@@ -300,7 +300,7 @@ pub fn from_report(r: &Report) -> Builder {
     b.comment(&format!("kheap: kernel heap, {:.2} s", r.duration_s));
     if r.sampling.stacks_estimated {
         b.comment(&format!(
-            "stacks sampled 1 in {}: per-stack values are estimates, scaled so that each site's stacks add up to its exact totals",
+            "stacks sampled 1 in {}: per-stack values are estimates, scaled within their site",
             r.sampling.stack_sample_every
         ));
     }
@@ -316,24 +316,21 @@ pub fn from_report(r: &Report) -> Builder {
         }
         v
     };
-    if r.stacks.is_empty() {
-        if !r.sites.is_empty() {
-            b.comment("no stacks captured: one single-frame sample per call site");
+    // What each site's stacks carry, by the site's identity (call site,
+    // source); known only for a report built in this run.
+    let placed_known = r.stacks.iter().all(|s| s.site_call_site.is_some());
+    let mut placed: HashMap<(String, Source), Vec<i64>> = HashMap::new();
+    let mut add = |b: &mut Builder, s: &StackRow, sample: Sample| {
+        if let Some(cs) = &s.site_call_site {
+            let sum = placed
+                .entry((cs.clone(), s.source))
+                .or_insert_with(|| vec![0; sample.values.len()]);
+            sum.iter_mut()
+                .zip(&sample.values)
+                .for_each(|(t, v)| *t += v);
         }
-        for s in &r.sites {
-            let mut labels: Vec<Label> = s
-                .caches
-                .iter()
-                .map(|c| Label::Str("cache".into(), c.clone()))
-                .collect();
-            labels.extend(source_label(sources, s.source));
-            b.add(&Sample {
-                frames: vec![Frame::kernel(&s.location)],
-                values: values(&s.counts, s.retention.as_ref()),
-                labels,
-            });
-        }
-    }
+        b.add(&sample);
+    };
     for s in &r.stacks {
         let mut labels = vec![Label::Str("cache".into(), s.cache.clone())];
         labels.extend(source_label(sources, s.source));
@@ -342,11 +339,12 @@ pub fn from_report(r: &Report) -> Builder {
         }
         let frames: Vec<Frame> = s.frames.iter().map(|f| Frame::kernel(f)).collect();
         if s.processes.is_empty() {
-            b.add(&Sample {
+            let sample = Sample {
                 frames,
                 values: values(&s.counts, s.retention.as_ref()),
                 labels,
-            });
+            };
+            add(&mut b, s, sample);
             continue;
         }
         // One sample per process (and cgroup) that made the stack.
@@ -358,12 +356,49 @@ pub fn from_report(r: &Report) -> Builder {
             }
             let mut labels = labels.clone();
             labels.extend(owner_labels(p));
-            b.add(&Sample {
+            let sample = Sample {
                 frames: frames.clone(),
                 values: v,
                 labels,
-            });
+            };
+            add(&mut b, s, sample);
         }
+    }
+    // Every site is in the profile: what its sampled stacks leave out (all
+    // of it when none was sampled, the rounding of their scaling) is one
+    // sample of the site's own frame, so that each site, and the profile,
+    // adds up to the exact totals of the report's site rows.
+    if r.stacks.is_empty() && !r.sites.is_empty() {
+        b.comment("no stacks captured: one single-frame sample per call site");
+    } else if placed_known && !r.sites.is_empty() {
+        b.comment("what no sampled stack stands for is a single-frame sample of its call site, labelled unsampled=true: each site adds up to its exact totals");
+    }
+    if !placed_known {
+        // Read back from JSON: which site a stack belongs to is not known.
+        return b;
+    }
+    for s in &r.sites {
+        let mut rest = values(&s.counts, s.retention.as_ref());
+        if let Some(sum) = placed.get(&(s.call_site.clone(), s.source)) {
+            rest.iter_mut().zip(sum).for_each(|(v, p)| *v -= p);
+        }
+        if rest.iter().all(|&v| v == 0) {
+            continue;
+        }
+        let mut labels: Vec<Label> = s
+            .caches
+            .iter()
+            .map(|c| Label::Str("cache".into(), c.clone()))
+            .collect();
+        labels.extend(source_label(sources, s.source));
+        if !r.stacks.is_empty() {
+            labels.push(Label::Str("unsampled".into(), "true".into()));
+        }
+        b.add(&Sample {
+            frames: vec![Frame::kernel(&s.location)],
+            values: rest,
+            labels,
+        });
     }
     b
 }
