@@ -27,7 +27,7 @@ use crate::malloc::report::MallocReport;
 use crate::malloc::usersyms::UserFrame;
 use crate::model::Source;
 use crate::render::SourceColumn;
-use crate::report::{Report, StackProcess, StackRow};
+use crate::report::{Report, StackProcess};
 
 /// The mapping kernel frames belong to, named as `perf` names it.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
@@ -316,22 +316,12 @@ pub fn from_report(r: &Report) -> Builder {
         }
         v
     };
-    // What each site's stacks carry, by the site's identity (call site,
-    // source); known only for a report built in this run.
+    // The stacks' samples, each with its site's identity (call site,
+    // source), known only for a report built in this run.
     let placed_known = r.stacks.iter().all(|s| s.site_call_site.is_some());
-    let mut placed: HashMap<(String, Source), Vec<i64>> = HashMap::new();
-    let mut add = |b: &mut Builder, s: &StackRow, sample: Sample| {
-        if let Some(cs) = &s.site_call_site {
-            let sum = placed
-                .entry((cs.clone(), s.source))
-                .or_insert_with(|| vec![0; sample.values.len()]);
-            sum.iter_mut()
-                .zip(&sample.values)
-                .for_each(|(t, v)| *t += v);
-        }
-        b.add(&sample);
-    };
+    let mut samples: Vec<(Option<(&str, Source)>, Sample)> = Vec::new();
     for s in &r.stacks {
+        let site = s.site_call_site.as_deref().map(|cs| (cs, s.source));
         let mut labels = vec![Label::Str("cache".into(), s.cache.clone())];
         labels.extend(source_label(sources, s.source));
         if s.estimated {
@@ -344,7 +334,7 @@ pub fn from_report(r: &Report) -> Builder {
                 values: values(&s.counts, s.retention.as_ref()),
                 labels,
             };
-            add(&mut b, s, sample);
+            samples.push((site, sample));
             continue;
         }
         // One sample per process (and cgroup) that made the stack.
@@ -361,26 +351,40 @@ pub fn from_report(r: &Report) -> Builder {
                 values: v,
                 labels,
             };
-            add(&mut b, s, sample);
+            samples.push((site, sample));
         }
     }
     // Every site is in the profile: what its sampled stacks leave out (all
-    // of it when none was sampled, the rounding of their scaling) is one
-    // sample of the site's own frame, so that each site, and the profile,
-    // adds up to the exact totals of the report's site rows.
+    // of it when none was sampled) is one sample of the site's own frame,
+    // so that each site, and the profile, adds up to the exact totals of
+    // the report's site rows.
     if r.stacks.is_empty() && !r.sites.is_empty() {
         b.comment("no stacks captured: one single-frame sample per call site");
     } else if placed_known && !r.sites.is_empty() {
         b.comment("what no sampled stack stands for is a single-frame sample of its call site, labelled unsampled=true: each site adds up to its exact totals");
     }
-    if !placed_known {
-        // Read back from JSON: which site a stack belongs to is not known.
-        return b;
-    }
-    for s in &r.sites {
+    let mut rests = Vec::new();
+    // Read back from JSON, which site a stack belongs to is not known: the
+    // stacks alone.
+    for s in r.sites.iter().filter(|_| placed_known) {
+        let id = Some((s.call_site.as_str(), s.source));
         let mut rest = values(&s.counts, s.retention.as_ref());
-        if let Some(sum) = placed.get(&(s.call_site.clone(), s.source)) {
-            rest.iter_mut().zip(sum).for_each(|(v, p)| *v -= p);
+        for (_, smp) in samples.iter().filter(|(site, _)| *site == id) {
+            rest.iter_mut().zip(&smp.values).for_each(|(v, p)| *v -= p);
+        }
+        // Scaled stacks rounded up beyond the site's total: taken off the
+        // site's largest sample of that value, not shown as a negative one
+        // (pprof's totals add absolute values).
+        for (i, v) in rest.iter_mut().enumerate().filter(|(_, v)| **v < 0) {
+            if let Some((_, smp)) = samples
+                .iter_mut()
+                .filter(|(site, _)| *site == id)
+                .max_by_key(|(_, smp)| smp.values[i])
+                .filter(|(_, smp)| smp.values[i] + *v >= 0)
+            {
+                smp.values[i] += *v;
+                *v = 0;
+            }
         }
         if rest.iter().all(|&v| v == 0) {
             continue;
@@ -394,11 +398,17 @@ pub fn from_report(r: &Report) -> Builder {
         if !r.stacks.is_empty() {
             labels.push(Label::Str("unsampled".into(), "true".into()));
         }
-        b.add(&Sample {
+        rests.push(Sample {
             frames: vec![Frame::kernel(&s.location)],
             values: rest,
             labels,
         });
+    }
+    for (_, smp) in &samples {
+        b.add(smp);
+    }
+    for smp in &rests {
+        b.add(smp);
     }
     b
 }

@@ -1,7 +1,7 @@
 use super::test_support::{decode_gzip, label_values};
 use super::*;
 use crate::report::fixtures::{
-    leak_snapshot, owned_snapshot, report_of, sample_snapshot, stats, KMALLOC_CG_4K,
+    leak_snapshot, msg_and_kv, owned_snapshot, report_of, sample_snapshot, stats, KMALLOC_CG_4K,
 };
 
 fn decode(b: &Builder) -> proto::Profile {
@@ -226,6 +226,30 @@ fn every_site_is_in_the_profile_with_its_exact_totals() {
         serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
     let p = decode(&from_report(&back));
     assert_eq!(p.sample.len(), r.stacks.len());
+}
+
+#[test]
+fn stacks_scaled_past_their_site_are_trimmed_not_negative() {
+    // 11 kvmalloc allocations, one sampled on each of its two stacks: each
+    // scales to 5.5, rounded to 6, 12 in all.
+    let mut snap = sample_snapshot();
+    let (_, kv) = msg_and_kv();
+    snap.sites.insert(kv.clone(), stats(11, 2100, 4096));
+    snap.stacks.insert((kv.clone(), 2), stats(1, 2100, 4096));
+    snap.stacks.insert((kv, 3), stats(1, 2100, 4096));
+    let r = report_of(&snap, 10, 1.0);
+    let kv_stacks: Vec<u64> = r
+        .stacks
+        .iter()
+        .filter(|s| s.function != "load_msg")
+        .map(|s| s.counts.count)
+        .collect();
+    assert_eq!(kv_stacks, [6, 6], "the JSON's scaled stacks");
+    let p = decode(&from_report(&r));
+    assert_valid(&p);
+    assert!(p.sample.iter().all(|s| s.value.iter().all(|&v| v >= 0)));
+    let (totals, _) = totals_and_site_samples(&p, "");
+    assert_eq!(totals, vec![1011, 1011 * 4096]);
 }
 
 #[test]
