@@ -62,7 +62,11 @@ impl Kind {
             // (frame_pointer, dwarf, unwind_samples), `lost.unwind_*`.
             // 5: `estimated` on stack rows; 6: `run.kernel_memory_bytes`.
             Kind::Malloc => 6,
-            Kind::Slab | Kind::Diff => SCHEMA_VERSION,
+            Kind::Slab => SCHEMA_VERSION,
+            // diff 2: rows are matched by a stable identity (`name`: a
+            // cache's own name, without its merge note), and `cache`, a
+            // joined string, became `caches`, a list.
+            Kind::Diff => 2,
         }
     }
 

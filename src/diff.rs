@@ -15,6 +15,7 @@ use comfy_table::Cell;
 use serde::{Deserialize, Serialize};
 
 use crate::contract::{self, Kind};
+use crate::model::identity::unmerged_cache_name;
 use crate::model::{human_size, signed_size, Counts};
 use crate::render::short_list;
 use crate::render::table::{hidden_note, new_table, render};
@@ -52,10 +53,15 @@ pub enum Measure {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DiffRow {
-    /// Site location, stack (innermost frame first, `;`-joined) or cache.
+    /// What the row is in both reports: the site's location, the stack's
+    /// frames (innermost first, `;`-joined) or the cache's own name (the
+    /// kernel's, without its merge note). Caches a site allocated from and
+    /// caches merged into one are attributes, never part of it.
     pub name: String,
-    /// The cache(s) of a site or stack.
-    pub cache: String,
+    /// A site's or stack's caches in either report, or a cache row's own
+    /// cache; each as the reports name it, with its merge note (`signal_cache
+    /// (merged: UNIX, UNIX-STREAM)`), the after report's name first.
+    pub caches: Vec<String>,
     pub before_count: u64,
     pub after_count: u64,
     pub before_bytes: u64,
@@ -124,23 +130,32 @@ pub fn parse_pair(before: (&str, &str), after: (&str, &str)) -> Result<(Kind, Re
 pub fn diff(kind: Kind, before: &Report, after: &Report, by: DiffBy) -> Diff {
     let measure = Measure::of(kind).unwrap_or(Measure::Allocated);
     let (b, a) = (keyed(before, by, measure), keyed(after, by, measure));
-    let mut names: Vec<&(String, String)> = b.keys().chain(a.keys()).collect();
+    let mut names: Vec<&String> = b.keys().chain(a.keys()).collect();
     names.sort();
     names.dedup();
+    let none = Keyed::default();
     let mut rows: Vec<DiffRow> = names
         .into_iter()
         .map(|k| {
-            let (bc, bb) = b.get(k).copied().unwrap_or_default();
-            let (ac, ab) = a.get(k).copied().unwrap_or_default();
+            let (bk, ak) = (b.get(k).unwrap_or(&none), a.get(k).unwrap_or(&none));
+            let mut caches = ak.caches.clone();
+            for c in &bk.caches {
+                if !caches
+                    .iter()
+                    .any(|x| unmerged_cache_name(x) == unmerged_cache_name(c))
+                {
+                    caches.push(c.clone());
+                }
+            }
             DiffRow {
-                name: k.0.clone(),
-                cache: k.1.clone(),
-                before_count: bc,
-                after_count: ac,
-                before_bytes: bb,
-                after_bytes: ab,
-                change_count: ac as i64 - bc as i64,
-                change_bytes: ab as i64 - bb as i64,
+                name: k.clone(),
+                caches,
+                before_count: bk.count,
+                after_count: ak.count,
+                before_bytes: bk.bytes,
+                after_bytes: ak.bytes,
+                change_count: ak.count as i64 - bk.count as i64,
+                change_bytes: ak.bytes as i64 - bk.bytes as i64,
             }
         })
         .filter(|r| r.change_count != 0 || r.change_bytes != 0)
@@ -164,26 +179,41 @@ pub fn diff(kind: Kind, before: &Report, after: &Report, by: DiffBy) -> Diff {
     }
 }
 
-/// (name, cache) → (count, bytes) under the chosen measure. Rows with the
-/// same key (one site seen through different symbol offsets cannot happen;
-/// identical stacks can, after symbolization) are summed.
-fn keyed(r: &Report, by: DiffBy, measure: Measure) -> BTreeMap<(String, String), (u64, u64)> {
+/// One row's measure in one report, and the caches it was seen with.
+#[derive(Default)]
+struct Keyed {
+    count: u64,
+    bytes: u64,
+    /// As the report names them, in its order, each cache once.
+    caches: Vec<String>,
+}
+
+/// Identity → measure and caches, in one report. Rows with the same
+/// identity (identical stacks after symbolization, one stack seen with two
+/// caches) are summed.
+fn keyed(r: &Report, by: DiffBy, measure: Measure) -> BTreeMap<String, Keyed> {
     let value = |ret: &Option<Retention>, c: &Counts| match (measure, ret) {
         (Measure::Outstanding, Some(ret)) => (ret.outstanding_count, ret.outstanding_bytes),
         (Measure::Outstanding, None) => (0, 0),
         (Measure::Allocated, _) => (c.count, c.bytes_alloc),
     };
-    let mut out: BTreeMap<(String, String), (u64, u64)> = BTreeMap::new();
-    let mut add = |k: (String, String), (c, b): (u64, u64)| {
+    let mut out: BTreeMap<String, Keyed> = BTreeMap::new();
+    let mut add = |k: String, caches: &[String], (c, b): (u64, u64)| {
         let e = out.entry(k).or_default();
-        e.0 += c;
-        e.1 += b;
+        e.count += c;
+        e.bytes += b;
+        for cache in caches {
+            if !e.caches.contains(cache) {
+                e.caches.push(cache.clone());
+            }
+        }
     };
     match by {
         DiffBy::Site => {
             for s in &r.sites {
                 add(
-                    (s.location.clone(), s.caches.join(",")),
+                    s.location.clone(),
+                    &s.caches,
                     value(&s.retention, &s.counts),
                 )
             }
@@ -191,7 +221,8 @@ fn keyed(r: &Report, by: DiffBy, measure: Measure) -> BTreeMap<(String, String),
         DiffBy::Stack => {
             for s in &r.stacks {
                 add(
-                    (s.frames.join(";"), s.cache.clone()),
+                    s.frames.join(";"),
+                    std::slice::from_ref(&s.cache),
                     value(&s.retention, &s.counts),
                 )
             }
@@ -199,22 +230,14 @@ fn keyed(r: &Report, by: DiffBy, measure: Measure) -> BTreeMap<(String, String),
         DiffBy::Cache => {
             for c in &r.caches {
                 add(
-                    (c.name.clone(), String::new()),
+                    unmerged_cache_name(&c.name).to_string(),
+                    std::slice::from_ref(&c.name),
                     value(&c.retention, &c.counts),
                 )
             }
         }
     }
     out
-}
-
-/// The caches of a row, as listed in its `cache` field.
-fn caches(joined: &str) -> Vec<String> {
-    joined
-        .split(',')
-        .filter(|c| !c.is_empty())
-        .map(String::from)
-        .collect()
 }
 
 /// The diff as a table, `n` rows at most, fitted to `width` columns.
@@ -236,13 +259,20 @@ pub fn table(d: &Diff, by: DiffBy, n: usize, width: Option<u16>) -> String {
         DiffBy::Stack => "stack (innermost frame)",
         DiffBy::Cache => "cache",
     };
-    let mut t = new_table(
-        &[
-            first, "cache", "before", "after", "change", "objects", "change",
-        ],
-        &[1],
-        width,
-    );
+    // A cache row is its cache: no second cache column.
+    let with_caches = by != DiffBy::Cache;
+    let mut headers = vec![first];
+    if with_caches {
+        headers.push("caches");
+    }
+    headers.extend([
+        "bytes before",
+        "bytes after",
+        "bytes change",
+        "objects after",
+        "objects change",
+    ]);
+    let mut t = new_table(&headers, if with_caches { &[1] } else { &[] }, width);
     for r in d.rows.iter().take(n) {
         let name = match by {
             DiffBy::Stack => r
@@ -251,17 +281,22 @@ pub fn table(d: &Diff, by: DiffBy, n: usize, width: Option<u16>) -> String {
                 .find(|f| !f.starts_with("__kmalloc") && !f.starts_with("kmem_cache_alloc"))
                 .unwrap_or(&r.name)
                 .to_string(),
-            _ => r.name.clone(),
+            // As the report names it: with its merge note.
+            DiffBy::Cache => r.caches.first().unwrap_or(&r.name).clone(),
+            DiffBy::Site => r.name.clone(),
         };
-        t.add_row(vec![
-            Cell::new(name),
-            Cell::new(short_list(&caches(&r.cache), 2)),
+        let mut cells = vec![Cell::new(name)];
+        if with_caches {
+            cells.push(Cell::new(short_list(&r.caches, 2)));
+        }
+        cells.extend([
             Cell::new(human_size(r.before_bytes)),
             Cell::new(human_size(r.after_bytes)),
             Cell::new(signed_size(r.change_bytes)),
             Cell::new(r.after_count),
             Cell::new(format!("{:+}", r.change_count)),
         ]);
+        t.add_row(cells);
     }
     let _ = writeln!(out, "{}", render(t));
     out.push_str(&hidden_note(d.rows.len().saturating_sub(n)));
@@ -369,10 +404,142 @@ mod tests {
         assert_contains(&t, &["outstanding", "+3.9M", "-120K"]);
     }
 
+    /// The site of a socket leak, with the caches it allocated from.
+    fn sock_site(caches: &[&str], live: u64, bytes: u64) -> SiteRow {
+        SiteRow {
+            function: "sk_prot_alloc".into(),
+            location: "sk_prot_alloc+0x3b".into(),
+            call_site: "sk_prot_alloc+0x3b".into(),
+            caches: caches.iter().map(|c| c.to_string()).collect(),
+            counts: Counts {
+                count: live,
+                bytes_alloc: bytes,
+                ..Default::default()
+            },
+            retention: ret(live, bytes),
+            ..Default::default()
+        }
+    }
+
+    fn cache(name: &str, live: u64, bytes: u64) -> CacheRow {
+        CacheRow {
+            name: name.into(),
+            retention: ret(live, bytes),
+            ..Default::default()
+        }
+    }
+
+    const UNIX: &str = "signal_cache (merged: UNIX, UNIX-STREAM)";
+    const UDP: &str = "UDPv6 (merged: PINGv6, UDPLITEv6, TCPv6, +4)";
+
+    /// The user's snapshots: sk_prot_alloc went from 801 to 1600 live
+    /// objects while a UDPv6 socket joined its cache list. 801 UNIX sockets
+    /// of 1152 B before; 1599 of them and one UDPv6 of 1344 B after.
+    fn socket_snapshots() -> (Report, Report) {
+        let before = Report {
+            leaks: Some(LeakSummary::default()),
+            sites: vec![sock_site(&[UNIX], 801, 801 * 1152)],
+            caches: vec![cache(UNIX, 801, 801 * 1152)],
+            ..Default::default()
+        };
+        let after = Report {
+            leaks: Some(LeakSummary::default()),
+            sites: vec![sock_site(&[UDP, UNIX], 1600, 1599 * 1152 + 1344)],
+            // The same cache, its merge note now naming another cache.
+            caches: vec![
+                cache(
+                    "signal_cache (merged: UNIX, UNIX-STREAM, sighand_cache)",
+                    1599,
+                    1599 * 1152,
+                ),
+                cache(UDP, 1, 1344),
+            ],
+            ..Default::default()
+        };
+        (before, after)
+    }
+
     #[test]
-    fn long_cache_lists_are_shortened_in_the_table() {
-        assert_eq!(short_list(&caches("a,b,c"), 2), "a,b +1");
-        assert!(caches("").is_empty());
+    fn a_cache_joining_a_sites_list_keeps_the_site_one_row() {
+        let (before, after) = socket_snapshots();
+        let d = diff(Kind::Leaks, &before, &after, DiffBy::Site);
+        assert_eq!(
+            d.rows,
+            vec![DiffRow {
+                name: "sk_prot_alloc+0x3b".into(),
+                caches: vec![UDP.into(), UNIX.into()],
+                before_count: 801,
+                after_count: 1600,
+                before_bytes: 801 * 1152,
+                after_bytes: 1599 * 1152 + 1344,
+                change_count: 799,
+                change_bytes: 798 * 1152 + 1344,
+            }]
+        );
+        assert_eq!((d.grew_bytes, d.shrank_bytes), (920_640, 0));
+        let t = table(&d, DiffBy::Site, 10, None);
+        let row = t.lines().find(|l| l.contains("sk_prot_alloc")).unwrap();
+        // +899K = 920640 B: not +1.8M from a before of 0.
+        assert_contains(row, &["901K", "1.8M", "+899K", "1600", "+799"]);
+        // Whole names, parentheses balanced: not `TCP,UDP (merged: PINGv6 +4`.
+        assert_contains(row, &["UDPv6 (merged: PINGv6, UDPLITEv6, TCPv6, +4)"]);
+    }
+
+    #[test]
+    fn caches_are_matched_by_their_own_name_whatever_their_merge_note() {
+        let (before, after) = socket_snapshots();
+        let d = diff(Kind::Leaks, &before, &after, DiffBy::Cache);
+        assert_eq!(
+            d.rows,
+            vec![
+                DiffRow {
+                    name: "signal_cache".into(),
+                    caches: vec!["signal_cache (merged: UNIX, UNIX-STREAM, sighand_cache)".into()],
+                    before_count: 801,
+                    after_count: 1599,
+                    before_bytes: 801 * 1152,
+                    after_bytes: 1599 * 1152,
+                    change_count: 798,
+                    change_bytes: 798 * 1152,
+                },
+                DiffRow {
+                    name: "UDPv6".into(),
+                    caches: vec![UDP.into()],
+                    before_count: 0,
+                    after_count: 1,
+                    before_bytes: 0,
+                    after_bytes: 1344,
+                    change_count: 1,
+                    change_bytes: 1344,
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn the_table_titles_each_column_once() {
+        let (before, after) = socket_snapshots();
+        for (by, header) in [
+            (
+                DiffBy::Cache,
+                "cache|bytes before|bytes after|bytes change|objects after|objects change",
+            ),
+            (
+                DiffBy::Site,
+                "site|caches|bytes before|bytes after|bytes change|objects after|objects change",
+            ),
+        ] {
+            let t = table(&diff(Kind::Leaks, &before, &after, by), by, 10, None);
+            let cells = |l: &str| {
+                l.split(['│', '┆'])
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("|")
+            };
+            let head = t.lines().map(cells).find(|l| l.contains("bytes before"));
+            assert_eq!(head.as_deref(), Some(header), "{t}");
+        }
     }
 
     #[test]

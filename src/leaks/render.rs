@@ -13,7 +13,7 @@ use crate::model::{human_count, human_size, Counts};
 use crate::render::hist::{self, HistLine};
 use crate::render::table::{hidden_note, table_text};
 use crate::render::{self, SourceColumn};
-use crate::report::{top_n, Report};
+use crate::report::{top_n, Report, StackRow};
 
 /// `kheap leaks --format`: the formats of every report, and the timeline's
 /// chart.
@@ -265,10 +265,13 @@ pub fn table(
             }
             if details > 0 && !r.stacks.is_empty() {
                 let _ = writeln!(out, "\nTop stacks:");
-                out.push_str(&stack_details(r, details, width));
+                out.push_str(&stack_details(r, &top_stacks(r, details), width));
             }
         }
-        LeakGroupBy::Stack => out.push_str(&stack_details(r, r.stacks.len(), width)),
+        LeakGroupBy::Stack => {
+            let all: Vec<&StackRow> = r.stacks.iter().collect();
+            out.push_str(&stack_details(r, &all, width))
+        }
         LeakGroupBy::Process => {
             let rows = r.leaks.iter().flat_map(|l| &l.processes).map(|p| {
                 let ret = &p.retention;
@@ -327,10 +330,40 @@ pub fn table(
     out
 }
 
-fn stack_details(r: &Report, n: usize, width: Option<u16>) -> String {
+/// The stacks under the site table: the heaviest stack (by what it
+/// holds) of each of the first `n` sites, in the table's order. The `n`
+/// heaviest stacks once left the biggest site out, its objects spread over
+/// more stacks than another site's. Where a stack's site is not known (a
+/// report read back from JSON), the first `n` stacks.
+fn top_stacks(r: &Report, n: usize) -> Vec<&StackRow> {
+    if r.stacks.iter().any(|s| s.site_call_site.is_none()) {
+        return r.stacks.iter().take(n).collect();
+    }
+    let held = |s: &StackRow| {
+        let ret = s.retention.clone().unwrap_or_default();
+        (ret.outstanding_bytes, ret.outstanding_count, s.counts.count)
+    };
+    r.sites
+        .iter()
+        .filter_map(|site| {
+            r.stacks
+                .iter()
+                .filter(|s| {
+                    s.source == site.source
+                        && s.site_call_site.as_deref() == Some(site.call_site.as_str())
+                })
+                // The first of equals: the report's order.
+                .rev()
+                .max_by_key(|s| held(s))
+        })
+        .take(n)
+        .collect()
+}
+
+fn stack_details(r: &Report, stacks: &[&StackRow], width: Option<u16>) -> String {
     let mut out = String::new();
     let source = SourceColumn::of(r);
-    for (i, s) in r.stacks.iter().take(n).enumerate() {
+    for (i, s) in stacks.iter().enumerate() {
         let ret = s.retention.clone().unwrap_or_default();
         let est = if s.estimated { "~" } else { "" };
         let _ = writeln!(
@@ -431,6 +464,67 @@ mod tests {
         );
         let (t, cols) = header(LeakGroupBy::Cache);
         assert_eq!(&cols[1..3], ["cache", "source"], "{t}");
+    }
+
+    #[test]
+    fn top_stacks_name_the_biggest_site_whatever_its_stacks_weigh() {
+        // sock_alloc_inode holds the most, over four stacks; pipe holds
+        // less, over three heavier ones: the three heaviest stacks are
+        // all pipe's.
+        let held = |bytes: u64| {
+            Some(Retention {
+                outstanding_count: bytes / 100,
+                outstanding_bytes: bytes,
+                ..Default::default()
+            })
+        };
+        let site = |name: &str, bytes| crate::report::SiteRow {
+            function: name.into(),
+            location: format!("{name}+0x1"),
+            call_site: format!("{name}+0x1"),
+            caches: vec!["kmalloc-128".into()],
+            retention: held(bytes),
+            ..Default::default()
+        };
+        let stack = |name: &str, n: u64, bytes| StackRow {
+            function: format!("{name}_caller{n}"),
+            frames: vec![format!("{name}+0x1"), format!("{name}_caller{n}+0x2")],
+            cache: "kmalloc-128".into(),
+            retention: held(bytes),
+            site_call_site: Some(format!("{name}+0x1")),
+            ..Default::default()
+        };
+        let mut r = Report {
+            leaks: Some(Default::default()),
+            sites: vec![site("sock_alloc_inode", 1000), site("alloc_pipe_info", 900)],
+            stacks: (1..=3)
+                .map(|n| stack("alloc_pipe_info", n, 300))
+                .chain((1..=4).map(|n| stack("sock_alloc_inode", n, 250)))
+                .collect(),
+            ..Default::default()
+        };
+        let shown = |r: &Report| {
+            let t = table(r, LeakGroupBy::Site, 0, 3, None);
+            let top = t.split("Top stacks:").nth(1).unwrap().to_string();
+            top.lines()
+                .filter(|l| l.starts_with('#'))
+                .map(|l| l.split("  ").next().unwrap().to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            shown(&r),
+            ["#1 sock_alloc_inode_caller1", "#2 alloc_pipe_info_caller1"]
+        );
+        // Read back from JSON, sites of stacks are not known: the heaviest.
+        r.stacks.iter_mut().for_each(|s| s.site_call_site = None);
+        assert_eq!(
+            shown(&r),
+            [
+                "#1 alloc_pipe_info_caller1",
+                "#2 alloc_pipe_info_caller2",
+                "#3 alloc_pipe_info_caller3"
+            ]
+        );
     }
 
     #[test]

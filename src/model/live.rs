@@ -136,7 +136,8 @@ impl AgeHist {
             .collect()
     }
 
-    fn scaled(&self, by_count: f64, by_bytes: f64) -> AgeHist {
+    /// Each bucket's count and bytes scaled, rounded.
+    pub fn scaled(&self, by_count: f64, by_bytes: f64) -> AgeHist {
         let mut h = *self;
         for b in 0..AGE_BUCKETS {
             h.count[b] = (h.count[b] as f64 * by_count).round() as u64;

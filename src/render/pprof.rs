@@ -300,7 +300,7 @@ pub fn from_report(r: &Report) -> Builder {
     b.comment(&format!("kheap: kernel heap, {:.2} s", r.duration_s));
     if r.sampling.stacks_estimated {
         b.comment(&format!(
-            "stacks sampled 1 in {}: per-stack values are estimates, scaled so that each site's stacks add up to its exact totals",
+            "stacks sampled 1 in {}: per-stack values are estimates, scaled within their site",
             r.sampling.stack_sample_every
         ));
     }
@@ -316,25 +316,12 @@ pub fn from_report(r: &Report) -> Builder {
         }
         v
     };
-    if r.stacks.is_empty() {
-        if !r.sites.is_empty() {
-            b.comment("no stacks captured: one single-frame sample per call site");
-        }
-        for s in &r.sites {
-            let mut labels: Vec<Label> = s
-                .caches
-                .iter()
-                .map(|c| Label::Str("cache".into(), c.clone()))
-                .collect();
-            labels.extend(source_label(sources, s.source));
-            b.add(&Sample {
-                frames: vec![Frame::kernel(&s.location)],
-                values: values(&s.counts, s.retention.as_ref()),
-                labels,
-            });
-        }
-    }
+    // The stacks' samples, each with its site's identity (call site,
+    // source), known only for a report built in this run.
+    let placed_known = r.stacks.iter().all(|s| s.site_call_site.is_some());
+    let mut samples: Vec<(Option<(&str, Source)>, Sample)> = Vec::new();
     for s in &r.stacks {
+        let site = s.site_call_site.as_deref().map(|cs| (cs, s.source));
         let mut labels = vec![Label::Str("cache".into(), s.cache.clone())];
         labels.extend(source_label(sources, s.source));
         if s.estimated {
@@ -342,11 +329,12 @@ pub fn from_report(r: &Report) -> Builder {
         }
         let frames: Vec<Frame> = s.frames.iter().map(|f| Frame::kernel(f)).collect();
         if s.processes.is_empty() {
-            b.add(&Sample {
+            let sample = Sample {
                 frames,
                 values: values(&s.counts, s.retention.as_ref()),
                 labels,
-            });
+            };
+            samples.push((site, sample));
             continue;
         }
         // One sample per process (and cgroup) that made the stack.
@@ -358,12 +346,69 @@ pub fn from_report(r: &Report) -> Builder {
             }
             let mut labels = labels.clone();
             labels.extend(owner_labels(p));
-            b.add(&Sample {
+            let sample = Sample {
                 frames: frames.clone(),
                 values: v,
                 labels,
-            });
+            };
+            samples.push((site, sample));
         }
+    }
+    // Every site is in the profile: what its sampled stacks leave out (all
+    // of it when none was sampled) is one sample of the site's own frame,
+    // so that each site, and the profile, adds up to the exact totals of
+    // the report's site rows.
+    if r.stacks.is_empty() && !r.sites.is_empty() {
+        b.comment("no stacks captured: one single-frame sample per call site");
+    } else if placed_known && !r.sites.is_empty() {
+        b.comment("what no sampled stack stands for is a single-frame sample of its call site, labelled unsampled=true: each site adds up to its exact totals");
+    }
+    let mut rests = Vec::new();
+    // Read back from JSON, which site a stack belongs to is not known: the
+    // stacks alone.
+    for s in r.sites.iter().filter(|_| placed_known) {
+        let id = Some((s.call_site.as_str(), s.source));
+        let mut rest = values(&s.counts, s.retention.as_ref());
+        for (_, smp) in samples.iter().filter(|(site, _)| *site == id) {
+            rest.iter_mut().zip(&smp.values).for_each(|(v, p)| *v -= p);
+        }
+        // Scaled stacks rounded up beyond the site's total: taken off the
+        // site's largest sample of that value, not shown as a negative one
+        // (pprof's totals add absolute values).
+        for (i, v) in rest.iter_mut().enumerate().filter(|(_, v)| **v < 0) {
+            if let Some((_, smp)) = samples
+                .iter_mut()
+                .filter(|(site, _)| *site == id)
+                .max_by_key(|(_, smp)| smp.values[i])
+                .filter(|(_, smp)| smp.values[i] + *v >= 0)
+            {
+                smp.values[i] += *v;
+                *v = 0;
+            }
+        }
+        if rest.iter().all(|&v| v == 0) {
+            continue;
+        }
+        let mut labels: Vec<Label> = s
+            .caches
+            .iter()
+            .map(|c| Label::Str("cache".into(), c.clone()))
+            .collect();
+        labels.extend(source_label(sources, s.source));
+        if !r.stacks.is_empty() {
+            labels.push(Label::Str("unsampled".into(), "true".into()));
+        }
+        rests.push(Sample {
+            frames: vec![Frame::kernel(&s.location)],
+            values: rest,
+            labels,
+        });
+    }
+    for (_, smp) in &samples {
+        b.add(smp);
+    }
+    for smp in &rests {
+        b.add(smp);
     }
     b
 }
@@ -491,7 +536,11 @@ pub fn from_diff(d: &Diff) -> Builder {
         b.add(&Sample {
             frames,
             values: vec![row.change_count, row.change_bytes],
-            labels: vec![Label::Str("cache".into(), row.cache.clone())],
+            labels: row
+                .caches
+                .iter()
+                .map(|c| Label::Str("cache".into(), c.clone()))
+                .collect(),
         });
     }
     b

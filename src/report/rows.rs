@@ -134,6 +134,12 @@ pub struct StackRow {
     /// process (top).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub processes: Vec<StackProcess>,
+    /// The `call_site` of the site row whose allocations this stack is
+    /// part of (with the row's `source`, its identity). Known where the
+    /// report was built, not read back from JSON: the pprof writer adds
+    /// what a site's sampled stacks leave out as a site-only sample.
+    #[serde(skip)]
+    pub site_call_site: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -43,9 +43,14 @@ pub struct App {
     /// The per-process or per-cgroup view the kernel counts, if any.
     pub counted: Option<GroupBy>,
     pub selected: usize,
-    /// The selected row's key: the selection follows it when rows reorder
-    /// between refreshes.
+    /// The selected row's key: a selection the user moved off the top row
+    /// follows it when rows reorder between refreshes.
     pub selected_key: Option<String>,
+    /// The user moved the selection off the top row. Until then the top
+    /// row is selected, whichever it is, so that the table shows the
+    /// heaviest rows as `top -b` does: following the first refresh's top
+    /// row once scrolled a long table to wherever that row had sunk.
+    pub pinned: bool,
     pub expanded: bool,
     /// The help overlay is shown (any key closes it).
     pub help: bool,
@@ -59,14 +64,18 @@ impl App {
             counted,
             selected: 0,
             selected_key: None,
+            pinned: false,
             expanded: false,
             help: false,
         }
     }
 
-    /// Keeps the selection on the same row after a refresh reordered them.
+    /// Keeps the selection on the row the user chose after a refresh
+    /// reordered them; without a choice, on the top row.
     pub fn follow(&mut self, rows: &[TopRow]) {
-        if let Some(i) = self
+        if !self.pinned {
+            self.selected = 0;
+        } else if let Some(i) = self
             .selected_key
             .as_ref()
             .and_then(|k| rows.iter().position(|r| &r.key == k))
@@ -104,6 +113,8 @@ impl App {
             KeyCode::Esc => Action::Quit,
             KeyCode::Char('s') | KeyCode::Char('>') => {
                 self.view.sort = self.view.sort.next();
+                // A new order starts at its top.
+                self.pinned = false;
                 Action::Redraw
             }
             KeyCode::Char('v') | KeyCode::Tab => {
@@ -141,11 +152,13 @@ impl App {
         self.view.by = by;
         self.selected = 0;
         self.selected_key = None;
+        self.pinned = false;
         Action::Redraw
     }
 
     fn select(&mut self, i: usize, rows: usize) -> Action {
         self.selected = i.min(rows.saturating_sub(1));
+        self.pinned = self.selected > 0;
         // Re-read from the rows by the caller (`follow`).
         self.selected_key = None;
         Action::Redraw

@@ -317,6 +317,78 @@ fn go_pprof_shows_the_json_outstanding_messages_of_leaks() {
     assert!(default.contains("Type: inuse_space"), "{default}");
 }
 
+/// The total `go tool pprof -top` gives for one sample type, in its base
+/// unit.
+fn pprof_total(file: &Path, sample_type: &str) -> i64 {
+    let unit = if sample_type.ends_with("space") {
+        "-unit=B"
+    } else {
+        "-unit=minimum"
+    };
+    let index = format!("-sample_index={sample_type}");
+    let top = go_pprof(&["-top", "-nodecount=1", unit, &index], file);
+    let head = top
+        .lines()
+        .find(|l| l.starts_with("Showing nodes accounting for"))
+        .unwrap_or_else(|| panic!("no total in pprof output:\n{top}"));
+    let total = head
+        .split(" total")
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .last()
+        .unwrap();
+    total
+        .trim_end_matches('B')
+        .parse()
+        .unwrap_or_else(|_| panic!("{total} is not a number:\n{top}"))
+}
+
+#[test]
+fn go_pprof_totals_are_the_json_exact_totals_of_a_short_leaks_run() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    // Stacks sampled (leaks' default, 1 in 256) in a short run: sites
+    // with no sampled stack, or whose sampled objects were freed while
+    // others stay, are in the profile all the same.
+    let (file, r) = profile_and_json(
+        dir.path(),
+        "leaks",
+        &["-d", "2", "--", LOAD, "msg", "500", "2100", "4"],
+    );
+    let sites = r["sites"].as_array().unwrap();
+    let sum = |field: &str| sites.iter().map(|s| n(&s[field])).sum::<i64>();
+    let json = [
+        sum("count"),
+        sum("bytes_alloc"),
+        sum("outstanding_count"),
+        sum("outstanding_bytes"),
+    ];
+    assert_eq!(
+        json[2..],
+        [
+            n(&r["leaks"]["outstanding_count"]),
+            n(&r["leaks"]["outstanding_bytes"])
+        ],
+        "the site rows add up to the run's outstanding totals"
+    );
+    let shown = [
+        "alloc_objects",
+        "alloc_space",
+        "inuse_objects",
+        "inuse_space",
+    ]
+    .map(|t| pprof_total(&file, t));
+    let stacks = r["stacks"].as_array().unwrap();
+    let in_stacks: i64 = stacks.iter().map(|s| n(&s["outstanding_bytes"])).sum();
+    assert_eq!(
+        shown, json,
+        "pprof's totals vs the JSON's exact site rows (the JSON's stacks alone hold {in_stacks} of {} outstanding bytes)",
+        json[3]
+    );
+    assert!(json[2] >= 500, "the 500 held messages: {json:?}");
+}
+
 #[test]
 fn go_pprof_reads_a_diff_with_negative_changes() {
     require_root();

@@ -178,6 +178,41 @@ fn leaks_rows_carry_outstanding_ages_and_transient_volume() {
 }
 
 #[test]
+fn sampled_stacks_take_their_ages_from_their_site() {
+    // The user's case: the site holds objects up to 30 s old, doubling;
+    // the few with a sampled stack are all 4-8 s old.
+    let mut snap = leak_snapshot(1);
+    let leaks = snap.leaks.as_mut().unwrap();
+    for (i, o) in leaks.live.iter_mut().take(400).enumerate() {
+        o.age_ns = if i < 40 {
+            5_000_000_000 + i as u64 * 60_000_000
+        } else if i < 200 {
+            30_000_000_000
+        } else {
+            10_000_000_000
+        };
+    }
+    let over_a_minute = BuildOptions {
+        duration_s: 60.0,
+        ..opts(10)
+    };
+    let r = build(&snap, &fixture_symbols(), over_a_minute);
+    let site = r.sites[0].retention.as_ref().unwrap();
+    assert_eq!(r.sites[0].function, "load_msg");
+    assert_eq!(site.oldest_s, 30.0);
+    let st = r.stacks.iter().find(|s| s.function == "load_msg").unwrap();
+    let ret = st.retention.as_ref().unwrap();
+    assert!(st.estimated);
+    // The one stack of the site: its ages are the site's, not its 40
+    // samples' (all in [4.1 s, 8.2 s), oldest 7.34 s) scaled by ten.
+    assert_eq!(ret.outstanding_count, 400);
+    assert_eq!(ret.oldest_s, 30.0);
+    assert_eq!(ret.ages, site.ages);
+    let counts: Vec<(f64, u64)> = ret.ages.iter().map(|b| (b.lo_s, b.count)).collect();
+    assert_eq!(counts, [(4.096, 40), (8.192, 200), (16.384, 160)]);
+}
+
+#[test]
 fn leaks_cgroup_rows_hold_what_each_cgroup_allocated_and_name_processes() {
     let mut r = build(&leak_snapshot(1), &fixture_symbols(), opts(10));
     let mut names = CgroupNames::new(None);

@@ -72,6 +72,76 @@ fn selection_follows_its_row_across_refreshes() {
 }
 
 #[test]
+fn a_long_table_shows_its_heaviest_rows_after_every_refresh() {
+    // The user's run: about 76 sites sorted by waste/s. The first
+    // refresh's top row stops wasting; the next refresh must still show
+    // the heaviest rows first, not scroll to that row's new place among
+    // the zero-waste rows (sorted by name).
+    let row = |name: &str, waste: u64| TopRow {
+        key: name.into(),
+        name: name.into(),
+        counts: crate::model::Counts {
+            count: 1,
+            waste_bytes: waste,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let refresh = |wasters: &[(&str, u64)]| {
+        let mut r: Vec<TopRow> = (0..74)
+            .map(|i| row(&format!("idle_{i:02}+0x1"), 0))
+            .collect();
+        r.extend(wasters.iter().map(|&(n, w)| row(n, w)));
+        sort_rows(&mut r, TopSort::Waste);
+        r
+    };
+    let mut a = app();
+    a.view.sort = TopSort::Waste;
+    let iv = Interval::default();
+    let draw_rows = |a: &App, r: &[TopRow]| {
+        let mut term = Terminal::new(TestBackend::new(120, 24)).unwrap();
+        term.draw(|f| draw(f, a, Some(&iv), r, r.len())).unwrap();
+        let buf = term.backend().buffer().clone();
+        (0..buf.area.height)
+            .map(|y| {
+                (0..buf.area.width)
+                    .map(|x| buf[(x, y)].symbol())
+                    .collect::<String>()
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = refresh(&[("zz_burst+0x1", 500_000), ("sock_alloc+0x2", 176_000)]);
+    a.follow(&first);
+    let second = refresh(&[("zz_burst+0x1", 0), ("sock_alloc+0x2", 176_000)]);
+    assert_eq!(second[0].name, "sock_alloc+0x2");
+    a.follow(&second);
+    assert_eq!(a.selected, 0);
+    let lines = draw_rows(&a, &second);
+    let body: Vec<&String> = lines.iter().filter(|l| l.contains("+0x")).collect();
+    assert!(body.len() > 10, "{lines:#?}");
+    assert!(body[0].contains("sock_alloc+0x2"), "{lines:#?}");
+    assert!(body[1].contains("idle_00+0x1"), "{lines:#?}");
+    assert!(!lines.iter().any(|l| l.contains("zz_burst")), "{lines:#?}");
+
+    // A row the user selected is still followed.
+    a.on_key(key(KeyCode::Down), second.len());
+    a.follow(&second);
+    assert_eq!(a.selected_key.as_deref(), Some("idle_00+0x1"));
+    let third = refresh(&[
+        ("zz_burst+0x1", 0),
+        ("idle_00+0x1", 9),
+        ("sock_alloc+0x2", 1),
+    ]);
+    a.follow(&third);
+    assert_eq!((a.selected, third[0].name.as_str()), (0, "idle_00+0x1"));
+    // A new sort starts at the top again.
+    a.on_key(key(KeyCode::Down), third.len());
+    a.on_key(key(KeyCode::Char('s')), third.len());
+    a.follow(&third);
+    assert_eq!(a.selected, 0);
+}
+
+#[test]
 fn selection_stays_in_range_and_esc_collapses_first() {
     let mut a = app();
     for _ in 0..10 {
