@@ -86,8 +86,14 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            // One line: what is wrong and what to do.
-            eprintln!("kheap: {}", format!("{e:#}").replace('\n', " "));
+            // One line: what is wrong and what to do. Not eprintln!, which
+            // panics when stderr is gone (a closed terminal).
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "kheap: {}",
+                format!("{e:#}").replace('\n', " ")
+            );
             std::process::exit(1);
         }
     }
