@@ -194,15 +194,33 @@ pub fn create_stream(path: &Path, flag: &str) -> Result<File> {
     Ok(f)
 }
 
+/// Writes `bytes` to `out` and flushes it, checked: Ok(false) when the
+/// reader closed the pipe (`| head`, the reader's choice, not an error);
+/// any other failure (a full disk, /dev/full, EIO) is an error, so a cut
+/// report never ends with exit status 0.
+pub fn write_checked(out: &mut impl Write, bytes: &[u8]) -> Result<bool> {
+    match out.write_all(bytes).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e).context("writing to standard output"),
+    }
+}
+
+/// Prints `bytes` on standard output, checked ([`write_checked`]).
+pub fn print_bytes(bytes: &[u8]) -> Result<bool> {
+    write_checked(&mut std::io::stdout().lock(), bytes)
+}
+
+/// Prints `text` on standard output, checked ([`write_checked`]).
+pub fn print(text: &str) -> Result<bool> {
+    print_bytes(text.as_bytes())
+}
+
 /// Prints a report, or writes it to `output` atomically.
 pub fn emit(text: &str, output: Option<&Path>) -> Result<()> {
     match output {
         Some(path) => write_atomic(path, text),
-        None => {
-            // A closed pipe (| head) is the reader's choice, not an error.
-            let _ = std::io::stdout().lock().write_all(text.as_bytes());
-            Ok(())
-        }
+        None => print(text).map(drop),
     }
 }
 
@@ -221,10 +239,7 @@ pub fn check_binary_destination(output: Option<&Path>, format: &str) -> Result<(
 pub fn emit_bytes(bytes: &[u8], output: Option<&Path>) -> Result<()> {
     match output {
         Some(path) => write_bytes_atomic(path, bytes),
-        None => {
-            let _ = std::io::stdout().lock().write_all(bytes);
-            Ok(())
-        }
+        None => print_bytes(bytes).map(drop),
     }
 }
 
@@ -245,16 +260,10 @@ impl Sink {
     }
 
     /// Writes one report. A closed stdout pipe (`| head`) ends the run
-    /// quietly (false); a file that cannot be written is an error.
+    /// quietly (false); any other failed write (a full disk) is an error.
     pub fn write(&mut self, text: &str) -> Result<bool> {
         match self {
-            Sink::Stdout => {
-                let mut out = std::io::stdout().lock();
-                Ok(out
-                    .write_all(text.as_bytes())
-                    .and_then(|()| out.flush())
-                    .is_ok())
-            }
+            Sink::Stdout => print(text),
             Sink::File(f) => {
                 f.write_all(text.as_bytes())
                     .and_then(|()| f.flush())
@@ -270,6 +279,27 @@ mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn failed_writes_are_errors_and_a_closed_pipe_is_not() {
+        let mut full = fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let e = write_checked(&mut full, b"report\n").unwrap_err();
+        assert!(format!("{e:#}").contains("No space left"), "{e:#}");
+        struct Closed;
+        impl Write for Closed {
+            fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+                Err(std::io::ErrorKind::BrokenPipe.into())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        assert!(!write_checked(&mut Closed, b"x").unwrap());
+        assert!(write_checked(&mut Vec::new(), b"x").unwrap());
+    }
 
     #[test]
     fn writes_whole_files_and_leaves_no_temporary() {

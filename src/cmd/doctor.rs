@@ -239,7 +239,7 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
         "leaks keeps objects in",
         leaks_object_store(privileged.is_ok()),
     );
-    println!("{}", render(t));
+    crate::output::print(&(render(t) + "\n"))?;
     Ok(0)
 }
 

@@ -2,7 +2,7 @@
 //! or in batch mode. This is the loop that reads the kernel each interval;
 //! everything it shows is computed by the pure `top` modules.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -413,7 +413,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         if let Some(iv) = &current {
             let limit = args.output.rows().unwrap_or(20);
             let text = batch::text(iv, &app.view, &top.sizes, limit, output_width(None));
-            let _ = std::io::stdout().write_all(text.as_bytes());
+            crate::output::print(&text)?;
         }
     }
     Ok(())

@@ -192,3 +192,58 @@ fn huge_inputs_are_refused() {
         assert_eq!(e.lines().count(), 1, "kheap {args:?}: {e}");
     }
 }
+
+/// Runs kheap with its standard output on /dev/full: every write fails
+/// with ENOSPC.
+fn into_dev_full(args: &[&str]) -> std::process::Output {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let child = std::process::Command::new(KHEAP)
+        .args(args)
+        .stdout(full)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_bounded(child, HANG_LIMIT)
+}
+
+/// Issue 47: a report that could not be written is an error (one line,
+/// exit status 1), never a cut report with status 0, never a panic
+/// (`doctor > /dev/full` exited 101).
+#[test]
+fn a_failed_write_to_stdout_is_one_line_and_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("r.json");
+    std::fs::write(&report, DIFF_INPUT).unwrap();
+    let r = report.to_str().unwrap();
+    // It is a report diff reads.
+    assert_ok(&kheap(&["diff", r, r]));
+    let man = dir.path().join("man");
+    let m = man.to_str().unwrap();
+    for args in [
+        &["completions", "bash"][..],
+        &["man", "--dir", m],
+        &["doctor"],
+        &["diff", r, r],
+        &["diff", "--format", "json", r, r],
+    ] {
+        let out = into_dev_full(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "kheap {args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "kheap {args:?}: {err}");
+        assert!(
+            err.contains("writing to standard output") && err.contains("No space left"),
+            "kheap {args:?}: {err}"
+        );
+    }
+}
+
+/// The smallest record report `kheap diff` reads.
+const DIFF_INPUT: &str = r#"{"kind":"record","schema_version":9,"duration_s":1.0,
+"run":{"kernel":"6.18","attach":[],"skipped":[],"filters":[],"command":null},
+"totals":{"count":0,"frees":0,"bytes_req":0,"bytes_alloc":0,"waste_bytes":0,"failed_allocs":0},
+"lost":{"stacks":0,"stack_collisions":0,"map_full":0,"map_full_sites":0,"map_full_stacks":0,"map_full_procs":0,"map_full_caches":0},
+"sampling":{"stack_sample_every":1,"stacks_estimated":false,"stack_samples":0,"sites_exact":true},
+"sites":[],"stacks":[],"caches":[]}"#;
