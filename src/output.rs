@@ -194,6 +194,29 @@ pub fn create_stream(path: &Path, flag: &str) -> Result<File> {
     Ok(f)
 }
 
+/// `text` made safe to print on a terminal: every control character but
+/// newline and tab (ESC, BEL, CR, backspace, DEL and the C1 range, which
+/// terminals also obey) becomes a visible `\xNN` escape, so a process
+/// name, cgroup, symbol or diff input that carries an escape sequence
+/// (`$'\e]0;PWN\a'`) is shown, not obeyed. The one function every text
+/// report goes through (`emit`, `Sink`); JSON needs nothing more (its
+/// strings escape control characters) and SVG escapes on its own.
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.push_str(&format!("\\x{:02x}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Writes `bytes` to `out` and flushes it, checked: Ok(false) when the
 /// reader closed the pipe (`| head`, the reader's choice, not an error);
 /// any other failure (a full disk, /dev/full, EIO) is an error, so a cut
@@ -211,15 +234,17 @@ pub fn print_bytes(bytes: &[u8]) -> Result<bool> {
     write_checked(&mut std::io::stdout().lock(), bytes)
 }
 
-/// Prints `text` on standard output, checked ([`write_checked`]).
+/// Prints `text` on standard output, checked ([`write_checked`]), made
+/// [`terminal_safe`].
 pub fn print(text: &str) -> Result<bool> {
-    print_bytes(text.as_bytes())
+    print_bytes(terminal_safe(text).as_bytes())
 }
 
-/// Prints a report, or writes it to `output` atomically.
+/// Prints a report, or writes it to `output` atomically; either way made
+/// [`terminal_safe`] (a file is read on a terminal too).
 pub fn emit(text: &str, output: Option<&Path>) -> Result<()> {
     match output {
-        Some(path) => write_atomic(path, text),
+        Some(path) => write_atomic(path, &terminal_safe(text)),
         None => print(text).map(drop),
     }
 }
@@ -265,7 +290,7 @@ impl Sink {
         match self {
             Sink::Stdout => print(text),
             Sink::File(f) => {
-                f.write_all(text.as_bytes())
+                f.write_all(terminal_safe(text).as_bytes())
                     .and_then(|()| f.flush())
                     .context("writing the output file")?;
                 Ok(true)
@@ -279,6 +304,23 @@ mod tests {
     use super::*;
     use std::fs;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn control_characters_are_shown_not_sent_to_the_terminal() {
+        assert!(matches!(
+            terminal_safe("kmalloc-64 │ bash\n\tx é"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(
+            terminal_safe("\x1b]0;PWN\x07name\r\x08\x7f\u{9b}31m"),
+            "\\x1b]0;PWN\\x07name\\x0d\\x08\\x7f\\x9b31m"
+        );
+        // What emit writes to a file is escaped the same way.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.txt");
+        emit("comm \x1b[2J\n", Some(&path)).unwrap();
+        assert_eq!(fs::read_to_string(&path).unwrap(), "comm \\x1b[2J\n");
+    }
 
     #[test]
     fn failed_writes_are_errors_and_a_closed_pipe_is_not() {

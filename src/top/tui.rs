@@ -16,6 +16,7 @@ use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, Table
 use ratatui::{Frame, Terminal};
 
 use crate::model::human_size;
+use crate::output::terminal_safe;
 use crate::render::{hist, GroupBy, SourceColumn};
 use crate::top::columns::{elide_middle, fit, fitting_line, Column, SPACING};
 use crate::top::view::{
@@ -222,7 +223,7 @@ pub fn draw(f: &mut Frame, app: &App, iv: Option<&Interval>, rows: &[TopRow], to
             head.width as usize,
         )
         .into_iter()
-        .map(Line::from)
+        .map(|l| Line::from(terminal_safe(&l).into_owned()))
         .collect(),
         None => vec![Line::from(format!(
             "kheap top: collecting the first {:.2}s interval…",
@@ -283,7 +284,7 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App, rows: &[TopRow], interval_s:
     let cell = |i: usize, text: &str| {
         let width = shown(&i).unwrap_or(0);
         if cols[i].name {
-            Line::from(elide_middle(text, width))
+            Line::from(elide_middle(&terminal_safe(text), width))
         } else {
             Line::from(text.to_string()).right_aligned()
         }
