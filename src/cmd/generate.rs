@@ -101,7 +101,8 @@ pub fn man_pages(cmd: clap::Command, dir: &Path) -> Result<Vec<PathBuf>> {
                 path.display()
             );
         }
-        crate::output::write_atomic(&path, &page)
+        // Documentation, for everyone to read (the umask permitting).
+        crate::output::write_file(&path, page.as_bytes(), crate::output::Readers::Everyone)
             .with_context(|| format!("writing {}", path.display()))?;
         written.push(path);
     }

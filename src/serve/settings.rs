@@ -129,7 +129,7 @@ struct ServeCli {
 pub fn load_settings(config: Option<&PathBuf>, command_line: &[String]) -> Result<ServeArgs> {
     let mut tokens = vec!["kheap serve".to_string()];
     if let Some(path) = config {
-        let text = crate::input::read_bounded(path, "the config file", crate::input::MAX_INPUT)?;
+        let text = crate::input::read_regular(path, "the config file", crate::input::MAX_INPUT)?;
         for line in text.lines() {
             let line = line.split('#').next().unwrap_or("");
             tokens.extend(line.split_whitespace().map(str::to_string));

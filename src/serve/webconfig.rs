@@ -140,7 +140,12 @@ fn basic_credentials(header: &str) -> Option<(String, String)> {
 }
 
 fn read_bounded(path: &Path) -> Result<Vec<u8>> {
-    let file = std::fs::File::open(path).context("cannot open it")?;
+    // Never blocks on a FIFO; anything but a regular file is refused.
+    let file = crate::input::open_nonblocking(path).context("cannot open it")?;
+    let meta = file.metadata().context("cannot read it")?;
+    if !meta.is_file() {
+        bail!("not a regular file (a directory, named pipe, socket or device): give a file");
+    }
     let mut bytes = Vec::new();
     file.take(FILE_LIMIT + 1)
         .read_to_end(&mut bytes)

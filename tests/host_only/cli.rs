@@ -184,13 +184,16 @@ fn huge_inputs_are_refused() {
     for args in [
         &["diff", s, s][..],
         &["diff", "/dev/zero", s],
-        &["serve", "--config", "/dev/zero"],
         &["serve", "--config", s],
     ] {
         let e = refused(args);
         assert!(e.contains("is larger than 256 MiB"), "kheap {args:?}: {e}");
         assert_eq!(e.lines().count(), 1, "kheap {args:?}: {e}");
     }
+    // A config is a regular file: a device is refused before it is read.
+    let e = refused(&["serve", "--config", "/dev/zero"]);
+    assert!(e.contains("is not a regular file"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
 }
 
 /// Runs kheap with its standard output on /dev/full: every write fails
