@@ -300,8 +300,13 @@ fn preload_dirs(pid: u32, tmpdir: &Path) -> Vec<PathBuf> {
         Path::new("/var/tmp"),
     ]
     .iter()
-    .map(|d| d.join(format!("kheap-preload-{pid}")))
-    .filter(|d| d.exists())
+    .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+    .filter(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name == format!("kheap-preload-{pid}") || name.starts_with(&format!("kheap-preload-{pid}-"))
+    })
+    .map(|e| e.path())
     .collect()
 }
 
