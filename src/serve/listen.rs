@@ -123,6 +123,14 @@ impl Listener {
         }
     }
 
+    /// The TCP address bound (its port chosen by the kernel for port 0).
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Listener::Tcp(l) => l.local_addr().ok(),
+            Listener::Unix(..) => None,
+        }
+    }
+
     pub fn is_unix(&self) -> bool {
         matches!(self, Listener::Unix(..))
     }
