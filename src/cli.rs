@@ -490,13 +490,33 @@ pub fn one_line_error(e: &clap::Error) -> String {
     }
 }
 
+/// What `kheap` alone prints: the usage line and a one-line hint naming
+/// the commands.
+pub fn no_command(cmd: &mut clap::Command) -> String {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .filter(|n| n != "help")
+        .collect();
+    format!(
+        "{}\nkheap: no command given: one of {} (kheap --help says what each does)\n",
+        cmd.render_usage(),
+        names.join(", ")
+    )
+}
+
 /// Resolves `--cgroup PATH` against this host's cgroup2 mount (found in
 /// /proc/mounts): a bad path is refused before anything is attached.
 pub fn parse_cgroup(s: &str) -> Result<CgroupTarget, String> {
     if s.is_empty() {
         return Err(
-            "an empty cgroup path: give a directory under the cgroup2 mount, a path relative to it, or '/' for every cgroup".into(),
+            "an empty cgroup path: give a directory under the cgroup2 mount or a path relative to it (leave --cgroup out for every cgroup)".into(),
         );
+    }
+    if s.trim_start_matches('/').is_empty() {
+        return Err(format!(
+            "{s:?} is the root cgroup, which holds every process: leave --cgroup out to trace them all"
+        ));
     }
     let mount = crate::sys::cgroup2_mount().map_err(|e| e.to_string())?;
     crate::cgroup::resolve_target(s, &mount).map_err(|e| e.to_string())

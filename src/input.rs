@@ -12,13 +12,62 @@ use anyhow::{bail, Context, Result};
 /// report (a record of a busy machine is a few MiB).
 pub const MAX_INPUT: u64 = 256 << 20;
 
+/// Opens `path` to read without blocking on it: a FIFO with no writer
+/// (another user's, put where a config or certificate was expected) opens
+/// at once instead of waiting forever. The descriptor blocks again once
+/// open, for the reads.
+pub fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)?;
+    // SAFETY: plain fcntl calls on a descriptor we own.
+    unsafe {
+        let flags = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
+    }
+    Ok(f)
+}
+
+/// Opens a file that must be a regular file (a config, a certificate, a
+/// library): never blocks on a FIFO, and refuses anything but a regular
+/// file in one line. `shown` names it ("the config file /etc/x.yml").
+pub fn open_regular(path: &Path, shown: &str) -> Result<std::fs::File> {
+    let file = open_nonblocking(path).with_context(|| format!("cannot read {shown}"))?;
+    let meta = file
+        .metadata()
+        .with_context(|| format!("cannot read {shown}"))?;
+    if meta.is_dir() {
+        bail!("{shown} is a directory: give a file");
+    }
+    if !meta.is_file() {
+        bail!("{shown} is not a regular file (a named pipe, socket or device): give a file");
+    }
+    Ok(file)
+}
+
+/// [`read_bounded`] for a file that must be a regular file (configs):
+/// see [`open_regular`].
+pub fn read_regular(path: &Path, what: &str, limit: u64) -> Result<String> {
+    let file = open_regular(path, &format!("{what} {}", path.display()))?;
+    read_open(file, path, what, limit)
+}
+
 /// Reads the text file at `path` (`what` names it in messages, e.g. "the
 /// config file"). A regular file larger than `limit` is refused before a
 /// byte is read; anything else (a pipe, a device) is read up to `limit`
-/// bytes and refused past them. A stop signal (crate::signals) ends it.
+/// bytes and refused past them. Opening never blocks (a FIFO with no
+/// writer reads as empty). A stop signal (crate::signals) ends it.
 pub fn read_bounded(path: &Path, what: &str, limit: u64) -> Result<String> {
+    let file =
+        open_nonblocking(path).with_context(|| format!("cannot read {what} {}", path.display()))?;
+    read_open(file, path, what, limit)
+}
+
+fn read_open(mut file: std::fs::File, path: &Path, what: &str, limit: u64) -> Result<String> {
     let shown = || format!("{what} {}", path.display());
-    let mut file = std::fs::File::open(path).with_context(|| format!("cannot read {}", shown()))?;
     let meta = file
         .metadata()
         .with_context(|| format!("cannot read {}", shown()))?;

@@ -42,6 +42,11 @@ fn main() {
         .and_then(|m| Cli::from_arg_matches(&m));
     let cli = match parsed {
         Ok(cli) => cli,
+        // `kheap` alone: its usage and one line, not the whole help.
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            eprint!("{}", kheap::cli::no_command(&mut Cli::command()));
+            std::process::exit(2);
+        }
         Err(e) if e.use_stderr() => {
             eprintln!("kheap: {}", kheap::cli::one_line_error(&e));
             std::process::exit(2);
@@ -86,8 +91,14 @@ fn main() {
     match result {
         Ok(code) => std::process::exit(code),
         Err(e) => {
-            // One line: what is wrong and what to do.
-            eprintln!("kheap: {}", format!("{e:#}").replace('\n', " "));
+            // One line: what is wrong and what to do. Not eprintln!, which
+            // panics when stderr is gone (a closed terminal).
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "kheap: {}",
+                format!("{e:#}").replace('\n', " ")
+            );
             std::process::exit(1);
         }
     }

@@ -513,9 +513,46 @@ pub fn stack_body(frames: &[String], histogram: &str) -> String {
 pub fn folded(r: &Report) -> String {
     let mut out = String::new();
     for s in &r.stacks {
-        let _ = writeln!(out, "{} {}", callers_first(r, s).join(";"), s.counts.count);
+        let _ = writeln!(
+            out,
+            "{} {}",
+            folded_stack(&callers_first(r, s)),
+            s.counts.count
+        );
     }
     out
+}
+
+/// One folded stack: its frames joined with ';', each escaped with
+/// [`folded_frame`]. Every `folded` output (record, leaks, malloc) is
+/// written with it.
+pub fn folded_stack<S: AsRef<str>>(frames: &[S]) -> String {
+    frames
+        .iter()
+        .map(|f| folded_frame(f.as_ref()))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// A frame name for folded stacks: ';' separates frames and a newline
+/// ends a stack, so a symbol holding either (a traced binary's own
+/// symbols can) would add frames or stacks that never ran. Both, and the
+/// backslash that escapes them, become `\xNN`; other control characters
+/// are escaped by `output::terminal_safe` as the text is written.
+pub fn folded_frame(name: &str) -> std::borrow::Cow<'_, str> {
+    let special = |c: char| matches!(c, ';' | '\n' | '\r' | '\\');
+    if !name.contains(special) {
+        return std::borrow::Cow::Borrowed(name);
+    }
+    let mut out = String::with_capacity(name.len() + 8);
+    for c in name.chars() {
+        if special(c) {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// A stack's function names, callers first, under its source's root frame

@@ -5,10 +5,11 @@
 //!
 //! The path is walked one component at a time from a directory descriptor
 //! (never re-resolved by name, so a directory swapped for a link meanwhile
-//! changes nothing), and each symbolic link is followed only under the rule
-//! of `fs.protected_symlinks`, whatever the sysctl says: a link in a sticky,
-//! world-writable directory (/tmp, /var/tmp, /dev/shm) is followed only if
-//! its owner is kheap's user or the directory's owner. The kernel's own
+//! changes nothing), and a symbolic link is followed only if its owner is
+//! kheap's user or root: another user's link is refused wherever it is, in
+//! a sticky, world-writable directory (/tmp, /var/tmp, /dev/shm) as under
+//! `fs.protected_symlinks`, and in a directory that user owns (which the
+//! sysctl does not cover). The kernel's own
 //! links in /proc (`/dev/stdout` ends at `/proc/self/fd/1`) are followed by
 //! the kernel: they name open files, not paths.
 
@@ -194,17 +195,26 @@ fn open_start(absolute: bool) -> io::Result<(OwnedFd, PathBuf)> {
     Ok((unsafe { OwnedFd::from_raw_fd(fd) }, path))
 }
 
-/// Why a link may not be followed, if it may not: the fs.protected_symlinks
-/// rule, for a link with stat `link` in a directory with stat `dir`.
+/// Why a link may not be followed, if it may not: kheap follows only its
+/// own user's links and root's. Another user's link is refused wherever it
+/// is: in a sticky, world-writable directory (/tmp) as `fs.protected_symlinks`
+/// would, and in a directory that user owns (`/tmp/s/report.json` planted
+/// in the user's own `/tmp/s`), which the sysctl does not cover.
 fn refusal(link: &libc::stat, dir: &libc::stat, follower: libc::uid_t) -> Option<String> {
+    if link.st_uid == follower || link.st_uid == 0 {
+        return None;
+    }
     let sticky_world_writable = dir.st_mode & libc::S_ISVTX != 0 && dir.st_mode & 0o002 != 0;
-    (sticky_world_writable && link.st_uid != follower && link.st_uid != dir.st_uid).then(|| {
-        format!(
-            "it is a symbolic link owned by user {} in a sticky, world-writable directory, \
-             and kheap (user {follower}) follows only its own links there",
-            user_name(link.st_uid)
-        )
-    })
+    let place = if sticky_world_writable {
+        " in a sticky, world-writable directory"
+    } else {
+        ""
+    };
+    Some(format!(
+        "it is a symbolic link owned by user {}{place}, and kheap (user {follower}) \
+         follows only its own links and root's",
+        user_name(link.st_uid)
+    ))
 }
 
 fn user_name(uid: libc::uid_t) -> String {
@@ -353,19 +363,22 @@ mod tests {
     }
 
     #[test]
-    fn links_in_sticky_world_writable_directories_follow_the_rule() {
+    fn only_ones_own_links_and_roots_are_followed() {
         let tmp = st(0, libc::S_IFDIR | 0o1777);
         // Another user's link in /tmp: refused, for root and for others.
         assert!(refusal(&st(1000, libc::S_IFLNK), &tmp, 0).is_some());
         assert!(refusal(&st(1000, libc::S_IFLNK), &tmp, 1001).is_some());
-        // One's own link, or the directory owner's: followed.
+        // One's own link, or root's: followed.
         assert!(refusal(&st(1000, libc::S_IFLNK), &tmp, 1000).is_none());
         assert!(refusal(&st(0, libc::S_IFLNK), &tmp, 1000).is_none());
-        // Not sticky, or not world-writable: followed.
+        // Another user's link in that user's own directory (not sticky,
+        // not world-writable): refused too.
+        let theirs = st(1000, libc::S_IFDIR | 0o755);
+        assert!(refusal(&st(1000, libc::S_IFLNK), &theirs, 0).is_some());
         let shared = st(0, libc::S_IFDIR | 0o777);
-        assert!(refusal(&st(1000, libc::S_IFLNK), &shared, 0).is_none());
-        let home = st(1000, libc::S_IFDIR | 0o1755);
-        assert!(refusal(&st(1000, libc::S_IFLNK), &home, 0).is_none());
+        assert!(refusal(&st(1000, libc::S_IFLNK), &shared, 0).is_some());
+        let root_dir = st(0, libc::S_IFDIR | 0o755);
+        assert!(refusal(&st(0, libc::S_IFLNK), &root_dir, 0).is_none());
     }
 
     #[test]

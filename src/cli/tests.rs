@@ -64,9 +64,15 @@ fn comm_must_be_matchable() {
     assert!(parse_comm("").unwrap_err().contains("empty"));
     let e = parse_comm("a\nb").unwrap_err();
     assert!(e.starts_with("\"a\\nb\" has a control character"), "{e}");
-    assert!(parse_cgroup("")
-        .unwrap_err()
-        .contains("an empty cgroup path"));
+    let e = parse_cgroup("").unwrap_err();
+    assert!(e.contains("an empty cgroup path"), "{e}");
+    // It does not suggest what is then refused (issue 47).
+    assert!(!e.contains("'/'"), "{e}");
+    for root in ["/", "//"] {
+        let e = parse_cgroup(root).unwrap_err();
+        assert!(e.contains("is the root cgroup"), "{e}");
+        assert!(e.contains("leave --cgroup out"), "{e}");
+    }
     let e = parse_comm("a-very-long-command-name").unwrap_err();
     assert!(e.contains("use 'a-very-long-com'"), "{e}");
 }

@@ -242,7 +242,8 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
     for (mode, memory) in kernel_memory_rows() {
         row(&format!("kernel memory: {mode}"), memory);
     }
-    println!("{}", render(t));
+    crate::output::print(&(render(t) + "
+"))?;
     Ok(0)
 }
 

@@ -36,9 +36,11 @@ pub fn completions(mut cmd: clap::Command, args: &CompletionsArgs) -> Result<i32
 pub fn man(cmd: clap::Command, args: &ManArgs) -> Result<i32> {
     create_dir(&args.dir)?;
     crate::output::check_dir_writable(&args.dir, "--dir")?;
-    for path in man_pages(cmd, &args.dir)? {
-        println!("{}", path.display());
-    }
+    let list: String = man_pages(cmd, &args.dir)?
+        .iter()
+        .map(|p| format!("{}\n", p.display()))
+        .collect();
+    crate::output::print(&list)?;
     Ok(0)
 }
 
@@ -99,7 +101,8 @@ pub fn man_pages(cmd: clap::Command, dir: &Path) -> Result<Vec<PathBuf>> {
                 path.display()
             );
         }
-        crate::output::write_atomic(&path, &page)
+        // Documentation, for everyone to read (the umask permitting).
+        crate::output::write_file(&path, page.as_bytes(), crate::output::Readers::Everyone)
             .with_context(|| format!("writing {}", path.display()))?;
         written.push(path);
     }

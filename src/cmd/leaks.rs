@@ -116,8 +116,14 @@ fn kernel_config(args: &LeaksArgs, targets: &Targets) -> Config {
     }
 }
 
+/// `--min-age`: 0 or more seconds, capped like every other duration
+/// (crate::cli::MAX_DURATION).
 fn parse_age(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > crate::cli::MAX_DURATION.as_secs_f64() => Err(format!(
+            "'{s}' seconds is too long: at most {} (7 days)",
+            crate::cli::MAX_DURATION.as_secs()
+        )),
         Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
         _ => Err(format!("'{s}' is not a number of seconds")),
     }

@@ -44,6 +44,7 @@ pub fn run(args: ServeArgs, command_line: Vec<String>) -> Result<i32> {
     };
     // Bound before anything is attached: a busy port is said at once.
     let listener = Listener::bind(&args.listen, access)?;
+    let bound = listener.local_addr();
     let web: SharedWebConfig = Arc::new(RwLock::new(Arc::new(web)));
     let shared = Arc::new(Shared::new(args.interval, args.expose_slabinfo));
     let handler = {
@@ -54,6 +55,7 @@ pub fn run(args: ServeArgs, command_line: Vec<String>) -> Result<i32> {
         .with_context(|| format!("cannot serve on {}", args.listen))?;
 
     let mut daemon = Daemon::new(args, command_line, shared, web);
+    daemon.set_bound(bound);
     let result = loop {
         let targets = Targets::start(&daemon.args().filters.targets)?;
         let cfg = kernel_config(daemon.args(), &targets);

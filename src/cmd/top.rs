@@ -2,13 +2,13 @@
 //! or in batch mode. This is the loop that reads the kernel each interval;
 //! everything it shows is computed by the pure `top` modules.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::cgroup::CgroupNames;
 use crate::sys::cgroup2_mount;
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 
 use crate::cli::{parse_duration, OutputArgs, TableOrJson, TraceArgs, ROWS_ARG};
@@ -27,7 +27,7 @@ use crate::session::{
 };
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
 use crate::top::batch;
-use crate::top::tui::{self, Action, App, Input, Screen};
+use crate::top::tui::{self, Action, App, Input, Keys, Screen};
 use crate::top::view::{self, Interval, ObjectSizes, TopRow, TopSort, ViewOptions};
 
 // `-n` is the number of iterations here, as in top(1), so `-r/--rows` has
@@ -346,7 +346,10 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
     let mut deadline = next_deadline(top.last_read, app.interval_s);
     let mut done = 0;
     let mut redraw = true;
-    loop {
+    let mut keys = Keys::new();
+    // The terminal went away: the run ends, with nothing left to show on.
+    let mut gone = false;
+    'run: loop {
         if top.should_stop() {
             break;
         }
@@ -360,9 +363,16 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
             let (shown, total) = screen_rows(current.as_ref(), &app, top, args.output.rows);
             rows = shown;
             app.follow(&rows);
-            screen
+            let drawn = screen
                 .terminal
-                .draw(|f| tui::draw(f, &app, current.as_ref(), &rows, total))?;
+                .draw(|f| tui::draw(f, &app, current.as_ref(), &rows, total));
+            if let Err(e) = drawn {
+                if tui::terminal_gone() {
+                    gone = true;
+                    break;
+                }
+                return Err(e).context("drawing the screen");
+            }
             redraw = false;
         }
         if args.iterations.is_some_and(|n| done >= n) {
@@ -371,21 +381,30 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         let wait = deadline
             .saturating_duration_since(Instant::now())
             .min(Duration::from_millis(100));
-        match tui::next_input(wait)? {
-            Some(Input::Key(key)) => match app.on_key(key, rows.len()) {
-                Action::Quit => break,
-                Action::Redraw => redraw = true,
-                Action::Reschedule => {
-                    deadline = next_deadline(top.last_read, app.interval_s);
-                    redraw = true;
+        for input in keys.next(wait)? {
+            match input {
+                Input::Key(key) => match app.on_key(key, rows.len()) {
+                    Action::Quit => break 'run,
+                    Action::Redraw => redraw = true,
+                    Action::Reschedule => {
+                        deadline = next_deadline(top.last_read, app.interval_s);
+                        redraw = true;
+                    }
+                    Action::Nothing => {}
+                },
+                Input::Resize => redraw = true,
+                Input::Gone => {
+                    gone = true;
+                    break 'run;
                 }
-                Action::Nothing => {}
-            },
-            Some(Input::Resize) => redraw = true,
-            None => {}
+            }
         }
     }
     drop(screen);
+    if gone {
+        top.ended.get_or_insert(Ended::Signal);
+        return Ok(());
+    }
     // After a signal, or once the traced command has exited (its last
     // allocations read into a last interval), leave the last interval on
     // the main screen: the run still ends with a report.
@@ -396,7 +415,7 @@ fn screen_loop(top: &mut Top, args: &TopArgs) -> Result<()> {
         if let Some(iv) = &current {
             let limit = args.output.rows().unwrap_or(20);
             let text = batch::text(iv, &app.view, &top.sizes, limit, output_width(None));
-            let _ = std::io::stdout().write_all(text.as_bytes());
+            crate::output::print(&text)?;
         }
     }
     Ok(())

@@ -420,7 +420,11 @@ pub fn folded(r: &Report) -> String {
         if bytes == 0 {
             continue;
         }
-        let _ = writeln!(out, "{} {bytes}", render::callers_first(r, s).join(";"));
+        let _ = writeln!(
+            out,
+            "{} {bytes}",
+            render::folded_stack(&render::callers_first(r, s))
+        );
     }
     out
 }

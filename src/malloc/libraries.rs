@@ -39,6 +39,12 @@ pub fn initial_libraries(
         let maps = procmaps::read(pid)
             .ok_or_else(|| anyhow::anyhow!("no process with PID {pid} (it exited)"))?;
         let Some(libc) = procmaps::find_libc(&maps).and_then(|m| host_path(pid, m)) else {
+            if is_kernel_thread(pid) {
+                bail!(
+                    "process {pid} ({}) is a kernel thread: it has no malloc to trace (kheap record -p {pid} traces its kernel allocations)",
+                    comm(pid)
+                );
+            }
             bail!(
                 "process {pid} ({}) maps no C library (a static binary?): use --lib PATH to name its allocator",
                 comm(pid)
@@ -74,6 +80,22 @@ pub fn initial_libraries(
     Ok(libs)
 }
 
+/// The kernel marks its own threads PF_KTHREAD (the ninth field of
+/// /proc/PID/stat, after the name in parentheses).
+const PF_KTHREAD: u64 = 0x0020_0000;
+
+/// Whether `pid` is a kernel thread (no user memory, no C library).
+fn is_kernel_thread(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| stat_is_kernel_thread(&s))
+}
+
+fn stat_is_kernel_thread(stat: &str) -> bool {
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(6))
+        .and_then(|f| f.parse::<u64>().ok())
+        .is_some_and(|flags| flags & PF_KTHREAD != 0)
+}
+
 /// The allocator files a process maps besides its C library: C++ runtimes
 /// and allocator libraries known by name, and any other file (the program
 /// too) that defines allocator functions. `inspected` holds the files
@@ -105,4 +127,24 @@ pub fn other_allocators(
 
 fn comm(pid: u32) -> String {
     crate::sys::process_name(pid).unwrap_or_else(|| "?".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_threads_are_told_apart() {
+        // The flags field after a name that holds ") " itself.
+        let kthread = "2 (a) 0 1 2) S 0 0 0 0 -1 2129984 0 0";
+        assert!(stat_is_kernel_thread(kthread));
+        let user = "42 (a) 0 1 2) S 1 42 42 0 -1 4194560 0 0";
+        assert!(!stat_is_kernel_thread(user));
+        assert!(!stat_is_kernel_thread("garbage"));
+        assert!(!is_kernel_thread(std::process::id()));
+        assert!(is_kernel_thread(2), "PID 2 is kthreadd");
+        let err = initial_libraries(None, &[2], &[]).unwrap_err().to_string();
+        assert!(err.contains("is a kernel thread"), "{err}");
+        assert!(!err.contains("static"), "{err}");
+    }
 }

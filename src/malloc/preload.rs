@@ -22,8 +22,70 @@ const LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libkheap-preloa
 /// The file name processes map it under.
 pub const FILE_NAME: &str = "libkheap-preload.so";
 
-/// A run's directory is this and kheap's PID.
+/// A run's directory is this, kheap's PID, a dash and a random part
+/// (mkdtemp-style: another user cannot pre-create it, and one who does
+/// makes kheap try another name, not fail).
 const DIR_PREFIX: &str = "kheap-preload-";
+
+/// How many random names are tried before giving up.
+const NAME_TRIES: usize = 64;
+
+/// The PID in a run directory's name: `kheap-preload-PID-RANDOM` (and the
+/// older `kheap-preload-PID`).
+fn pid_of(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix(DIR_PREFIX)?;
+    let pid = match rest.split_once('-') {
+        Some((pid, random))
+            if !random.is_empty() && random.bytes().all(|b| b.is_ascii_hexdigit()) =>
+        {
+            pid
+        }
+        Some(_) => return None,
+        None => rest,
+    };
+    pid.parse().ok()
+}
+
+/// A new run directory's name, with 64 random bits from the kernel.
+fn random_name() -> std::io::Result<String> {
+    let mut bytes = [0u8; 8];
+    // SAFETY: bytes is writable for its length.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(format!(
+        "{DIR_PREFIX}{}-{:016x}",
+        std::process::id(),
+        u64::from_ne_bytes(bytes)
+    ))
+}
+
+/// Makes a new directory in `parent_fd`, mode 0700, under the first name of
+/// `names` that nothing holds (mkdirat fails on anything there, a link
+/// included, so nothing another user planted is used or followed).
+fn make_private_dir(
+    parent_fd: &OwnedFd,
+    mut names: impl FnMut() -> std::io::Result<String>,
+) -> std::io::Result<String> {
+    for _ in 0..NAME_TRIES {
+        let name = names()?;
+        let c_name = CString::new(name.as_str())
+            .map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))?;
+        // SAFETY: c_name is a valid C string.
+        if unsafe { libc::mkdirat(parent_fd.as_raw_fd(), c_name.as_ptr(), 0o700) } == 0 {
+            return Ok(name);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EEXIST) {
+            return Err(e);
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("{NAME_TRIES} random names were all taken"),
+    ))
+}
 
 /// Removes the directories of runs whose kheap is gone (killed before it
 /// could remove its own).
@@ -33,11 +95,7 @@ fn remove_stale(parent: &Path) {
     };
     for e in entries.flatten() {
         let name = e.file_name();
-        let Some(pid) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(DIR_PREFIX))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
+        let Some(pid) = name.to_str().and_then(pid_of) else {
             continue;
         };
         // Only kheap's own (its user's): another user's is none of its
@@ -129,22 +187,9 @@ impl PreloadLibrary {
             .with_context(|| format!("{shown}: cannot open it"))?;
         let parent = place.path();
         remove_stale(&parent);
-        let name = format!("{DIR_PREFIX}{}", std::process::id());
+        let name = make_private_dir(&parent_fd, random_name)
+            .with_context(|| format!("creating a directory in {}", parent.display()))?;
         let dir = parent.join(&name);
-        // Left by a kheap with this PID that was killed: ours now.
-        if owned_by_us(&dir) {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        let c_name = CString::new(name.as_str())?;
-        // SAFETY: c_name is a valid C string.
-        if unsafe { libc::mkdirat(parent_fd.as_raw_fd(), c_name.as_ptr(), 0o700) } != 0 {
-            return Err(std::io::Error::last_os_error()).with_context(|| {
-                format!(
-                    "creating {} (remove what is there if it is not kheap's)",
-                    dir.display()
-                )
-            });
-        }
         let guard = {
             let c_dir = CString::new(dir.as_os_str().as_bytes())?;
             let c_lib = CString::new(dir.join(FILE_NAME).as_os_str().as_bytes())?;
@@ -308,11 +353,14 @@ mod tests {
         std::fs::create_dir_all(&parent).unwrap();
         // a killed run's (no such PID) and something else's
         let stale = parent.join(format!("{DIR_PREFIX}4000000000"));
+        let stale_random = parent.join(format!("{DIR_PREFIX}4000000000-0123456789abcdef"));
+        std::fs::create_dir_all(&stale_random).unwrap();
         let other = parent.join("kheap-preload-notes");
         std::fs::create_dir_all(&stale).unwrap();
         std::fs::create_dir_all(&other).unwrap();
         let lib = PreloadLibrary::install(&parent).expect("installed");
         assert!(!stale.exists());
+        assert!(!stale_random.exists());
         assert!(other.exists());
         assert!(lib.path.is_file());
         let (allocs, frees) = lib.sites.all();
@@ -334,6 +382,85 @@ mod tests {
         drop(lib);
         assert!(!dir.exists());
         std::fs::remove_dir_all(&parent).unwrap();
+    }
+
+    /// What another user can plant at a name kheap might use: a file, a
+    /// link to somewhere of root's, a directory. kheap takes another name
+    /// and touches none of them.
+    #[test]
+    fn a_planted_name_is_skipped_not_used_or_followed() {
+        let parent = tempfile::tempdir().unwrap();
+        let target = parent.path().join("root-only");
+        std::fs::create_dir(&target).unwrap();
+        let planted = [
+            "kheap-preload-1-00",
+            "kheap-preload-1-01",
+            "kheap-preload-1-02",
+        ];
+        std::fs::write(parent.path().join(planted[0]), b"x").unwrap();
+        std::os::unix::fs::symlink(&target, parent.path().join(planted[1])).unwrap();
+        std::fs::create_dir(parent.path().join(planted[2])).unwrap();
+        let fd: OwnedFd = std::fs::File::open(parent.path()).unwrap().into();
+        let mut offered = planted
+            .iter()
+            .map(|n| n.to_string())
+            .chain(["kheap-preload-1-03".to_string()]);
+        let name = make_private_dir(&fd, || Ok(offered.next().unwrap())).unwrap();
+        assert_eq!(name, "kheap-preload-1-03");
+        let made = std::fs::symlink_metadata(parent.path().join(&name)).unwrap();
+        assert!(made.is_dir());
+        assert_eq!(made.mode() & 0o7777, 0o700);
+        assert_eq!(std::fs::read(parent.path().join(planted[0])).unwrap(), b"x");
+        assert!(std::fs::symlink_metadata(parent.path().join(planted[1]))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_dir(&target).unwrap().count(), 0);
+
+        // Every name taken: one line, no directory made.
+        let err = make_private_dir(&fd, || Ok(planted[0].to_string())).unwrap_err();
+        assert_eq!(err.to_string(), "64 random names were all taken");
+    }
+
+    /// The old predictable name (kheap-preload-PID) planted as a link and
+    /// as a file: install neither fails nor writes through it.
+    #[test]
+    fn install_is_not_stopped_by_the_predictable_name() {
+        let parent = tempfile::tempdir().unwrap();
+        let target = tempfile::tempdir().unwrap();
+        let old = parent
+            .path()
+            .join(format!("{DIR_PREFIX}{}", std::process::id()));
+        std::os::unix::fs::symlink(target.path(), &old).unwrap();
+        let lib = PreloadLibrary::install(parent.path()).expect("installed");
+        let dir = lib.path.parent().unwrap().to_path_buf();
+        assert_ne!(dir, old);
+        assert_eq!(
+            pid_of(dir.file_name().unwrap().to_str().unwrap()),
+            Some(std::process::id())
+        );
+        assert_eq!(std::fs::read_dir(target.path()).unwrap().count(), 0);
+        drop(lib);
+        assert!(!dir.exists());
+        // Ours or not, a link is not a run's directory: left alone.
+        assert!(std::fs::symlink_metadata(&old).is_ok());
+        std::fs::remove_file(&old).unwrap();
+        std::fs::write(&old, b"").unwrap();
+        let lib = PreloadLibrary::install(parent.path()).expect("installed past a file");
+        drop(lib);
+        assert!(old.is_file());
+    }
+
+    #[test]
+    fn run_directory_names() {
+        assert_eq!(pid_of("kheap-preload-42"), Some(42));
+        assert_eq!(pid_of("kheap-preload-42-00ff00ff00ff00ff"), Some(42));
+        assert_eq!(pid_of("kheap-preload-notes"), None);
+        assert_eq!(pid_of("kheap-preload-42-notes"), None);
+        assert_eq!(pid_of("kheap-preload-42-"), None);
+        let (a, b) = (random_name().unwrap(), random_name().unwrap());
+        assert_ne!(a, b);
+        assert_eq!(pid_of(&a), Some(std::process::id()));
     }
 
     #[test]

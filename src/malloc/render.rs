@@ -243,7 +243,12 @@ pub fn folded(r: &MallocReport) -> String {
     for s in &r.stacks {
         let mut names: Vec<String> = s.frames.iter().rev().map(|f| function_part(f)).collect();
         names.push(s.allocator.clone());
-        let _ = writeln!(out, "{} {}", names.join(";"), s.counts.count);
+        let _ = writeln!(
+            out,
+            "{} {}",
+            crate::render::folded_stack(&names),
+            s.counts.count
+        );
     }
     out
 }

@@ -171,3 +171,16 @@ fn the_interrupt_row_of_processes_names_no_process() {
         "{t}"
     );
 }
+
+#[test]
+fn folded_frames_cannot_add_frames_or_stacks() {
+    assert_eq!(folded_frame("do_msgsnd"), "do_msgsnd");
+    assert_eq!(
+        folded_frame("evil;fake_frame\nfake_stack 99\\"),
+        "evil\\x3bfake_frame\\x0afake_stack 99\\x5c"
+    );
+    let stack = folded_stack(&["main", "a;b", "c\nd 5"]);
+    assert_eq!(stack, "main;a\\x3bb;c\\x0ad 5");
+    assert_eq!(stack.split(';').count(), 3);
+    assert_eq!(stack.lines().count(), 1);
+}

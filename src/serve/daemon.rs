@@ -76,6 +76,9 @@ pub struct Daemon {
     pub(super) started: Instant,
     /// The --snapshot-when conditions and their records.
     pub(super) triggers: Vec<Watched>,
+    /// The address the TCP listener was bound to: the port the kernel
+    /// chose for `--listen HOST:0`.
+    pub(super) bound: Option<std::net::SocketAddr>,
 }
 
 impl Daemon {
@@ -104,7 +107,13 @@ impl Daemon {
             triggers: triggers::reconcile(&[], &args.snapshot_when),
             args,
             command_line,
+            bound: None,
         }
+    }
+
+    /// Where the listener really is (`Listener::local_addr`).
+    pub fn set_bound(&mut self, addr: Option<std::net::SocketAddr>) {
+        self.bound = addr;
     }
 
     /// The settings in force (the last reload's).
@@ -264,13 +273,19 @@ impl Daemon {
     }
 
     fn metrics_url(&self, web: &WebConfig) -> String {
-        match &self.args.listen {
-            Listen::Tcp(addr) => {
-                let scheme = if web.tls.is_some() { "https" } else { "http" };
-                format!("{scheme}://{addr}/metrics")
-            }
-            unix => format!("{unix}, path /metrics"),
+        metrics_url(&self.args.listen, self.bound, web.tls.is_some())
+    }
+}
+
+/// The URL of the metrics: at the address bound (a chosen port), else the
+/// one asked for.
+fn metrics_url(listen: &Listen, bound: Option<std::net::SocketAddr>, tls: bool) -> String {
+    match listen {
+        Listen::Tcp(asked) => {
+            let scheme = if tls { "https" } else { "http" };
+            format!("{scheme}://{}/metrics", bound.unwrap_or(*asked))
         }
+        unix => format!("{unix}, path /metrics"),
     }
 }
 
@@ -288,5 +303,31 @@ pub fn one_malloc_arena() {
     #[cfg(target_env = "gnu")]
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::listen::{Listener, SocketAccess};
+
+    /// `--listen 127.0.0.1:0` said port 0 (issue 47): the line names the
+    /// port the kernel chose.
+    #[test]
+    fn the_serving_line_names_the_port_bound() {
+        let listen: Listen = "127.0.0.1:0".parse().unwrap();
+        let access = SocketAccess {
+            mode: 0o660,
+            gid: None,
+        };
+        let listener = Listener::bind(&listen, access).unwrap();
+        let bound = listener.local_addr().expect("a TCP address");
+        assert_ne!(bound.port(), 0);
+        let url = metrics_url(&listen, Some(bound), false);
+        assert_eq!(url, format!("http://127.0.0.1:{}/metrics", bound.port()));
+        assert_eq!(
+            metrics_url(&listen, None, true),
+            "https://127.0.0.1:0/metrics"
+        );
     }
 }

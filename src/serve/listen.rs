@@ -64,9 +64,26 @@ pub fn parse_mode(s: &str) -> Result<u32, String> {
     }
 }
 
-/// `--socket-group`: a group name or number.
+/// `--socket-group`: a group name or number, either naming a group that
+/// exists (a number no group has is a typo, not a grant).
 pub fn group_id(name: &str) -> Result<u32> {
-    if let Ok(gid) = name.parse() {
+    if let Ok(gid) = name.parse::<u32>() {
+        let mut group: libc::group = unsafe { std::mem::zeroed() };
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut found: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: group, buf and found are writable and outlive the call.
+        let rc = unsafe {
+            libc::getgrgid_r(
+                gid,
+                &mut group,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut found,
+            )
+        };
+        if rc != 0 || found.is_null() {
+            bail!("--socket-group {name}: no group has this number (see /etc/group)");
+        }
         return Ok(gid);
     }
     let cname = std::ffi::CString::new(name).context("--socket-group: a NUL in the name")?;
@@ -103,6 +120,14 @@ impl Listener {
                 .map(Listener::Tcp)
                 .with_context(|| format!("cannot listen on {addr}")),
             Listen::Unix(path) => bind_unix(path, access),
+        }
+    }
+
+    /// The TCP address bound (its port chosen by the kernel for port 0).
+    pub fn local_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Listener::Tcp(l) => l.local_addr().ok(),
+            Listener::Unix(..) => None,
         }
     }
 
@@ -310,6 +335,11 @@ mod tests {
         assert_eq!(group_id("0").unwrap(), 0);
         assert_eq!(group_id("root").unwrap(), 0);
         assert!(group_id("no-such-group-kheap").is_err());
+        let e = group_id("99999999").unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "--socket-group 99999999: no group has this number (see /etc/group)"
+        );
     }
 
     #[test]

@@ -133,15 +133,26 @@ struct ServeCli {
 pub fn load_settings(config: Option<&PathBuf>, command_line: &[String]) -> Result<ServeArgs> {
     let mut tokens = vec!["kheap serve".to_string()];
     if let Some(path) = config {
-        let text = crate::input::read_bounded(path, "the config file", crate::input::MAX_INPUT)?;
+        let text = crate::input::read_regular(path, "the config file", crate::input::MAX_INPUT)?;
         for line in text.lines() {
             let line = line.split('#').next().unwrap_or("");
             tokens.extend(line.split_whitespace().map(str::to_string));
         }
     }
     tokens.extend(command_line.iter().cloned());
-    let parsed = ServeCli::try_parse_from(tokens)
-        .map_err(|e| anyhow::anyhow!("{}", crate::cli::one_line_error(&e)))?;
+    let parsed = ServeCli::try_parse_from(tokens).map_err(|e| {
+        use clap::error::ErrorKind;
+        // The command line's own --help was answered before
+        // this: these came from the file.
+        if matches!(e.kind(), ErrorKind::DisplayHelp) {
+            let file = config.map(|p| p.display().to_string()).unwrap_or_default();
+            anyhow::anyhow!(
+                "the config file {file}: --help is not a setting (run kheap serve --help)"
+            )
+        } else {
+            anyhow::anyhow!("{}", crate::cli::one_line_error(&e))
+        }
+    })?;
     Ok(parsed.args)
 }
 
@@ -260,6 +271,25 @@ mod tests {
         assert_eq!(args.interval, Duration::from_secs(10));
         let args = load_settings(None, &words("--sites 7")).unwrap();
         assert_eq!((args.sites, args.cgroup_series), (7, 50));
+    }
+
+    /// A config holding --help printed the help's first lines as the error
+    /// (issue 47).
+    #[test]
+    fn help_in_a_config_file_is_refused_in_one_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("serve.conf");
+        for word in ["--help", "-h"] {
+            std::fs::write(&path, format!("--sites 3\n{word}\n")).unwrap();
+            let e = format!("{:#}", load_settings(Some(&path), &[]).unwrap_err());
+            assert_eq!(
+                e,
+                format!(
+                    "the config file {}: --help is not a setting (run kheap serve --help)",
+                    path.display()
+                )
+            );
+        }
     }
 
     #[test]

@@ -140,7 +140,12 @@ fn basic_credentials(header: &str) -> Option<(String, String)> {
 }
 
 fn read_bounded(path: &Path) -> Result<Vec<u8>> {
-    let file = std::fs::File::open(path).context("cannot open it")?;
+    // Never blocks on a FIFO; anything but a regular file is refused.
+    let file = crate::input::open_nonblocking(path).context("cannot open it")?;
+    let meta = file.metadata().context("cannot read it")?;
+    if !meta.is_file() {
+        bail!("not a regular file (a directory, named pipe, socket or device): give a file");
+    }
     let mut bytes = Vec::new();
     file.take(FILE_LIMIT + 1)
         .read_to_end(&mut bytes)
@@ -171,7 +176,53 @@ fn mapping<'a>(v: &'a Yaml, what: &str) -> Result<Vec<(String, &'a Yaml)>> {
     }
 }
 
+/// Refuses YAML aliases (`*name`) before the document is loaded: the
+/// loader copies the anchored node for each alias, so 600 bytes of nested
+/// aliases grew to gigabytes. A web config has no use for them; without
+/// them the parsed document is no larger than its (bounded) text.
+fn refuse_aliases(text: &str) -> Result<()> {
+    use yaml_rust2::parser::{Event, Parser};
+    let mut parser = Parser::new_from_str(text);
+    loop {
+        match parser.next_token() {
+            Ok((Event::StreamEnd, _)) => return Ok(()),
+            Ok((Event::Alias(_), mark)) => bail!(
+                "line {}: YAML aliases (*name) are not accepted in a web config: write the value out",
+                mark.line()
+            ),
+            Ok(_) => {}
+            // The loader says it, with the same words as before.
+            Err(_) => return Ok(()),
+        }
+    }
+}
+
+/// The bcrypt costs accepted: below 4 bcrypt refuses to hash; above 14 one
+/// login takes seconds of a worker's time (2^cost rounds), and a few wrong
+/// guesses would stall every worker.
+const BCRYPT_COSTS: std::ops::RangeInclusive<u32> = 4..=14;
+
+/// Checks one basic_auth_users hash: a bcrypt hash with a cost in range.
+fn check_hash(user: &str, hash: &str) -> Result<()> {
+    // $2b$NN$...: the cost is said before the rest is parsed (bcrypt's
+    // parser refuses costs past 31 without saying which).
+    if let Some(cost) = hash.split('$').nth(2).and_then(|c| c.parse::<u32>().ok()) {
+        if !BCRYPT_COSTS.contains(&cost) {
+            bail!(
+                "basic_auth_users.{user}: bcrypt cost {cost} is outside {}-{}: make the hash with `htpasswd -nBC 10 {user}`",
+                BCRYPT_COSTS.start(),
+                BCRYPT_COSTS.end()
+            );
+        }
+    }
+    hash.parse::<bcrypt::HashParts>().map_err(|e| {
+        anyhow!("basic_auth_users.{user}: not a bcrypt hash ({e}); make one with `htpasswd -nBC 10 {user}`")
+    })?;
+    Ok(())
+}
+
 fn parse(text: &str, dir: &Path) -> Result<WebConfig> {
+    refuse_aliases(text)?;
     let docs = YamlLoader::load_from_str(text).map_err(|e| anyhow!("not YAML: {e}"))?;
     let mut config = WebConfig::default();
     let Some(root) = docs.first() else {
@@ -191,9 +242,7 @@ fn parse(text: &str, dir: &Path) -> Result<WebConfig> {
             "basic_auth_users" => {
                 for (user, hash) in mapping(value, "basic_auth_users")? {
                     let hash = string(hash, &format!("basic_auth_users.{user}"))?;
-                    hash.parse::<bcrypt::HashParts>().map_err(|e| {
-                        anyhow!("basic_auth_users.{user}: not a bcrypt hash ({e}); make one with `htpasswd -nBC 10 {user}`")
-                    })?;
+                    check_hash(&user, &hash)?;
                     config.users.push((user, hash));
                 }
             }
@@ -400,6 +449,23 @@ mod tests {
             ("tls_config: {}\n", "unknown key"),
             ("[1, 2]\n", "expected a mapping"),
             ("a: [\n", "not YAML"),
+            // An alias bomb: refused before anything is expanded.
+            (
+                "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n",
+                "line 2: YAML aliases (*name) are not accepted",
+            ),
+            (
+                "basic_auth_users:\n  a: $2b$31$abcdefghijklmnopqrstuuYzJNb6ABn6Xz9ifLF6ZoZsFbCOHHpNW\n",
+                "bcrypt cost 31 is outside 4-14",
+            ),
+            (
+                "basic_auth_users:\n  a: $2b$99$abcdefghijklmnopqrstuuYzJNb6ABn6Xz9ifLF6ZoZsFbCOHHpNW\n",
+                "bcrypt cost 99 is outside 4-14",
+            ),
+            (
+                "basic_auth_users:\n  a: $2b$03$abcdefghijklmnopqrstuuYzJNb6ABn6Xz9ifLF6ZoZsFbCOHHpNW\n",
+                "bcrypt cost 3 is outside 4-14",
+            ),
         ] {
             let e = parse_err(text);
             assert!(e.contains(says), "{text:?}: {e}");

@@ -16,6 +16,7 @@ use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table, Table
 use ratatui::{Frame, Terminal};
 
 use crate::model::human_size;
+use crate::output::terminal_safe;
 use crate::render::{hist, GroupBy, SourceColumn};
 use crate::top::columns::{elide_middle, fit, fitting_line, Column, SPACING};
 use crate::top::view::{
@@ -235,7 +236,7 @@ pub fn draw(f: &mut Frame, app: &App, iv: Option<&Interval>, rows: &[TopRow], to
             head.width as usize,
         )
         .into_iter()
-        .map(Line::from)
+        .map(|l| Line::from(terminal_safe(&l).into_owned()))
         .collect(),
         None => vec![Line::from(format!(
             "kheap top: collecting the first {:.2}s interval…",
@@ -296,7 +297,7 @@ fn draw_table(f: &mut Frame, area: Rect, app: &App, rows: &[TopRow], interval_s:
     let cell = |i: usize, text: &str| {
         let width = shown(&i).unwrap_or(0);
         if cols[i].name {
-            Line::from(elide_middle(text, width))
+            Line::from(elide_middle(&terminal_safe(text), width))
         } else {
             Line::from(text.to_string()).right_aligned()
         }
@@ -478,23 +479,167 @@ impl Screen {
 }
 
 /// What the terminal reported.
+#[derive(Debug, PartialEq, Eq)]
 pub enum Input {
     Key(KeyEvent),
     /// The window changed size: redraw now rather than at the next refresh.
     Resize,
+    /// The terminal went away (hang-up, end of file, EIO): the run ends.
+    Gone,
 }
 
-/// Waits up to `timeout` for a key press or a resize.
-pub fn next_input(timeout: Duration) -> Result<Option<Input>> {
-    use crossterm::event::{poll, read, Event};
-    if poll(timeout)? {
-        match read()? {
-            Event::Key(k) => return Ok(Some(Input::Key(k))),
-            Event::Resize(..) => return Ok(Some(Input::Resize)),
-            _ => {}
+/// The terminal's keys, read straight from standard input (the terminal
+/// the full-screen view needs). Not crossterm's reader: its read loop
+/// retries forever on end of file and EIO, so a top whose terminal closed
+/// (an ssh connection dropped, `tmux kill-session`) spun there, attached,
+/// never seeing SIGHUP or SIGTERM.
+pub struct Keys {
+    fd: libc::c_int,
+    size: Option<(u16, u16)>,
+}
+
+impl Keys {
+    pub fn new() -> Keys {
+        Keys::on(libc::STDIN_FILENO)
+    }
+
+    /// The keys of the terminal open as `fd` (kept open by the caller).
+    pub fn on(fd: libc::c_int) -> Keys {
+        Keys {
+            fd,
+            size: terminal::size().ok(),
         }
     }
-    Ok(None)
+
+    /// Waits up to `timeout` for keys, a resize or the terminal's end. A
+    /// signal cuts the wait short (nothing is returned), so the caller
+    /// sees a stop request at once.
+    pub fn next(&mut self, timeout: Duration) -> Result<Vec<Input>> {
+        let size = terminal::size().ok();
+        if size != self.size {
+            self.size = size;
+            return Ok(vec![Input::Resize]);
+        }
+        let mut pfd = libc::pollfd {
+            fd: self.fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(Vec::new());
+            }
+            return Err(e).context("waiting for a key");
+        }
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+            return Ok(vec![Input::Gone]);
+        }
+        let mut buf = [0u8; 1024];
+        // SAFETY: buf is valid for its length.
+        let got = unsafe { libc::read(self.fd, buf.as_mut_ptr().cast(), buf.len()) };
+        match got {
+            0 => Ok(vec![Input::Gone]),
+            n if n > 0 => Ok(parse_keys(&buf[..n as usize])
+                .into_iter()
+                .map(Input::Key)
+                .collect()),
+            _ => {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => Ok(Vec::new()),
+                    // EIO: the terminal hung up.
+                    _ => Ok(vec![Input::Gone]),
+                }
+            }
+        }
+    }
+}
+
+impl Default for Keys {
+    fn default() -> Keys {
+        Keys::new()
+    }
+}
+
+/// Whether standard input's terminal has gone away (hung up), without
+/// waiting: a failed draw is then the end of the run, not an error.
+pub fn terminal_gone() -> bool {
+    let mut pfd = libc::pollfd {
+        fd: libc::STDIN_FILENO,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
+    n > 0 && pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
+}
+
+/// The keys in what a raw-mode terminal sent: printable characters, Enter,
+/// Tab, Ctrl-C, Esc (alone in a read), the cursor keys, Home, End, PgUp and
+/// PgDn in their CSI and SS3 forms. Other escape sequences are skipped
+/// whole, so they never turn into keys.
+pub fn parse_keys(bytes: &[u8]) -> Vec<KeyEvent> {
+    let text = String::from_utf8_lossy(bytes);
+    let chars: Vec<char> = text.chars().collect();
+    let mut keys = Vec::new();
+    let plain = |code| KeyEvent::new(code, KeyModifiers::NONE);
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        i += 1;
+        let code = match c {
+            '\x1b' => match chars.get(i) {
+                None => KeyCode::Esc,
+                Some('[') | Some('O') => {
+                    let csi = chars[i] == '[';
+                    i += 1;
+                    // Parameters, then one final byte (@ to ~).
+                    let start = i;
+                    while i < chars.len() && !('@'..='~').contains(&chars[i]) {
+                        i += 1;
+                    }
+                    let Some(&last) = chars.get(i) else {
+                        break;
+                    };
+                    i += 1;
+                    let params: String = chars[start..i - 1].iter().collect();
+                    match (last, params.as_str()) {
+                        ('A', _) => KeyCode::Up,
+                        ('B', _) => KeyCode::Down,
+                        ('C', _) => KeyCode::Right,
+                        ('D', _) => KeyCode::Left,
+                        ('H', _) => KeyCode::Home,
+                        ('F', _) => KeyCode::End,
+                        ('~', "1" | "7") if csi => KeyCode::Home,
+                        ('~', "4" | "8") if csi => KeyCode::End,
+                        ('~', "5") if csi => KeyCode::PageUp,
+                        ('~', "6") if csi => KeyCode::PageDown,
+                        _ => continue,
+                    }
+                }
+                // Alt-<key> or an Esc typed just before a key.
+                Some(_) => KeyCode::Esc,
+            },
+            '\r' | '\n' => KeyCode::Enter,
+            '\t' => KeyCode::Tab,
+            '\x03' => {
+                keys.push(KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL));
+                continue;
+            }
+            '\x7f' | '\x08' => KeyCode::Backspace,
+            c if c.is_control() => continue,
+            c => KeyCode::Char(c),
+        };
+        keys.push(plain(code));
+    }
+    keys
 }
 
 #[cfg(test)]

@@ -184,11 +184,125 @@ fn huge_inputs_are_refused() {
     for args in [
         &["diff", s, s][..],
         &["diff", "/dev/zero", s],
-        &["serve", "--config", "/dev/zero"],
         &["serve", "--config", s],
     ] {
         let e = refused(args);
         assert!(e.contains("is larger than 256 MiB"), "kheap {args:?}: {e}");
         assert_eq!(e.lines().count(), 1, "kheap {args:?}: {e}");
     }
+    // A config is a regular file: a device is refused before it is read.
+    let e = refused(&["serve", "--config", "/dev/zero"]);
+    assert!(e.contains("is not a regular file"), "{e}");
+    assert_eq!(e.lines().count(), 1, "{e}");
+}
+
+/// Runs kheap with its standard output on /dev/full: every write fails
+/// with ENOSPC.
+fn into_dev_full(args: &[&str]) -> std::process::Output {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let child = std::process::Command::new(KHEAP)
+        .args(args)
+        .stdout(full)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_bounded(child, HANG_LIMIT)
+}
+
+/// Issue 47: a report that could not be written is an error (one line,
+/// exit status 1), never a cut report with status 0, never a panic
+/// (`doctor > /dev/full` exited 101).
+#[test]
+fn a_failed_write_to_stdout_is_one_line_and_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("r.json");
+    std::fs::write(&report, DIFF_INPUT).unwrap();
+    let r = report.to_str().unwrap();
+    // It is a report diff reads.
+    assert_ok(&kheap(&["diff", r, r]));
+    let man = dir.path().join("man");
+    let m = man.to_str().unwrap();
+    for args in [
+        &["completions", "bash"][..],
+        &["man", "--dir", m],
+        &["doctor"],
+        &["diff", r, r],
+        &["diff", "--format", "json", r, r],
+    ] {
+        let out = into_dev_full(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "kheap {args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "kheap {args:?}: {err}");
+        assert!(
+            err.contains("writing to standard output") && err.contains("No space left"),
+            "kheap {args:?}: {err}"
+        );
+    }
+}
+
+/// The smallest record report `kheap diff` reads.
+const DIFF_INPUT: &str = r#"{"kind":"record","schema_version":9,"duration_s":1.0,
+"run":{"kernel":"6.18","attach":[],"skipped":[],"filters":[],"command":null},
+"totals":{"count":0,"frees":0,"bytes_req":0,"bytes_alloc":0,"waste_bytes":0,"failed_allocs":0},
+"lost":{"stacks":0,"stack_collisions":0,"map_full":0,"map_full_sites":0,"map_full_stacks":0,"map_full_procs":0,"map_full_caches":0},
+"sampling":{"stack_sample_every":1,"stacks_estimated":false,"stack_samples":0,"sites_exact":true},
+"sites":[],"stacks":[],"caches":[]}"#;
+
+/// The lines issue 47 found unclear (item 8): each refused in one line that
+/// says what is wrong. Nothing here gets as far as loading BPF.
+#[test]
+fn issue_47_unclear_lines_are_clear() {
+    let one_line = |args: &[&str], needle: &str| {
+        let e = refused(args);
+        assert!(e.contains(needle), "kheap {args:?}: {e}");
+        assert_eq!(e.lines().count(), 1, "kheap {args:?}: {e}");
+    };
+    // '' no longer suggests '/', and '/' says why it is refused.
+    let e = refused(&["record", "--cgroup", ""]);
+    assert!(!e.contains("'/'"), "{e}");
+    one_line(&["record", "--cgroup", "/"], "is the root cgroup");
+    one_line(
+        &["leaks", "--min-age", "1e20"],
+        "'1e20' seconds is too long: at most 604800 (7 days)",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("serve.conf");
+    std::fs::write(&conf, "--sites 3\n--help\n").unwrap();
+    one_line(
+        &["serve", "--config", conf.to_str().unwrap()],
+        "--help is not a setting",
+    );
+    let socket = dir.path().join("s");
+    let socket = format!("unix:{}", socket.display());
+    one_line(
+        &["serve", "--listen", &socket, "--socket-group", "99999999"],
+        "--socket-group 99999999: no group has this number",
+    );
+    let d = dir.path().to_str().unwrap();
+    one_line(
+        &["malloc", "--lib", d, "-p", "1"],
+        &format!("{d} is a directory"),
+    );
+    one_line(&["malloc", "-p", "2"], "is a kernel thread");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "only the config"
+    );
+
+    // kheap alone: the usage and one hint, not its description.
+    let out = kheap(&[]);
+    assert_eq!(out.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = e.lines().collect();
+    assert_eq!(lines.len(), 2, "{e}");
+    assert!(lines[0].starts_with("Usage: kheap"), "{e}");
+    assert!(
+        lines[1].starts_with("kheap: no command given: one of record,"),
+        "{e}"
+    );
+    assert!(!e.contains("Who allocates"), "{e}");
 }

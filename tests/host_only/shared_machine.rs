@@ -196,17 +196,23 @@ fn root_links_are_followed_and_modes_are_kept() {
         .unwrap()
         .file_type()
         .is_symlink());
-    // A new file is 0644 whatever the umask.
-    let new = sticky.path().join("new.json");
-    let out = Command::new("sh")
-        .args([
-            "-c",
-            &format!("umask 077; exec {KHEAP} slab -o {}", new.display()),
-        ])
-        .output()
-        .unwrap();
-    assert_ok(&out);
-    assert_eq!(std::fs::metadata(&new).unwrap().mode() & 0o7777, 0o644);
+    // A new report is 0600, less the umask: slab data is root's.
+    for (umask, mode) in [("022", 0o600), ("077", 0o600), ("277", 0o400)] {
+        let new = sticky.path().join(format!("new-{umask}.json"));
+        let out = Command::new("sh")
+            .args([
+                "-c",
+                &format!("umask {umask}; exec {KHEAP} slab -o {}", new.display()),
+            ])
+            .output()
+            .unwrap();
+        assert_ok(&out);
+        assert_eq!(
+            std::fs::metadata(&new).unwrap().mode() & 0o7777,
+            mode,
+            "umask {umask}"
+        );
+    }
     // A loop of links is refused, not replaced.
     let looped = sticky.path().join("loop.json");
     std::os::unix::fs::symlink("loop.json", &looped).unwrap();
@@ -218,6 +224,73 @@ fn root_links_are_followed_and_modes_are_kept() {
         .is_symlink());
 }
 
+/// Issue 47: the user's own directory (not sticky, so the kernel's
+/// protected_symlinks says nothing) with a link to root's file, a FIFO with
+/// no reader, and a 0666 file of theirs: root's report goes through none
+/// of them, and nothing blocks.
+#[test]
+fn another_users_directory_links_and_fifos_are_refused() {
+    require_root();
+    let user = TestUser::create("b");
+    let base = tempfile::Builder::new()
+        .prefix("kheap-users-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let theirs = base.path().join("s");
+    // The user's own directory (in a root directory the test owns).
+    std::fs::create_dir(&theirs).unwrap();
+    std::os::unix::fs::chown(&theirs, Some(user.uid), Some(user.gid)).unwrap();
+    let private = tempfile::tempdir().unwrap();
+    let victim = root_file(private.path());
+    let link = theirs.join("report.json");
+    user.run(
+        "ln",
+        &["-s", victim.to_str().unwrap(), link.to_str().unwrap()],
+    );
+    let fifo = theirs.join("x.json");
+    user.run("mkfifo", &[fifo.to_str().unwrap()]);
+    let l = link.to_str().unwrap();
+    let f = fifo.to_str().unwrap();
+    for args in [
+        &["slab", "-o", l][..],
+        &["slab", "--format", "json", "-o", l],
+    ] {
+        let err = refused_in_one_line(args);
+        assert!(err.contains("refusing to follow"), "{args:?}: {err}");
+        assert!(err.contains(&user.name), "{args:?}: {err}");
+        assert_untouched(&victim);
+    }
+    // A FIFO: refused at once (it had kheap write root's slabinfo to the
+    // user, or block forever with no reader).
+    for args in [
+        &["slab", "--format", "json", "-o", f][..],
+        &["top", "-b", "-n", "1", "-o", f],
+        &["serve", "--config", f],
+        &["serve", "--web-config", f],
+        &["malloc", "--lib", f, "--", "true"],
+    ] {
+        let err = refused_in_one_line(args);
+        assert!(
+            err.contains("is a named pipe") || err.contains("not a regular file"),
+            "{args:?}: {err}"
+        );
+    }
+    assert_untouched(&victim);
+    // A 0666 file the user left is replaced by a root file with root's
+    // mode, not left world-writable with root's report in it.
+    let open_file = theirs.join("open.json");
+    user.run("touch", &[open_file.to_str().unwrap()]);
+    user.run("chmod", &["666", open_file.to_str().unwrap()]);
+    assert_ok(&kheap(&["slab", "-o", open_file.to_str().unwrap()]));
+    let m = std::fs::metadata(&open_file).unwrap();
+    assert_eq!((m.uid(), m.mode() & 0o7777), (0, 0o600));
+    // The user's files are still theirs.
+    for p in [&link, &fifo] {
+        assert_eq!(std::fs::symlink_metadata(p).unwrap().uid(), user.uid);
+    }
+}
+
 /// The preload directories of kheap `pid` in any place kheap may put them.
 fn preload_dirs(pid: u32, tmpdir: &Path) -> Vec<PathBuf> {
     [
@@ -227,8 +300,13 @@ fn preload_dirs(pid: u32, tmpdir: &Path) -> Vec<PathBuf> {
         Path::new("/var/tmp"),
     ]
     .iter()
-    .map(|d| d.join(format!("kheap-preload-{pid}")))
-    .filter(|d| d.exists())
+    .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+    .filter(|e| {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        name == format!("kheap-preload-{pid}") || name.starts_with(&format!("kheap-preload-{pid}-"))
+    })
+    .map(|e| e.path())
     .collect()
 }
 

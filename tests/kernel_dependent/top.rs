@@ -760,3 +760,38 @@ fn sigterm_restores_the_terminal_and_detaches() {
         );
     }
 }
+
+/// The terminal goes away under a full-screen top (an ssh connection
+/// dropped, `tmux kill-session`): top exits and detaches. It used to spin
+/// in its key reader, attached, ignoring SIGTERM, until SIGKILL.
+#[test]
+fn a_closed_terminal_ends_top_and_detaches() {
+    require_root();
+    let load = Loop::start(UNTIL_DROPPED);
+    let tmux = Tmux::start("hangup");
+    let pid = start_top_in(&tmux, &load);
+    let progs = bpf_prog_ids(pid);
+    assert!(!progs.is_empty());
+    assert!(tmux
+        .cmd(&["kill-session", "-t", "t"])
+        .status()
+        .unwrap()
+        .success());
+    // Gone, or a zombie whose parent (the shell) is gone too: either way
+    // it has exited and closed its programs.
+    let gone = poll_until(HANG_LIMIT, || {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .map_or(true, |s| s.contains("\nState:\tZ"))
+    });
+    if !gone {
+        // Not left behind for the next test.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    assert!(gone, "kheap top still runs after its terminal closed");
+    for id in progs {
+        assert!(
+            !prog_loaded(id),
+            "BPF program {id} still loaded after the terminal closed"
+        );
+    }
+}

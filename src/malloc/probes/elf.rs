@@ -57,7 +57,7 @@ pub fn lookup_symbols(lib: &Path) -> Result<Vec<Option<Symbol>>> {
             })
             .with_context(|| format!("reading the symbols of {}", lib.display()))?;
     }
-    let mut file = fs::File::open(lib).with_context(|| format!("opening {}", lib.display()))?;
+    let mut file = crate::input::open_regular(lib, &lib.display().to_string())?;
     let mut out = Vec::new();
     for (i, found) in found.into_iter().enumerate() {
         let in_program = i
@@ -93,7 +93,8 @@ pub fn check_elf(path: &Path) -> Result<()> {
 }
 
 pub(super) fn read_head(path: &Path, n: usize) -> Result<Vec<u8>> {
-    let mut f = fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    // Never blocks on a FIFO (`--lib FIFO`); only a regular file is read.
+    let mut f = crate::input::open_regular(path, &path.display().to_string())?;
     let mut buf = vec![0u8; n];
     let got = f.read(&mut buf)?;
     buf.truncate(got);

@@ -243,3 +243,93 @@ fn h_and_question_mark_show_help_and_any_key_closes_it() {
     let ctrl_c = KeyEvent::new(KeyCode::Char('c'), KeyModifiers::CONTROL);
     assert_eq!(a.on_key(ctrl_c, 3), Action::Quit, "Ctrl-C quits even then");
 }
+
+#[test]
+fn raw_terminal_bytes_become_keys() {
+    let codes = |b: &[u8]| -> Vec<KeyCode> { parse_keys(b).into_iter().map(|k| k.code).collect() };
+    assert_eq!(
+        codes(b"qs>\t\r"),
+        [
+            KeyCode::Char('q'),
+            KeyCode::Char('s'),
+            KeyCode::Char('>'),
+            KeyCode::Tab,
+            KeyCode::Enter
+        ]
+    );
+    assert_eq!(codes(b"\x1b"), [KeyCode::Esc]);
+    assert_eq!(
+        codes(b"\x1b[A\x1b[B\x1bOH\x1b[5~\x1b[6~\x1b[1~"),
+        [
+            KeyCode::Up,
+            KeyCode::Down,
+            KeyCode::Home,
+            KeyCode::PageUp,
+            KeyCode::PageDown,
+            KeyCode::Home
+        ]
+    );
+    // Ctrl-C in raw mode is a byte, and quits.
+    let ctrl_c = parse_keys(b"\x03");
+    assert_eq!(app().on_key(ctrl_c[0], 1), Action::Quit);
+    // Unknown sequences (a focus report, F5, a mouse report) are skipped
+    // whole, not read as 'q' or '~'; a cut sequence is dropped.
+    assert_eq!(codes(b"\x1b[I\x1b[15~\x1b[<0;1;1Mj"), [KeyCode::Char('j')]);
+    assert_eq!(codes(b"k\x1b[1"), [KeyCode::Char('k')]);
+    assert_eq!(codes(b"\x00\x01"), []);
+}
+
+/// A pseudo-terminal pair; the test closes the master to hang it up.
+fn pty() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    use std::os::fd::FromRawFd;
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: out-pointers to two ints; the rest may be null.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    };
+    assert_eq!(r, 0, "openpty: {}", io::Error::last_os_error());
+    // SAFETY: both were just opened and are owned here.
+    unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(master),
+            std::os::fd::OwnedFd::from_raw_fd(slave),
+        )
+    }
+}
+
+#[test]
+fn keys_are_read_and_a_closed_terminal_is_said_at_once() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let (master, slave) = pty();
+    // Raw, as the full-screen view sets it.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::tcgetattr(slave.as_raw_fd(), &mut t);
+        libc::cfmakeraw(&mut t);
+        libc::tcsetattr(slave.as_raw_fd(), libc::TCSANOW, &t);
+    }
+    let mut keys = Keys::on(slave.as_raw_fd());
+    let mut master = std::fs::File::from(master);
+    master.write_all(b"q").unwrap();
+    let limit = std::time::Instant::now() + Duration::from_secs(30);
+    let mut got = Vec::new();
+    while got.is_empty() && std::time::Instant::now() < limit {
+        got = keys.next(Duration::from_millis(100)).unwrap();
+    }
+    let q = KeyEvent::new(KeyCode::Char('q'), KeyModifiers::NONE);
+    assert_eq!(got, [Input::Key(q)]);
+    // Nothing typed: the wait ends empty.
+    assert!(keys.next(Duration::from_millis(10)).unwrap().is_empty());
+    // The terminal goes away: said on the next wait, however long that
+    // wait was to be (crossterm's reader spun here forever).
+    drop(master);
+    assert_eq!(keys.next(Duration::from_secs(3600)).unwrap(), [Input::Gone]);
+    assert_eq!(keys.next(Duration::from_secs(3600)).unwrap(), [Input::Gone]);
+}
