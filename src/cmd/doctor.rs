@@ -242,8 +242,7 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
     for (mode, memory) in kernel_memory_rows() {
         row(&format!("kernel memory: {mode}"), memory);
     }
-    crate::output::print(&(render(t) + "
-"))?;
+    crate::output::print(&(render(t) + "\n"))?;
     Ok(0)
 }
 
