@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::contract::{self, Kind};
 use crate::model::identity::unmerged_cache_name;
-use crate::model::{human_size, signed_size, Counts};
+use crate::model::{human_size, human_size_wide, signed_size_wide, Counts};
 use crate::render::short_list;
 use crate::render::table::{hidden_note, new_table, render};
 use crate::report::{Report, Retention};
@@ -66,8 +66,10 @@ pub struct DiffRow {
     pub after_count: u64,
     pub before_bytes: u64,
     pub after_bytes: u64,
-    pub change_count: i64,
-    pub change_bytes: i64,
+    /// after - before: i128, so that any two u64 values differ without
+    /// wrapping (0 to 2^64-1 is +18446744073709551615).
+    pub change_count: i128,
+    pub change_bytes: i128,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -77,9 +79,11 @@ pub struct Diff {
     /// What the rows are: sites, stacks or caches.
     pub by: DiffBy,
     pub measure: Measure,
-    pub grew_bytes: u64,
-    pub shrank_bytes: u64,
-    pub net_bytes: i64,
+    /// Sums of the rows' changes: u128 never overflows for any number of
+    /// rows a bounded input can hold.
+    pub grew_bytes: u128,
+    pub shrank_bytes: u128,
+    pub net_bytes: i128,
     /// Largest growth first, largest shrink last; unchanged rows left out.
     pub rows: Vec<DiffRow>,
 }
@@ -154,8 +158,8 @@ pub fn diff(kind: Kind, before: &Report, after: &Report, by: DiffBy) -> Diff {
                 after_count: ak.count,
                 before_bytes: bk.bytes,
                 after_bytes: ak.bytes,
-                change_count: ak.count as i64 - bk.count as i64,
-                change_bytes: ak.bytes as i64 - bk.bytes as i64,
+                change_count: i128::from(ak.count) - i128::from(bk.count),
+                change_bytes: i128::from(ak.bytes) - i128::from(bk.bytes),
             }
         })
         .filter(|r| r.change_count != 0 || r.change_bytes != 0)
@@ -166,15 +170,15 @@ pub fn diff(kind: Kind, before: &Report, after: &Report, by: DiffBy) -> Diff {
             .then(y.change_count.cmp(&x.change_count))
             .then(x.name.cmp(&y.name))
     });
-    let grew_bytes = rows.iter().map(|r| r.change_bytes.max(0) as u64).sum();
-    let shrank_bytes = rows.iter().map(|r| (-r.change_bytes).max(0) as u64).sum();
+    let grew_bytes: u128 = rows.iter().map(|r| r.change_bytes.max(0) as u128).sum();
+    let shrank_bytes: u128 = rows.iter().map(|r| (-r.change_bytes).max(0) as u128).sum();
     Diff {
         compared: kind,
         by,
         measure,
         grew_bytes,
         shrank_bytes,
-        net_bytes: grew_bytes as i64 - shrank_bytes as i64,
+        net_bytes: grew_bytes as i128 - shrank_bytes as i128,
         rows,
     }
 }
@@ -200,8 +204,9 @@ fn keyed(r: &Report, by: DiffBy, measure: Measure) -> BTreeMap<String, Keyed> {
     let mut out: BTreeMap<String, Keyed> = BTreeMap::new();
     let mut add = |k: String, caches: &[String], (c, b): (u64, u64)| {
         let e = out.entry(k).or_default();
-        e.count += c;
-        e.bytes += b;
+        // Saturating: a sum past 2^64-1 shows as 2^64-1, never wrapped.
+        e.count = e.count.saturating_add(c);
+        e.bytes = e.bytes.saturating_add(b);
         for cache in caches {
             if !e.caches.contains(cache) {
                 e.caches.push(cache.clone());
@@ -250,9 +255,9 @@ pub fn table(d: &Diff, by: DiffBy, n: usize, width: Option<u16>) -> String {
     let _ = writeln!(
         out,
         "kheap diff of {what}: {} grew, {} shrank, net {}",
-        human_size(d.grew_bytes),
-        human_size(d.shrank_bytes),
-        signed_size(d.net_bytes)
+        human_size_wide(d.grew_bytes),
+        human_size_wide(d.shrank_bytes),
+        signed_size_wide(d.net_bytes)
     );
     let first = match by {
         DiffBy::Site => "site",
@@ -292,7 +297,7 @@ pub fn table(d: &Diff, by: DiffBy, n: usize, width: Option<u16>) -> String {
         cells.extend([
             Cell::new(human_size(r.before_bytes)),
             Cell::new(human_size(r.after_bytes)),
-            Cell::new(signed_size(r.change_bytes)),
+            Cell::new(signed_size_wide(r.change_bytes)),
             Cell::new(r.after_count),
             Cell::new(format!("{:+}", r.change_count)),
         ]);
@@ -457,6 +462,44 @@ mod tests {
             ..Default::default()
         };
         (before, after)
+    }
+
+    /// 2^64-1 was shown as a small negative number (issue 47): changes are
+    /// exact, sums saturate, and the table and JSON show them right.
+    #[test]
+    fn the_largest_values_do_not_wrap() {
+        let max = u64::MAX;
+        let huge = |loc: &str| {
+            let mut s = site(loc, 0, 0);
+            s.counts.count = max;
+            s.counts.bytes_alloc = max;
+            s
+        };
+        let before = as_record(leaks_report(vec![
+            site("small+0x1", 1, 0),
+            huge("gone+0x1"),
+        ]));
+        // One site twice: its sum saturates at 2^64-1 instead of wrapping.
+        let after = as_record(leaks_report(vec![huge("big+0x1"), huge("big+0x1")]));
+        let d = diff(Kind::Record, &before, &after, DiffBy::Site);
+        let row = |n: &str| d.rows.iter().find(|r| r.name == n).unwrap();
+        assert_eq!(row("big+0x1").after_bytes, max);
+        assert_eq!(row("big+0x1").change_bytes, i128::from(max));
+        assert_eq!(row("big+0x1").change_count, i128::from(max));
+        assert_eq!(row("gone+0x1").change_bytes, -i128::from(max));
+        assert_eq!(d.grew_bytes, u128::from(max));
+        assert_eq!(d.shrank_bytes, u128::from(max) + 4096);
+        assert_eq!(d.net_bytes, -4096);
+        let t = table(&d, DiffBy::Site, 10, None);
+        assert_contains(&t, &["+18446744073709551615", "+16777216T", "-16777216T"]);
+        assert!(t.contains("-18446744073709551615"), "{t}");
+        let json = serde_json::to_string(&d).unwrap();
+        assert!(
+            json.contains("\"change_bytes\":18446744073709551615"),
+            "{json}"
+        );
+        let back: Diff = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, d);
     }
 
     #[test]

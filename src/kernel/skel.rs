@@ -141,8 +141,6 @@ impl_sum!(types::counters {
 // The histogram width is defined once, in bpf/kheap.h: three counters, then
 // the buckets.
 const _: () = assert!(std::mem::size_of::<types::alloc_stats>() == (3 + HIST_BUCKETS) * 8);
-const _: () =
-    assert!(std::mem::size_of::<types::site_slot>() as u64 == crate::kernel::kmem::SITE_SLOT_BYTES);
 
 /// Reads a value of a generated type from map bytes (which may be padded).
 pub fn from_bytes<T: plain::Plain + Default + Copy>(bytes: &[u8]) -> T {

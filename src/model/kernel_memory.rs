@@ -235,11 +235,12 @@ mod tests {
         );
         assert_eq!(
             shape(MapKind::Array { mmapable: true }, 4, 12, 1000).bytes(2),
-            4096 + 12288
+            4096 + 16384
         );
+        // Values are 8-byte aligned: 16 bytes each.
         assert_eq!(
             shape(MapKind::Array { mmapable: false }, 4, 12, 1000).bytes(2),
-            1024 + 12000
+            1024 + 16000
         );
     }
 

@@ -32,6 +32,24 @@ pub fn signed_size(v: i64) -> String {
     signed(v, human_size)
 }
 
+/// [`human_size`] of a sum or difference of u64s (diff): past 2^64-1 in
+/// the largest unit too (the JSON has the exact number).
+pub fn human_size_wide(bytes: u128) -> String {
+    u64::try_from(bytes).map_or_else(
+        |_| format!("{:.0}T", bytes as f64 / (1u64 << 40) as f64),
+        human_size,
+    )
+}
+
+/// [`signed_size`] of a difference of u64s (diff), never wrapped.
+pub fn signed_size_wide(v: i128) -> String {
+    match v {
+        0 => "0".into(),
+        v if v > 0 => format!("+{}", human_size_wide(v as u128)),
+        v => format!("-{}", human_size_wide(v.unsigned_abs())),
+    }
+}
+
 /// A change in a count, signed, with SI suffixes: "+1.2k", "-3", "0".
 pub fn signed_count(v: i64) -> String {
     signed(v, human_count)

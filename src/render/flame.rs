@@ -55,10 +55,11 @@ struct Node {
 
 impl Node {
     fn add(&mut self, s: &Sample) {
-        self.count += s.count;
-        self.bytes += s.bytes;
-        self.waste += s.waste;
-        self.before += s.before.unwrap_or(0);
+        // Saturating: inputs (diff's) can hold any u64.
+        self.count = self.count.saturating_add(s.count);
+        self.bytes = self.bytes.saturating_add(s.bytes);
+        self.waste = self.waste.saturating_add(s.waste);
+        self.before = self.before.saturating_add(s.before.unwrap_or(0));
     }
 
     fn weight(&self, w: Weight) -> u64 {
@@ -74,13 +75,37 @@ impl Node {
     }
 }
 
+/// The deepest stack drawn: the tree is walked (drawn, measured, dropped)
+/// recursively, and a 15,000-frame stack from a diff input overflowed the
+/// thread's stack. Kernel stacks have at most 127 frames; deeper frames are
+/// replaced by one frame that says how many were cut.
+pub const MAX_FRAMES: usize = 512;
+
+/// The frame that stands for `n` frames past [`MAX_FRAMES`].
+fn cut_frame(n: usize) -> String {
+    format!("[{n} deeper frames not drawn: at most {MAX_FRAMES}]")
+}
+
 fn tree(samples: &[Sample]) -> Node {
     let mut root = Node::default();
     for s in samples {
         root.add(s);
         let mut node = &mut root;
-        for f in &s.frames {
+        let cut = s.frames.len().saturating_sub(MAX_FRAMES);
+        let kept = if cut > 0 {
+            MAX_FRAMES - 1
+        } else {
+            s.frames.len()
+        };
+        for f in &s.frames[..kept] {
             node = node.children.entry(f.clone()).or_default();
+            node.add(s);
+        }
+        if cut > 0 {
+            node = node
+                .children
+                .entry(cut_frame(s.frames.len() - kept))
+                .or_default();
             node.add(s);
         }
     }

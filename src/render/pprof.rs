@@ -535,7 +535,8 @@ pub fn from_diff(d: &Diff) -> Builder {
         };
         b.add(&Sample {
             frames,
-            values: vec![row.change_count, row.change_bytes],
+            // pprof's values are int64: a larger change is shown capped.
+            values: vec![clamp_i64(row.change_count), clamp_i64(row.change_bytes)],
             labels: row
                 .caches
                 .iter()
@@ -547,6 +548,11 @@ pub fn from_diff(d: &Diff) -> Builder {
 }
 
 /// Reading profiles back, for the tests of every profile writer.
+/// An i128 (a diff's change) as pprof's int64, capped at its ends.
+fn clamp_i64(v: i128) -> i64 {
+    i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
+}
+
 #[cfg(test)]
 pub mod test_support {
     use super::proto;

@@ -1,8 +1,7 @@
-//! The kmem object's kernel memory for a configuration, and the check,
-//! before anything is loaded, that it keeps to kheap's budget on this
-//! machine (`model::kernel_memory`): the maps are sized from the
-//! configuration exactly as a run sizes them (`start::size_maps`), and
-//! measured as the kernel counts them.
+//! The kmem object's map sizes for a configuration (`size_maps`, which a
+//! run's start uses too), their kernel memory, and the check, before
+//! anything is loaded, that it keeps to kheap's budget on this machine
+//! (`model::kernel_memory`): measured as the kernel counts them.
 
 use std::mem::MaybeUninit;
 
@@ -16,8 +15,7 @@ use crate::model::kernel_memory::{
     largest_fitting, Budget, Footprint, MapShape, TooBig, COUNTING_BASE, LEAKS_BASE,
 };
 
-use super::config::Config;
-use super::start::size_maps;
+use super::config::{Config, LiveStore, LIVE_WAYS};
 
 /// leaks' object store: sized by `--max-objects` and stated apart from the
 /// budget.
@@ -202,6 +200,64 @@ fn charges_memlock(release: &str) -> bool {
         .map(|p| p.parse::<u32>().unwrap_or(0));
     let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     (major, minor) < (5, 11)
+}
+
+/// Sizes the maps for a run: the part of the configuration that decides
+/// the object's kernel memory (`footprint` reads it back before loading;
+/// `start` sizes a run's object with it).
+pub(super) fn size_maps(
+    open: &mut OpenKheapSkel<'_>,
+    cfg: &Config,
+    live_store: LiveStore,
+    cpus: u32,
+    latency: bool,
+) -> Result<()> {
+    open.maps.sites.set_max_entries(cfg.max_sites)?;
+    open.maps.site_slots.set_max_entries(cfg.site_slots(cpus))?;
+    open.maps
+        .kmalloc_memo
+        .set_max_entries(Config::kmalloc_memo_slots(cpus))?;
+    open.maps.stacks.set_max_entries(cfg.max_stacks)?;
+    // Stacks are stored before they are counted, and top deletes idle ones:
+    // room for twice the stacks kept.
+    open.maps
+        .stack_traces
+        .set_max_entries(cfg.max_stacks.saturating_mul(2))?;
+    // Maps a mode does not use keep one entry (zero is refused).
+    open.maps
+        .live
+        .set_max_entries(live_store.spill_entries.max(1))?;
+    open.maps
+        .live_buckets
+        .set_max_entries(live_store.buckets.max(1))?;
+    open.maps
+        .live_slots
+        .set_max_entries((live_store.buckets * LIVE_WAYS).max(1))?;
+    open.maps.unseen.set_max_entries(match cfg.live {
+        Some(_) => cfg.max_sites,
+        None => 1,
+    })?;
+    if !cfg.by_cgroup {
+        open.maps.cgroups.set_max_entries(1)?;
+    }
+    // leaks keeps its processes in the objects, not in `procs`.
+    if !cfg.by_process || cfg.live.is_some() {
+        open.maps.procs.set_max_entries(1)?;
+    }
+    // Process names: of process rows, and of the processes stacks are
+    // keyed by.
+    if !cfg.by_process && !cfg.stacks_by_owner() {
+        open.maps.proc_comms.set_max_entries(1)?;
+    }
+    // PIDs of -p and of a command and its children: none asked.
+    if cfg.pids.is_empty() && !cfg.follow_children {
+        open.maps.pid_filter.set_max_entries(1)?;
+    }
+    // Only --latency's programs fill it (then it is the latency object's).
+    if !latency {
+        open.maps.lat_starts.set_max_entries(1)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -16,6 +16,12 @@ pub const KMALLOC_MEMO_BYTES: u64 = 2 << 20;
 pub const KMALLOC_MEMO_ENTRY_BYTES: u64 = 32;
 /// KHEAP_KMALLOC_MEMO_SLOTS: the memo's slots per CPU at most.
 pub const KMALLOC_MEMO_SLOTS: u32 = 1024;
+const _: () =
+    assert!(std::mem::size_of::<crate::kernel::skel::types::site_slot>() as u64 == SITE_SLOT_BYTES);
+const _: () = assert!(
+    std::mem::size_of::<crate::kernel::skel::types::kmalloc_memo>() as u64
+        == KMALLOC_MEMO_ENTRY_BYTES
+);
 
 /// What a run traces and how.
 #[derive(Clone, Debug)]

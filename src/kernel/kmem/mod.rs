@@ -23,7 +23,7 @@ mod tracer;
 
 pub use crate::kernel::attach::AttachMode;
 pub use budget::{budget, footprint, footprint_at, OBJECT_STORE};
-pub use config::{Config, LiveConfig, KMALLOC_MEMO_ENTRY_BYTES, SITE_SLOT_BYTES};
+pub use config::{Config, LiveConfig};
 pub use keys::cache_id;
 pub use stats::enable_run_time_stats;
 pub use tracer::Tracer;

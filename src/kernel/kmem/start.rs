@@ -16,7 +16,7 @@ use crate::kernel::skel::{full_object_fits, types, KheapSkelBuilder, OpenKheapSk
 use crate::kernel::storage::ObjectStorage;
 use crate::model::Source;
 
-use super::config::{Config, LiveStore, LIVE_WAYS};
+use super::config::{Config, LiveStore};
 use super::labels::{kmalloc_cache_resolution, label_ranges, Kallsyms};
 use super::tracer::{LiveTable, Tracer};
 
@@ -496,65 +496,8 @@ fn configure(
         c.latency_active = 1;
         open.maps.lat_starts.reuse_fd(fd)?;
     }
-    size_maps(open, cfg, live_store, cpus, lat_starts.is_some())?;
+    super::budget::size_maps(open, cfg, live_store, cpus, lat_starts.is_some())?;
     Ok(kmalloc_caches)
-}
-
-/// Sizes the maps for a run: the part of the configuration that decides
-/// the object's kernel memory (`footprint` reads it back before loading).
-pub(super) fn size_maps(
-    open: &mut OpenKheapSkel<'_>,
-    cfg: &Config,
-    live_store: LiveStore,
-    cpus: u32,
-    latency: bool,
-) -> Result<()> {
-    open.maps.sites.set_max_entries(cfg.max_sites)?;
-    open.maps.site_slots.set_max_entries(cfg.site_slots(cpus))?;
-    open.maps
-        .kmalloc_memo
-        .set_max_entries(Config::kmalloc_memo_slots(cpus))?;
-    open.maps.stacks.set_max_entries(cfg.max_stacks)?;
-    // Stacks are stored before they are counted, and top deletes idle ones:
-    // room for twice the stacks kept.
-    open.maps
-        .stack_traces
-        .set_max_entries(cfg.max_stacks.saturating_mul(2))?;
-    // Maps a mode does not use keep one entry (zero is refused).
-    open.maps
-        .live
-        .set_max_entries(live_store.spill_entries.max(1))?;
-    open.maps
-        .live_buckets
-        .set_max_entries(live_store.buckets.max(1))?;
-    open.maps
-        .live_slots
-        .set_max_entries((live_store.buckets * LIVE_WAYS).max(1))?;
-    open.maps.unseen.set_max_entries(match cfg.live {
-        Some(_) => cfg.max_sites,
-        None => 1,
-    })?;
-    if !cfg.by_cgroup {
-        open.maps.cgroups.set_max_entries(1)?;
-    }
-    // leaks keeps its processes in the objects, not in `procs`.
-    if !cfg.by_process || cfg.live.is_some() {
-        open.maps.procs.set_max_entries(1)?;
-    }
-    // Process names: of process rows, and of the processes stacks are
-    // keyed by.
-    if !cfg.by_process && !cfg.stacks_by_owner() {
-        open.maps.proc_comms.set_max_entries(1)?;
-    }
-    // PIDs of -p and of a command and its children: none asked.
-    if cfg.pids.is_empty() && !cfg.follow_children {
-        open.maps.pid_filter.set_max_entries(1)?;
-    }
-    // Only --latency's programs fill it (then it is the latency object's).
-    if !latency {
-        open.maps.lat_starts.set_max_entries(1)?;
-    }
-    Ok(())
 }
 
 /// The hooks of a source beyond the slab, all of them or none: a source

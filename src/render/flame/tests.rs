@@ -126,3 +126,49 @@ fn empty_input_is_still_a_document() {
     assert!(out.starts_with("<?xml") && out.ends_with("</svg>\n"));
     assert!(!out.contains("class=\"f\""));
 }
+
+/// 15,000-frame stacks overflowed the stack in `diff --format svg` (issue
+/// 47): drawn up to MAX_FRAMES, the rest one frame that says so; weights
+/// at u64::MAX saturate instead of wrapping.
+#[test]
+fn very_deep_stacks_and_huge_weights_are_drawn() {
+    let deep = |tag: &str| -> Vec<String> { (0..15_000).map(|i| format!("{tag}{i}")).collect() };
+    let samples = vec![
+        Sample {
+            frames: deep("f"),
+            count: u64::MAX,
+            bytes: u64::MAX,
+            waste: 0,
+            before: Some(1),
+        },
+        Sample {
+            frames: deep("f"),
+            count: u64::MAX,
+            bytes: u64::MAX,
+            waste: 0,
+            before: Some(u64::MAX),
+        },
+        Sample {
+            frames: deep("g"),
+            count: 1,
+            bytes: 1,
+            waste: 0,
+            before: Some(0),
+        },
+    ];
+    // The size of kheap's main thread, where diff draws.
+    let out = std::thread::Builder::new()
+        .stack_size(8 << 20)
+        .spawn(move || svg(&samples, Weight::Bytes, &labels()))
+        .unwrap()
+        .join()
+        .expect("drawn without overflowing the stack");
+    let cut = cut_frame(15_000 - (MAX_FRAMES - 1));
+    assert_eq!(attr_of(&out, &cut, "bytes"), [u64::MAX, 1]);
+    assert_eq!(attr_of(&out, "f0", "bytes"), [u64::MAX]);
+    assert_eq!(
+        attr_of(&out, &format!("f{}", MAX_FRAMES - 2), "l"),
+        [MAX_FRAMES as u64 - 1]
+    );
+    assert!(!out.contains(&format!("f{}&#10;", MAX_FRAMES - 1)));
+}
