@@ -219,7 +219,7 @@ fn into_dev_full(args: &[&str]) -> std::process::Output {
 fn a_failed_write_to_stdout_is_one_line_and_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("r.json");
-    std::fs::write(&report, DIFF_INPUT).unwrap();
+    std::fs::write(&report, diff_input()).unwrap();
     let r = report.to_str().unwrap();
     // It is a report diff reads.
     assert_ok(&kheap(&["diff", r, r]));
@@ -244,12 +244,20 @@ fn a_failed_write_to_stdout_is_one_line_and_an_error() {
 }
 
 /// The smallest record report `kheap diff` reads.
-const DIFF_INPUT: &str = r#"{"kind":"record","schema_version":9,"duration_s":1.0,
-"run":{"kernel":"6.18","attach":[],"skipped":[],"filters":[],"command":null},
+const DIFF_INPUT: &str = r#"{"kind":"record","schema_version":VERSION,"duration_s":1.0,
+"run":{"kernel":"6.18","attach":[],"skipped":[],"filters":[],"command":null,"kernel_memory_bytes":0},
 "totals":{"count":0,"frees":0,"bytes_req":0,"bytes_alloc":0,"waste_bytes":0,"failed_allocs":0},
 "lost":{"stacks":0,"stack_collisions":0,"map_full":0,"map_full_sites":0,"map_full_stacks":0,"map_full_procs":0,"map_full_caches":0},
 "sampling":{"stack_sample_every":1,"stacks_estimated":false,"stack_samples":0,"sites_exact":true},
 "sites":[],"stacks":[],"caches":[]}"#;
+
+/// [`DIFF_INPUT`] at the record version the schema names today.
+fn diff_input() -> String {
+    let schema: serde_json::Value =
+        serde_json::from_str(include_str!("../../schema/common.schema.json")).unwrap();
+    let version = &schema["$defs"]["kmem_schema_version"]["const"];
+    DIFF_INPUT.replace("VERSION", &version.to_string())
+}
 
 /// The lines issue 47 found unclear (item 8): each refused in one line that
 /// says what is wrong. Nothing here gets as far as loading BPF.
