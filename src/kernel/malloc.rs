@@ -103,6 +103,11 @@ pub fn footprint(
     let mut slot = std::mem::MaybeUninit::uninit();
     let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), &mut slot)?;
     size_maps(&mut open, track_live, max_live, stack_sample_every)?;
+    measure(&open)
+}
+
+/// The footprint of the object as sized: the maps of `APART` apart.
+fn measure(open: &OpenMallocSkel<'_>) -> Result<crate::model::kernel_memory::Footprint> {
     let shapes = crate::kernel::footprint::map_shapes(open.open_object(), &[]);
     Ok(crate::model::kernel_memory::Footprint::of(
         &shapes,
@@ -147,12 +152,10 @@ impl<'obj> MallocSession<'obj> {
         rodata.cfg.track_live = track_live as u8;
         rodata.cfg.cgroups = u8::from(!cgroups.is_empty());
         size_maps(&mut open, track_live, max_live, stack_sample_every)?;
-        let kernel_memory = crate::model::kernel_memory::Footprint::of(
-            &crate::kernel::footprint::map_shapes(open.open_object(), &[]),
-            crate::kernel::footprint::possible_cpus()?,
-            &[],
-        )
-        .total;
+        let kernel_memory = {
+            let f = measure(&open)?;
+            f.total + f.apart
+        };
         let skel = open
             .load()
             .context("loading the BPF programs into the kernel")?;

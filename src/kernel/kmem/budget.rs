@@ -116,20 +116,19 @@ pub fn check(cfg: &Config, latency: bool) -> Result<Footprint> {
             format!("or allow it with --kernel-memory {needed_mib}M"),
         ),
     };
-    let maps_limit = (limit, what);
-    if found.total > maps_limit.0 {
+    if found.total > limit {
         let fits = largest_fitting(1, cfg.max_sites, |n| {
             let smaller = Config {
                 max_sites: n,
                 max_stacks: n,
                 ..cfg.clone()
             };
-            measure(&mut open, &smaller, cpus, latency).is_ok_and(|f| f.total <= maps_limit.0)
+            measure(&mut open, &smaller, cpus, latency).is_ok_and(|f| f.total <= limit)
         });
         let too_big = TooBig {
             needed: found.total,
-            limit: maps_limit.0,
-            what: maps_limit.1,
+            limit,
+            what,
         };
         bail!(
             "--max-entries {}: {too_big}; at most --max-entries {fits} fits here, {or_else}",
