@@ -359,6 +359,34 @@ pub fn prog_loaded(id: u32) -> bool {
     out.status.success()
 }
 
+/// Asserts that none of these BPF programs stays loaded once the process
+/// that held them has detached or exited. The kernel frees a program when
+/// its last reference goes, and some references (a perf event's, a link's
+/// on some kernels) go only after an RCU grace period or from a workqueue:
+/// a program can outlive its process by a moment, so this waits (bounded)
+/// before it says one was left behind.
+pub fn assert_unloaded(ids: &[u32], after: &str) {
+    assert!(!ids.is_empty(), "no program ids to check {after}");
+    poll_every(HANG_LIMIT, Duration::from_millis(100), || {
+        ids.iter().all(|&id| !prog_loaded(id))
+    });
+    let left: Vec<String> = ids
+        .iter()
+        .filter(|&&id| prog_loaded(id))
+        .map(|id| {
+            let out = Command::new("bpftool")
+                .args(["prog", "show", "id", &id.to_string()])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .collect();
+    assert!(
+        left.is_empty(),
+        "BPF programs still loaded {after}: {left:?}"
+    );
+}
+
 /// Starts `kheap ARGS` in the background (in its own process group) and
 /// returns once it says it is tracing; its stderr keeps being drained.
 pub fn spawn_tracing(args: &[&str]) -> Child {

@@ -297,24 +297,7 @@ fn prometheus_scrapes_exact_counts_from_two_instances() {
     assert!(!ids.is_empty());
     serve_a.signal(libc::SIGTERM);
     assert!(serve_a.wait(), "{:#?}", serve_a.seen);
-    // The kernel frees a detached program after an RCU grace period.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while ids.iter().any(|&id| prog_loaded(id)) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    for id in ids {
-        assert!(
-            !prog_loaded(id),
-            "program {id} still loaded {}",
-            String::from_utf8_lossy(
-                &Command::new("bpftool")
-                    .args(["prog", "show", "id", &id.to_string()])
-                    .output()
-                    .unwrap()
-                    .stdout
-            )
-        );
-    }
+    assert_unloaded(&ids, "after SIGTERM");
     serve_b.signal(libc::SIGTERM);
     assert!(serve_b.wait());
     prom.signal(libc::SIGTERM);

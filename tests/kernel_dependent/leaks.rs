@@ -429,9 +429,7 @@ fn sigterm_detaches_and_still_reports() {
         attached.len() + 1,
         "a program per hook and the clock program: {ids:?}, {attached:?}"
     );
-    for id in ids {
-        assert!(!prog_loaded(id), "program {id} still loaded");
-    }
+    assert_unloaded(&ids, "after leaks ended");
 }
 
 #[test]

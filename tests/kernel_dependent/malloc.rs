@@ -494,12 +494,7 @@ fn ctrl_c_prints_the_report_and_detaches() {
         report.contains("kheap malloc:"),
         "report after the signal: {report}"
     );
-    for id in progs {
-        assert!(
-            !prog_loaded(id),
-            "BPF program {id} still loaded after kheap exited"
-        );
-    }
+    assert_unloaded(&progs, "after kheap exited");
     // The target was only observed: it still runs and finishes normally.
     let mut stdin = target.child.stdin.take().unwrap();
     stdin.write_all(b"go\n").unwrap();

@@ -329,12 +329,7 @@ fn stop_and_check(signal: i32) {
         report.contains(&format!("{}+0x", msg_fn())),
         "report printed after the signal: {report}"
     );
-    for id in progs {
-        assert!(
-            !prog_loaded(id),
-            "BPF program {id} still loaded after kheap exited"
-        );
-    }
+    assert_unloaded(&progs, "after kheap exited");
 }
 
 #[test]

@@ -733,9 +733,7 @@ fn interactive_keys_sort_expand_and_quit() {
         std::thread::sleep(Duration::from_millis(50));
     }
     tmux.assert_terminal_restored();
-    for id in progs {
-        assert!(!prog_loaded(id), "BPF program {id} still loaded after q");
-    }
+    assert_unloaded(&progs, "after q");
 }
 
 #[test]
@@ -753,12 +751,7 @@ fn sigterm_restores_the_terminal_and_detaches() {
     });
     assert!(screen.contains("kheap top  20"), "{screen}");
     tmux.assert_terminal_restored();
-    for id in progs {
-        assert!(
-            !prog_loaded(id),
-            "BPF program {id} still loaded after SIGTERM"
-        );
-    }
+    assert_unloaded(&progs, "after SIGTERM");
 }
 
 /// The terminal goes away under a full-screen top (an ssh connection
@@ -788,10 +781,5 @@ fn a_closed_terminal_ends_top_and_detaches() {
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     }
     assert!(gone, "kheap top still runs after its terminal closed");
-    for id in progs {
-        assert!(
-            !prog_loaded(id),
-            "BPF program {id} still loaded after the terminal closed"
-        );
-    }
+    assert_unloaded(&progs, "after the terminal closed");
 }
