@@ -105,11 +105,10 @@ struct site_key {
 };
 
 /* One CPU's counts of one site, in the per-CPU front of the site map
- * (bpf/site_slots.bpf.h). The counts come first: the kernel copies a slot
- * to user space in address order, so once the copy has a count above zero,
- * the key written before that count is complete (stores are seen in order
- * on x86; elsewhere only a slot claimed during a read could be torn). A
- * count of zero: a free slot. */
+ * (bpf/site_slots.bpf.h). The count comes first: user space reads it, and
+ * only if it is above zero the rest, so the key written before that count
+ * is complete (stores are seen in order on x86; elsewhere only a slot
+ * claimed during a read could be torn). A count of zero: a free slot. */
 struct site_slot {
 	struct alloc_stats stats;
 	struct site_key key;

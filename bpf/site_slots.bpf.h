@@ -1,17 +1,26 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * The per-CPU front of the site map. Every counted allocation adds to its
- * site's entry; a per-CPU hash does that with a call, a hash of the key and
- * a bucket walk, which was most of the default path's cost above the empty
- * programs'. So each CPU first tries a table of its own: an open-addressed
- * per-CPU array (lookups the verifier inlines, no hashing of the whole key
- * and no bucket walk) where a site takes the first free slot among
- * KHEAP_SITE_SLOT_PROBES and keeps it for the rest of the run.
+ * site's entry; the hash does that with a call, a hash of the key, a bucket
+ * walk and locked adds, which was most of the default path's cost above the
+ * empty programs'. So each CPU first tries a table of its own: an
+ * open-addressed array (lookups the verifier inlines, no hashing of the
+ * whole key, no bucket walk, plain adds) where a site takes the first free
+ * slot among KHEAP_SITE_SLOT_PROBES and keeps it for the rest of the run.
  * Nothing ever moves out of a slot, so user space reads a site as the sum of
  * its slots on every CPU and its entry in `sites`, with no count in two
  * places at once. Events of a site that found no slot (the probed ones held
  * by other sites) go to `sites` as before, so counts stay exact whichever
  * way an event went.
+ *
+ * The tables of all CPUs are one array, each CPU's table a run of
+ * site_slot_mask + 1 slots at (CPU number) * (site_slot_mask + 1), written
+ * by that CPU only: the same owner-only writes as a per-CPU array, but one
+ * user space maps (BPF_F_MMAPABLE) and reads in place. A per-CPU array is
+ * read by copying every slot of every CPU through a syscall, about 5 MB on
+ * a host of 128 CPUs whether or not a slot is used, and that copy was
+ * nearly all of a read's time there (issue 45); in place, a read looks at
+ * each slot's count and copies the used ones only.
  *
  * A program on this CPU can run inside another (an interrupt that
  * allocates while a kmalloc event is being counted): the request's `busy`
@@ -26,10 +35,21 @@
 #define KHEAP_SITE_SLOT_PROBES 4
 
 /* Slots per CPU, minus one (a power of two; user space sizes the array to
- * match before load). */
+ * this many per possible CPU before load). */
 const volatile __u32 site_slot_mask = 0;
 
-KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, site_slots, __u32, struct site_slot, 1024);
+KHEAP_MMAPABLE_ARRAY(site_slots, struct site_slot, 1024);
+
+/* Slot i of this CPU's table. A CPU number past the array (none is: user
+ * space sizes it for every possible CPU) finds no slot, and its events go
+ * to `sites`. */
+static __always_inline struct site_slot *cpu_slot(__u32 i)
+{
+	__u32 at = bpf_get_smp_processor_id() * (site_slot_mask + 1) +
+		   (i & site_slot_mask);
+
+	return bpf_map_lookup_elem(&site_slots, &at);
+}
 
 /* What site_slot_add() is asked for, passed through this CPU's scratch
  * entry: a function verified on its own takes scalars only, and the key's
@@ -93,7 +113,7 @@ __noinline int site_slot_add(__u64 req, __u64 alloc, __u32 bucket)
 		32;
 	for (__u32 p = 0; p < KHEAP_SITE_SLOT_PROBES; p++) {
 		__u32 i = (first + p) & site_slot_mask;
-		struct site_slot *s = bpf_map_lookup_elem(&site_slots, &i);
+		struct site_slot *s = cpu_slot(i);
 
 		if (!s)
 			break;
@@ -135,12 +155,11 @@ __noinline int site_slot_add(__u64 req, __u64 alloc, __u32 bucket)
 static __always_inline struct site_slot *hinted_slot(const struct site_key *key,
 						     __u32 hint)
 {
-	__u32 i = SITE_HINT_SLOT(hint) - 1;
 	struct site_slot *s;
 
 	if (!SITE_HINT_SLOT(hint))
 		return NULL;
-	s = bpf_map_lookup_elem(&site_slots, &i);
+	s = cpu_slot(SITE_HINT_SLOT(hint) - 1);
 	if (!s || !slot_holds(s, key->call_site, key->cache,
 			      *(__u64 *)&key->kmalloc_size))
 		return NULL;

@@ -278,35 +278,6 @@ where
     Ok(())
 }
 
-/// Folds every CPU's value of every index of a per-CPU array into `visit`,
-/// batched where the kernel can.
-pub fn visit_percpu_array<V, M>(map: &M, visit: &mut dyn FnMut(&V)) -> Result<()>
-where
-    M: MapCore,
-    V: plain::Plain + Default + Copy,
-{
-    let (aligned, len) = value_layout(map)?;
-    let value_size = map.value_size() as usize;
-    let mut visit_cpus = |bytes: &[u8]| {
-        for cpu in bytes.chunks_exact(aligned) {
-            visit(&from_bytes::<V>(&cpu[..value_size]));
-        }
-    };
-    if visit_batched(map, len, &mut |_, v| visit_cpus(v))? {
-        return Ok(());
-    }
-    for index in 0..map.max_entries() {
-        let per_cpu = map
-            .lookup_percpu(&index.to_ne_bytes(), MapFlags::ANY)
-            .with_context(|| format!("reading BPF map {}", map.name().to_string_lossy()))?
-            .unwrap_or_default();
-        for cpu in per_cpu {
-            visit(&from_bytes::<V>(&cpu));
-        }
-    }
-    Ok(())
-}
-
 /// A BPF array map created with BPF_F_MMAPABLE, mapped read-only: its
 /// values are read from memory, with no syscall and no copy of the entries
 /// not asked for. Unmapped when dropped.

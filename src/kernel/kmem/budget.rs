@@ -212,7 +212,9 @@ pub(super) fn size_maps(
     latency: bool,
 ) -> Result<()> {
     open.maps.sites.set_max_entries(cfg.max_sites)?;
-    open.maps.site_slots.set_max_entries(cfg.site_slots(cpus))?;
+    open.maps
+        .site_slots
+        .set_max_entries(cfg.site_slot_entries(cpus))?;
     open.maps
         .kmalloc_memo
         .set_max_entries(Config::kmalloc_memo_slots(cpus))?;

@@ -212,6 +212,12 @@ impl Config {
         1 << slots.ilog2()
     }
 
+    /// Entries of the site-slot array: every possible CPU's slots, one
+    /// CPU's after another (bpf/site_slots.bpf.h).
+    pub(super) fn site_slot_entries(&self, cpus: u32) -> u32 {
+        self.site_slots(cpus).saturating_mul(cpus.max(1))
+    }
+
     /// Slots per CPU of the kmalloc memo (bpf/slab_cache.bpf.h): all 1024
     /// up to 64 CPUs, then fewer, so that all CPUs' memos keep to
     /// [`KMALLOC_MEMO_BYTES`] (512 at 128 CPUs, 256 at 256).

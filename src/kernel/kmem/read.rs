@@ -54,6 +54,26 @@ impl<'obj> Tracer<'obj> {
         Ok(ids)
     }
 
+    /// The key and counts of every CPU's slots in use, read in place: each
+    /// slot's count, then the whole slot only where it is above zero.
+    fn slots_in_use(&self) -> Vec<(types::site_key, types::alloc_stats)> {
+        let slots = &self.site_slots;
+        let mut in_use = Vec::new();
+        for i in 0..slots.entries() {
+            // The count is the slot's first word, and a claim writes the
+            // key before it (bpf/kheap.h, struct site_slot): read after
+            // the count, the key is the claim's.
+            if slots.get::<u64>(i).unwrap_or(0) == 0 {
+                continue;
+            }
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            if let Some(slot) = slots.get::<types::site_slot>(i) {
+                in_use.push((slot.key, slot.stats));
+            }
+        }
+        in_use
+    }
+
     /// The frames of a stack, read once per run.
     fn stack_frames(&self, id: i64) -> Result<Option<Vec<u64>>> {
         if let Some(frames) = self.stack_cache.borrow().get(&id) {
@@ -112,12 +132,7 @@ impl<'obj> Tracer<'obj> {
         // enough under emulation that counts read after it would end top's
         // interval late, or differ from the sites' by the events between.
         let in_map = maps::read_counts::<types::site_key, types::alloc_stats, _>(&m.sites)?;
-        let mut in_slots = Vec::new();
-        maps::visit_percpu_array::<types::site_slot, _>(&m.site_slots, &mut |slot| {
-            if slot.stats.count > 0 {
-                in_slots.push((slot.key, slot.stats));
-            }
-        })?;
+        let in_slots = self.slots_in_use();
         let procs = if self.cfg.by_process {
             maps::read_counts::<u32, types::alloc_stats, _>(&m.procs)?
         } else {

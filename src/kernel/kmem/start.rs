@@ -187,6 +187,7 @@ impl<'obj> Tracer<'obj> {
         let skel = open
             .load()
             .context("loading the BPF programs into the kernel")?;
+        let site_slots = MappedArray::new(&skel.maps.site_slots)?;
         let mut tracer = Tracer {
             skel,
             links: Vec::new(),
@@ -201,6 +202,7 @@ impl<'obj> Tracer<'obj> {
             kernel_memory,
             stack_cache: RefCell::default(),
             slot_sites: RefCell::default(),
+            site_slots,
             slab_sysfs: RefCell::default(),
             live_table: None,
             clock0: types::clock_sample::default(),

@@ -47,6 +47,9 @@ pub struct Tracer<'obj> {
     /// (bpf/site_slots.bpf.h). A slot is held for the run, so idle aging
     /// leaves these alone without reading the slots again.
     pub(super) slot_sites: RefCell<HashSet<SiteKey>>,
+    /// The site slots of every CPU, mapped read-only: a read looks at each
+    /// slot's count in place and copies only the slots in use.
+    pub(super) site_slots: MappedArray,
     /// Which caches SLUB merged (/sys/kernel/slab), read on first use.
     /// and how many cache names there were then.
     pub(super) slab_sysfs: RefCell<Option<(SlabSysfs, usize)>>,
