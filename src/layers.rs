@@ -94,7 +94,6 @@ mod tests {
         ("slab::watch", Report),
         ("slab::report", Report),
         ("slab::render", Render),
-        ("slab::cmd", Cmd),
         ("serve", Cmd),
         ("serve::series", Report),
         ("serve::cgroups", Report),
@@ -109,10 +108,6 @@ mod tests {
         ("serve::server", Base),
         // What each path answers, from the published families.
         ("serve::routes", Render),
-        // The daemon: its flags, its attach-read-reload cycle, one read.
-        ("serve::settings", Cmd),
-        ("serve::daemon", Cmd),
-        ("serve::publish", Cmd),
         ("top", Cmd),
         ("top::view", Render),
         ("top::columns", Render),
@@ -126,10 +121,10 @@ mod tests {
         ("record", &["cmd::record"]),
         ("leaks", &["cmd::leaks", "leaks::*"]),
         ("diff", &["cmd::diff", "diff"]),
-        ("slab", &["cmd::slab", "slab::*"]),
+        ("slab", &["cmd::slab::*", "slab::*"]),
         ("malloc", &["cmd::malloc", "malloc::*"]),
         ("top", &["cmd::top", "top::*"]),
-        ("serve", &["cmd::serve", "serve::*"]),
+        ("serve", &["cmd::serve::*", "serve::*"]),
         ("doctor", &["cmd::doctor"]),
         ("generate", &["cmd::generate"]),
     ];
