@@ -67,8 +67,6 @@ mod tests {
         ("layers", Base),
         ("testing", Model),
         ("leaks", Cmd),
-        ("leaks::retention", Report),
-        ("leaks::timeline", Report),
         ("leaks::render", Render),
         ("leaks::chart", Render),
         ("malloc", Cmd),

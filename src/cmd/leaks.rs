@@ -17,14 +17,14 @@ use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::leaks::render::{self as leak_render, LeakGroupBy, LeaksFormat as Format};
-use crate::leaks::timeline::{
-    MemLines, SeriesKey, SeriesLabel, TimelineBuilder, TriggerMark, DEFAULT_MAX_POINTS,
-};
 use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
 use crate::model::{CgroupSlot, Source};
 use crate::report::budget::{self, Budget, BudgetRow};
 use crate::report::meminfo::{account, comparable, Geometry, MemInfo};
+use crate::report::timeline::{
+    MemLines, SeriesKey, SeriesLabel, TimelineBuilder, TriggerMark, DEFAULT_MAX_POINTS,
+};
 use crate::report::trigger::{self, oom_kills, Condition, Reading as TriggerReading, Trigger};
 use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::session::args::{FrameArgs, JsonCopy};
@@ -534,7 +534,7 @@ fn finish_timeline(
     syms: &KernelSymbols,
     cgroup_names: &mut CgroupNames,
     triggers: Vec<TriggerMark>,
-) -> crate::leaks::timeline::Timeline {
+) -> crate::report::timeline::Timeline {
     let keys = timeline.series_keys();
     let functions: HashMap<(u64, Source), String> = report::labelled_sites(snap, syms)
         .into_iter()
