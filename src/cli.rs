@@ -238,14 +238,7 @@ pub struct SourceArgs {
     pub sources: Sources,
 }
 
-/// An output format: tables for people, JSON for scripts.
-pub trait OutputFormat: ValueEnum + Clone + Copy + Send + Sync + 'static {
-    fn is_table(self) -> bool;
-    /// Formats nobody reads on a terminal (an SVG): they need -o or a pipe.
-    fn is_file_only(self) -> bool {
-        false
-    }
-}
+pub use crate::render::OutputFormat;
 
 /// The formats of reports that have no stacks to fold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -257,36 +250,6 @@ pub enum TableOrJson {
 impl OutputFormat for TableOrJson {
     fn is_table(self) -> bool {
         self == TableOrJson::Table
-    }
-}
-
-impl OutputFormat for crate::diff::DiffFormat {
-    fn is_table(self) -> bool {
-        self == crate::diff::DiffFormat::Table
-    }
-    fn is_file_only(self) -> bool {
-        self == crate::diff::DiffFormat::Svg
-    }
-}
-
-impl OutputFormat for crate::render::Format {
-    fn is_table(self) -> bool {
-        self == crate::render::Format::Table
-    }
-    fn is_file_only(self) -> bool {
-        self == crate::render::Format::Svg
-    }
-}
-
-impl OutputFormat for crate::leaks::render::LeaksFormat {
-    fn is_table(self) -> bool {
-        self == crate::leaks::render::LeaksFormat::Table
-    }
-    fn is_file_only(self) -> bool {
-        matches!(
-            self,
-            crate::leaks::render::LeaksFormat::Svg | crate::leaks::render::LeaksFormat::Html
-        )
     }
 }
 

@@ -233,10 +233,10 @@ mod tests {
         }
 
         /// Two readings of two sites (one per cgroup), a trigger fired.
-        fn sample_timeline() -> crate::leaks::timeline::Timeline {
-            use crate::leaks::timeline::*;
+        fn sample_timeline() -> crate::report::timeline::Timeline {
             use crate::model::live::Outstanding;
             use crate::model::{CgroupSlot, Source};
+            use crate::report::timeline::*;
             let mut b = TimelineBuilder::new(0.5, 1, 16, 1);
             let key = |cgroup| SeriesKey {
                 call_site: 0xffff_0000,

@@ -17,8 +17,9 @@ use serde::{Deserialize, Serialize};
 use crate::contract::{self, Kind};
 use crate::model::identity::unmerged_cache_name;
 use crate::model::{human_size, human_size_wide, signed_size_wide, Counts};
-use crate::render::short_list;
+use crate::render::pprof::{clamp_i64, Builder, Frame, Label, Sample, SampleType, KERNEL_MAPPING};
 use crate::render::table::{hidden_note, new_table, render};
+use crate::render::{short_list, OutputFormat};
 use crate::report::{Report, Retention};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -40,6 +41,15 @@ pub enum DiffFormat {
     /// A differential flame graph: widths from AFTER, red grew, blue shrank
     /// (SVG; needs -o FILE or a pipe)
     Svg,
+}
+
+impl OutputFormat for DiffFormat {
+    fn is_table(self) -> bool {
+        self == DiffFormat::Table
+    }
+    fn is_file_only(self) -> bool {
+        self == DiffFormat::Svg
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -309,6 +319,45 @@ pub fn table(d: &Diff, by: DiffBy, n: usize, width: Option<u16>) -> String {
         let _ = writeln!(out, "(no differences)");
     }
     out
+}
+
+/// The profile of a `kheap diff`: one sample per changed row, its values
+/// the change (after minus before; negative where it shrank, which pprof
+/// allows). Sample types are `inuse_*` between leaks reports (outstanding
+/// memory) and `alloc_*` between record reports (allocation volume).
+pub fn pprof(d: &Diff) -> Builder {
+    let types: &[SampleType] = match d.measure {
+        Measure::Outstanding => &[SampleType::InuseObjects, SampleType::InuseSpace],
+        Measure::Allocated => &[SampleType::AllocObjects, SampleType::AllocSpace],
+    };
+    let mut b = Builder::new(types, types[1], 0);
+    b.comment(&format!(
+        "kheap diff of two {:?} reports by {:?}: values are after minus before (negative: shrank); grew {} B, shrank {} B, net {} B",
+        d.compared, d.by, d.grew_bytes, d.shrank_bytes, d.net_bytes
+    ));
+    for row in &d.rows {
+        let frames = match d.by {
+            DiffBy::Stack => row.name.split(';').map(Frame::kernel).collect(),
+            DiffBy::Site => vec![Frame::kernel(&row.name)],
+            // Caches are not code: one frame named after the cache.
+            DiffBy::Cache => vec![Frame {
+                function: format!("cache {}", row.name),
+                mapping: KERNEL_MAPPING.to_string(),
+                ..Default::default()
+            }],
+        };
+        b.add(&Sample {
+            frames,
+            // pprof's values are int64: a larger change is shown capped.
+            values: vec![clamp_i64(row.change_count), clamp_i64(row.change_bytes)],
+            labels: row
+                .caches
+                .iter()
+                .map(|c| Label::Str("cache".into(), c.clone()))
+                .collect(),
+        });
+    }
+    b
 }
 
 #[cfg(test)]

@@ -10,8 +10,10 @@
 //! Each subcommand has a room (its module in `cmd` and the folder of its
 //! own logic, ROOMS below): no room imports from another, so what two
 //! commands share lives outside every room (`session`, `output`, `report`,
-//! `render` …). clap stays in the command layers: model, report and kernel
-//! types do not parse command lines.
+//! `render` …), and nothing outside the rooms imports from one (a shared
+//! module that needs a command's type takes it from a shared one, or the
+//! code moves into the room). clap stays in the command layers: model,
+//! report and kernel types do not parse command lines.
 //!
 //! What counts as an import: every `crate::…` path outside comments and
 //! test modules (inline ones and `tests.rs` files; in `use` lines or
@@ -67,8 +69,6 @@ mod tests {
         ("layers", Base),
         ("testing", Model),
         ("leaks", Cmd),
-        ("leaks::retention", Report),
-        ("leaks::timeline", Report),
         ("leaks::render", Render),
         ("leaks::chart", Render),
         ("malloc", Cmd),
@@ -94,7 +94,6 @@ mod tests {
         ("slab::watch", Report),
         ("slab::report", Report),
         ("slab::render", Render),
-        ("slab::cmd", Cmd),
         ("serve", Cmd),
         ("serve::series", Report),
         ("serve::cgroups", Report),
@@ -109,10 +108,6 @@ mod tests {
         ("serve::server", Base),
         // What each path answers, from the published families.
         ("serve::routes", Render),
-        // The daemon: its flags, its attach-read-reload cycle, one read.
-        ("serve::settings", Cmd),
-        ("serve::daemon", Cmd),
-        ("serve::publish", Cmd),
         ("top", Cmd),
         ("top::view", Render),
         ("top::columns", Render),
@@ -126,10 +121,10 @@ mod tests {
         ("record", &["cmd::record"]),
         ("leaks", &["cmd::leaks", "leaks::*"]),
         ("diff", &["cmd::diff", "diff"]),
-        ("slab", &["cmd::slab", "slab::*"]),
+        ("slab", &["cmd::slab::*", "slab::*"]),
         ("malloc", &["cmd::malloc", "malloc::*"]),
         ("top", &["cmd::top", "top::*"]),
-        ("serve", &["cmd::serve", "serve::*"]),
+        ("serve", &["cmd::serve::*", "serve::*"]),
         ("doctor", &["cmd::doctor"]),
         ("generate", &["cmd::generate"]),
     ];
@@ -138,6 +133,22 @@ mod tests {
     /// (module, module it imports). Keep this empty; an entry here is a
     /// debt, not a permission.
     const KNOWN_CROSSINGS: &[(&str, &str)] = &[];
+
+    /// Imports from a module outside every room into a room, known and
+    /// waiting for a fix, as (module, module it imports). Keep this empty;
+    /// an entry here is a debt, not a permission.
+    const KNOWN_INTO_ROOMS: &[(&str, &str)] = &[
+        // malloc's model, probes and symbols, read by the kernel layer and
+        // pprof: being moved out of the malloc room.
+        ("kernel::malloc", "malloc::model"),
+        ("kernel::malloc", "malloc::preload"),
+        ("kernel::malloc", "malloc::probes"),
+        ("kernel::malloc", "malloc::usersyms"),
+        ("kernel::malloc_skel", "malloc::model"),
+        ("kernel::user_stack", "malloc::model"),
+        ("render::pprof", "malloc::report"),
+        ("render::pprof", "malloc::usersyms"),
+    ];
 
     /// Modules of the model, report and kernel layers that still use clap,
     /// waiting for a fix. Keep this empty; an entry here is a debt.
@@ -444,6 +455,67 @@ mod tests {
             wrong.is_empty(),
             "imports from one command's room into another's (move what they share out of the rooms):\n{}",
             wrong.join("\n")
+        );
+    }
+
+    /// The imports of `g` from a module outside every room into a room,
+    /// but for the crate root and `cmd`, which declare the rooms' modules.
+    fn imports_into_rooms(g: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+        let mut wrong = Vec::new();
+        for (m, deps) in g {
+            if room_of(m).is_some() || m.is_empty() || m == "cmd" {
+                continue;
+            }
+            for d in deps {
+                if let Some(to) = room_of(d) {
+                    if !KNOWN_INTO_ROOMS.contains(&(m.as_str(), d.as_str())) {
+                        wrong.push(format!("{m} (no room) imports {d} (room {to})"));
+                    }
+                }
+            }
+        }
+        wrong
+    }
+
+    /// Shared code is below every command: a module outside the rooms
+    /// (`report`, `render`, `cli`, `session`, the kernel layer …) imports
+    /// nothing from one.
+    #[test]
+    fn shared_modules_import_no_room() {
+        let g = graph();
+        for &(from, to) in KNOWN_INTO_ROOMS {
+            assert!(
+                g.get(from).is_some_and(|deps| deps.contains(to)),
+                "{from} no longer imports {to}: drop it from KNOWN_INTO_ROOMS"
+            );
+        }
+        let wrong = imports_into_rooms(&g);
+        assert!(
+            wrong.is_empty(),
+            "imports from a module outside every room into a command's room (move the shared part out of the room):\n{}",
+            wrong.join("\n")
+        );
+    }
+
+    /// The check above fails on a scratch upward import: a shared module
+    /// of the report layer reaching into leaks' room, as
+    /// `report::build` once did through `leaks::retention`.
+    #[test]
+    fn a_shared_module_importing_a_room_is_caught() {
+        let mut g = graph();
+        g.get_mut("report::build")
+            .expect("report::build exists")
+            .insert("leaks::render".to_string());
+        g.entry("cli".to_string())
+            .or_default()
+            .insert("cmd::slab::args".to_string());
+        let wrong = imports_into_rooms(&g);
+        assert_eq!(
+            wrong,
+            [
+                "cli (no room) imports cmd::slab::args (room slab)",
+                "report::build (no room) imports leaks::render (room leaks)",
+            ]
         );
     }
 

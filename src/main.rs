@@ -20,7 +20,7 @@ enum Command {
     /// Compare two kheap JSON reports of one kind (record, or leaks and its snapshots): what grew or shrank
     Diff(cmd::diff::DiffArgs),
     /// Slab caches: memory, loss, growth, and (with -d) who allocates and wastes
-    Slab(kheap::slab::SlabArgs),
+    Slab(cmd::slab::SlabArgs),
     /// Trace malloc, calloc, realloc… of a process or command: who allocates, in what sizes, what is never freed
     Malloc(cmd::malloc::MallocArgs),
     /// Watch who allocates right now, refreshed every interval (like top/slabtop)

@@ -50,6 +50,24 @@ pub enum Format {
     Svg,
 }
 
+/// An output format: tables for people, JSON for scripts.
+pub trait OutputFormat: ValueEnum + Clone + Copy + Send + Sync + 'static {
+    fn is_table(self) -> bool;
+    /// Formats nobody reads on a terminal (an SVG): they need -o or a pipe.
+    fn is_file_only(self) -> bool {
+        false
+    }
+}
+
+impl OutputFormat for Format {
+    fn is_table(self) -> bool {
+        self == Format::Table
+    }
+    fn is_file_only(self) -> bool {
+        self == Format::Svg
+    }
+}
+
 pub fn sort_key(c: &Counts, by: SortBy) -> u64 {
     match by {
         SortBy::Bytes => c.bytes_alloc,

@@ -3,6 +3,8 @@
 //!
 //! The rows and the report they make are `rows`; `build` makes them from a
 //! snapshot; `cgroups` folds the per-cgroup rows and names the cgroups;
+//! `retention` is what `leaks` adds to them (ages, rates, the summary) and
+//! `timeline` its outstanding memory over time;
 //! `fixtures` are the snapshots and symbols other modules' tests build
 //! reports from.
 
@@ -15,13 +17,15 @@ pub mod fixtures;
 pub mod meminfo;
 pub mod overhead;
 pub mod processes;
+pub mod retention;
 pub mod rows;
+pub mod timeline;
 pub mod top_n;
 pub mod trigger;
 
-pub use crate::leaks::retention::{LeakSummary, ProgramMisses, Retention};
 pub use build::{build, incompleteness, labelled_sites, scale_to, BuildOptions};
 pub use processes::StackProcess;
+pub use retention::{LeakSummary, ProgramMisses, Retention};
 pub use rows::{
     Accounting, CacheRow, CgroupRow, Lost, OutstandingAccounting, ProcRow, Report, RunInfo,
     Sampling, SiteRow, SourceTotals, StackRow, Totals,

@@ -88,7 +88,7 @@ pub fn run(args: DiffArgs) -> Result<i32> {
             contract::pretty(Kind::Diff, &d)
         }
         DiffFormat::Pprof => {
-            let profile = crate::render::pprof::from_diff(&d).encode_gzip();
+            let profile = crate::diff::pprof(&d).encode_gzip();
             crate::output::emit_bytes(&profile, out.output())?;
             return Ok(0);
         }

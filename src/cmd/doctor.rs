@@ -110,7 +110,8 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
             format!("tracepoint: {classic}, tp_btf: {}", yes_no(btf)),
         );
     }
-    for source in [Source::Page, Source::Vmalloc, Source::Percpu] {
+    // Every source but kmalloc, whose tracepoints are the rows above.
+    for source in Source::ALL.into_iter().filter(|&s| s != Source::Kmalloc) {
         let hooks: Vec<String> = source_hooks(source)
             .map(|h| {
                 let have = kbtf

@@ -11,23 +11,23 @@ use anyhow::{bail, Result};
 use clap::Args;
 
 use crate::cgroup::CgroupNames;
-use crate::cli::{parse_duration, parse_sample, parse_tracked_objects, OutputArgs, TraceArgs};
+use crate::cli::{parse_duration, parse_sample, parse_tracked_objects};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::leaks::render::{self as leak_render, LeakGroupBy, LeaksFormat as Format};
-use crate::leaks::timeline::{
-    MemLines, SeriesKey, SeriesLabel, TimelineBuilder, TriggerMark, DEFAULT_MAX_POINTS,
-};
 use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
 use crate::model::{CgroupSlot, Source};
 use crate::report::budget::{self, Budget, BudgetRow};
 use crate::report::meminfo::{account, comparable, Geometry, MemInfo};
+use crate::report::timeline::{
+    MemLines, SeriesKey, SeriesLabel, TimelineBuilder, TriggerMark, DEFAULT_MAX_POINTS,
+};
 use crate::report::trigger::{self, oom_kills, Condition, Reading as TriggerReading, Trigger};
 use crate::report::{self, BuildOptions, Report, RunInfo};
-use crate::session::args::{FrameArgs, JsonCopy};
+use crate::session::args::ReportArgs;
 use crate::session::status::StatusLine;
 use crate::session::{
     install_stop_handler, kmem_config, name_command_process, run_info, start_tracing,
@@ -40,16 +40,7 @@ use crate::sys::cgroup2_mount;
 #[derive(Args, Debug)]
 pub struct LeaksArgs {
     #[command(flatten)]
-    pub trace: TraceArgs,
-    #[command(flatten)]
-    pub output: OutputArgs<Format>,
-    #[command(flatten)]
-    pub json: JsonCopy,
-    #[command(flatten)]
-    pub frames: FrameArgs,
-    /// What sizes the frames of --format svg
-    #[arg(long, value_enum, default_value_t)]
-    pub weight: crate::render::flame::Weight,
+    pub report: ReportArgs<Format>,
     /// Only count objects at least this old as outstanding
     #[arg(long, value_parser = parse_age, default_value = "0", value_name = "SECS")]
     pub min_age: f64,
@@ -112,7 +103,7 @@ fn kernel_config(args: &LeaksArgs, targets: &Targets) -> Config {
         by_process: args.by == LeakGroupBy::Process,
         // Each stack row says who made it (JSON, pprof labels).
         stack_owners: true,
-        ..kmem_config(&args.trace, targets, LEAKS_STACK_SAMPLE)
+        ..kmem_config(&args.report.trace, targets, LEAKS_STACK_SAMPLE)
     }
 }
 
@@ -132,8 +123,8 @@ fn parse_age(s: &str) -> Result<f64, String> {
 /// What can be refused before anything is attached. Returns where
 /// snapshots go.
 fn check_args(args: &LeaksArgs) -> Result<PathBuf> {
-    args.trace.filters.check()?;
-    let stacks_only = match args.output.format {
+    args.report.trace.filters.check()?;
+    let stacks_only = match args.report.output.format {
         Format::Folded => Some("folded"),
         Format::Svg => Some("svg"),
         _ => None,
@@ -156,10 +147,10 @@ fn check_args(args: &LeaksArgs) -> Result<PathBuf> {
     {
         crate::output::check_dir_writable(&snapshot_dir, "--snapshot-dir")?;
     }
-    args.output.check()?;
-    args.json.check()?;
-    if args.output.format == Format::Pprof {
-        crate::output::check_binary_destination(args.output.output(), "pprof")?;
+    args.report.output.check()?;
+    args.report.json.check()?;
+    if args.report.output.format == Format::Pprof {
+        crate::output::check_binary_destination(args.report.output.output(), "pprof")?;
     }
     Ok(snapshot_dir)
 }
@@ -169,7 +160,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     install_stop_handler();
     install_snapshot_handler();
 
-    let mut targets = Targets::start(&args.trace.filters.targets)?;
+    let mut targets = Targets::start(&args.report.trace.filters.targets)?;
     let cfg = kernel_config(&args, &targets);
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
@@ -196,12 +187,13 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     start_tracing(
         "kernel heap allocations and frees",
         &session.attached,
-        args.trace.duration,
+        args.report.trace.duration,
         &mut targets,
         "; Ctrl-C to stop, SIGUSR1 for a snapshot",
     )?;
     let syms = KernelSymbols::new(None);
-    let info_of = |session: &Tracer| run_info(session, &session.skipped, &args.trace.filters);
+    let info_of =
+        |session: &Tracer| run_info(session, &session.skipped, &args.report.trace.filters);
     let info = info_of(&session);
     let build = |snap: &mut Snapshot, kind: &str, duration_s: f64, run: RunInfo| {
         if let Some(l) = snap.leaks.as_mut() {
@@ -256,7 +248,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             let mut r = build(&mut snap, "snapshot", secs, info.clone());
             r.name_cgroups(&mut cgroup_names);
             write_json(&r, &path)?;
-            if trigger.is_some() && args.output.format == Format::Pprof {
+            if trigger.is_some() && args.report.output.format == Format::Pprof {
                 let profile = crate::render::pprof::from_report(&r).encode_gzip();
                 crate::output::write_bytes_atomic(&path.with_extension("pb.gz"), &profile)?;
             }
@@ -358,7 +350,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             }
         };
     let ended = wait_for_end_every(
-        args.trace.duration,
+        args.report.trace.duration,
         &mut targets,
         // Snapshots and readings come on the loop's tick: every second, or
         // more often for a shorter --interval or --snapshot-every.
@@ -397,7 +389,7 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     let mut report = build(&mut snap, "leaks", duration_s, info);
     report.name_cgroups(&mut cgroup_names);
     if let (Some(before), Some(after)) = (&meminfo_before, &meminfo_after) {
-        let filters = args.trace.filters.describe();
+        let filters = args.report.trace.filters.describe();
         let memory = MemoryChange {
             before,
             after,
@@ -534,7 +526,7 @@ fn finish_timeline(
     syms: &KernelSymbols,
     cgroup_names: &mut CgroupNames,
     triggers: Vec<TriggerMark>,
-) -> crate::leaks::timeline::Timeline {
+) -> crate::report::timeline::Timeline {
     let keys = timeline.series_keys();
     let functions: HashMap<(u64, Source), String> = report::labelled_sites(snap, syms)
         .into_iter()
@@ -562,8 +554,8 @@ fn write_json(r: &Report, path: &Path) -> Result<()> {
 }
 
 fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
-    let out = &args.output;
-    args.json.write(Kind::Leaks, &report, |r| {
+    let out = &args.report.output;
+    args.report.json.write(Kind::Leaks, &report, |r| {
         leak_render::apply_top(r, args.by, None);
     })?;
     let hidden = leak_render::apply_top(&mut report, args.by, out.rows());
@@ -578,16 +570,16 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
         Format::Json => contract::pretty(Kind::Leaks, &report),
         Format::Folded => leak_render::folded(&report),
         Format::Pprof => {
-            args.frames.apply(&mut report);
+            args.report.frames.apply(&mut report);
             let profile = crate::render::pprof::from_report(&report).encode_gzip();
             return crate::output::emit_bytes(&profile, out.output());
         }
         Format::Svg => crate::render::flame::titled(
             &crate::render::outstanding_flame_samples(&{
-                args.frames.apply(&mut report);
+                args.report.frames.apply(&mut report);
                 report
             }),
-            args.weight,
+            args.report.weight,
             "kheap leaks",
             "outstanding",
         ),

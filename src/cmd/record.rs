@@ -7,7 +7,6 @@ use anyhow::Result;
 use clap::Args;
 
 use crate::cgroup::CgroupNames;
-use crate::cli::{OutputArgs, TraceArgs};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, Tracer};
@@ -15,7 +14,7 @@ use crate::kernel::latency::{LatencyProbe, LatencySession};
 use crate::kernel::storage::ObjectStorage;
 use crate::render::{self, Format, GroupBy, SortBy};
 use crate::report::{self, BuildOptions, Report};
-use crate::session::args::{FrameArgs, JsonCopy};
+use crate::session::args::ReportArgs;
 use crate::session::status::StatusLine;
 use crate::session::{
     install_stop_handler, kmem_config, name_command_process, run_info, start_tracing, wait_for_end,
@@ -46,16 +45,7 @@ impl From<LatencyProbeArg> for LatencyProbe {
 #[derive(Args, Debug)]
 pub struct RecordArgs {
     #[command(flatten)]
-    pub trace: TraceArgs,
-    #[command(flatten)]
-    pub output: OutputArgs<Format>,
-    #[command(flatten)]
-    pub json: JsonCopy,
-    #[command(flatten)]
-    pub frames: FrameArgs,
-    /// What sizes the frames of --format svg
-    #[arg(long, value_enum, default_value_t)]
-    pub weight: crate::render::flame::Weight,
+    pub report: ReportArgs<Format>,
     /// Group rows by
     #[arg(long, value_enum, default_value_t = GroupBy::Site)]
     pub by: GroupBy,
@@ -82,22 +72,26 @@ fn kernel_config(args: &RecordArgs, targets: &Targets) -> Config {
         // Each stack row says who made it (JSON, pprof labels).
         stack_owners: true,
         trace_frees: !args.no_frees,
-        ..kmem_config(&args.trace, targets, crate::cli::DEFAULT_STACK_SAMPLE)
+        ..kmem_config(
+            &args.report.trace,
+            targets,
+            crate::cli::DEFAULT_STACK_SAMPLE,
+        )
     }
 }
 
 pub fn run(args: RecordArgs) -> Result<i32> {
-    args.trace.filters.check()?;
-    if args.output.format == Format::Pprof {
-        crate::output::check_binary_destination(args.output.output(), "pprof")?;
+    args.report.trace.filters.check()?;
+    if args.report.output.format == Format::Pprof {
+        crate::output::check_binary_destination(args.report.output.output(), "pprof")?;
     }
     features::check_privileges("record")?;
     features::check_btf()?;
-    args.output.check()?;
-    args.json.check()?;
+    args.report.output.check()?;
+    args.report.json.check()?;
     install_stop_handler();
 
-    let mut targets = Targets::start(&args.trace.filters.targets)?;
+    let mut targets = Targets::start(&args.report.trace.filters.targets)?;
     let cfg = kernel_config(&args, &targets);
     // Latency first: the record object shares its per-task entry map.
     let mut latency_storage = ObjectStorage::default();
@@ -121,7 +115,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     start_tracing(
         "kernel heap allocations",
         &session.attached,
-        args.trace.duration,
+        args.report.trace.duration,
         &mut targets,
         "; Ctrl-C to stop",
     )?;
@@ -130,7 +124,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     // end keeps the path it had.
     let mut cgroup_names = CgroupNames::new(cgroup2_mount().ok());
     let mut status = StatusLine::new();
-    let ended = wait_for_end(args.trace.duration, &mut targets, |elapsed| {
+    let ended = wait_for_end(args.report.trace.duration, &mut targets, |elapsed| {
         if let Ok(ids) = session.cgroup_ids() {
             cgroup_names.learn(ids);
         }
@@ -150,7 +144,7 @@ pub fn run(args: RecordArgs) -> Result<i32> {
     if let Some(cmd) = &targets.command {
         name_command_process(&mut snap, cmd);
     }
-    let run = run_info(&session, &session.skipped, &args.trace.filters);
+    let run = run_info(&session, &session.skipped, &args.report.trace.filters);
     drop(session);
     let latency_data = latency.map(|l| l.read()).transpose()?;
 
@@ -176,8 +170,8 @@ pub fn run(args: RecordArgs) -> Result<i32> {
 }
 
 fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
-    let out = &args.output;
-    args.json.write(Kind::Record, &report, |r| {
+    let out = &args.report.output;
+    args.report.json.write(Kind::Record, &report, |r| {
         render::apply_top(r, args.by, args.sort, None);
     })?;
     let hidden = render::apply_top(&mut report, args.by, args.sort, out.rows());
@@ -187,16 +181,16 @@ fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
         Format::Json => contract::pretty(Kind::Record, &report),
         Format::Folded => render::folded(&report),
         Format::Pprof => {
-            args.frames.apply(&mut report);
+            args.report.frames.apply(&mut report);
             let profile = render::pprof::from_report(&report).encode_gzip();
             return crate::output::emit_bytes(&profile, out.output());
         }
         Format::Svg => render::flame::titled(
             &render::flame_samples(&{
-                args.frames.apply(&mut report);
+                args.report.frames.apply(&mut report);
                 report
             }),
-            args.weight,
+            args.report.weight,
             "kheap record",
             "allocated",
         ),

@@ -5,21 +5,27 @@
 //! format the current one, so concurrent scrapes never see half an update
 //! and never touch the kernel.
 //!
-//! Its parts are in `serve`: the flags and config file (`settings`), the
-//! attach-wait-reload cycle (`daemon`), one read (`publish`), the HTTP
-//! server (`server`, `routes`, `listen`, `webconfig`).
+//! Its command-layer parts are here: the flags and config file
+//! (`settings`), the attach-wait-reload cycle (`daemon`), one read
+//! (`publish`). The rest of its room is `crate::serve`: the HTTP server
+//! (`server`, `routes`, `listen`, `webconfig`), its series and families.
+
+mod daemon;
+mod publish;
+mod settings;
 
 use std::sync::{Arc, RwLock};
 
 use anyhow::{Context, Result};
 
+use self::daemon::{one_malloc_arena, Daemon, Next};
+use self::settings::{check, load_settings};
+pub use self::settings::{command_line, ServeArgs};
 use crate::kernel::features;
-use crate::serve::daemon::{one_malloc_arena, Daemon, Next};
+use crate::kernel::kmem::{Config, LiveConfig};
 use crate::serve::listen::{group_id, Listener, SocketAccess};
 use crate::serve::routes::{self, Shared};
 use crate::serve::server::{Server, SharedWebConfig};
-use crate::serve::settings::{check, kernel_config, load_settings};
-pub use crate::serve::settings::{command_line, ServeArgs};
 use crate::serve::webconfig::WebConfig;
 use crate::session::Targets;
 use crate::signals::install_reload_handler;
@@ -70,4 +76,31 @@ pub fn run(args: ServeArgs, command_line: Vec<String>) -> Result<i32> {
         eprintln!("kheap: stopped by signal; detached");
     }
     result
+}
+
+/// The kmem tracer's settings for `kheap serve`: frees (per cache too, for
+/// kheap_cache_frees_total), cgroups and outstanding objects on request.
+fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
+    let f = &args.filters;
+    Config {
+        min_size: f.min_size,
+        max_size: f.max_size,
+        pids: targets.pids.clone(),
+        comm: f.comm.clone(),
+        attach: f.attach.into(),
+        // Metrics need call sites only; the profiles' stacks are sampled
+        // (sites stay exact).
+        stack_sample_every: args.stacks.sample_every(crate::cli::DEFAULT_STACK_SAMPLE),
+        max_sites: args.max_entries,
+        max_stacks: args.max_entries,
+        kernel_memory: args.kernel_memory,
+        trace_frees: true,
+        // kheap_cache_frees_total counts kfree()'s too.
+        kfree_caches: true,
+        by_cgroup: args.by_cgroup,
+        cgroups: f.cgroups.iter().map(|c| c.id).collect(),
+        live: args.track_outstanding.then(LiveConfig::default),
+        sources: args.source.sources,
+        ..Config::default()
+    }
 }

@@ -1,11 +1,16 @@
 //! `kheap slab`: the static slab picture, joined with traced allocations
 //! over `-d SECS` (who allocates into each cache, what rounding wastes).
 
+mod args;
+mod untraced;
+
 use std::collections::HashMap;
 use std::time::Instant;
 
 use anyhow::Result;
 
+pub use self::args::{SlabArgs, SortArg};
+use self::untraced::{print_report, run_static};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, Tracer};
 use crate::kernel::storage::ObjectStorage;
@@ -13,12 +18,21 @@ use crate::model::snapshot::Snapshot;
 use crate::model::CacheId;
 use crate::report::labelled_sites;
 use crate::session::{install_stop_handler, kmem_config, wait_for_end, Targets};
-use crate::slab::{self, watch::series, ReportInput, SlabArgs, TracedCache, TracedRun, TracedSite};
+use crate::slab::{watch::series, ReportInput, TracedCache, TracedRun, TracedSite};
 use crate::symbolize::{KernelSymbols, Symbolize};
+
+/// The kmem tracer's settings for a traced `kheap slab`: the shared ones,
+/// and kfree's frees per cache for the traced net growth per cache.
+fn kernel_config(args: &SlabArgs, targets: &Targets) -> Config {
+    Config {
+        kfree_caches: true,
+        ..kmem_config(&args.trace, targets, crate::cli::DEFAULT_STACK_SAMPLE)
+    }
+}
 
 pub fn run(args: SlabArgs) -> Result<i32> {
     if !args.traced()? {
-        slab::run_static(&args)?;
+        run_static(&args)?;
         return Ok(0);
     }
     args.trace.filters.check()?;
@@ -27,11 +41,7 @@ pub fn run(args: SlabArgs) -> Result<i32> {
     install_stop_handler();
 
     let mut targets = Targets::start(&args.trace.filters.targets)?;
-    // The traced net growth per cache needs kfree's frees per cache too.
-    let cfg = Config {
-        kfree_caches: true,
-        ..kmem_config(&args.trace, &targets, crate::cli::DEFAULT_STACK_SAMPLE)
-    };
+    let cfg = kernel_config(&args, &targets);
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
     eprintln!(
@@ -71,7 +81,7 @@ pub fn run(args: SlabArgs) -> Result<i32> {
         ..traced_run(&snap, &KernelSymbols::new(None), elapsed)
     };
     let series = series(&samples);
-    slab::print_report(
+    print_report(
         &args,
         ReportInput {
             before: samples.first().map(|(_, s)| s),

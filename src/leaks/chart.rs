@@ -7,9 +7,9 @@
 
 use std::fmt::Write as _;
 
-use crate::leaks::timeline::{MemLines, Timeline};
 use crate::model::human_size;
 use crate::render::flame::escape;
+use crate::report::timeline::{MemLines, Timeline};
 use crate::report::Report;
 
 const WIDTH: f64 = 960.0;
@@ -382,10 +382,10 @@ svg.setAttribute('data-chart-ready','1');
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::leaks::retention::LeakSummary;
-    use crate::leaks::timeline::*;
     use crate::model::live::Outstanding;
     use crate::model::Source;
+    use crate::report::retention::LeakSummary;
+    use crate::report::timeline::*;
 
     fn report_with(points: &[u64], fired: Vec<TriggerMark>) -> Report {
         let mut b = TimelineBuilder::new(1.0, 3, 64, 1);

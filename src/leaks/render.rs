@@ -7,12 +7,12 @@ use std::fmt::Write as _;
 use clap::ValueEnum;
 use comfy_table::Cell;
 
-use crate::leaks::retention::{sort_by_retention, Retention};
 use crate::model::live::AgeBucket;
 use crate::model::{human_count, human_size, Counts};
 use crate::render::hist::{self, HistLine};
 use crate::render::table::{hidden_note, table_text};
-use crate::render::{self, SourceColumn};
+use crate::render::{self, OutputFormat, SourceColumn};
+use crate::report::retention::{sort_by_retention, Retention};
 use crate::report::{top_n, Report, StackRow};
 
 /// `kheap leaks --format`: the formats of every report, and the timeline's
@@ -30,6 +30,15 @@ pub enum LeaksFormat {
     Svg,
     /// The timeline as a chart: one self-contained HTML page (needs -o FILE or a pipe)
     Html,
+}
+
+impl OutputFormat for LeaksFormat {
+    fn is_table(self) -> bool {
+        self == LeaksFormat::Table
+    }
+    fn is_file_only(self) -> bool {
+        matches!(self, LeaksFormat::Svg | LeaksFormat::Html)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -101,7 +110,7 @@ pub fn leak_header(r: &Report) -> String {
     } else {
         String::new()
     };
-    let growth = if r.duration_s >= crate::leaks::retention::MIN_RATE_DURATION_S {
+    let growth = if r.duration_s >= crate::report::retention::MIN_RATE_DURATION_S {
         format!("growth {est}{}/s", human_size(t.growth_bytes_per_s as u64))
     } else {
         "no growth rate (run shorter than 1 s)".to_string()

@@ -86,6 +86,27 @@ pub struct EventCounters {
 }
 
 impl EventCounters {
+    /// `f` applied to each counter of `self` and `other`, field by field:
+    /// the one list of the fields, which the sums and the interval deltas
+    /// are made of.
+    pub fn zip(&self, other: &EventCounters, f: impl Fn(u64, u64) -> u64) -> EventCounters {
+        EventCounters {
+            frees: f(self.frees, other.frees),
+            frees_null: f(self.frees_null, other.frees_null),
+            alloc_failed: f(self.alloc_failed, other.alloc_failed),
+            stack_samples: f(self.stack_samples, other.stack_samples),
+            lost_stack_collision: f(self.lost_stack_collision, other.lost_stack_collision),
+            lost_stack_other: f(self.lost_stack_other, other.lost_stack_other),
+            map_full_sites: f(self.map_full_sites, other.map_full_sites),
+            map_full_stacks: f(self.map_full_stacks, other.map_full_stacks),
+            map_full_procs: f(self.map_full_procs, other.map_full_procs),
+            map_full_caches: f(self.map_full_caches, other.map_full_caches),
+            map_full_cgroups: f(self.map_full_cgroups, other.map_full_cgroups),
+            kmalloc_cache_stale: f(self.kmalloc_cache_stale, other.kmalloc_cache_stale),
+            recursion_misses: f(self.recursion_misses, other.recursion_misses),
+        }
+    }
+
     pub fn lost_stacks(&self) -> u64 {
         self.lost_stack_collision + self.lost_stack_other
     }
@@ -95,6 +116,12 @@ impl EventCounters {
             + self.map_full_procs
             + self.map_full_caches
             + self.map_full_cgroups
+    }
+}
+
+impl std::ops::AddAssign for EventCounters {
+    fn add_assign(&mut self, o: EventCounters) {
+        *self = self.zip(&o, |a, b| a + b);
     }
 }
 

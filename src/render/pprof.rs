@@ -22,7 +22,6 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use prost::Message as _;
 
-use crate::diff::{Diff, DiffBy, Measure};
 use crate::malloc::report::MallocReport;
 use crate::malloc::usersyms::UserFrame;
 use crate::model::Source;
@@ -508,51 +507,12 @@ pub fn from_malloc(r: &MallocReport) -> Builder {
     b
 }
 
-/// The profile of a `kheap diff`: one sample per changed row, its values
-/// the change (after minus before; negative where it shrank, which pprof
-/// allows). Sample types are `inuse_*` between leaks reports (outstanding
-/// memory) and `alloc_*` between record reports (allocation volume).
-pub fn from_diff(d: &Diff) -> Builder {
-    let types: &[SampleType] = match d.measure {
-        Measure::Outstanding => &[SampleType::InuseObjects, SampleType::InuseSpace],
-        Measure::Allocated => &[SampleType::AllocObjects, SampleType::AllocSpace],
-    };
-    let mut b = Builder::new(types, types[1], 0);
-    b.comment(&format!(
-        "kheap diff of two {:?} reports by {:?}: values are after minus before (negative: shrank); grew {} B, shrank {} B, net {} B",
-        d.compared, d.by, d.grew_bytes, d.shrank_bytes, d.net_bytes
-    ));
-    for row in &d.rows {
-        let frames = match d.by {
-            DiffBy::Stack => row.name.split(';').map(Frame::kernel).collect(),
-            DiffBy::Site => vec![Frame::kernel(&row.name)],
-            // Caches are not code: one frame named after the cache.
-            DiffBy::Cache => vec![Frame {
-                function: format!("cache {}", row.name),
-                mapping: KERNEL_MAPPING.to_string(),
-                ..Default::default()
-            }],
-        };
-        b.add(&Sample {
-            frames,
-            // pprof's values are int64: a larger change is shown capped.
-            values: vec![clamp_i64(row.change_count), clamp_i64(row.change_bytes)],
-            labels: row
-                .caches
-                .iter()
-                .map(|c| Label::Str("cache".into(), c.clone()))
-                .collect(),
-        });
-    }
-    b
-}
-
-/// Reading profiles back, for the tests of every profile writer.
 /// An i128 (a diff's change) as pprof's int64, capped at its ends.
-fn clamp_i64(v: i128) -> i64 {
+pub fn clamp_i64(v: i128) -> i64 {
     i64::try_from(v).unwrap_or(if v < 0 { i64::MIN } else { i64::MAX })
 }
 
+/// Reading profiles back, for the tests of every profile writer.
 #[cfg(test)]
 pub mod test_support {
     use super::proto;

@@ -10,10 +10,10 @@ use super::rows::{
     CacheRow, Lost, ProcRow, Report, RunInfo, Sampling, SiteRow, SourceTotals, StackRow, Totals,
 };
 use crate::cgroup::CgroupRef;
-use crate::leaks::retention::{self, sort_by_retention, LeakSummary, Retention};
 use crate::model::live::{Retained, RetainedIndex};
 use crate::model::snapshot::{EventCounters, Snapshot};
 use crate::model::{AllocStats, CacheId, Counts, SiteKey, Source};
+use crate::report::retention::{self, sort_by_retention, LeakSummary, Retention};
 use crate::symbolize::{label_frame, strip_tracing_frames, Frame, Symbolize};
 
 /// What a run's dropped events make incomplete, one sentence each, with

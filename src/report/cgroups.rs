@@ -5,10 +5,10 @@ use std::collections::HashMap;
 
 use super::rows::{Accounting, CgroupRow, OutstandingAccounting, Report};
 use crate::cgroup::{CgroupNames, CgroupRef};
-use crate::leaks::retention::Retention;
 use crate::model::live::{Retained, RetainedIndex};
 use crate::model::snapshot::{CgroupKey, CgroupSlot, Snapshot};
 use crate::model::AllocStats;
+use crate::report::retention::Retention;
 
 /// One row per cgroup slot, accounted and unaccounted entries folded; with
 /// leaks, what each still holds.

@@ -111,23 +111,9 @@ fn map_delta<K: Clone + Eq + Hash, V: Counter>(
     out
 }
 
+/// Each event counter's change, as [`counter_delta`] has it.
 fn events_delta(cur: &EventCounters, prev: &EventCounters) -> EventCounters {
-    let d = |c: u64, p: u64| counter_delta(&c, Some(&p));
-    EventCounters {
-        frees: d(cur.frees, prev.frees),
-        frees_null: d(cur.frees_null, prev.frees_null),
-        alloc_failed: d(cur.alloc_failed, prev.alloc_failed),
-        stack_samples: d(cur.stack_samples, prev.stack_samples),
-        lost_stack_collision: d(cur.lost_stack_collision, prev.lost_stack_collision),
-        lost_stack_other: d(cur.lost_stack_other, prev.lost_stack_other),
-        map_full_sites: d(cur.map_full_sites, prev.map_full_sites),
-        map_full_stacks: d(cur.map_full_stacks, prev.map_full_stacks),
-        map_full_procs: d(cur.map_full_procs, prev.map_full_procs),
-        map_full_cgroups: d(cur.map_full_cgroups, prev.map_full_cgroups),
-        kmalloc_cache_stale: d(cur.kmalloc_cache_stale, prev.kmalloc_cache_stale),
-        map_full_caches: d(cur.map_full_caches, prev.map_full_caches),
-        recursion_misses: d(cur.recursion_misses, prev.recursion_misses),
-    }
+    cur.zip(prev, |c, p| counter_delta(&c, Some(&p)))
 }
 
 /// Consecutive idle intervals of each key of one map.

@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use crate::cgroup::CgroupRef;
-use crate::leaks::retention::Retention;
 use crate::model::live::Retained;
 use crate::model::{apportion, AllocStats, Owner};
+use crate::report::retention::Retention;
 
 /// One process's share of a stack row (in the cgroup it ran in then), or
 /// interrupt context's, which is no process's.

@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use super::meminfo::{Geometry, SourceOutstanding};
 use super::processes::StackProcess;
 use crate::cgroup::CgroupRef;
-use crate::leaks::retention::{LeakSummary, Retention};
 use crate::model::{Counts, LatencyRow, Source, VmapKind};
+use crate::report::retention::{LeakSummary, Retention};
 
 /// How stacks were captured in this run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

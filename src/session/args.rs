@@ -1,5 +1,6 @@
 //! The flags every report-writing subcommand shares besides `-o` and
-//! `--format`: `--keep-allocator-frames` and `--json FILE`.
+//! `--format`: `--keep-allocator-frames` and `--json FILE`; and the group
+//! of flags of the kmem commands that write stack reports (record, leaks).
 
 use std::path::PathBuf;
 
@@ -7,6 +8,7 @@ use anyhow::Result;
 use clap::Args;
 use serde::Serialize;
 
+use crate::cli::{OutputArgs, OutputFormat, TraceArgs};
 use crate::contract::{self, Kind};
 
 /// `--keep-allocator-frames`: pprof profiles and flame graphs leave the
@@ -66,4 +68,22 @@ impl JsonCopy {
         all_rows(&mut full);
         crate::output::write_atomic(path, &contract::pretty(kind, &full))
     }
+}
+
+/// What `record` and `leaks` share, in this order on their command lines:
+/// what to trace, where the report goes and in which format (`F`), the JSON
+/// copy, the allocator frames, and what sizes an SVG's frames.
+#[derive(Args, Debug)]
+pub struct ReportArgs<F: OutputFormat> {
+    #[command(flatten)]
+    pub trace: TraceArgs,
+    #[command(flatten)]
+    pub output: OutputArgs<F>,
+    #[command(flatten)]
+    pub json: JsonCopy,
+    #[command(flatten)]
+    pub frames: FrameArgs,
+    /// What sizes the frames of --format svg
+    #[arg(long, value_enum, default_value_t)]
+    pub weight: crate::render::flame::Weight,
 }

@@ -6,7 +6,6 @@
 //! the traced part arrives as plain [`TracedRun`] data and is joined to the
 //! same rows by cache name. Nothing here depends on libbpf.
 
-pub mod cmd;
 pub mod hints;
 pub mod render;
 pub mod report;
@@ -14,7 +13,6 @@ pub mod snapshot;
 pub mod traced;
 pub mod watch;
 
-pub use cmd::{print_report, run_static, SlabArgs};
 pub use hints::{CacheSeries, Hint, HintKind};
 pub use report::{build_report, ReportInput, SlabReport, SortKey};
 pub use snapshot::{read_static, StaticCache, StaticSnapshot};

@@ -15,7 +15,7 @@ use crate::report::top_n;
 /// Sites listed per cache.
 pub const TOP_SITES: usize = 5;
 
-/// The order of the rows: `slab::cmd::SortArg` (`--sort`) says what each
+/// The order of the rows: `cmd::slab::SortArg` (`--sort`) says what each
 /// key sorts by.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SortKey {

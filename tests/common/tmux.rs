@@ -3,7 +3,7 @@
 //! malloc).
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A private tmux server with one window (200x50 unless said otherwise)
 /// running a plain shell;
@@ -77,18 +77,13 @@ impl Tmux {
     }
     /// Waits until the screen satisfies `pred`; panics with the screen if not.
     pub fn wait_for(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + super::HANG_LIMIT;
-        loop {
-            let screen = self.capture();
-            if pred(&screen) {
-                return screen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}:\n{screen}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let mut screen = String::new();
+        let done = super::poll_every(super::HANG_LIMIT, Duration::from_millis(100), || {
+            screen = self.capture();
+            pred(&screen)
+        });
+        assert!(done, "timed out waiting for {what}:\n{screen}");
+        screen
     }
     /// The PID of the shell's child (the command running in the pane).
     pub fn foreground_child(&self) -> Option<u32> {

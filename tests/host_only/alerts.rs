@@ -6,9 +6,9 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{require_root, Background, HANG_LIMIT, KHEAP};
+use common::{poll_every, require_root, Background, HANG_LIMIT, KHEAP};
 
 fn contrib() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib")
@@ -97,14 +97,14 @@ fn alert_rules_read_metrics_kheap_serve_exports() {
     let url = format!("http://{listen}/metrics");
     // Sites appear after the first read (every second) of a machine that
     // allocates all the time; HANG_LIMIT bounds the wait.
-    let deadline = Instant::now() + HANG_LIMIT;
-    let missing = loop {
+    let mut missing = Vec::new();
+    poll_every(HANG_LIMIT, Duration::from_millis(250), || {
         let out = Command::new("curl")
             .args(["-sS", "--max-time", "10", &url])
             .output()
             .expect("curl (scripts/setup --tests installs it)");
         let body = String::from_utf8_lossy(&out.stdout);
-        let missing: Vec<&String> = names
+        missing = names
             .iter()
             .filter(|n| {
                 !body.lines().any(|l| {
@@ -113,13 +113,7 @@ fn alert_rules_read_metrics_kheap_serve_exports() {
                 })
             })
             .collect();
-        if missing.is_empty() {
-            break missing;
-        }
-        if Instant::now() > deadline {
-            break missing;
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    };
+        missing.is_empty()
+    });
     assert!(missing.is_empty(), "no samples of {missing:?} at {url}");
 }

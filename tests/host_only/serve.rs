@@ -71,18 +71,13 @@ fn query(prom: u16, q: &str) -> Vec<(Value, f64)> {
 /// Polls `q` until `ok` accepts its result (Prometheus scrapes every
 /// second; the daemons read every second).
 fn wait_query(prom: u16, q: &str, ok: impl Fn(&[(Value, f64)]) -> bool) -> Vec<(Value, f64)> {
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
-        let r = query(prom, q);
-        if ok(&r) {
-            return r;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{q} never gave the expected result; last: {r:?}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let mut r = Vec::new();
+    let got = poll_every(Duration::from_secs(40), Duration::from_millis(500), || {
+        r = query(prom, q);
+        ok(&r)
+    });
+    assert!(got, "{q} never gave the expected result; last: {r:?}");
+    r
 }
 
 /// `kheap serve` on `port`, reading every second, with `extra` flags.
@@ -439,18 +434,12 @@ fn pprof_total(url: &str, sample_index: &str, tag: &str) -> u64 {
 
 /// Polls until `f` returns `want` (the daemon reads every second).
 fn wait_for_value(what: &str, want: u64, f: impl Fn() -> u64) {
-    let deadline = Instant::now() + Duration::from_secs(40);
-    loop {
-        let got = f();
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{what}: expected {want}, last read {got}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    let mut got = None;
+    let done = poll_every(Duration::from_secs(40), Duration::from_millis(500), || {
+        got = Some(f());
+        got == Some(want)
+    });
+    assert!(done, "{what}: expected {want}, last read {got:?}");
 }
 
 /// Status code and body of a GET.
@@ -694,14 +683,14 @@ fn inuse_without_outstanding_tracking_says_which_flag() {
     let mut serve = start_serve(port, &["--comm", "kspnone"]);
     let base = format!("http://127.0.0.1:{port}");
     // The first read publishes within an interval.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let (code, body) = loop {
-        let r = curl_status(&format!("{base}/pprof/inuse"));
-        if r.0 != 503 || Instant::now() > deadline {
-            break r;
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    };
+    let mut r = None;
+    poll_every(Duration::from_secs(20), Duration::from_millis(300), || {
+        let status = curl_status(&format!("{base}/pprof/inuse"));
+        let published = status.0 != 503;
+        r = Some(status);
+        published
+    });
+    let (code, body) = r.unwrap();
     assert_eq!(code, 404, "{body}");
     assert!(body.contains("--track-outstanding"), "{body}");
     let alloc = curl(&[
@@ -997,11 +986,12 @@ fn slow_and_oversized_clients_do_not_stop_the_scrapes() {
     let addr = format!("127.0.0.1:{port}");
     let get = b"GET /metrics HTTP/1.1\r\nHost: k\r\n\r\n";
     // The first read published: the families are there.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !raw_request(&addr, get).1.contains("kheap_reads_total ") {
-        assert!(Instant::now() < deadline, "no first read");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    assert!(
+        poll_every(Duration::from_secs(20), Duration::from_millis(200), || {
+            raw_request(&addr, get).1.contains("kheap_reads_total ")
+        }),
+        "no first read"
+    );
     let threads_idle = proc_status(pid, "Threads");
     // main, the ctrl-c handler, the poll thread and the 4 workers (all
     // started with the server).

@@ -12,7 +12,7 @@ use crate::common;
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
@@ -136,8 +136,9 @@ fn metrics_cache_of(site: &str, count: u64, load_args: &[&str]) -> String {
         .unwrap();
     assert!(st.success(), "{comm} {load_args:?}");
     let prefix = format!("kheap_site_allocations_total{{site=\"{site}\",cache=\"");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let mut body = String::new();
+    let mut series: Vec<(String, u64)> = Vec::new();
+    let done = poll_every(Duration::from_secs(30), Duration::from_millis(300), || {
         let out = Command::new("curl")
             .args([
                 "-sS",
@@ -147,27 +148,25 @@ fn metrics_cache_of(site: &str, count: u64, load_args: &[&str]) -> String {
             ])
             .output()
             .expect("curl is needed by this test");
-        let body = String::from_utf8_lossy(&out.stdout).into_owned();
+        body = String::from_utf8_lossy(&out.stdout).into_owned();
         assert!(!body.contains("cache@0x"), "{body}");
-        let series: Vec<(&str, u64)> = body
+        series = body
             .lines()
             .filter_map(|l| {
                 let rest = l.strip_prefix(&prefix)?;
                 let (cache, value) = rest.split_once("\"} ")?;
-                Some((cache, value.trim().parse().ok()?))
+                Some((cache.to_string(), value.trim().parse().ok()?))
             })
             .collect();
-        if series.iter().map(|s| s.1).sum::<u64>() >= count {
-            assert_eq!(series.len(), 1, "{series:?}");
-            assert_eq!(series[0].1, count, "{series:?}");
-            return series[0].0.to_string();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {prefix}…}} {count} series; last /metrics:\n{body}"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
+        series.iter().map(|s| s.1).sum::<u64>() >= count
+    });
+    assert!(
+        done,
+        "no {prefix}…}} {count} series; last /metrics:\n{body}"
+    );
+    assert_eq!(series.len(), 1, "{series:?}");
+    assert_eq!(series[0].1, count, "{series:?}");
+    series.swap_remove(0).0
 }
 
 /// Whether /sys/kernel/slab says other caches were merged into `row`.

@@ -4,7 +4,7 @@
 use crate::common;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use serde_json::Value;
@@ -236,10 +236,9 @@ fn runs_end_when_every_pid_has_exited() {
         target.wait().unwrap();
         // No -d: only the PID's exit ends the run (a hang fails the test
         // after a minute rather than forever).
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while kh.try_wait().unwrap().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        poll_every(Duration::from_secs(60), Duration::from_millis(50), || {
+            kh.try_wait().unwrap().is_some()
+        });
         if kh.try_wait().unwrap().is_none() {
             kh.kill().unwrap();
             panic!("kheap {sub} -p {pid} went on after the process exited");

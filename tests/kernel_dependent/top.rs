@@ -727,11 +727,12 @@ fn interactive_keys_sort_expand_and_quit() {
 
     tmux.send(&["q"]);
     tmux.wait_for("the shell prompt", |s| !s.contains("kheap top  20"));
-    let deadline = Instant::now() + HANG_LIMIT;
-    while std::path::Path::new(&format!("/proc/{pid}")).exists() {
-        assert!(Instant::now() < deadline, "kheap top did not exit on q");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        poll_every(HANG_LIMIT, Duration::from_millis(50), || {
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        }),
+        "kheap top did not exit on q"
+    );
     tmux.assert_terminal_restored();
     assert_unloaded(&progs, "after q");
 }

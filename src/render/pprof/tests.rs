@@ -309,10 +309,10 @@ fn kernel_stacks_have_one_sample_per_process_with_labels() {
 
 #[test]
 fn diff_values_are_signed_changes() {
-    let d = Diff {
+    let d = crate::diff::Diff {
         compared: crate::contract::Kind::Leaks,
-        by: DiffBy::Stack,
-        measure: Measure::Outstanding,
+        by: crate::diff::DiffBy::Stack,
+        measure: crate::diff::Measure::Outstanding,
         grew_bytes: 4096,
         shrank_bytes: 128,
         net_bytes: 3968,
@@ -333,7 +333,7 @@ fn diff_values_are_signed_changes() {
             },
         ],
     };
-    let p = decode(&from_diff(&d));
+    let p = decode(&crate::diff::pprof(&d));
     assert_valid(&p);
     let s = |i: i64| p.string_table[i as usize].as_str();
     assert_eq!(s(p.sample_type[0].r#type), "inuse_objects");

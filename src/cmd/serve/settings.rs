@@ -10,11 +10,9 @@ use anyhow::{bail, Result};
 use clap::{Args, Parser};
 
 use crate::cli::{parse_duration, parse_map_entries, FilterArgs, SourceArgs, StackArgs};
-use crate::kernel::kmem::{Config, LiveConfig};
 use crate::report::trigger::{self, Condition, Trigger};
 use crate::serve::listen::{parse_mode, Listen};
 use crate::serve::series::SiteLabel;
-use crate::session::Targets;
 
 /// The labels site series carry (`--labels site,cache`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -208,31 +206,6 @@ pub fn check(args: &ServeArgs) -> Result<()> {
         crate::output::check_dir_writable(dir, "--snapshot-dir")?;
     }
     Ok(())
-}
-
-pub fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
-    let f = &args.filters;
-    Config {
-        min_size: f.min_size,
-        max_size: f.max_size,
-        pids: targets.pids.clone(),
-        comm: f.comm.clone(),
-        attach: f.attach.into(),
-        // Metrics need call sites only; the profiles' stacks are sampled
-        // (sites stay exact).
-        stack_sample_every: args.stacks.sample_every(crate::cli::DEFAULT_STACK_SAMPLE),
-        max_sites: args.max_entries,
-        max_stacks: args.max_entries,
-        kernel_memory: args.kernel_memory,
-        trace_frees: true,
-        // kheap_cache_frees_total counts kfree()'s too.
-        kfree_caches: true,
-        by_cgroup: args.by_cgroup,
-        cgroups: f.cgroups.iter().map(|c| c.id).collect(),
-        live: args.track_outstanding.then(LiveConfig::default),
-        sources: args.source.sources,
-        ..Config::default()
-    }
 }
 
 /// `--socket-mode`'s default: root only.

@@ -149,7 +149,7 @@ pub struct LeakSummary {
     pub accounting_skipped: Option<String>,
     /// The end-of-run report's readings over time (not in snapshots).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeline: Option<crate::leaks::timeline::Timeline>,
+    pub timeline: Option<crate::report::timeline::Timeline>,
 }
 
 /// Free paths of the kernel that emit no kmem:kfree/kmem_cache_free event.

@@ -99,7 +99,7 @@ impl Daemon {
                 .add_interval(cgroups::by_values(&delta.cgroups, &self.cgroup_names));
         }
         self.profile.add_interval(&delta, &self.syms);
-        add_events(&mut self.totals.events, &delta.events);
+        self.totals.events += delta.events;
         self.totals.bpf_run += delta.bpf_run;
         self.totals.reads += 1;
 
@@ -293,25 +293,6 @@ fn merged_caches(rows: &[SlabinfoRow]) -> Vec<(String, String)> {
                 .map(|alias| (r.name.clone(), alias))
         })
         .collect()
-}
-
-fn add_events(
-    total: &mut crate::model::snapshot::EventCounters,
-    d: &crate::model::snapshot::EventCounters,
-) {
-    total.frees += d.frees;
-    total.frees_null += d.frees_null;
-    total.alloc_failed += d.alloc_failed;
-    total.stack_samples += d.stack_samples;
-    total.lost_stack_collision += d.lost_stack_collision;
-    total.lost_stack_other += d.lost_stack_other;
-    total.map_full_sites += d.map_full_sites;
-    total.map_full_stacks += d.map_full_stacks;
-    total.map_full_procs += d.map_full_procs;
-    total.map_full_caches += d.map_full_caches;
-    total.map_full_cgroups += d.map_full_cgroups;
-    total.kmalloc_cache_stale += d.kmalloc_cache_stale;
-    total.recursion_misses += d.recursion_misses;
 }
 
 /// Gives the pages freed by the interval's transient buffers (map reads,

@@ -1,7 +1,7 @@
 //! The daemon's lifecycle: one attachment of the kmem tracer after another
 //! (a SIGHUP that changes the filters attaches again), the wait between
 //! reads, and the reloads of the settings and the web config. What one
-//! read does is `serve::publish`.
+//! read does is `cmd::serve::publish`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
+use super::settings::{check, load_settings, ServeArgs};
 use crate::cgroup::CgroupNames;
 use crate::kernel::kmem::{self, Config, Tracer};
 use crate::kernel::storage::ObjectStorage;
@@ -19,7 +20,6 @@ use crate::serve::profile::ProfileState;
 use crate::serve::routes::Shared;
 use crate::serve::series::{Ranked, SeriesState};
 use crate::serve::server::SharedWebConfig;
-use crate::serve::settings::{check, load_settings, ServeArgs};
 use crate::serve::triggers::{self, Watched};
 use crate::serve::webconfig::WebConfig;
 use crate::session::stop_requested;
