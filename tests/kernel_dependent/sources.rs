@@ -399,9 +399,15 @@ fn possible_cpus() -> u64 {
 /// allocator then keeps an obj_cgroup pointer per 4 bytes of an object).
 fn memcg_kmem() -> bool {
     let cgroups = std::fs::read_to_string("/proc/cgroups").unwrap_or_default();
+    // /proc/cgroups lists only the controllers cgroup v1 can mount: on a
+    // kernel built without v1's memory controller (CONFIG_MEMCG_V1 off,
+    // Debian's 7.2) memory is missing there, and only the cgroup2 root's
+    // cgroup.controllers names it.
+    let v2_root = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap_or_default();
     let memcg_on = cgroups
         .lines()
-        .any(|l| l.split_whitespace().next() == Some("memory") && l.ends_with('1'));
+        .any(|l| l.split_whitespace().next() == Some("memory") && l.ends_with('1'))
+        || v2_root.split_whitespace().any(|c| c == "memory");
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     memcg_on && !cmdline.contains("cgroup.memory=nokmem")
 }
