@@ -140,6 +140,39 @@ static __always_inline __u64 caller_from_stack(void *ctx)
  * interrupt's stack), the unwinder, right on ORC kernels, is asked. */
 #define TRAMPOLINE_SLOTS 10
 
+/* Seen on Debian's 7.2: with an fexit attached, the traced function enters
+ * the trampoline without a return address into it, neither in the
+ * trampoline's frame nor on the unwound stack, so neither search above
+ * finds one. Above the arguments, the return value's slot and the saved
+ * rbp is then the return address into the caller. It is taken only if the
+ * unwinder lists it too. bpf_get_func_arg_cnt is 5.17's: on older kernels
+ * the verifier never sees this code. */
+static __always_inline __u64 caller_above_jump(void *ctx, const __u64 *slots)
+{
+	__u64 frames[CALLER_STACK_DEPTH] = {};
+	__u64 at, caller = 0;
+	long n;
+
+	if (!bpf_core_enum_value_exists(enum bpf_func_id,
+					BPF_FUNC_get_func_arg_cnt))
+		return 0;
+	at = bpf_get_func_arg_cnt(ctx) + 2;
+#pragma unroll
+	for (int i = 0; i < TRAMPOLINE_SLOTS; i++) {
+		if (i == at)
+			caller = slots[i];
+	}
+	if (!caller)
+		return 0;
+	n = bpf_get_stack(ctx, frames, sizeof(frames), 0);
+#pragma unroll
+	for (int i = 0; i < CALLER_STACK_DEPTH; i++) {
+		if (i * 8 + 8 <= n && frames[i] == caller)
+			return caller;
+	}
+	return 0;
+}
+
 static __always_inline __u64 caller_from_trampoline(void *ctx)
 {
 	__u64 func = bpf_get_func_ip(ctx);
@@ -153,7 +186,8 @@ static __always_inline __u64 caller_from_trampoline(void *ctx)
 		if (slots[i] - func < 16 && on_task_stack(slots[i - 1], stack))
 			return slots[i + 1];
 	}
-	return caller_from_stack(ctx);
+	func = caller_from_stack(ctx);
+	return func ? func : caller_above_jump(ctx, slots);
 }
 
 /* The kretprobe trampoline's address (from kallsyms; 0 if not found). */

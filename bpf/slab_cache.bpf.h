@@ -56,9 +56,37 @@ struct page___preslab {
 	struct kmem_cache *slab_cache;
 } __attribute__((preserve_access_index));
 
+/* 7.1 renamed a tail page's compound_head to compound_info: bit 0 still
+ * marks a tail, and the rest is the head's address or, where the kernel
+ * uses HugeTLB's vmemmap optimization with a power-of-2 struct page, a mask
+ * that turns the tail's address into the head's (page & info). */
+struct page___compound_info {
+	unsigned long compound_info;
+} __attribute__((preserve_access_index));
+
+/* The head of `page`'s compound page (itself if it is none). */
+static __always_inline struct page *compound_head_of(struct page *page)
+{
+	__u64 info;
+
+	if (bpf_core_field_exists(struct page___compound_info, compound_info)) {
+		info = BPF_CORE_READ((struct page___compound_info *)page,
+				     compound_info);
+		if (!(info & 1))
+			return page;
+		/* A head lies at or below its tails; a mask (its high bits
+		 * all set) lies above every struct page. */
+		if (info - 1 <= (__u64)page)
+			return (void *)(info - 1);
+		return (void *)((__u64)page & info);
+	}
+	info = BPF_CORE_READ(page, compound_head);
+	return info & 1 ? (void *)(info - 1) : page;
+}
+
 static __always_inline struct kmem_cache *cache_of_page(const void *ptr)
 {
-	__u64 base = direct_map_base, map = vmemmap_base, head;
+	__u64 base = direct_map_base, map = vmemmap_base;
 	struct page *page;
 
 	if (!base || !map) {
@@ -77,10 +105,8 @@ static __always_inline struct kmem_cache *cache_of_page(const void *ptr)
 		return NULL;
 	page = (void *)(map + (((__u64)ptr - base) >> 12) *
 				      bpf_core_type_size(struct page));
-	/* A tail page of a multi-page slab points at its head, bit 0 set. */
-	head = BPF_CORE_READ(page, compound_head);
-	if (head & 1)
-		page = (void *)(head - 1);
+	/* A tail page of a multi-page slab leads to its head. */
+	page = compound_head_of(page);
 	if (bpf_core_type_exists(struct slab))
 		return BPF_CORE_READ((struct slab *)page, slab_cache);
 	return BPF_CORE_READ((struct page___preslab *)page, slab_cache);

@@ -143,11 +143,23 @@ fn vmalloc_source_counts_a_large_bpf_array() {
     // the bulk allocator's fallback); on 6.12 (scripts/vm-test) none was
     // seen: most likely the bulk allocator took them all from the per-CPU
     // lists, which emits no event. Either way none is counted as direct.
-    let (pages, _, bytes, caches) = stacks_through(&r, "page", "array_map_alloc");
-    assert!(pages == 257 || pages == 0, "{pages} pages");
-    assert_eq!(bytes, pages * PAGE);
-    if pages > 0 {
-        assert_eq!(caches, ["pages-order0-vmalloc"]);
+    // Debian's 7.2 takes them in higher orders: one order-8 block of 256
+    // pages and one page through the bulk allocator, 2 allocations.
+    let (allocs, _, bytes, caches) = stacks_through(&r, "page", "array_map_alloc");
+    assert!(
+        bytes == 257 * PAGE || bytes == 0,
+        "{allocs} page allocations of {bytes} bytes"
+    );
+    if bytes > 0 {
+        assert!(
+            caches
+                .iter()
+                .all(|c| c.starts_with("pages-order") && c.ends_with("-vmalloc")),
+            "{caches:?}"
+        );
+        if caches == ["pages-order0-vmalloc"] {
+            assert_eq!(allocs, 257);
+        }
         let page_totals = rows(&r["totals"], "sources", "source", "page");
         assert!(u(&page_totals[0]["counted_elsewhere_bytes"]) >= 257 * PAGE);
     }
@@ -399,9 +411,15 @@ fn possible_cpus() -> u64 {
 /// allocator then keeps an obj_cgroup pointer per 4 bytes of an object).
 fn memcg_kmem() -> bool {
     let cgroups = std::fs::read_to_string("/proc/cgroups").unwrap_or_default();
+    // /proc/cgroups lists only the controllers cgroup v1 can mount: on a
+    // kernel built without v1's memory controller (CONFIG_MEMCG_V1 off,
+    // Debian's 7.2) memory is missing there, and only the cgroup2 root's
+    // cgroup.controllers names it.
+    let v2_root = std::fs::read_to_string("/sys/fs/cgroup/cgroup.controllers").unwrap_or_default();
     let memcg_on = cgroups
         .lines()
-        .any(|l| l.split_whitespace().next() == Some("memory") && l.ends_with('1'));
+        .any(|l| l.split_whitespace().next() == Some("memory") && l.ends_with('1'))
+        || v2_root.split_whitespace().any(|c| c == "memory");
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     memcg_on && !cmdline.contains("cgroup.memory=nokmem")
 }
