@@ -13,7 +13,7 @@ use libbpf_cargo::SkeletonBuilder;
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR is set by cargo"));
     let manifest = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("set by cargo"));
-    let vmlinux = manifest.join("vmlinux");
+    let vmlinux = vmlinux_dir(&manifest);
     let bpf_dir = manifest.join("bpf");
 
     let mut sources: Vec<PathBuf> = fs::read_dir(&bpf_dir)
@@ -57,6 +57,19 @@ fn main() {
     println!("cargo:rerun-if-changed=bpf");
     println!("cargo:rerun-if-changed=preload");
     println!("cargo:rerun-if-changed=vmlinux");
+}
+
+/// The kernel types the BPF objects are compiled against: those of the
+/// target architecture's kernel (vmlinux/README.md). libbpf-cargo defines
+/// `__TARGET_ARCH_<arch>` from the same cargo target (bpf/arch.bpf.h).
+fn vmlinux_dir(manifest: &Path) -> PathBuf {
+    match env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
+        Ok("x86_64") | Err(_) => manifest.join("vmlinux"),
+        Ok("aarch64") => manifest.join("vmlinux/aarch64"),
+        Ok(other) => {
+            panic!("kheap is built for x86_64 and aarch64, not {other} (vmlinux/README.md)")
+        }
+    }
 }
 
 fn build_failed(file: &str, e: impl std::fmt::Display) -> ! {
@@ -132,9 +145,15 @@ fn build_kheap_for_older_kernels(src: &Path, out: &Path, skel: &Path, args: Vec<
 /// walks cost ~700 ns more (a fault each, we infer: docs/benchmarks.md).
 fn build_preload(manifest: &std::path::Path, out: &std::path::Path) {
     let cc = target_c_compiler();
+    // -fcf-protection is x86's (endbr64, above); aarch64 has none of it.
+    let cf_protection: &[&str] = match env::var("CARGO_CFG_TARGET_ARCH").as_deref() {
+        Ok("aarch64") => &[],
+        _ => &["-fcf-protection=full"],
+    };
     let status = std::process::Command::new(&cc)
         .args(["-shared", "-fPIC", "-O2", "-g", "-Wall", "-Werror"])
-        .args(["-fno-omit-frame-pointer", "-fcf-protection=full"])
+        .arg("-fno-omit-frame-pointer")
+        .args(cf_protection)
         .args(["-Wl,-Bsymbolic", "-Wl,-z,now"])
         .arg("-o")
         .arg(out.join("libkheap-preload.so"))

@@ -44,6 +44,16 @@ struct trace_event_raw_kmem_cache_alloc___accounted {
 	bool accounted;
 } __attribute__((preserve_access_index));
 
+/* The cache's name in the kmem_cache_alloc record (6.2+; 6.12's arm64
+ * header, vmlinux/aarch64/, predates it). Laid out as in vmlinux/vmlinux.h,
+ * so the x86 object's code is what it was with that header's type. */
+struct trace_event_raw_kmem_cache_alloc___named {
+	struct trace_entry ent;
+	long unsigned int call_site;
+	const void *ptr;
+	u32 __data_loc_name;
+} __attribute__((preserve_access_index));
+
 /* Whether the kmem_cache_alloc and kmem_cache_free tracepoints pass the
  * cache (6.1+). Before, kmem_cache_alloc(_node) shared the kmem_alloc class
  * with kmalloc (call_site, ptr, bytes_req, bytes_alloc, gfp_flags) and
@@ -108,13 +118,14 @@ static __always_inline void read_cache_alloc_record(void *ctx,
 	if (bpf_core_type_exists(struct trace_event_raw_kmem_cache_alloc)) {
 		struct trace_event_raw_kmem_cache_alloc *r = ctx;
 		struct trace_event_raw_kmem_cache_alloc___accounted *a = ctx;
+		struct trace_event_raw_kmem_cache_alloc___named *n = ctx;
 
 		READ_ALLOC_FIELDS(r, e);
 		e->gfp_flags = BPF_CORE_READ(r, gfp_flags);
 		if (bpf_core_field_exists(a->accounted))
 			e->accounted = BPF_CORE_READ(a, accounted);
-		if (bpf_core_field_exists(r->__data_loc_name)) {
-			__u32 loc = BPF_CORE_READ(r, __data_loc_name);
+		if (bpf_core_field_exists(n->__data_loc_name)) {
+			__u32 loc = BPF_CORE_READ(n, __data_loc_name);
 
 			e->name = (const char *)ctx + (loc & 0xFFFF);
 		}

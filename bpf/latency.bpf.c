@@ -18,6 +18,7 @@
 #include "kheap.h"
 #include "lat_starts.bpf.h"
 #include "task_stack.bpf.h"
+#include "arch.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -138,6 +139,7 @@ static __always_inline __u64 caller_from_stack(void *ctx)
  * the task's stack, which no argument or stale return-value slot does.
  * Where it does not (rbp is a general register on ORC kernels; an
  * interrupt's stack), the unwinder, right on ORC kernels, is asked. */
+#if KHEAP_TRAMPOLINE_FRAME
 #define TRAMPOLINE_SLOTS 10
 
 /* Seen on Debian's 7.2: with an fexit attached, the traced function enters
@@ -189,24 +191,26 @@ static __always_inline __u64 caller_from_trampoline(void *ctx)
 	func = caller_from_stack(ctx);
 	return func ? func : caller_above_jump(ctx, slots);
 }
+#else
+/* The unwinder finds it (bpf/arch.bpf.h). */
+#define caller_from_trampoline(ctx) caller_from_stack(ctx)
+#endif
 
 /* The kretprobe trampoline's address (from kallsyms; 0 if not found). */
 const volatile __u64 kretprobe_return = 0;
 
-/* kprobes: the return address on top of the stack at the function's entry,
- * which is the caller, unless the kretprobe on the same function has put
- * its trampoline there first. Then the unwinder recovers the real one
- * (right on ORC kernels; a frame-pointer unwinder skips the caller, as at
- * fentry). Without the trampoline's address, the top of the stack is not
- * trusted. */
+/* kprobes: the return address at the function's entry (on top of the
+ * stack, or in the link register: bpf/arch.bpf.h), which is the caller, unless
+ * the kretprobe on the same function has put its trampoline there first. Then
+ * the unwinder recovers the real one (right on ORC kernels; a frame-pointer
+ * unwinder skips the caller, as at fentry). Without the trampoline's address,
+ * the top of the stack is not trusted. */
 static __always_inline __u64 caller_from_kprobe(struct pt_regs *regs)
 {
 	__u64 ret = 0;
 
-	if (kretprobe_return &&
-	    !bpf_probe_read_kernel(&ret, sizeof(ret),
-				   (void *)PT_REGS_SP(regs)) &&
-	    ret && ret != kretprobe_return)
+	if (kretprobe_return && !kprobe_entry_return(regs, &ret) && ret &&
+	    ret != kretprobe_return)
 		return ret;
 	return caller_from_stack(regs);
 }

@@ -29,6 +29,7 @@
 #include "task_filter.bpf.h"
 #include "stack_store.bpf.h"
 #include "user_stack.bpf.h"
+#include "arch.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -293,9 +294,10 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 		.func = bpf_get_attach_cookie(ctx),
 	};
 
-	/* The return address is at the stack pointer: the caller's own
-	 * frame is not set up yet, so a frame-pointer walk would skip it. */
-	if (bpf_probe_read_user(&e.caller, sizeof(e.caller), (void *)e.sp))
+	/* The return address is at the stack pointer (or in the link
+	 * register: bpf/arch.bpf.h): the caller's own frame is not set up
+	 * yet, so a frame-pointer walk would skip it. */
+	if (uprobe_entry_return(ctx, e.sp, &e.caller))
 		e.caller = 0;
 	on_alloc_at(ctx, &e, size, old_ptr, memptr);
 }
@@ -396,7 +398,7 @@ int BPF_URETPROBE(alloc_return, __u64 ret)
 
 	if (!t || !t->pending_active)
 		return 0;
-	if (PT_REGS_SP(ctx) != t->pending.sp + 8)
+	if (PT_REGS_SP(ctx) != t->pending.sp + KHEAP_RETURN_ADDRESS_BYTES)
 		return 0;
 	complete_alloc(t, ret);
 	return 0;
@@ -415,7 +417,7 @@ int BPF_UPROBE(preload_alloc, __u64 size, __u64 block, __u64 caller, __u64 func,
 	       __u64 old_block, __u64 frame)
 {
 	struct alloc_entry e = {
-		.sp = frame + 8,
+		.sp = KHEAP_ENTRY_SP_OF_FRAME(frame),
 		.bp_at = frame,
 		.caller = caller,
 		.func = func,
@@ -490,7 +492,7 @@ int BPF_UPROBE(outer_free_entry, __u64 ptr)
 SEC("uprobe")
 int BPF_UPROBE(preload_free, __u64 block, __u64 frame)
 {
-	on_free(frame + 8, block, block != 0);
+	on_free(KHEAP_ENTRY_SP_OF_FRAME(frame), block, block != 0);
 	return 0;
 }
 

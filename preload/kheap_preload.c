@@ -69,8 +69,17 @@ void kheap_free_site_forked(void *block, void *frame);
 	".type " name ", @function\n"             \
 	".p2align 4\n" name ":\n" first "\tret\n" \
 	".size " name ", .-" name "\n"
+#if defined(__x86_64__)
 #define NOP5	 "\t.byte 0x0f, 0x1f, 0x44, 0x00, 0x00\n"
 #define JMP_NEXT "\t.byte 0xeb, 0x00\n" /* jmp .+2 */
+#elif defined(__aarch64__)
+/* arm64 kernels optimize no uprobe: both kinds of site are a NOP, which
+ * the kernel emulates. */
+#define NOP5	 "\tnop\n"
+#define JMP_NEXT "\tnop\n"
+#else
+#error "the preload library is built for x86_64 and aarch64 only"
+#endif
 
 __asm__(".text\n" SITE("kheap_alloc_site", NOP5) SITE("kheap_free_site", NOP5)
 		SITE("kheap_alloc_site_forked", JMP_NEXT)

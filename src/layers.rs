@@ -48,6 +48,8 @@ mod tests {
         ("session::*", Cmd),
         ("help", Cmd),
         ("kernel::*", Kernel),
+        // What differs by CPU architecture (unwinding, library paths).
+        ("arch", Base),
         ("symbolize", Base),
         ("cgroup", Base),
         ("clock", Base),

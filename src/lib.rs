@@ -7,6 +7,7 @@
 //! share. Everything else, `top`'s deltas, views and key handling included,
 //! is pure and tested without root.
 
+pub mod arch;
 pub mod cgroup;
 pub mod cli;
 pub mod clock;

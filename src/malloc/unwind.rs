@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+use crate::arch::{self, UnwindCache};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::{Object, ObjectSection, ObjectSegment};
 
@@ -144,7 +144,7 @@ impl FileUnwindInfo {
     }
 }
 
-type Unwinder = UnwinderX86_64<Arc<[u8]>>;
+type Unwinder = arch::Unwinder<Arc<[u8]>>;
 
 /// The modules of one address space.
 struct Space {
@@ -167,7 +167,7 @@ pub struct StackUnwinder {
     /// By (address space, process): an mm_struct's address may be
     /// reused once its process is gone.
     spaces: HashMap<(u64, u32), Space>,
-    cache: Option<Box<CacheX86_64>>,
+    cache: Option<Box<UnwindCache>>,
     deferred: Vec<OwnedSample>,
     pub stacks: HashMap<Key, Vec<UnwoundStack>>,
     pub counts: UnwindCounts,
@@ -322,7 +322,7 @@ impl StackUnwinder {
         };
         let cache = self
             .cache
-            .get_or_insert_with(|| Box::new(CacheX86_64::new()));
+            .get_or_insert_with(|| Box::new(UnwindCache::new()));
         let frames = unwind_from_entry(&space.unwinder, cache, s);
         let stacks = self.stacks.entry(s.key).or_default();
         match stacks.iter_mut().find(|u| u.frames == frames) {
@@ -342,13 +342,12 @@ impl StackUnwinder {
 /// The return addresses of a call stopped at an allocator's entry: the one
 /// at the stack pointer (the direct caller), then the caller's callers as
 /// far as the copied stack and the unwind information reach.
-fn unwind_from_entry(unwinder: &Unwinder, cache: &mut CacheX86_64, s: &Sample) -> Vec<u64> {
+fn unwind_from_entry(unwinder: &Unwinder, cache: &mut UnwindCache, s: &Sample) -> Vec<u64> {
     let caller = s.key.caller;
     let mut frames = vec![caller];
     // The allocator's first instruction has not run (or one that leaves
-    // the stack pointer alone): popping the return address gives the
-    // caller's registers.
-    let mut regs = UnwindRegsX86_64::new(caller, s.sp.wrapping_add(8), s.bp);
+    // the stack pointer alone): returning gives the caller's registers.
+    let mut regs = arch::caller_regs(caller, s.sp, s.bp);
     let mut read_stack = |addr: u64| {
         let off = addr.checked_sub(s.start).ok_or(())? as usize;
         let word = s.stack.get(off..off.checked_add(8).ok_or(())?).ok_or(())?;
@@ -392,12 +391,38 @@ mod tests {
     struct EntryRegs {
         sp: u64,
         bp: u64,
+        /// The link register (aarch64), the return address there.
+        lr: u64,
     }
 
     /// Called like an allocator: on entry the return address is at sp.
+    #[cfg(target_arch = "x86_64")]
     #[unsafe(naked)]
     extern "C" fn enter(regs: *mut EntryRegs) {
         std::arch::naked_asm!("mov [rdi], rsp", "mov [rdi + 8], rbp", "ret")
+    }
+
+    /// Called like an allocator: on entry the return address is in x30.
+    #[cfg(target_arch = "aarch64")]
+    #[unsafe(naked)]
+    extern "C" fn enter(regs: *mut EntryRegs) {
+        std::arch::naked_asm!(
+            "mov x9, sp",
+            "str x9, [x0]",
+            "str x29, [x0, #8]",
+            "str x30, [x0, #16]",
+            "ret"
+        )
+    }
+
+    /// The return address of the call to `enter`.
+    fn return_address(regs: &EntryRegs) -> u64 {
+        if cfg!(target_arch = "x86_64") {
+            // Still at sp: nothing has been called since.
+            unsafe { std::ptr::read_volatile(regs.sp as *const u64) }
+        } else {
+            regs.lr
+        }
     }
 
     /// This thread's stack from the page of `sp` up, as the BPF side copies
@@ -423,8 +448,7 @@ mod tests {
     fn inner() -> (u64, EntryRegs, u64, Vec<u8>) {
         let mut regs = EntryRegs::default();
         enter(&mut regs);
-        // The return address is still at sp: nothing has been called since.
-        let ret = unsafe { std::ptr::read_volatile(regs.sp as *const u64) };
+        let ret = return_address(&regs);
         let (start, stack) = copy_stack(regs.sp);
         (ret, regs, start, std::hint::black_box(stack))
     }

@@ -89,8 +89,8 @@ pub struct Modules {
 }
 
 const LIB_DIRS: &[&str] = &[
-    "/lib/x86_64-linux-gnu",
-    "/usr/lib/x86_64-linux-gnu",
+    crate::arch::MULTIARCH_LIB_DIRS[0],
+    crate::arch::MULTIARCH_LIB_DIRS[1],
     "/lib64",
     "/usr/lib64",
     "/lib",

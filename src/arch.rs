@@ -1,0 +1,56 @@
+//! What differs by CPU architecture in user space, in one place (the BPF
+//! side's differences are in `bpf/arch.bpf.h`): the unwinder of sampled
+//! user stacks and the registers it starts from, and the Debian multiarch
+//! library directories. System call numbers come from the libc crate
+//! (`libc::SYS_*`, per target). Built for x86_64 and aarch64.
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
+
+    /// The architecture's name as `uname -m` prints it.
+    pub const NAME: &str = "x86_64";
+    /// Debian's multiarch library directories.
+    pub const MULTIARCH_LIB_DIRS: [&str; 2] =
+        ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu"];
+
+    pub type Unwinder<D> = UnwinderX86_64<D>;
+    pub type UnwindCache = CacheX86_64;
+    pub type UnwindRegs = UnwindRegsX86_64;
+
+    /// The caller's registers at an allocator's first instruction (stack
+    /// pointer `sp`, frame pointer `fp`): the call pushed the return address
+    /// `caller`, so popping it gives the caller's stack pointer.
+    #[inline]
+    pub fn caller_regs(caller: u64, sp: u64, fp: u64) -> UnwindRegs {
+        UnwindRegsX86_64::new(caller, sp.wrapping_add(8), fp)
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod imp {
+    use framehop::aarch64::{CacheAarch64, UnwindRegsAarch64, UnwinderAarch64};
+
+    /// The architecture's name as `uname -m` prints it.
+    pub const NAME: &str = "aarch64";
+    /// Debian's multiarch library directories.
+    pub const MULTIARCH_LIB_DIRS: [&str; 2] =
+        ["/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu"];
+
+    pub type Unwinder<D> = UnwinderAarch64<D>;
+    pub type UnwindCache = CacheAarch64;
+    pub type UnwindRegs = UnwindRegsAarch64;
+
+    /// The caller's registers at an allocator's first instruction: a call
+    /// (bl) leaves the return address `caller` in the link register and
+    /// the stack pointer as the caller had it.
+    #[inline]
+    pub fn caller_regs(caller: u64, sp: u64, fp: u64) -> UnwindRegs {
+        UnwindRegsAarch64::new(caller, sp, fp)
+    }
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!("kheap is built for x86_64 and aarch64 only (src/arch.rs, bpf/arch.bpf.h)");
+
+pub use imp::*;
