@@ -480,6 +480,16 @@ int BPF_UPROBE(rust_realloc_entry, __u64 ptr, __u64 old_size, __u64 align,
 	return 0;
 }
 
+/* The legacy path's allocation entry: a function of its own, which the
+ * object holds once and every slot_N program calls (inlined into each, the
+ * forty-odd programs made the object 25 times bigger). */
+static __noinline int on_alloc_legacy(struct pt_regs *ctx, __u64 size,
+				      __u64 old_ptr, __u64 memptr, __u32 func)
+{
+	on_alloc_func(ctx, size, old_ptr, memptr, func, true);
+	return 0;
+}
+
 /* cfg.legacy (no attach cookies): one program per allocator function, its
  * slot, reading its arguments as its layout says. */
 static __always_inline void on_slot(struct pt_regs *ctx, __u32 func)
@@ -489,25 +499,25 @@ static __always_inline void on_slot(struct pt_regs *ctx, __u32 func)
 
 	switch (slot_layouts[func]) {
 	case MALLOC_LAYOUT_SIZE:
-		on_alloc_func(ctx, a0, 0, 0, func, true);
+		on_alloc_legacy(ctx, a0, 0, 0, func);
 		break;
 	case MALLOC_LAYOUT_CALLOC:
-		on_alloc_func(ctx, a0 * a1, 0, 0, func, true);
+		on_alloc_legacy(ctx, a0 * a1, 0, 0, func);
 		break;
 	case MALLOC_LAYOUT_ALIGN_SIZE:
-		on_alloc_func(ctx, a1, 0, 0, func, true);
+		on_alloc_legacy(ctx, a1, 0, 0, func);
 		break;
 	case MALLOC_LAYOUT_POSIX_MEMALIGN:
-		on_alloc_func(ctx, a2, 0, a0, func, true);
+		on_alloc_legacy(ctx, a2, 0, a0, func);
 		break;
 	case MALLOC_LAYOUT_REALLOC:
-		on_alloc_func(ctx, a1, a0, 0, func, true);
+		on_alloc_legacy(ctx, a1, a0, 0, func);
 		break;
 	case MALLOC_LAYOUT_REALLOCARRAY:
-		on_alloc_func(ctx, a1 * a2, a0, 0, func, true);
+		on_alloc_legacy(ctx, a1 * a2, a0, 0, func);
 		break;
 	case MALLOC_LAYOUT_RUST_REALLOC:
-		on_alloc_func(ctx, a3, a0, 0, func, true);
+		on_alloc_legacy(ctx, a3, a0, 0, func);
 		break;
 	}
 }
