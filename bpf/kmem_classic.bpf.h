@@ -226,4 +226,15 @@ ancestor_cgroup_id(struct cgroup___ancestor_ids *cg, int level)
 	return id;
 }
 
+/* Before 6.1 an address space's mappings were a red-black tree (mm_rb,
+ * each vm_area_struct's vm_rb), now a maple tree: malloc's legacy path
+ * (kernels without bpf_find_vma, 5.17) walks the tree. */
+struct mm_struct___rb {
+	struct rb_root mm_rb;
+} __attribute__((preserve_access_index));
+
+struct vm_area_struct___rb {
+	struct rb_node vm_rb;
+} __attribute__((preserve_access_index));
+
 #endif /* KHEAP_KMEM_CLASSIC_BPF_H */

@@ -17,6 +17,10 @@
  * Allocators call each other (glibc's realloc(NULL, n) jumps to malloc): a
  * call made while another is in progress on the same thread is the
  * allocator's own and is counted once, as the outer call (thread_state).
+ *
+ * Kernels before 5.17 take the legacy path (cfg.legacy, malloc.h says what
+ * it replaces): the same maps and counting code, the kernel's missing
+ * features replaced where they are used.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -35,17 +39,26 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile struct malloc_config cfg = {};
 
+/* cfg.legacy: how slot N's program reads its arguments (enum
+ * malloc_layout), set before load; a known constant to the verifier. */
+const volatile __u8 slot_layouts[MALLOC_SLOTS] = {};
+
 KHEAP_HASH(sites, struct malloc_key, struct malloc_stats, 16384);
 
 /* Blocks allocated while tracing and not freed yet (cfg.track_live). */
 KHEAP_HASH(live, struct live_key, struct live_alloc, 262144);
 
+/* Per-thread state. cfg.legacy: user space makes this a preallocated hash
+ * keyed by thread id before load (task storage is 5.11), and the thread's
+ * entry is deleted when it exits. */
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
 	__type(value, struct thread_state);
 } threads SEC(".maps");
+
+static struct thread_state zero_thread;
 
 KHEAP_HASH(vmas, struct vma_key, struct vma_info, 16384);
 
@@ -68,6 +81,42 @@ static struct malloc_stats zero_stats;
 			__c->field++;                            \
 	} while (0)
 
+/* Helpers given `legacy` take the legacy path's way where it is true: a
+ * constant in each program, so that a program has one way's code only (5.10
+ * refuses a program that holds bpf_loop's callback even where it is never
+ * reached). The legacy path's programs are *_legacy and slot_N. */
+
+/* The current thread's state (created if asked and it has none). */
+static __always_inline struct thread_state *current_thread_state(bool create,
+								 bool legacy)
+{
+	struct thread_state *t;
+	__u32 tid;
+
+	if (!legacy)
+		return bpf_task_storage_get(
+			&threads, bpf_get_current_task_btf(), NULL,
+			create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	tid = (__u32)bpf_get_current_pid_tgid();
+	t = bpf_map_lookup_elem(&threads, &tid);
+	if (t || !create)
+		return t;
+	/* Fails when the map is full: the caller counts no_thread_state. */
+	bpf_map_update_elem(&threads, &tid, &zero_thread, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&threads, &tid);
+}
+
+/* The current address space (its struct mm_struct's address). */
+static __always_inline __u64 current_mm(bool legacy)
+{
+	struct task_struct *task;
+
+	if (!legacy)
+		return (__u64)bpf_get_current_task_btf()->mm;
+	task = (void *)bpf_get_current_task();
+	return (__u64)BPF_CORE_READ(task, mm);
+}
+
 /* ---- mappings of stack frames ---- */
 
 struct vma_walk {
@@ -78,20 +127,18 @@ struct vma_walk {
 	__u64 start, end;
 };
 
-static long record_vma(struct task_struct *task, struct vm_area_struct *vma,
-		       struct vma_walk *w)
+/* Records one mapping of address space mm, unless it is recorded already. */
+static __always_inline void save_vma(__u64 mm, __u64 start, __u64 end,
+				     __u64 pgoff, struct file *file)
 {
-	struct vma_key key = {.mm = w->mm, .start = vma->vm_start};
+	struct vma_key key = {.mm = mm, .start = start};
 	struct vma_info info = {};
-	struct file *file = vma->vm_file;
 	const unsigned char *name;
 
-	w->start = vma->vm_start;
-	w->end = vma->vm_end;
 	if (bpf_map_lookup_elem(&vmas, &key))
-		return 0;
-	info.end = vma->vm_end;
-	info.pgoff = vma->vm_pgoff;
+		return;
+	info.end = end;
+	info.pgoff = pgoff;
 	if (file) {
 		info.ino = BPF_CORE_READ(file, f_inode, i_ino);
 		info.dev = BPF_CORE_READ(file, f_inode, i_sb, s_dev);
@@ -101,6 +148,15 @@ static long record_vma(struct task_struct *task, struct vm_area_struct *vma,
 	if (bpf_map_update_elem(&vmas, &key, &info, BPF_NOEXIST) ==
 	    -7 /* E2BIG */)
 		COUNT(map_full_vmas);
+}
+
+static long record_vma(struct task_struct *task, struct vm_area_struct *vma,
+		       struct vma_walk *w)
+{
+	w->start = vma->vm_start;
+	w->end = vma->vm_end;
+	save_vma(w->mm, vma->vm_start, vma->vm_end, vma->vm_pgoff,
+		 vma->vm_file);
 	return 0;
 }
 
@@ -129,16 +185,81 @@ static long record_frame(__u64 i, struct vma_walk *w)
 	return 0;
 }
 
+/* Deeper than the red-black tree of an address space can be: at most
+ * 2 * log2(n + 1) for n mappings, and vm.max_map_count is 65530. */
+#define VMA_TREE_DEPTH 40
+
+/* cfg.legacy (no bpf_find_vma): records the mapping of the current address
+ * space (mm) that holds addr, found in its VMA tree as the kernel's
+ * find_vma() finds it, read without its lock (the thread is in the
+ * allocator, not changing its mappings; another thread may be, and the
+ * reads then fail or miss, counted as failed). Returns 0 when recorded, 1
+ * when addr is not mapped, 2 when the walk failed. A global function: the
+ * verifier checks it once, not once per frame of the caller's loop. */
+__noinline int record_frame_vma_legacy(__u64 mm, __u64 addr)
+{
+	struct task_struct *task = (void *)bpf_get_current_task();
+	struct mm_struct___rb *m;
+	struct rb_node *node;
+	__u64 off;
+
+	if (!cfg.legacy)
+		return 2;
+	m = (void *)BPF_CORE_READ(task, mm);
+	node = BPF_CORE_READ(m, mm_rb.rb_node);
+	off = bpf_core_field_offset(struct vm_area_struct___rb, vm_rb);
+	for (int i = 0; i < VMA_TREE_DEPTH; i++) {
+		struct vm_area_struct *v;
+		__u64 start, end;
+
+		if (!node)
+			return 1;
+		v = (void *)node - off;
+		end = BPF_CORE_READ(v, vm_end);
+		if (end <= addr) {
+			node = BPF_CORE_READ(node, rb_right);
+			continue;
+		}
+		start = BPF_CORE_READ(v, vm_start);
+		if (start <= addr) {
+			save_vma(mm, start, end, BPF_CORE_READ(v, vm_pgoff),
+				 BPF_CORE_READ(v, vm_file));
+			return 0;
+		}
+		node = BPF_CORE_READ(node, rb_left);
+	}
+	return 2;
+}
+
 /* Called once per new key, with the key's stack just captured (frames[0]
  * unused): remembers the mapping of every frame, so that addresses can be
  * turned into file offsets even after the process exits. */
 static __always_inline void record_stack_vmas(struct stack_frames *frames,
-					      __u64 mm, __u64 caller)
+					      __u64 mm, __u64 caller,
+					      bool legacy)
 {
 	struct vma_walk w = {.mm = mm, .caller = caller};
 
 	w.frames = frames->ip;
-	bpf_loop(MALLOC_STACK_DEPTH, record_frame, &w, 0);
+	if (!legacy) {
+		bpf_loop(MALLOC_STACK_DEPTH, record_frame, &w, 0);
+		return;
+	}
+	for (__u32 i = 0; i < MALLOC_STACK_DEPTH; i++) {
+		__u64 addr = i == 0 ? caller : frames->ip[i];
+		int err;
+
+		if (!addr) {
+			if (i == 0)
+				continue;
+			break;
+		}
+		err = record_frame_vma_legacy(mm, addr);
+		if (err == 1)
+			break; /* not mapped: as record_frame */
+		if (err)
+			COUNT(vma_lookup_failed);
+	}
 }
 
 /* ---- allocations ---- */
@@ -146,16 +267,15 @@ static __always_inline void record_stack_vmas(struct stack_frames *frames,
 /* The state of the current thread if its process is traced. Only traced
  * threads get state (and a process stays traced while it lives), so a
  * thread that has state skips the PID filter lookup. */
-static __always_inline struct thread_state *traced_thread(__u32 tgid)
+static __always_inline struct thread_state *traced_thread(__u32 tgid,
+							  bool legacy)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
 	struct thread_state *t;
 
-	t = bpf_task_storage_get(&threads, task, NULL, 0);
+	t = current_thread_state(false, legacy);
 	if (t || !pid_traced(tgid))
 		return t;
-	t = bpf_task_storage_get(&threads, task, NULL,
-				 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	t = current_thread_state(true, legacy);
 	if (!t)
 		COUNT(no_thread_state);
 	return t;
@@ -180,7 +300,7 @@ struct alloc_entry {
  * returns the thread's state (NULL: not counted, nothing pending). */
 static __always_inline struct thread_state *
 on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
-	    __u64 old_ptr, __u64 memptr)
+	    __u64 old_ptr, __u64 memptr, bool legacy)
 {
 	__u64 sp = e->sp;
 	struct malloc_key key = {.tgid = bpf_get_current_pid_tgid() >> 32};
@@ -192,13 +312,13 @@ on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
 	__u32 bucket;
 	int level; /* of the scratch buffer taken for the stack */
 
-	t = traced_thread(key.tgid);
+	t = traced_thread(key.tgid, legacy);
 	if (!t)
 		return NULL;
 	if (cfg.cgroups && !cgroup_traced())
 		return NULL;
 	key.func = e->func;
-	key.mm = (__u64)bpf_get_current_task_btf()->mm;
+	key.mm = current_mm(legacy);
 	key.caller = e->caller;
 
 	if (cfg.track_live ? (t->pending_active && sp <= t->pending.sp)
@@ -258,7 +378,7 @@ on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
 			 * none */
 			if (!captured)
 				frames->ip[1] = 0;
-			record_stack_vmas(frames, key.mm, key.caller);
+			record_stack_vmas(frames, key.mm, key.caller, legacy);
 		}
 	}
 	/* The frames are read up to here: the scratch goes back once, on
@@ -283,15 +403,16 @@ on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
 	return NULL;
 }
 
-/* At the first instruction of an allocator function (or past first
+/* At the first instruction of allocator function func (or past first
  * instructions that leave the stack pointer alone). */
-static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
-				     __u64 old_ptr, __u64 memptr)
+static __always_inline void on_alloc_func(struct pt_regs *ctx, __u64 size,
+					  __u64 old_ptr, __u64 memptr,
+					  __u32 func, bool legacy)
 {
 	struct alloc_entry e = {
 		.sp = PT_REGS_SP(ctx),
 		.bp = PT_REGS_FP(ctx),
-		.func = bpf_get_attach_cookie(ctx),
+		.func = func,
 	};
 
 	/* The return address is at the stack pointer (or in the link
@@ -299,7 +420,15 @@ static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 	 * yet, so a frame-pointer walk would skip it. */
 	if (uprobe_entry_return(ctx, e.sp, &e.caller))
 		e.caller = 0;
-	on_alloc_at(ctx, &e, size, old_ptr, memptr);
+	on_alloc_at(ctx, &e, size, old_ptr, memptr, legacy);
+}
+
+/* The function is the probe's attach cookie. */
+static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
+				     __u64 old_ptr, __u64 memptr)
+{
+	on_alloc_func(ctx, size, old_ptr, memptr, bpf_get_attach_cookie(ctx),
+		      false);
 }
 
 SEC("uprobe")
@@ -353,9 +482,72 @@ int BPF_UPROBE(rust_realloc_entry, __u64 ptr, __u64 old_size, __u64 align,
 	return 0;
 }
 
-/* Completes the pending call of t, which returned ret: follows the block it
- * returned, and the one it freed (realloc). */
-static __always_inline void complete_alloc(struct thread_state *t, __u64 ret)
+/* The legacy path's allocation entry: a function of its own, which the
+ * object holds once and every slot_N program calls (inlined into each, the
+ * forty-odd programs made the object 25 times bigger). */
+static __noinline int on_alloc_legacy(struct pt_regs *ctx, __u64 size,
+				      __u64 old_ptr, __u64 memptr, __u32 func)
+{
+	on_alloc_func(ctx, size, old_ptr, memptr, func, true);
+	return 0;
+}
+
+/* cfg.legacy (no attach cookies): one program per allocator function, its
+ * slot, reading its arguments as its layout says. */
+static __always_inline void on_slot(struct pt_regs *ctx, __u32 func)
+{
+	__u64 a0 = PT_REGS_PARM1(ctx), a1 = PT_REGS_PARM2(ctx);
+	__u64 a2 = PT_REGS_PARM3(ctx), a3 = PT_REGS_PARM4(ctx);
+
+	switch (slot_layouts[func]) {
+	case MALLOC_LAYOUT_SIZE:
+		on_alloc_legacy(ctx, a0, 0, 0, func);
+		break;
+	case MALLOC_LAYOUT_CALLOC:
+		on_alloc_legacy(ctx, a0 * a1, 0, 0, func);
+		break;
+	case MALLOC_LAYOUT_ALIGN_SIZE:
+		on_alloc_legacy(ctx, a1, 0, 0, func);
+		break;
+	case MALLOC_LAYOUT_POSIX_MEMALIGN:
+		on_alloc_legacy(ctx, a2, 0, a0, func);
+		break;
+	case MALLOC_LAYOUT_REALLOC:
+		on_alloc_legacy(ctx, a1, a0, 0, func);
+		break;
+	case MALLOC_LAYOUT_REALLOCARRAY:
+		on_alloc_legacy(ctx, a1 * a2, a0, 0, func);
+		break;
+	case MALLOC_LAYOUT_RUST_REALLOC:
+		on_alloc_legacy(ctx, a3, a0, 0, func);
+		break;
+	}
+}
+
+#define SLOT_PROG(n)                      \
+	SEC("uprobe")                     \
+	int slot_##n(struct pt_regs *ctx) \
+	{                                 \
+		on_slot(ctx, n);          \
+		return 0;                 \
+	}
+
+/* clang-format off */
+SLOT_PROG(0) SLOT_PROG(1) SLOT_PROG(2) SLOT_PROG(3) SLOT_PROG(4)
+SLOT_PROG(5) SLOT_PROG(6) SLOT_PROG(7) SLOT_PROG(8) SLOT_PROG(9)
+SLOT_PROG(10) SLOT_PROG(11) SLOT_PROG(12) SLOT_PROG(13) SLOT_PROG(14)
+SLOT_PROG(15) SLOT_PROG(16) SLOT_PROG(17) SLOT_PROG(18) SLOT_PROG(19)
+SLOT_PROG(20) SLOT_PROG(21) SLOT_PROG(22) SLOT_PROG(23) SLOT_PROG(24)
+SLOT_PROG(25) SLOT_PROG(26) SLOT_PROG(27) SLOT_PROG(28) SLOT_PROG(29)
+SLOT_PROG(30) SLOT_PROG(31) SLOT_PROG(32) SLOT_PROG(33) SLOT_PROG(34)
+SLOT_PROG(35) SLOT_PROG(36) SLOT_PROG(37) SLOT_PROG(38) SLOT_PROG(39)
+SLOT_PROG(40) SLOT_PROG(41) SLOT_PROG(42) SLOT_PROG(43)
+	/* clang-format on */
+
+	/* Completes the pending call of t, which returned ret: follows the
+	 * block it returned, and the one it freed (realloc). */
+	static __always_inline
+	void complete_alloc(struct thread_state *t, __u64 ret)
 {
 	struct live_key lk = {.tgid = bpf_get_current_pid_tgid() >> 32};
 	struct pending_alloc *p = &t->pending;
@@ -390,17 +582,29 @@ static __always_inline void complete_alloc(struct thread_state *t, __u64 ret)
  * it was. Only the return of that call (stack pointer back above its return
  * address) completes it; returns of nested calls come first and are ignored.
  * A tail call returns straight to the caller, with the same result. */
+static __always_inline void on_return(struct pt_regs *ctx, __u64 ret,
+				      bool legacy)
+{
+	struct thread_state *t = current_thread_state(false, legacy);
+
+	if (!t || !t->pending_active)
+		return;
+	if (PT_REGS_SP(ctx) != t->pending.sp + KHEAP_RETURN_ADDRESS_BYTES)
+		return;
+	complete_alloc(t, ret);
+}
+
 SEC("uretprobe")
 int BPF_URETPROBE(alloc_return, __u64 ret)
 {
-	struct thread_state *t = bpf_task_storage_get(
-		&threads, bpf_get_current_task_btf(), NULL, 0);
+	on_return(ctx, ret, false);
+	return 0;
+}
 
-	if (!t || !t->pending_active)
-		return 0;
-	if (PT_REGS_SP(ctx) != t->pending.sp + KHEAP_RETURN_ADDRESS_BYTES)
-		return 0;
-	complete_alloc(t, ret);
+SEC("uretprobe")
+int BPF_URETPROBE(alloc_return_legacy, __u64 ret)
+{
+	on_return(ctx, ret, true);
 	return 0;
 }
 
@@ -412,9 +616,10 @@ int BPF_URETPROBE(alloc_return, __u64 ret)
  * stack pointer at its entry is just above it. The site and the library's
  * function are the two innermost frames; the frame-pointer walk skips the
  * first, and the caller stands in for the second, as for an entry probe. */
-SEC("uprobe")
-int BPF_UPROBE(preload_alloc, __u64 size, __u64 block, __u64 caller, __u64 func,
-	       __u64 old_block, __u64 frame)
+static __always_inline void on_preload_alloc(struct pt_regs *ctx, __u64 size,
+					     __u64 block, __u64 caller,
+					     __u64 func, __u64 old_block,
+					     __u64 frame, bool legacy)
 {
 	struct alloc_entry e = {
 		.sp = KHEAP_ENTRY_SP_OF_FRAME(frame),
@@ -425,9 +630,26 @@ int BPF_UPROBE(preload_alloc, __u64 size, __u64 block, __u64 caller, __u64 func,
 	};
 	struct thread_state *t;
 
-	t = on_alloc_at(ctx, &e, size, old_block, 0);
+	t = on_alloc_at(ctx, &e, size, old_block, 0, legacy);
 	if (t)
 		complete_alloc(t, block);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(preload_alloc, __u64 size, __u64 block, __u64 caller, __u64 func,
+	       __u64 old_block, __u64 frame)
+{
+	on_preload_alloc(ctx, size, block, caller, func, old_block, frame,
+			 false);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(preload_alloc_legacy, __u64 size, __u64 block, __u64 caller,
+	       __u64 func, __u64 old_block, __u64 frame)
+{
+	on_preload_alloc(ctx, size, block, caller, func, old_block, frame,
+			 true);
 	return 0;
 }
 
@@ -437,13 +659,14 @@ int BPF_UPROBE(preload_alloc, __u64 size, __u64 block, __u64 caller, __u64 func,
  * these, like the other probes, past first instructions that change no
  * argument register nor the stack pointer (src/malloc/probes.rs,
  * probe_skip). */
-static __always_inline void on_free(__u64 sp, __u64 ptr, bool outer)
+static __always_inline void on_free(__u64 sp, __u64 ptr, bool outer,
+				    bool legacy)
 {
 	struct live_key lk = {.tgid = bpf_get_current_pid_tgid() >> 32,
 			      .ptr = ptr};
 	struct thread_state *t;
 
-	t = traced_thread(lk.tgid);
+	t = traced_thread(lk.tgid, legacy);
 	if (!t)
 		return;
 	if (t->free_active && t->free_ptr == ptr && sp <= t->free_sp) {
@@ -472,14 +695,28 @@ static __always_inline void on_free(__u64 sp, __u64 ptr, bool outer)
 SEC("uprobe")
 int BPF_UPROBE(free_entry, __u64 ptr)
 {
-	on_free(PT_REGS_SP(ctx), ptr, false);
+	on_free(PT_REGS_SP(ctx), ptr, false, false);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(free_entry_legacy, __u64 ptr)
+{
+	on_free(PT_REGS_SP(ctx), ptr, false, true);
 	return 0;
 }
 
 SEC("uprobe")
 int BPF_UPROBE(outer_free_entry, __u64 ptr)
 {
-	on_free(PT_REGS_SP(ctx), ptr, true);
+	on_free(PT_REGS_SP(ctx), ptr, true, false);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(outer_free_entry_legacy, __u64 ptr)
+{
+	on_free(PT_REGS_SP(ctx), ptr, true, true);
 	return 0;
 }
 
@@ -492,7 +729,14 @@ int BPF_UPROBE(outer_free_entry, __u64 ptr)
 SEC("uprobe")
 int BPF_UPROBE(preload_free, __u64 block, __u64 frame)
 {
-	on_free(KHEAP_ENTRY_SP_OF_FRAME(frame), block, block != 0);
+	on_free(KHEAP_ENTRY_SP_OF_FRAME(frame), block, block != 0, false);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(preload_free_legacy, __u64 block, __u64 frame)
+{
+	on_free(KHEAP_ENTRY_SP_OF_FRAME(frame), block, block != 0, true);
 	return 0;
 }
 
@@ -530,8 +774,12 @@ int BPF_PROG(exec_btf, struct task_struct *p, pid_t old_pid,
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(exit_btf, struct task_struct *p)
 {
-	__u32 tgid = p->tgid;
+	__u32 tgid = p->tgid, tid = p->pid;
 
+	/* Each thread's exit: its state goes (task storage goes with the
+	 * task). */
+	if (cfg.legacy)
+		bpf_map_delete_elem(&threads, &tid);
 	if (BPF_CORE_READ(p, signal, live.counter) != 0 || !pid_traced(tgid))
 		return 0;
 	bpf_map_delete_elem(&pid_filter, &tgid);

@@ -134,6 +134,33 @@ struct malloc_config {
 	__u8 track_live; /* --outstanding: return probes and free tracking */
 	/* --cgroup: only tasks in a cgroup of cgroup_filter or below one */
 	__u8 cgroups;
+	/* The path for kernels before 5.17 (src/kernel/features.rs says
+	 * which lack what): thread state in a hash keyed by thread id, not
+	 * task storage (5.11); the current task read through
+	 * bpf_get_current_task(), not bpf_get_current_task_btf() (5.11); one
+	 * program per allocator function (slot_N), not attach cookies (5.15);
+	 * frames' mappings found by walking the address space's VMA tree,
+	 * not bpf_find_vma() (5.17), in bounded loops, not bpf_loop()
+	 * (5.17). */
+	__u8 legacy;
+};
+
+/* Allocator functions that can be probed: src/malloc/probes/functions.rs's
+ * slot_count(), which the Rust side checks. On the legacy path, slot N's
+ * program is slot_N, which reads its arguments as slot_layouts[N] says. */
+#define MALLOC_SLOTS 44
+
+/* How a function takes its arguments: the Rust side's Layout, as numbered
+ * in slot_layouts (src/kernel/malloc.rs). */
+enum malloc_layout {
+	MALLOC_LAYOUT_NONE = 0, /* a free: its programs take no cookie */
+	MALLOC_LAYOUT_SIZE,
+	MALLOC_LAYOUT_CALLOC,
+	MALLOC_LAYOUT_ALIGN_SIZE,
+	MALLOC_LAYOUT_POSIX_MEMALIGN,
+	MALLOC_LAYOUT_REALLOC,
+	MALLOC_LAYOUT_REALLOCARRAY,
+	MALLOC_LAYOUT_RUST_REALLOC,
 };
 
 #endif /* KHEAP_MALLOC_H */

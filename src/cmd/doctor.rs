@@ -68,7 +68,13 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
             .and_then(features::malloc_unsupported)
         {
             Some(why) => format!("unavailable: {why}"),
-            None if btf_ok => "yes".into(),
+            None if btf_ok => match features::kernel_btf()
+                .ok()
+                .and_then(features::malloc_legacy)
+            {
+                Some(legacy) => format!("yes: {legacy}"),
+                None => "yes".into(),
+            },
             None => "unknown (no BTF)".into(),
         },
     );

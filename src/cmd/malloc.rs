@@ -347,7 +347,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         &modules,
         &Blaze::default(),
     );
-    let report = report::build(
+    let mut report = report::build(
         &snap,
         &frames,
         BuildOptions {
@@ -373,6 +373,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
             cgroups: scanner.cgroups,
         },
     );
+    report.kernel_note = features::malloc_legacy(features::kernel_btf()?);
     drop(session);
     let rows: Vec<BudgetRow> = report
         .sites

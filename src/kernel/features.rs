@@ -207,13 +207,40 @@ const KMEM_NEEDS: [(&str, &str, &str); 2] = [
 /// What the malloc object (bpf/malloc.bpf.c) needs beyond what the kmem
 /// tracer does: (map type or helper, what to call it, the Linux version that
 /// brought it).
-const MALLOC_NEEDS: [(&str, &str, &str); 5] = [
+const MALLOC_NEEDS: [(&str, &str, &str); 2] = [
+    ("probe_read_user", "bpf_probe_read_user", "5.5"),
+    ("map:ringbuf", "BPF ring buffers", "5.8"),
+];
+
+/// What the malloc object's default path uses and kernels before 5.17 lack:
+/// without any of them it takes its legacy path (`cfg.legacy` in
+/// bpf/malloc.h), which counts the same.
+const MALLOC_NEWER: [(&str, &str, &str); 5] = [
     ("map:task_storage", "task storage maps", "5.11"),
     ("get_current_task_btf", "bpf_get_current_task_btf", "5.11"),
     ("get_attach_cookie", "bpf_get_attach_cookie", "5.15"),
     ("find_vma", "bpf_find_vma", "5.17"),
     ("loop", "bpf_loop", "5.17"),
 ];
+
+/// Threads of traced processes that the legacy path follows at once (its
+/// thread states are a preallocated hash map, not task storage); a thread
+/// beyond them is not counted, and shown as such (`no_thread_state`).
+pub const MALLOC_LEGACY_THREADS: u32 = 8192;
+
+/// Whether `kheap malloc` takes its legacy path here, and the one line that
+/// says what differs (the report header, `kheap doctor`).
+pub fn malloc_legacy(k: &KernelBtf) -> Option<String> {
+    let missing = lacking(k, &MALLOC_NEWER);
+    (!missing.is_empty()).then(|| {
+        format!(
+            "this kernel ({}) lacks {}: malloc uses its path for older kernels, with the same counts; \
+             it follows at most {MALLOC_LEGACY_THREADS} threads of traced processes at once",
+            kernel_release(),
+            missing.join(", ")
+        )
+    })
+}
 
 /// Which of `needs` (map types with a `map:` prefix, or helpers) the kernel
 /// lacks, each as "what (version)".
@@ -626,15 +653,49 @@ mod tests {
         );
         assert!(malloc.contains("nor do record, top and leaks"), "{malloc}");
 
-        // 5.10: kernel tracing runs; malloc lacks 5.11-5.17's features.
-        let debian11 = kernel_with(&["probe_read_kernel", "jiffies64"], &["hash"]);
-        assert_eq!(kmem_unsupported(&debian11), None);
-        let malloc = malloc_unsupported(&debian11).unwrap();
-        assert!(
-            malloc.contains("task storage maps (5.11)")
-                && malloc.ends_with("kheap record, leaks, top and slab work here"),
-            "{malloc}"
+        // 5.10: kernel tracing runs, and malloc on its legacy path, which
+        // one line names.
+        let debian11 = kernel_with(
+            &["probe_read_kernel", "probe_read_user", "jiffies64"],
+            &["hash", "ringbuf"],
         );
+        assert_eq!(kmem_unsupported(&debian11), None);
+        assert_eq!(malloc_unsupported(&debian11), None);
+        let legacy = malloc_legacy(&debian11).unwrap();
+        assert!(
+            legacy.contains("lacks task storage maps (5.11), bpf_get_current_task_btf (5.11), bpf_get_attach_cookie (5.15), bpf_find_vma (5.17), bpf_loop (5.17): malloc uses its path for older kernels, with the same counts"),
+            "{legacy}"
+        );
+        assert_eq!(legacy.lines().count(), 1, "{legacy}");
+        // 5.15 has cookies and task storage, not 5.17's helpers.
+        let jammy = kernel_with(
+            &[
+                "probe_read_kernel",
+                "probe_read_user",
+                "jiffies64",
+                "get_current_task_btf",
+                "get_attach_cookie",
+            ],
+            &["hash", "ringbuf", "task_storage"],
+        );
+        let legacy = malloc_legacy(&jammy).unwrap();
+        assert!(
+            legacy.contains("lacks bpf_find_vma (5.17), bpf_loop (5.17):"),
+            "{legacy}"
+        );
+        let new = kernel_with(
+            &[
+                "probe_read_kernel",
+                "probe_read_user",
+                "jiffies64",
+                "get_current_task_btf",
+                "get_attach_cookie",
+                "find_vma",
+                "loop",
+            ],
+            &["hash", "ringbuf", "task_storage"],
+        );
+        assert_eq!(malloc_legacy(&new), None);
     }
 
     #[test]

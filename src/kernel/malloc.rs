@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use libbpf_rs::skel::OpenSkel;
+use libbpf_rs::skel::{OpenSkel, Skel};
 use libbpf_rs::{Link, MapCore, MapFlags, UprobeOpts};
 
 use crate::kernel::malloc_skel::{types, MallocSkel, MallocSkelBuilder, OpenMallocSkel};
@@ -57,6 +57,9 @@ pub struct MallocSession<'obj> {
     pub libraries: Vec<ProbedLibrary>,
     track_live: bool,
     probes_at_entry: bool,
+    /// The path for kernels before 5.17 (`features::malloc_legacy`): one
+    /// program per function (slot_N) instead of attach cookies.
+    legacy: bool,
     /// The preload library, once its sites are probed: (kernel device,
     /// inode) of its file.
     preload: Option<(u32, u64)>,
@@ -83,6 +86,7 @@ fn size_maps(
     track_live: bool,
     max_live: u32,
     stack_sample_every: u32,
+    legacy: bool,
 ) -> Result<()> {
     // The block map is preallocated (~60 bytes a block): keep a token
     // entry when it is not used.
@@ -90,7 +94,108 @@ fn size_maps(
         .live
         .set_max_entries(if track_live { max_live } else { 1 })
         .context("sizing the outstanding-block map")?;
+    if legacy {
+        // No task storage (5.11): thread states in a preallocated hash
+        // keyed by thread id (bpf/malloc.bpf.c deletes a thread's entry
+        // when it exits).
+        let threads = &mut open.maps.threads;
+        threads.set_type(libbpf_rs::MapType::Hash)?;
+        threads.set_map_flags(0)?;
+        threads
+            .set_max_entries(crate::kernel::features::MALLOC_LEGACY_THREADS)
+            .context("sizing the thread map")?;
+    }
     crate::kernel::user_stack::configure(open, stack_sample_every)
+}
+
+/// The legacy path's program `NAME_legacy` (`slot_N` for a slot's), or
+/// None on the default path.
+fn legacy_program<'a>(
+    skel: &'a MallocSkel<'_>,
+    legacy: bool,
+    name: &str,
+) -> Result<Option<libbpf_rs::ProgramMut<'a>>> {
+    if !legacy {
+        return Ok(None);
+    }
+    let name = if name.starts_with("slot_") {
+        name.to_string()
+    } else {
+        format!("{name}_legacy")
+    };
+    skel.object()
+        .progs_mut()
+        .find(|prog| prog.name() == name.as_str())
+        .map(Some)
+        .with_context(|| format!("the BPF object has no program {name}"))
+}
+
+/// Whether this kernel takes malloc's legacy path.
+fn legacy_path() -> Result<bool> {
+    Ok(crate::kernel::features::malloc_legacy(crate::kernel::features::kernel_btf()?).is_some())
+}
+
+/// How slot `i`'s program reads its arguments on the legacy path: the
+/// numbers of `enum malloc_layout` in bpf/malloc.h (0: a free, whose
+/// programs need no slot).
+fn layout_code(layout: Layout) -> u8 {
+    match layout {
+        Layout::Free | Layout::OuterFree => 0,
+        Layout::Size => 1,
+        Layout::Calloc => 2,
+        Layout::AlignSize => 3,
+        Layout::PosixMemalign => 4,
+        Layout::Realloc => 5,
+        Layout::Reallocarray => 6,
+        Layout::RustRealloc => 7,
+    }
+}
+
+/// The allocator programs of the default path. The legacy path has its
+/// own (`NAME_legacy`, and `slot_N` instead of those that read the attach
+/// cookie): only one set is loaded. The process-tracking programs serve
+/// both.
+const DEFAULT_PROGRAMS: [&str; 12] = [
+    "size_arg0",
+    "calloc_entry",
+    "align_size_args",
+    "posix_memalign_entry",
+    "realloc_entry",
+    "reallocarray_entry",
+    "rust_realloc_entry",
+    "alloc_return",
+    "preload_alloc",
+    "free_entry",
+    "outer_free_entry",
+    "preload_free",
+];
+
+/// Chooses the programs of the path and, on the legacy one, tells each
+/// slot's program its layout.
+fn choose_programs(open: &mut OpenMallocSkel<'_>, legacy: bool) {
+    let mut layouts = [0u8; probes::slot_count()];
+    for (i, l) in layouts.iter_mut().enumerate() {
+        *l = layout_code(probes::slot(i).layout);
+    }
+    for mut prog in open.open_object_mut().progs_mut() {
+        let name = prog.name().to_string_lossy().into_owned();
+        if DEFAULT_PROGRAMS.contains(&name.as_str()) {
+            prog.set_autoload(!legacy);
+        } else if name.ends_with("_legacy") {
+            prog.set_autoload(legacy);
+        } else if let Some(i) = name.strip_prefix("slot_") {
+            let i: usize = i.parse().expect("slot programs are numbered");
+            prog.set_autoload(legacy && layouts[i] != 0);
+        }
+    }
+    if legacy {
+        let rodata = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .expect("the BPF object has read-only data");
+        rodata.slot_layouts = layouts;
+    }
 }
 
 /// The kernel memory a malloc run of these settings takes on this machine
@@ -102,7 +207,13 @@ pub fn footprint(
 ) -> Result<crate::model::kernel_memory::Footprint> {
     let mut slot = std::mem::MaybeUninit::uninit();
     let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), &mut slot)?;
-    size_maps(&mut open, track_live, max_live, stack_sample_every)?;
+    size_maps(
+        &mut open,
+        track_live,
+        max_live,
+        stack_sample_every,
+        legacy_path()?,
+    )?;
     measure(&open)
 }
 
@@ -151,7 +262,10 @@ impl<'obj> MallocSession<'obj> {
             .expect("the BPF object has read-only data");
         rodata.cfg.track_live = track_live as u8;
         rodata.cfg.cgroups = u8::from(!cgroups.is_empty());
-        size_maps(&mut open, track_live, max_live, stack_sample_every)?;
+        let legacy = legacy_path()?;
+        rodata.cfg.legacy = u8::from(legacy);
+        choose_programs(&mut open, legacy);
+        size_maps(&mut open, track_live, max_live, stack_sample_every, legacy)?;
         let kernel_memory = {
             let f = measure(&open)?;
             f.total + f.apart
@@ -165,6 +279,7 @@ impl<'obj> MallocSession<'obj> {
             libraries: Vec::new(),
             track_live,
             probes_at_entry,
+            legacy,
             preload: None,
             kernel_memory,
         };
@@ -266,10 +381,13 @@ impl<'obj> MallocSession<'obj> {
         let meta =
             std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
         let progs = &self.skel.progs;
+        let legacy_alloc = legacy_program(&self.skel, self.legacy, "preload_alloc")?;
+        let legacy_free = legacy_program(&self.skel, self.legacy, "preload_free")?;
+        let alloc = legacy_alloc.as_ref().unwrap_or(&progs.preload_alloc);
+        let free = legacy_free.as_ref().unwrap_or(&progs.preload_free);
         let (allocs, frees) = sites.all();
         for offset in allocs {
-            let link = progs
-                .preload_alloc
+            let link = alloc
                 .attach_uprobe_with_opts(-1, path, offset as usize, UprobeOpts::default())
                 .with_context(|| {
                     format!("attaching to an allocation site of {}", path.display())
@@ -279,8 +397,7 @@ impl<'obj> MallocSession<'obj> {
         // free is followed only for --outstanding, as with the C library.
         if self.track_live {
             for offset in frees {
-                let link = progs
-                    .preload_free
+                let link = free
                     .attach_uprobe_with_opts(-1, path, offset as usize, UprobeOpts::default())
                     .with_context(|| format!("attaching to a free site of {}", path.display()))?;
                 self.links.push(link);
@@ -303,7 +420,7 @@ impl<'obj> MallocSession<'obj> {
 
     fn attach_probe(&mut self, path: &Path, p: &Probe) -> Result<()> {
         let progs = &self.skel.progs;
-        let entry = match p.layout {
+        let default_entry = match p.layout {
             Layout::Size => &progs.size_arg0,
             Layout::Calloc => &progs.calloc_entry,
             Layout::AlignSize => &progs.align_size_args,
@@ -314,8 +431,20 @@ impl<'obj> MallocSession<'obj> {
             Layout::OuterFree => &progs.outer_free_entry,
             Layout::RustRealloc => &progs.rust_realloc_entry,
         };
+        // Without cookies, one program per function (its slot's).
+        let legacy_entry = match p.layout {
+            Layout::Free => legacy_program(&self.skel, self.legacy, "free_entry")?,
+            Layout::OuterFree => legacy_program(&self.skel, self.legacy, "outer_free_entry")?,
+            _ => legacy_program(&self.skel, self.legacy, &format!("slot_{}", p.cookie))?,
+        };
+        let entry = legacy_entry.as_ref().unwrap_or(default_entry);
+        let legacy_return = legacy_program(&self.skel, self.legacy, "alloc_return")?;
+        let alloc_return = legacy_return.as_ref().unwrap_or(&progs.alloc_return);
+        // The legacy path's kernels have no cookies: its slot programs
+        // know their function.
+        let cookie = if self.legacy { 0 } else { p.cookie as u64 };
         let opts = |retprobe| UprobeOpts {
-            cookie: p.cookie as u64,
+            cookie,
             retprobe,
             ..Default::default()
         };
@@ -325,12 +454,8 @@ impl<'obj> MallocSession<'obj> {
         // stack pointer, which is all a return probe needs.
         let offset = (p.file_offset + p.skip) as usize;
         if self.track_live && !p.layout.is_free() {
-            self.links.push(progs.alloc_return.attach_uprobe_with_opts(
-                -1,
-                path,
-                offset,
-                opts(true),
-            )?);
+            self.links
+                .push(alloc_return.attach_uprobe_with_opts(-1, path, offset, opts(true))?);
         }
         self.links
             .push(entry.attach_uprobe_with_opts(-1, path, offset, opts(false))?);

@@ -86,6 +86,9 @@ pub fn header(r: &MallocReport) -> String {
         );
     }
     s.push('\n');
+    if let Some(note) = &r.kernel_note {
+        let _ = writeln!(s, "kernel: {note}");
+    }
     for p in &r.probes {
         let _ = writeln!(s, "probes: {p}");
     }

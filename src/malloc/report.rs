@@ -209,6 +209,10 @@ pub struct MallocReport {
     pub stack_depth: StackDepth,
     pub sites: Vec<MallocRow>,
     pub stacks: Vec<MallocRow>,
+    /// What differs on this kernel (malloc's path for kernels before 5.17),
+    /// in one line of the header; the counts do not, and JSON has none.
+    #[serde(skip)]
+    pub kernel_note: Option<String>,
 }
 
 pub struct BuildOptions {
@@ -414,6 +418,7 @@ pub fn build(
         stack_depth: depth,
         sites: with_cgroups(rows(sites, &name_of, &opts.comms), &opts.cgroups),
         stacks: with_cgroups(rows(stacks, &name_of, &opts.comms), &opts.cgroups),
+        kernel_note: None,
     }
 }
 
