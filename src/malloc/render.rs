@@ -312,6 +312,23 @@ mod tests {
     }
 
     #[test]
+    fn a_kernel_note_is_one_header_line_and_not_in_json() {
+        let mut r = report();
+        assert!(!table(&r, MallocGroupBy::Site, 0, None).contains("kernel: "));
+        r.kernel_note = Some("this kernel (5.10) lacks bpf_loop (5.17): legacy".into());
+        let t = table(&r, MallocGroupBy::Site, 0, None);
+        assert_eq!(
+            t.lines()
+                .filter(|l| *l == "kernel: this kernel (5.10) lacks bpf_loop (5.17): legacy")
+                .count(),
+            1,
+            "{t}"
+        );
+        let json = serde_json::to_string(&r).unwrap();
+        assert!(!json.contains("lacks bpf_loop"), "{json}");
+    }
+
+    #[test]
     fn estimated_stack_shares_are_marked() {
         let mut r = report();
         let i = r

@@ -882,3 +882,43 @@ fn fail_if_fails_a_command_that_leaves_blocks_and_passes_one_that_frees_them() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("needs --outstanding"));
 }
+
+/// Before 5.17 malloc runs on its legacy path (src/kernel/features.rs,
+/// `malloc_legacy`): one line of the text header and doctor's malloc row
+/// say so and name what the kernel lacks; from 5.17 neither does. The rows
+/// are the same either way (the other tests of this file run on both).
+#[test]
+fn the_legacy_path_is_said_in_one_line_where_it_is_taken() {
+    require_root();
+    let w = Workload::build(&[]);
+    if malloc_refused_here(
+        "the_legacy_path_is_said_in_one_line_where_it_is_taken",
+        &["--", w.path()],
+    ) {
+        return;
+    }
+    let out = kheap(&["malloc", "--", w.path()]);
+    assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("malloc uses its path for older kernels"))
+        .collect();
+    let doctor = doctor_row("kheap malloc");
+    if kernel_before(5, 17) {
+        assert_eq!(lines.len(), 1, "{text}");
+        assert!(
+            lines[0].starts_with("kernel: this kernel (") && lines[0].contains("bpf_loop (5.17)"),
+            "{text}"
+        );
+        assert!(
+            doctor.contains("yes: this kernel (") && doctor.contains("with the same counts"),
+            "{doctor}"
+        );
+    } else {
+        assert!(lines.is_empty(), "{text}");
+        assert!(!doctor.contains("older kernels"), "{doctor}");
+    }
+    // Either way the workload's rows are there.
+    assert!(text.contains("do_malloc"), "{text}");
+}
