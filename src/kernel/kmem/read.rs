@@ -54,9 +54,16 @@ impl<'obj> Tracer<'obj> {
         Ok(ids)
     }
 
+    // The count is the first word of a slot (bpf/kheap.h, struct site_slot).
+    const SLOT_COUNT_AT_ZERO: () = assert!(
+        std::mem::offset_of!(types::site_slot, stats) == 0
+            && std::mem::offset_of!(types::alloc_stats, count) == 0
+    );
+
     /// The key and counts of every CPU's slots in use, read in place: each
     /// slot's count, then the whole slot only where it is above zero.
     fn slots_in_use(&self) -> Vec<(types::site_key, types::alloc_stats)> {
+        let () = Self::SLOT_COUNT_AT_ZERO;
         let slots = &self.site_slots;
         let mut in_use = Vec::new();
         for i in 0..slots.entries() {
