@@ -30,6 +30,8 @@ static SNAPSHOT: Flag = LazyLock::new(Default::default);
 static INSTALL: Once = Once::new();
 /// SIGHUP's stop registration, which `serve` swaps for a reload.
 static HUP_STOPS: Mutex<Option<SigId>> = Mutex::new(None);
+/// SIGHUP asks for a reload (`serve`), not for the end of the run.
+static HUP_RELOADS: AtomicBool = AtomicBool::new(false);
 
 /// Signals that end a run like SIGTERM (besides SIGINT, SIGTERM, SIGHUP).
 const ALSO_STOP: [libc::c_int; 5] = [
@@ -116,6 +118,7 @@ pub fn install_reload_handler() {
     if let Some(id) = HUP_STOPS.lock().unwrap_or_else(|e| e.into_inner()).take() {
         signal_hook::low_level::unregister(id);
         raise_flag_on(SIGHUP, &RELOAD);
+        HUP_RELOADS.store(true, Ordering::SeqCst);
     }
 }
 
@@ -128,6 +131,30 @@ pub fn take_reload_request() -> bool {
 /// ignored).
 pub fn install_snapshot_handler() {
     raise_flag_on(SIGUSR1, &SNAPSHOT);
+}
+
+/// Runs `f`, which loads BPF programs, with the signals that ask for
+/// something without ending the run (leaks' SIGUSR1 snapshot, serve's
+/// SIGHUP reload) blocked on this thread. The verifier gives up with EAGAIN
+/// whenever a signal is pending for the loading thread, and libbpf tries a
+/// load only a few times, so a SIGUSR1 every few milliseconds made `leaks`
+/// fail to start. A blocked signal stays pending and is handled once `f`
+/// returns. The stop signals are not held: Ctrl-C during a load still ends
+/// it (as "loading ...: Resource temporarily unavailable", then exit).
+pub fn holding_requests<T>(f: impl FnOnce() -> T) -> T {
+    let mut held: libc::sigset_t = unsafe { std::mem::zeroed() };
+    let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };
+    unsafe {
+        libc::sigemptyset(&mut held);
+        libc::sigaddset(&mut held, SIGUSR1);
+        if HUP_RELOADS.load(Ordering::SeqCst) {
+            libc::sigaddset(&mut held, SIGHUP);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &held, &mut before);
+    }
+    let out = f();
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &before, std::ptr::null_mut()) };
+    out
 }
 
 /// Whether a snapshot was asked for since the last call (and clears it).

@@ -29,8 +29,7 @@ pub fn release_through(btf: &Path) -> std::result::Result<String, CheckFailed> {
     let open = open_with_btf(BtfCheckSkelBuilder::default(), &mut slot, Some(btf))
         .context("opening the BTF check")
         .map_err(CheckFailed::Load)?;
-    let skel = open
-        .load()
+    let skel = crate::signals::holding_requests(|| open.load())
         .context("loading the BTF check")
         .map_err(CheckFailed::Load)?;
     skel.progs

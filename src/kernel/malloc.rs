@@ -270,8 +270,7 @@ impl<'obj> MallocSession<'obj> {
             let f = measure(&open)?;
             f.total + f.apart
         };
-        let skel = open
-            .load()
+        let skel = crate::signals::holding_requests(|| open.load())
             .context("loading the BPF programs into the kernel")?;
         let mut s = MallocSession {
             skel,
