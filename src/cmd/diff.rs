@@ -37,11 +37,17 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     if args.output.format == DiffFormat::Pprof {
         crate::output::check_binary_destination(args.output.output(), "pprof")?;
     }
-    let read = |p: &PathBuf| crate::input::read_bounded(p, "report", crate::input::MAX_INPUT);
-    let (before, after) = (read(&args.before)?, read(&args.after)?);
-    let (kind, mut before, mut after) = diff::parse_pair(
-        (&before, &args.before.display().to_string()),
-        (&after, &args.after.display().to_string()),
+    // One text at a time, dropped once parsed: the memory a diff takes is
+    // one input's text and the two reports.
+    let parse = |p: &PathBuf| {
+        let text = crate::input::read_bounded(p, "report", crate::input::MAX_INPUT)?;
+        diff::parse_report(&text, &p.display().to_string())
+    };
+    let (kind, mut before) = parse(&args.before)?;
+    let (after_kind, mut after) = parse(&args.after)?;
+    diff::same_kind(
+        (kind, &args.before.display().to_string()),
+        (after_kind, &args.after.display().to_string()),
     )?;
     let out = &args.output;
     if matches!(out.format, DiffFormat::Svg | DiffFormat::Pprof) {
