@@ -19,7 +19,7 @@ use crate::model::identity::unmerged_cache_name;
 use crate::model::{human_size, human_size_wide, signed_size_wide, Counts};
 use crate::render::pprof::{clamp_i64, Builder, Frame, Label, Sample, SampleType, KERNEL_MAPPING};
 use crate::render::table::{hidden_note, new_table, render};
-use crate::render::{short_list, OutputFormat};
+use crate::render::{folded_frame, short_list, OutputFormat};
 use crate::report::{Report, Retention};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -243,8 +243,11 @@ fn keyed(r: &Report, by: DiffBy, measure: Measure) -> BTreeMap<String, Keyed> {
         }
         DiffBy::Stack => {
             for s in &r.stacks {
+                // Frames escaped as in folded stacks: a ';' inside a frame
+                // (an input anyone may have written) must not split it.
+                let key: Vec<_> = s.frames.iter().map(|f| folded_frame(f)).collect();
                 add(
-                    s.frames.join(";"),
+                    key.join(";"),
                     std::slice::from_ref(&s.cache),
                     value(&s.retention, &s.counts),
                 )
@@ -654,6 +657,22 @@ mod tests {
         let d = diff(Kind::Leaks, &before, &after, DiffBy::Cache);
         assert_eq!(d.rows[0].name, "kmalloc-cg-4k");
         assert_eq!(d.rows[0].change_count, 20);
+    }
+
+    #[test]
+    fn a_frame_holding_a_semicolon_stays_one_frame() {
+        // Inputs are files anyone may have written (issue 47): the stack
+        // key escapes ';' as folded stacks do, so no frame is split in two.
+        let evil = |r: &mut Report| r.stacks[0].frames[1] = "evil;fake+0x1".into();
+        let mut before = leaks_report(vec![site("load_msg+0x10", 10, 10)]);
+        let mut after = leaks_report(vec![site("load_msg+0x10", 30, 30)]);
+        evil(&mut before);
+        evil(&mut after);
+        let d = diff(Kind::Leaks, &before, &after, DiffBy::Stack);
+        assert_eq!(d.rows.len(), 1);
+        assert_eq!(d.rows[0].name, "__kmalloc_noprof+0x1;evil\\x3bfake+0x1");
+        assert_eq!(d.rows[0].name.split(';').count(), 2);
+        assert!(table(&d, DiffBy::Stack, 5, None).contains("evil\\x3bfake+0x1"));
     }
 
     #[test]
