@@ -8,15 +8,19 @@ use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{bail, Context, Result};
 
 use crate::safe_path::{self, Place};
 
-/// A temporary name for `name`, unique to this process and call.
-fn temp_name(name: &OsStr) -> OsString {
-    static SEQ: AtomicU32 = AtomicU32::new(0);
+/// How many random temporary names to try before giving up.
+const TEMP_TRIES: usize = 64;
+
+/// A temporary name for `name`: this process's, and 64 random bits, so
+/// that another user cannot take it beforehand in a directory they may
+/// write to (a taken name would stop the write; O_EXCL keeps it from being
+/// used).
+fn temp_name(name: &OsStr) -> std::io::Result<OsString> {
     let mut n = OsString::from(".");
     n.push(if name == "." {
         OsStr::new("report")
@@ -24,24 +28,34 @@ fn temp_name(name: &OsStr) -> OsString {
         name
     });
     n.push(format!(
-        ".kheap-{}-{}.tmp",
+        ".kheap-{}-{:016x}.tmp",
         std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
+        crate::sys::random_u64()?
     ));
-    n
+    Ok(n)
 }
 
 /// A new file in `dir` under a temporary name, never through a link and
-/// never an existing file (O_NOFOLLOW | O_EXCL).
+/// never an existing file (O_NOFOLLOW | O_EXCL): a name already there is
+/// skipped for another.
 fn create_temp(dir: &OwnedFd, name: &OsStr) -> std::io::Result<(OsString, File)> {
-    let tmp = temp_name(name);
-    let fd = safe_path::openat(
-        dir,
-        &tmp,
-        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-        0o600,
-    )?;
-    Ok((tmp, File::from(fd)))
+    for _ in 0..TEMP_TRIES {
+        let tmp = temp_name(name)?;
+        match safe_path::openat(
+            dir,
+            &tmp,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+            0o600,
+        ) {
+            Ok(fd) => return Ok((tmp, File::from(fd))),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AlreadyExists,
+        format!("{TEMP_TRIES} random temporary names were all taken"),
+    ))
 }
 
 fn unlink(dir: &OwnedFd, name: &OsStr) {
@@ -430,6 +444,29 @@ mod tests {
         assert_eq!(fs::read_to_string(&path).unwrap(), "new\n");
         let names: Vec<_> = fs::read_dir(dir.path()).unwrap().flatten().collect();
         assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn temporary_names_cannot_be_guessed_or_taken_beforehand() {
+        // The old names were .NAME.kheap-PID-SEQ.tmp: another user could
+        // create the next one first and stop root's write.
+        let dir = tempfile::tempdir().unwrap();
+        let pid = std::process::id();
+        for seq in 0..64 {
+            let planted = dir.path().join(format!(".r.json.kheap-{pid}-{seq}.tmp"));
+            fs::write(planted, "theirs").unwrap();
+        }
+        let (a, b) = (temp_name("r.json".as_ref()), temp_name("r.json".as_ref()));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_ne!(a, b);
+        let random = a.to_str().unwrap().rsplit('-').next().unwrap();
+        assert_eq!(random.len(), "0123456789abcdef.tmp".len(), "{a:?}");
+        write_atomic(&dir.path().join("r.json"), "mine\n").unwrap();
+        assert_eq!(
+            fs::read_to_string(dir.path().join("r.json")).unwrap(),
+            "mine\n"
+        );
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 65);
     }
 
     #[test]

@@ -11,6 +11,27 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 
+/// 64 random bits from the kernel, for names another user must not guess
+/// (temporary files and directories kheap makes as root in shared places).
+pub fn random_u64() -> std::io::Result<u64> {
+    let mut bytes = [0u8; 8];
+    // The system call, not glibc's wrapper: that came in glibc 2.25, and the
+    // portable binary links against 2.17 (docs/packaging.md).
+    // SAFETY: bytes is writable for its length.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_getrandom,
+            bytes.as_mut_ptr(),
+            bytes.len(),
+            0 as libc::c_uint,
+        )
+    };
+    if n != bytes.len() as libc::c_long {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(u64::from_ne_bytes(bytes))
+}
+
 /// The page size in bytes (4096 if the C library cannot say).
 pub fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.

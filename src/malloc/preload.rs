@@ -48,25 +48,10 @@ fn pid_of(name: &str) -> Option<u32> {
 
 /// A new run directory's name, with 64 random bits from the kernel.
 fn random_name() -> std::io::Result<String> {
-    let mut bytes = [0u8; 8];
-    // The system call, not glibc's wrapper: that came in glibc 2.25, and the
-    // portable binary links against 2.17 (docs/packaging.md).
-    // SAFETY: bytes is writable for its length.
-    let n = unsafe {
-        libc::syscall(
-            libc::SYS_getrandom,
-            bytes.as_mut_ptr(),
-            bytes.len(),
-            0 as libc::c_uint,
-        )
-    };
-    if n != bytes.len() as libc::c_long {
-        return Err(std::io::Error::last_os_error());
-    }
     Ok(format!(
         "{DIR_PREFIX}{}-{:016x}",
         std::process::id(),
-        u64::from_ne_bytes(bytes)
+        crate::sys::random_u64()?
     ))
 }
 
