@@ -12,6 +12,13 @@
 //! sysctl does not cover). The kernel's own
 //! links in /proc (`/dev/stdout` ends at `/proc/self/fd/1`) are followed by
 //! the kernel: they name open files, not paths.
+//!
+//! Where the kernel has `openat2` (5.6), the usual path, one with no link
+//! on the way to its last component, is resolved by the kernel in one call
+//! that crosses no link at all (`RESOLVE_NO_SYMLINKS`, which refuses /proc's
+//! magic links too): nothing can be swapped between steps. Only when that
+//! call meets a link (ELOOP), or the kernel is older (ENOSYS), does the
+//! walk above run and decide link by link.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
@@ -229,9 +236,96 @@ fn user_name(uid: libc::uid_t) -> String {
     }
 }
 
-/// Walks `path` (see the module comment). `shown` names it in messages
+/// openat2(2) with O_CLOEXEC, or None where the kernel has no openat2
+/// (before 5.6) or refuses it (a seccomp filter answering ENOSYS or EPERM).
+fn openat2(
+    dir: libc::c_int,
+    path: &Path,
+    flags: libc::c_int,
+    resolve: u64,
+) -> Option<io::Result<OwnedFd>> {
+    let Ok(c) = cstr(path.as_os_str()) else {
+        return Some(Err(io::Error::from_raw_os_error(libc::EINVAL)));
+    };
+    // SAFETY: zeroed is a valid open_how (its fields are integers).
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (flags | libc::O_CLOEXEC) as u64;
+    how.resolve = resolve;
+    // SAFETY: c and how live across the call; the descriptor is ours.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            dir,
+            c.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSYS | libc::EPERM) => None,
+            _ => Some(Err(e)),
+        };
+    }
+    // SAFETY: fd was just opened and is owned by nothing else.
+    Some(Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) }))
+}
+
+/// The kernel's resolution of a path with no link before its last
+/// component (see the module comment): its directory, opened by one
+/// `openat2` that crosses no link, and the entry there. None whenever the
+/// walk is to decide: no openat2, a link on the way or at the end, a path
+/// that ends in "..", "." or "/", or any error (the walk says what it is).
+fn resolve_without_links(path: &Path) -> Option<Place> {
+    let Some(Component::Normal(name)) = path.components().next_back() else {
+        return None;
+    };
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    let dir = openat2(
+        libc::AT_FDCWD,
+        parent.unwrap_or(Path::new(".")),
+        libc::O_PATH | libc::O_DIRECTORY,
+        libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+    )?
+    .ok()?;
+    let existing = lstatat(&dir, name).ok()?;
+    if existing.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK) {
+        return None;
+    }
+    // No link on the way: ".." steps back lexically, as the kernel did.
+    let mut dir_path = if path.is_absolute() {
+        PathBuf::from("/")
+    } else {
+        std::env::current_dir().ok()?
+    };
+    for c in parent.into_iter().flat_map(components) {
+        if c == ".." {
+            dir_path.pop();
+        } else {
+            dir_path.push(c);
+        }
+    }
+    Some(Place {
+        dir,
+        dir_path,
+        name: name.to_os_string(),
+        existing,
+        kernel_link: false,
+    })
+}
+
+/// Resolves `path` (see the module comment). `shown` names it in messages
 /// (e.g. "-o /tmp/r.json").
 pub fn resolve(path: &Path, shown: &str) -> Result<Place> {
+    match resolve_without_links(path) {
+        Some(place) => Ok(place),
+        None => walk(path, shown),
+    }
+}
+
+/// Walks `path` one component at a time (see the module comment).
+fn walk(path: &Path, shown: &str) -> Result<Place> {
     let follower = unsafe { libc::geteuid() };
     let (mut dir, mut dir_path) = open_start(path.is_absolute())
         .map_err(|e| anyhow::anyhow!("{shown}: cannot open the starting directory: {e}"))?;
@@ -379,6 +473,35 @@ mod tests {
         assert!(refusal(&st(1000, libc::S_IFLNK), &shared, 0).is_some());
         let root_dir = st(0, libc::S_IFDIR | 0o755);
         assert!(refusal(&st(0, libc::S_IFLNK), &root_dir, 0).is_none());
+    }
+
+    #[test]
+    fn the_kernel_resolves_paths_without_links_and_the_walk_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::fs::write(real.join("r.json"), "x").unwrap();
+        std::os::unix::fs::symlink("real", dir.path().join("via")).unwrap();
+        std::os::unix::fs::symlink("r.json", real.join("link.json")).unwrap();
+        // No link: one openat2 (this test runs on kernels that have it),
+        // and the same place the walk finds.
+        let plain = real.join("../real/r.json");
+        let fast = resolve_without_links(&plain).expect("openat2 resolves a path without links");
+        let walked = walk(&plain, "-o").unwrap();
+        assert_eq!(fast.dir_path, walked.dir_path);
+        assert_eq!(fast.name, walked.name);
+        assert!(fast.is_regular() && walked.is_regular());
+        assert_eq!(
+            fstat(&fast.dir).unwrap().st_ino,
+            fstat(&walked.dir).unwrap().st_ino
+        );
+        assert!(resolve_without_links(&real.join("new.json")).is_some_and(|p| p.existing.is_none()));
+        // A link on the way or at the end: the walk decides.
+        assert!(resolve_without_links(&dir.path().join("via/r.json")).is_none());
+        assert!(resolve_without_links(&real.join("link.json")).is_none());
+        assert!(resolve_without_links(Path::new("/proc/self/fd/1")).is_none());
+        assert!(resolve_without_links(&real.join("..")).is_none());
+        assert!(resolve_without_links(&real.join("r.json/x")).is_none());
     }
 
     #[test]
