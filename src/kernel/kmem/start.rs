@@ -39,15 +39,22 @@ impl<'obj> Tracer<'obj> {
         super::budget::check(cfg, lat_starts.is_some())?;
         let mut slots = storage.slots();
         let table = cfg.live.is_some() && full_object_fits();
+        // Read at most once for all the attempts below (a kernel before
+        // 6.13 refuses tp_btf, and raw_tp is tried next), and only where a
+        // table of kernel addresses is needed (bucket-cache bases, label
+        // ranges): generating the text is most of a small run's time in a
+        // slow guest.
+        let kallsyms = Kallsyms::default();
         let (mut tracer, refused) = attach::start_first(cfg.attach, |mech| {
             let slot = slots.next().context("no object storage left")?;
-            match Self::start_with(cfg, kbtf, mech, slot, lat_starts, table) {
+            match Self::start_with(cfg, kbtf, &kallsyms, mech, slot, lat_starts, table) {
                 // Older verifiers (5.15's) give up on leaks' program with the
                 // object table before the end of its paths; without it, the
                 // program is the one kernels before 5.12 load.
                 Err(e) if table && verifier_gave_up(&e) => {
                     let slot = slots.next().context("no object storage left")?;
-                    let mut tracer = Self::start_with(cfg, kbtf, mech, slot, lat_starts, false)?;
+                    let mut tracer =
+                        Self::start_with(cfg, kbtf, &kallsyms, mech, slot, lat_starts, false)?;
                     tracer.skipped.push(
                         "leaks' object table: this kernel's verifier gave up checking its \
                          program (too many instructions); objects are kept in a hash map \
@@ -67,6 +74,7 @@ impl<'obj> Tracer<'obj> {
     fn start_with(
         cfg: &Config,
         kbtf: &KernelBtf,
+        kallsyms: &Kallsyms,
         mech: Mechanism,
         slot: &'obj mut MaybeUninit<OpenObject>,
         lat_starts: Option<BorrowedFd<'_>>,
@@ -133,18 +141,15 @@ impl<'obj> Tracer<'obj> {
         }
         let mut open = crate::kernel::features::open_skel(KheapSkelBuilder::default(), slot)
             .context("opening the BPF object")?;
-        // Read at most once, and only where a table of kernel addresses is
-        // needed (bucket-cache bases, label ranges).
-        let kallsyms = Kallsyms::default();
         let live_store = cfg.live_store(table);
-        let kmalloc_caches = configure(&mut open, cfg, live_store, kbtf, &kallsyms, lat_starts)?;
+        let kmalloc_caches = configure(&mut open, cfg, live_store, kbtf, kallsyms, lat_starts)?;
         if let Err(why) = &kmalloc_caches {
             skipped.push(why.clone());
         }
         if let Some(why) = kfree_caches_missing(cfg, kbtf) {
             skipped.push(why);
         }
-        let labels = label_ranges(cfg, &kallsyms)?;
+        let labels = label_ranges(cfg, kallsyms)?;
         // Programs that hook a function's entry besides its return.
         let entry_programs: Vec<String> = enabled
             .iter()
