@@ -923,7 +923,15 @@ fn malloc_cgroup_counts_only_that_cgroup_and_names_it() {
     assert_eq!(
         rows.iter().map(|s| u(&s["count"])).sum::<u64>(),
         3000,
-        "A's 3000 calls, none of B's: {rows:#?}"
+        "A's 3000 calls, none of B's: {rows:#?}\nevery site: {:?}\nlost: {:#}\nheader: {:#}",
+        r["sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| (s["allocator"].clone(), s["function"].clone(), s["count"].clone()))
+            .collect::<Vec<_>>(),
+        r["lost"],
+        r["run"]
     );
     for row in r["sites"].as_array().unwrap() {
         for p in row["processes"].as_array().unwrap() {
