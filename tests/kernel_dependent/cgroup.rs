@@ -923,7 +923,7 @@ fn malloc_cgroup_counts_only_that_cgroup_and_names_it() {
     assert_eq!(
         rows.iter().map(|s| u(&s["count"])).sum::<u64>(),
         3000,
-        "A's 3000 calls, none of B's: {rows:#?}\nevery site: {:?}\nlost: {:#}\nheader: {:#}",
+        "A's 3000 calls (PID {pid_a}), none of B's (PID {pid_b}): {rows:#?}\nevery site: {:?}\nlost: {:#}\nheader: {:#}",
         r["sites"]
             .as_array()
             .unwrap()
@@ -936,7 +936,14 @@ fn malloc_cgroup_counts_only_that_cgroup_and_names_it() {
     for row in r["sites"].as_array().unwrap() {
         for p in row["processes"].as_array().unwrap() {
             assert_ne!(u(&p["pid"]), u64::from(pid_b), "B counted: {row:#}");
-            assert_eq!(u(&p["pid"]), u64::from(pid_a), "{row:#}");
+            assert_eq!(
+                u(&p["pid"]),
+                u64::from(pid_a),
+                "a row of a process other than A's {pid_a} (B is {pid_b}): {row:#}\nlost: {:#}\nheader: {:#}\nstderr: {}",
+                r["lost"],
+                r["run"],
+                stderr()
+            );
             assert_eq!(
                 p["cgroup"]["path"].as_str(),
                 Some(a.rel().as_str()),
