@@ -42,8 +42,8 @@ impl<'obj> Tracer<'obj> {
         // Read at most once for all the attempts below (a kernel before
         // 6.13 refuses tp_btf, and raw_tp is tried next), and only where a
         // table of kernel addresses is needed (bucket-cache bases, label
-        // ranges): generating the text is most of a small run's time in a
-        // slow guest.
+        // ranges): the kernel generates its 5 MB anew for every read, about
+        // a tenth of a short run in an emulated guest.
         let kallsyms = Kallsyms::default();
         let (mut tracer, refused) = attach::start_first(cfg.attach, |mech| {
             let slot = slots.next().context("no object storage left")?;
