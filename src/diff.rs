@@ -126,26 +126,26 @@ pub fn parse_report(text: &str, what: &str) -> Result<(Kind, Report)> {
     Ok((kind, report))
 }
 
-/// Parses the two reports to compare; both must be of one kind.
-pub fn parse_pair(before: (&str, &str), after: (&str, &str)) -> Result<(Kind, Report, Report)> {
-    let (bk, b) = parse_report(before.0, before.1)?;
-    let (ak, a) = parse_report(after.0, after.1)?;
-    same_kind((bk, before.1), (ak, after.1))?;
-    Ok((bk, b, a))
-}
-
-/// Refuses to compare reports of two kinds (`what`: their file names).
-pub fn same_kind(before: (Kind, &str), after: (Kind, &str)) -> Result<()> {
-    if before.0 != after.0 {
+/// Parses the two reports to compare, each from the text its `read` gives
+/// (`what`: its file name, for messages); both must be of one kind. One
+/// text at a time, dropped once parsed: a diff holds one input's text and
+/// the two reports, never both texts.
+pub fn parse_pair(
+    before: (impl FnOnce() -> Result<String>, &str),
+    after: (impl FnOnce() -> Result<String>, &str),
+) -> Result<(Kind, Report, Report)> {
+    let (bk, b) = parse_report(&before.0()?, before.1)?;
+    let (ak, a) = parse_report(&after.0()?, after.1)?;
+    if bk != ak {
         bail!(
             "{} is a {} report and {} a {} report: kheap diff compares two reports of one kind",
             before.1,
-            before.0.name(),
+            bk.name(),
             after.1,
-            after.0.name()
+            ak.name()
         );
     }
-    Ok(())
+    Ok((bk, b, a))
 }
 
 /// Compares two reports of kind `kind` (record or leaks) per `by`.
@@ -707,23 +707,30 @@ mod tests {
         );
 
         let err = |r: Result<(Kind, Report, Report)>| format!("{:#}", r.unwrap_err());
+        let text = |t: &String| {
+            let t = t.clone();
+            move || Ok(t)
+        };
         let mixed = err(parse_pair(
-            (&rec_json, "before.json"),
-            (&leaks_json, "after.json"),
+            (text(&rec_json), "before.json"),
+            (text(&leaks_json), "after.json"),
         ));
         assert_eq!(
             mixed,
             "before.json is a record report and after.json a leaks report: kheap diff compares two reports of one kind"
         );
         let untagged = serde_json::to_string(&leaks).unwrap();
-        assert!(
-            err(parse_pair((&untagged, "a.json"), (&leaks_json, "b.json")))
-                .starts_with("a.json is not a kheap JSON report")
-        );
+        assert!(err(parse_pair(
+            (text(&untagged), "a.json"),
+            (text(&leaks_json), "b.json")
+        ))
+        .starts_with("a.json is not a kheap JSON report"));
         let slab = contract::pretty(Kind::Slab, &serde_json::json!({"caches": []}));
-        assert!(err(parse_pair((&slab, "s.json"), (&slab, "t.json")))
-            .contains("s.json is a kheap slab report: kheap diff compares record or leaks"));
-        let (kind, _, _) = parse_pair((&leaks_json, "a"), (&leaks_json, "b")).unwrap();
+        assert!(
+            err(parse_pair((text(&slab), "s.json"), (text(&slab), "t.json")))
+                .contains("s.json is a kheap slab report: kheap diff compares record or leaks")
+        );
+        let (kind, _, _) = parse_pair((text(&leaks_json), "a"), (text(&leaks_json), "b")).unwrap();
         assert_eq!(kind, Kind::Leaks);
     }
 }

@@ -37,17 +37,13 @@ pub fn run(args: DiffArgs) -> Result<i32> {
     if args.output.format == DiffFormat::Pprof {
         crate::output::check_binary_destination(args.output.output(), "pprof")?;
     }
-    // One text at a time, dropped once parsed: the memory a diff takes is
-    // one input's text and the two reports.
-    let parse = |p: &PathBuf| {
-        let text = crate::input::read_bounded(p, "report", crate::input::MAX_INPUT)?;
-        diff::parse_report(&text, &p.display().to_string())
+    let read = |p: &PathBuf| {
+        let p = p.clone();
+        move || crate::input::read_bounded(&p, "report", crate::input::MAX_INPUT)
     };
-    let (kind, mut before) = parse(&args.before)?;
-    let (after_kind, mut after) = parse(&args.after)?;
-    diff::same_kind(
-        (kind, &args.before.display().to_string()),
-        (after_kind, &args.after.display().to_string()),
+    let (kind, mut before, mut after) = diff::parse_pair(
+        (read(&args.before), &args.before.display().to_string()),
+        (read(&args.after), &args.after.display().to_string()),
     )?;
     let out = &args.output;
     if matches!(out.format, DiffFormat::Svg | DiffFormat::Pprof) {
