@@ -16,9 +16,9 @@
 //! Where the kernel has `openat2` (5.6), the usual path, one with no link
 //! on the way to its last component, is resolved by the kernel in one call
 //! that crosses no link at all (`RESOLVE_NO_SYMLINKS`, which refuses /proc's
-//! magic links too): nothing can be swapped between steps. Only when that
-//! call meets a link (ELOOP), or the kernel is older (ENOSYS), does the
-//! walk above run and decide link by link.
+//! magic links too): nothing can be swapped between steps. When that call
+//! fails (a link on the way, a kernel before 5.6, anything else), or the
+//! last component is a link, the walk above runs and decides link by link.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::File;
@@ -236,40 +236,29 @@ fn user_name(uid: libc::uid_t) -> String {
     }
 }
 
-/// openat2(2) with O_CLOEXEC, or None where the kernel has no openat2
-/// (before 5.6) or refuses it (a seccomp filter answering ENOSYS or EPERM).
-fn openat2(
-    dir: libc::c_int,
-    path: &Path,
-    flags: libc::c_int,
-    resolve: u64,
-) -> Option<io::Result<OwnedFd>> {
-    let Ok(c) = cstr(path.as_os_str()) else {
-        return Some(Err(io::Error::from_raw_os_error(libc::EINVAL)));
-    };
+/// The directory `path` names, opened (O_PATH) by one openat2(2) that
+/// crosses no symbolic link, /proc's magic links included. None on any
+/// failure: a link on the way (ELOOP), no openat2 (before 5.6, or a
+/// seccomp filter), or anything else; the walk then decides, and says what
+/// is wrong.
+fn open_dir_without_links(path: &Path) -> Option<OwnedFd> {
+    let c = cstr(path.as_os_str()).ok()?;
     // SAFETY: zeroed is a valid open_how (its fields are integers).
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (flags | libc::O_CLOEXEC) as u64;
-    how.resolve = resolve;
+    how.flags = (libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS;
     // SAFETY: c and how live across the call; the descriptor is ours.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_openat2,
-            dir,
+            libc::AT_FDCWD,
             c.as_ptr(),
             &how as *const libc::open_how,
             std::mem::size_of::<libc::open_how>(),
         )
     };
-    if fd < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENOSYS | libc::EPERM) => None,
-            _ => Some(Err(e)),
-        };
-    }
     // SAFETY: fd was just opened and is owned by nothing else.
-    Some(Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) }))
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
 /// The kernel's resolution of a path with no link before its last
@@ -282,13 +271,7 @@ fn resolve_without_links(path: &Path) -> Option<Place> {
         return None;
     };
     let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
-    let dir = openat2(
-        libc::AT_FDCWD,
-        parent.unwrap_or(Path::new(".")),
-        libc::O_PATH | libc::O_DIRECTORY,
-        libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
-    )?
-    .ok()?;
+    let dir = open_dir_without_links(parent.unwrap_or(Path::new(".")))?;
     let existing = lstatat(&dir, name).ok()?;
     if existing.is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK) {
         return None;
