@@ -928,7 +928,12 @@ fn malloc_cgroup_counts_only_that_cgroup_and_names_it() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|s| (s["allocator"].clone(), s["function"].clone(), s["count"].clone()))
+            .map(|s| (
+                s["allocator"].clone(),
+                s["function"].clone(),
+                s["count"].clone(),
+                s["processes"].clone()
+            ))
             .collect::<Vec<_>>(),
         r["lost"],
         r["run"]
