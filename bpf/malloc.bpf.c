@@ -117,6 +117,26 @@ static __always_inline __u64 current_mm(bool legacy)
 	return (__u64)BPF_CORE_READ(task, mm);
 }
 
+/* cfg.no_preempt (malloc.h says why): preemption is off from the first
+ * instruction of an uprobe program's body to its last, before anything is
+ * written to the program's stack. Both calls are known at load (cfg is
+ * read-only data, the kfunc's presence a constant), so the verifier sees
+ * them paired. */
+extern void bpf_preempt_disable(void) __ksym __weak;
+extern void bpf_preempt_enable(void) __ksym __weak;
+
+static __always_inline void probe_enter(void)
+{
+	if (cfg.no_preempt && bpf_ksym_exists(bpf_preempt_disable))
+		bpf_preempt_disable();
+}
+
+static __always_inline void probe_leave(void)
+{
+	if (cfg.no_preempt && bpf_ksym_exists(bpf_preempt_enable))
+		bpf_preempt_enable();
+}
+
 /* ---- mappings of stack frames ---- */
 
 struct vma_walk {
@@ -427,8 +447,10 @@ static __always_inline void on_alloc_func(struct pt_regs *ctx, __u64 size,
 static __always_inline void on_alloc(struct pt_regs *ctx, __u64 size,
 				     __u64 old_ptr, __u64 memptr)
 {
+	probe_enter();
 	on_alloc_func(ctx, size, old_ptr, memptr, bpf_get_attach_cookie(ctx),
 		      false);
+	probe_leave();
 }
 
 SEC("uprobe")
@@ -597,7 +619,9 @@ static __always_inline void on_return(struct pt_regs *ctx, __u64 ret,
 SEC("uretprobe")
 int BPF_URETPROBE(alloc_return, __u64 ret)
 {
+	probe_enter();
 	on_return(ctx, ret, false);
+	probe_leave();
 	return 0;
 }
 
@@ -639,8 +663,10 @@ SEC("uprobe")
 int BPF_UPROBE(preload_alloc, __u64 size, __u64 block, __u64 caller, __u64 func,
 	       __u64 old_block, __u64 frame)
 {
+	probe_enter();
 	on_preload_alloc(ctx, size, block, caller, func, old_block, frame,
 			 false);
+	probe_leave();
 	return 0;
 }
 
@@ -695,7 +721,9 @@ static __always_inline void on_free(__u64 sp, __u64 ptr, bool outer,
 SEC("uprobe")
 int BPF_UPROBE(free_entry, __u64 ptr)
 {
+	probe_enter();
 	on_free(PT_REGS_SP(ctx), ptr, false, false);
+	probe_leave();
 	return 0;
 }
 
@@ -709,7 +737,9 @@ int BPF_UPROBE(free_entry_legacy, __u64 ptr)
 SEC("uprobe")
 int BPF_UPROBE(outer_free_entry, __u64 ptr)
 {
+	probe_enter();
 	on_free(PT_REGS_SP(ctx), ptr, true, false);
+	probe_leave();
 	return 0;
 }
 
@@ -729,7 +759,9 @@ int BPF_UPROBE(outer_free_entry_legacy, __u64 ptr)
 SEC("uprobe")
 int BPF_UPROBE(preload_free, __u64 block, __u64 frame)
 {
+	probe_enter();
 	on_free(KHEAP_ENTRY_SP_OF_FRAME(frame), block, block != 0, false);
+	probe_leave();
 	return 0;
 }
 

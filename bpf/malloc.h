@@ -143,6 +143,15 @@ struct malloc_config {
 	 * not bpf_find_vma() (5.17), in bounded loops, not bpf_loop()
 	 * (5.17). */
 	__u8 legacy;
+	/* Kernels with the bpf_preempt_disable kfunc (6.10): the uprobe
+	 * programs run with preemption off. Uprobe programs are preemptible
+	 * (from 7.x kernels' default lazy preemption on, a tick can switch
+	 * tasks in the middle of one), and what they share per CPU is then
+	 * shared by two tasks: the scratch buffers, the counters and, from
+	 * 6.13, the JIT's private stack that holds their locals (issue 48:
+	 * a call's key took the tgid and return address of another traced
+	 * or untraced process that hit the probe on that CPU meanwhile). */
+	__u8 no_preempt;
 };
 
 /* Allocator functions that can be probed: src/malloc/probes/functions.rs's

@@ -169,6 +169,10 @@ pub struct KernelBtf {
     /// program may call it; libbpf resolves it through the kernel's own BTF,
     /// so only with `typed_programs`).
     pub kmem_cache_kfunc: bool,
+    /// 6.10+: the `bpf_preempt_disable` and `bpf_preempt_enable` kfuncs
+    /// (malloc's uprobe programs run with preemption off: bpf/malloc.h,
+    /// `no_preempt`).
+    pub preempt_kfuncs: bool,
     /// 6.1+: kmem_cache_alloc and kmem_cache_free pass the cache; before,
     /// the programs find it from the object's page (bpf/kmem_classic.bpf.h).
     pub cache_events_pass_cache: bool,
@@ -439,6 +443,9 @@ fn read_kernel_btf() -> Result<KernelBtf> {
             .unwrap_or(SLAB_ACCOUNT_FALLBACK),
         kmalloc_buckets: index.has_func("kmem_buckets_create"),
         kmem_cache_kfunc: typed_programs && index.has_func("bpf_get_kmem_cache"),
+        preempt_kfuncs: typed_programs
+            && index.has_func("bpf_preempt_disable")
+            && index.has_func("bpf_preempt_enable"),
         typed_programs,
     })
 }

@@ -264,6 +264,8 @@ impl<'obj> MallocSession<'obj> {
         rodata.cfg.cgroups = u8::from(!cgroups.is_empty());
         let legacy = legacy_path()?;
         rodata.cfg.legacy = u8::from(legacy);
+        rodata.cfg.no_preempt =
+            u8::from(!legacy && crate::kernel::features::kernel_btf()?.preempt_kfuncs);
         choose_programs(&mut open, legacy);
         size_maps(&mut open, track_live, max_live, stack_sample_every, legacy)?;
         let kernel_memory = {
