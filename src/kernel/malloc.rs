@@ -252,28 +252,44 @@ impl<'obj> MallocSession<'obj> {
         {
             anyhow::bail!(why);
         }
-        let slot = storage.slots().next().context("no object storage left")?;
-        let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), slot)
-            .context("opening the BPF object")?;
-        let rodata = open
-            .maps
-            .rodata_data
-            .as_deref_mut()
-            .expect("the BPF object has read-only data");
-        rodata.cfg.track_live = track_live as u8;
-        rodata.cfg.cgroups = u8::from(!cgroups.is_empty());
         let legacy = legacy_path()?;
-        rodata.cfg.legacy = u8::from(legacy);
-        rodata.cfg.no_preempt =
-            u8::from(!legacy && crate::kernel::features::kernel_btf()?.preempt_kfuncs);
-        choose_programs(&mut open, legacy);
-        size_maps(&mut open, track_live, max_live, stack_sample_every, legacy)?;
-        let kernel_memory = {
+        let mut slots = storage.slots();
+        let mut open_as = |no_preempt: bool| -> Result<(OpenMallocSkel<'obj>, u64)> {
+            let slot = slots.next().context("no object storage left")?;
+            let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), slot)
+                .context("opening the BPF object")?;
+            let rodata = open
+                .maps
+                .rodata_data
+                .as_deref_mut()
+                .expect("the BPF object has read-only data");
+            rodata.cfg.track_live = track_live as u8;
+            rodata.cfg.cgroups = u8::from(!cgroups.is_empty());
+            rodata.cfg.legacy = u8::from(legacy);
+            rodata.cfg.no_preempt = u8::from(no_preempt);
+            choose_programs(&mut open, legacy);
+            size_maps(&mut open, track_live, max_live, stack_sample_every, legacy)?;
             let f = measure(&open)?;
-            f.total + f.apart
+            Ok((open, f.total + f.apart))
         };
-        let skel = crate::signals::holding_requests(|| open.load())
-            .context("loading the BPF programs into the kernel")?;
+        // Preemption off where the kernel has the kfuncs (bpf/malloc.h,
+        // no_preempt). Verifiers before the one that lets a program call
+        // a global function that cannot sleep with preemption off (6.12's
+        // refuses: "global function calls are not allowed with preemption
+        // disabled") load the object without it.
+        let no_preempt = !legacy && crate::kernel::features::kernel_btf()?.preempt_kfuncs;
+        let (open, mut kernel_memory) = open_as(no_preempt)?;
+        let loaded = crate::signals::holding_requests(|| open.load());
+        let skel = match loaded {
+            Ok(skel) => skel,
+            Err(_) if no_preempt => {
+                let (open, memory) = open_as(false)?;
+                kernel_memory = memory;
+                crate::signals::holding_requests(|| open.load())
+                    .context("loading the BPF programs into the kernel")?
+            }
+            Err(e) => return Err(e).context("loading the BPF programs into the kernel"),
+        };
         let mut s = MallocSession {
             skel,
             links: Vec::new(),
