@@ -387,6 +387,8 @@ on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
 	}
 	if (s) {
 		COUNT(allocs);
+		if (!key.caller)
+			COUNT(caller_unreadable);
 		if (created)
 			COUNT(sites_created);
 		bucket = size_bucket(size);

@@ -128,6 +128,9 @@ struct malloc_counters {
 	 * the sites map (counted only on the creation path). */
 	__u64 allocs;
 	__u64 sites_created;
+	/* Calls counted whose return address could not be read at the stack
+	 * pointer (caller 0: rows named [caller unreadable]). */
+	__u64 caller_unreadable;
 };
 
 struct malloc_config {

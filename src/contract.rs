@@ -60,8 +60,9 @@ impl Kind {
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound
             // (frame_pointer, dwarf, unwind_samples), `lost.unwind_*`.
-            // 5: `estimated` on stack rows; 6: `run.kernel_memory_bytes`.
-            Kind::Malloc => 6,
+            // 5: `estimated` on stack rows; 6: `run.kernel_memory_bytes`;
+            // 7: `lost.caller_unreadable`.
+            Kind::Malloc => 7,
             Kind::Slab => SCHEMA_VERSION,
             // diff 2: rows are matched by a stable identity (`name`: a
             // cache's own name, without its merge note), and `cache`, a

@@ -596,6 +596,7 @@ impl<'obj> MallocSession<'obj> {
             map_full_live: c.map_full_live,
             map_full_vmas: c.map_full_vmas,
             vma_lookup_failed: c.vma_lookup_failed,
+            caller_unreadable: c.caller_unreadable,
             nested: c.nested,
             no_thread_state: c.no_thread_state,
         };

@@ -34,6 +34,9 @@ pub struct Events {
     /// such in the kernel), not counted twice.
     pub nested: u64,
     pub no_thread_state: u64,
+    /// Calls counted whose return address could not be read at the stack
+    /// pointer: their rows are named `[caller unreadable]`.
+    pub caller_unreadable: u64,
 }
 
 /// One sampled allocator call, as the BPF side sent it.

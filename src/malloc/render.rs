@@ -157,6 +157,13 @@ pub fn header(r: &MallocReport) -> String {
             l.unwind_no_mappings
         );
     }
+    if l.caller_unreadable > 0 {
+        let _ = writeln!(
+            s,
+            "lost: {} calls whose return address could not be read at the stack pointer, counted under [caller unreadable]",
+            l.caller_unreadable
+        );
+    }
     if d.shallow > 0 {
         let _ = writeln!(
             s,

@@ -159,6 +159,11 @@ pub struct MallocLost {
     /// mappings were read, and none were recorded.
     #[serde(default)]
     pub unwind_no_mappings: u64,
+    /// Calls counted whose return address could not be read at the stack
+    /// pointer: counted under a row named `[caller unreadable]`, never a
+    /// guessed caller.
+    #[serde(default)]
+    pub caller_unreadable: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -414,6 +419,7 @@ pub fn build(
             unwind_dropped: snap.unwind.dropped,
             unwind_copy_failed: snap.unwind.copy_failed,
             unwind_no_mappings: snap.unwind.no_mappings,
+            caller_unreadable: ev.caller_unreadable,
         },
         stack_depth: depth,
         sites: with_cgroups(rows(sites, &name_of, &opts.comms), &opts.cgroups),

@@ -30,10 +30,13 @@ pub struct UserFrame {
 
 impl UserFrame {
     /// What a row is called after: the function, or `module+0xoffset`.
+    /// Address 0 is a direct caller whose return address could not be read
+    /// (`lost.caller_unreadable`), never code.
     pub fn name(&self) -> String {
         match (&self.function, &self.module) {
             (Some(f), _) => f.clone(),
             (None, Some(m)) => format!("{m}+{:#x}", self.file_offset),
+            (None, None) if self.addr == 0 => "[caller unreadable]".to_string(),
             (None, None) => format!("[anon]+{:#x}", self.addr),
         }
     }
