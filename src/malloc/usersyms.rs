@@ -362,6 +362,7 @@ pub mod tests {
             (7, 0x6000_0010),
             (7, 0x7000_0000),
             (8, 0x5000_0110),
+            (7, 0),
         ];
         let f = symbolize_return_addresses(&reqs, &vmas, &modules, &elf);
         let hit = &f[&(7, 0x5000_0110)];
@@ -373,6 +374,9 @@ pub mod tests {
             "module+offset"
         );
         assert_eq!(f[&(7, 0x7000_0000)].display(), "[anon]+0x70000000");
+        // The BPF side's caller 0: its return address could not be read.
+        let unreadable = f.get(&(7, 0)).cloned().unwrap_or_default();
+        assert_eq!(unreadable.display(), "[caller unreadable]");
         assert_eq!(
             f[&(8, 0x5000_0110)].display(),
             "[anon]+0x50000110",
