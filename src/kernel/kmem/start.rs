@@ -83,6 +83,12 @@ impl<'obj> Tracer<'obj> {
         if mech == Mechanism::Btf && !kbtf.typed_programs {
             bail!("the kernel exposes no BTF of its own to check typed programs with");
         }
+        if mech == Mechanism::Btf && crate::kernel::features::tp_btf_refuses_void_pointers(kbtf) {
+            bail!(
+                "its verifier refuses a typed read of kmalloc's `const void *ptr`, \
+                 which Linux 6.13 accepts"
+            );
+        }
         let tracefs = if mech.needs_tracefs() {
             Some(Tracefs::ensure_mounted()?)
         } else {
