@@ -321,7 +321,7 @@ impl<'obj> MallocSession<'obj> {
             let f = measure(&open)?;
             f.total + f.apart
         };
-        let skel = crate::signals::holding_requests(|| open.load())
+        let skel = crate::kernel::features::load_skel(open)
             .context("loading the BPF programs into the kernel")?;
         if legacy {
             // The slot programs hand every call to this one (bpf/malloc.bpf.c).

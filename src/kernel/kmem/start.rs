@@ -195,7 +195,7 @@ impl<'obj> Tracer<'obj> {
             }
         }
         let kernel_memory = super::budget::loaded_footprint(&open, lat_starts.is_some())?;
-        let skel = crate::signals::holding_requests(|| open.load())
+        let skel = crate::kernel::features::load_skel(open)
             .context("loading the BPF programs into the kernel")?;
         let site_slots = MappedArray::new(&skel.maps.site_slots)?;
         let mut tracer = Tracer {
