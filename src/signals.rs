@@ -142,7 +142,7 @@ pub fn install_snapshot_handler() {
 /// returns. The stop signals are not held: a load runs on past one (its
 /// handler only marks the stop) and the run then reports and ends; one that
 /// makes the verifier give up ends the run before anything is attached
-/// (`kernel::features::load_skel` says so).
+/// (`kernel::load_skel` says so).
 pub fn holding_requests<T>(f: impl FnOnce() -> T) -> T {
     let mut held: libc::sigset_t = unsafe { std::mem::zeroed() };
     let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };

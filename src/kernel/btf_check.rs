@@ -28,7 +28,7 @@ pub fn release_through(btf: &Path) -> std::result::Result<String, CheckFailed> {
     let open = open_with_btf(BtfCheckSkelBuilder::default(), &mut slot, Some(btf))
         .context("opening the BTF check")
         .map_err(CheckFailed::Load)?;
-    let skel = crate::kernel::features::load_skel(open)
+    let skel = crate::kernel::load_skel(open)
         .context("loading the BTF check")
         .map_err(CheckFailed::Load)?;
     skel.progs

@@ -76,19 +76,6 @@ pub fn open_skel<'obj, B: libbpf_rs::skel::SkelBuilder<'obj>>(
     crate::kernel::btf_check::open_with_btf(builder, slot, custom_btf_path().as_deref())
 }
 
-/// Loads an opened skeleton into the kernel with the request signals held
-/// (`signals::holding_requests`). A load that a stop signal cut short (the
-/// verifier gives up with EAGAIN when one is pending) says so, not EAGAIN:
-/// nothing was attached yet.
-pub fn load_skel<'obj, S: libbpf_rs::skel::OpenSkel<'obj>>(open: S) -> Result<S::Output> {
-    match crate::signals::holding_requests(|| open.load()) {
-        Err(_) if crate::signals::stop_requested() => {
-            bail!("stopped by a signal while the kernel was checking the BPF programs; nothing was attached")
-        }
-        loaded => Ok(loaded?),
-    }
-}
-
 /// Where the BTF comes from, in words (`kheap doctor`).
 pub fn btf_origin() -> String {
     match custom_btf_path() {

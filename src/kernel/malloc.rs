@@ -258,9 +258,11 @@ fn check_store_within(
     if store <= limit {
         return Ok(());
     }
-    let fits = crate::model::kernel_memory::largest_fitting(1, max_live, |n| {
-        sized(n).is_ok_and(|(store, _)| store <= limit)
-    });
+    let fits = crate::model::kernel_memory::round_suggestion(
+        crate::model::kernel_memory::largest_fitting(1, max_live, |n| {
+            sized(n).is_ok_and(|(store, _)| store <= limit)
+        }),
+    );
     anyhow::bail!(
         "--max-outstanding {max_live}: the outstanding-block store would take {} of kernel memory, above {} ({why}); at most --max-outstanding {fits} fits here",
         crate::model::human_size(store),
@@ -321,8 +323,8 @@ impl<'obj> MallocSession<'obj> {
             let f = measure(&open)?;
             f.total + f.apart
         };
-        let skel = crate::kernel::features::load_skel(open)
-            .context("loading the BPF programs into the kernel")?;
+        let skel =
+            crate::kernel::load_skel(open).context("loading the BPF programs into the kernel")?;
         if legacy {
             // The slot programs hand every call to this one (bpf/malloc.bpf.c).
             let fd = skel.progs.slot_call_legacy.as_fd().as_raw_fd();
@@ -709,7 +711,10 @@ mod tests {
         let fits: u32 = fits.strip_suffix(" fits here").unwrap().parse().unwrap();
         // Blocks of tens of bytes: hundreds of thousands in 64 MiB.
         assert!((100_000..1 << 24).contains(&fits), "{err}");
+        // Rounded down to two significant digits, at most a tenth below
+        // the largest that fits.
+        assert_eq!(fits, crate::model::kernel_memory::round_suggestion(fits));
         check_store_within(fits, 64, limit).unwrap();
-        assert!(check_store_within(fits + 1, 64, limit).is_err());
+        assert!(check_store_within(fits / 10 * 11 + 1, 64, limit).is_err());
     }
 }

@@ -195,8 +195,8 @@ impl<'obj> Tracer<'obj> {
             }
         }
         let kernel_memory = super::budget::loaded_footprint(&open, lat_starts.is_some())?;
-        let skel = crate::kernel::features::load_skel(open)
-            .context("loading the BPF programs into the kernel")?;
+        let skel =
+            crate::kernel::load_skel(open).context("loading the BPF programs into the kernel")?;
         let site_slots = MappedArray::new(&skel.maps.site_slots)?;
         let mut tracer = Tracer {
             skel,
