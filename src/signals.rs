@@ -139,8 +139,10 @@ pub fn install_snapshot_handler() {
 /// whenever a signal is pending for the loading thread, and libbpf tries a
 /// load only a few times, so a SIGUSR1 every few milliseconds made `leaks`
 /// fail to start. A blocked signal stays pending and is handled once `f`
-/// returns. The stop signals are not held: Ctrl-C during a load still ends
-/// it (as "loading ...: Resource temporarily unavailable", then exit).
+/// returns. The stop signals are not held: a load runs on past one (its
+/// handler only marks the stop) and the run then reports and ends; one that
+/// makes the verifier give up ends the run before anything is attached
+/// (`kernel::load_skel` says so).
 pub fn holding_requests<T>(f: impl FnOnce() -> T) -> T {
     let mut held: libc::sigset_t = unsafe { std::mem::zeroed() };
     let mut before: libc::sigset_t = unsafe { std::mem::zeroed() };

@@ -79,8 +79,9 @@ pub struct MallocArgs {
     #[arg(long)]
     pub outstanding: bool,
     /// With --outstanding: how many live blocks can be tracked at once
-    /// (about 60 bytes of kernel memory each; blocks beyond are counted as
-    /// not tracked)
+    /// (about 60 bytes of kernel memory each, taken when the run starts; more
+    /// than a quarter of MemAvailable is refused; blocks beyond are counted
+    /// as not tracked)
     #[arg(
         long,
         value_parser = parse_tracked_objects,
@@ -200,6 +201,13 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     // After the input is checked, before a command is started.
     if let Some(why) = features::malloc_unsupported(features::kernel_btf()?) {
         bail!(why);
+    }
+    if args.outstanding {
+        crate::kernel::malloc::check_store(
+            args.max_outstanding,
+            args.stacks
+                .sample_every(crate::kernel::user_stack::DEFAULT_SAMPLE_EVERY),
+        )?;
     }
     let preload = preload_for(&args, cgroups.len())?;
     // Held between fork and exec until the probes are attached.

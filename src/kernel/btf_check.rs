@@ -7,7 +7,6 @@ use std::mem::MaybeUninit;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use libbpf_rs::skel::OpenSkel;
 use libbpf_rs::{OpenObject, ProgramInput};
 
 skeleton!("btf_check");
@@ -29,7 +28,7 @@ pub fn release_through(btf: &Path) -> std::result::Result<String, CheckFailed> {
     let open = open_with_btf(BtfCheckSkelBuilder::default(), &mut slot, Some(btf))
         .context("opening the BTF check")
         .map_err(CheckFailed::Load)?;
-    let skel = crate::signals::holding_requests(|| open.load())
+    let skel = crate::kernel::load_skel(open)
         .context("loading the BTF check")
         .map_err(CheckFailed::Load)?;
     skel.progs

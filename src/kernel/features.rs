@@ -187,6 +187,10 @@ pub struct KernelBtf {
     /// The kernel has its own BTF (`kernel_has_own_btf`): tp_btf and
     /// fentry programs can load.
     pub typed_programs: bool,
+    /// The id of `btf_trace_kmalloc` in the kernel's own BTF (the type a
+    /// tp_btf program on kmalloc attaches by), where kheap reads that BTF
+    /// itself: a `--btf` file may number its types differently.
+    pub kmalloc_trace_type: Option<u32>,
 }
 
 impl KernelBtf {
@@ -446,6 +450,10 @@ fn read_kernel_btf() -> Result<KernelBtf> {
         preempt_kfuncs: typed_programs
             && index.has_func("bpf_preempt_disable")
             && index.has_func("bpf_preempt_enable"),
+        kmalloc_trace_type: index
+            .find::<Typedef>("btf_trace_kmalloc")
+            .filter(|_| typed_programs && custom_btf_path().is_none())
+            .map(|t| t.type_id().into()),
         typed_programs,
     })
 }
@@ -480,6 +488,49 @@ fn check_btf_describes_this_kernel(path: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Whether this kernel's verifier refuses a tp_btf program that reads a
+/// tracepoint's `const void *` argument (kmalloc's `ptr`, as every kmem
+/// program of kheap's does), asked of a three-instruction program. Kernels
+/// before 6.13 refuse it ("arg1 type UNKNOWN is not a struct"); finding
+/// that out by loading the whole kmem object cost about a sixth of a short
+/// run in an emulated guest, and its maps were created and destroyed for
+/// nothing. Only a refusal by the verifier (EACCES) counts: any other
+/// failure of the probe leaves the answer to the real load.
+pub fn tp_btf_refuses_void_pointers(k: &KernelBtf) -> bool {
+    static REFUSES: OnceLock<bool> = OnceLock::new();
+    let Some(attach_type) = k.kmalloc_trace_type else {
+        return false;
+    };
+    *REFUSES.get_or_init(|| {
+        // r2 = *(u64 *)(r1 + 8), kmalloc's second argument; r0 = 0; exit
+        const INSNS: [u64; 3] = [0x0000_0000_0008_1279, 0x0000_00b7, 0x0000_0095];
+        let mut opts = libbpf_sys::bpf_prog_load_opts {
+            sz: std::mem::size_of::<libbpf_sys::bpf_prog_load_opts>() as _,
+            expected_attach_type: libbpf_sys::BPF_TRACE_RAW_TP,
+            attach_btf_id: attach_type,
+            ..Default::default()
+        };
+        // SAFETY: INSNS is static and holds INSNS.len() 8-byte instructions,
+        // laid out as struct bpf_insn; opts outlives the call.
+        let fd = unsafe {
+            libbpf_sys::bpf_prog_load(
+                libbpf_sys::BPF_PROG_TYPE_TRACING,
+                c"kheap_tp_btf".as_ptr(),
+                c"GPL".as_ptr(),
+                INSNS.as_ptr().cast(),
+                INSNS.len() as _,
+                &mut opts,
+            )
+        };
+        if fd >= 0 {
+            // SAFETY: a descriptor the call above opened and nothing else owns.
+            unsafe { libc::close(fd) };
+            return false;
+        }
+        fd == -libc::EACCES
+    })
 }
 
 /// What `kheap top` and `kheap serve` do where idle keys cannot be aged out.

@@ -135,7 +135,7 @@ impl<'obj> LatencySession<'obj> {
             .context("opening the latency BPF object")?;
         let functions: Vec<&'static str> = resolved.iter().flatten().copied().collect();
         configure(&mut open, kallsyms, resolved, mech)?;
-        let skel = crate::signals::holding_requests(|| open.load())
+        let skel = crate::kernel::load_skel(open)
             .with_context(|| format!("loading {} programs", mech.name()))?;
         let mut s = LatencySession {
             skel,

@@ -3,6 +3,7 @@
 //! session (on any error path too) detaches everything.
 
 use std::collections::HashMap;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -217,6 +218,58 @@ pub fn footprint(
     measure(&open)
 }
 
+/// Refuses, before anything loads or starts, an outstanding-block store
+/// (`--outstanding`, sized by `--max-outstanding`) that this machine cannot
+/// give: its map is preallocated, so a run asking for more than it can have
+/// would take the memory the machine's own work needs the moment it loads.
+/// The limit is leaks' object store's: a quarter of MemAvailable, and what
+/// RLIMIT_MEMLOCK leaves where the kernel charges maps to it.
+pub fn check_store(max_live: u32, stack_sample_every: u32) -> Result<()> {
+    let memlock = crate::kernel::footprint::memlock_limit();
+    check_store_within(max_live, stack_sample_every, |rest| {
+        crate::kernel::footprint::store_limit(memlock.map(|m| m.saturating_sub(rest)))
+    })
+}
+
+/// `check_store` against `limit`, which is given the bytes of every other
+/// map and says what the store may take, and why.
+fn check_store_within(
+    max_live: u32,
+    stack_sample_every: u32,
+    limit: impl FnOnce(u64) -> (u64, String),
+) -> Result<()> {
+    let legacy = legacy_path()?;
+    let mut slot = std::mem::MaybeUninit::uninit();
+    let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), &mut slot)?;
+    // (the store's bytes, every other map's)
+    let mut sized = |n: u32| -> Result<(u64, u64)> {
+        size_maps(&mut open, true, n, stack_sample_every, legacy)?;
+        let f = measure(&open)?;
+        let store = f
+            .maps
+            .iter()
+            .filter(|(name, _)| name == "live")
+            .map(|(_, bytes)| bytes)
+            .sum::<u64>();
+        Ok((store, f.total + f.apart - store))
+    };
+    let (store, rest) = sized(max_live)?;
+    let (limit, why) = limit(rest);
+    if store <= limit {
+        return Ok(());
+    }
+    let fits = crate::model::kernel_memory::round_suggestion(
+        crate::model::kernel_memory::largest_fitting(1, max_live, |n| {
+            sized(n).is_ok_and(|(store, _)| store <= limit)
+        }),
+    );
+    anyhow::bail!(
+        "--max-outstanding {max_live}: the outstanding-block store would take {} of kernel memory, above {} ({why}); at most --max-outstanding {fits} fits here",
+        crate::model::human_size(store),
+        crate::model::human_size(limit),
+    )
+}
+
 /// The footprint of the object as sized: the maps of `APART` apart.
 fn measure(open: &OpenMallocSkel<'_>) -> Result<crate::model::kernel_memory::Footprint> {
     let shapes = crate::kernel::footprint::map_shapes(open.open_object(), &[]);
@@ -279,17 +332,25 @@ impl<'obj> MallocSession<'obj> {
         // disabled") load the object without it.
         let no_preempt = !legacy && crate::kernel::features::kernel_btf()?.preempt_kfuncs;
         let (open, mut kernel_memory) = open_as(no_preempt)?;
-        let loaded = crate::signals::holding_requests(|| open.load());
+        let loaded = crate::kernel::load_skel(open);
         let skel = match loaded {
             Ok(skel) => skel,
-            Err(_) if no_preempt => {
+            Err(_) if no_preempt && !crate::signals::stop_requested() => {
                 let (open, memory) = open_as(false)?;
                 kernel_memory = memory;
-                crate::signals::holding_requests(|| open.load())
+                crate::kernel::load_skel(open)
                     .context("loading the BPF programs into the kernel")?
             }
             Err(e) => return Err(e).context("loading the BPF programs into the kernel"),
         };
+        if legacy {
+            // The slot programs hand every call to this one (bpf/malloc.bpf.c).
+            let fd = skel.progs.slot_call_legacy.as_fd().as_raw_fd();
+            skel.maps
+                .slot_call
+                .update(&0u32.to_ne_bytes(), &fd.to_ne_bytes(), MapFlags::ANY)
+                .context("handing the slot programs' calls to slot_call_legacy")?;
+        }
         let mut s = MallocSession {
             skel,
             links: Vec::new(),
@@ -645,5 +706,34 @@ impl<'obj> MallocSession<'obj> {
             v.sort_by_key(|v| v.start);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store over the limit is refused in one line that names the largest
+    /// that fits; that one passes and the next one up does not. (The object
+    /// is opened and sized, not loaded: no root needed.)
+    #[test]
+    fn an_outstanding_store_over_the_limit_is_refused_with_what_fits() {
+        let limit = |_rest: u64| (64 << 20, "a test's limit".to_string());
+        let err = format!("{:#}", check_store_within(1 << 24, 64, limit).unwrap_err());
+        assert!(
+            err.starts_with("--max-outstanding 16777216: the outstanding-block store would take "),
+            "{err}"
+        );
+        let (_, fits) = err
+            .split_once("(a test's limit); at most --max-outstanding ")
+            .unwrap_or_else(|| panic!("{err}"));
+        let fits: u32 = fits.strip_suffix(" fits here").unwrap().parse().unwrap();
+        // Blocks of tens of bytes: hundreds of thousands in 64 MiB.
+        assert!((100_000..1 << 24).contains(&fits), "{err}");
+        // Rounded down to two significant digits, at most a tenth below
+        // the largest that fits.
+        assert_eq!(fits, crate::model::kernel_memory::round_suggestion(fits));
+        check_store_within(fits, 64, limit).unwrap();
+        assert!(check_store_within(fits / 10 * 11 + 1, 64, limit).is_err());
     }
 }

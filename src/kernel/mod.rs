@@ -69,6 +69,19 @@ pub fn load_log_level() -> u32 {
     }
 }
 
+/// Loads an opened skeleton into the kernel with the request signals held
+/// (`signals::holding_requests`). A load that a stop signal cut short (the
+/// verifier gives up with EAGAIN when one is pending) says so, not EAGAIN:
+/// nothing was attached yet.
+pub fn load_skel<'obj, S: libbpf_rs::skel::OpenSkel<'obj>>(open: S) -> anyhow::Result<S::Output> {
+    match crate::signals::holding_requests(|| open.load()) {
+        Err(_) if crate::signals::stop_requested() => {
+            anyhow::bail!("stopped by a signal while the kernel was checking the BPF programs; nothing was attached")
+        }
+        loaded => Ok(loaded?),
+    }
+}
+
 /// Routes libbpf's debug output to stderr, keeping one line per program
 /// loaded: its name, the instructions the verifier processed and the time
 /// it took.

@@ -182,6 +182,19 @@ impl fmt::Display for TooBig {
     }
 }
 
+/// A capacity to suggest where the limit moves with the machine's free
+/// memory (a quarter of MemAvailable): `fits` rounded down to two
+/// significant digits, so the number a refusal names still fits when the
+/// user runs it a moment later (the exact largest would be refused again
+/// after the page cache grew by a page). At most a tenth below `fits`.
+pub fn round_suggestion(fits: u32) -> u32 {
+    let mut unit = 1;
+    while fits / unit >= 100 {
+        unit *= 10;
+    }
+    fits / unit * unit
+}
+
 /// The largest value in `lo..=hi` for which `fits` holds, given that it
 /// holds for `lo` (a capacity: more entries never take less memory).
 pub fn largest_fitting(lo: u32, hi: u32, mut fits: impl FnMut(u32) -> bool) -> u32 {
@@ -269,6 +282,16 @@ mod tests {
         assert_eq!(Budget::new(COUNTING_BASE, 256).bytes, 48 << 20);
         assert_eq!(Budget::new(LEAKS_BASE, 128).bytes, 64 << 20);
         assert_eq!(Budget::new(LEAKS_BASE, 256).bytes, 80 << 20);
+    }
+
+    #[test]
+    fn suggestions_keep_two_significant_digits() {
+        assert_eq!(round_suggestion(1_809_277), 1_800_000);
+        assert_eq!(round_suggestion(99), 99);
+        assert_eq!(round_suggestion(100), 100);
+        assert_eq!(round_suggestion(1_099), 1_000);
+        assert_eq!(round_suggestion(1), 1);
+        assert_eq!(round_suggestion(u32::MAX), 4_200_000_000);
     }
 
     #[test]

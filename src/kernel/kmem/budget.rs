@@ -8,11 +8,12 @@ use std::mem::MaybeUninit;
 use anyhow::{bail, Result};
 use libbpf_rs::skel::OpenSkel;
 
-use crate::kernel::footprint::{map_shapes, possible_cpus};
+use crate::kernel::footprint::{map_shapes, memlock_limit, possible_cpus, store_limit};
 use crate::kernel::skel::{full_object_fits, KheapSkelBuilder, OpenKheapSkel};
 use crate::model::human_size;
 use crate::model::kernel_memory::{
-    largest_fitting, Budget, Footprint, MapShape, TooBig, COUNTING_BASE, LEAKS_BASE,
+    largest_fitting, round_suggestion, Budget, Footprint, MapShape, TooBig, COUNTING_BASE,
+    LEAKS_BASE,
 };
 
 use super::config::{Config, LiveStore, LIVE_WAYS};
@@ -138,13 +139,13 @@ pub fn check(cfg: &Config, latency: bool) -> Result<Footprint> {
     if let Some(live) = cfg.live {
         let store_limit = store_limit(memlock.map(|m| m.saturating_sub(found.total)));
         if found.apart > store_limit.0 {
-            let fits = largest_fitting(1, live.max_objects, |n| {
+            let fits = round_suggestion(largest_fitting(1, live.max_objects, |n| {
                 let mut smaller = cfg.clone();
                 if let Some(l) = smaller.live.as_mut() {
                     l.max_objects = n;
                 }
                 measure(&mut open, &smaller, cpus, latency).is_ok_and(|f| f.apart <= store_limit.0)
-            });
+            }));
             bail!(
                 "--max-objects {}: the object store would take {} of kernel memory, above {} ({}); at most --max-objects {fits} fits here",
                 live.max_objects,
@@ -155,50 +156,6 @@ pub fn check(cfg: &Config, latency: bool) -> Result<Footprint> {
         }
     }
     Ok(found)
-}
-
-/// What an object store may take: a quarter of the memory available now,
-/// and what RLIMIT_MEMLOCK leaves where the kernel charges it.
-fn store_limit(memlock_left: Option<u64>) -> (u64, String) {
-    let available = crate::sys::mem_available().unwrap_or(u64::MAX);
-    let quarter = (available / 4, "a quarter of MemAvailable".to_string());
-    match memlock_left {
-        Some(left) if left < quarter.0 => (left, "what RLIMIT_MEMLOCK leaves".into()),
-        _ => quarter,
-    }
-}
-
-/// RLIMIT_MEMLOCK where it limits BPF maps: kernels before 5.11 charge
-/// maps to it (later ones to the memory cgroup), and libbpf raises it to
-/// unlimited where it may (CAP_SYS_RESOURCE); otherwise its hard limit.
-fn memlock_limit() -> Option<u64> {
-    if !charges_memlock(&crate::kernel::features::kernel_release()) {
-        return None;
-    }
-    if crate::kernel::features::has_capability(crate::kernel::features::CAP_SYS_RESOURCE) {
-        return None;
-    }
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes the struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } != 0
-        || lim.rlim_max == libc::RLIM_INFINITY
-    {
-        return None;
-    }
-    Some(lim.rlim_max)
-}
-
-/// Whether a kernel of this release charges BPF maps to RLIMIT_MEMLOCK
-/// (before 5.11).
-fn charges_memlock(release: &str) -> bool {
-    let mut parts = release
-        .split(|c: char| !c.is_ascii_digit())
-        .map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    (major, minor) < (5, 11)
 }
 
 /// Sizes the maps for a run: the part of the configuration that decides
@@ -264,15 +221,6 @@ pub(super) fn size_maps(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn kernels_before_5_11_charge_maps_to_memlock() {
-        assert!(charges_memlock("5.10.0-33-amd64"));
-        assert!(charges_memlock("5.4.0-216-generic"));
-        assert!(!charges_memlock("5.11.0"));
-        assert!(!charges_memlock("5.15.0-130-generic"));
-        assert!(!charges_memlock("6.18.0"));
-    }
 
     /// Every mode's maps, as a run sizes them, keep to the budget from a
     /// small machine to a 256-CPU one (the objects are opened, not loaded:

@@ -83,6 +83,12 @@ impl<'obj> Tracer<'obj> {
         if mech == Mechanism::Btf && !kbtf.typed_programs {
             bail!("the kernel exposes no BTF of its own to check typed programs with");
         }
+        if mech == Mechanism::Btf && crate::kernel::features::tp_btf_refuses_void_pointers(kbtf) {
+            bail!(
+                "its verifier refuses a typed read of kmalloc's `const void *ptr`, \
+                 which Linux 6.13 accepts"
+            );
+        }
         let tracefs = if mech.needs_tracefs() {
             Some(Tracefs::ensure_mounted()?)
         } else {
@@ -189,8 +195,8 @@ impl<'obj> Tracer<'obj> {
             }
         }
         let kernel_memory = super::budget::loaded_footprint(&open, lat_starts.is_some())?;
-        let skel = crate::signals::holding_requests(|| open.load())
-            .context("loading the BPF programs into the kernel")?;
+        let skel =
+            crate::kernel::load_skel(open).context("loading the BPF programs into the kernel")?;
         let site_slots = MappedArray::new(&skel.maps.site_slots)?;
         let mut tracer = Tracer {
             skel,
