@@ -713,9 +713,9 @@ impl<'obj> MallocSession<'obj> {
 mod tests {
     use super::*;
 
-    /// A store over the limit is refused in one line that names the largest
-    /// that fits; that one passes and the next one up does not. (The object
-    /// is opened and sized, not loaded: no root needed.)
+    /// A store over the limit is refused in one line that names what fits
+    /// (the largest, rounded down); that passes, and a tenth more does not.
+    /// (The object is opened and sized, not loaded: no root needed.)
     #[test]
     fn an_outstanding_store_over_the_limit_is_refused_with_what_fits() {
         let limit = |_rest: u64| (64 << 20, "a test's limit".to_string());
