@@ -4,6 +4,9 @@
 //! limits this machine sets on them.
 
 use anyhow::Result;
+
+use crate::model::human_size;
+use crate::model::kernel_memory::{largest_fitting, round_suggestion};
 use libbpf_rs::{MapType, OpenObject};
 
 use crate::model::kernel_memory::{MapKind, MapShape};
@@ -50,13 +53,52 @@ pub fn possible_cpus() -> Result<u32> {
 
 /// What an object store may take: a quarter of the memory available now,
 /// and what RLIMIT_MEMLOCK leaves where the kernel charges it.
-pub fn store_limit(memlock_left: Option<u64>) -> (u64, String) {
+fn store_limit(memlock_left: Option<u64>) -> (u64, String) {
     let available = crate::sys::mem_available().unwrap_or(u64::MAX);
     let quarter = (available / 4, "a quarter of MemAvailable".to_string());
     match memlock_left {
         Some(left) if left < quarter.0 => (left, "what RLIMIT_MEMLOCK leaves".into()),
         _ => quarter,
     }
+}
+
+/// Refuses a preallocated object store of `asked` entries (`flag` sizes
+/// it: leaks' `--max-objects`, malloc's `--max-outstanding`) that would
+/// take more than `store_limit` gives it, beside `rest` bytes of the run's
+/// other maps. `bytes_at(n)` is the store's bytes at n entries. The line
+/// names the largest that fits, rounded (`round_suggestion`): the limit
+/// moves with MemAvailable.
+pub fn check_store(
+    flag: &str,
+    what: &str,
+    asked: u32,
+    rest: u64,
+    mut bytes_at: impl FnMut(u32) -> Option<u64>,
+) -> Result<()> {
+    let (limit, why) = store_limit(memlock_limit().map(|m| m.saturating_sub(rest)));
+    check_store_within(flag, what, asked, (limit, &why), &mut bytes_at)
+}
+
+/// `check_store` against a given limit and the reason for it.
+pub fn check_store_within(
+    flag: &str,
+    what: &str,
+    asked: u32,
+    (limit, why): (u64, &str),
+    mut bytes_at: impl FnMut(u32) -> Option<u64>,
+) -> Result<()> {
+    let needed = bytes_at(asked).unwrap_or(u64::MAX);
+    if needed <= limit {
+        return Ok(());
+    }
+    let fits = round_suggestion(largest_fitting(1, asked, |n| {
+        bytes_at(n).is_some_and(|b| b <= limit)
+    }));
+    anyhow::bail!(
+        "{flag} {asked}: {what} would take {} of kernel memory, above {} ({why}); at most {flag} {fits} fits here",
+        human_size(needed),
+        human_size(limit),
+    )
 }
 
 /// RLIMIT_MEMLOCK where it limits BPF maps: kernels before 5.11 charge

@@ -225,49 +225,35 @@ pub fn footprint(
 /// The limit is leaks' object store's: a quarter of MemAvailable, and what
 /// RLIMIT_MEMLOCK leaves where the kernel charges maps to it.
 pub fn check_store(max_live: u32, stack_sample_every: u32) -> Result<()> {
-    let memlock = crate::kernel::footprint::memlock_limit();
-    check_store_within(max_live, stack_sample_every, |rest| {
-        crate::kernel::footprint::store_limit(memlock.map(|m| m.saturating_sub(rest)))
-    })
+    store_check(max_live, stack_sample_every, None)
 }
 
-/// `check_store` against `limit`, which is given the bytes of every other
-/// map and says what the store may take, and why.
-fn check_store_within(
-    max_live: u32,
-    stack_sample_every: u32,
-    limit: impl FnOnce(u64) -> (u64, String),
-) -> Result<()> {
+/// `check_store`, against `limit` where one is given (the tests).
+fn store_check(max_live: u32, stack_sample_every: u32, limit: Option<(u64, &str)>) -> Result<()> {
     let legacy = legacy_path()?;
     let mut slot = std::mem::MaybeUninit::uninit();
     let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), &mut slot)?;
     // (the store's bytes, every other map's)
-    let mut sized = |n: u32| -> Result<(u64, u64)> {
-        size_maps(&mut open, true, n, stack_sample_every, legacy)?;
-        let f = measure(&open)?;
+    let mut sized = |n: u32| -> Option<(u64, u64)> {
+        size_maps(&mut open, true, n, stack_sample_every, legacy).ok()?;
+        let f = measure(&open).ok()?;
         let store = f
             .maps
             .iter()
             .filter(|(name, _)| name == "live")
             .map(|(_, bytes)| bytes)
             .sum::<u64>();
-        Ok((store, f.total + f.apart - store))
+        Some((store, f.total + f.apart - store))
     };
-    let (store, rest) = sized(max_live)?;
-    let (limit, why) = limit(rest);
-    if store <= limit {
-        return Ok(());
+    let (_, rest) = sized(max_live).context("sizing the outstanding-block store")?;
+    let (flag, what) = ("--max-outstanding", "the outstanding-block store");
+    let bytes_at = |n| sized(n).map(|(store, _)| store);
+    match limit {
+        Some(limit) => {
+            crate::kernel::footprint::check_store_within(flag, what, max_live, limit, bytes_at)
+        }
+        None => crate::kernel::footprint::check_store(flag, what, max_live, rest, bytes_at),
     }
-    let fits = crate::model::kernel_memory::round_suggestion(
-        crate::model::kernel_memory::largest_fitting(1, max_live, |n| {
-            sized(n).is_ok_and(|(store, _)| store <= limit)
-        }),
-    );
-    anyhow::bail!(
-        "--max-outstanding {max_live}: the outstanding-block store would take {} of kernel memory, above {} ({why}); at most --max-outstanding {fits} fits here",
-        crate::model::human_size(store),
-        crate::model::human_size(limit),
-    )
 }
 
 /// The footprint of the object as sized: the maps of `APART` apart.
@@ -718,8 +704,8 @@ mod tests {
     /// (The object is opened and sized, not loaded: no root needed.)
     #[test]
     fn an_outstanding_store_over_the_limit_is_refused_with_what_fits() {
-        let limit = |_rest: u64| (64 << 20, "a test's limit".to_string());
-        let err = format!("{:#}", check_store_within(1 << 24, 64, limit).unwrap_err());
+        let limit = Some((64 << 20, "a test's limit"));
+        let err = format!("{:#}", store_check(1 << 24, 64, limit).unwrap_err());
         assert!(
             err.starts_with("--max-outstanding 16777216: the outstanding-block store would take "),
             "{err}"
@@ -733,7 +719,7 @@ mod tests {
         // Rounded down to two significant digits, at most a tenth below
         // the largest that fits.
         assert_eq!(fits, crate::model::kernel_memory::round_suggestion(fits));
-        check_store_within(fits, 64, limit).unwrap();
-        assert!(check_store_within(fits / 10 * 11 + 1, 64, limit).is_err());
+        store_check(fits, 64, limit).unwrap();
+        assert!(store_check(fits / 10 * 11 + 1, 64, limit).is_err());
     }
 }

@@ -8,12 +8,10 @@ use std::mem::MaybeUninit;
 use anyhow::{bail, Result};
 use libbpf_rs::skel::OpenSkel;
 
-use crate::kernel::footprint::{map_shapes, memlock_limit, possible_cpus, store_limit};
+use crate::kernel::footprint::{map_shapes, memlock_limit, possible_cpus};
 use crate::kernel::skel::{full_object_fits, KheapSkelBuilder, OpenKheapSkel};
-use crate::model::human_size;
 use crate::model::kernel_memory::{
-    largest_fitting, round_suggestion, Budget, Footprint, MapShape, TooBig, COUNTING_BASE,
-    LEAKS_BASE,
+    largest_fitting, Budget, Footprint, MapShape, TooBig, COUNTING_BASE, LEAKS_BASE,
 };
 
 use super::config::{Config, LiveStore, LIVE_WAYS};
@@ -137,23 +135,21 @@ pub fn check(cfg: &Config, latency: bool) -> Result<Footprint> {
         );
     }
     if let Some(live) = cfg.live {
-        let store_limit = store_limit(memlock.map(|m| m.saturating_sub(found.total)));
-        if found.apart > store_limit.0 {
-            let fits = round_suggestion(largest_fitting(1, live.max_objects, |n| {
+        crate::kernel::footprint::check_store(
+            "--max-objects",
+            "the object store",
+            live.max_objects,
+            found.total,
+            |n| {
                 let mut smaller = cfg.clone();
                 if let Some(l) = smaller.live.as_mut() {
                     l.max_objects = n;
                 }
-                measure(&mut open, &smaller, cpus, latency).is_ok_and(|f| f.apart <= store_limit.0)
-            }));
-            bail!(
-                "--max-objects {}: the object store would take {} of kernel memory, above {} ({}); at most --max-objects {fits} fits here",
-                live.max_objects,
-                human_size(found.apart),
-                human_size(store_limit.0),
-                store_limit.1
-            );
-        }
+                measure(&mut open, &smaller, cpus, latency)
+                    .ok()
+                    .map(|f| f.apart)
+            },
+        )?;
     }
     Ok(found)
 }
