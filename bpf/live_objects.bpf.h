@@ -299,23 +299,26 @@ static __always_inline void track_alloc(void *ctx, bool classic,
 		count_update_error(err);
 		return;
 	}
+	/* A replaced entry (reused_live) did not grow the map. Counted before
+	 * the site, so that what follows is the same however the object was
+	 * stored: the verifier then walks count_site() once, not once for each
+	 * way (on 6.18: `leaks` 302,650 instructions against 362,363, `leaks
+	 * --by cgroup` 402,801 against 843,912). */
+	if (!reused)
+		COUNT(live_added);
 	/* No hint (count_site()): with it, the verifier walked the
 	 * unfiltered `leaks --by cgroup` 9% longer on 6.18 (900,636
 	 * instructions against 828,116, of its limit of a million). */
 	if (!count_site(key, req, alloc, bucket, name, NULL, 0)) {
-		/* Keep the two views consistent: untrack what is uncounted. */
-		if (in_table)
-			live_table_forget(ptr);
-		else if (!bpf_map_delete_elem(&live, &ptr))
+		/* Keep the two views consistent: untrack what is uncounted,
+		 * from the table or, spilled, from the hash map. */
+		if (!live_table_forget(ptr) &&
+		    !bpf_map_delete_elem(&live, &ptr))
 			live_spill_count(false);
-		if (reused) /* the entry it replaced was counted as added */
-			COUNT(live_removed);
+		COUNT(live_removed);
 		COUNT(map_full_sites);
 		return;
 	}
-	/* A replaced entry (reused_live) did not grow the map. */
-	if (!reused)
-		COUNT(live_added);
 	/* Allocations per cgroup, beside what each still holds. */
 	if (cfg.by_cgroup)
 		count_cgroup(accounted, interrupt, req, alloc, bucket);

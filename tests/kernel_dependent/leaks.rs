@@ -388,6 +388,45 @@ fn a_full_object_map_is_counted_not_hidden() {
     assert!((tracked..=100).contains(&outstanding), "{outstanding}");
 }
 
+/// An object whose site finds no room in a full site map is not kept
+/// either (bpf/live_objects.bpf.h, track_alloc): what the store holds is
+/// what the site rows hold, and each row adds up.
+#[test]
+fn objects_of_sites_that_found_no_room_are_not_kept() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let mut k = start_leaks(dir.path(), &["--max-entries", "4"]);
+    let mut load = spawn_load(&["msg", "500", "2100", "600"]);
+    load.wait_for("holding 500 messages");
+    let snap = read_json(&snapshot(&mut k));
+    load.signal(libc::SIGUSR1);
+    assert!(load.wait(), "kheap-load failed: {:?}", load.seen);
+    k.signal(libc::SIGINT);
+    assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
+
+    assert!(u(&snap["lost"]["map_full_sites"]) > 0, "{}", snap["lost"]);
+    let sites = snap["sites"].as_array().unwrap();
+    assert!((1..=4).contains(&sites.len()), "{} site rows", sites.len());
+    let mut held = 0;
+    for s in sites {
+        assert_eq!(
+            u(&s["count"]),
+            u(&s["outstanding_count"]) + u(&s["freed_count"]) + u(&s["freed_unseen"]),
+            "{s}"
+        );
+        held += u(&s["outstanding_count"]);
+    }
+    assert_eq!(
+        u(&snap["leaks"]["outstanding_count"]),
+        held,
+        "{}",
+        snap["leaks"]
+    );
+    // The messages are all kept under their site, or none is.
+    let messages = load_msg_site(&snap).map_or(0, |s| u(&s["outstanding_count"]));
+    assert!(messages == 0 || messages == 500, "{messages}");
+}
+
 #[test]
 fn doctor_names_the_object_store_this_kernel_gets() {
     require_root();
