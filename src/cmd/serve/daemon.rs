@@ -26,6 +26,7 @@ use crate::session::stop_requested;
 use crate::signals::take_reload_request;
 use crate::symbolize::{CachingSymbols, KernelSymbols, Symbolize};
 use crate::sys::cgroup2_mount;
+use crate::sys::slab_sysfs::WatchedSlabSysfs;
 
 /// What ends one attachment.
 pub enum Next {
@@ -79,6 +80,8 @@ pub struct Daemon {
     /// The address the TCP listener was bound to: the port the kernel
     /// chose for `--listen HOST:0`.
     pub(super) bound: Option<std::net::SocketAddr>,
+    /// SLUB's merges, for the slab families' merged-cache labels.
+    pub(super) slab_sysfs: WatchedSlabSysfs,
 }
 
 impl Daemon {
@@ -108,6 +111,7 @@ impl Daemon {
             args,
             command_line,
             bound: None,
+            slab_sysfs: WatchedSlabSysfs::default(),
         }
     }
 

@@ -26,6 +26,7 @@ use crate::session::stop_requested;
 use crate::symbolize::Symbolize;
 use crate::sys::slab_sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
 use crate::sys::slabinfo::{read_slabinfo, SlabinfoRow, PROC_SLABINFO};
+use std::path::Path;
 
 impl Daemon {
     /// The `site` label of a site: its function, or the whole allocator
@@ -174,7 +175,13 @@ impl Daemon {
         };
         // A kernel without slabinfo still serves everything else.
         let slab = read_slabinfo(std::path::Path::new(PROC_SLABINFO)).ok();
-        let merged = slab.as_deref().map(merged_caches).unwrap_or_default();
+        let merged = match (
+            slab.as_deref(),
+            self.slab_sysfs.current(Path::new(SYS_KERNEL_SLAB)),
+        ) {
+            (Some(rows), Some(fs)) => merged_caches(rows, fs),
+            _ => Vec::new(),
+        };
         let (root_only, mut fams): (Vec<_>, Vec<_>) = families::build(
             &self.state,
             cfg.by_cgroup.then_some(&self.cgroups),
@@ -280,12 +287,8 @@ impl Daemon {
 }
 
 /// (cache, merged name) for every cache of `/proc/slabinfo` that SLUB
-/// merged other caches into (from the /sys/kernel/slab symlinks); empty
-/// without SLUB's sysfs.
-fn merged_caches(rows: &[SlabinfoRow]) -> Vec<(String, String)> {
-    let Ok(Some(fs)) = SlabSysfs::open(std::path::Path::new(SYS_KERNEL_SLAB)) else {
-        return Vec::new();
-    };
+/// merged other caches into (from the /sys/kernel/slab symlinks).
+fn merged_caches(rows: &[SlabinfoRow], fs: &SlabSysfs) -> Vec<(String, String)> {
     rows.iter()
         .flat_map(|r| {
             fs.aliases_of(&r.name)
