@@ -10,7 +10,8 @@
 //! starts gets every signal back at its default (see [`reset_for_exec`]).
 //!
 //! The handlers are signal-hook's: each only sets a flag that the run
-//! polls. Ignoring and resetting (SIG_IGN, SIG_DFL) are plain `signal(2)`
+//! looks at, and wakes a run sleeping until its next read
+//! ([`sleep_until_signal`]). Ignoring and resetting (SIG_IGN, SIG_DFL) are plain `signal(2)`
 //! calls, which signal-hook has no words for, and the only ones that are
 //! safe between fork and exec.
 
@@ -20,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use signal_hook::SigId;
+
+use crate::sys::wake::WakePipe;
 
 /// A flag a signal sets; an `Arc` because signal-hook holds one too.
 type Flag = LazyLock<Arc<AtomicBool>>;
@@ -55,12 +58,35 @@ fn unused() -> impl Iterator<Item = libc::c_int> {
     .chain(libc::SIGRTMIN()..=libc::SIGRTMAX())
 }
 
-/// Sets `flag` whenever `sig` arrives.
+/// Woken by every signal that sets a flag here: a run waiting for its
+/// next read sleeps on it ([`sleep_until_signal`]). `None` if no pipe could
+/// be made (out of file descriptors): the sleeps then look at the flags
+/// every 100 ms, as they all did before.
+static WAKE: LazyLock<Option<WakePipe>> = LazyLock::new(|| WakePipe::new().ok());
+
+/// Sets `flag` whenever `sig` arrives, and wakes [`sleep_until_signal`].
 fn raise_flag_on(sig: libc::c_int, flag: &Flag) -> SigId {
     // Fails only for the signals signal-hook forbids (SIGKILL, SIGSEGV…),
-    // none of which is asked for here.
-    signal_hook::flag::register(sig, Arc::clone(flag))
-        .unwrap_or_else(|e| panic!("signal {sig}: {e}"))
+    // none of which is asked for here. The flag is registered first, so a
+    // woken sleeper finds it set.
+    let id = signal_hook::flag::register(sig, Arc::clone(flag))
+        .unwrap_or_else(|e| panic!("signal {sig}: {e}"));
+    if let Some(wake) = WAKE.as_ref() {
+        // The write end lives as long as the process (a static).
+        signal_hook::low_level::pipe::register_raw(sig, wake.write_fd())
+            .unwrap_or_else(|e| panic!("signal {sig}: {e}"));
+    }
+    id
+}
+
+/// Sleeps for `d`, or until one of the signals kheap handles arrives:
+/// the caller then looks at what it asks for (a stop, a reload, a
+/// snapshot). SIGHUP keeps waking it after `serve` swapped its meaning.
+pub fn sleep_until_signal(d: Duration) {
+    match WAKE.as_ref() {
+        Some(wake) => wake.sleep(Some(d)),
+        None => std::thread::sleep(d.min(Duration::from_millis(100))),
+    }
 }
 
 /// Ignores `signals` (SIG_IGN, kept across exec). Async-signal-safe, so a
@@ -193,7 +219,7 @@ pub fn sleep_unless_stopped(d: Duration) -> bool {
         if left.is_zero() {
             return true;
         }
-        std::thread::sleep(left.min(Duration::from_millis(50)));
+        sleep_until_signal(left);
     }
 }
 

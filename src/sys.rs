@@ -6,6 +6,7 @@
 
 pub mod slab_sysfs;
 pub mod slabinfo;
+pub mod wake;
 
 use std::path::PathBuf;
 

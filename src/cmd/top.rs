@@ -187,6 +187,23 @@ struct Top<'obj> {
 impl Top<'_> {
     /// Whether the run is over: a signal, -d, or the traced command (or
     /// every -p process) exited.
+    /// Sleeps until the next read (`deadline`) or the end of the run,
+    /// whichever comes first, woken by a signal: an idle batch run wakes
+    /// once an interval. Processes it watches (the command, -p) end
+    /// without a signal to kheap, so while it watches some it looks every
+    /// 100 ms.
+    fn nap(&self, deadline: Instant) {
+        let now = Instant::now();
+        let mut left = deadline.saturating_duration_since(now);
+        if let Some(end) = self.end {
+            left = left.min(end.saturating_duration_since(now));
+        }
+        if self.targets.command.is_some() || !self.targets.user_pids.is_empty() {
+            left = left.min(Duration::from_millis(100));
+        }
+        crate::signals::sleep_until_signal(left);
+    }
+
     fn should_stop(&mut self) -> bool {
         if self.ended.is_none() {
             if stop_requested() {
@@ -288,9 +305,7 @@ fn batch_loop(top: &mut Top, args: &TopArgs, mut sink: Sink) -> Result<()> {
                 last = true;
                 break;
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            // Wakes up to see a stop request; rarely, to cost next to nothing.
-            std::thread::sleep(left.min(Duration::from_millis(100)));
+            top.nap(deadline);
         }
         let iv = top.read_interval()?;
         deadline = next_deadline(deadline, args.interval.as_secs_f64());

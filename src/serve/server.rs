@@ -21,6 +21,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::sys::wake::WakePipe;
+
 use rustls::ServerConnection;
 
 use super::http::{head_end, oversized_status, parse_head, Method, Request, Response, HEAD_LIMIT};
@@ -40,8 +42,6 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// A response must be written within this (a client that does not read
 /// holds a worker no longer).
 const WRITE_DEADLINE: Duration = Duration::from_secs(10);
-/// How long the poll thread sleeps without events (it checks for a stop).
-const POLL_MS: i32 = 100;
 
 /// What a handler knows of who is asking.
 #[derive(Clone, Copy, Debug)]
@@ -62,6 +62,8 @@ pub type SharedWebConfig = Arc<RwLock<Arc<WebConfig>>>;
 /// A running server: stops and joins its threads when told or dropped.
 pub struct Server {
     stop: Arc<AtomicBool>,
+    /// Wakes the poll thread to see `stop`.
+    wake: Arc<WakePipe>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -81,11 +83,16 @@ impl Server {
             let (rx, handler) = (rx.clone(), handler.clone());
             threads.push(std::thread::spawn(move || worker(&rx, &*handler, unix)));
         }
-        let s = stop.clone();
+        let wake = Arc::new(WakePipe::new()?);
+        let (s, w) = (stop.clone(), wake.clone());
         threads.push(std::thread::spawn(move || {
-            poll_loop(listener, &web, tx, &s)
+            poll_loop(listener, &web, tx, &s, &w)
         }));
-        Ok(Server { stop, threads })
+        Ok(Server {
+            stop,
+            wake,
+            threads,
+        })
     }
 
     pub fn stop(mut self) {
@@ -94,6 +101,7 @@ impl Server {
 
     fn shutdown(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        self.wake.wake();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -141,11 +149,24 @@ struct Job {
     outcome: Outcome,
 }
 
-fn poll_loop(listener: Listener, web: &SharedWebConfig, tx: SyncSender<Job>, stop: &AtomicBool) {
+/// Sleeps in poll(2) until a client sends or connects, a connection's
+/// deadline, or a wake for the stop: an idle server does not wake.
+fn poll_loop(
+    listener: Listener,
+    web: &SharedWebConfig,
+    tx: SyncSender<Job>,
+    stop: &AtomicBool,
+    wake: &WakePipe,
+) {
     let mut conns: Vec<Conn> = Vec::new();
     let mut fds: Vec<libc::pollfd> = Vec::new();
     while !stop.load(Ordering::SeqCst) {
         fds.clear();
+        fds.push(libc::pollfd {
+            fd: wake.read_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        });
         fds.push(libc::pollfd {
             fd: listener.as_raw_fd(),
             events: libc::POLLIN,
@@ -159,13 +180,21 @@ fn poll_loop(listener: Listener, web: &SharedWebConfig, tx: SyncSender<Job>, sto
                 revents: 0,
             });
         }
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, POLL_MS) };
+        let timeout = next_deadline(&conns).map_or(-1, |d| {
+            let left = d.saturating_duration_since(Instant::now());
+            // Rounded up, so that the deadline has passed on waking.
+            left.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32
+        });
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout) };
         if n < 0 {
             continue; // EINTR
         }
+        if fds[0].revents != 0 {
+            wake.drain();
+        }
         let now = Instant::now();
         let mut kept = Vec::with_capacity(conns.len());
-        for (mut c, fd) in conns.drain(..).zip(&fds[1..]) {
+        for (mut c, fd) in conns.drain(..).zip(&fds[2..]) {
             let progress = if fd.revents != 0 {
                 progress(&mut c, now)
             } else {
@@ -188,10 +217,19 @@ fn poll_loop(listener: Listener, web: &SharedWebConfig, tx: SyncSender<Job>, sto
             }
         }
         conns = kept;
-        if fds[0].revents != 0 {
+        if fds[1].revents != 0 {
             accept_all(&listener, web, &mut conns, now);
         }
     }
+}
+
+/// When the first open connection times out (`IDLE_TIMEOUT` without a
+/// byte, `HEAD_TIMEOUT` without a whole head); `None` without one.
+fn next_deadline(conns: &[Conn]) -> Option<Instant> {
+    conns
+        .iter()
+        .map(|c| (c.last_byte + IDLE_TIMEOUT).min(c.accepted + HEAD_TIMEOUT))
+        .min()
 }
 
 fn accept_all(listener: &Listener, web: &SharedWebConfig, conns: &mut Vec<Conn>, now: Instant) {

@@ -5,7 +5,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::Result;
 
@@ -165,7 +165,6 @@ impl Daemon {
         );
         let mut deadline = Instant::now();
         loop {
-            // Wakes often enough to see a signal, rarely enough to cost nothing.
             while Instant::now() < deadline {
                 if stop_requested() {
                     break;
@@ -184,8 +183,11 @@ impl Daemon {
                         Err(e) => eprintln!("kheap: reload refused, settings unchanged: {e:#}"),
                     }
                 }
-                let left = deadline.saturating_duration_since(Instant::now());
-                std::thread::sleep(left.min(Duration::from_millis(100)));
+                // Woken by a signal (a stop, a reload): once an interval
+                // otherwise.
+                crate::signals::sleep_until_signal(
+                    deadline.saturating_duration_since(Instant::now()),
+                );
             }
             // The last read before detaching: nothing counted is lost.
             self.read_and_publish(&mut att)?;
