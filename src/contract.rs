@@ -54,8 +54,9 @@ impl Kind {
             // every allocation's context is tested. 11:
             // `lost.recursion_misses`. 12: `leaks.recursion_misses` removed,
             // the same count as `lost.recursion_misses`. 13:
-            // `run.kernel_memory_bytes`.
-            Kind::Leaks => 13,
+            // `run.kernel_memory_bytes`. 14: `call_site` of each
+            // `leaks.timeline.series` (two series of one function apart).
+            Kind::Leaks => 14,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound
@@ -262,6 +263,7 @@ mod tests {
             }
             let label = |k: &SeriesKey| SeriesLabel {
                 function: "load_msg".into(),
+                call_site: "load_msg+0x1c".into(),
                 cgroup: match k.cgroup {
                     Some(CgroupSlot::Cgroup(id)) => Some(crate::cgroup::CgroupRef::unnamed(id)),
                     _ => None,

@@ -72,7 +72,7 @@ mod tests {
         ("testing", Model),
         ("leaks", Cmd),
         ("leaks::render", Render),
-        ("leaks::chart", Render),
+        ("leaks::chart::*", Render),
         ("malloc", Cmd),
         ("malloc::probes::*", Base),
         ("malloc::procmaps", Base),

@@ -23,7 +23,9 @@ pub mod timeline;
 pub mod top_n;
 pub mod trigger;
 
-pub use build::{build, incompleteness, labelled_sites, scale_to, BuildOptions};
+pub use build::{
+    build, incompleteness, labelled_sites, scale_to, site_labels, BuildOptions, SiteLabels,
+};
 pub use processes::StackProcess;
 pub use retention::{LeakSummary, ProgramMisses, Retention};
 pub use rows::{

@@ -528,23 +528,24 @@ fn finish_timeline(
     triggers: Vec<TriggerMark>,
 ) -> crate::report::timeline::Timeline {
     let keys = timeline.series_keys();
-    let functions: HashMap<(u64, Source), String> = report::labelled_sites(snap, syms)
-        .into_iter()
-        .map(|(frame, k, _)| ((k.call_site, k.cache.source()), frame.name().to_string()))
-        .collect();
+    let labels = report::site_labels(snap, syms);
     cgroup_names.learn(keys.iter().filter_map(|k| match k.cgroup {
         Some(CgroupSlot::Cgroup(id)) => Some(id),
         _ => None,
     }));
-    let label = |k: &SeriesKey| SeriesLabel {
-        function: functions
-            .get(&(k.call_site, k.source))
-            .cloned()
-            .unwrap_or_else(|| format!("{:#x}", k.call_site)),
-        cgroup: match k.cgroup {
-            Some(CgroupSlot::Cgroup(id)) => Some(cgroup_names.describe(id)),
-            _ => None,
-        },
+    let label = |k: &SeriesKey| {
+        let (function, call_site) = labels.get(&(k.call_site, k.source)).map_or_else(
+            || (format!("{:#x}", k.call_site), format!("{:#x}", k.call_site)),
+            |(label, cs)| (label.name().to_string(), cs.display()),
+        );
+        SeriesLabel {
+            function,
+            call_site,
+            cgroup: match k.cgroup {
+                Some(CgroupSlot::Cgroup(id)) => Some(cgroup_names.describe(id)),
+                _ => None,
+            },
+        }
     };
     timeline.finish(&label, triggers)
 }
@@ -558,6 +559,13 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
     args.report.json.write(Kind::Leaks, &report, |r| {
         leak_render::apply_top(r, args.by, None);
     })?;
+    // The chart names each series' owners from every stack row: drawn
+    // before -r cuts the rows (a chart has no rows to cut).
+    if matches!(out.format, Format::Html) {
+        let page =
+            crate::leaks::chart::html(&report, "kheap leaks: outstanding kernel memory over time");
+        return crate::output::emit(&page, out.output());
+    }
     let hidden = leak_render::apply_top(&mut report, args.by, out.rows());
     let text = match out.format {
         Format::Table => leak_render::table(
@@ -583,9 +591,7 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
             "kheap leaks",
             "outstanding",
         ),
-        Format::Html => {
-            crate::leaks::chart::html(&report, "kheap leaks: outstanding kernel memory over time")
-        }
+        Format::Html => unreachable!("drawn above"),
     };
     crate::output::emit(&text, out.output())
 }

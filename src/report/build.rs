@@ -361,7 +361,7 @@ pub fn scale_to(stack: &AllocStats, sampled: &AllocStats, exact: &AllocStats) ->
 }
 
 /// Each site row's (label, call site), by (call site address, source).
-type SiteLabels = HashMap<(u64, Source), (Frame, Frame)>;
+pub type SiteLabels = HashMap<(u64, Source), (Frame, Frame)>;
 
 /// The label of each call site: the call site itself, unless that is an
 /// allocation wrapper (kvmalloc, kmemdup…), in which case the heaviest
@@ -407,12 +407,19 @@ fn label_sites<'a>(
         .collect()
 }
 
+/// Each site's (call site, source) with the frame its rows are labelled
+/// by and its call site's own frame (a site row's `function`/`location`
+/// and `call_site`).
+pub fn site_labels(snap: &Snapshot, syms: &dyn Symbolize) -> SiteLabels {
+    let symbolized = symbolize_all(snap, syms);
+    let frames_of = |id: i64| symbolized.stacks.get(&id).map(Vec::as_slice).unwrap_or(&[]);
+    label_sites(snap, &symbolized.call_sites, &frames_of)
+}
+
 /// Every (site, cache) pair with its label, for consumers that keep caches
 /// apart (the slab report).
 pub fn labelled_sites(snap: &Snapshot, syms: &dyn Symbolize) -> Vec<(Frame, SiteKey, AllocStats)> {
-    let symbolized = symbolize_all(snap, syms);
-    let frames_of = |id: i64| symbolized.stacks.get(&id).map(Vec::as_slice).unwrap_or(&[]);
-    let labels = label_sites(snap, &symbolized.call_sites, &frames_of);
+    let labels = site_labels(snap, syms);
     snap.sites
         .iter()
         .map(|(k, s)| {

@@ -230,6 +230,7 @@ impl TimelineBuilder {
                 let l = label(k);
                 Series {
                     function: l.function,
+                    call_site: l.call_site,
                     source: k.source,
                     interrupt: k.cgroup == Some(CgroupSlot::Interrupt),
                     cgroup: l.cgroup,
@@ -322,6 +323,8 @@ fn round3(v: f64) -> f64 {
 #[derive(Clone, Debug, Default)]
 pub struct SeriesLabel {
     pub function: String,
+    /// The call site itself, as a site row's `call_site` says it.
+    pub call_site: String,
     pub cgroup: Option<CgroupRef>,
 }
 
@@ -356,6 +359,11 @@ pub struct Timeline {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Series {
     pub function: String,
+    /// The call site (`function+0xoff`), as the site row's `call_site`:
+    /// with `source` (and `cgroup`), what tells two series of one function
+    /// apart.
+    #[serde(default)]
+    pub call_site: String,
     pub source: Source,
     /// With --by cgroup: who allocated (null: no cgroup, or not by cgroup).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -425,6 +433,7 @@ mod tests {
     fn label(k: &SeriesKey) -> SeriesLabel {
         SeriesLabel {
             function: format!("f{}", k.call_site),
+            call_site: format!("f{}+0x1", k.call_site),
             cgroup: None,
         }
     }

@@ -172,13 +172,97 @@ fn the_html_chart_opens_in_a_browser_with_the_site_and_its_three_steps() {
         dom.contains("data-chart-ready=\"1\""),
         "the script did not run"
     );
-    let hover = format!("{} [kmalloc]: ", msg_fn());
-    let tip = dom.split("id=\"tip\"").nth(1).expect("tooltip");
-    let shown = tip.split("</div>").next().unwrap();
+    // The readout, on the page (not a tooltip): load_msg's bytes at that
+    // reading and who allocated them, the process of its stack rows.
+    let readout = dom.split("<div id=\"readout\"").nth(1).expect("readout");
+    let readout = readout.split("</div></div>").next().unwrap();
+    let mut owners: std::collections::HashMap<String, u64> = Default::default();
+    for stack in rows_of_fn(&report, "stacks", msg_fn()) {
+        for p in stack["processes"].as_array().unwrap() {
+            if let (Some(comm), Some(pid)) = (p["comm"].as_str(), p["pid"].as_u64()) {
+                *owners.entry(format!("{comm}[{pid}]")).or_default() += u(&p["bytes_alloc"]);
+            }
+        }
+    }
+    let (owner, _) = owners
+        .iter()
+        .max_by_key(|o| o.1)
+        .expect("load_msg's stacks have owners");
+    assert!(owner.starts_with("kheap-load["), "{owners:?}");
+    let line = format!("{} [kmalloc]: ", msg_fn());
+    let want = format!("({} bytes)  allocated by {owner}", 3 * STEP_N * objsize);
+    let row = readout
+        .split("<div class=\"series\">")
+        .find(|r| r.contains(&line))
+        .unwrap_or_else(|| panic!("no {line} in {readout}"));
+    assert!(row.contains(&want), "{want} not in {row}");
+    // How to get there is said on the page, outside the collapsed table.
+    let help = dom.split("<p id=\"help\">").nth(1).expect("help line");
+    let help = help.split("</p>").next().unwrap();
     assert!(
-        shown.contains(&hover) && shown.contains(&format!("({} bytes)", 3 * STEP_N * objsize)),
-        "{shown}"
+        help.contains("point at it") && help.contains("?t=SECONDS"),
+        "{help}"
     );
+    let before_table = dom.split("<details>").next().unwrap();
+    assert!(before_table.contains("id=\"help\"") && before_table.contains("id=\"readout\""));
+
+    // The areas have a panel and a scale of their own: from 0 to the
+    // highest total of the readings, whatever /proc/meminfo did; the
+    // meminfo lines stay in theirs, below.
+    let highest = report["leaks"]["timeline"]["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| u(&p["total"]["bytes"]))
+        .max()
+        .unwrap();
+    let areas = panel(&dom, "areas");
+    assert_eq!(areas.range, (0, highest as i64), "the areas' scale");
+    let lines = panel(&dom, "meminfo");
+    assert!(areas.band.1 < lines.band.0, "{areas:?} {lines:?}");
+    let area_ys = path_ys(&dom, "area");
+    let line_ys = path_ys(&dom, "line");
+    assert!(!area_ys.is_empty() && !line_ys.is_empty());
+    for y in &area_ys {
+        assert!(
+            (areas.band.0..=areas.band.1).contains(y),
+            "area at {y}: {areas:?}"
+        );
+    }
+    for y in &line_ys {
+        assert!(
+            (lines.band.0..=lines.band.1).contains(y),
+            "line at {y}: {lines:?}"
+        );
+    }
+    // The highest stack reaches the top of its panel.
+    let top = area_ys.iter().copied().fold(f64::MAX, f64::min);
+    assert_eq!(top, areas.band.0);
+
+    // Every legend entry (areas, other, the lines) has a label and a
+    // colour no other entry has.
+    let entries: Vec<(&str, &str)> = dom
+        .split("class=\"entry\" data-colour=\"")
+        .skip(1)
+        .map(|rest| {
+            let colour = rest.split('"').next().unwrap();
+            let end = ["</span>", "</text>"]
+                .iter()
+                .filter_map(|m| rest.find(m))
+                .min()
+                .unwrap();
+            (colour, rest[..end].rsplit('>').next().unwrap())
+        })
+        .collect();
+    let series = report["leaks"]["timeline"]["series"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(entries.len(), series + 1 + 4, "{entries:?}");
+    let labels: std::collections::HashSet<_> = entries.iter().map(|e| e.1).collect();
+    let colours: std::collections::HashSet<_> = entries.iter().map(|e| e.0).collect();
+    assert_eq!(labels.len(), entries.len(), "{entries:?}");
+    assert_eq!(colours.len(), entries.len(), "{entries:?}");
 
     let png = dir.path().join("chart.png");
     chromium(
@@ -208,6 +292,52 @@ fn the_html_chart_opens_in_a_browser_with_the_site_and_its_three_steps() {
         coloured * 20 > total,
         "only {coloured} of {total} pixels are in colour"
     );
+}
+
+/// A panel of the chart as the browser's DOM has it: its band of pixels
+/// (top, bottom) and the range of bytes drawn over it (lo, hi).
+#[derive(Debug)]
+struct Panel {
+    band: (f64, f64),
+    range: (i64, i64),
+}
+
+fn panel(dom: &str, id: &str) -> Panel {
+    let g = dom
+        .split(&format!("<g id=\"{id}\""))
+        .nth(1)
+        .unwrap_or_else(|| panic!("no panel {id}"));
+    let g = g.split('>').next().unwrap();
+    let attr = |name: &str| {
+        g.split(&format!("{name}=\""))
+            .nth(1)
+            .and_then(|v| v.split('"').next())
+            .unwrap_or_else(|| panic!("{id}: no {name} in {g}"))
+    };
+    Panel {
+        band: (
+            attr("data-top").parse().unwrap(),
+            attr("data-bottom").parse().unwrap(),
+        ),
+        range: (
+            attr("data-lo").parse().unwrap(),
+            attr("data-hi").parse().unwrap(),
+        ),
+    }
+}
+
+/// The y of every point of every `<path class="CLASS">`.
+fn path_ys(dom: &str, class: &str) -> Vec<f64> {
+    dom.split(&format!("<path class=\"{class}\" d=\""))
+        .skip(1)
+        .flat_map(|rest| {
+            let d = rest.split('"').next().unwrap();
+            d.split(['M', 'L', 'Z'])
+                .filter(|p| !p.is_empty())
+                .map(|p| p.split_once(',').unwrap().1.parse::<f64>().unwrap())
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// `--snapshot-when site:load_msg+=1.5 steps` fires once: at the first
