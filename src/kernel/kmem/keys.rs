@@ -27,17 +27,11 @@ impl<'obj> Tracer<'obj> {
                 .into_iter()
                 .map(|(k, v)| (k, c_str(&v.name)))
                 .collect();
+        // Opened again when a cache came or went since (a merge happens
+        // when a cache is created).
         let mut slab = self.slab_sysfs.borrow_mut();
-        // Read again when caches were named since (a merge happens when a
-        // cache is created), at most once per new name.
-        if slab.as_ref().is_none_or(|(_, seen)| names.len() > *seen) {
-            let fs = SlabSysfs::open(Path::new(SYS_KERNEL_SLAB))
-                .ok()
-                .flatten()
-                .unwrap_or_default();
-            *slab = Some((fs, names.len()));
-        }
-        let (fs, _) = slab.as_ref().expect("just read");
+        let no_sysfs = SlabSysfs::default();
+        let fs = slab.current(Path::new(SYS_KERNEL_SLAB)).unwrap_or(&no_sysfs);
         Ok(names
             .into_iter()
             .map(|(k, n)| {

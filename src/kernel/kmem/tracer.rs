@@ -10,7 +10,7 @@ use crate::kernel::attach::{Fallback, Mechanism};
 use crate::kernel::features::Tracefs;
 use crate::kernel::maps::MappedArray;
 use crate::kernel::skel::{types, KheapSkel};
-use crate::sys::slab_sysfs::SlabSysfs;
+use crate::sys::slab_sysfs::WatchedSlabSysfs;
 
 use crate::model::SiteKey;
 
@@ -50,9 +50,9 @@ pub struct Tracer<'obj> {
     /// The site slots of every CPU, mapped read-only: a read looks at each
     /// slot's count in place and copies only the slots in use.
     pub(super) site_slots: MappedArray,
-    /// Which caches SLUB merged (/sys/kernel/slab), read on first use.
-    /// and how many cache names there were then.
-    pub(super) slab_sysfs: RefCell<Option<(SlabSysfs, usize)>>,
+    /// Which caches SLUB merged (/sys/kernel/slab), read again when a
+    /// cache comes or goes.
+    pub(super) slab_sysfs: RefCell<WatchedSlabSysfs>,
     /// leaks' object table, mapped (`live_objects.bpf.h`); None without
     /// one (not leaks, or no BPF atomics: the hash map holds every object).
     pub(super) live_table: Option<LiveTable>,
