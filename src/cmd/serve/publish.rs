@@ -16,12 +16,12 @@ use crate::model::{SiteKey, Source};
 use crate::report::meminfo::MemInfo;
 use crate::report::overhead::self_usage;
 use crate::report::trigger::{oom_kills, Reading as TriggerReading};
-use crate::serve::cgroups;
-use crate::serve::families::{self, Health, OutstandingSite, SlabInput};
+use crate::serve::families::{self, Health, MeminfoSlab, OutstandingSite, SlabInput};
 use crate::serve::profile::Which;
 use crate::serve::routes::Published;
 use crate::serve::series::SiteDelta;
 use crate::serve::triggers;
+use crate::serve::{cgroups, processes};
 use crate::session::stop_requested;
 use crate::symbolize::Symbolize;
 use crate::sys::slab_sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
@@ -70,6 +70,7 @@ impl Daemon {
         let site_entries = snap.sites.len();
         let stack_entries = snap.stacks.len();
         let cgroup_entries = snap.cgroups.len();
+        let process_entries = snap.procs.len();
         let delta = att.tracker.interval(snap);
         let sites: Vec<SiteDelta> = delta
             .sites
@@ -98,6 +99,16 @@ impl Daemon {
             self.cgroups
                 .add_interval(cgroups::by_values(&delta.cgroups, &self.cgroup_names));
         }
+        // While live objects are tracked the kernel counts them instead
+        // of the per-process map: processes are read from the objects.
+        let count_processes = att.cfg.by_process && att.cfg.live.is_none();
+        if count_processes {
+            let name_now = |pid| crate::sys::process_name(pid);
+            let rows = self.process_names.by_values(&delta.procs, &name_now);
+            self.processes.add_interval(rows);
+            self.process_names
+                .retire_exited(&mut self.processes, &name_now);
+        }
         self.profile.add_interval(&delta, &self.syms);
         self.totals.events += delta.events;
         self.totals.bpf_run += delta.bpf_run;
@@ -115,6 +126,12 @@ impl Daemon {
             map_fill.push((
                 "cgroups",
                 cgroup_entries as f64 / att.tracer.cgroup_capacity().max(1) as f64,
+            ));
+        }
+        if count_processes {
+            map_fill.push((
+                "processes",
+                process_entries as f64 / att.tracer.process_capacity().max(1) as f64,
             ));
         }
         let outstanding = live.map(|l| {
@@ -155,6 +172,16 @@ impl Daemon {
         if cfg.by_cgroup {
             events_lost.push(("map_full_cgroups", e.map_full_cgroups));
         }
+        if count_processes {
+            events_lost.push(("map_full_processes", e.map_full_procs));
+        }
+        let process_outstanding = live.filter(|_| cfg.by_process).map(|l| {
+            let name_now = |pid| crate::sys::process_name(pid);
+            let names = &self.process_names;
+            processes::outstanding_rows(&l.by_process, self.args.process_series, &|pid| {
+                names.name_of(pid, &name_now)
+            })
+        });
         let usage = self_usage();
         let health = Health {
             bpf_run_time_ns: bpf.map(|b| b.run_time_ns),
@@ -171,6 +198,7 @@ impl Daemon {
             site_label_sets: self.state.remembered() as u64,
             profile_stacks: self.profile.stacks_held() as u64,
             profile_stacks_folded: self.profile.stacks_folded,
+            meminfo_slab: meminfo_slab(),
         };
         // A kernel without slabinfo still serves everything else.
         let slab = read_slabinfo(std::path::Path::new(PROC_SLABINFO)).ok();
@@ -178,6 +206,8 @@ impl Daemon {
         let (root_only, mut fams): (Vec<_>, Vec<_>) = families::build(
             &self.state,
             cfg.by_cgroup.then_some(&self.cgroups),
+            count_processes.then_some(&self.processes),
+            process_outstanding.as_deref(),
             outstanding.as_deref(),
             slab.as_deref().map(|rows| SlabInput {
                 rows,
@@ -293,6 +323,17 @@ fn merged_caches(rows: &[SlabinfoRow]) -> Vec<(String, String)> {
                 .map(|alias| (r.name.clone(), alias))
         })
         .collect()
+}
+
+/// The kernel's slab memory from /proc/meminfo; None where it names
+/// neither line.
+fn meminfo_slab() -> Option<MeminfoSlab> {
+    let m = MemInfo::parse(&std::fs::read_to_string("/proc/meminfo").ok()?);
+    let (reclaimable, unreclaimable) = (m.line("SReclaimable"), m.line("SUnreclaim"));
+    (reclaimable > 0 || unreclaimable > 0).then_some(MeminfoSlab {
+        reclaimable,
+        unreclaimable,
+    })
 }
 
 /// Gives the pages freed by the interval's transient buffers (map reads,
