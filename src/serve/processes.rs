@@ -3,8 +3,10 @@
 //! named once, by what `/proc/PID/comm` says when the daemon first sees
 //! it (after its exec, usually: the kernel's own record is the name at
 //! its first allocation, often its parent's before the exec), or by the
-//! kernel's record if it has already exited. Pure: the lookup of a
-//! running process's name is passed in.
+//! kernel's record if it has already exited. A process is told from a
+//! later one that reuses its pid by its start time (not its name: a
+//! kworker's name changes with the work it runs). Pure: the lookups of a
+//! running process are passed in.
 
 use std::collections::HashMap;
 
@@ -19,10 +21,21 @@ pub const LABELS: [&str; 2] = ["pid", "comm"];
 /// interrupted task's); its `pid` is empty.
 pub const INTERRUPT: &str = "[interrupt]";
 
+/// A running process as `/proc` shows it: its name and its start time.
+pub type Running = (String, u64);
+
+/// A process seen: the name its series bears, and its start time (None if
+/// it had exited when first seen).
+#[derive(Clone, Debug)]
+struct Seen {
+    name: String,
+    start: Option<u64>,
+}
+
 /// The names given to the processes seen so far, by pid.
 #[derive(Clone, Debug, Default)]
 pub struct ProcessNames {
-    names: HashMap<u32, String>,
+    names: HashMap<u32, Seen>,
 }
 
 impl ProcessNames {
@@ -32,23 +45,32 @@ impl ProcessNames {
 
     /// One interval's per-process deltas (the kernel's rows: `None` is
     /// interrupt context; the name it recorded beside the counts) by label
-    /// values. `name_now` is a running process's name, `None` once it
-    /// has exited.
+    /// values. `running` is a process's name and start time, `None` once
+    /// it has exited.
     pub fn by_values(
         &mut self,
         delta: &HashMap<Option<u32>, (String, AllocStats)>,
-        name_now: &dyn Fn(u32) -> Option<String>,
+        running: &dyn Fn(u32) -> Option<Running>,
     ) -> HashMap<LabelValues, AllocStats> {
         let mut out: HashMap<LabelValues, AllocStats> = HashMap::new();
         for (pid, (recorded, s)) in delta {
             let values = match pid {
                 None => vec![String::new(), INTERRUPT.to_string()],
                 Some(pid) => {
-                    let name = self
+                    let seen = self
                         .names
                         .entry(*pid)
-                        .or_insert_with(|| name_now(*pid).unwrap_or_else(|| recorded.clone()));
-                    vec![pid.to_string(), name.clone()]
+                        .or_insert_with(|| match running(*pid) {
+                            Some((name, start)) => Seen {
+                                name,
+                                start: Some(start),
+                            },
+                            None => Seen {
+                                name: recorded.clone(),
+                                start: None,
+                            },
+                        });
+                    vec![pid.to_string(), seen.name.clone()]
                 }
             };
             *out.entry(values).or_default() += *s;
@@ -57,18 +79,20 @@ impl ProcessNames {
     }
 
     /// Ends the series of the processes that are gone: no process has
-    /// their pid now, or the one that has it bears another name (the pid
-    /// was reused). Their label sets are forgotten (their series are no
-    /// longer exported, and nothing they counted moves to `other`).
-    /// Returns how many were ended.
+    /// their pid now, or the one that has it started at another time (the
+    /// pid was reused), or they had exited when first seen. Their label
+    /// sets are forgotten (their series are no longer exported, and
+    /// nothing they counted moves to `other`). `started` is the start
+    /// time of the process that has a pid now. Returns how many were
+    /// ended.
     pub fn retire_exited(
         &mut self,
         series: &mut Ranked,
-        name_now: &dyn Fn(u32) -> Option<String>,
+        started: &dyn Fn(u32) -> Option<u64>,
     ) -> usize {
         let mut gone: Vec<u32> = Vec::new();
-        for (pid, name) in &self.names {
-            if name_now(*pid).as_deref() != Some(name.as_str()) {
+        for (pid, seen) in &self.names {
+            if seen.start.is_none() || started(*pid) != seen.start {
                 gone.push(*pid);
             }
         }
@@ -85,7 +109,7 @@ impl ProcessNames {
     pub fn name_of(&self, pid: u32, name_now: &dyn Fn(u32) -> Option<String>) -> String {
         self.names
             .get(&pid)
-            .cloned()
+            .map(|s| s.name.clone())
             .or_else(|| name_now(pid))
             .unwrap_or_default()
     }

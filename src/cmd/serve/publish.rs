@@ -26,6 +26,7 @@ use crate::session::stop_requested;
 use crate::symbolize::Symbolize;
 use crate::sys::slab_sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
 use crate::sys::slabinfo::{read_slabinfo, SlabinfoRow, PROC_SLABINFO};
+use crate::sys::{process_name, process_start};
 
 impl Daemon {
     /// The `site` label of a site: its function, or the whole allocator
@@ -103,11 +104,11 @@ impl Daemon {
         // of the per-process map: processes are read from the objects.
         let count_processes = att.cfg.by_process && att.cfg.live.is_none();
         if count_processes {
-            let name_now = |pid| crate::sys::process_name(pid);
-            let rows = self.process_names.by_values(&delta.procs, &name_now);
+            let running = |pid| Some((process_name(pid)?, process_start(pid)?));
+            let rows = self.process_names.by_values(&delta.procs, &running);
             self.processes.add_interval(rows);
             self.process_names
-                .retire_exited(&mut self.processes, &name_now);
+                .retire_exited(&mut self.processes, &process_start);
         }
         self.profile.add_interval(&delta, &self.syms);
         self.totals.events += delta.events;
@@ -176,10 +177,9 @@ impl Daemon {
             events_lost.push(("map_full_processes", e.map_full_procs));
         }
         let process_outstanding = live.filter(|_| cfg.by_process).map(|l| {
-            let name_now = |pid| crate::sys::process_name(pid);
             let names = &self.process_names;
             processes::outstanding_rows(&l.by_process, self.args.process_series, &|pid| {
-                names.name_of(pid, &name_now)
+                names.name_of(pid, &process_name)
             })
         });
         let usage = self_usage();

@@ -22,14 +22,14 @@ fn a_process_is_named_by_its_name_now_or_else_the_kernels_record() {
         (None, (String::new(), stats(1))),
     ]);
     // 10 has exec'd into "ls" since its first allocation; 11 has exited.
-    let now = |pid: u32| (pid == 10).then(|| "ls".to_string());
+    let now = |pid: u32| (pid == 10).then(|| ("ls".to_string(), 500));
     let got = names.by_values(&delta, &now);
     assert_eq!(got.len(), 3);
     assert_eq!(got[&v("10", "ls")].count, 3);
     assert_eq!(got[&v("11", "bash")].count, 2);
     assert_eq!(got[&v("", INTERRUPT)].count, 1);
     // The name is given once: a later rename does not split the series.
-    let later = |pid: u32| (pid == 10).then(|| "renamed".to_string());
+    let later = |pid: u32| (pid == 10).then(|| ("renamed".to_string(), 500));
     let got = names.by_values(
         &HashMap::from([(Some(10), ("bash".into(), stats(4)))]),
         &later,
@@ -45,27 +45,48 @@ fn exited_and_reused_pids_end_their_series_and_the_rest_stay() {
         (Some(10), ("a".to_string(), stats(3))),
         (Some(11), ("b".to_string(), stats(2))),
         (Some(12), ("c".to_string(), stats(5))),
+        (Some(13), ("kworker/0:1-events".to_string(), stats(1))),
         (None, (String::new(), stats(1))),
     ]);
-    let all = |pid: u32| Some(["a", "b", "c"][(pid - 10) as usize].to_string());
+    let start = |pid: u32| u64::from(pid) * 100;
+    let all = |pid: u32| Some((format!("p{pid}"), start(pid)));
     series.add_interval(names.by_values(&delta, &all));
-    assert_eq!(series.remembered(), 4);
-    assert_eq!(names.retire_exited(&mut series, &all), 0);
-    // 11 exited; 12's pid now belongs to another program.
+    assert_eq!(series.remembered(), 5);
+    assert_eq!(names.retire_exited(&mut series, &|pid| Some(start(pid))), 0);
+    // 11 exited; 12's pid now belongs to a process started later; 13 runs
+    // on (its name may have changed: a kworker's does, it is not looked at).
     let now = |pid: u32| match pid {
-        10 => Some("a".to_string()),
-        12 => Some("other-program".to_string()),
+        10 | 13 => Some(start(pid)),
+        12 => Some(99_999),
         _ => None,
     };
     assert_eq!(names.retire_exited(&mut series, &now), 2);
-    assert_eq!(names.len(), 1);
+    assert_eq!(names.len(), 2);
     let exported: Vec<LabelValues> = series.series(2).into_iter().map(|(v, _)| v).collect();
     assert_eq!(
         exported,
-        vec![v("", INTERRUPT), v("10", "a"), v("other", "other")]
+        vec![
+            v("", INTERRUPT),
+            v("10", "p10"),
+            v("13", "p13"),
+            v("other", "other")
+        ]
     );
     // The interrupt row is never retired.
     assert!(series.is_member(&v("", INTERRUPT)));
+}
+
+#[test]
+fn a_process_first_seen_after_its_exit_ends_at_the_next_read() {
+    let mut names = ProcessNames::new();
+    let mut series = Ranked::new(10);
+    let delta = HashMap::from([(Some(20), ("short".to_string(), stats(4)))]);
+    series.add_interval(names.by_values(&delta, &|_| None));
+    assert_eq!(series.series(2)[0].0, v("20", "short"));
+    // Even if another process has its pid by now.
+    assert_eq!(names.retire_exited(&mut series, &|_| Some(1)), 1);
+    assert!(names.is_empty());
+    assert_eq!(series.series(2).len(), 1);
 }
 
 #[test]
