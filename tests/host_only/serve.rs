@@ -606,6 +606,81 @@ fn by_process_names_the_allocating_process_in_metrics_and_pprof() {
     assert!(serve.wait(), "{:#?}", serve.seen);
 }
 
+/// `--by-process --track-outstanding`: the process's outstanding objects,
+/// folded from the live objects, are exactly the COUNT messages it holds
+/// (the only size traced), then nothing once it has freed them.
+#[test]
+fn by_process_with_outstanding_tracking_shows_who_holds_memory() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let comm = format!("kpo{}", std::process::id() % 100_000);
+    let load = private_load(dir.path(), &comm);
+    let port = free_port();
+    let mut serve = start_serve(
+        port,
+        &[
+            "--by-process",
+            "--track-outstanding",
+            "--outstanding-interval",
+            "1",
+            "--comm",
+            &comm,
+            "--min-size",
+            "2148",
+            "--max-size",
+            "2148",
+        ],
+    );
+    let count = COUNT.to_string();
+    let mut holder = Background::spawn(load.to_str().unwrap(), &["msg", &count, "2100", "600"]);
+    holder.wait_for("holding");
+    let pid = holder.child.id();
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let labels = format!("{{pid=\"{pid}\",comm=\"{comm}\"}}");
+    let objects = format!("kheap_process_outstanding_objects{labels}");
+    wait_for_value("the process's outstanding objects", COUNT, || {
+        sample(&curl(&[&url]), &objects).unwrap_or(0.0) as u64
+    });
+    let body = curl(&[&url]);
+    assert_eq!(
+        sample(&body, &format!("kheap_process_outstanding_bytes{labels}")),
+        Some((COUNT * OBJECT) as f64),
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &body,
+            "kheap_process_outstanding_objects{pid=\"other\",comm=\"other\"}"
+        ),
+        Some(0.0),
+        "{body}"
+    );
+    // No allocation counters per process while live objects are tracked.
+    assert!(!body.contains("kheap_process_allocations_total"), "{body}");
+    promtool_check(&body);
+
+    holder.signal(libc::SIGUSR1);
+    assert!(holder.wait(), "kheap-load msg failed");
+    // Freed: the process holds nothing, and only other (0) is left.
+    let mine = format!("pid=\"{pid}\"");
+    wait_for_value(
+        "the process's series gone once its objects are freed",
+        0,
+        || curl(&[&url]).lines().filter(|l| l.contains(&mine)).count() as u64,
+    );
+    let after = curl(&[&url]);
+    assert_eq!(
+        sample(
+            &after,
+            "kheap_process_outstanding_bytes{pid=\"other\",comm=\"other\"}"
+        ),
+        Some(0.0),
+        "{after}"
+    );
+    serve.signal(libc::SIGTERM);
+    assert!(serve.wait(), "{:#?}", serve.seen);
+}
+
 /// The value of the sample `name{labels}` in a /metrics body (None if
 /// absent).
 fn sample(body: &str, name_and_labels: &str) -> Option<f64> {
