@@ -36,7 +36,7 @@ fn main() {
         .collect();
     let t = Instant::now();
     state.add_interval(&deltas, &[]);
-    let fams = families::build(&state, None, None, None, &Health::default());
+    let fams = families::build(&state, None, None, None, None, None, &Health::default());
     let build_ms = t.elapsed().as_secs_f64() * 1e3;
     let series: usize = fams.iter().map(|f| f.samples.len()).sum();
     for format in [Format::Prometheus, Format::OpenMetrics] {

@@ -99,6 +99,7 @@ mod tests {
         ("serve", Cmd),
         ("serve::series", Report),
         ("serve::cgroups", Report),
+        ("serve::processes", Report),
         ("serve::families", Render),
         ("serve::exposition", Render),
         ("serve::profile", Render),

@@ -75,6 +75,21 @@ pub fn process_name(pid: u32) -> Option<String> {
         .map(|c| c.trim_end_matches('\n').to_string())
 }
 
+/// When a process started (`/proc/PID/stat`'s starttime, in clock ticks
+/// since boot): with its pid, what tells a process from a later one that
+/// reuses the pid. None once it has exited.
+pub fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_start_time(&stat)
+}
+
+/// The starttime field (the 22nd) of a /proc/PID/stat line; the command
+/// name before it is in parentheses and may hold spaces and parentheses.
+pub fn stat_start_time(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// The cgroup2 mount point in a /proc/mounts text (the first one), if any.
 /// Hybrid hosts mount it at /sys/fs/cgroup/unified, pure v2 hosts at
 /// /sys/fs/cgroup: never assume either.
@@ -120,6 +135,14 @@ pub fn cgroup2_mount() -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_start_time_is_read_past_a_name_with_parentheses() {
+        let stat = "42 (a) b (c)) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 123456 1000 10 18446744073709551615";
+        assert_eq!(stat_start_time(stat), Some(123456));
+        assert_eq!(stat_start_time("42 (x) S 1"), None);
+        assert_eq!(stat_start_time(""), None);
+    }
 
     #[test]
     fn finds_cgroup2_on_hybrid_and_unified_hosts() {

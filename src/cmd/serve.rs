@@ -79,7 +79,8 @@ pub fn run(args: ServeArgs, command_line: Vec<String>) -> Result<i32> {
 }
 
 /// The kmem tracer's settings for `kheap serve`: frees (per cache too, for
-/// kheap_cache_frees_total), cgroups and outstanding objects on request.
+/// kheap_cache_frees_total), cgroups, processes and outstanding objects
+/// on request.
 fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
     let f = &args.filters;
     Config {
@@ -91,6 +92,9 @@ fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
         // Metrics need call sites only; the profiles' stacks are sampled
         // (sites stay exact).
         stack_sample_every: args.stacks.sample_every(crate::cli::DEFAULT_STACK_SAMPLE),
+        // The profiles' process labels: sampled stacks are keyed by who
+        // made them (only on the sampled path).
+        stack_owners: true,
         max_sites: args.max_entries,
         max_stacks: args.max_entries,
         kernel_memory: args.kernel_memory,
@@ -98,8 +102,12 @@ fn kernel_config(args: &ServeArgs, targets: &Targets) -> Config {
         // kheap_cache_frees_total counts kfree()'s too.
         kfree_caches: true,
         by_cgroup: args.by_cgroup,
+        by_process: args.by_process,
         cgroups: f.cgroups.iter().map(|c| c.id).collect(),
-        live: args.track_outstanding.then(LiveConfig::default),
+        live: args.track_outstanding.then_some(LiveConfig {
+            max_objects: args.max_objects,
+            ..LiveConfig::default()
+        }),
         sources: args.source.sources,
         ..Config::default()
     }

@@ -390,6 +390,9 @@ pub type OutstandingBySite = HashMap<(SiteKey, Option<CgroupSlot>), Outstanding>
 pub struct OutstandingRead {
     /// By (site, stack id); stack id 0: no stack was sampled for them.
     pub groups: HashMap<(SiteKey, i64), Outstanding>,
+    /// By the process that allocated them (`None`: interrupt context);
+    /// only when the tracer counts by process (`by_process`), else empty.
+    pub by_process: HashMap<Option<u32>, Outstanding>,
     /// Objects not tracked because the live map was full (cumulative).
     pub map_full_live: u64,
 }

@@ -425,14 +425,10 @@ pub fn source_label(shown: SourceColumn, source: Source) -> Option<Label> {
 /// path (its id when the path is not known). Interrupt context is
 /// `process=interrupt`, with no pid and no cgroup.
 fn owner_labels(p: &StackProcess) -> Vec<Label> {
-    let Some(pid) = p.pid else {
-        return vec![Label::Str("process".into(), "interrupt".into())];
-    };
-    let comm = p.comm.as_deref().unwrap_or_default();
-    let mut labels = vec![
-        Label::Str("process".into(), process_label(comm, pid)),
-        Label::Num("pid".into(), pid.into(), None),
-    ];
+    let mut labels = process_labels(p.pid, p.comm.as_deref().unwrap_or_default());
+    if p.pid.is_none() {
+        return labels;
+    }
     if let Some(c) = &p.cgroup {
         let path = c
             .path
@@ -441,6 +437,19 @@ fn owner_labels(p: &StackProcess) -> Vec<Label> {
         labels.push(Label::Str("cgroup".into(), path));
     }
     labels
+}
+
+/// `process` as `comm [pid]` and `pid` as a number, or
+/// `process=interrupt` (no pid) for interrupt context: the process labels
+/// of every kernel profile.
+pub fn process_labels(pid: Option<u32>, comm: &str) -> Vec<Label> {
+    match pid {
+        None => vec![Label::Str("process".into(), "interrupt".into())],
+        Some(pid) => vec![
+            Label::Str("process".into(), process_label(comm, pid)),
+            Label::Num("pid".into(), pid.into(), None),
+        ],
+    }
 }
 
 /// The `process` label of a sample.

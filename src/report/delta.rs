@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::hash::Hash;
 
 use crate::model::snapshot::{CgroupKey, EventCounters, ProgRunTime, Snapshot};
-use crate::model::{AllocStats, CacheId, SiteKey};
+use crate::model::{AllocStats, CacheId, Owner, SiteKey};
 
 use crate::model::snapshot::IdleKeys;
 
@@ -195,6 +195,10 @@ impl<K: Clone + Eq + Hash, V: Counter> MapTrack<K, V> {
 pub struct Tracker {
     sites: MapTrack<SiteKey, AllocStats>,
     stacks: MapTrack<(SiteKey, i64), AllocStats>,
+    /// Stacks by who made them (kept only where the kernel keys stacks by
+    /// owner: serve's profiles). Entries the kernel deleted are gone from
+    /// the next read, so they stop being a baseline by themselves.
+    stack_owners: MapTrack<((SiteKey, i64), Owner), AllocStats>,
     procs: MapTrack<Option<u32>, (String, AllocStats)>,
     cgroups: MapTrack<CgroupKey, AllocStats>,
     caches: MapTrack<CacheId, u64>,
@@ -228,6 +232,15 @@ impl Tracker {
         self.prev_source_frees = cur.source_frees;
         let sites = self.sites.step(cur.sites);
         let stacks = self.stacks.step(cur.stacks);
+        let flat: HashMap<((SiteKey, i64), Owner), AllocStats> = cur
+            .stack_owners
+            .into_iter()
+            .flat_map(|(k, by)| by.into_iter().map(move |(o, s)| ((k.clone(), o), s)))
+            .collect();
+        let mut stack_owners: HashMap<(SiteKey, i64), HashMap<Owner, AllocStats>> = HashMap::new();
+        for ((k, o), s) in self.stack_owners.step(flat) {
+            stack_owners.entry(k).or_default().insert(o, s);
+        }
         let procs = self.procs.step(cur.procs);
         let cgroups = self.cgroups.step(cur.cgroups);
         let cache_frees = self.caches.step(cur.cache_frees);
@@ -255,9 +268,9 @@ impl Tracker {
             events,
             bpf_run,
             leaks: None,
-            // top does not key stacks by owner.
-            stack_owners: HashMap::new(),
-            comms: HashMap::new(),
+            stack_owners,
+            // The names of the processes that own stacks, as last read.
+            comms: cur.comms,
         }
     }
 
@@ -430,6 +443,39 @@ mod tests {
         assert_eq!(d.cache_frees[&CacheId::Named("dentry".into())], 60);
         assert_eq!(d.events.frees, 90);
         assert_eq!(d.events.lost_stack_collision, 0);
+    }
+
+    #[test]
+    fn stack_owners_are_deltas_and_carry_their_names() {
+        let owner = Owner::Process {
+            tgid: 42,
+            cgroup: 1,
+        };
+        let mut t = Tracker::new();
+        let mut a = Snapshot::default();
+        a.stack_owners
+            .entry((key(1), 7))
+            .or_default()
+            .insert(owner, stats(2, 144));
+        a.comms.insert(42, "cc1".into());
+        t.interval(a.clone());
+        let mut b = a.clone();
+        b.stack_owners
+            .entry((key(1), 7))
+            .or_default()
+            .insert(owner, stats(5, 144));
+        b.stack_owners
+            .entry((key(1), 7))
+            .or_default()
+            .insert(Owner::Interrupt, stats(1, 144));
+        let d = t.interval(b);
+        assert_eq!(d.stack_owners[&(key(1), 7)][&owner].count, 3);
+        assert_eq!(d.stack_owners[&(key(1), 7)][&Owner::Interrupt].count, 1);
+        assert_eq!(d.comms[&42], "cc1");
+        // Deleted from the map (idle), then back: it counts from zero.
+        t.interval(Snapshot::default());
+        let d = t.interval(a);
+        assert_eq!(d.stack_owners[&(key(1), 7)][&owner].count, 2);
     }
 
     #[test]

@@ -4,10 +4,12 @@
 
 use std::collections::BTreeMap;
 
+use crate::model::live::Outstanding;
 use crate::model::slab_loss::{slab_bytes, slab_loss};
 use crate::model::{Hist, Source, HIST_BUCKETS};
 use crate::serve::cgroups;
 use crate::serve::exposition::{Family, Kind, Value};
+use crate::serve::processes;
 use crate::serve::series::{
     LabelValues, Ranked, SeriesCounters, SeriesState, SourceCounters, OTHER,
 };
@@ -59,6 +61,17 @@ pub struct Health {
     pub profile_stacks: u64,
     /// Stacks folded into their site's "aged out" share (cumulative).
     pub profile_stacks_folded: u64,
+    /// The kernel's slab memory from /proc/meminfo (readable by every
+    /// user, so served to every reader): reclaimable and unreclaimable
+    /// bytes.
+    pub meminfo_slab: Option<MeminfoSlab>,
+}
+
+/// /proc/meminfo's `SReclaimable` and `SUnreclaim`, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MeminfoSlab {
+    pub reclaimable: u64,
+    pub unreclaimable: u64,
 }
 
 fn hist_value(h: &Hist, sum: u64) -> Value {
@@ -118,8 +131,6 @@ fn counter_families(
         .collect()
 }
 
-/// Every family of one interval (`cgroups`: the per-cgroup series, with
-/// `--by-cgroup`).
 /// The families made of `/proc/slabinfo`'s numbers. The file is mode 0400
 /// (root-only: live per-cache counts help an attacker groom the heap), so
 /// they are served only to a reader who may read them (docs/serve.md).
@@ -134,9 +145,17 @@ pub fn from_slabinfo(name: &str) -> bool {
     FROM_SLABINFO.contains(&name)
 }
 
+/// A gauge of outstanding objects: name, help, value.
+type OutstandingDef = (&'static str, &'static str, fn(&Outstanding) -> u64);
+
+/// Every family of one interval (`cgroups`: the per-cgroup series, with
+/// `--by-cgroup`; `processes`: the per-process series, with
+/// `--by-process`).
 pub fn build(
     state: &SeriesState,
     cgroups: Option<&Ranked>,
+    processes: Option<&Ranked>,
+    process_outstanding: Option<&[(LabelValues, Outstanding)]>,
     outstanding: Option<&[OutstandingSite]>,
     slab: Option<SlabInput>,
     health: &Health,
@@ -182,6 +201,33 @@ pub fn build(
     if let Some(c) = cgroups {
         let rows = c.series(cgroups::LABELS.len());
         out.extend(counter_families("kheap_cgroup", &cgroups::LABELS, &rows));
+    }
+
+    // Per process: the top N of the running processes, and other.
+    if let Some(p) = processes {
+        let rows = p.series(processes::LABELS.len());
+        out.extend(counter_families("kheap_process", &processes::LABELS, &rows));
+    }
+    if let Some(rows) = process_outstanding {
+        let defs: [OutstandingDef; 2] = [
+            (
+                "kheap_process_outstanding_objects",
+                "Objects allocated by the process and not freed (top N holders, and other)",
+                |o| o.objects,
+            ),
+            (
+                "kheap_process_outstanding_bytes",
+                "Bytes allocated by the process and not freed (top N holders, and other)",
+                |o| o.bytes_alloc,
+            ),
+        ];
+        for (name, help, get) in defs {
+            let mut f = Family::new(name, Kind::Gauge, help, &processes::LABELS);
+            for (v, o) in rows {
+                f.push(v.clone(), Value::Int(get(o)));
+            }
+            out.push(f);
+        }
     }
 
     if let Some(objs) = outstanding {
@@ -410,6 +456,17 @@ fn health_families(h: &Health, out: &mut Vec<Family>) {
         for (v, value) in rows {
             f.push(vec![v.to_string()], value);
         }
+        out.push(f);
+    }
+    if let Some(m) = h.meminfo_slab {
+        let mut f = Family::new(
+            "kheap_meminfo_slab_bytes",
+            Kind::Gauge,
+            "Slab memory of the whole kernel (/proc/meminfo SReclaimable, SUnreclaim)",
+            &["kind"],
+        );
+        f.push(vec!["reclaimable".into()], Value::Int(m.reclaimable));
+        f.push(vec!["unreclaimable".into()], Value::Int(m.unreclaimable));
         out.push(f);
     }
     out.extend(singles([

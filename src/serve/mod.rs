@@ -9,6 +9,7 @@ pub mod exposition;
 pub mod families;
 pub mod http;
 pub mod listen;
+pub mod processes;
 pub mod profile;
 pub mod routes;
 pub mod series;

@@ -16,14 +16,21 @@
 //! - Outstanding memory (`inuse_*`) is the live-object map read that
 //!   interval: exact per site, apportioned over the site's sampled stacks
 //!   the same way.
+//! - Who allocated: each stack's allocations are apportioned over the
+//!   processes that made its sampled ones (the kernel keys sampled stacks
+//!   by owner), and those rows carry `process` (`comm [pid]`) and `pid`
+//!   (or `process=interrupt`). At most [`MAX_OWNERS`] processes per stack
+//!   keep their own share; the rest, the stacks folded away and the
+//!   outstanding objects (the live objects are not read by owner) are rows
+//!   without a process.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
-use crate::model::{apportion, AllocStats, SiteKey, Source};
-use crate::render::pprof::{heap_profile, source_label, Frame, Label, Sample};
+use crate::model::{apportion, AllocStats, Owner, SiteKey, Source};
+use crate::render::pprof::{heap_profile, process_labels, source_label, Frame, Label, Sample};
 use crate::render::SourceColumn;
 use crate::serve::series::FORGET_AFTER;
 use crate::symbolize::{caller_frames, strip_tracing_frames, Symbolize};
@@ -31,12 +38,27 @@ use crate::symbolize::{caller_frames, strip_tracing_frames, Symbolize};
 /// The stack id of rows without a stack (the site's own frame).
 const NO_STACK: i64 = 0;
 
+/// Processes per stack that keep a share of their own; later ones go to
+/// the stack's share without a process.
+pub const MAX_OWNERS: usize = 16;
+
 #[derive(Clone, Debug, Default)]
 struct StackState {
     /// Sampled allocations, cumulative.
     sampled: AllocStats,
     /// Intervals since the stack was last sampled.
     idle: u32,
+    /// Sampled allocations by process (`None`: interrupt context), at most
+    /// MAX_OWNERS of them.
+    owners: HashMap<Option<u32>, AllocStats>,
+}
+
+/// Who made a row's allocations: a process (its pid and name) or
+/// interrupt context (`pid` None).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowOwner {
+    pub pid: Option<u32>,
+    pub comm: Arc<str>,
 }
 
 /// Cumulative per-site and per-stack allocation counts of the daemon.
@@ -48,6 +70,8 @@ pub struct ProfileState {
     folded: HashMap<SiteKey, AllocStats>,
     /// Symbolized frames of the stacks held, innermost first.
     frames: HashMap<i64, Arc<[Frame]>>,
+    /// Names of the processes the stacks' owners are, as first learned.
+    comms: HashMap<u32, Arc<str>>,
     /// The call site's frame and the cache name of each site.
     site_frames: HashMap<SiteKey, (Arc<[Frame]>, Arc<str>)>,
     max_stacks: usize,
@@ -70,6 +94,8 @@ pub struct ProfileRow {
     pub estimated: bool,
     /// The site's share of stacks folded away (aged out or over the cap).
     pub aged_out: bool,
+    /// Who made these allocations, where known.
+    pub owner: Option<RowOwner>,
 }
 
 /// What the HTTP threads encode on request.
@@ -148,7 +174,33 @@ impl ProfileState {
                 }
             }
         }
+        self.add_owners(delta);
         self.fold_stale_stacks();
+    }
+
+    /// Adds the interval's sampled stacks by owner (up to MAX_OWNERS a
+    /// stack) and learns the owners' names.
+    fn add_owners(&mut self, delta: &Snapshot) {
+        for (k, by) in &delta.stack_owners {
+            let Some(e) = self.stacks.get_mut(k) else {
+                continue;
+            };
+            for (owner, s) in by {
+                let pid = match *owner {
+                    Owner::Process { tgid, .. } => Some(tgid),
+                    Owner::Interrupt => None,
+                };
+                if e.owners.len() >= MAX_OWNERS && !e.owners.contains_key(&pid) {
+                    continue;
+                }
+                *e.owners.entry(pid).or_default() += *s;
+                if let Some(tgid) = pid {
+                    self.comms.entry(tgid).or_insert_with(|| {
+                        Arc::from(delta.comms.get(&tgid).map(String::as_str).unwrap_or(""))
+                    });
+                }
+            }
+        }
     }
 
     /// Folds stacks idle too long, then the least recently active beyond
@@ -189,6 +241,12 @@ impl ProfileState {
             let used: std::collections::HashSet<i64> =
                 self.stacks.keys().map(|(_, id)| *id).collect();
             self.frames.retain(|id, _| used.contains(id));
+            let named: std::collections::HashSet<u32> = self
+                .stacks
+                .values()
+                .flat_map(|s| s.owners.keys().flatten().copied())
+                .collect();
+            self.comms.retain(|pid, _| named.contains(pid));
         }
     }
 
@@ -259,14 +317,21 @@ impl ProfileState {
                     Some(f) if id != NO_STACK => f.clone(),
                     _ => site_frame.clone(),
                 };
-                rows.push(ProfileRow {
+                let row = ProfileRow {
                     frames,
                     cache: cache.clone(),
                     source: site.cache.source(),
                     values: v.map(|x| x as i64),
                     estimated,
                     aged_out: id == NO_STACK && parts.alloc.contains_key(&NO_STACK),
-                });
+                    owner: None,
+                };
+                match self.stacks.get(&(site.clone(), id)) {
+                    Some(s) if id != NO_STACK && !s.owners.is_empty() => {
+                        self.split_by_owner(row, s, &mut rows)
+                    }
+                    _ => rows.push(row),
+                }
             }
         }
         rows.sort_by(|a, b| {
@@ -281,6 +346,58 @@ impl ProfileState {
             })
         });
         rows
+    }
+
+    /// Splits a stack's row over the processes that made its sampled
+    /// allocations: one row per process with its share of the allocations
+    /// (largest remainder, so they add up to the row's), and the row
+    /// without a process keeps the outstanding values and what no process
+    /// kept (owners beyond MAX_OWNERS).
+    fn split_by_owner(&self, row: ProfileRow, s: &StackState, rows: &mut Vec<ProfileRow>) {
+        let mut owners: Vec<(&Option<u32>, &AllocStats)> = s.owners.iter().collect();
+        owners.sort_by_key(|(pid, _)| **pid);
+        let kept = owners
+            .iter()
+            .fold((0, 0), |t, (_, a)| (t.0 + a.count, t.1 + a.bytes_alloc));
+        // The share no process kept, as one more part.
+        let rest = (
+            s.sampled.count.saturating_sub(kept.0),
+            s.sampled.bytes_alloc.saturating_sub(kept.1),
+        );
+        let mut weights_objects: Vec<u64> = owners.iter().map(|(_, a)| a.count).collect();
+        let mut weights_bytes: Vec<u64> = owners.iter().map(|(_, a)| a.bytes_alloc).collect();
+        weights_objects.push(rest.0);
+        weights_bytes.push(rest.1);
+        if weights_objects.iter().all(|&w| w == 0) || weights_bytes.iter().all(|&w| w == 0) {
+            rows.push(row);
+            return;
+        }
+        let objects = apportion(row.values[0] as u64, &weights_objects);
+        let bytes = apportion(row.values[1] as u64, &weights_bytes);
+        for (i, (pid, _)) in owners.iter().enumerate() {
+            if objects[i] == 0 && bytes[i] == 0 {
+                continue;
+            }
+            let comm = match pid {
+                Some(p) => self.comms.get(p).cloned().unwrap_or_else(|| Arc::from("")),
+                None => Arc::from(""),
+            };
+            rows.push(ProfileRow {
+                values: [objects[i] as i64, bytes[i] as i64, 0, 0],
+                owner: Some(RowOwner { pid: **pid, comm }),
+                ..row.clone()
+            });
+        }
+        let last = owners.len();
+        let values = [
+            objects[last] as i64,
+            bytes[last] as i64,
+            row.values[2],
+            row.values[3],
+        ];
+        if values != [0; 4] {
+            rows.push(ProfileRow { values, ..row });
+        }
     }
 
     pub fn snapshot(
@@ -386,6 +503,9 @@ impl ProfileSnapshot {
             if r.aged_out {
                 labels.push(Label::Str("stack".into(), "aged out".into()));
             }
+            if let Some(o) = &r.owner {
+                labels.extend(process_labels(o.pid, &o.comm));
+            }
             b.add(&Sample {
                 frames: r.frames.to_vec(),
                 values: r.values[..n].to_vec(),
@@ -479,6 +599,55 @@ mod tests {
                 assert_eq!(names, ["f10", "f20"]);
             }
         }
+    }
+
+    /// A stack's exact share is split over the processes that made its
+    /// sampled allocations, to the unit; outstanding values stay on a row
+    /// without a process; the encoded samples carry process and pid.
+    #[test]
+    fn stacks_are_split_over_their_owners_and_samples_name_them() {
+        let mut p = ProfileState::new(10, 1024);
+        // 100 allocations of 64 bytes, one stack sampled 3 times: twice by
+        // pid 7 ("cc1"), once in interrupt context.
+        let (site, mut d) = site_with_stacks(100, 64, &[(1, 3)]);
+        let by = d.stack_owners.entry((site.clone(), 1)).or_default();
+        by.insert(Owner::Process { tgid: 7, cgroup: 1 }, stats(2, 64));
+        by.insert(Owner::Interrupt, stats(1, 64));
+        d.comms.insert(7, "cc1".into());
+        p.add_interval(&d, &Syms);
+        let live = HashMap::from([(
+            (site, 1),
+            Outstanding {
+                objects: 5,
+                bytes_alloc: 320,
+            },
+        )]);
+        let rows = p.rows(Some(&live));
+        let find = |pid: Option<u32>, owned: bool| {
+            rows.iter()
+                .find(|r| match &r.owner {
+                    Some(o) => owned && o.pid == pid,
+                    None => !owned,
+                })
+                .unwrap_or_else(|| panic!("{pid:?} {owned} in {rows:?}"))
+        };
+        // Objects and bytes are each apportioned to the unit (6400 bytes).
+        assert_eq!(find(Some(7), true).values, [67, 4267, 0, 0]);
+        assert_eq!(&*find(Some(7), true).owner.as_ref().unwrap().comm, "cc1");
+        assert_eq!(find(None, true).values, [33, 2133, 0, 0]);
+        assert_eq!(find(None, false).values, [0, 0, 5, 320]);
+        assert_eq!(rows.len(), 3);
+        let snap = p.snapshot(Some(&live), 1.0);
+        let prof = decode(&snap.encode(Which::Alloc));
+        let mut processes = label_values(&prof, "process");
+        processes.sort();
+        assert_eq!(
+            processes,
+            vec![
+                (Some("cc1 [7]".to_string()), 67),
+                (Some("interrupt".to_string()), 33)
+            ]
+        );
     }
 
     #[test]

@@ -222,6 +222,16 @@ impl Ranked {
     pub fn remembered(&self) -> usize {
         self.sets.len()
     }
+
+    /// Forgets the label sets `gone` picks (processes that exited): their
+    /// series are no longer exported, and what they counted stays theirs
+    /// (nothing moves to `other`). Returns how many were forgotten.
+    pub fn retire(&mut self, gone: &dyn Fn(&LabelValues) -> bool) -> usize {
+        let before = self.sets.len();
+        self.sets.retain(|v, _| !gone(v));
+        self.members.retain(|v| !gone(v));
+        before - self.sets.len()
+    }
 }
 
 /// Everything the daemon accumulates from interval deltas.

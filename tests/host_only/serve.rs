@@ -505,6 +505,182 @@ fn go_tool_pprof_reads_alloc_and_inuse_over_http() {
     assert!(serve.wait(), "kheap serve exits 0 on SIGTERM");
 }
 
+/// `--by-process`: one known process holds COUNT messages of 2100 bytes
+/// (requests of 2148 bytes, the only size traced), a real Prometheus
+/// scrapes its pid/comm series with exactly those counts beside one
+/// `other` series that is zero (the `--comm` filter leaves nothing else),
+/// `go tool pprof -tagfocus=pid=PID` finds exactly its allocations in
+/// /pprof/alloc, and once the process has exited its series is gone from
+/// /metrics while the cache totals stay.
+#[test]
+fn by_process_names_the_allocating_process_in_metrics_and_pprof() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let comm = format!("kpp{}", std::process::id() % 100_000);
+    let load = private_load(dir.path(), &comm);
+    let port = free_port();
+    let mut serve = start_serve(
+        port,
+        &[
+            "--by-process",
+            "--processes",
+            "3",
+            "--comm",
+            &comm,
+            "--min-size",
+            "2148",
+            "--max-size",
+            "2148",
+        ],
+    );
+    let prom_port = free_port();
+    let _prom = start_prometheus(dir.path(), prom_port, &[port]);
+    let count = COUNT.to_string();
+    let mut holder = Background::spawn(load.to_str().unwrap(), &["msg", &count, "2100", "600"]);
+    holder.wait_for("holding");
+    let pid = holder.child.id();
+
+    let series = format!("kheap_process_allocations_total{{pid=\"{pid}\"}}");
+    let got = wait_query(prom_port, &series, |r| {
+        r.len() == 1 && r[0].1 == COUNT as f64
+    });
+    assert_eq!(got[0].0["comm"], comm.as_str(), "{got:?}");
+    let one = |q: &str| -> f64 {
+        let r = query(prom_port, q);
+        assert_eq!(r.len(), 1, "{q}: {r:?}");
+        r[0].1
+    };
+    assert_eq!(
+        one(&format!(
+            "kheap_process_requested_bytes_total{{pid=\"{pid}\"}}"
+        )),
+        (COUNT * 2148) as f64
+    );
+    assert_eq!(
+        one(&format!(
+            "kheap_process_allocated_bytes_total{{pid=\"{pid}\"}}"
+        )),
+        (COUNT * OBJECT) as f64
+    );
+    // The process and other, nothing else: interrupts are left out by
+    // --comm, and no other process has its name.
+    let all = query(prom_port, "kheap_process_allocations_total");
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert_eq!(
+        one("kheap_process_allocations_total{pid=\"other\",comm=\"other\"}"),
+        0.0
+    );
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let body = curl(&[&url]);
+    promtool_check(&body);
+    assert!(
+        sample(&body, "kheap_map_fill_ratio{map=\"processes\"}").is_some_and(|f| f > 0.0),
+        "{body}"
+    );
+
+    // pprof finds the process by its pid tag: all its allocations (the
+    // site's exact total, over the stacks it made), and its process label.
+    let alloc = format!("http://127.0.0.1:{port}/pprof/alloc");
+    let tag = format!("pid={pid}");
+    assert_eq!(pprof_total(&alloc, "alloc_objects", &tag), COUNT);
+    assert_eq!(pprof_total(&alloc, "alloc_space", &tag), COUNT * OBJECT);
+    let tags = go_pprof(&["-tags"], &alloc);
+    assert!(tags.contains(&format!("{comm} [{pid}]")), "{tags}");
+
+    holder.signal(libc::SIGUSR1);
+    assert!(holder.wait(), "kheap-load msg failed");
+    // Exited: its series ends (the next read finds no such process), the
+    // cache's totals keep its allocations.
+    let mine = format!("pid=\"{pid}\"");
+    wait_for_value("the exited process's series gone", 0, || {
+        curl(&[&url]).lines().filter(|l| l.contains(&mine)).count() as u64
+    });
+    let after = curl(&[&url]);
+    let cache_total: f64 = after
+        .lines()
+        .filter(|l| l.starts_with("kheap_cache_allocations_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum();
+    assert_eq!(cache_total, COUNT as f64, "{after}");
+    serve.signal(libc::SIGTERM);
+    assert!(serve.wait(), "{:#?}", serve.seen);
+}
+
+/// `--by-process --track-outstanding`: the process's outstanding objects,
+/// folded from the live objects, are exactly the COUNT messages it holds
+/// (the only size traced), then nothing once it has freed them.
+#[test]
+fn by_process_with_outstanding_tracking_shows_who_holds_memory() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let comm = format!("kpo{}", std::process::id() % 100_000);
+    let load = private_load(dir.path(), &comm);
+    let port = free_port();
+    let mut serve = start_serve(
+        port,
+        &[
+            "--by-process",
+            "--track-outstanding",
+            "--outstanding-interval",
+            "1",
+            "--comm",
+            &comm,
+            "--min-size",
+            "2148",
+            "--max-size",
+            "2148",
+        ],
+    );
+    let count = COUNT.to_string();
+    let mut holder = Background::spawn(load.to_str().unwrap(), &["msg", &count, "2100", "600"]);
+    holder.wait_for("holding");
+    let pid = holder.child.id();
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let labels = format!("{{pid=\"{pid}\",comm=\"{comm}\"}}");
+    let objects = format!("kheap_process_outstanding_objects{labels}");
+    wait_for_value("the process's outstanding objects", COUNT, || {
+        sample(&curl(&[&url]), &objects).unwrap_or(0.0) as u64
+    });
+    let body = curl(&[&url]);
+    assert_eq!(
+        sample(&body, &format!("kheap_process_outstanding_bytes{labels}")),
+        Some((COUNT * OBJECT) as f64),
+        "{body}"
+    );
+    assert_eq!(
+        sample(
+            &body,
+            "kheap_process_outstanding_objects{pid=\"other\",comm=\"other\"}"
+        ),
+        Some(0.0),
+        "{body}"
+    );
+    // No allocation counters per process while live objects are tracked.
+    assert!(!body.contains("kheap_process_allocations_total"), "{body}");
+    promtool_check(&body);
+
+    holder.signal(libc::SIGUSR1);
+    assert!(holder.wait(), "kheap-load msg failed");
+    // Freed: the process holds nothing, and only other (0) is left.
+    let mine = format!("pid=\"{pid}\"");
+    wait_for_value(
+        "the process's series gone once its objects are freed",
+        0,
+        || curl(&[&url]).lines().filter(|l| l.contains(&mine)).count() as u64,
+    );
+    let after = curl(&[&url]);
+    assert_eq!(
+        sample(
+            &after,
+            "kheap_process_outstanding_bytes{pid=\"other\",comm=\"other\"}"
+        ),
+        Some(0.0),
+        "{after}"
+    );
+    serve.signal(libc::SIGTERM);
+    assert!(serve.wait(), "{:#?}", serve.seen);
+}
+
 /// The value of the sample `name{labels}` in a /metrics body (None if
 /// absent).
 fn sample(body: &str, name_and_labels: &str) -> Option<f64> {

@@ -16,6 +16,7 @@ use crate::kernel::storage::ObjectStorage;
 use crate::model::live::OutstandingRead;
 use crate::report::delta::Tracker;
 use crate::serve::listen::Listen;
+use crate::serve::processes::ProcessNames;
 use crate::serve::profile::ProfileState;
 use crate::serve::routes::Shared;
 use crate::serve::series::{Ranked, SeriesState};
@@ -69,6 +70,10 @@ pub struct Daemon {
     /// Cgroup paths learned while the run goes on: a removed cgroup keeps
     /// its last path.
     pub(super) cgroup_names: CgroupNames,
+    /// The per-process series (exported with --by-process).
+    pub(super) processes: Ranked,
+    /// The names given to the processes seen, until they exit.
+    pub(super) process_names: ProcessNames,
     pub(super) profile: ProfileState,
     pub(super) totals: Totals,
     pub(super) syms: CachingSymbols<KernelSymbols>,
@@ -97,6 +102,8 @@ impl Daemon {
             state: SeriesState::new(args.labels.0.clone(), args.sites),
             cgroups: Ranked::new(args.cgroup_series),
             cgroup_names: CgroupNames::new(cgroup2_mount().ok()),
+            processes: Ranked::new(args.process_series),
+            process_names: ProcessNames::new(),
             profile: ProfileState::new(
                 args.max_entries as usize,
                 args.stacks.sample_every(crate::cli::DEFAULT_STACK_SAMPLE),
@@ -226,6 +233,7 @@ impl Daemon {
         }
         self.state.set_max_sites(new.sites);
         self.cgroups.set_max(new.cgroup_series);
+        self.processes.set_max(new.process_series);
         self.triggers = triggers::reconcile(&self.triggers, &new.snapshot_when);
         self.profile.set_limits(
             new.max_entries as usize,
@@ -238,7 +246,9 @@ impl Daemon {
             || new.filters.max_size != cfg.max_size
             || kmem::AttachMode::from(new.filters.attach) != cfg.attach
             || new.track_outstanding != cfg.live.is_some()
+            || cfg.live.is_some_and(|l| l.max_objects != new.max_objects)
             || new.by_cgroup != cfg.by_cgroup
+            || new.by_process != cfg.by_process
             || new
                 .filters
                 .cgroups

@@ -16,16 +16,17 @@ use crate::model::{SiteKey, Source};
 use crate::report::meminfo::MemInfo;
 use crate::report::overhead::self_usage;
 use crate::report::trigger::{oom_kills, Reading as TriggerReading};
-use crate::serve::cgroups;
-use crate::serve::families::{self, Health, OutstandingSite, SlabInput};
+use crate::serve::families::{self, Health, MeminfoSlab, OutstandingSite, SlabInput};
 use crate::serve::profile::Which;
 use crate::serve::routes::Published;
 use crate::serve::series::SiteDelta;
 use crate::serve::triggers;
+use crate::serve::{cgroups, processes};
 use crate::session::stop_requested;
 use crate::symbolize::Symbolize;
 use crate::sys::slab_sysfs::{SlabSysfs, SYS_KERNEL_SLAB};
 use crate::sys::slabinfo::{read_slabinfo, SlabinfoRow, PROC_SLABINFO};
+use crate::sys::{process_name, process_start};
 use std::path::Path;
 
 impl Daemon {
@@ -71,6 +72,7 @@ impl Daemon {
         let site_entries = snap.sites.len();
         let stack_entries = snap.stacks.len();
         let cgroup_entries = snap.cgroups.len();
+        let process_entries = snap.procs.len();
         let delta = att.tracker.interval(snap);
         let sites: Vec<SiteDelta> = delta
             .sites
@@ -99,6 +101,16 @@ impl Daemon {
             self.cgroups
                 .add_interval(cgroups::by_values(&delta.cgroups, &self.cgroup_names));
         }
+        // While live objects are tracked the kernel counts them instead
+        // of the per-process map: processes are read from the objects.
+        let count_processes = att.cfg.by_process && att.cfg.live.is_none();
+        if count_processes {
+            let running = |pid| Some((process_name(pid)?, process_start(pid)?));
+            let rows = self.process_names.by_values(&delta.procs, &running);
+            self.processes.add_interval(rows);
+            self.process_names
+                .retire_exited(&mut self.processes, &process_start);
+        }
         self.profile.add_interval(&delta, &self.syms);
         self.totals.events += delta.events;
         self.totals.bpf_run += delta.bpf_run;
@@ -116,6 +128,12 @@ impl Daemon {
             map_fill.push((
                 "cgroups",
                 cgroup_entries as f64 / att.tracer.cgroup_capacity().max(1) as f64,
+            ));
+        }
+        if count_processes {
+            map_fill.push((
+                "processes",
+                process_entries as f64 / att.tracer.process_capacity().max(1) as f64,
             ));
         }
         let outstanding = live.map(|l| {
@@ -156,6 +174,15 @@ impl Daemon {
         if cfg.by_cgroup {
             events_lost.push(("map_full_cgroups", e.map_full_cgroups));
         }
+        if count_processes {
+            events_lost.push(("map_full_processes", e.map_full_procs));
+        }
+        let process_outstanding = live.filter(|_| cfg.by_process).map(|l| {
+            let names = &self.process_names;
+            processes::outstanding_rows(&l.by_process, self.args.process_series, &|pid| {
+                names.name_of(pid, &process_name)
+            })
+        });
         let usage = self_usage();
         let health = Health {
             bpf_run_time_ns: bpf.map(|b| b.run_time_ns),
@@ -172,6 +199,7 @@ impl Daemon {
             site_label_sets: self.state.remembered() as u64,
             profile_stacks: self.profile.stacks_held() as u64,
             profile_stacks_folded: self.profile.stacks_folded,
+            meminfo_slab: meminfo_slab(),
         };
         // A kernel without slabinfo still serves everything else.
         let slab = read_slabinfo(std::path::Path::new(PROC_SLABINFO)).ok();
@@ -185,6 +213,8 @@ impl Daemon {
         let (root_only, mut fams): (Vec<_>, Vec<_>) = families::build(
             &self.state,
             cfg.by_cgroup.then_some(&self.cgroups),
+            count_processes.then_some(&self.processes),
+            process_outstanding.as_deref(),
             outstanding.as_deref(),
             slab.as_deref().map(|rows| SlabInput {
                 rows,
@@ -296,6 +326,17 @@ fn merged_caches(rows: &[SlabinfoRow], fs: &SlabSysfs) -> Vec<(String, String)> 
                 .map(|alias| (r.name.clone(), alias))
         })
         .collect()
+}
+
+/// The kernel's slab memory from /proc/meminfo; None where it names
+/// neither line.
+fn meminfo_slab() -> Option<MeminfoSlab> {
+    let m = MemInfo::parse(&std::fs::read_to_string("/proc/meminfo").ok()?);
+    let (reclaimable, unreclaimable) = (m.line("SReclaimable"), m.line("SUnreclaim"));
+    (reclaimable > 0 || unreclaimable > 0).then_some(MeminfoSlab {
+        reclaimable,
+        unreclaimable,
+    })
 }
 
 /// Gives the pages freed by the interval's transient buffers (map reads,

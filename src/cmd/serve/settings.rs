@@ -66,6 +66,10 @@ pub struct ServeArgs {
     /// than the counters
     #[arg(long, value_parser = parse_duration, default_value = "30", value_name = "SECS")]
     pub outstanding_interval: Duration,
+    /// Capacity of the live-object store (--track-outstanding; objects
+    /// tracked at once, about 80 bytes of kernel memory each)
+    #[arg(long, value_parser = crate::cli::parse_tracked_objects, default_value = crate::cli::DEFAULT_TRACKED_OBJECTS, value_name = "N")]
+    pub max_objects: u32,
     /// Site series kept (the busiest N label sets); the rest is summed into
     /// site="other"
     #[arg(long, default_value = "100", value_name = "N")]
@@ -78,6 +82,17 @@ pub struct ServeArgs {
     /// rest is summed into cgroup="other"
     #[arg(long = "cgroups", default_value = "50", value_name = "N")]
     pub cgroup_series: usize,
+    /// Count per process too (in the kernel) and export the
+    /// kheap_process_* families (labels pid, comm): allocations (a
+    /// process's series ends when it exits) or, with --track-outstanding,
+    /// outstanding objects and bytes
+    #[arg(long)]
+    pub by_process: bool,
+    /// Process series kept with --by-process (the busiest N, or the N
+    /// holding the most outstanding bytes); the rest is summed into
+    /// pid="other"
+    #[arg(long = "processes", default_value = "20", value_name = "N")]
+    pub process_series: usize,
     /// Labels of the site series: site, cache, or both (comma-separated)
     #[arg(long, value_parser = parse_labels, default_value = "site,cache", value_name = "LIST")]
     pub labels: Labels,
@@ -183,6 +198,9 @@ pub fn check(args: &ServeArgs) -> Result<()> {
     }
     if args.cgroup_series == 0 {
         bail!("--cgroups 0: give at least 1 (everything else goes to cgroup=\"other\")");
+    }
+    if args.process_series == 0 {
+        bail!("--processes 0: give at least 1 (everything else goes to pid=\"other\")");
     }
     if !args.filters.targets.command.is_empty() {
         bail!("kheap serve is a daemon and runs no command: select processes with --comm or -p");

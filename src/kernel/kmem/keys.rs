@@ -31,7 +31,9 @@ impl<'obj> Tracer<'obj> {
         // when a cache is created).
         let mut slab = self.slab_sysfs.borrow_mut();
         let no_sysfs = SlabSysfs::default();
-        let fs = slab.current(Path::new(SYS_KERNEL_SLAB)).unwrap_or(&no_sysfs);
+        let fs = slab
+            .current(Path::new(SYS_KERNEL_SLAB))
+            .unwrap_or(&no_sysfs);
         Ok(names
             .into_iter()
             .map(|(k, n)| {

@@ -74,6 +74,8 @@ impl<'obj> Tracer<'obj> {
         // Raw keys first (the site key's bytes), names once per group.
         type RawKey = ([u8; std::mem::size_of::<types::site_key>()], i64);
         let mut raw: HashMap<RawKey, Outstanding> = HashMap::new();
+        let mut by_process: HashMap<Option<u32>, Outstanding> = HashMap::new();
+        let per_process = self.cfg.by_process;
         self.visit_live(&mut |o| {
             // SAFETY: a plain C struct of integers, without implicit padding.
             let site = unsafe { plain::as_bytes(&o.site) };
@@ -81,6 +83,14 @@ impl<'obj> Tracer<'obj> {
             let e = raw.entry(k).or_default();
             e.objects += 1;
             e.bytes_alloc += o.bytes_alloc as u64;
+            if per_process {
+                // Every event is tested for interrupt context (by_process).
+                let p = by_process
+                    .entry((o.interrupt == 0).then_some(o.tgid))
+                    .or_default();
+                p.objects += 1;
+                p.bytes_alloc += o.bytes_alloc as u64;
+            }
         })?;
         let names = Names::read(self)?;
         let mut groups: HashMap<(SiteKey, i64), Outstanding> = HashMap::new();
@@ -93,6 +103,7 @@ impl<'obj> Tracer<'obj> {
         let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
         Ok(Some(OutstandingRead {
             groups,
+            by_process,
             map_full_live: c.map_full_live,
         }))
     }

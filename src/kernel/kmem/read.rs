@@ -24,6 +24,11 @@ impl<'obj> Tracer<'obj> {
         self.skel.maps.cgroups.max_entries()
     }
 
+    /// Entries the per-process map holds (`by_process`).
+    pub fn process_capacity(&self) -> u32 {
+        self.skel.maps.procs.max_entries()
+    }
+
     /// The cgroup v2 ids counted so far (per-cgroup rows and processes'
     /// cgroups), so their paths can be learned while the cgroups exist.
     pub fn cgroup_ids(&self) -> Result<Vec<u64>> {

@@ -91,9 +91,40 @@ fn families_carry_the_counts() {
             },
         ),
     ]));
+    // A process named with a quote, a backslash and a newline (a comm is
+    // whatever the process set).
+    let mut processes = Ranked::new(1);
+    processes.add_interval(HashMap::from([
+        (
+            vec!["42".to_string(), "a\"b\\c\nd".to_string()],
+            AllocStats {
+                count: 7,
+                bytes_req: 700,
+                bytes_alloc: 896,
+                hist: Hist::default(),
+            },
+        ),
+        (
+            vec!["43".to_string(), "small".to_string()],
+            AllocStats {
+                count: 2,
+                bytes_req: 16,
+                bytes_alloc: 16,
+                hist: Hist::default(),
+            },
+        ),
+    ]));
     let fams = build(
         &state(),
         Some(&cgroups),
+        Some(&processes),
+        Some(&[(
+            vec!["42".to_string(), "holder".to_string()],
+            crate::model::live::Outstanding {
+                objects: 3,
+                bytes_alloc: 384,
+            },
+        )]),
         Some(&objs),
         Some(SlabInput {
             rows: &slab,
@@ -121,6 +152,11 @@ fn families_carry_the_counts() {
             "kheap_cgroup_allocations_total{cgroup=\"/a\",container=\"\",accounted=\"true\"} 5",
             "kheap_cgroup_allocated_bytes_total{cgroup=\"/a\",container=\"\",accounted=\"true\"} 640",
             "kheap_cgroup_allocations_total{cgroup=\"other\",container=\"other\",accounted=\"other\"} 1",
+            "kheap_process_allocations_total{pid=\"42\",comm=\"a\\\"b\\\\c\\nd\"} 7",
+            "kheap_process_allocated_bytes_total{pid=\"42\",comm=\"a\\\"b\\\\c\\nd\"} 896",
+            "kheap_process_allocations_total{pid=\"other\",comm=\"other\"} 2",
+            "kheap_process_outstanding_objects{pid=\"42\",comm=\"holder\"} 3",
+            "kheap_process_outstanding_bytes{pid=\"42\",comm=\"holder\"} 384",
         ] {
             assert!(
                 text.contains(&format!("{line}\n")),
@@ -164,7 +200,7 @@ fn every_traced_source_has_its_own_series() {
         bytes: 8192,
     }];
     let text = encode(
-        &build(&s, None, Some(&objs), None, &Health::default()),
+        &build(&s, None, None, None, Some(&objs), None, &Health::default()),
         Format::Prometheus,
     );
     for line in [
