@@ -83,11 +83,18 @@ pub fn process_start(pid: u32) -> Option<u64> {
     stat_start_time(&stat)
 }
 
-/// The starttime field (the 22nd) of a /proc/PID/stat line; the command
-/// name before it is in parentheses and may hold spaces and parentheses.
+/// The starttime field (the 22nd) of a /proc/PID/stat line.
 pub fn stat_start_time(stat: &str) -> Option<u64> {
+    stat_field(stat, 22)?.parse().ok()
+}
+
+/// Field `n` of a /proc/PID/stat line, numbered as proc(5) numbers them
+/// (3: state, 4: ppid, 9: flags, 22: starttime); from 3 on, as the
+/// command name (2) is in parentheses and may hold spaces and
+/// parentheses: the fields follow its last ')'.
+pub fn stat_field(stat: &str, n: usize) -> Option<&str> {
     let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(19)?.parse().ok()
+    rest.split_whitespace().nth(n.checked_sub(3)?)
 }
 
 /// The cgroup2 mount point in a /proc/mounts text (the first one), if any.
@@ -142,6 +149,11 @@ mod tests {
         assert_eq!(stat_start_time(stat), Some(123456));
         assert_eq!(stat_start_time("42 (x) S 1"), None);
         assert_eq!(stat_start_time(""), None);
+        // The fields proc(5) numbers, past the same name.
+        assert_eq!(stat_field(stat, 3), Some("S"));
+        assert_eq!(stat_field(stat, 4), Some("1"));
+        assert_eq!(stat_field(stat, 9), Some("4194560"));
+        assert_eq!(stat_field(stat, 2), None, "the name is not a field here");
     }
 
     #[test]

@@ -331,18 +331,14 @@ pub fn descendants(root: u32) -> Vec<u32> {
 
 fn parent_pid(pid: u32) -> Option<u32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
+    crate::sys::stat_field(&stat, 4)?.parse().ok()
 }
 
 /// Whether a process still runs: a zombie (exited, not yet reaped by its
 /// parent) allocates no more.
 pub fn alive(pid: u32) -> bool {
     fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        // The state follows the parenthesised command name.
-        s.rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X")
+        crate::sys::stat_field(&s, 3).is_some_and(|state| state != "Z" && state != "X")
     })
 }
 

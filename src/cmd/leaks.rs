@@ -450,9 +450,7 @@ fn read_timeline(
             let series = read
                 .into_iter()
                 .fold(HashMap::new(), |mut m, ((site, cgroup), o)| {
-                    let e: &mut Outstanding = m.entry(SeriesKey::of(&site, cgroup)).or_default();
-                    e.objects += o.objects;
-                    e.bytes_alloc += o.bytes_alloc;
+                    *m.entry(SeriesKey::of(&site, cgroup)).or_default() += o;
                     m
                 });
             timeline.add(t_s, &series, meminfo, read_us);

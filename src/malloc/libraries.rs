@@ -90,8 +90,7 @@ fn is_kernel_thread(pid: u32) -> bool {
 }
 
 fn stat_is_kernel_thread(stat: &str) -> bool {
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(6))
+    crate::sys::stat_field(stat, 9)
         .and_then(|f| f.parse::<u64>().ok())
         .is_some_and(|flags| flags & PF_KTHREAD != 0)
 }

@@ -380,6 +380,23 @@ pub struct Outstanding {
     pub bytes_alloc: u64,
 }
 
+impl Outstanding {
+    /// One object of `bytes_alloc` bytes.
+    pub fn one(bytes_alloc: u64) -> Outstanding {
+        Outstanding {
+            objects: 1,
+            bytes_alloc,
+        }
+    }
+}
+
+impl std::ops::AddAssign for Outstanding {
+    fn add_assign(&mut self, o: Outstanding) {
+        self.objects += o.objects;
+        self.bytes_alloc += o.bytes_alloc;
+    }
+}
+
 /// The live-object map read folded by site and (with `--by cgroup`) the
 /// cgroup or interrupt context that allocated: a reading of leaks' timeline.
 pub type OutstandingBySite = HashMap<(SiteKey, Option<CgroupSlot>), Outstanding>;

@@ -21,6 +21,14 @@ pub const LABELS: [&str; 2] = ["pid", "comm"];
 /// interrupted task's); its `pid` is empty.
 pub const INTERRUPT: &str = "[interrupt]";
 
+/// The label values of a process's series (`None`: interrupt context).
+fn label_values(pid: Option<u32>, name: impl FnOnce(u32) -> String) -> LabelValues {
+    match pid {
+        None => vec![String::new(), INTERRUPT.to_string()],
+        Some(p) => vec![p.to_string(), name(p)],
+    }
+}
+
 /// A running process as `/proc` shows it: its name and its start time.
 pub type Running = (String, u64);
 
@@ -54,25 +62,19 @@ impl ProcessNames {
     ) -> HashMap<LabelValues, AllocStats> {
         let mut out: HashMap<LabelValues, AllocStats> = HashMap::new();
         for (pid, (recorded, s)) in delta {
-            let values = match pid {
-                None => vec![String::new(), INTERRUPT.to_string()],
-                Some(pid) => {
-                    let seen = self
-                        .names
-                        .entry(*pid)
-                        .or_insert_with(|| match running(*pid) {
-                            Some((name, start)) => Seen {
-                                name,
-                                start: Some(start),
-                            },
-                            None => Seen {
-                                name: recorded.clone(),
-                                start: None,
-                            },
-                        });
-                    vec![pid.to_string(), seen.name.clone()]
-                }
-            };
+            let values = label_values(*pid, |pid| {
+                let seen = self.names.entry(pid).or_insert_with(|| match running(pid) {
+                    Some((name, start)) => Seen {
+                        name,
+                        start: Some(start),
+                    },
+                    None => Seen {
+                        name: recorded.clone(),
+                        start: None,
+                    },
+                });
+                seen.name.clone()
+            });
             *out.entry(values).or_default() += *s;
         }
         out
@@ -141,14 +143,9 @@ pub fn outstanding_rows(
     let mut other = Outstanding::default();
     for (i, (pid, o)) in all.into_iter().enumerate() {
         if i < max {
-            let values = match pid {
-                None => vec![String::new(), INTERRUPT.to_string()],
-                Some(p) => vec![p.to_string(), name(*p)],
-            };
-            rows.push((values, *o));
+            rows.push((label_values(*pid, name), *o));
         } else {
-            other.objects += o.objects;
-            other.bytes_alloc += o.bytes_alloc;
+            other += *o;
         }
     }
     rows.sort_by(|a, b| a.0.cmp(&b.0));

@@ -80,25 +80,19 @@ impl<'obj> Tracer<'obj> {
             // SAFETY: a plain C struct of integers, without implicit padding.
             let site = unsafe { plain::as_bytes(&o.site) };
             let k = (site.try_into().expect("site_key size"), o.stack_id);
-            let e = raw.entry(k).or_default();
-            e.objects += 1;
-            e.bytes_alloc += o.bytes_alloc as u64;
+            *raw.entry(k).or_default() += Outstanding::one(o.bytes_alloc as u64);
             if per_process {
                 // Every event is tested for interrupt context (by_process).
-                let p = by_process
+                *by_process
                     .entry((o.interrupt == 0).then_some(o.tgid))
-                    .or_default();
-                p.objects += 1;
-                p.bytes_alloc += o.bytes_alloc as u64;
+                    .or_default() += Outstanding::one(o.bytes_alloc as u64);
             }
         })?;
         let names = Names::read(self)?;
         let mut groups: HashMap<(SiteKey, i64), Outstanding> = HashMap::new();
         for ((site, stack_id), v) in raw {
             let site = names.site_key(&from_bytes::<types::site_key>(&site));
-            let e = groups.entry((site, stack_id)).or_default();
-            e.objects += v.objects;
-            e.bytes_alloc += v.bytes_alloc;
+            *groups.entry((site, stack_id)).or_default() += v;
         }
         let c: types::counters = maps::read_percpu_slot0(&m.counters)?;
         Ok(Some(OutstandingRead {
@@ -126,9 +120,7 @@ impl<'obj> Tracer<'obj> {
                 false => (0, false),
             };
             let k = (site.try_into().expect("site_key size"), cgroup, interrupt);
-            let e = raw.entry(k).or_default();
-            e.objects += 1;
-            e.bytes_alloc += o.bytes_alloc as u64;
+            *raw.entry(k).or_default() += Outstanding::one(o.bytes_alloc as u64);
         })?;
         let names = self.cache_names()?;
         let mut out = OutstandingBySite::new();
@@ -139,9 +131,7 @@ impl<'obj> Tracer<'obj> {
             } else {
                 CgroupSlot::Cgroup(cgroup)
             });
-            let e = out.entry((site, slot)).or_default();
-            e.objects += v.objects;
-            e.bytes_alloc += v.bytes_alloc;
+            *out.entry((site, slot)).or_default() += v;
         }
         Ok(Some(out))
     }
