@@ -7,6 +7,7 @@
 //! share. Everything else, `top`'s deltas, views and key handling included,
 //! is pure and tested without root.
 
+pub mod allocators;
 pub mod arch;
 pub mod cgroup;
 pub mod cli;
@@ -23,6 +24,7 @@ pub mod leaks;
 pub mod malloc;
 pub mod model;
 pub mod output;
+pub mod record;
 pub mod render;
 pub mod report;
 pub mod safe_path;

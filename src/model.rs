@@ -11,6 +11,7 @@ pub mod identity;
 pub mod kallsyms;
 pub mod kernel_memory;
 pub mod live;
+pub mod malloc;
 pub mod progress;
 pub mod slab_loss;
 pub mod snapshot;

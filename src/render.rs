@@ -1,8 +1,9 @@
-//! Rendering a report: tables, bpftrace-style histograms, folded stacks
-//! and JSON. Pure string building. The pieces every report kind shares
-//! live in the submodules: `table` (the one table style, fitted to the
-//! terminal) and `hist` (the one histogram drawer); rows are cut to `-r` by
-//! `report::top_n`.
+//! Rendering a report, the pieces every view shares: the header, the
+//! source column, process and stack notes, folded stacks and flame samples;
+//! `table` (the one table style, fitted to the terminal), `hist` (the one
+//! histogram drawer), `flame` (SVG) and `pprof`. Pure string building; rows
+//! are cut to `-r` by `report::top_n`. Each command's own view is in its
+//! room (`record::view`, `leaks::render`, `top::view` …).
 
 pub mod flame;
 pub mod hist;
@@ -16,7 +17,6 @@ use comfy_table::Cell;
 
 use crate::model::{human_count, human_size, Counts, Source};
 use crate::report::{top_n, Report, SiteRow};
-use table::{hidden_note, new_table, table_text};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum GroupBy {
@@ -278,110 +278,6 @@ pub fn site_names(row: &SiteRow) -> [Cell; 2] {
     ]
 }
 
-/// A row's naming cells, then its counts.
-fn with_counts<const N: usize>(names: [Cell; N], c: &Counts) -> Vec<Cell> {
-    names.into_iter().chain(count_cells(c)).collect()
-}
-
-fn count_cells(c: &Counts) -> Vec<Cell> {
-    vec![
-        Cell::new(c.count),
-        Cell::new(human_size(c.bytes_req)),
-        Cell::new(human_size(c.bytes_alloc)),
-        Cell::new(human_size(c.waste_bytes)),
-        Cell::new(format!("{:.1}%", c.waste_pct)),
-        Cell::new(format!("{:.0}", c.avg_size)),
-    ]
-}
-
-const COUNT_HEADERS: [&str; 6] = ["count", "req", "alloc", "waste", "waste%", "avg"];
-
-/// The report as tables, grouped as asked, fitted to `width` columns.
-pub fn table(
-    r: &Report,
-    by: GroupBy,
-    hidden: usize,
-    stack_details: usize,
-    width: Option<u16>,
-) -> String {
-    let mut out = header(r);
-    out.push('\n');
-    let source = SourceColumn::of(r);
-    match by {
-        GroupBy::Site => {
-            let rows = r
-                .sites
-                .iter()
-                .map(|row| source.cells(with_counts(site_names(row), &row.counts), row.source));
-            out.push_str(&table_text(
-                (&source.headers(&["site", "cache"]), &COUNT_HEADERS),
-                &source.text(&[1]),
-                rows,
-                width,
-            ));
-            if stack_details > 0 && !r.stacks.is_empty() {
-                let _ = writeln!(out, "\nTop stacks:");
-                out.push_str(&stack_details_text(r, stack_details, width));
-            }
-        }
-        GroupBy::Stack => out.push_str(&stack_details_text(r, r.stacks.len(), width)),
-        GroupBy::Cache => {
-            let rows = r.caches.iter().map(|row| {
-                let names = [Cell::new(&row.name), Cell::new(row.frees)];
-                source.cells(with_counts(names, &row.counts), row.source)
-            });
-            out.push_str(&table_text(
-                (&source.headers(&["cache", "frees"]), &COUNT_HEADERS),
-                &source.text(&[]),
-                rows,
-                width,
-            ));
-        }
-        GroupBy::Process => {
-            if r.processes.is_empty() {
-                let _ = writeln!(out, "(no per-process data)");
-            }
-            let rows = r.processes.iter().map(|row| {
-                let (pid, comm) = process_cells(row.pid, row.comm.as_deref(), "");
-                with_counts([Cell::new(pid), Cell::new(comm)], &row.counts)
-            });
-            out.push_str(&table_text(
-                (&["pid", "comm"], &COUNT_HEADERS),
-                &[1],
-                rows,
-                width,
-            ));
-        }
-        GroupBy::Cgroup => {
-            if r.cgroups.is_empty() {
-                let _ = writeln!(out, "(no per-cgroup data)");
-            }
-            let rows = r.cgroups.iter().map(|row| {
-                with_counts(
-                    [
-                        Cell::new(cgroup_label(row)),
-                        Cell::new(human_size(row.accounting.accounted_bytes)),
-                        Cell::new(human_size(row.accounting.unaccounted_bytes)),
-                    ],
-                    &row.counts,
-                )
-            });
-            out.push_str(&table_text(
-                (&["cgroup", "accounted", "unaccounted"], &COUNT_HEADERS),
-                &[0],
-                rows,
-                width,
-            ));
-        }
-    }
-    out.push_str(&hidden_note(hidden));
-    if !r.latency.is_empty() {
-        out.push_str(&latency_text(r, width));
-    }
-    out
-}
-
-/// A cgroup row's label: its path and what runs there, or the interrupt row.
 /// A process row's pid and command cells (record, top and leaks): `-` and
 /// `[interrupt]` for the interrupt row (no pid), as `cgroup_label` names it
 /// among cgroups; `unnamed` where the process's name is not known.
@@ -393,6 +289,7 @@ pub fn process_cells(pid: Option<u32>, comm: Option<&str>, unnamed: &str) -> (St
     }
 }
 
+/// A cgroup row's label: its path and what runs there, or the interrupt row.
 pub fn cgroup_label(row: &crate::report::CgroupRow) -> String {
     match &row.cgroup {
         None => "[interrupt]".to_string(),
@@ -409,36 +306,6 @@ pub fn cgroup_label(row: &crate::report::CgroupRow) -> String {
     }
 }
 
-/// Time inside the allocator per call site, with the slowest site's
-/// histogram (nanoseconds).
-fn latency_text(r: &Report, width: Option<u16>) -> String {
-    let mut out = String::from("\nAllocator latency (time inside the allocator, per call site):\n");
-    let mut t = new_table(
-        &["site", "allocator", "calls", "avg ns", "total"],
-        &[1],
-        width,
-    );
-    for row in r.latency.iter().take(20) {
-        t.add_row(vec![
-            Cell::new(if row.call_site.is_empty() {
-                &row.function
-            } else {
-                &row.call_site
-            }),
-            Cell::new(&row.allocator),
-            Cell::new(row.count),
-            Cell::new(format!("{:.0}", row.avg_ns)),
-            Cell::new(format!("{:.2} ms", row.total_ns as f64 / 1e6)),
-        ]);
-    }
-    let _ = writeln!(out, "{}", table::render(t));
-    if let Some(top) = r.latency.first() {
-        let _ = writeln!(out, "{} via {} (ns):", top.function, top.allocator);
-        out.push_str(&hist::log2(&top.hist, "    ", width));
-    }
-    out
-}
-
 /// The first `n` items and how many more, for a table cell rather than a
 /// list: "bio-120,bio-184 +3".
 pub fn short_list(items: &[String], n: usize) -> String {
@@ -449,54 +316,17 @@ pub fn short_list(items: &[String], n: usize) -> String {
     s
 }
 
-fn stack_details_text(r: &Report, n: usize, width: Option<u16>) -> String {
-    let mut out = String::new();
-    let source = SourceColumn::of(r);
-    for (i, s) in r.stacks.iter().take(n).enumerate() {
-        let est = if s.estimated { "~" } else { "" };
-        let _ = writeln!(
-            out,
-            "#{} {}  {}{} allocs, {}{} req, {}{} alloc, {} wasted ({:.1}%), cache {}{}{}",
-            i + 1,
-            s.function,
-            est,
-            s.counts.count,
-            est,
-            human_size(s.counts.bytes_req),
-            est,
-            human_size(s.counts.bytes_alloc),
-            human_size(s.counts.waste_bytes),
-            s.counts.waste_pct,
-            s.cache,
-            source_note(source, s.source),
-            process_note(&s.processes),
-        );
-        out.push_str(&stack_body(
-            &s.frames,
-            &hist::log2(&s.counts.hist, "    ", width),
-        ));
-    }
-    out
-}
-
 /// `; by comm [pid]` after a stack's title: who made it, so that two rows
 /// with the same frames (made by two processes) say how they differ. The
 /// two largest, then how many more.
 pub fn process_note(processes: &[crate::report::StackProcess]) -> String {
-    let name = |p: &crate::report::StackProcess| match p.pid {
-        None => "interrupt".to_string(),
-        Some(pid) => {
-            let comm = p.comm.as_deref().filter(|c| !c.is_empty()).unwrap_or("?");
-            format!("{comm} [{pid}]")
-        }
-    };
     if processes.is_empty() {
         return String::new();
     }
     let mut note = processes
         .iter()
         .take(2)
-        .map(name)
+        .map(|p| p.process.name())
         .collect::<Vec<_>>()
         .join(", ");
     if processes.len() > 2 {

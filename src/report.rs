@@ -14,6 +14,7 @@ pub mod cgroups;
 pub mod delta;
 #[cfg(test)]
 pub mod fixtures;
+pub mod identity;
 pub mod meminfo;
 pub mod overhead;
 pub mod processes;
@@ -26,6 +27,7 @@ pub mod trigger;
 pub use build::{
     build, incompleteness, labelled_sites, scale_to, site_labels, BuildOptions, SiteLabels,
 };
+pub use identity::ProcessIdentity;
 pub use processes::StackProcess;
 pub use retention::{LeakSummary, ProgramMisses, Retention};
 pub use rows::{

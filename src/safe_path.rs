@@ -53,6 +53,18 @@ pub struct Place {
 }
 
 impl Place {
+    /// A name where nothing is yet, or (`kernel_link`) a /proc link the
+    /// kernel follows when it is opened.
+    fn nothing_yet(dir: OwnedFd, dir_path: PathBuf, name: OsString, kernel_link: bool) -> Place {
+        Place {
+            dir,
+            dir_path,
+            name,
+            existing: None,
+            kernel_link,
+        }
+    }
+
     pub fn is_dir(&self) -> bool {
         self.existing
             .is_some_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR)
@@ -329,13 +341,7 @@ fn walk(path: &Path, shown: &str) -> Result<Place> {
         let here = dir_path.join(&name);
         let Some(st) = lstatat(&dir, &name).map_err(|e| io_err(e, &here))? else {
             if last {
-                return Ok(Place {
-                    dir,
-                    dir_path,
-                    name,
-                    existing: None,
-                    kernel_link: false,
-                });
+                return Ok(Place::nothing_yet(dir, dir_path, name, false));
             }
             bail!("{shown}: directory {} does not exist", here.display());
         };
@@ -360,13 +366,7 @@ fn walk(path: &Path, shown: &str) -> Result<Place> {
                     // directories: the kernel follows it (readlink's text,
                     // such as "pipe:[123]", is no path).
                     if last {
-                        return Ok(Place {
-                            dir,
-                            dir_path,
-                            name,
-                            existing: None,
-                            kernel_link: true,
-                        });
+                        return Ok(Place::nothing_yet(dir, dir_path, name, true));
                     }
                     dir = openat(&dir, &name, libc::O_PATH | libc::O_DIRECTORY, 0)
                         .map_err(|e| io_err(e, &here))?;

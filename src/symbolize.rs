@@ -1,5 +1,8 @@
 //! Kernel address symbolization (blazesym over /proc/kallsyms) and the pure
-//! rules that pick a row's label from a stack.
+//! rules that pick a row's label from a stack; user-space addresses
+//! (`user`: ELF files through the mappings a process had).
+
+pub mod user;
 
 use std::path::PathBuf;
 

@@ -2,8 +2,9 @@
 //! size, a process's name, whether the kernel has BTF of its own, where
 //! cgroup2 is mounted, /proc/kallsyms. One place, so every command agrees. `/proc/slabinfo` and SLUB's
 //! `/sys/kernel/slab`, read by `slab`, `serve` and the kmem tracer, are its
-//! `slabinfo` and `slab_sysfs`.
+//! `slabinfo` and `slab_sysfs`; a process's mappings, `procmaps`.
 
+pub mod procmaps;
 pub mod slab_sysfs;
 pub mod slabinfo;
 pub mod wake;

@@ -2,6 +2,8 @@
 //! its children), then print who allocated what, and with --outstanding
 //! what was never freed.
 
+mod scanner;
+
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -12,25 +14,25 @@ use anyhow::{bail, Result};
 use crate::report::budget::{self, Budget, BudgetRow};
 use clap::Args;
 
+use crate::allocators::libraries::initial_libraries;
 use crate::cli::{parse_duration, parse_tracked_objects, OutputArgs, StackArgs, TargetArgs};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
 use crate::kernel::storage::ObjectStorage;
 use crate::kernel::user_stack::UserStackRing;
-use crate::malloc::libraries::initial_libraries;
 use crate::malloc::preload::{self, PreloadLibrary};
-use crate::malloc::procmaps;
 use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
 use crate::malloc::report::{self, BuildOptions, MallocReport};
-use crate::malloc::scanner::Scanner;
 use crate::malloc::unwind::StackUnwinder;
-use crate::malloc::usersyms::{symbolize_return_addresses, Blaze, Modules};
 use crate::render::Format;
 use crate::report::RunInfo;
 use crate::session::status::StatusLine;
 use crate::session::{install_stop_handler, stop_requested};
+use crate::symbolize::user::{symbolize_return_addresses, Blaze, Modules};
+use crate::sys::procmaps;
 use crate::target::{find_program, resolve_pid, HeldCommand};
+use scanner::Scanner;
 
 #[derive(Args, Debug)]
 pub struct MallocArgs {
@@ -467,7 +469,7 @@ fn write_report(mut report: MallocReport, args: &MallocArgs) -> Result<()> {
         Format::Json => contract::pretty(Kind::Malloc, &report),
         Format::Folded => render::folded(&report),
         Format::Pprof => {
-            let profile = crate::render::pprof::from_malloc(&report).encode_gzip();
+            let profile = crate::malloc::pprof::profile(&report).encode_gzip();
             return crate::output::emit_bytes(&profile, out.output());
         }
         Format::Svg => crate::render::flame::titled(

@@ -177,7 +177,7 @@ fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
     let hidden = render::apply_top(&mut report, args.by, args.sort, out.rows());
     let width = render::table::output_width(out.output());
     let text = match out.format {
-        Format::Table => render::table(&report, args.by, hidden, 3, width),
+        Format::Table => crate::record::view::table(&report, args.by, hidden, 3, width),
         Format::Json => contract::pretty(Kind::Record, &report),
         Format::Folded => render::folded(&report),
         Format::Pprof => {

@@ -11,14 +11,14 @@ use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, Skel};
 use libbpf_rs::{Link, MapCore, MapFlags, UprobeOpts};
 
+use crate::allocators::PreloadSites;
+use crate::allocators::{self, Layout, Probe};
 use crate::kernel::malloc_skel::{types, MallocSkel, MallocSkelBuilder, OpenMallocSkel};
 use crate::kernel::maps;
 use crate::kernel::skel::{c_str, from_bytes};
 use crate::kernel::storage::ObjectStorage;
-use crate::malloc::model::{AllocatorCode, Events, Key, Snapshot};
-use crate::malloc::preload::Sites;
-use crate::malloc::probes::{self, Layout, Probe};
-use crate::malloc::usersyms::{kernel_file, Vma};
+use crate::model::malloc::{AllocatorCode, Events, Key, Snapshot};
+use crate::symbolize::user::{kernel_file, Vma};
 
 /// One library whose allocator functions are probed.
 pub struct ProbedLibrary {
@@ -174,9 +174,9 @@ const DEFAULT_PROGRAMS: [&str; 12] = [
 /// Chooses the programs of the path and, on the legacy one, tells each
 /// slot's program its layout.
 fn choose_programs(open: &mut OpenMallocSkel<'_>, legacy: bool) {
-    let mut layouts = [0u8; probes::slot_count()];
+    let mut layouts = [0u8; allocators::slot_count()];
     for (i, l) in layouts.iter_mut().enumerate() {
-        *l = layout_code(probes::slot(i).layout);
+        *l = layout_code(allocators::slot(i).layout);
     }
     for mut prog in open.open_object_mut().progs_mut() {
         let name = prog.name().to_string_lossy().into_owned();
@@ -271,7 +271,7 @@ impl<'obj> MallocSession<'obj> {
     /// No library is probed yet: see `probe_library`.
     /// `probes_at_entry` keeps every probe on its function's first
     /// instruction (for scripts/bench-malloc, which measures what
-    /// `probes::probe_skip` saves).
+    /// `allocators::probe_skip` saves).
     /// `max_live` sizes the outstanding-block map (--max-outstanding).
     /// With `cgroups` (v2 ids), only tasks in those cgroups or below them
     /// count.
@@ -392,13 +392,13 @@ impl<'obj> MallocSession<'obj> {
         }
         let meta = std::fs::metadata(path)
             .with_context(|| format!("cannot use {} as allocator library", path.display()))?;
-        let mut symbols = probes::lookup_symbols(path)?;
+        let mut symbols = allocators::lookup_symbols(path)?;
         let file_key = (meta.dev(), meta.ino());
         let kernel_file = kernel_file(&meta);
         if self.preload.is_some() {
-            symbols = probes::without_interposed(symbols);
+            symbols = allocators::without_interposed(symbols);
         }
-        let planned = probes::plan(&symbols);
+        let planned = allocators::plan(&symbols);
         if self.preload.is_some() && planned.is_err() {
             // Only the C family, which the preload library reports: kept,
             // with no probes, as looked at.
@@ -440,8 +440,8 @@ impl<'obj> MallocSession<'obj> {
     /// Probes the sites of the preload library (`crate::malloc::preload`)
     /// for every process that maps it; from then on, libraries are probed
     /// without the C family that library reports (see
-    /// `probes::without_interposed`). Call before `probe_library`.
-    pub fn probe_preload(&mut self, path: &Path, sites: Sites) -> Result<()> {
+    /// `allocators::without_interposed`). Call before `probe_library`.
+    pub fn probe_preload(&mut self, path: &Path, sites: PreloadSites) -> Result<()> {
         let meta =
             std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
         let progs = &self.skel.progs;
@@ -564,8 +564,8 @@ impl<'obj> MallocSession<'obj> {
 
     /// Row labels by attach cookie: aliases joined (`aligned_alloc|memalign`).
     pub fn func_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = (0..probes::slot_count())
-            .map(|i| probes::slot(i).label)
+        let mut names: Vec<String> = (0..allocators::slot_count())
+            .map(|i| allocators::slot(i).label)
             .collect();
         for l in &self.libraries {
             for p in &l.probes {
@@ -600,7 +600,7 @@ impl<'obj> MallocSession<'obj> {
         &self.skel.maps.user_stacks
     }
 
-    pub fn user_stack_events(&self) -> Result<crate::malloc::model::UnwindEvents> {
+    pub fn user_stack_events(&self) -> Result<crate::model::malloc::UnwindEvents> {
         crate::kernel::user_stack::events(&self.skel.maps.user_stack_counters)
     }
 

@@ -6,7 +6,7 @@ skeleton!("malloc");
 pub use skel::types;
 pub use skel::{MallocSkel, MallocSkelBuilder, OpenMallocSkel};
 
-use crate::malloc::model::Key;
+use crate::model::malloc::Key;
 use crate::model::{AllocStats, Hist, HIST_BUCKETS};
 
 impl From<&types::malloc_key> for Key {

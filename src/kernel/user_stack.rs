@@ -9,7 +9,7 @@ use libbpf_rs::{RingBuffer, RingBufferBuilder};
 
 use crate::kernel::malloc_skel::{types, OpenMallocSkel};
 use crate::kernel::maps;
-use crate::malloc::model::{Sample, UnwindEvents};
+use crate::model::malloc::{Sample, UnwindEvents};
 
 /// By default, about one call in this many (and each row's first) sends a
 /// copy of its stack to be unwound.

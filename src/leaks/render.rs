@@ -284,7 +284,8 @@ pub fn table(
         LeakGroupBy::Process => {
             let rows = r.leaks.iter().flat_map(|l| &l.processes).map(|p| {
                 let ret = &p.retention;
-                let (pid, comm) = render::process_cells(p.pid, p.comm.as_deref(), "(exited)");
+                let (pid, comm) =
+                    render::process_cells(p.process.pid, p.process.comm.as_deref(), "(exited)");
                 vec![
                     Cell::new(pid),
                     Cell::new(comm),
@@ -596,7 +597,7 @@ mod tests {
         let procs = &r.leaks.as_ref().unwrap().processes;
         assert_eq!(procs.len(), 2, "msgd and the interrupt row");
         assert_eq!(
-            (procs[0].pid, procs[0].comm.as_deref()),
+            (procs[0].process.pid, procs[0].process.comm.as_deref()),
             (Some(7), Some("msgd"))
         );
         assert_eq!(procs[0].retention.outstanding_count, 400);
@@ -616,8 +617,8 @@ mod tests {
         let mut snap = leak_snapshot(1);
         let r = report_of(&snap, 10, 2.0);
         let procs = &r.leaks.as_ref().unwrap().processes;
-        let row = procs.iter().find(|p| p.interrupt).unwrap();
-        assert_eq!((row.pid, row.comm.as_deref()), (None, None));
+        let row = procs.iter().find(|p| p.process.interrupt).unwrap();
+        assert_eq!((row.process.pid, row.process.comm.as_deref()), (None, None));
         assert_eq!(row.retention.outstanding_count, 20);
         let t = table(&r, LeakGroupBy::Process, 0, 0, None);
         let line = t

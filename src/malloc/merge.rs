@@ -3,8 +3,8 @@
 //! the sampled ones, whichever reaches deeper. Sampled stacks share out
 //! their row's exact counts in proportion to their samples. Pure.
 
-use super::usersyms::UserFrame;
 use crate::model::AllocStats;
+use crate::symbolize::user::UserFrame;
 
 /// How a shown stack was obtained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

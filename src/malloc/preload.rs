@@ -17,6 +17,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+use crate::allocators::PreloadSites;
+
 const LIBRARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libkheap-preload.so"));
 
 /// The file name processes map it under.
@@ -100,27 +102,6 @@ fn remove_stale(parent: &Path) {
     }
 }
 
-/// The file offsets of its probe sites: allocation and free, and the same
-/// for forked children (which must not use the sites the kernel optimized
-/// in their parent: preload/kheap_preload.c says why).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Sites {
-    pub alloc: u64,
-    pub free: u64,
-    pub alloc_forked: u64,
-    pub free_forked: u64,
-}
-
-impl Sites {
-    /// (allocation sites, free sites)
-    pub fn all(&self) -> ([u64; 2], [u64; 2]) {
-        (
-            [self.alloc, self.alloc_forked],
-            [self.free, self.free_forked],
-        )
-    }
-}
-
 /// Where the library can be written for a run: the first of the temporary
 /// directory ($TMPDIR or /tmp), /dev/shm, /run and /var/tmp that is a
 /// directory kheap can write and not on a `noexec` mount (the loader could
@@ -161,7 +142,7 @@ fn usable(mount_flags: u64, writable: bool) -> bool {
 pub struct PreloadLibrary {
     dir: PathBuf,
     pub path: PathBuf,
-    pub sites: Sites,
+    pub sites: PreloadSites,
     guard: Option<(OwnedFd, libc::pid_t)>,
 }
 
@@ -195,7 +176,7 @@ impl PreloadLibrary {
         let mut lib = PreloadLibrary {
             path: dir.join(FILE_NAME),
             dir,
-            sites: Sites::default(),
+            sites: PreloadSites::default(),
             guard,
         };
         let dir_fd = crate::safe_path::openat(
@@ -252,20 +233,20 @@ impl Drop for PreloadLibrary {
     }
 }
 
-fn site_offsets(lib: &Path) -> Result<Sites> {
+fn site_offsets(lib: &Path) -> Result<PreloadSites> {
     let names = [
         "kheap_alloc_site",
         "kheap_free_site",
         "kheap_alloc_site_forked",
         "kheap_free_site_forked",
     ];
-    let found = super::probes::symbol_offsets(lib, &names)?;
+    let found = crate::allocators::symbol_offsets(lib, &names)?;
     let offset = |i: usize| {
         found[i]
             .map(|(offset, _)| offset)
             .with_context(|| format!("{} has no {} (a broken build?)", lib.display(), names[i]))
     };
-    Ok(Sites {
+    Ok(PreloadSites {
         alloc: offset(0)?,
         free: offset(1)?,
         alloc_forked: offset(2)?,
@@ -274,7 +255,7 @@ fn site_offsets(lib: &Path) -> Result<Sites> {
 }
 
 /// Whether a process has the library mapped (by its file name).
-pub fn maps_it(maps: &[super::procmaps::Mapping]) -> bool {
+pub fn maps_it(maps: &[crate::sys::procmaps::Mapping]) -> bool {
     maps.iter().any(|m| {
         m.path
             .as_deref()
@@ -288,8 +269,8 @@ pub fn maps_it(maps: &[super::procmaps::Mapping]) -> bool {
 /// nor into a set-user-ID or set-group-ID one run by another user; and a
 /// program that defines malloc itself calls its own.
 pub fn unusable_reason(program: &Path) -> Option<String> {
-    let exe = super::probes::executable_of(program).ok()?;
-    match super::probes::interpreter(&exe) {
+    let exe = crate::allocators::executable_of(program).ok()?;
+    match crate::allocators::interpreter(&exe) {
         Ok(Some(_)) => {}
         Ok(None) => return Some("is statically linked".into()),
         Err(_) => return None, // not ELF: the caller's checks say so
@@ -300,8 +281,8 @@ pub fn unusable_reason(program: &Path) -> Option<String> {
     if setuid || setgid {
         return Some("is set-user-ID or set-group-ID".into());
     }
-    let symbols = super::probes::lookup_symbols(&exe).ok()?;
-    if symbols[..super::probes::FIRST_CXX]
+    let symbols = crate::allocators::lookup_symbols(&exe).ok()?;
+    if symbols[..crate::allocators::FIRST_CXX]
         .iter()
         .any(Option::is_some)
     {
@@ -313,7 +294,7 @@ pub fn unusable_reason(program: &Path) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::malloc::probes::{FIRST_CXX, FUNCTIONS};
+    use crate::allocators::{FIRST_CXX, FUNCTIONS};
 
     /// The library's function numbers are the attach cookies of the C
     /// family: what the BPF side puts in the rows' `func`.
@@ -472,7 +453,7 @@ mod tests {
         let lib = PreloadLibrary {
             dir: "/x".into(),
             path: "/x/libkheap-preload.so".into(),
-            sites: Sites::default(),
+            sites: PreloadSites::default(),
             guard: None,
         };
         assert_eq!(lib.ld_preload(None), "/x/libkheap-preload.so");

@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 
 use super::merge::{self, DepthAcc, Method, SampledStack};
-use super::usersyms::UserFrame;
 use crate::cgroup::CgroupRef;
 use crate::model::{AllocStats, Counts};
 use crate::report::RunInfo;
+use crate::symbolize::user::UserFrame;
 
-use super::model::{AllocatorCode, Key, Snapshot};
+use crate::model::malloc::{AllocatorCode, Key, Snapshot};
 
 /// Blocks not freed by the end, flattened into rows and totals under the
 /// names every kind uses.

@@ -18,9 +18,9 @@ use crate::arch::{self, UnwindCache};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder as _};
 use object::{Object, ObjectSection, ObjectSegment};
 
-use super::model::{Key, Sample, UnwoundStack};
-use super::procmaps::{self, Mapping};
-use super::usersyms::{host_path, Modules, Vma};
+use crate::model::malloc::{Key, Sample, UnwoundStack};
+use crate::symbolize::user::{host_path, Modules, Vma};
+use crate::sys::procmaps::{self, Mapping};
 
 /// Frames kept per unwound stack (the caller included).
 pub const MAX_FRAMES: usize = 128;

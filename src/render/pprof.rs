@@ -22,11 +22,10 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use prost::Message as _;
 
-use crate::malloc::report::MallocReport;
-use crate::malloc::usersyms::UserFrame;
 use crate::model::Source;
 use crate::render::SourceColumn;
 use crate::report::{Report, StackProcess};
+use crate::symbolize::user::UserFrame;
 
 /// The mapping kernel frames belong to, named as `perf` names it.
 pub const KERNEL_MAPPING: &str = "[kernel.kallsyms]";
@@ -425,11 +424,11 @@ pub fn source_label(shown: SourceColumn, source: Source) -> Option<Label> {
 /// path (its id when the path is not known). Interrupt context is
 /// `process=interrupt`, with no pid and no cgroup.
 fn owner_labels(p: &StackProcess) -> Vec<Label> {
-    let mut labels = process_labels(p.pid, p.comm.as_deref().unwrap_or_default());
-    if p.pid.is_none() {
+    let mut labels = process_labels(p.process.pid, p.process.comm.as_deref().unwrap_or_default());
+    if p.process.pid.is_none() {
         return labels;
     }
-    if let Some(c) = &p.cgroup {
+    if let Some(c) = &p.process.cgroup {
         let path = c
             .path
             .clone()
@@ -453,7 +452,7 @@ pub fn process_labels(pid: Option<u32>, comm: &str) -> Vec<Label> {
 }
 
 /// The `process` label of a sample.
-fn process_label(comm: &str, pid: u32) -> String {
+pub fn process_label(comm: &str, pid: u32) -> String {
     format!("{comm} [{pid}]")
 }
 
@@ -474,46 +473,6 @@ pub fn user_frame(f: &UserFrame) -> Frame {
         file,
         line,
     }
-}
-
-/// The profile of a `malloc` report: one sample per stack, the allocator
-/// function as the leaf frame, `inuse_*` values with --outstanding.
-pub fn from_malloc(r: &MallocReport) -> Builder {
-    let inuse = r.totals.outstanding.is_some();
-    let mut b = heap_profile(inuse, r.duration_s);
-    b.comment(&format!(
-        "kheap malloc: user-space allocations, {:.2} s; space is bytes requested",
-        r.duration_s
-    ));
-    for s in &r.stacks {
-        let mut frames = vec![Frame {
-            function: s.allocator.clone(),
-            mapping: r
-                .probes
-                .first()
-                .map(|p| p.split(':').next().unwrap_or(p).to_string())
-                .unwrap_or_else(|| "[allocator]".into()),
-            ..Default::default()
-        }];
-        frames.extend(s.user_frames.iter().map(user_frame));
-        let mut values = vec![s.counts.count as i64, s.counts.bytes_req as i64];
-        if inuse {
-            let o = s.outstanding.clone().unwrap_or_default();
-            values.extend([o.count as i64, o.bytes as i64]);
-        }
-        let mut labels = vec![Label::Str("allocator".into(), s.allocator.clone())];
-        labels.extend(
-            s.processes
-                .iter()
-                .map(|p| Label::Str("process".into(), process_label(&p.comm, p.pid))),
-        );
-        b.add(&Sample {
-            frames,
-            values,
-            labels,
-        });
-    }
-    b
 }
 
 /// An i128 (a diff's change) as pprof's int64, capped at its ends.

@@ -5,11 +5,11 @@
 use std::collections::HashMap;
 
 use super::cgroups::cgroup_rows;
+use super::identity::ProcessIdentity;
 use super::processes::Owners;
 use super::rows::{
     CacheRow, Lost, ProcRow, Report, RunInfo, Sampling, SiteRow, SourceTotals, StackRow, Totals,
 };
-use crate::cgroup::CgroupRef;
 use crate::model::live::{Retained, RetainedIndex};
 use crate::model::snapshot::{EventCounters, Snapshot};
 use crate::model::{AllocStats, CacheId, Counts, SiteKey, Source};
@@ -102,11 +102,7 @@ pub fn build(snap: &Snapshot, syms: &dyn Symbolize, opts: BuildOptions) -> Repor
         .map(|(&pid, (comm, s))| {
             let cgroup_id = pid.and_then(|p| snap.proc_cgroups.get(&p).copied());
             ProcRow {
-                pid,
-                comm: pid.map(|_| comm.clone()),
-                cgroup: cgroup_id.map(CgroupRef::unnamed),
-                interrupt: pid.is_none(),
-                cgroup_id,
+                process: ProcessIdentity::new(pid, |_| comm.clone(), cgroup_id),
                 counts: s.into(),
             }
         })

@@ -8,6 +8,7 @@ use crate::cgroup::{CgroupNames, CgroupRef};
 use crate::model::live::{Retained, RetainedIndex};
 use crate::model::snapshot::{CgroupKey, CgroupSlot, Snapshot};
 use crate::model::AllocStats;
+use crate::report::identity::ProcessIdentity;
 use crate::report::retention::Retention;
 
 /// One row per cgroup slot, accounted and unaccounted entries folded; with
@@ -79,36 +80,33 @@ impl Report {
     /// Fills in the path and container of every cgroup the rows carry.
     pub fn name_cgroups(&mut self, names: &mut CgroupNames) {
         let ids = self.cgroups.iter().filter_map(|r| r.cgroup_id);
-        let leak_procs = self.leaks.iter().flat_map(|l| &l.processes);
-        let stack_procs = self.stacks.iter().flat_map(|s| &s.processes);
         let ids: Vec<u64> = ids
-            .chain(self.processes.iter().filter_map(|r| r.cgroup_id))
-            .chain(leak_procs.filter_map(|r| r.cgroup_id))
-            .chain(stack_procs.filter_map(|r| r.cgroup_id))
+            .chain(self.process_identities().filter_map(|p| p.cgroup_id))
             .collect();
         names.learn(ids);
         for r in &mut self.cgroups {
             r.cgroup = r.cgroup_id.map(|id| names.describe(id));
         }
-        for r in &mut self.processes {
-            r.cgroup = r.cgroup_id.map(|id| names.describe(id));
-        }
-        for r in self.leaks.iter_mut().flat_map(|l| &mut l.processes) {
-            r.cgroup = r.cgroup_id.map(|id| names.describe(id));
-        }
-        for r in self.stacks.iter_mut().flat_map(|s| &mut s.processes) {
-            r.cgroup = r.cgroup_id.map(|id| names.describe(id));
+        for p in self.process_identities_mut() {
+            p.cgroup = p.cgroup_id.map(|id| names.describe(id));
         }
     }
 
-    /// Every cgroup id the report names, for a caller that keeps names.
-    pub fn cgroup_ids(&self) -> impl Iterator<Item = u64> + '_ {
+    /// Every process row's identity: the processes', the leak summary's
+    /// and the stack rows'.
+    fn process_identities(&self) -> impl Iterator<Item = &ProcessIdentity> {
         let leak_procs = self.leaks.iter().flat_map(|l| &l.processes);
         let stack_procs = self.stacks.iter().flat_map(|s| &s.processes);
-        self.cgroups
-            .iter()
-            .filter_map(|r| r.cgroup_id)
-            .chain(leak_procs.filter_map(|r| r.cgroup_id))
-            .chain(stack_procs.filter_map(|r| r.cgroup_id))
+        (self.processes.iter().map(|r| &r.process))
+            .chain(leak_procs.map(|r| &r.process))
+            .chain(stack_procs.map(|r| &r.process))
+    }
+
+    fn process_identities_mut(&mut self) -> impl Iterator<Item = &mut ProcessIdentity> {
+        let leak_procs = self.leaks.iter_mut().flat_map(|l| &mut l.processes);
+        let stack_procs = self.stacks.iter_mut().flat_map(|s| &mut s.processes);
+        (self.processes.iter_mut().map(|r| &mut r.process))
+            .chain(leak_procs.map(|r| &mut r.process))
+            .chain(stack_procs.map(|r| &mut r.process))
     }
 }

@@ -6,27 +6,18 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::CgroupRef;
 use crate::model::live::Retained;
 use crate::model::{apportion, AllocStats, Owner};
+use crate::report::identity::ProcessIdentity;
 use crate::report::retention::Retention;
 
 /// One process's share of a stack row (in the cgroup it ran in then), or
-/// interrupt context's, which is no process's.
+/// interrupt context's.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StackProcess {
-    /// null in interrupt context.
-    pub pid: Option<u32>,
-    /// null in interrupt context; empty when the name is not known.
-    pub comm: Option<String>,
-    /// The cgroup v2 the allocations were made in; null in interrupt
-    /// context.
-    pub cgroup: Option<CgroupRef>,
-    /// Allocated in hard/soft interrupt or NMI context.
-    pub interrupt: bool,
-    /// Its id, until `name_cgroups` resolves it.
-    #[serde(skip)]
-    pub cgroup_id: Option<u64>,
+    /// The cgroup is the one the allocations were made in.
+    #[serde(flatten)]
+    pub process: ProcessIdentity,
     pub count: u64,
     pub bytes_req: u64,
     pub bytes_alloc: u64,
@@ -88,11 +79,7 @@ impl Owners<'_> {
                     Owner::Interrupt => (None, None),
                 };
                 StackProcess {
-                    pid,
-                    comm: pid.map(comm_of),
-                    cgroup: cgroup_id.map(CgroupRef::unnamed),
-                    interrupt: pid.is_none(),
-                    cgroup_id,
+                    process: ProcessIdentity::new(pid, comm_of, cgroup_id),
                     count: count[i],
                     bytes_req: bytes_req[i],
                     bytes_alloc: bytes_alloc[i],
@@ -104,7 +91,7 @@ impl Owners<'_> {
         rows.sort_by(|a, b| {
             (b.outstanding_bytes, b.bytes_alloc)
                 .cmp(&(a.outstanding_bytes, a.bytes_alloc))
-                .then(a.pid.cmp(&b.pid))
+                .then(a.process.pid.cmp(&b.process.pid))
         });
         rows
     }

@@ -5,10 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::CgroupRef;
 use crate::model::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
 use crate::model::snapshot::Snapshot;
 use crate::model::{round2, Counts};
+use crate::report::identity::ProcessIdentity;
 use crate::report::meminfo::AccountingRow;
 
 /// What is still allocated of a row (kheap leaks and its snapshots only),
@@ -84,20 +84,10 @@ pub struct ProgramMisses {
 /// no per-process allocation totals, hence only retention here.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessRetention {
-    /// null for the interrupt row.
-    pub pid: Option<u32>,
-    /// Empty when the process had exited by the time of the snapshot; null
-    /// for the interrupt row.
-    pub comm: Option<String>,
-    /// The cgroup v2 it allocated its newest outstanding object in; null
-    /// when unknown and for the interrupt row.
-    #[serde(default)]
-    pub cgroup: Option<CgroupRef>,
-    /// Allocated in hard/soft interrupt or NMI context: no process's.
-    pub interrupt: bool,
-    /// Its id, until `Report::name_cgroups` resolves it.
-    #[serde(skip)]
-    pub cgroup_id: Option<u64>,
+    /// The cgroup is the one it allocated its newest outstanding object
+    /// in.
+    #[serde(flatten)]
+    pub process: ProcessIdentity,
     #[serde(flatten)]
     pub retention: Retention,
 }
@@ -289,11 +279,11 @@ fn process_rows(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Vec<Proc
         .procs
         .iter()
         .map(|(&pid, r)| ProcessRetention {
-            pid,
-            comm: pid.map(|p| l.comms.get(&p).cloned().unwrap_or_default()),
-            cgroup: None,
-            interrupt: pid.is_none(),
-            cgroup_id: pid.and_then(|p| idx.proc_cgroups.get(&p).copied()),
+            process: ProcessIdentity::new(
+                pid,
+                |p| l.comms.get(&p).cloned().unwrap_or_default(),
+                pid.and_then(|p| idx.proc_cgroups.get(&p).copied()),
+            ),
             retention: Retention::new(r, duration_s),
         })
         .collect();
@@ -301,7 +291,7 @@ fn process_rows(l: &LeakInput, idx: &RetainedIndex, duration_s: f64) -> Vec<Proc
         b.retention
             .outstanding_bytes
             .cmp(&a.retention.outstanding_bytes)
-            .then(a.pid.cmp(&b.pid))
+            .then(a.process.pid.cmp(&b.process.pid))
     });
     rows
 }

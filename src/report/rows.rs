@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::identity::ProcessIdentity;
 use super::meminfo::{Geometry, SourceOutstanding};
 use super::processes::StackProcess;
 use crate::cgroup::CgroupRef;
@@ -165,19 +166,9 @@ pub struct CacheRow {
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcRow {
-    /// null for the interrupt row.
-    pub pid: Option<u32>,
-    /// null for the interrupt row; empty when the name is not known.
-    pub comm: Option<String>,
-    /// The process's cgroup v2 when it first allocated; null when unknown
-    /// and for the interrupt row.
-    #[serde(default)]
-    pub cgroup: Option<CgroupRef>,
-    /// Allocated in hard/soft interrupt or NMI context: no process's.
-    pub interrupt: bool,
-    /// Its id, until `name_cgroups` resolves it.
-    #[serde(skip)]
-    pub cgroup_id: Option<u64>,
+    /// The cgroup is the process's when it first allocated.
+    #[serde(flatten)]
+    pub process: ProcessIdentity,
     #[serde(flatten)]
     pub counts: Counts,
 }

@@ -212,7 +212,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
             .processes
             .iter()
             .map(|p| {
-                let (pid, comm) = process_cells(p.pid, p.comm.as_deref(), "");
+                let (pid, comm) = process_cells(p.process.pid, p.process.comm.as_deref(), "");
                 TopRow {
                     key: pid.clone(),
                     name: pid,

@@ -806,9 +806,9 @@ fn table_and_folded_output() {
     assert!(text.contains("do_leak+0x"), "{text}");
     assert!(text.contains("live bytes"), "{text}");
     // free's probe sits past `test %rdi,%rdi` when a branch follows it.
-    let libc = kheap::malloc::probes::libc_of_program(&w.exe).unwrap();
-    let syms = kheap::malloc::probes::lookup_symbols(&libc).unwrap();
-    let free_index = kheap::malloc::probes::FUNCTIONS
+    let libc = kheap::allocators::libc_of_program(&w.exe).unwrap();
+    let syms = kheap::allocators::lookup_symbols(&libc).unwrap();
+    let free_index = kheap::allocators::FUNCTIONS
         .iter()
         .position(|f| f.name == "free")
         .unwrap();

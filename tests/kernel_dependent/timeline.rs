@@ -180,7 +180,7 @@ fn the_html_chart_opens_in_a_browser_with_the_site_and_its_three_steps() {
     for stack in rows_of_fn(&report, "stacks", msg_fn()) {
         for p in stack["processes"].as_array().unwrap() {
             if let (Some(comm), Some(pid)) = (p["comm"].as_str(), p["pid"].as_u64()) {
-                *owners.entry(format!("{comm}[{pid}]")).or_default() += u(&p["bytes_alloc"]);
+                *owners.entry(format!("{comm} [{pid}]")).or_default() += u(&p["bytes_alloc"]);
             }
         }
     }
@@ -188,7 +188,7 @@ fn the_html_chart_opens_in_a_browser_with_the_site_and_its_three_steps() {
         .iter()
         .max_by_key(|o| o.1)
         .expect("load_msg's stacks have owners");
-    assert!(owner.starts_with("kheap-load["), "{owners:?}");
+    assert!(owner.starts_with("kheap-load ["), "{owners:?}");
     let line = format!("{} [kmalloc]: ", msg_fn());
     let want = format!("({} bytes)  allocated by {owner}", 3 * STEP_N * objsize);
     let row = readout

@@ -218,11 +218,7 @@ fn areas_panel(
     x: &dyn Fn(f64) -> f64,
     t_end: f64,
 ) {
-    let _ = writeln!(
-        page,
-        "<g id=\"areas\" data-top=\"{}\" data-bottom=\"{}\" data-lo=\"{}\" data-hi=\"{}\">",
-        scale.top, scale.bottom, scale.lo, scale.hi
-    );
+    open_panel(page, "areas", scale);
     axes(page, scale, t_end, x);
     // Stacked areas, bottom up in series order, then other.
     let mut below = vec![0u64; t.points.len()];
@@ -242,10 +238,7 @@ fn areas_panel(
             .iter()
             .zip(&below)
             .map(|(p, &b)| (x(p.t_s), scale.y(b as i64)));
-        let mut d = String::new();
-        for (j, (px, py)) in upper.enumerate() {
-            let _ = write!(d, "{}{px:.1},{py:.1}", if j == 0 { "M" } else { "L" });
-        }
+        let mut d = path_through(upper);
         for (px, py) in lower.iter().rev() {
             let _ = write!(d, "L{px:.1},{py:.1}");
         }
@@ -267,11 +260,7 @@ fn lines_panel(
     x: &dyn Fn(f64) -> f64,
     t_end: f64,
 ) {
-    let _ = writeln!(
-        page,
-        "<g id=\"meminfo\" data-top=\"{}\" data-bottom=\"{}\" data-lo=\"{}\" data-hi=\"{}\">",
-        scale.top, scale.bottom, scale.lo, scale.hi
-    );
+    open_panel(page, "meminfo", scale);
     let _ = writeln!(
         page,
         "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\">/proc/meminfo, change since the first reading:</text>",
@@ -282,16 +271,12 @@ fn lines_panel(
     axes(page, scale, t_end, x);
     let styles = palette::LINES.iter().zip(palette::DASHES);
     for (k, ((name, _), (colour, dash))) in MEM_LINES.iter().zip(styles).enumerate() {
-        let mut d = String::new();
-        for (j, (p, dl)) in t.points.iter().zip(deltas).enumerate() {
-            let _ = write!(
-                d,
-                "{}{:.1},{:.1}",
-                if j == 0 { "M" } else { "L" },
-                x(p.t_s),
-                scale.y(dl[k])
-            );
-        }
+        let d = path_through(
+            t.points
+                .iter()
+                .zip(deltas)
+                .map(|(p, dl)| (x(p.t_s), scale.y(dl[k]))),
+        );
         let _ = writeln!(
             page,
             "<path class=\"line\" d=\"{d}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.5\" stroke-dasharray=\"{dash}\"><title>{name} (change)</title></path>"
@@ -324,6 +309,25 @@ fn triggers(page: &mut String, t: &Timeline, x: &dyn Fn(f64) -> f64) {
 }
 
 /// One panel's axes: its value ticks, zero's line, the time under it.
+/// Opens a panel's group, with the pixel and value range the page's
+/// readout script maps the pointer through.
+fn open_panel(page: &mut String, id: &str, scale: &Scale) {
+    let _ = writeln!(
+        page,
+        "<g id=\"{id}\" data-top=\"{}\" data-bottom=\"{}\" data-lo=\"{}\" data-hi=\"{}\">",
+        scale.top, scale.bottom, scale.lo, scale.hi
+    );
+}
+
+/// An SVG path's data through the points, in order.
+fn path_through(points: impl Iterator<Item = (f64, f64)>) -> String {
+    let mut d = String::new();
+    for (j, (px, py)) in points.enumerate() {
+        let _ = write!(d, "{}{px:.1},{py:.1}", if j == 0 { "M" } else { "L" });
+    }
+    d
+}
+
 fn axes(page: &mut String, scale: &Scale, t_end: f64, x: &dyn Fn(f64) -> f64) {
     let _ = writeln!(
         page,

@@ -28,7 +28,7 @@ pub fn of_series(report: &Report, series: &[Series]) -> Vec<Vec<Owner>> {
                 r.source == s.source && r.site_call_site.as_deref() == Some(s.call_site.as_str())
             }) {
                 for p in row.processes.iter().filter(|p| belongs(p, s)) {
-                    *by_name.entry(name(p)).or_default() += p.bytes_alloc;
+                    *by_name.entry(p.process.name()).or_default() += p.bytes_alloc;
                 }
             }
             let mut owners: Vec<Owner> = by_name
@@ -45,22 +45,11 @@ pub fn of_series(report: &Report, series: &[Series]) -> Vec<Vec<Owner>> {
 /// cgroup, or of interrupt context, has only those).
 fn belongs(p: &StackProcess, s: &Series) -> bool {
     if s.interrupt {
-        p.interrupt
+        p.process.interrupt
     } else if let Some(c) = &s.cgroup {
-        !p.interrupt && p.cgroup.as_ref().is_some_and(|g| g.id == c.id)
+        !p.process.interrupt && p.process.cgroup.as_ref().is_some_and(|g| g.id == c.id)
     } else {
         true
-    }
-}
-
-fn name(p: &StackProcess) -> String {
-    match (p.interrupt, p.pid) {
-        (true, _) => "interrupt".into(),
-        (false, Some(pid)) => {
-            let comm = p.comm.as_deref().filter(|c| !c.is_empty()).unwrap_or("?");
-            format!("{comm}[{pid}]")
-        }
-        (false, None) => "?".into(),
     }
 }
 
@@ -70,11 +59,15 @@ mod tests {
     use crate::cgroup::CgroupRef;
     use crate::model::Source;
     use crate::report::rows::StackRow;
+    use crate::report::ProcessIdentity;
 
     fn proc(pid: u32, comm: &str, bytes: u64) -> StackProcess {
         StackProcess {
-            pid: Some(pid),
-            comm: Some(comm.into()),
+            process: ProcessIdentity {
+                pid: Some(pid),
+                comm: Some(comm.into()),
+                ..ProcessIdentity::default()
+            },
             bytes_alloc: bytes,
             ..StackProcess::default()
         }
@@ -126,7 +119,7 @@ mod tests {
             .iter()
             .map(|o| (o.name.as_str(), o.bytes_alloc))
             .collect();
-        assert_eq!(names, [("sh[9]", 250), ("<b>[7]", 100)]);
+        assert_eq!(names, [("sh [9]", 250), ("<b> [7]", 100)]);
         assert!(
             owners[1].is_empty(),
             "no stack of its site: no owner guessed"
@@ -137,11 +130,14 @@ mod tests {
     fn a_cgroups_series_has_its_cgroups_processes_and_interrupts_their_own() {
         let in_cg = |id| Some(CgroupRef::unnamed(id));
         let mut a = proc(7, "a", 10);
-        a.cgroup = in_cg(5);
+        a.process.cgroup = in_cg(5);
         let mut b = proc(8, "b", 20);
-        b.cgroup = in_cg(6);
+        b.process.cgroup = in_cg(6);
         let irq = StackProcess {
-            interrupt: true,
+            process: ProcessIdentity {
+                interrupt: true,
+                ..ProcessIdentity::default()
+            },
             bytes_alloc: 30,
             ..StackProcess::default()
         };
@@ -157,7 +153,7 @@ mod tests {
         assert_eq!(
             owners[0],
             [Owner {
-                name: "a[7]".into(),
+                name: "a [7]".into(),
                 bytes_alloc: 10
             }]
         );

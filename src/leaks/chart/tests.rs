@@ -4,7 +4,7 @@ use crate::model::Source;
 use crate::report::retention::LeakSummary;
 use crate::report::rows::{SiteRow, StackRow};
 use crate::report::timeline::*;
-use crate::report::StackProcess;
+use crate::report::{ProcessIdentity, StackProcess};
 
 const M: u64 = 1 << 20;
 
@@ -50,8 +50,11 @@ fn report_with(points: &[u64], fired: Vec<TriggerMark>) -> Report {
         source: Source::Kmalloc,
         site_call_site: Some(call_site.into()),
         processes: vec![StackProcess {
-            pid: Some(pid),
-            comm: Some(comm.into()),
+            process: ProcessIdentity {
+                pid: Some(pid),
+                comm: Some(comm.into()),
+                ..ProcessIdentity::default()
+            },
             bytes_alloc: 4096,
             ..StackProcess::default()
         }],
@@ -131,7 +134,7 @@ fn the_page_names_the_site_shows_each_level_and_marks_triggers() {
     let data = page.split("application/json\">").nth(1).unwrap();
     let data = data.split("</script>").next().unwrap();
     let data: serde_json::Value = serde_json::from_str(data).unwrap();
-    assert_eq!(data["series"][0]["owners"][0], "<script>x[41]");
+    assert_eq!(data["series"][0]["owners"][0], "<script>x [41]");
 }
 
 #[test]

@@ -1,5 +1,5 @@
 use super::*;
-use crate::malloc::model::UnwoundStack;
+use crate::model::malloc::UnwoundStack;
 
 /// `count` allocations of `size` bytes (the report fixtures' counts).
 fn stats(count: u64, size: u64) -> AllocStats {

@@ -65,7 +65,10 @@ fn stack_rows_split_by_process_and_add_up_when_scaled() {
     // processes' shares with it, adding up exactly.
     assert_eq!(msg.counts.count, 1000);
     let p = &msg.processes;
-    let got: Vec<_> = p.iter().map(|p| (p.pid, p.count, p.bytes_alloc)).collect();
+    let got: Vec<_> = p
+        .iter()
+        .map(|p| (p.process.pid, p.count, p.bytes_alloc))
+        .collect();
     assert_eq!(
         got,
         [
@@ -78,17 +81,17 @@ fn stack_rows_split_by_process_and_add_up_when_scaled() {
         p.iter().map(|p| p.bytes_req).sum::<u64>(),
         msg.counts.bytes_req
     );
-    assert_eq!(p[0].comm.as_deref(), Some("msgd"));
+    assert_eq!(p[0].process.comm.as_deref(), Some("msgd"));
     assert_eq!(
-        p[0].cgroup.as_ref().unwrap().path.as_deref(),
+        p[0].process.cgroup.as_ref().unwrap().path.as_deref(),
         Some("/system.slice/msgd.service")
     );
     // Not walked for: the id, no path.
     assert_eq!(
-        p[1].cgroup.as_ref().map(|c| (c.id, c.path.clone())),
+        p[1].process.cgroup.as_ref().map(|c| (c.id, c.path.clone())),
         Some((43, None))
     );
-    assert!(p[2].interrupt && p[2].comm.is_none() && p[2].cgroup.is_none());
+    assert!(p[2].process.interrupt && p[2].process.comm.is_none() && p[2].process.cgroup.is_none());
     // Stacks without owners (as top's) have none in JSON either.
     let v = serde_json::to_value(&r).unwrap();
     let rows = v["stacks"].as_array().unwrap();
@@ -120,7 +123,7 @@ fn leaks_stack_processes_hold_their_outstanding_share() {
     // 40 live objects with this stack, scaled to the site's 400, all
     // process 7's (its name read by leaks from /proc).
     assert_eq!(
-        (p[0].pid, p[0].comm.as_deref(), p[0].count),
+        (p[0].process.pid, p[0].process.comm.as_deref(), p[0].count),
         (Some(7), Some("msgd"), 1000)
     );
     assert_eq!(
@@ -244,7 +247,8 @@ fn leaks_cgroup_rows_hold_what_each_cgroup_allocated_and_name_processes() {
     // cgroup is that of its newest object that has one.
     let p = &r.leaks.as_ref().unwrap().processes[0];
     assert_eq!(
-        p.cgroup
+        p.process
+            .cgroup
             .as_ref()
             .and_then(|c| c.container.as_ref())
             .map(|c| c.name.as_str()),

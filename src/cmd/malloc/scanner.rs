@@ -7,11 +7,11 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use super::libraries::other_allocators;
-use super::preload;
-use super::procmaps;
-use super::usersyms::{host_path, Modules};
+use crate::allocators::libraries::other_allocators;
 use crate::kernel::malloc::MallocSession;
+use crate::malloc::preload;
+use crate::symbolize::user::{host_path, Modules};
+use crate::sys::procmaps;
 
 /// Keeps up with the traced processes: learns their mappings (paths for
 /// symbolization) and probes any new C library one of them maps.

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use blazesym::symbolize::source::{Elf, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 
-use super::procmaps::{kernel_dev, Mapping};
+use crate::sys::procmaps::{kernel_dev, Mapping};
 
 /// One symbolized user frame.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -387,7 +387,7 @@ pub mod tests {
     #[test]
     fn mapped_files_are_found_here_or_through_the_process_root() {
         let pid = std::process::id();
-        let maps = crate::malloc::procmaps::read(pid).unwrap();
+        let maps = crate::sys::procmaps::read(pid).unwrap();
         let exe = std::fs::canonicalize(std::env::current_exe().unwrap()).unwrap();
         let m = maps
             .iter()

@@ -1,9 +1,13 @@
-//! Where the probes go: the allocator functions (`functions`), the library
-//! that holds them, the one the target really maps (`loader`, `elf`), and
-//! the instruction each probe sits on (`placement`).
+//! The user-space allocators kheap probes, and where the probes go: the
+//! allocator functions (`functions`, the table the BPF side shares), the
+//! library that holds them, the one the target really maps (`loader`,
+//! `elf`), the instruction each probe sits on (`placement`), which files
+//! of a process to probe (`libraries`) and the preload library's sites.
+//! Read by `kheap malloc` and the kernel layer alike.
 
 pub mod elf;
 pub mod functions;
+pub mod libraries;
 pub mod loader;
 pub mod placement;
 
@@ -16,6 +20,27 @@ pub use loader::{
     defines_allocator, executable_of, extra_allocators_of_program, libc_of_program, parse_ld_list,
 };
 pub use placement::{plan, probe_skip, without_interposed, Probe, Symbol};
+
+/// The file offsets of the preload library's probe sites: allocation and
+/// free, and the same for forked children (which must not use the sites
+/// the kernel optimized in their parent: preload/kheap_preload.c says why).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PreloadSites {
+    pub alloc: u64,
+    pub free: u64,
+    pub alloc_forked: u64,
+    pub free_forked: u64,
+}
+
+impl PreloadSites {
+    /// (allocation sites, free sites)
+    pub fn all(&self) -> ([u64; 2], [u64; 2]) {
+        (
+            [self.alloc, self.alloc_forked],
+            [self.free, self.free_forked],
+        )
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -226,7 +251,7 @@ mod tests {
         assert_eq!(
             parse_ld_list_all(
                 &format!("{cxx}{text}{je}"),
-                crate::malloc::procmaps::is_extra_allocator_name
+                crate::sys::procmaps::is_extra_allocator_name
             ),
             [
                 PathBuf::from("/lib/x86_64-linux-gnu/libstdc++.so.6"),

@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 
 use super::elf::{interpreter, lookup_symbols, read_head};
 use super::placement::plan;
-use crate::malloc::procmaps;
+use crate::sys::procmaps;
 
 /// The program that really runs for `path`: scripts run their `#!`
 /// interpreter (through `env` too).

@@ -4,8 +4,8 @@
 
 use std::collections::HashMap;
 
-use super::usersyms::UserFrame;
 use crate::model::AllocStats;
+use crate::symbolize::user::UserFrame;
 
 /// The kernel's aggregation key (see `struct malloc_key`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -62,7 +62,7 @@ pub struct UnwoundStack {
 }
 
 /// What became of the sampled copies of user stacks (bpf/user_stack.bpf.h
-/// and `super::unwind`).
+/// and `crate::malloc::unwind`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UnwindEvents {
     /// Copies sent by the kernel.

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-use super::probes::{check_elf, defines_allocator, extra_allocators_of_program, libc_of_program};
-use super::procmaps;
-use super::usersyms::host_path;
+use super::{check_elf, defines_allocator, extra_allocators_of_program, libc_of_program};
+use crate::symbolize::user::host_path;
+use crate::sys::procmaps;
 use crate::target::find_program;
 
 /// The allocator libraries to probe before anything runs.
@@ -30,7 +30,7 @@ pub fn initial_libraries(
         check_elf(lib)?;
         // Checked here, before anything starts, as it will be when probed
         // (--lib means no preload library).
-        super::probes::plan(&super::probes::lookup_symbols(lib)?)
+        super::plan(&super::lookup_symbols(lib)?)
             .with_context(|| format!("{} is not an allocator library", lib.display()))?;
         return Ok(vec![lib.to_path_buf()]);
     }
@@ -67,7 +67,7 @@ pub fn initial_libraries(
         }
         // A Rust program's global allocator entry points are in itself, as
         // is an allocator linked in statically (prefixed or not).
-        let exe = super::probes::executable_of(&path)?;
+        let exe = super::executable_of(&path)?;
         if defines_allocator(&exe) && !libs.contains(&exe) {
             libs.push(exe);
         }
