@@ -74,26 +74,14 @@ KHEAP_PERCPU_HASH(cache_frees, __u64, struct cache_frees, 2048);
 /* Written once per cache, when a cache is first seen, off the hot path. */
 KHEAP_HASH(cache_names, __u64, struct cache_name, 2048);
 
-KHEAP_PERCPU_SLOT(counters, struct counters);
+KHEAP_PERCPU_COUNTERS(counters, struct counters)
 
 /* Per-CPU countdown to the next sampled stack (bpf/sampler.bpf.h). */
 KHEAP_PERCPU_SLOT(sample_countdown, __u32);
 
-static __always_inline struct counters *counters_get(void)
-{
-	__u32 zero = 0;
-
-	return bpf_map_lookup_elem(&counters, &zero);
-}
-
-#define COUNT_ADD(field, n)                            \
-	do {                                           \
-		struct counters *__c = counters_get(); \
-		if (__c)                               \
-			__c->field += (n);             \
-	} while (0)
-
-#define COUNT(field) COUNT_ADD(field, 1)
+/* The kmem object's counters (struct counters in kheap.h). */
+#define COUNT_ADD(field, n) PERCPU_COUNT_ADD(counters, field, n)
+#define COUNT(field)	    COUNT_ADD(field, 1)
 
 static __always_inline bool sample_now(void)
 {

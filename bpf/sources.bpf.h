@@ -26,7 +26,7 @@ static __always_inline bool count_source_free(const void *ptr, __u32 source)
 		return track_free((__u64)ptr);
 	if (task_left_out(true))
 		return false;
-	c = counters_get();
+	c = counters_slot();
 	if (!c)
 		return false;
 	if (!ptr) {
