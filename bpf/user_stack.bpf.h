@@ -5,11 +5,12 @@
  * USER_STACK_BYTES of the stack (from the page holding the stack pointer)
  * go into a ring buffer. Calls that are not
  * sampled cost one per-CPU countdown decrement (bpf/sampler.bpf.h).
- * Include after vmlinux.h, the libbpf headers, maps.bpf.h and kheap.h.
+ * Include after vmlinux.h and the libbpf headers.
  */
 #ifndef KHEAP_USER_STACK_BPF_H
 #define KHEAP_USER_STACK_BPF_H
 
+#include "maps.bpf.h"
 #include "user_stack.h"
 #include "sampler.bpf.h"
 
