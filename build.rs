@@ -80,7 +80,7 @@ fn build_failed(file: &str, e: impl std::fmt::Display) -> ! {
 }
 
 /// The kmem object once more without its kfunc (bpf/slab_cache.bpf.h) and
-/// without BPF atomics (the object table of bpf/live_objects.bpf.h), for
+/// without BPF atomics (the object table of bpf/kheap/live_objects.c), for
 /// kernels that expose no BTF of their own (libbpf resolves a kfunc extern
 /// only through the kernel's BTF and fails the whole load without it) or
 /// that predate BPF atomics (5.12: the verifier refuses the whole object,

@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * Helpers for BPF objects that aggregate allocations into struct
- * alloc_stats (kheap.bpf.c). Include after
- * vmlinux.h, the libbpf headers and kheap.h (which brings size_bucket()).
+ * alloc_stats (kheap.bpf.c). Include after vmlinux.h and the libbpf headers.
  */
 #ifndef KHEAP_ALLOC_STATS_BPF_H
 #define KHEAP_ALLOC_STATS_BPF_H
+
+#include "maps.bpf.h"
+#include "kheap.h"
 
 /* Adds an event to this CPU's own entry (a per-CPU slot). */
 static __always_inline void stats_add(struct alloc_stats *s, __u64 req,

@@ -6,24 +6,35 @@
  *
  * - record, top, slab: every traced allocation updates one entry keyed by
  *   (call site, cache), this CPU's slot of the site or else the site's entry
- *   in a hash all CPUs share (site_slots.bpf.h): exact counts, requested
+ *   in a hash all CPUs share (kheap/site_slots.c): exact counts, requested
  *   and allocated bytes and a log2 histogram of requested sizes. Kernel
  *   stacks are costly (2-4 us each on an ORC kernel), so by default only a
  *   random sample of events captures one; user space scales the sampled
  *   stacks to the exact per-site totals. Frees are counted per cache
- * (event_counts.bpf.h).
+ * (kheap/event_counts.c).
  * - leaks (cfg.track_live): every traced allocation is also remembered by
  *   address in `live` (a plain hash: the free may run on another CPU) with
  *   its site, stack, sizes, time and process; every free of a remembered
  *   address forgets it, in one map operation (the free path is the hot path
  *   of a leak tracer). User space walks `live` for what is outstanding and
  *   derives what was freed as allocated - outstanding - unseen
- *   (live_objects.bpf.h).
+ *   (kheap/live_objects.c).
  *
  * Each hook exists three times: tp_btf (typed arguments, cheapest), raw_tp
  * (as cheap; 6.1 and 6.12 verifiers reject tp_btf reads of kmalloc's
  * `const void *ptr`) and a classic tracepoint read through CO-RE. User space
  * loads one set per run (src/kernel/attach.rs).
+ *
+ * Files: every header in bpf/ (*.h) stands alone: it includes the headers
+ * of bpf/ it uses and needs only vmlinux.h and libbpf's headers before it;
+ * the other objects share them. The .c files in bpf/kheap/ are parts of
+ * this file, neither headers nor objects: each is included once, below,
+ * after what it uses (`cfg`, the maps, COUNT(), on_alloc(); its first
+ * comment names them), and compiles nowhere else (build.rs builds only the
+ * *.bpf.c files of bpf/). They are files of their own so that each topic
+ * has one, named .c as code that is not a header (as the kernel's
+ * kernel/sched/build_policy.c includes its parts), with no include guards:
+ * nothing includes them twice.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -39,21 +50,21 @@
 #include "stack_store.bpf.h"
 #include "sampler.bpf.h"
 #include "task_filter.bpf.h"
+#include "task_stack.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 const volatile struct kheap_config cfg = {};
 
-/* The task's kernel stack, and whether an event ran in interrupt context
- * (reads cfg). */
-#include "task_stack.bpf.h"
-#include "interrupt_context.bpf.h"
+/* Whether an event ran in interrupt context (reads cfg). */
+#include "kheap/interrupt_context.c"
 
 /* Written by the `clock` program, which user space runs on demand. */
 struct clock_sample clock_now = {};
 
 /* The maps keyed by what is traced are shared by all CPUs (SHARED_ADD): a
- * site's hot events are counted in this CPU's slot first (site_slots.bpf.h). */
+ * site's hot events are counted in this CPU's slot first
+ * (kheap/site_slots.c). */
 KHEAP_HASH(sites, struct site_key, struct alloc_stats, 8192);
 
 KHEAP_HASH(stacks, struct stack_key, struct alloc_stats, 8192);
@@ -74,26 +85,14 @@ KHEAP_PERCPU_HASH(cache_frees, __u64, struct cache_frees, 2048);
 /* Written once per cache, when a cache is first seen, off the hot path. */
 KHEAP_HASH(cache_names, __u64, struct cache_name, 2048);
 
-KHEAP_PERCPU_SLOT(counters, struct counters);
+KHEAP_PERCPU_COUNTERS(counters, struct counters)
 
 /* Per-CPU countdown to the next sampled stack (bpf/sampler.bpf.h). */
 KHEAP_PERCPU_SLOT(sample_countdown, __u32);
 
-static __always_inline struct counters *counters_get(void)
-{
-	__u32 zero = 0;
-
-	return bpf_map_lookup_elem(&counters, &zero);
-}
-
-#define COUNT_ADD(field, n)                            \
-	do {                                           \
-		struct counters *__c = counters_get(); \
-		if (__c)                               \
-			__c->field += (n);             \
-	} while (0)
-
-#define COUNT(field) COUNT_ADD(field, 1)
+/* The kmem object's counters (struct counters in kheap.h). */
+#define COUNT_ADD(field, n) PERCPU_COUNT_ADD(counters, field, n)
+#define COUNT(field)	    COUNT_ADD(field, 1)
 
 static __always_inline bool sample_now(void)
 {
@@ -124,14 +123,14 @@ static __always_inline void remember_cache_name(__u64 cache, const char *name)
 }
 
 /* Whether an event is kheap's own. */
-#include "own_process.bpf.h"
+#include "kheap/own_process.c"
 /* The per-CPU front of `sites`. */
-#include "site_slots.bpf.h"
+#include "kheap/site_slots.c"
 /* record, top, slab: what an event adds to the counts of its site, stack,
  * process, cgroup and cache. */
-#include "event_counts.bpf.h"
+#include "kheap/event_counts.c"
 /* leaks: objects tracked by address until their free. */
-#include "live_objects.bpf.h"
+#include "kheap/live_objects.c"
 
 /* The common path of every allocation event. `name` is only read when the
  * (site, cache) pair is new, so the cost stays off the hot path. `accounted`
@@ -168,10 +167,10 @@ static __always_inline void on_alloc(void *ctx, bool classic,
 	}
 	/* cfg is constant after load: the tgid is asked for only where a
 	 * filter, a per-process view or live objects need it; otherwise only
-	 * whether the event is kheap's own (own_process.bpf.h). An interrupt
-	 * known as such is not kheap's even when it lands on kheap's thread
-	 * (only kheap's own exclusion is left to test here: a filter of tasks
-	 * has returned above). */
+	 * whether the event is kheap's own (kheap/own_process.c). An
+	 * interrupt known as such is not kheap's even when it lands on kheap's
+	 * thread (only kheap's own exclusion is left to test here: a filter of
+	 * tasks has returned above). */
 	if (tasks_filtered(&cfg.filter) || cfg.by_process || cfg.track_live) {
 		tgid = bpf_get_current_pid_tgid() >> 32;
 		if (!interrupt && !task_passes(&cfg.filter, tgid))
@@ -272,7 +271,7 @@ static __always_inline bool cache_accounted(__u64 gfp_flags, __u64 slab_flags)
 }
 
 /* The page allocator, vmalloc and percpu (--source). */
-#include "sources.bpf.h"
+#include "kheap/sources.c"
 
 /* ---- tp_btf: typed raw tracepoint arguments ---- */
 

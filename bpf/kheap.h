@@ -35,7 +35,7 @@ enum kheap_source {
 
 /* What a page-allocator allocation was for, as far as kheap can tell: pages
  * that back slabs or vmalloc areas are counted by those sources too, so
- * totals leave them out (sources.bpf.h explains the heuristics). */
+ * totals leave them out (kheap/sources.c explains the heuristics). */
 enum kheap_page_use {
 	KHEAP_PAGE_DIRECT = 0,
 	KHEAP_PAGE_SLAB = 1,
@@ -105,7 +105,7 @@ struct site_key {
 };
 
 /* One CPU's counts of one site, in the per-CPU front of the site map
- * (bpf/site_slots.bpf.h). The count comes first: user space reads it, and
+ * (bpf/kheap/site_slots.c). The count comes first: user space reads it, and
  * only if it is above zero the rest, so the key written before that count
  * is complete (stores are seen in order on x86; elsewhere only a slot
  * claimed during a read could be torn). A count of zero: a free slot. */
@@ -303,7 +303,7 @@ struct kheap_config {
 	 * ranges; 0 of a kind: its events are not classified */
 	__u32 backing_ranges;
 	__u32 vmap_ranges;
-	/* leaks: buckets of the object table (live_objects.bpf.h); 0: the
+	/* leaks: buckets of the object table (kheap/live_objects.c); 0: the
 	 * object hash map alone (kernels without BPF atomics) */
 	__u32 live_buckets;
 	/* vmalloc through kprobes: allocations take the stack captured at
@@ -312,12 +312,13 @@ struct kheap_config {
 	/* kfree events ask the object's slab for its cache (top, slab, serve:
 	 * frees per cache; the kfunc only) */
 	__u8 kfree_caches;
-	/* an allocation's context is tested (interrupt_context.bpf.h): for
+	/* an allocation's context is tested (kheap/interrupt_context.c): for
 	 * the interrupt rows (by_cgroup, by_process) or a filter of tasks,
 	 * which leaves interrupts out; one load on the default path */
 	__u8 tests_context;
 	/* kheap's own events are told by own_process_on_cpu, which a
-	 * sched_switch program keeps, not by the tgid (own_process.bpf.h) */
+	 * sched_switch program keeps, not by the tgid
+	 * (kheap/own_process.c) */
 	__u8 own_process_by_switch;
 	/* bpf_get_current_task_btf() is there (5.11+, the kernel's own BTF):
 	 * the current task's fields are loaded directly, not copied through

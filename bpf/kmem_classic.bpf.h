@@ -3,11 +3,13 @@
  * Reading the classic kmem tracepoint records through CO-RE: the one place
  * that knows their layouts across kernel versions (kheap.bpf.c), and the
  * other kernel structures the objects read whose layout changed (the cgroup
- * ancestors of task_filter.bpf.h). Include after vmlinux.h, the libbpf
- * headers (bpf_core_read.h) and kheap.h.
+ * ancestors of task_filter.bpf.h). Include after vmlinux.h and the libbpf
+ * headers (bpf_core_read.h).
  */
 #ifndef KHEAP_KMEM_CLASSIC_BPF_H
 #define KHEAP_KMEM_CLASSIC_BPF_H
+
+#include "kheap.h"
 
 /* Older layout of the kmalloc/kmem_cache_alloc records: before 6.1 both
  * events shared the kmem_alloc class. */

@@ -68,18 +68,12 @@ KHEAP_HASH(execs, __u32, __u32, 8192);
 
 KHEAP_HASH(exec_paths, struct file_id, struct exec_path, 1024);
 
-KHEAP_PERCPU_SLOT(counters, struct malloc_counters);
+KHEAP_PERCPU_COUNTERS(counters, struct malloc_counters)
 
 static struct malloc_stats zero_stats;
 
-#define COUNT(field)                                             \
-	do {                                                     \
-		__u32 __zero = 0;                                \
-		struct malloc_counters *__c =                    \
-			bpf_map_lookup_elem(&counters, &__zero); \
-		if (__c)                                         \
-			__c->field++;                            \
-	} while (0)
+/* The malloc object's counters (struct malloc_counters in malloc.h). */
+#define COUNT(field) PERCPU_COUNT_ADD(counters, field, 1)
 
 /* Helpers given `legacy` take the legacy path's way where it is true: a
  * constant in each program, so that a program has one way's code only (5.10

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * One way to declare a BPF map, so every object declares its maps in one
- * line each. Sizes given here are defaults: user space resizes most maps
- * before load.
+ * line each, and one way to add to a counter, per CPU or shared. Sizes
+ * given here are defaults: user space resizes most maps before load.
  */
 #ifndef KHEAP_MAPS_BPF_H
 #define KHEAP_MAPS_BPF_H
@@ -31,6 +31,36 @@
 /* A per-CPU array of one slot: counters and scratch space. */
 #define KHEAP_PERCPU_SLOT(name, value_type) \
 	KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, name, __u32, value_type, 1)
+
+/*
+ * A per-CPU slot of counters, `name`, and name_slot(), which returns this
+ * CPU's slot (NULL only if the lookup fails, which the verifier makes
+ * every caller test). The lookup is a function rather than statements
+ * pasted into every use, so that clang can merge the lookups of counters
+ * bumped on different paths into one.
+ */
+#define KHEAP_PERCPU_COUNTERS(name, value_type)              \
+	KHEAP_PERCPU_SLOT(name, value_type);                 \
+	static __always_inline value_type *name##_slot(void) \
+	{                                                    \
+		__u32 zero = 0;                              \
+                                                             \
+		return bpf_map_lookup_elem(&name, &zero);    \
+	}
+
+/*
+ * Adds n to `field` of this CPU's slot of counters declared with
+ * KHEAP_PERCPU_COUNTERS(name, ...): how every object bumps its counters.
+ * Each object (and user_stack.bpf.h) has counters of its own, so the map is
+ * named at each use. Each CPU writes only its own slot: a plain add, no
+ * atomics.
+ */
+#define PERCPU_COUNT_ADD(name, field, n)                      \
+	do {                                                  \
+		typeof(name##_slot()) __slot = name##_slot(); \
+		if (__slot)                                   \
+			__slot->field += (n);                 \
+	} while (0)
 
 /*
  * Adds to a value of a map that every CPU writes (a plain hash, not a

@@ -3,9 +3,9 @@
  * Per-CPU countdown sampling: a countdown slot is refilled with a random
  * gap of 1..2N (mean ~N, N = mask + 1), so a helper is called once per
  * sample instead of once per event, and random gaps keep periodic
- * allocation patterns from aliasing. Include after vmlinux.h, the libbpf
- * headers and maps.bpf.h; declare each countdown with
- * KHEAP_PERCPU_SLOT(name, __u32).
+ * allocation patterns from aliasing. Include after vmlinux.h and the libbpf
+ * headers; declare each countdown with KHEAP_PERCPU_SLOT(name, __u32)
+ * (maps.bpf.h).
  */
 #ifndef KHEAP_SAMPLER_BPF_H
 #define KHEAP_SAMPLER_BPF_H

@@ -8,10 +8,13 @@
  * The object's slab knows: address -> struct page (the direct map) -> its
  * head page -> slab_cache, as the kernel's virt_to_slab() does.
  *
- * Include after vmlinux.h, the libbpf headers (bpf_core_read.h) and kheap.h.
+ * Include after vmlinux.h and the libbpf headers (bpf_core_read.h).
  */
 #ifndef KHEAP_SLAB_CACHE_BPF_H
 #define KHEAP_SLAB_CACHE_BPF_H
+
+#include "maps.bpf.h"
+#include "kheap.h"
 
 /* 6.13+ names the cache of an address itself: a kfunc of the kernel's
  * common set, which every kind of program may call (tp_btf, raw_tp and
@@ -212,8 +215,9 @@ struct kmalloc_memo {
 	__u32 gfp_flags;
 	__u32 size;
 	__u32 uses_left;
-	/* This CPU's slot of the event's site (site_slots.bpf.h), plus one; 0:
-	 * not known yet. Only a hint: it is checked against the slot's key. */
+	/* This CPU's slot of the event's site (kheap/site_slots.c), plus
+	 * one; 0: not known yet. Only a hint: it is checked against the
+	 * slot's key. */
 	__u32 site_slot;
 };
 

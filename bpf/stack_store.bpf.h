@@ -7,11 +7,13 @@
  * (64 bits), and kept in a hash map keyed by that hash: two different stacks
  * only collide if their 63-bit hashes are equal (odds ~n^2/2^64, about 1e-11
  * for 16k stacks), and a full map is counted, never confused with another
- * stack. Include after vmlinux.h, the libbpf headers, maps.bpf.h and kheap.h
- * (for struct stack_frames and KHEAP_STACK_DEPTH).
+ * stack. Include after vmlinux.h and the libbpf headers.
  */
 #ifndef KHEAP_STACK_STORE_BPF_H
 #define KHEAP_STACK_STORE_BPF_H
+
+#include "maps.bpf.h"
+#include "kheap.h"
 
 /* Resized from user space before load (twice the stacks kept: idle stacks
  * are deleted by `kheap top`, and a stack is stored before its counts). */
@@ -119,7 +121,7 @@ static __always_inline bool capture_stack(void *ctx, __u64 flags, __u32 level,
 }
 
 /* A stack captured before the running program, for it (vmalloc's on the
- * kprobe path, sources.bpf.h): the program copies its frames into a
+ * kprobe path, kheap/sources.c): the program copies its frames into a
  * scratch buffer it took and marks them here with its context, so that a
  * program interrupting it on this CPU does not take them for its own. */
 struct given_stack {

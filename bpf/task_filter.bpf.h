@@ -3,11 +3,14 @@
  * Which tasks a BPF object counts: the PID filter map, the fork follower
  * that adds children of traced processes (and its tp_btf program), and the
  * command-name match. One copy for every object (kheap.bpf.c, malloc.bpf.c).
- * Include after vmlinux.h,
- * the libbpf headers, kheap.h and kmem_classic.bpf.h.
+ * Include after vmlinux.h and the libbpf headers.
  */
 #ifndef KHEAP_TASK_FILTER_BPF_H
 #define KHEAP_TASK_FILTER_BPF_H
+
+#include "maps.bpf.h"
+#include "kheap.h"
+#include "kmem_classic.bpf.h"
 
 /* Processes (tgids) whose events are counted when a PID filter is on: filled
  * by user space and by follow_fork(). */

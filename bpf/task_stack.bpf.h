@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /* The current task's kernel stack, for the kmem object's interrupt test
- * (interrupt_context.bpf.h) and latency's trampoline frame
+ * (kheap/interrupt_context.c) and latency's trampoline frame
  * (latency.bpf.c). */
 #ifndef KHEAP_TASK_STACK_BPF_H
 #define KHEAP_TASK_STACK_BPF_H

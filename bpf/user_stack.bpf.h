@@ -5,11 +5,12 @@
  * USER_STACK_BYTES of the stack (from the page holding the stack pointer)
  * go into a ring buffer. Calls that are not
  * sampled cost one per-CPU countdown decrement (bpf/sampler.bpf.h).
- * Include after vmlinux.h, the libbpf headers, maps.bpf.h and kheap.h.
+ * Include after vmlinux.h and the libbpf headers.
  */
 #ifndef KHEAP_USER_STACK_BPF_H
 #define KHEAP_USER_STACK_BPF_H
 
+#include "maps.bpf.h"
 #include "user_stack.h"
 #include "sampler.bpf.h"
 
@@ -25,7 +26,7 @@ struct {
 	__uint(max_entries, 16 << 20);
 } user_stacks SEC(".maps");
 
-KHEAP_PERCPU_SLOT(user_stack_counters, struct user_stack_counters);
+KHEAP_PERCPU_COUNTERS(user_stack_counters, struct user_stack_counters)
 
 /* Never set: puts the record's type into the object's BTF, where the Rust
  * skeleton's types come from (a ring buffer map names no value type). */
@@ -33,14 +34,7 @@ struct user_stack_sample *user_stack_sample_type;
 
 KHEAP_PERCPU_SLOT(user_stack_countdown, __u32);
 
-#define USER_STACK_COUNT(field)                                             \
-	do {                                                                \
-		__u32 __zero = 0;                                           \
-		struct user_stack_counters *__c =                           \
-			bpf_map_lookup_elem(&user_stack_counters, &__zero); \
-		if (__c)                                                    \
-			__c->field++;                                       \
-	} while (0)
+#define USER_STACK_COUNT(field) PERCPU_COUNT_ADD(user_stack_counters, field, 1)
 
 #define USER_STACK_PAGE 4096
 

@@ -339,7 +339,7 @@ fn kernel_memory_rows() -> Vec<(&'static str, String)> {
 }
 
 /// Where `kheap leaks` keeps the objects it tracks on this kernel
-/// (bpf/live_objects.bpf.h): asking the verifier takes root.
+/// (bpf/kheap/live_objects.c): asking the verifier takes root.
 fn leaks_object_store(privileged: bool) -> String {
     let tracing_refused = features::kernel_btf()
         .ok()

@@ -171,9 +171,9 @@ mod tests {
         let src = [
             include_str!("../../bpf/kheap.bpf.c"),
             include_str!("../../bpf/task_filter.bpf.h"),
-            include_str!("../../bpf/sources.bpf.h"),
-            include_str!("../../bpf/interrupt_context.bpf.h"),
-            include_str!("../../bpf/own_process.bpf.h"),
+            include_str!("../../bpf/kheap/sources.c"),
+            include_str!("../../bpf/kheap/interrupt_context.c"),
+            include_str!("../../bpf/kheap/own_process.c"),
         ]
         .concat();
         let defined =

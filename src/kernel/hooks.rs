@@ -13,11 +13,11 @@ pub enum Role {
     Fork,
     /// An interrupt's handler begins (the hook's tracepoint) and ends
     /// (`closed_by`): together they tell which events ran in interrupt
-    /// context (bpf/interrupt_context.bpf.h).
+    /// context (bpf/kheap/interrupt_context.c).
     Interrupt,
     /// A CPU switches tasks: tells whether kheap's own process runs there,
     /// so that its own events are left out without asking each event for
-    /// its tgid (bpf/own_process.bpf.h).
+    /// its tgid (bpf/kheap/own_process.c).
     Switch,
 }
 
@@ -33,9 +33,9 @@ pub struct Hook {
     /// The allocator whose events these are (`--source`).
     pub source: Source,
     /// The one mechanism this hook has a program for, whatever the run's:
-    /// raw_tp for the sources beyond the slab (bpf/sources.bpf.h) and the
+    /// raw_tp for the sources beyond the slab (bpf/kheap/sources.c) and the
     /// interrupt brackets, tp_btf for the task switches
-    /// (bpf/own_process.bpf.h).
+    /// (bpf/kheap/own_process.c).
     pub only: Option<Mechanism>,
     /// The kernel function the tracepoint sits in, hooked instead (fentry or
     /// kprobe) on kernels that lack the tracepoint: vmalloc's came with 6.2.
@@ -118,7 +118,7 @@ impl Hook {
     /// The program that also hooks the function's entry, where its return
     /// is hooked: on the kprobe path, an allocation is labelled and its
     /// stack captured at entry (before Linux 5.15 a kretprobe's stack ends
-    /// at kretprobe_trampoline, bpf/sources.bpf.h).
+    /// at kretprobe_trampoline, bpf/kheap/sources.c).
     pub fn entry_program(&self, via: Fallback) -> Option<String> {
         (via == Fallback::Kprobe && self.role == Role::Alloc && self.function.is_some())
             .then(|| self.program_with_suffix("kprobe"))

@@ -1,5 +1,5 @@
 //! Kernel functions that label the events below them on the stack
-//! (bpf/sources.bpf.h, `stack_label`): a page allocation whose innermost
+//! (bpf/kheap/sources.c, `stack_label`): a page allocation whose innermost
 //! frames pass through one that allocates the pages backing another source
 //! is already counted by that source (`page_use`); a vmap area is vmalloc,
 //! vmap, ioremap or vm_map_ram by the interface that asked for it. Their

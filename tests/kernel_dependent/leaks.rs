@@ -396,7 +396,7 @@ fn a_full_object_map_is_counted_not_hidden() {
 }
 
 /// An object whose site finds no room in a full site map is not kept
-/// either (bpf/live_objects.bpf.h, track_alloc): what the store holds is
+/// either (bpf/kheap/live_objects.c, track_alloc): what the store holds is
 /// what the site rows hold, and each row adds up.
 #[test]
 fn objects_of_sites_that_found_no_room_are_not_kept() {

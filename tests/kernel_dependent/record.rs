@@ -165,7 +165,7 @@ fn every_attach_mechanism_gives_the_same_numbers() {
 }
 
 /// Each CPU counts sites in slots of its own, and sites that find no free
-/// slot in the site map (bpf/site_slots.bpf.h): with 8 slots per CPU
+/// slot in the site map (bpf/kheap/site_slots.c): with 8 slots per CPU
 /// (--max-entries 64) the 40-odd sites of a kheap-load run cannot all have
 /// slots on a machine of up to 4 CPUs, yet every site adds up exactly.
 #[test]

@@ -467,7 +467,7 @@ fn kheap_leaves_itself_out() {
 
 /// Unfiltered and not by process, no event is asked for its tgid: a
 /// program on the task switches tells the CPUs where kheap runs
-/// (bpf/own_process.bpf.h). Every read of kheap's maps is a bpf(2) call, so
+/// (bpf/kheap/own_process.c). Every read of kheap's maps is a bpf(2) call, so
 /// no exact stack may pass through the syscall's entry.
 #[test]
 fn kheap_leaves_its_own_map_reads_out_without_a_filter() {

@@ -4,7 +4,7 @@ use crate::model::Sources;
 
 use crate::kernel::attach::AttachMode;
 
-/// All CPUs' site slots together at most (bpf/site_slots.bpf.h): 8 MiB, a
+/// All CPUs' site slots together at most (bpf/kheap/site_slots.c): 8 MiB, a
 /// quarter of the default modes' kernel-memory budget at 128 CPUs
 /// (docs/design/kernel.md, "Kernel memory").
 pub const SITE_SLOTS_BYTES: u64 = 8 << 20;
@@ -185,7 +185,7 @@ impl Config {
     }
 
     /// kheap's own events are told by a per-CPU word that a sched_switch
-    /// program keeps (bpf/own_process.bpf.h): they are left out, and
+    /// program keeps (bpf/kheap/own_process.c): they are left out, and
     /// nothing else asks an event for its tgid.
     pub(super) fn own_process_by_switch(&self) -> bool {
         !self.include_self && !self.filters_tasks() && !self.by_process && self.live.is_none()
@@ -197,7 +197,7 @@ impl Config {
         !self.pids.is_empty() || self.comm.is_some() || !self.cgroups.is_empty()
     }
 
-    /// Slots per CPU in front of the site map (bpf/site_slots.bpf.h): an
+    /// Slots per CPU in front of the site map (bpf/kheap/site_slots.c): an
     /// eighth of `max_sites`, a power of two from 1 to 1024, so that
     /// `--max-entries` bounds the memory of both; and on a machine of many
     /// possible CPUs, no more than [`SITE_SLOTS_BYTES`] in all, so that the
@@ -213,7 +213,7 @@ impl Config {
     }
 
     /// Entries of the site-slot array: every possible CPU's slots, one
-    /// CPU's after another (bpf/site_slots.bpf.h).
+    /// CPU's after another (bpf/kheap/site_slots.c).
     pub(super) fn site_slot_entries(&self, cpus: u32) -> u32 {
         self.site_slots(cpus).saturating_mul(cpus.max(1))
     }

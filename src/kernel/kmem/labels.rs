@@ -51,7 +51,7 @@ fn direct_map_and_vmemmap_bases(kallsyms: &str) -> Option<(u64, u64)> {
 }
 
 /// The text ranges that label events by the functions on their stack
-/// (bpf/sources.bpf.h, `stack_label`), in the map's order: with the page
+/// (bpf/kheap/sources.c, `stack_label`), in the map's order: with the page
 /// source and a source whose pages it would count again, the functions
 /// that allocate those pages (only for the sources traced, so a page is
 /// left out of the totals only when another source counts it); then, with

@@ -137,7 +137,7 @@ impl<'obj> Tracer<'obj> {
         let mut snap = Snapshot::default();
         // Two kernel caches can share a name: their entries are merged.
         // A site's counts are its entry in the map plus its slot on each
-        // CPU (bpf/site_slots.bpf.h); no event is in two of them. The maps
+        // CPU (bpf/kheap/site_slots.c); no event is in two of them. The maps
         // every event counts in (sites, slots, processes, cgroups) are
         // copied one after the other, before the caches' names are read: a
         // new name can send that read through /sys/kernel/slab, slow

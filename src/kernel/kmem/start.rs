@@ -387,7 +387,7 @@ impl<'obj> Tracer<'obj> {
 
     /// Sleeps until the thread attaching has been switched in under the
     /// sched_switch program's watch: until then, the CPU it runs on does
-    /// not know that it runs kheap (bpf/own_process.bpf.h). kheap's other
+    /// not know that it runs kheap (bpf/kheap/own_process.c). kheap's other
     /// threads are asleep, and known when they are switched in.
     fn await_own_switch(&self) -> Result<()> {
         let key = 0u32.to_ne_bytes();

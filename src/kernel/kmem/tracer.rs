@@ -44,7 +44,7 @@ pub struct Tracer<'obj> {
     /// always means the same frames), so a refreshing view reads each once.
     pub(super) stack_cache: RefCell<HashMap<i64, Vec<u64>>>,
     /// Sites that held a slot on some CPU at the last read
-    /// (bpf/site_slots.bpf.h). A slot is held for the run, so idle aging
+    /// (bpf/kheap/site_slots.c). A slot is held for the run, so idle aging
     /// leaves these alone without reading the slots again.
     pub(super) slot_sites: RefCell<HashSet<SiteKey>>,
     /// The site slots of every CPU, mapped read-only: a read looks at each
@@ -53,7 +53,7 @@ pub struct Tracer<'obj> {
     /// Which caches SLUB merged (/sys/kernel/slab), read again when a
     /// cache comes or goes.
     pub(super) slab_sysfs: RefCell<WatchedSlabSysfs>,
-    /// leaks' object table, mapped (`live_objects.bpf.h`); None without
+    /// leaks' object table, mapped (`kheap/live_objects.c`); None without
     /// one (not leaks, or no BPF atomics: the hash map holds every object).
     pub(super) live_table: Option<LiveTable>,
     /// The clock when the programs were loaded, to measure the tick rate

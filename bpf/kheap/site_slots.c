@@ -26,11 +26,10 @@
  * allocates while a kmalloc event is being counted): the request's `busy`
  * sends the inner one to `sites`, so two events never claim one slot.
  *
- * Part of kheap.bpf.c: include after kheap.h, maps.bpf.h, alloc_stats.bpf.h
- * and the definitions of `sites`, COUNT() and remember_cache_name().
+ * A part of kheap.bpf.c, not a header (see its first comment):
+ * included there once, after the definitions of `sites`, COUNT()
+ * and remember_cache_name().
  */
-#ifndef KHEAP_SITE_SLOTS_BPF_H
-#define KHEAP_SITE_SLOTS_BPF_H
 
 #define KHEAP_SITE_SLOT_PROBES 4
 
@@ -225,5 +224,3 @@ static __always_inline bool count_site(const struct site_key *key, __u64 req,
 	}
 	return true;
 }
-
-#endif /* KHEAP_SITE_SLOTS_BPF_H */

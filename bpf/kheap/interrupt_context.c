@@ -25,11 +25,9 @@
  *   allocate is still the interrupted task's. Softirqs run by ksoftirqd
  *   are bracketed too, so they are no task's either.
  *
- * Include after vmlinux.h, the libbpf headers, maps.bpf.h and the object's
- * `cfg` (kheap.h's struct kheap_config).
+ * A part of kheap.bpf.c, not a header (see its first comment):
+ * included there once, after `cfg` (kheap.h's struct kheap_config).
  */
-#ifndef KHEAP_INTERRUPT_CONTEXT_BPF_H
-#define KHEAP_INTERRUPT_CONTEXT_BPF_H
 
 /* The brackets open on this CPU: a bit per kind of handler (below). None of
  * these handlers runs inside another of its kind on one CPU, so a bit is
@@ -144,5 +142,3 @@ static __noinline bool in_interrupt_context(void *ctx, bool classic)
 
 	return off_stack | brackets_open();
 }
-
-#endif /* KHEAP_INTERRUPT_CONTEXT_BPF_H */

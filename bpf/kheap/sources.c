@@ -11,10 +11,9 @@
  * cost what tp_btf costs. Their autoload is off unless the run asks for the
  * source, so the default (slab only) loads and pays for none of this.
  *
- * Included by kheap.bpf.c after on_alloc() and on_free().
+ * A part of kheap.bpf.c, not a header (see its first comment):
+ * included there once, after on_alloc() and on_free().
  */
-#ifndef KHEAP_SOURCES_BPF_H
-#define KHEAP_SOURCES_BPF_H
 
 /* Frees of a source: the total free counter and the source's own. Under
  * leaks, true when the object was not tracked. */
@@ -26,7 +25,7 @@ static __always_inline bool count_source_free(const void *ptr, __u32 source)
 		return track_free((__u64)ptr);
 	if (task_left_out(true))
 		return false;
-	c = counters_get();
+	c = counters_slot();
 	if (!c)
 		return false;
 	if (!ptr) {
@@ -324,5 +323,3 @@ int percpu_free_raw(struct bpf_raw_tracepoint_args *ctx)
 	count_source_free((const void *)ctx->args[2], KHEAP_SOURCE_PERCPU);
 	return 0;
 }
-
-#endif /* KHEAP_SOURCES_BPF_H */

@@ -16,10 +16,9 @@
  * the sched_switch tracepoint and the switch itself the scheduler runs with
  * interrupts off and allocates nothing.
  *
- * Part of kheap.bpf.c: include it there after `cfg`.
+ * A part of kheap.bpf.c, not a header (see its first comment):
+ * included there once, after `cfg`.
  */
-#ifndef KHEAP_OWN_PROCESS_BPF_H
-#define KHEAP_OWN_PROCESS_BPF_H
 
 /* 1 while a thread of kheap's process runs on this CPU. */
 KHEAP_PERCPU_SLOT(own_process_on_cpu, __u32);
@@ -63,5 +62,3 @@ int BPF_PROG(own_switch_btf, bool preempt, struct task_struct *prev,
 		*on = next->tgid == cfg.filter.ignore_tgid;
 	return 0;
 }
-
-#endif /* KHEAP_OWN_PROCESS_BPF_H */

@@ -3,8 +3,8 @@
  * leaks: every allocation remembered by address, with its site, stack,
  * sizes, time and process, and forgotten by its free; `unseen` counts
  * objects whose free no tracepoint showed (their address came back from the
- * allocator while still tracked). Part of kheap.bpf.c: include it there
- * after event_counts.bpf.h.
+ * allocator while still tracked). A part of kheap.bpf.c, not a header (see
+ * its first comment): included there once, after event_counts.c.
  *
  * Objects are kept in a table of arrays (live_buckets, live_slots): an
  * address picks a bucket of 8 slots, one cache line of addresses, and takes
@@ -14,8 +14,6 @@
  * table a few loads and one atomic. Kernels without BPF atomics (5.12) get
  * the object built with KHEAP_NO_ATOMICS and keep every object in `live`.
  */
-#ifndef KHEAP_LIVE_OBJECTS_BPF_H
-#define KHEAP_LIVE_OBJECTS_BPF_H
 
 /* leaks: live objects by address. Sized from user space (1 entry unless
  * cfg.track_live). Preallocated: with BPF_F_NO_PREALLOC, element allocation
@@ -368,5 +366,3 @@ static __always_inline bool track_free(__u64 ptr)
 	COUNT(map_busy);
 	return false;
 }
-
-#endif /* KHEAP_LIVE_OBJECTS_BPF_H */

@@ -4,11 +4,12 @@
  * count_free, and the process, cgroup and stack entries they update): one
  * update of the event's site on the default path (its slot on this CPU),
  * the rest only where a load-time constant in `cfg` asks for it. Stacks are
- * also what leaks samples (record_stack). Part of kheap.bpf.c: include it there
- * after its maps, `cfg`, COUNT() and remember_cache_name().
+ * also what leaks samples (record_stack).
+ *
+ * A part of kheap.bpf.c, not a header (see its first comment):
+ * included there once, after its maps, `cfg`, COUNT() and
+ * remember_cache_name().
  */
-#ifndef KHEAP_EVENT_COUNTS_BPF_H
-#define KHEAP_EVENT_COUNTS_BPF_H
 
 /* --by process: the allocating task's process, or the interrupt row (an
  * allocation in interrupt context is not the interrupted task's). */
@@ -218,5 +219,3 @@ static __always_inline void count_free(const void *ptr, __u64 cache,
 	else
 		COUNT(map_full_caches);
 }
-
-#endif /* KHEAP_EVENT_COUNTS_BPF_H */
