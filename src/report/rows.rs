@@ -290,7 +290,8 @@ impl Report {
                 Source::Percpu => r
                     .outstanding_bytes
                     .saturating_sub(r.outstanding_bytes_req * geometry.possible_cpus),
-                _ => 0,
+                // Slab and page lines count every byte of their objects.
+                Source::Kmalloc | Source::Page => 0,
             };
             let e = by_source.entry(c.source).or_default();
             e.bytes += r.outstanding_bytes;
