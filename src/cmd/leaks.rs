@@ -16,10 +16,11 @@ use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
-use crate::leaks::render::{self as leak_render, LeakGroupBy, LeaksFormat as Format};
+use crate::leaks::render::{self as leak_render, LeakGroupBy, LeaksFormat};
 use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
 use crate::model::{CgroupSlot, Source};
+use crate::render::Format;
 use crate::report::budget::{self, Budget, BudgetRow};
 use crate::report::meminfo::{account, comparable, Geometry, MemInfo};
 use crate::report::timeline::{
@@ -40,7 +41,7 @@ use crate::sys::cgroup2_mount;
 #[derive(Args, Debug)]
 pub struct LeaksArgs {
     #[command(flatten)]
-    pub report: ReportArgs<Format>,
+    pub report: ReportArgs<LeaksFormat>,
     /// Only count objects at least this old as outstanding
     #[arg(long, value_parser = parse_age, default_value = "0", value_name = "SECS")]
     pub min_age: f64,
@@ -125,8 +126,8 @@ fn parse_age(s: &str) -> Result<f64, String> {
 fn check_args(args: &LeaksArgs) -> Result<PathBuf> {
     args.report.trace.filters.check()?;
     let stacks_only = match args.report.output.format {
-        Format::Folded => Some("folded"),
-        Format::Svg => Some("svg"),
+        LeaksFormat::Common(Format::Folded) => Some("folded"),
+        LeaksFormat::Common(Format::Svg) => Some("svg"),
         _ => None,
     };
     if let (Some(format), false) = (stacks_only, args.by == LeakGroupBy::Stack) {
@@ -149,7 +150,7 @@ fn check_args(args: &LeaksArgs) -> Result<PathBuf> {
     }
     args.report.output.check()?;
     args.report.json.check()?;
-    if args.report.output.format == Format::Pprof {
+    if args.report.output.format == LeaksFormat::Common(Format::Pprof) {
         crate::output::check_binary_destination(args.report.output.output(), "pprof")?;
     }
     Ok(snapshot_dir)
@@ -248,7 +249,8 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
             let mut r = build(&mut snap, "snapshot", secs, info.clone());
             r.name_cgroups(&mut cgroup_names);
             write_json(&r, &path)?;
-            if trigger.is_some() && args.report.output.format == Format::Pprof {
+            if trigger.is_some() && args.report.output.format == LeaksFormat::Common(Format::Pprof)
+            {
                 let profile = crate::render::pprof::from_report(&r).encode_gzip();
                 crate::output::write_bytes_atomic(&path.with_extension("pb.gz"), &profile)?;
             }
@@ -559,13 +561,18 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
     })?;
     // The chart names each series' owners from every stack row: drawn
     // before -r cuts the rows (a chart has no rows to cut).
-    if matches!(out.format, Format::Html) {
-        let page =
-            crate::leaks::chart::html(&report, "kheap leaks: outstanding kernel memory over time");
-        return crate::output::emit(&page, out.output());
-    }
+    let format = match out.format {
+        LeaksFormat::Html => {
+            let page = crate::leaks::chart::html(
+                &report,
+                "kheap leaks: outstanding kernel memory over time",
+            );
+            return crate::output::emit(&page, out.output());
+        }
+        LeaksFormat::Common(format) => format,
+    };
     let hidden = leak_render::apply_top(&mut report, args.by, out.rows());
-    let text = match out.format {
+    let text = match format {
         Format::Table => leak_render::table(
             &report,
             args.by,
@@ -589,7 +596,6 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
             "kheap leaks",
             "outstanding",
         ),
-        Format::Html => unreachable!("drawn above"),
     };
     crate::output::emit(&text, out.output())
 }
