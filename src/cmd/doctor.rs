@@ -4,7 +4,7 @@ use anyhow::Result;
 
 use crate::kernel::attach::kmem_hooks;
 use crate::kernel::attach::source_mechanism;
-use crate::kernel::features::{self, Tracefs};
+use crate::kernel::features::{self, KernelBtf, Tracefs};
 use crate::kernel::hooks::source_hooks;
 use crate::model::Source;
 use crate::render::table::{new_table, output_width, render};
@@ -37,15 +37,59 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
     if let Some(btf) = &args.btf {
         features::use_btf_file(btf)?;
     }
+    let mut rows = Rows::default();
+    let access = access_rows(&mut rows);
+    // Held to the end: a tracefs mounted for this check is unmounted when
+    // dropped.
+    let tracefs = tracefs_rows(&mut rows, &access);
+    source_rows(&mut rows, access.kbtf);
+    probe_rows(&mut rows, &access);
+    accounting_rows(&mut rows, access.kbtf);
+    attach_rows(&mut rows, &access);
+    rows.add(
+        "leaks keeps objects in",
+        leaks_object_store(access.privileged),
+    );
+    for (mode, memory) in kernel_memory_rows() {
+        rows.add(&format!("kernel memory: {mode}"), memory);
+    }
     let mut t = new_table(&["feature", "status"], &[1], output_width(None));
-    let mut row = |k: &str, v: String| {
-        t.add_row(vec![k.to_string(), v]);
-    };
-    let yes_no = |b: bool| if b { "yes" } else { "no" }.to_string();
+    for (feature, status) in rows.0 {
+        t.add_row(vec![feature, status]);
+    }
+    crate::output::print(&(render(t) + "\n"))?;
+    drop(tracefs);
+    Ok(0)
+}
 
-    row("kernel", features::kernel_release());
+/// Doctor's table: one row per feature, in the order they are checked.
+#[derive(Default)]
+struct Rows(Vec<(String, String)>);
+
+impl Rows {
+    fn add(&mut self, feature: &str, status: String) {
+        self.0.push((feature.to_string(), status));
+    }
+}
+
+fn yes_no(b: bool) -> String {
+    if b { "yes" } else { "no" }.to_string()
+}
+
+/// What the other checks depend on: root (or the capabilities) and the
+/// kernel's BTF.
+struct Access {
+    privileged: bool,
+    btf_ok: bool,
+    /// The kernel's BTF, when it could be read.
+    kbtf: Option<&'static KernelBtf>,
+}
+
+/// The kernel, the privileges, BTF, and whether `kheap malloc` runs.
+fn access_rows(rows: &mut Rows) -> Access {
+    rows.add("kernel", features::kernel_release());
     let privileged = features::check_privileges("doctor");
-    row(
+    rows.add(
         "privileges",
         match &privileged {
             Ok(()) => "ok (root or CAP_BPF+CAP_PERFMON)".into(),
@@ -54,14 +98,14 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
     );
     let btf = features::check_btf();
     let btf_ok = btf.is_ok();
-    row(
+    rows.add(
         "BTF",
         match &btf {
             Ok(()) => format!("yes: {}", features::btf_origin()),
             Err(e) => format!("no: {e:#}"),
         },
     );
-    row(
+    rows.add(
         "kheap malloc",
         match features::kernel_btf()
             .ok()
@@ -78,20 +122,29 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
             None => "unknown (no BTF)".into(),
         },
     );
-    let kbtf = if btf_ok {
-        features::kernel_btf().ok()
-    } else {
-        None
-    };
+    Access {
+        privileged: privileged.is_ok(),
+        btf_ok,
+        kbtf: if btf_ok {
+            features::kernel_btf().ok()
+        } else {
+            None
+        },
+    }
+}
 
-    let tracefs = if privileged.is_ok() {
+/// Where tracefs is, and each kmem tracepoint as a classic tracepoint and
+/// as tp_btf. Returns the tracefs, which unmounts when dropped if this
+/// check mounted it.
+fn tracefs_rows(rows: &mut Rows, access: &Access) -> Result<Tracefs, String> {
+    let tracefs = if access.privileged {
         Tracefs::ensure_mounted().map_err(|e| e.to_string())
     } else {
         Tracefs::find().map(Tracefs::unmounted_view).ok_or_else(|| {
             unreadable_tracefs(&std::fs::read_to_string("/proc/self/mounts").unwrap_or_default())
         })
     };
-    row(
+    rows.add(
         "tracefs",
         match &tracefs {
             Ok(t) if t.mounted_here() => {
@@ -105,28 +158,32 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
         // Without root an unreadable tracefs says nothing about its events.
         let classic = match &tracefs {
             Ok(t) => yes_no(t.has_event("kmem", tp)),
-            Err(_) if privileged.is_err() => CANNOT_TELL.to_string(),
+            Err(_) if !access.privileged => CANNOT_TELL.to_string(),
             Err(_) => yes_no(false),
         };
-        let btf = kbtf
-            .as_ref()
+        let btf = access
+            .kbtf
             .is_some_and(|k| k.btf_tracepoints.iter().any(|t| t == tp));
-        row(
+        rows.add(
             &format!("kmem:{tp}"),
             format!("tracepoint: {classic}, tp_btf: {}", yes_no(btf)),
         );
     }
-    // Every source but kmalloc, whose tracepoints are the rows above.
+    tracefs
+}
+
+/// How each `--source` would attach, and its hooks.
+fn source_rows(rows: &mut Rows, kbtf: Option<&KernelBtf>) {
+    // Every source but kmalloc, whose tracepoints are the kmem rows.
     for source in Source::ALL.into_iter().filter(|&s| s != Source::Kmalloc) {
         let hooks: Vec<String> = source_hooks(source)
             .map(|h| {
-                let have = kbtf
-                    .as_ref()
-                    .is_some_and(|k| k.btf_tracepoints.iter().any(|t| t == h.tracepoint));
+                let have =
+                    kbtf.is_some_and(|k| k.btf_tracepoints.iter().any(|t| t == h.tracepoint));
                 format!("{}:{} {}", h.system, h.tracepoint, yes_no(have))
             })
             .collect();
-        let how = match kbtf.as_ref().map(|k| source_mechanism(source, k)) {
+        let how = match kbtf.map(|k| source_mechanism(source, k)) {
             Some(Ok(None)) => "raw_tp".to_string(),
             Some(Ok(Some(via))) => {
                 let functions: Vec<&str> =
@@ -140,50 +197,64 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
             Some(Err(why)) => format!("unavailable: {why}"),
             None => "unavailable: no kernel BTF".to_string(),
         };
-        row(
+        rows.add(
             &format!("--source {source}"),
             format!("{how} ({})", hooks.join(", ")),
         );
     }
-    row("kprobes", yes_no(features::has_kprobes()));
-    if privileged.is_ok() {
-        match crate::kernel::latency::LatencySession::probe() {
-            Ok((resolved, fentry)) => {
-                let names: Vec<String> = resolved
-                    .iter()
-                    .zip(crate::latency::ALLOCATOR_FUNCTIONS)
-                    .map(|(r, names)| r.map_or(format!("({} absent)", names[0]), str::to_string))
-                    .collect();
-                row("allocator functions", names.join(", "));
-                row(
-                    "fentry/fexit",
-                    match &fentry {
-                        Ok(()) => "yes (loaded a test program)".into(),
-                        Err(e) => format!("no: {}", format!("{e:#}").replace('\n', " ")),
-                    },
-                );
-                let unsupported = kbtf.and_then(crate::kernel::latency::unsupported);
-                let latency = if let Some(why) = unsupported {
-                    format!("unavailable: {why}")
-                } else if fentry.is_ok() {
-                    "fentry/fexit".into()
-                } else if features::has_kprobes() {
-                    "kprobe/kretprobe".into()
-                } else {
-                    "unavailable (no kprobes, fentry refused)".into()
-                };
-                row("kheap record --latency will use", latency);
-            }
-            Err(e) => row("allocator functions", format!("unknown: {e}")),
-        }
+}
+
+/// kprobes, what `record --latency` would probe (asked of the kernel only
+/// as root), and uprobes.
+fn probe_rows(rows: &mut Rows, access: &Access) {
+    rows.add("kprobes", yes_no(features::has_kprobes()));
+    if access.privileged {
+        latency_rows(rows, access.kbtf);
     }
-    row("uprobes", yes_no(features::has_uprobes()));
-    if let Some(k) = &kbtf {
-        row(
+    rows.add("uprobes", yes_no(features::has_uprobes()));
+}
+
+/// The allocator functions `record --latency` times, whether fentry
+/// loads, and the mechanism it would use.
+fn latency_rows(rows: &mut Rows, kbtf: Option<&KernelBtf>) {
+    let (resolved, fentry) = match crate::kernel::latency::LatencySession::probe() {
+        Ok(probed) => probed,
+        Err(e) => return rows.add("allocator functions", format!("unknown: {e}")),
+    };
+    let names: Vec<String> = resolved
+        .iter()
+        .zip(crate::latency::ALLOCATOR_FUNCTIONS)
+        .map(|(r, names)| r.map_or(format!("({} absent)", names[0]), str::to_string))
+        .collect();
+    rows.add("allocator functions", names.join(", "));
+    rows.add(
+        "fentry/fexit",
+        match &fentry {
+            Ok(()) => "yes (loaded a test program)".into(),
+            Err(e) => format!("no: {}", format!("{e:#}").replace('\n', " ")),
+        },
+    );
+    let unsupported = kbtf.and_then(crate::kernel::latency::unsupported);
+    let latency = if let Some(why) = unsupported {
+        format!("unavailable: {why}")
+    } else if fentry.is_ok() {
+        "fentry/fexit".into()
+    } else if features::has_kprobes() {
+        "kprobe/kretprobe".into()
+    } else {
+        "unavailable (no kprobes, fentry refused)".into()
+    };
+    rows.add("kheap record --latency will use", latency);
+}
+
+/// The memory cgroup accounting flags, and the cgroup hierarchy.
+fn accounting_rows(rows: &mut Rows, kbtf: Option<&KernelBtf>) {
+    if let Some(k) = kbtf {
+        rows.add(
             "__GFP_ACCOUNT",
             format!("{:#x} (from kernel BTF)", k.gfp_account_mask),
         );
-        row(
+        rows.add(
             "SLAB_ACCOUNT",
             format!(
                 "{:#x} (from kernel BTF or the pre-6.9 value)",
@@ -191,15 +262,18 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
             ),
         );
     }
-    row(
+    rows.add(
         "cgroups",
         crate::cgroup::doctor_line(&std::fs::read_to_string("/proc/mounts").unwrap_or_default()),
     );
-    // Measured, not inferred: load and attach the record object the way
-    // `kheap record` would, then detach at once.
-    let mut kmalloc_caches = "unknown (needs root and BTF to try)".to_string();
-    let mut kfree_caches = kmalloc_caches.clone();
-    let mode = if privileged.is_ok() && btf_ok {
+}
+
+/// How `kheap record` attaches, how kmalloc's caches are named and how
+/// kfree's frees are counted. Measured, not inferred: loads and attaches
+/// the record object the way `kheap record` would, then detaches at once.
+fn attach_rows(rows: &mut Rows, access: &Access) {
+    let unknown = "unknown (needs root and BTF to try)".to_string();
+    let (mode, kmalloc_caches, kfree_caches) = if access.privileged && access.btf_ok {
         let mut storage = crate::kernel::storage::ObjectStorage::default();
         // As top and slab ask: kfree's frees per cache where the kernel can.
         let config = crate::kernel::kmem::Config {
@@ -207,7 +281,7 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
             ..Default::default()
         };
         let started = crate::kernel::kmem::Tracer::start(&config, &mut storage, None);
-        let mode = match started {
+        let measured = match started {
             Ok(s) => {
                 // kmalloc's mechanism: the first hook attached may be one
                 // that is typed on every kernel (sched_switch).
@@ -216,41 +290,35 @@ pub fn run(args: DoctorArgs) -> Result<i32> {
                     .iter()
                     .find_map(|a| a.strip_prefix("kmalloc: "))
                     .unwrap_or("");
-                let mut m = format!("{how} (loaded and attached for this check)");
+                let mut mode = format!("{how} (loaded and attached for this check)");
                 let (kfree_notes, notes): (Vec<&String>, Vec<&String>) = s
                     .skipped
                     .iter()
                     .filter(|n| **n != s.kmalloc_caches)
                     .partition(|n| n.starts_with("kfree: "));
                 for note in notes {
-                    m.push_str(&format!("; {note}"));
+                    mode.push_str(&format!("; {note}"));
                 }
-                kmalloc_caches = s.kmalloc_caches.clone();
-                kfree_caches = match kfree_notes.first() {
+                let kfree_caches = match kfree_notes.first() {
                     _ if s.kfree_caches => "per cache (the bpf_get_kmem_cache kfunc)".into(),
                     Some(why) => why.trim_start_matches("kfree: ").to_string(),
                     None => "in the totals only".into(),
                 };
-                m
+                (mode, s.kmalloc_caches.clone(), kfree_caches)
             }
-            Err(e) => format!("nothing: {}", format!("{e:#}").replace('\n', " ")),
+            Err(e) => (
+                format!("nothing: {}", format!("{e:#}").replace('\n', " ")),
+                unknown.clone(),
+                unknown,
+            ),
         };
-        mode
+        measured
     } else {
-        "unknown (needs root and BTF to try)".to_string()
+        (unknown.clone(), unknown.clone(), unknown)
     };
-    row("kheap record attaches with", mode);
-    row("kmalloc caches named by", kmalloc_caches);
-    row("kfree frees (top, slab)", kfree_caches);
-    row(
-        "leaks keeps objects in",
-        leaks_object_store(privileged.is_ok()),
-    );
-    for (mode, memory) in kernel_memory_rows() {
-        row(&format!("kernel memory: {mode}"), memory);
-    }
-    crate::output::print(&(render(t) + "\n"))?;
-    Ok(0)
+    rows.add("kheap record attaches with", mode);
+    rows.add("kmalloc caches named by", kmalloc_caches);
+    rows.add("kfree frees (top, slab)", kfree_caches);
 }
 
 /// The kernel memory each mode's maps take on this machine, with default

@@ -16,22 +16,23 @@ use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
-use crate::leaks::render::{self as leak_render, LeakGroupBy, LeaksFormat as Format};
+use crate::leaks::render::{self as leak_render, LeakGroupBy, LeaksFormat};
 use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
-use crate::model::{CgroupSlot, Source};
+use crate::model::{CgroupSlot, Source, Sources};
+use crate::render::Format;
 use crate::report::budget::{self, Budget, BudgetRow};
 use crate::report::meminfo::{account, comparable, Geometry, MemInfo};
 use crate::report::timeline::{
-    MemLines, SeriesKey, SeriesLabel, TimelineBuilder, TriggerMark, DEFAULT_MAX_POINTS,
+    MemLines, SeriesKey, SeriesLabel, Timeline, TimelineBuilder, TriggerMark, DEFAULT_MAX_POINTS,
 };
 use crate::report::trigger::{self, oom_kills, Condition, Reading as TriggerReading, Trigger};
 use crate::report::{self, BuildOptions, Report, RunInfo};
 use crate::session::args::ReportArgs;
 use crate::session::status::StatusLine;
 use crate::session::{
-    install_stop_handler, kmem_config, name_command_process, run_info, start_tracing,
-    wait_for_end_every, Targets,
+    final_read, install_stop_handler, kmem_config, learn_cgroups, run_info, start_tracing,
+    stop_tracing, wait_for_end_every, FinalRead, Targets,
 };
 use crate::signals::{install_snapshot_handler, take_snapshot_request};
 use crate::symbolize::{KernelSymbols, Symbolize};
@@ -40,7 +41,7 @@ use crate::sys::cgroup2_mount;
 #[derive(Args, Debug)]
 pub struct LeaksArgs {
     #[command(flatten)]
-    pub report: ReportArgs<Format>,
+    pub report: ReportArgs<LeaksFormat>,
     /// Only count objects at least this old as outstanding
     #[arg(long, value_parser = parse_age, default_value = "0", value_name = "SECS")]
     pub min_age: f64,
@@ -125,8 +126,8 @@ fn parse_age(s: &str) -> Result<f64, String> {
 fn check_args(args: &LeaksArgs) -> Result<PathBuf> {
     args.report.trace.filters.check()?;
     let stacks_only = match args.report.output.format {
-        Format::Folded => Some("folded"),
-        Format::Svg => Some("svg"),
+        LeaksFormat::Common(Format::Folded) => Some("folded"),
+        LeaksFormat::Common(Format::Svg) => Some("svg"),
         _ => None,
     };
     if let (Some(format), false) = (stacks_only, args.by == LeakGroupBy::Stack) {
@@ -149,7 +150,7 @@ fn check_args(args: &LeaksArgs) -> Result<PathBuf> {
     }
     args.report.output.check()?;
     args.report.json.check()?;
-    if args.report.output.format == Format::Pprof {
+    if args.report.output.format == LeaksFormat::Common(Format::Pprof) {
         crate::output::check_binary_destination(args.report.output.output(), "pprof")?;
     }
     Ok(snapshot_dir)
@@ -160,30 +161,16 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
     install_stop_handler();
     install_snapshot_handler();
 
+    // Start: the tracer, and what the run is measured against.
     let mut targets = Targets::start(&args.report.trace.filters.targets)?;
     let cfg = kernel_config(&args, &targets);
     let mut storage = ObjectStorage::default();
     let mut session = Tracer::start(&cfg, &mut storage, None)?;
-    // Sources beyond the slab are compared with /proc/meminfo over the run.
-    let meminfo_before = (!cfg.sources.is_default()).then(MemInfo::read);
-    let page_frees_before = if cfg.sources.contains(Source::Page) {
-        session.page_bytes_freed_untracked()?
-    } else {
-        0
-    };
+    let memory_at_start = MemoryAtStart::read(cfg.sources, &session)?;
     // The traced time runs from attach to detach: the command may well be
     // done while the symbols below load.
     let start = Instant::now();
-    // Growth is counted from here, whenever the first reading comes.
-    let mut triggers = args.snapshot_when.clone();
-    let at_start = TriggerReading {
-        sunreclaim_bytes: MemInfo::sunreclaim_now(),
-        oom_kills: oom_kills(&std::fs::read_to_string("/proc/vmstat").unwrap_or_default()),
-        sites: &[],
-    };
-    for t in &mut triggers {
-        t.start_from(&at_start);
-    }
+    let mut readings = Readings::start(&args, cfg.by_cgroup, start);
     start_tracing(
         "kernel heap allocations and frees",
         &session.attached,
@@ -191,64 +178,212 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
         &mut targets,
         "; Ctrl-C to stop, SIGUSR1 for a snapshot",
     )?;
-    let syms = KernelSymbols::new(None);
-    let info_of =
-        |session: &Tracer| run_info(session, &session.skipped, &args.report.trace.filters);
-    let info = info_of(&session);
-    let build = |snap: &mut Snapshot, kind: &str, duration_s: f64, run: RunInfo| {
+    let mut reports = Reports::new(&args, &cfg);
+    let run = run_info(&session, &session.skipped, &args.report.trace.filters);
+    let mut snapshots = Snapshots::new(&args, snapshot_dir, run, start);
+
+    // Tick: the timeline (and the triggers it fires), the snapshots due,
+    // the status line.
+    let mut status = StatusLine::new();
+    let mut next_status = Duration::from_secs(1);
+    let ended = wait_for_end_every(
+        args.report.trace.duration,
+        &mut targets,
+        tick_period(&args),
+        |elapsed| {
+            learn_cgroups(&mut reports.cgroup_names, &session);
+            if readings.due(elapsed) {
+                readings.read(&session, &mut reports, &mut snapshots);
+            }
+            snapshots.on_tick(elapsed, &session, &mut reports);
+            if elapsed >= next_status {
+                next_status = elapsed + Duration::from_secs(1);
+                status.show(elapsed, || session.progress());
+            }
+        },
+    );
+    drop(status); // erases the status line before the report
+
+    // Finish: the level at the end, after the command's last frees; the
+    // last read; the report.
+    readings.read(&session, &mut reports, &mut snapshots);
+    let duration_s = stop_tracing(&mut session, &mut reports.cgroup_names, start)?;
+    // Only when compared: it reads /proc/zoneinfo and /proc/vmstat too.
+    let meminfo_at_end = memory_at_start.meminfo.as_ref().map(|_| MemInfo::read());
+    let FinalRead {
+        exit_code,
+        snapshot: mut snap,
+        run,
+    } = final_read(&session, ended, &mut targets, &args.report.trace.filters)?;
+    drop(session);
+    let mut report = reports.build(&mut snap, "leaks", duration_s, run);
+    if let (Some(before), Some(after)) = (&memory_at_start.meminfo, &meminfo_at_end) {
+        let filters = args.report.trace.filters.describe();
+        let memory = MemoryChange {
+            before,
+            after,
+            page_frees_before: memory_at_start.page_frees_untracked,
+        };
+        account_sources(&mut report, &snap, cfg.sources, &memory, &filters);
+    }
+    if let Some(l) = report.leaks.as_mut() {
+        l.timeline = Some(readings.finish(&snap, &mut reports));
+    }
+    let rows = budget_rows(&report);
+    let (exit_code, over) = budget::verdict(&args.fail_if, &rows, exit_code);
+    write_report(report, &args)?;
+    eprint!("{over}");
+    Ok(exit_code)
+}
+
+/// How often the wait loop ticks: every second, or more often for a
+/// shorter --interval or --snapshot-every.
+fn tick_period(args: &LeaksArgs) -> Duration {
+    args.snapshot_every
+        .map_or(args.interval, |s| s.min(args.interval))
+        .min(Duration::from_secs(1))
+}
+
+/// What the end of the run is compared with when sources beyond the slab
+/// are traced: /proc/meminfo and the page frees the tracer could not match
+/// to a tracked page, both read once the tracer is attached.
+struct MemoryAtStart {
+    meminfo: Option<MemInfo>,
+    page_frees_untracked: u64,
+}
+
+impl MemoryAtStart {
+    fn read(sources: Sources, tracer: &Tracer) -> Result<MemoryAtStart> {
+        Ok(MemoryAtStart {
+            meminfo: (!sources.is_default()).then(MemInfo::read),
+            page_frees_untracked: if sources.contains(Source::Page) {
+                tracer.page_bytes_freed_untracked()?
+            } else {
+                0
+            },
+        })
+    }
+}
+
+/// Turns one read of the maps into a leaks report: the symbols, the
+/// cgroups' paths learned while the run goes on, and the flags that shape
+/// the rows. Snapshots and the final report are built alike.
+struct Reports {
+    syms: KernelSymbols,
+    cgroup_names: CgroupNames,
+    min_age_ns: u64,
+    stack_sample_every: u32,
+}
+
+impl Reports {
+    fn new(args: &LeaksArgs, cfg: &Config) -> Reports {
+        Reports {
+            syms: KernelSymbols::new(None),
+            cgroup_names: CgroupNames::new(cgroup2_mount().ok()),
+            min_age_ns: (args.min_age * 1e9) as u64,
+            stack_sample_every: cfg.stack_sample_every,
+        }
+    }
+
+    /// `kind` is "snapshot" or "leaks" (the report's `leaks.kind`).
+    fn build(&mut self, snap: &mut Snapshot, kind: &str, duration_s: f64, run: RunInfo) -> Report {
         if let Some(l) = snap.leaks.as_mut() {
-            l.min_age_ns = (args.min_age * 1e9) as u64;
+            l.min_age_ns = self.min_age_ns;
             l.kind = kind.to_string();
             l.cap_ages((duration_s * 1e9) as u64);
         }
-        report::build(
+        let mut report = report::build(
             snap,
-            &syms,
+            &self.syms,
             BuildOptions {
-                stack_sample_every: cfg.stack_sample_every,
+                stack_sample_every: self.stack_sample_every,
                 duration_s,
                 run,
             },
-        )
-    };
+        );
+        report.name_cgroups(&mut self.cgroup_names);
+        report
+    }
+}
 
-    let mut snapshots = 0u32;
-    let mut next_snapshot = args.snapshot_every;
-    // Paths are learned while the run goes on: a cgroup removed before the
-    // end keeps the path it had.
-    let mut cgroup_names = CgroupNames::new(cgroup2_mount().ok());
-    // Periodic and SIGUSR1 snapshots (trigger None), or one a trigger
-    // fired (its name in the file's; a pprof profile beside it with
-    // --format pprof). Returns the JSON's path if written.
-    let mut snapshot_tick = |elapsed: Duration, trigger: Option<&Trigger>| -> Option<PathBuf> {
-        if let Ok(ids) = session.cgroup_ids() {
-            cgroup_names.learn(ids);
+/// The snapshot files written while the run goes on: every
+/// --snapshot-every, on SIGUSR1, and when a --snapshot-when trigger fires.
+struct Snapshots {
+    dir: PathBuf,
+    every: Option<Duration>,
+    /// When the next periodic snapshot is due (time since the wait began).
+    next: Option<Duration>,
+    /// Periodic and SIGUSR1 snapshots so far: their files' numbers.
+    numbered: u32,
+    /// A pprof profile beside each trigger's JSON (--format pprof).
+    pprof_on_trigger: bool,
+    run: RunInfo,
+    start: Instant,
+}
+
+impl Snapshots {
+    fn new(args: &LeaksArgs, dir: PathBuf, run: RunInfo, start: Instant) -> Snapshots {
+        Snapshots {
+            dir,
+            every: args.snapshot_every,
+            next: args.snapshot_every,
+            numbered: 0,
+            pprof_on_trigger: args.report.output.format == LeaksFormat::Common(Format::Pprof),
+            run,
+            start,
         }
-        let secs = start.elapsed().as_secs_f64();
-        let path = match trigger {
-            Some(t) => snapshot_dir.join(format!("snapshot-{}-{secs:.1}s.json", t.slug())),
-            None => {
-                let periodic = next_snapshot.is_some_and(|n| elapsed >= n);
-                if let (true, Some(next), Some(every)) =
-                    (periodic, &mut next_snapshot, args.snapshot_every)
-                {
-                    // One snapshot for the snapshots a slow one made late.
-                    while *next <= elapsed {
-                        *next += every;
-                    }
-                }
-                if !(periodic || take_snapshot_request()) {
-                    return None;
-                }
-                snapshots += 1;
-                snapshot_dir.join(format!("snapshot-{snapshots:03}.json"))
+    }
+
+    /// A periodic snapshot when one is due, or one SIGUSR1 asked for.
+    fn on_tick(&mut self, elapsed: Duration, tracer: &Tracer, reports: &mut Reports) {
+        let secs = self.start.elapsed().as_secs_f64();
+        let periodic = self.next.is_some_and(|n| elapsed >= n);
+        if let (true, Some(next), Some(every)) = (periodic, &mut self.next, self.every) {
+            // One snapshot for the snapshots a slow one made late.
+            while *next <= elapsed {
+                *next += every;
             }
-        };
-        let written = session.snapshot().and_then(|mut snap| {
-            let mut r = build(&mut snap, "snapshot", secs, info.clone());
-            r.name_cgroups(&mut cgroup_names);
+        }
+        if !(periodic || take_snapshot_request()) {
+            return;
+        }
+        self.numbered += 1;
+        let path = self.dir.join(format!("snapshot-{:03}.json", self.numbered));
+        self.write(tracer, reports, path, secs, false);
+    }
+
+    /// The snapshot `trigger` fired: its name in the file's. Returns the
+    /// JSON's path if written.
+    fn on_trigger(
+        &mut self,
+        trigger: &Trigger,
+        tracer: &Tracer,
+        reports: &mut Reports,
+    ) -> Option<PathBuf> {
+        learn_cgroups(&mut reports.cgroup_names, tracer);
+        let secs = self.start.elapsed().as_secs_f64();
+        let path = self
+            .dir
+            .join(format!("snapshot-{}-{secs:.1}s.json", trigger.slug()));
+        self.write(tracer, reports, path, secs, self.pprof_on_trigger)
+    }
+
+    /// Reads the maps and writes the snapshot at `path` (and its pprof
+    /// profile with `with_pprof`), saying so on stderr. A snapshot that
+    /// cannot be written is said and skipped: a full disk must not cost
+    /// the final report.
+    fn write(
+        &self,
+        tracer: &Tracer,
+        reports: &mut Reports,
+        path: PathBuf,
+        secs: f64,
+        with_pprof: bool,
+    ) -> Option<PathBuf> {
+        let written = tracer.snapshot().and_then(|mut snap| {
+            let r = reports.build(&mut snap, "snapshot", secs, self.run.clone());
             write_json(&r, &path)?;
-            if trigger.is_some() && args.report.output.format == Format::Pprof {
+            if with_pprof {
                 let profile = crate::render::pprof::from_report(&r).encode_gzip();
                 crate::output::write_bytes_atomic(&path.with_extension("pb.gz"), &profile)?;
             }
@@ -266,7 +401,6 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
                 );
                 Some(path)
             }
-            // A full disk must not cost the final report: say so, go on.
             Err(e) => {
                 eprintln!(
                     "kheap: warning: snapshot {} not written: {}",
@@ -276,144 +410,154 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
                 None
             }
         }
-    };
-    let mut timeline = TimelineBuilder::new(
-        args.interval.as_secs_f64(),
-        args.timeline_sites.into(),
-        DEFAULT_MAX_POINTS,
-        args.sample,
-    );
-    let by_cgroup = cfg.by_cgroup;
-    // What the triggers read beyond the timeline's own lines: vmstat only for
-    // an OOM trigger, the sites' names only for a site trigger.
-    let wants_oom = triggers.iter().any(|t| t.condition == Condition::Oom);
-    let wants_sites = triggers
-        .iter()
-        .any(|t| matches!(t.condition, Condition::SiteGrew { .. }));
-    let mut fired: Vec<TriggerMark> = Vec::new();
-    let site_names = std::cell::RefCell::new(HashMap::<(u64, Source), String>::new());
-    let site_name = |k: &SeriesKey| -> String {
-        let mut names = site_names.borrow_mut();
-        names
-            .entry((k.call_site, k.source))
-            .or_insert_with(|| {
-                if k.call_site == 0 && k.source != Source::Kmalloc {
-                    format!("[{}]", k.source)
-                } else {
-                    syms.symbolize(&[k.call_site])[0].name().to_string()
-                }
-            })
-            .clone()
-    };
-    let mut status = StatusLine::new();
-    let mut next_second = Duration::from_secs(1);
-    let mut next_reading = args.interval;
-    // One reading of the timeline, and the triggers it fires (each writes
-    // its snapshot through `snapshot`): on the loop's tick, and once more
-    // at the end, so a condition met last (an OOM kill as the command
-    // ends) still fires.
-    let mut reading =
-        |elapsed: Duration,
-         snapshot: &mut dyn FnMut(Duration, Option<&Trigger>) -> Option<PathBuf>| {
-            let reading = read_timeline(&mut timeline, &session, start, wants_oom, by_cgroup);
-            let Some(TimelineRead {
-                t_s,
-                series: read,
-                meminfo,
-                oom_kills,
-            }) = reading.filter(|_| !triggers.is_empty())
-            else {
-                return;
-            };
-            let sites: Vec<(String, u64)> = if wants_sites {
-                read.iter()
-                    .map(|(k, o)| (site_name(k), o.bytes_alloc * u64::from(args.sample)))
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let r = TriggerReading {
-                sunreclaim_bytes: meminfo.sunreclaim_bytes,
-                oom_kills,
-                sites: &sites,
-            };
-            for t in triggers.iter_mut() {
-                if t.check(&r) {
-                    eprintln!("kheap: {t_s:.1}s: --snapshot-when {} fired", t.text);
-                    let path = snapshot(elapsed, Some(t));
-                    fired.push(TriggerMark {
-                        t_s: (t_s * 1000.0).round() / 1000.0,
-                        condition: t.text.clone(),
-                        path: path.map(|p| p.display().to_string()),
-                    });
-                }
-            }
-        };
-    let ended = wait_for_end_every(
-        args.report.trace.duration,
-        &mut targets,
-        // Snapshots and readings come on the loop's tick: every second, or
-        // more often for a shorter --interval or --snapshot-every.
-        args.snapshot_every
-            .map_or(args.interval, |s| s.min(args.interval))
-            .min(Duration::from_secs(1)),
-        |elapsed| {
-            if elapsed >= next_reading {
-                next_reading += args.interval;
-                reading(elapsed, &mut snapshot_tick);
-            }
-            snapshot_tick(elapsed, None);
-            if elapsed >= next_second {
-                next_second = elapsed + Duration::from_secs(1);
-                status.show(elapsed, || session.progress());
-            }
-        },
-    );
-    drop(status); // erases the status line before the report
-                  // The level at the end, after the command's last frees.
-    reading(start.elapsed(), &mut snapshot_tick);
-    let duration_s = start.elapsed().as_secs_f64();
-    session.detach();
-    // Before the command's own cgroup is removed with it (terminate).
-    cgroup_names.learn(session.cgroup_ids()?);
-    // Only when compared: it reads /proc/zoneinfo and /proc/vmstat too.
-    let meminfo_after = meminfo_before.as_ref().map(|_| MemInfo::read());
-    let exit_code = ended.report();
-    targets.terminate();
-    let mut snap = session.snapshot()?;
-    if let Some(cmd) = &targets.command {
-        name_command_process(&mut snap, cmd);
     }
-    let info = info_of(&session);
-    drop(session);
-    let mut report = build(&mut snap, "leaks", duration_s, info);
-    report.name_cgroups(&mut cgroup_names);
-    if let (Some(before), Some(after)) = (&meminfo_before, &meminfo_after) {
-        let filters = args.report.trace.filters.describe();
-        let memory = MemoryChange {
-            before,
-            after,
-            page_frees_before,
-        };
-        account_sources(&mut report, &snap, cfg.sources, &memory, &filters);
-    }
-    if let Some(l) = report.leaks.as_mut() {
-        l.timeline = Some(finish_timeline(
-            &timeline,
-            &snap,
-            &syms,
-            &mut cgroup_names,
-            fired,
-        ));
-    }
-    let rows = budget_rows(&report);
-    let (exit_code, over) = budget::verdict(&args.fail_if, &rows, exit_code);
-    write_report(report, &args)?;
-    eprint!("{over}");
-    Ok(exit_code)
 }
 
-/// The timeline with its series named as the report names its sites.
+/// The timeline's readings and the --snapshot-when triggers they fire.
+struct Readings {
+    timeline: TimelineBuilder,
+    interval: Duration,
+    /// When the next reading is due (time since the wait began).
+    next: Duration,
+    start: Instant,
+    by_cgroup: bool,
+    /// Tracked objects stand for this many (--sample).
+    sample: u32,
+    triggers: Vec<Trigger>,
+    /// What the triggers read beyond the timeline's own lines: vmstat only
+    /// for an OOM trigger, the sites' names only for a site trigger.
+    wants_oom: bool,
+    wants_sites: bool,
+    fired: Vec<TriggerMark>,
+    /// Each call site's name, symbolized once.
+    site_names: HashMap<(u64, Source), String>,
+}
+
+impl Readings {
+    /// The timeline, empty, and the triggers, counting growth from now
+    /// whenever the first reading comes.
+    fn start(args: &LeaksArgs, by_cgroup: bool, start: Instant) -> Readings {
+        let mut triggers = args.snapshot_when.clone();
+        let at_start = TriggerReading {
+            sunreclaim_bytes: MemInfo::sunreclaim_now(),
+            oom_kills: oom_kills(&std::fs::read_to_string("/proc/vmstat").unwrap_or_default()),
+            sites: &[],
+        };
+        for t in &mut triggers {
+            t.start_from(&at_start);
+        }
+        Readings {
+            timeline: TimelineBuilder::new(
+                args.interval.as_secs_f64(),
+                args.timeline_sites.into(),
+                DEFAULT_MAX_POINTS,
+                args.sample,
+            ),
+            interval: args.interval,
+            next: args.interval,
+            start,
+            by_cgroup,
+            sample: args.sample,
+            wants_oom: triggers.iter().any(|t| t.condition == Condition::Oom),
+            wants_sites: triggers
+                .iter()
+                .any(|t| matches!(t.condition, Condition::SiteGrew { .. })),
+            triggers,
+            fired: Vec::new(),
+            site_names: HashMap::new(),
+        }
+    }
+
+    /// Whether a reading is due on this tick (then the next one is set).
+    fn due(&mut self, elapsed: Duration) -> bool {
+        if elapsed < self.next {
+            return false;
+        }
+        self.next += self.interval;
+        true
+    }
+
+    /// One reading of the timeline, and the triggers it fires (each writes
+    /// its snapshot): on the loop's tick, and once more at the end, so a
+    /// condition met last (an OOM kill as the command ends) still fires.
+    fn read(&mut self, tracer: &Tracer, reports: &mut Reports, snapshots: &mut Snapshots) {
+        let reading = read_timeline(
+            &mut self.timeline,
+            tracer,
+            self.start,
+            self.wants_oom,
+            self.by_cgroup,
+        );
+        let Some(TimelineRead {
+            t_s,
+            series,
+            meminfo,
+            oom_kills,
+        }) = reading.filter(|_| !self.triggers.is_empty())
+        else {
+            return;
+        };
+        let sites: Vec<(String, u64)> = if self.wants_sites {
+            series
+                .iter()
+                .map(|(k, o)| {
+                    let name = site_name(&mut self.site_names, k, &reports.syms);
+                    (name, o.bytes_alloc * u64::from(self.sample))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let r = TriggerReading {
+            sunreclaim_bytes: meminfo.sunreclaim_bytes,
+            oom_kills,
+            sites: &sites,
+        };
+        for t in self.triggers.iter_mut() {
+            if t.check(&r) {
+                eprintln!("kheap: {t_s:.1}s: --snapshot-when {} fired", t.text);
+                let path = snapshots.on_trigger(t, tracer, reports);
+                self.fired.push(TriggerMark {
+                    t_s: (t_s * 1000.0).round() / 1000.0,
+                    condition: t.text.clone(),
+                    path: path.map(|p| p.display().to_string()),
+                });
+            }
+        }
+    }
+
+    /// The report's timeline, its series named as the report names its
+    /// sites.
+    fn finish(self, snap: &Snapshot, reports: &mut Reports) -> Timeline {
+        finish_timeline(
+            &self.timeline,
+            snap,
+            &reports.syms,
+            &mut reports.cgroup_names,
+            self.fired,
+        )
+    }
+}
+
+/// A call site's name as a site trigger's pattern matches it, symbolized
+/// the first time it is asked for.
+fn site_name(
+    names: &mut HashMap<(u64, Source), String>,
+    k: &SeriesKey,
+    syms: &KernelSymbols,
+) -> String {
+    names
+        .entry((k.call_site, k.source))
+        .or_insert_with(|| {
+            if k.call_site == 0 && k.source != Source::Kmalloc {
+                format!("[{}]", k.source)
+            } else {
+                syms.symbolize(&[k.call_site])[0].name().to_string()
+            }
+        })
+        .clone()
+}
+
 /// One reading of the timeline: when, what each series holds, the
 /// /proc/meminfo lines and the OOM kills so far.
 struct TimelineRead {
@@ -483,7 +627,7 @@ struct MemoryChange<'a> {
 fn account_sources(
     report: &mut Report,
     snap: &Snapshot,
-    sources: crate::model::Sources,
+    sources: Sources,
     memory: &MemoryChange,
     filters: &[String],
 ) {
@@ -518,13 +662,14 @@ fn budget_rows(report: &Report) -> Vec<BudgetRow> {
         .collect()
 }
 
+/// The timeline with its series named as the report names its sites.
 fn finish_timeline(
     timeline: &TimelineBuilder,
     snap: &Snapshot,
     syms: &KernelSymbols,
     cgroup_names: &mut CgroupNames,
     triggers: Vec<TriggerMark>,
-) -> crate::report::timeline::Timeline {
+) -> Timeline {
     let keys = timeline.series_keys();
     let labels = report::site_labels(snap, syms);
     cgroup_names.learn(keys.iter().filter_map(|k| match k.cgroup {
@@ -559,13 +704,18 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
     })?;
     // The chart names each series' owners from every stack row: drawn
     // before -r cuts the rows (a chart has no rows to cut).
-    if matches!(out.format, Format::Html) {
-        let page =
-            crate::leaks::chart::html(&report, "kheap leaks: outstanding kernel memory over time");
-        return crate::output::emit(&page, out.output());
-    }
+    let format = match out.format {
+        LeaksFormat::Html => {
+            let page = crate::leaks::chart::html(
+                &report,
+                "kheap leaks: outstanding kernel memory over time",
+            );
+            return crate::output::emit(&page, out.output());
+        }
+        LeaksFormat::Common(format) => format,
+    };
     let hidden = leak_render::apply_top(&mut report, args.by, out.rows());
-    let text = match out.format {
+    let text = match format {
         Format::Table => leak_render::table(
             &report,
             args.by,
@@ -589,7 +739,6 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
             "kheap leaks",
             "outstanding",
         ),
-        Format::Html => unreachable!("drawn above"),
     };
     crate::output::emit(&text, out.output())
 }

@@ -17,8 +17,8 @@ use crate::report::{self, BuildOptions, Report};
 use crate::session::args::ReportArgs;
 use crate::session::status::StatusLine;
 use crate::session::{
-    install_stop_handler, kmem_config, name_command_process, run_info, start_tracing, wait_for_end,
-    Targets,
+    final_read, install_stop_handler, kmem_config, learn_cgroups, start_tracing, stop_tracing,
+    wait_for_end, FinalRead, Targets,
 };
 use crate::symbolize::KernelSymbols;
 use crate::sys::cgroup2_mount;
@@ -120,31 +120,22 @@ pub fn run(args: RecordArgs) -> Result<i32> {
         "; Ctrl-C to stop",
     )?;
     let start = Instant::now();
-    // Paths are learned while the run goes on: a cgroup removed before the
-    // end keeps the path it had.
     let mut cgroup_names = CgroupNames::new(cgroup2_mount().ok());
     let mut status = StatusLine::new();
     let ended = wait_for_end(args.report.trace.duration, &mut targets, |elapsed| {
-        if let Ok(ids) = session.cgroup_ids() {
-            cgroup_names.learn(ids);
-        }
+        learn_cgroups(&mut cgroup_names, &session);
         status.show(elapsed, || session.progress());
     });
     drop(status); // erases the status line before the report
-    let duration_s = start.elapsed().as_secs_f64();
-    session.detach();
-    // Before the command's own cgroup is removed with it (terminate).
-    cgroup_names.learn(session.cgroup_ids()?);
+    let duration_s = stop_tracing(&mut session, &mut cgroup_names, start)?;
     if let Some(l) = latency.as_mut() {
         l.detach();
     }
-    let exit_code = ended.report();
-    targets.terminate();
-    let mut snap = session.snapshot()?;
-    if let Some(cmd) = &targets.command {
-        name_command_process(&mut snap, cmd);
-    }
-    let run = run_info(&session, &session.skipped, &args.report.trace.filters);
+    let FinalRead {
+        exit_code,
+        snapshot: snap,
+        run,
+    } = final_read(&session, ended, &mut targets, &args.report.trace.filters)?;
     drop(session);
     let latency_data = latency.map(|l| l.read()).transpose()?;
 

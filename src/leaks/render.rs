@@ -4,6 +4,9 @@
 
 use std::fmt::Write as _;
 
+use std::sync::OnceLock;
+
+use clap::builder::PossibleValue;
 use clap::ValueEnum;
 use comfy_table::Cell;
 
@@ -11,33 +14,55 @@ use crate::model::live::AgeBucket;
 use crate::model::{human_count, human_size, Counts};
 use crate::render::hist::{self, HistLine};
 use crate::render::table::{hidden_note, table_text};
-use crate::render::{self, OutputFormat, SourceColumn};
+use crate::render::{self, Format, OutputFormat, SourceColumn};
 use crate::report::retention::{sort_by_retention, Retention};
 use crate::report::{top_n, Report, StackRow};
 
 /// `kheap leaks --format`: the formats of every report, and the timeline's
 /// chart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LeaksFormat {
-    Table,
-    Json,
-    /// `frame;frame;… count` lines for flamegraph tools
-    Folded,
-    /// gzip-compressed pprof profile.proto (`go tool pprof`); needs -o FILE
-    /// unless piped
-    Pprof,
-    /// An interactive flame graph (SVG; needs -o FILE or a pipe)
-    Svg,
-    /// The timeline as a chart: one self-contained HTML page (needs -o FILE or a pipe)
+    /// One of the formats every report has, with its name and help text.
+    Common(Format),
+    /// The timeline as a chart: one self-contained HTML page.
     Html,
+}
+
+/// `--format html`'s help; the other values keep `Format`'s.
+const HTML_HELP: &str =
+    "The timeline as a chart: one self-contained HTML page (needs -o FILE or a pipe)";
+
+/// Written by hand because clap's derive cannot flatten an enum into
+/// another: the values are `Format`'s, in its order, then `html`.
+impl ValueEnum for LeaksFormat {
+    fn value_variants<'a>() -> &'a [Self] {
+        static VARIANTS: OnceLock<Vec<LeaksFormat>> = OnceLock::new();
+        VARIANTS.get_or_init(|| {
+            Format::value_variants()
+                .iter()
+                .map(|&f| LeaksFormat::Common(f))
+                .chain([LeaksFormat::Html])
+                .collect()
+        })
+    }
+
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        match self {
+            LeaksFormat::Common(f) => f.to_possible_value(),
+            LeaksFormat::Html => Some(PossibleValue::new("html").help(HTML_HELP)),
+        }
+    }
 }
 
 impl OutputFormat for LeaksFormat {
     fn is_table(self) -> bool {
-        self == LeaksFormat::Table
+        matches!(self, LeaksFormat::Common(f) if f.is_table())
     }
     fn is_file_only(self) -> bool {
-        matches!(self, LeaksFormat::Svg | LeaksFormat::Html)
+        match self {
+            LeaksFormat::Common(f) => f.is_file_only(),
+            LeaksFormat::Html => true,
+        }
     }
 }
 

@@ -1,7 +1,8 @@
 //! What every tracing subcommand does around its tracer: the stop handler
 //! (Ctrl-C, SIGTERM, SIGHUP end the run, the report is still printed), the
-//! processes a run is about, the wait for its end and the kmem settings
-//! they share; the live status line (`status`) and the flags every
+//! processes a run is about, the wait for its end, the kmem settings
+//! they share and the end of a kmem run (detach, the last read of the
+//! maps); the live status line (`status`) and the flags every
 //! report-writing subcommand shares (`args`). Used by the commands in
 //! `cmd`, never by one another's code.
 
@@ -12,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
+use crate::cgroup::CgroupNames;
 use crate::cli::{FilterArgs, TargetArgs, TraceArgs};
 use crate::kernel::features;
-use crate::kernel::kmem::Config;
+use crate::kernel::kmem::{Config, Tracer};
 use crate::model::snapshot::Snapshot;
 use crate::report::RunInfo;
 use crate::target::{resolve_pid, HeldCommand};
@@ -207,12 +209,58 @@ pub fn start_tracing(
     targets.release()
 }
 
+/// Learns the paths of the cgroups the maps name so far, on a run's tick:
+/// a cgroup removed before the end keeps the path it had. A failed read
+/// waits for the next tick.
+pub fn learn_cgroups(names: &mut CgroupNames, tracer: &Tracer) {
+    if let Ok(ids) = tracer.cgroup_ids() {
+        names.learn(ids);
+    }
+}
+
+/// Ends the tracing: detaches the tracer and learns the cgroups' paths a
+/// last time, before the command's own cgroup is removed with it
+/// ([`Targets::terminate`]). Returns the seconds traced since `start`.
+pub fn stop_tracing(tracer: &mut Tracer, names: &mut CgroupNames, start: Instant) -> Result<f64> {
+    let duration_s = start.elapsed().as_secs_f64();
+    tracer.detach();
+    names.learn(tracer.cgroup_ids()?);
+    Ok(duration_s)
+}
+
+/// What the last read of a kmem run gives its report.
+pub struct FinalRead {
+    /// kheap's exit status so far ([`Ended::report`]).
+    pub exit_code: i32,
+    /// The maps at the end, the command's rows named after it.
+    pub snapshot: Snapshot,
+    pub run: RunInfo,
+}
+
+/// After [`stop_tracing`] and whatever a command reads while its traced
+/// command still lives: says why the run ended, ends the command and reads
+/// the maps a last time.
+pub fn final_read(
+    tracer: &Tracer,
+    ended: Ended,
+    targets: &mut Targets,
+    filters: &FilterArgs,
+) -> Result<FinalRead> {
+    let exit_code = ended.report();
+    targets.terminate();
+    let mut snapshot = tracer.snapshot()?;
+    if let Some(cmd) = &targets.command {
+        name_command_process(&mut snapshot, cmd);
+    }
+    Ok(FinalRead {
+        exit_code,
+        snapshot,
+        run: run_info(tracer, &tracer.skipped, filters),
+    })
+}
+
 /// What a kmem run was, for the report's header and JSON.
-pub fn run_info(
-    session: &crate::kernel::kmem::Tracer,
-    skipped: &[String],
-    f: &FilterArgs,
-) -> RunInfo {
+pub fn run_info(session: &Tracer, skipped: &[String], f: &FilterArgs) -> RunInfo {
     let mut filters = f.describe();
     // The kmem tracer leaves kheap's own process out (Config::include_self):
     // its map reads allocate in the kernel, and that is not the workload.
