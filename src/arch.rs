@@ -1,7 +1,8 @@
 //! What differs by CPU architecture in user space, in one place (the BPF
 //! side's differences are in `bpf/arch.bpf.h`): the unwinder of sampled
 //! user stacks and the registers it starts from, and the Debian multiarch
-//! library directories. System call numbers come from the libc crate
+//! library directories and the ELF mapping symbols that name no function.
+//! System call numbers come from the libc crate
 //! (`libc::SYS_*`, per target). Built for x86_64 and aarch64.
 
 #[cfg(target_arch = "x86_64")]
@@ -24,6 +25,12 @@ mod imp {
     #[inline]
     pub fn caller_regs(caller: u64, sp: u64, fp: u64) -> UnwindRegs {
         UnwindRegsX86_64::new(caller, sp.wrapping_add(8), fp)
+    }
+
+    /// x86-64 ELF files have no mapping symbols.
+    #[inline]
+    pub fn is_mapping_symbol(_name: &str) -> bool {
+        false
     }
 }
 
@@ -48,9 +55,30 @@ mod imp {
     pub fn caller_regs(caller: u64, sp: u64, fp: u64) -> UnwindRegs {
         UnwindRegsAarch64::new(caller, sp, fp)
     }
+
+    /// AArch64 ELF mapping symbols (`$x`: code follows, `$d`: data, as
+    /// in a literal pool; optionally `$x.<anything>`): markers, not
+    /// functions. A symbolizer that takes the nearest symbol below an
+    /// address can land on one (the arm64 guest showed `$d+0x92`).
+    pub fn is_mapping_symbol(name: &str) -> bool {
+        matches!(name.as_bytes(), [b'$', b'x' | b'd', rest @ ..] if rest.is_empty() || rest[0] == b'.')
+    }
 }
 
 #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 compile_error!("kheap is built for x86_64 and aarch64 only (src/arch.rs, bpf/arch.bpf.h)");
 
 pub use imp::*;
+
+#[cfg(all(test, target_arch = "aarch64"))]
+mod tests {
+    #[test]
+    fn mapping_symbols_are_told_from_functions() {
+        for m in ["$x", "$d", "$x.12", "$d.rodata"] {
+            assert!(super::is_mapping_symbol(m), "{m}");
+        }
+        for f in ["$xy", "$dummy", "x", "malloc", "$", "$t"] {
+            assert!(!super::is_mapping_symbol(f), "{f}");
+        }
+    }
+}

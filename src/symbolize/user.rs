@@ -230,6 +230,9 @@ impl ElfSymbols for Blaze {
         };
         syms.into_iter()
             .map(|s| match s {
+                // A mapping symbol (arm64) names no function: the frame
+                // stays a module offset.
+                Symbolized::Sym(sym) if crate::arch::is_mapping_symbol(&sym.name) => None,
                 Symbolized::Sym(sym) => {
                     let source = sym.code_info.as_ref().and_then(|c| {
                         let file = Path::new(&c.file)
