@@ -130,7 +130,9 @@ pub(super) fn site_key(k: &types::site_key, names: &HashMap<u64, String>) -> Sit
         Some(Source::Percpu) => CacheId::Percpu,
         // A number kheap does not know is read as the slab's, whose
         // events carry a cache.
-        Some(Source::Kmalloc) | None => cache_id(k.cache, k.kmalloc_size, k.kmalloc_accounted != 0, names),
+        Some(Source::Kmalloc) | None => {
+            cache_id(k.cache, k.kmalloc_size, k.kmalloc_accounted != 0, names)
+        }
     };
     SiteKey {
         call_site: k.call_site,
