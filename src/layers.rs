@@ -120,7 +120,7 @@ mod tests {
     /// own logic (patterns as in LAYERS). A new subcommand gets a room.
     const ROOMS: &[(&str, &[&str])] = &[
         ("record", &["cmd::record", "record::*"]),
-        ("leaks", &["cmd::leaks", "leaks::*"]),
+        ("leaks", &["cmd::leaks::*", "leaks::*"]),
         ("diff", &["cmd::diff", "diff"]),
         ("slab", &["cmd::slab::*", "slab::*"]),
         ("malloc", &["cmd::malloc::*", "malloc::*"]),
