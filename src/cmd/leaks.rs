@@ -3,96 +3,38 @@
 //! and freed (transient). Snapshots of the outstanding set can be written
 //! while it runs (--snapshot-every, SIGUSR1) and compared with `kheap diff`.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use clap::Args;
 
-use crate::cgroup::CgroupNames;
-use crate::cli::{parse_duration, parse_sample, parse_tracked_objects};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
 use crate::leaks::render::{self as leak_render, LeakGroupBy, LeaksFormat};
-use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
-use crate::model::{CgroupSlot, Source, Sources};
+use crate::model::{Source, Sources};
 use crate::render::Format;
-use crate::report::budget::{self, Budget, BudgetRow};
+use crate::report::budget::{self, BudgetRow};
 use crate::report::meminfo::{account, comparable, Geometry, MemInfo};
-use crate::report::timeline::{
-    MemLines, SeriesKey, SeriesLabel, Timeline, TimelineBuilder, TriggerMark, DEFAULT_MAX_POINTS,
-};
-use crate::report::trigger::{self, oom_kills, Condition, Reading as TriggerReading, Trigger};
-use crate::report::{self, BuildOptions, Report, RunInfo};
-use crate::session::args::ReportArgs;
+use crate::report::Report;
 use crate::session::status::StatusLine;
 use crate::session::{
     final_read, install_stop_handler, kmem_config, learn_cgroups, run_info, start_tracing,
     stop_tracing, wait_for_end_every, FinalRead, Targets,
 };
-use crate::signals::{install_snapshot_handler, take_snapshot_request};
-use crate::symbolize::{KernelSymbols, Symbolize};
-use crate::sys::cgroup2_mount;
+use crate::signals::install_snapshot_handler;
 
+mod args;
 mod readings;
+mod reports;
 mod snapshots;
 
+pub use args::LeaksArgs;
 use readings::Readings;
+use reports::Reports;
 use snapshots::Snapshots;
-
-#[derive(Args, Debug)]
-pub struct LeaksArgs {
-    #[command(flatten)]
-    pub report: ReportArgs<LeaksFormat>,
-    /// Only count objects at least this old as outstanding
-    #[arg(long, value_parser = parse_age, default_value = "0", value_name = "SECS")]
-    pub min_age: f64,
-    /// Group rows by
-    #[arg(long, value_enum, default_value_t = LeakGroupBy::Site)]
-    pub by: LeakGroupBy,
-    /// Write a JSON snapshot of what is outstanding every SECS seconds (also on SIGUSR1)
-    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true, value_name = "SECS")]
-    pub snapshot_every: Option<Duration>,
-    /// Where snapshots go (snapshot-001.json, …; default: the current directory)
-    #[arg(long, value_name = "DIR")]
-    pub snapshot_dir: Option<PathBuf>,
-    /// Track about one object in N, chosen by a hash of its address (a power of two); totals become estimates
-    #[arg(long, value_parser = parse_sample, default_value = "1", value_name = "N")]
-    pub sample: u32,
-    /// Capacity of the object store (objects tracked at once; about 80 bytes of kernel memory each, 120 before 5.12)
-    #[arg(long, value_parser = parse_tracked_objects, default_value = crate::cli::DEFAULT_TRACKED_OBJECTS, value_name = "N")]
-    pub max_objects: u32,
-    /// Read the timeline (outstanding bytes of the top sites, /proc/meminfo) every SECS seconds
-    #[arg(long, value_parser = parse_interval, default_value = "1", value_name = "SECS")]
-    pub interval: Duration,
-    /// Sites the timeline keeps at each reading (the rest is "other")
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=100), default_value = "10", value_name = "N")]
-    pub timeline_sites: u16,
-    /// Write a snapshot (JSON; also pprof with --format pprof) into --snapshot-dir when COND holds at a reading: sunreclaim+=N, site:PATTERN+=N or oom (repeatable)
-    #[arg(long, value_parser = trigger::parse, value_name = "COND")]
-    pub snapshot_when: Vec<Trigger>,
-    /// Exit with status 3 (and list the rows) when the run leaves more than BUDGET: 'outstanding > 1M', 'allocated[page] > 10M', 'outstanding{site=load_msg*} > 0' (repeatable; docs/design.md)
-    #[arg(long, value_parser = parse_budget, value_name = "BUDGET")]
-    pub fail_if: Vec<Budget>,
-}
-
-fn parse_budget(s: &str) -> Result<Budget, String> {
-    budget::parse(s, true)
-}
-
-/// The timeline's interval: a reading walks the whole object map, so not
-/// more often than ten times a second.
-fn parse_interval(s: &str) -> Result<Duration, String> {
-    let d = parse_duration(s)?;
-    if d < Duration::from_millis(100) {
-        return Err(format!("'{s}': the interval must be at least 0.1 seconds"));
-    }
-    Ok(d)
-}
 
 /// Sites are exact regardless; long-lived objects pile up, so even a sparse
 /// sample names the stacks that hold memory, and a stack costs ~3 us.
@@ -111,19 +53,6 @@ fn kernel_config(args: &LeaksArgs, targets: &Targets) -> Config {
         // Each stack row says who made it (JSON, pprof labels).
         stack_owners: true,
         ..kmem_config(&args.report.trace, targets, LEAKS_STACK_SAMPLE)
-    }
-}
-
-/// `--min-age`: 0 or more seconds, capped like every other duration
-/// (crate::cli::MAX_DURATION).
-fn parse_age(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v > crate::cli::MAX_DURATION.as_secs_f64() => Err(format!(
-            "'{s}' seconds is too long: at most {} (7 days)",
-            crate::cli::MAX_DURATION.as_secs()
-        )),
-        Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
-        _ => Err(format!("'{s}' is not a number of seconds")),
     }
 }
 
@@ -271,47 +200,6 @@ impl MemoryAtStart {
     }
 }
 
-/// Turns one read of the maps into a leaks report: the symbols, the
-/// cgroups' paths learned while the run goes on, and the flags that shape
-/// the rows. Snapshots and the final report are built alike.
-struct Reports {
-    syms: KernelSymbols,
-    cgroup_names: CgroupNames,
-    min_age_ns: u64,
-    stack_sample_every: u32,
-}
-
-impl Reports {
-    fn new(args: &LeaksArgs, cfg: &Config) -> Reports {
-        Reports {
-            syms: KernelSymbols::new(None),
-            cgroup_names: CgroupNames::new(cgroup2_mount().ok()),
-            min_age_ns: (args.min_age * 1e9) as u64,
-            stack_sample_every: cfg.stack_sample_every,
-        }
-    }
-
-    /// `kind` is "snapshot" or "leaks" (the report's `leaks.kind`).
-    fn build(&mut self, snap: &mut Snapshot, kind: &str, duration_s: f64, run: RunInfo) -> Report {
-        if let Some(l) = snap.leaks.as_mut() {
-            l.min_age_ns = self.min_age_ns;
-            l.kind = kind.to_string();
-            l.cap_ages((duration_s * 1e9) as u64);
-        }
-        let mut report = report::build(
-            snap,
-            &self.syms,
-            BuildOptions {
-                stack_sample_every: self.stack_sample_every,
-                duration_s,
-                run,
-            },
-        );
-        report.name_cgroups(&mut self.cgroup_names);
-        report
-    }
-}
-
 /// /proc/meminfo at both ends of the run, and the untracked page frees
 /// counted before it.
 struct MemoryChange<'a> {
@@ -358,10 +246,6 @@ fn budget_rows(report: &Report) -> Vec<BudgetRow> {
             allocated_bytes: r.counts.bytes_alloc,
         })
         .collect()
-}
-
-fn write_json(r: &Report, path: &Path) -> Result<()> {
-    crate::output::write_atomic(path, &contract::pretty(Kind::Leaks, r))
 }
 
 fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {

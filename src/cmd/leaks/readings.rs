@@ -1,7 +1,25 @@
 //! `kheap leaks`'s readings while it runs: the timeline of outstanding
 //! memory and the --snapshot-when triggers those readings fire.
 
-use super::*;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::cgroup::CgroupNames;
+use crate::kernel::kmem::Tracer;
+use crate::model::live::Outstanding;
+use crate::model::snapshot::Snapshot;
+use crate::model::{CgroupSlot, Source};
+use crate::report;
+use crate::report::meminfo::MemInfo;
+use crate::report::timeline::{
+    MemLines, SeriesKey, SeriesLabel, Timeline, TimelineBuilder, TriggerMark, DEFAULT_MAX_POINTS,
+};
+use crate::report::trigger::{oom_kills, Condition, Reading as TriggerReading, Trigger};
+use crate::symbolize::{KernelSymbols, Symbolize};
+
+use super::args::LeaksArgs;
+use super::reports::Reports;
+use super::snapshots::Snapshots;
 
 /// The timeline's readings and the --snapshot-when triggers they fire.
 pub(super) struct Readings {

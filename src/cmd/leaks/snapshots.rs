@@ -1,6 +1,18 @@
 //! The snapshot files `kheap leaks` writes while it runs.
 
-use super::*;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::kernel::kmem::Tracer;
+use crate::leaks::render::LeaksFormat;
+use crate::render::Format;
+use crate::report::trigger::Trigger;
+use crate::report::RunInfo;
+use crate::session::learn_cgroups;
+use crate::signals::take_snapshot_request;
+
+use super::args::LeaksArgs;
+use super::reports::{write_json, Reports};
 
 /// The snapshot files written while the run goes on: every
 /// --snapshot-every, on SIGUSR1, and when a --snapshot-when trigger fires.
