@@ -2,8 +2,6 @@
 //! its children), then print who allocated what, and with --outstanding
 //! what was never freed.
 
-mod scanner;
-
 use std::cell::RefCell;
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -11,100 +9,30 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use crate::report::budget::{self, Budget, BudgetRow};
-use clap::Args;
-
 use crate::allocators::libraries::initial_libraries;
-use crate::cli::{parse_duration, parse_tracked_objects, OutputArgs, StackArgs, TargetArgs};
 use crate::contract::{self, Kind};
 use crate::kernel::features;
 use crate::kernel::malloc::MallocSession;
 use crate::kernel::storage::ObjectStorage;
 use crate::kernel::user_stack::UserStackRing;
 use crate::malloc::preload::{self, PreloadLibrary};
-use crate::malloc::render::{self, MallocGroupBy, MallocSortBy};
+use crate::malloc::render::{self, MallocSortBy};
 use crate::malloc::report::{self, BuildOptions, MallocReport};
 use crate::malloc::unwind::StackUnwinder;
 use crate::render::Format;
+use crate::report::budget::{self, BudgetRow};
 use crate::report::RunInfo;
 use crate::session::status::StatusLine;
 use crate::session::{install_stop_handler, stop_requested};
 use crate::symbolize::user::{symbolize_return_addresses, Blaze, Modules};
 use crate::sys::procmaps;
 use crate::target::{find_program, resolve_pid, HeldCommand};
-use scanner::Scanner;
 
-#[derive(Args, Debug)]
-pub struct MallocArgs {
-    /// Stop after this many seconds (default: until Ctrl-C, or until the
-    /// command or the processes end)
-    #[arg(short, long, value_parser = parse_duration, allow_hyphen_values = true, value_name = "SECS")]
-    pub duration: Option<Duration>,
-    // The processes to trace (with the children they fork from now on).
-    // The kernel-side filters of the other subcommands (--comm, sizes,
-    // --attach) have no counterpart here: the probes are in user space.
-    #[command(flatten)]
-    pub targets: TargetArgs,
-    /// The kernel's BTF, for a kernel without /sys/kernel/btf/vmlinux (as
-    /// for record)
-    #[arg(long, value_name = "FILE")]
-    pub btf: Option<std::path::PathBuf>,
-    /// Trace the processes in this cgroup v2 and below it, and count only
-    /// allocations made there (repeatable; a directory under the cgroup2
-    /// mount, or a path relative to it)
-    #[arg(long = "cgroup", value_name = "PATH")]
-    pub cgroups: Vec<String>,
-    // Every call's stack is walked by frame pointers; these say which
-    // calls also send a copy of their stack to be unwound from .eh_frame
-    // (code without frame pointers).
-    #[command(flatten)]
-    pub stacks: StackArgs,
-    #[command(flatten)]
-    pub output: OutputArgs<Format>,
-    #[command(flatten)]
-    pub json: crate::session::args::JsonCopy,
-    /// What sizes the frames of --format svg
-    #[arg(long, value_enum, default_value_t)]
-    pub weight: crate::render::flame::Weight,
-    /// Probe this allocator library instead of the C library the target
-    /// maps (jemalloc, tcmalloc, mimalloc export the same names)
-    #[arg(long, value_name = "PATH")]
-    pub lib: Option<PathBuf>,
-    /// Group rows by direct caller (site) or by whole user stack
-    #[arg(long, value_enum, default_value_t = MallocGroupBy::Site)]
-    pub by: MallocGroupBy,
-    /// Order rows by
-    #[arg(long, value_enum, default_value_t = MallocSortBy::Bytes)]
-    pub sort: MallocSortBy,
-    /// Track every block to its free: report what is still allocated at the
-    /// end, per site and stack (adds a return probe to each call)
-    #[arg(long)]
-    pub outstanding: bool,
-    /// With --outstanding: how many live blocks can be tracked at once
-    /// (about 60 bytes of kernel memory each, taken when the run starts; more
-    /// than a quarter of MemAvailable is refused; blocks beyond are counted
-    /// as not tracked)
-    #[arg(
-        long,
-        value_parser = parse_tracked_objects,
-        default_value = crate::cli::DEFAULT_TRACKED_OBJECTS,
-        value_name = "N",
-        requires = "outstanding"
-    )]
-    pub max_outstanding: u32,
-    /// Exit with status 3 (and list the rows) when the command allocates or leaves more than BUDGET: 'outstanding > 1M' (needs --outstanding), 'allocated{site=parse*} > 10M' (repeatable)
-    #[arg(long, value_parser = parse_budget, value_name = "BUDGET")]
-    pub fail_if: Vec<Budget>,
-    /// With -- COMMAND: probe the C library's functions instead of running
-    /// the command with kheap's preload library (which costs less per call,
-    /// but does not reach static or set-user-ID programs it starts)
-    #[arg(long)]
-    pub no_preload: bool,
-    /// Put every probe on its function's first instruction, even where the
-    /// kernel must single-step it (for scripts/bench-malloc)
-    #[arg(long, hide = true)]
-    pub probes_at_entry: bool,
-}
+mod args;
+mod scanner;
+
+pub use args::MallocArgs;
+use scanner::Scanner;
 
 /// The preload library for this run, if the command runs with it: only a
 /// command is traced (other targets are running already), no --lib, it
@@ -146,11 +74,114 @@ fn preload_for(args: &MallocArgs, cgroups: usize) -> Result<Option<PreloadLibrar
 /// then.
 const SCAN_EVERY: Duration = Duration::from_millis(100);
 
-fn parse_budget(s: &str) -> Result<Budget, String> {
-    budget::parse(s, false)
+pub fn run(args: MallocArgs) -> Result<i32> {
+    let mut targets = check(&args)?;
+    let preload = preload_for(&args, targets.cgroups.len())?;
+    // Held between fork and exec until the probes are attached.
+    let mut command = start_command(&args, preload.as_ref(), &mut targets)?;
+    let mut storage = ObjectStorage::default();
+    let mut session = MallocSession::start(
+        &mut storage,
+        &targets.pids,
+        &targets
+            .cgroups
+            .iter()
+            .map(|(c, _)| c.id)
+            .collect::<Vec<_>>(),
+        args.outstanding,
+        args.max_outstanding,
+        args.probes_at_entry,
+        args.stacks
+            .sample_every(crate::kernel::user_stack::DEFAULT_SAMPLE_EVERY),
+    )?;
+    // Stack copies are unwound as they come, while their processes (and
+    // so their mappings) are still there.
+    let unwinder = Rc::new(RefCell::new(StackUnwinder::default()));
+    let ring = {
+        let unwinder = unwinder.clone();
+        UserStackRing::new(session.user_stacks_map(), move |s| {
+            unwinder.borrow_mut().add(s)
+        })?
+    };
+    if let Some(p) = &preload {
+        session.probe_preload(&p.path, p.sites)?;
+    }
+    for l in &targets.libs {
+        session.probe_library(l)?;
+    }
+    let mut scanner = start_scanner(&args, command.as_ref(), &mut session, &mut targets);
+    eprintln!(
+        "kheap: tracing malloc in {} ({}){}",
+        describe_targets(&targets.user_pids, &args.targets.command),
+        describe_probes(&session, preload.as_ref()),
+        if args.duration.is_none() && command.is_none() {
+            "; Ctrl-C to stop"
+        } else {
+            ""
+        }
+    );
+    if let Some(c) = command.as_mut() {
+        c.release()?;
+    }
+
+    let mut pace = Pace::new();
+    let exit_code = loop {
+        let turn = tick(
+            &args,
+            &mut pace,
+            &mut scanner,
+            &mut session,
+            &mut targets,
+            &mut command,
+        );
+        if let Some(code) = turn {
+            break code;
+        }
+        ring.poll(Duration::from_millis(10))?;
+    };
+    let duration_s = pace.start.elapsed().as_secs_f64();
+    drop(pace); // erases the status line before the report
+    scanner.scan(&mut session, &mut targets.modules, false, true);
+    session.detach();
+    if let Some(c) = command.as_mut() {
+        c.terminate();
+    }
+    ring.drain()?;
+    drop(ring);
+    let unwinder = Rc::try_unwrap(unwinder)
+        .map_err(|_| anyhow::anyhow!("the stack ring buffer is still in use"))?
+        .into_inner();
+    let report = finish(
+        &args,
+        &session,
+        unwinder,
+        scanner,
+        targets,
+        preload.as_ref(),
+        duration_s,
+    )?;
+    drop(session);
+    let (exit_code, over) = budget::verdict(&args.fail_if, &budget_rows(&report), exit_code);
+    write_report(report, &args)?;
+    eprint!("{over}");
+    Ok(exit_code)
 }
 
-pub fn run(args: MallocArgs) -> Result<i32> {
+/// What is traced, as the arguments name it: the processes, cgroups and
+/// allocator files, and the mappings their addresses will be read by.
+struct Targets {
+    cgroup_mount: Option<PathBuf>,
+    cgroups: Vec<(crate::cgroup::CgroupTarget, Vec<u32>)>,
+    /// The processes named by -p and --cgroup.
+    user_pids: Vec<u32>,
+    /// Those and the command kheap starts.
+    pids: Vec<u32>,
+    libs: Vec<PathBuf>,
+    modules: Modules,
+}
+
+/// What can be refused before anything is started or attached.
+fn check(args: &MallocArgs) -> Result<Targets> {
     if args.targets.pids.is_empty() && args.targets.command.is_empty() && args.cgroups.is_empty() {
         bail!("nothing to trace: give -p PID or -- COMMAND [ARGS...], or --cgroup PATH");
     }
@@ -191,10 +222,9 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     }
     user_pids.sort_unstable();
     user_pids.dedup();
-    let mut pids = user_pids.clone();
-    let libs = initial_libraries(args.lib.as_deref(), &pids, &args.targets.command)?;
+    let libs = initial_libraries(args.lib.as_deref(), &user_pids, &args.targets.command)?;
     let mut modules = Modules::default();
-    for &pid in &pids {
+    for &pid in &user_pids {
         modules.add_maps(pid, &procmaps::read(pid).unwrap_or_default());
     }
     for l in &libs {
@@ -211,55 +241,53 @@ pub fn run(args: MallocArgs) -> Result<i32> {
                 .sample_every(crate::kernel::user_stack::DEFAULT_SAMPLE_EVERY),
         )?;
     }
-    let preload = preload_for(&args, cgroups.len())?;
-    // Held between fork and exec until the probes are attached.
-    let mut command = if args.targets.command.is_empty() {
-        None
-    } else {
-        let env: Vec<(&str, String)> = preload
-            .iter()
-            .map(|p| {
-                let current = std::env::var("LD_PRELOAD").ok();
-                ("LD_PRELOAD", p.ld_preload(current.as_deref()))
-            })
-            .collect();
-        let mut held = HeldCommand::spawn_with_env(&args.targets.command, &env)?;
-        if args.targets.keep_running {
-            held.keep_running();
-        }
-        modules.add_file(&find_program(&args.targets.command[0])?);
-        pids.push(held.pid);
-        Some(held)
-    };
+    Ok(Targets {
+        cgroup_mount,
+        cgroups,
+        pids: user_pids.clone(),
+        user_pids,
+        libs,
+        modules,
+    })
+}
 
-    let mut storage = ObjectStorage::default();
-    let mut session = MallocSession::start(
-        &mut storage,
-        &pids,
-        &cgroups.iter().map(|(c, _)| c.id).collect::<Vec<_>>(),
-        args.outstanding,
-        args.max_outstanding,
-        args.probes_at_entry,
-        args.stacks
-            .sample_every(crate::kernel::user_stack::DEFAULT_SAMPLE_EVERY),
-    )?;
-    // Stack copies are unwound as they come, while their processes (and
-    // so their mappings) are still there.
-    let unwinder = Rc::new(RefCell::new(StackUnwinder::default()));
-    let ring = {
-        let unwinder = unwinder.clone();
-        UserStackRing::new(session.user_stacks_map(), move |s| {
-            unwinder.borrow_mut().add(s)
-        })?
-    };
-    if let Some(p) = &preload {
-        session.probe_preload(&p.path, p.sites)?;
+/// The command, forked and held before its exec (with the preload
+/// library in its environment) until the probes are attached.
+fn start_command(
+    args: &MallocArgs,
+    preload: Option<&PreloadLibrary>,
+    targets: &mut Targets,
+) -> Result<Option<HeldCommand>> {
+    if args.targets.command.is_empty() {
+        return Ok(None);
     }
-    for l in &libs {
-        session.probe_library(l)?;
+    let env: Vec<(&str, String)> = preload
+        .iter()
+        .map(|p| {
+            let current = std::env::var("LD_PRELOAD").ok();
+            ("LD_PRELOAD", p.ld_preload(current.as_deref()))
+        })
+        .collect();
+    let mut held = HeldCommand::spawn_with_env(&args.targets.command, &env)?;
+    if args.targets.keep_running {
+        held.keep_running();
     }
-    let mut scanner = Scanner::new(cgroup_mount);
-    if let Some(c) = &command {
+    targets
+        .modules
+        .add_file(&find_program(&args.targets.command[0])?);
+    targets.pids.push(held.pid);
+    Ok(Some(held))
+}
+
+/// The scanner that follows the traced processes, after its first scan.
+fn start_scanner(
+    args: &MallocArgs,
+    command: Option<&HeldCommand>,
+    session: &mut MallocSession,
+    targets: &mut Targets,
+) -> Scanner {
+    let mut scanner = Scanner::new(targets.cgroup_mount.take());
+    if let Some(c) = command {
         // Until it execs, the held child is a copy of kheap: name it after
         // the program, as the kernel will (comm is 15 bytes at most).
         let prog = std::path::Path::new(&args.targets.command[0]);
@@ -273,76 +301,89 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     // The processes already there are named and their allocator libraries
     // probed before tracing is said to start: a process that runs briefly
     // once told may be gone before a later scan (seen in the 6.1 guest).
-    scanner.scan(&mut session, &mut modules, args.lib.is_none(), false);
-    let mut next_scan = Instant::now() + SCAN_EVERY;
-    eprintln!(
-        "kheap: tracing malloc in {} ({}){}",
-        describe_targets(&user_pids, &args.targets.command),
-        describe_probes(&session, preload.as_ref()),
-        if args.duration.is_none() && command.is_none() {
-            "; Ctrl-C to stop"
-        } else {
-            ""
-        }
-    );
-    if let Some(c) = command.as_mut() {
-        c.release()?;
-    }
+    scanner.scan(session, &mut targets.modules, args.lib.is_none(), false);
+    scanner
+}
 
-    let start = Instant::now();
-    let mut exit_code = 0;
-    let mut status = StatusLine::new();
-    let mut next_status = start + Duration::from_secs(1);
-    loop {
-        if Instant::now() >= next_scan {
-            scanner.scan(&mut session, &mut modules, args.lib.is_none(), false);
-            next_scan += SCAN_EVERY;
-        }
-        if Instant::now() >= next_status {
-            status.show(start.elapsed(), || session.progress());
-            next_status += Duration::from_secs(1);
-        }
-        if stop_requested() {
-            eprintln!("kheap: stopped by signal; reporting what was recorded");
-            break;
-        }
-        if let Some(code) = command.as_mut().and_then(|c| c.try_wait()) {
-            if code != 0 {
-                eprintln!("kheap: the command exited with status {code}");
-                exit_code = code;
-            }
-            break;
-        }
-        if command.is_none() && crate::tree::all_exited(&user_pids) {
-            eprintln!("kheap: the traced process exited; reporting what was recorded");
-            break;
-        }
-        if args.duration.is_some_and(|d| start.elapsed() >= d) {
-            break;
-        }
-        ring.poll(Duration::from_millis(10))?;
-    }
-    drop(status); // erases the status line before the report
-    let duration_s = start.elapsed().as_secs_f64();
-    scanner.scan(&mut session, &mut modules, false, true);
-    session.detach();
-    if let Some(c) = command.as_mut() {
-        c.terminate();
-    }
-    ring.drain()?;
-    drop(ring);
+/// When the wait scans the traced processes and redraws the status line.
+struct Pace {
+    start: Instant,
+    next_scan: Instant,
+    next_status: Instant,
+    status: StatusLine,
+}
 
+impl Pace {
+    fn new() -> Pace {
+        let start = Instant::now();
+        Pace {
+            start,
+            next_scan: start + SCAN_EVERY,
+            next_status: start + Duration::from_secs(1),
+            status: StatusLine::new(),
+        }
+    }
+}
+
+/// One turn of the wait: scan the processes and show the status line when
+/// due; the exit code once the run is over (a signal, the command's exit,
+/// the traced processes' or the duration's end).
+fn tick(
+    args: &MallocArgs,
+    pace: &mut Pace,
+    scanner: &mut Scanner,
+    session: &mut MallocSession,
+    targets: &mut Targets,
+    command: &mut Option<HeldCommand>,
+) -> Option<i32> {
+    if Instant::now() >= pace.next_scan {
+        scanner.scan(session, &mut targets.modules, args.lib.is_none(), false);
+        pace.next_scan += SCAN_EVERY;
+    }
+    if Instant::now() >= pace.next_status {
+        pace.status
+            .show(pace.start.elapsed(), || session.progress());
+        pace.next_status += Duration::from_secs(1);
+    }
+    if stop_requested() {
+        eprintln!("kheap: stopped by signal; reporting what was recorded");
+        return Some(0);
+    }
+    if let Some(code) = command.as_mut().and_then(|c| c.try_wait()) {
+        if code != 0 {
+            eprintln!("kheap: the command exited with status {code}");
+        }
+        return Some(code);
+    }
+    if command.is_none() && crate::tree::all_exited(&targets.user_pids) {
+        eprintln!("kheap: the traced process exited; reporting what was recorded");
+        return Some(0);
+    }
+    if args.duration.is_some_and(|d| pace.start.elapsed() >= d) {
+        return Some(0);
+    }
+    None
+}
+
+/// The report of the run, from the kernel's maps, the unwound stacks and
+/// the mappings read while it went on.
+fn finish(
+    args: &MallocArgs,
+    session: &MallocSession,
+    mut unwinder: StackUnwinder,
+    scanner: Scanner,
+    mut targets: Targets,
+    preload: Option<&PreloadLibrary>,
+    duration_s: f64,
+) -> Result<MallocReport> {
     let mut snap = session.snapshot()?;
     let mut vmas = session.vmas()?;
     for (key, path) in session.exec_paths()? {
         // Relative paths were relative to the exec'ing process's directory;
         // kheap's own is the likeliest (the command was started from it).
-        modules.add_named(key, &path);
+        targets.modules.add_named(key, &path);
     }
-    let mut unwinder = Rc::try_unwrap(unwinder)
-        .map_err(|_| anyhow::anyhow!("the stack ring buffer is still in use"))?
-        .into_inner();
-    unwinder.finish(&vmas, &modules);
+    unwinder.finish(&vmas, &targets.modules);
     for (mm, read) in unwinder.vmas() {
         let v = vmas.entry(mm).or_default();
         v.extend(read.iter().cloned());
@@ -354,7 +395,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
     let frames = symbolize_return_addresses(
         &report::addresses(&snap),
         &vmas,
-        &modules,
+        &targets.modules,
         &Blaze::default(),
     );
     let mut report = report::build(
@@ -364,11 +405,19 @@ pub fn run(args: MallocArgs) -> Result<i32> {
             duration_s,
             run: RunInfo {
                 kernel: features::kernel_release(),
-                attach: attach_kinds(&session),
+                attach: attach_kinds(session),
                 skipped: Vec::new(),
-                filters: std::iter::once(describe_targets(&user_pids, &args.targets.command))
-                    .chain(cgroups.iter().map(|(c, _)| format!("cgroup {}", c.path)))
-                    .collect(),
+                filters: std::iter::once(describe_targets(
+                    &targets.user_pids,
+                    &args.targets.command,
+                ))
+                .chain(
+                    targets
+                        .cgroups
+                        .iter()
+                        .map(|(c, _)| format!("cgroup {}", c.path)),
+                )
+                .collect(),
                 command: (!args.targets.command.is_empty()).then(|| args.targets.command.join(" ")),
                 kernel_memory_bytes: session.kernel_memory,
             },
@@ -384,8 +433,13 @@ pub fn run(args: MallocArgs) -> Result<i32> {
         },
     );
     report.kernel_note = features::malloc_legacy(features::kernel_btf()?);
-    drop(session);
-    let rows: Vec<BudgetRow> = report
+    Ok(report)
+}
+
+/// What --fail-if is checked against: each row's outstanding and
+/// requested bytes.
+fn budget_rows(report: &MallocReport) -> Vec<BudgetRow> {
+    report
         .sites
         .iter()
         .map(|r| BudgetRow {
@@ -394,11 +448,7 @@ pub fn run(args: MallocArgs) -> Result<i32> {
             outstanding_bytes: r.outstanding.as_ref().map_or(0, |o| o.bytes),
             allocated_bytes: r.counts.bytes_req,
         })
-        .collect();
-    let (exit_code, over) = budget::verdict(&args.fail_if, &rows, exit_code);
-    write_report(report, &args)?;
-    eprint!("{over}");
-    Ok(exit_code)
+        .collect()
 }
 
 /// `run.attach`: "preload" when the command runs with the preload library,
