@@ -9,7 +9,7 @@ use crate::common;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 
@@ -324,19 +324,17 @@ fn the_preload_directory_goes_when_kheap_is_killed() {
     let pid = kh.id();
     // `sleep` refuses its odd argument at once; what matters is that the
     // directory was made: wait (bounded) until it is there.
-    let deadline = Instant::now() + HANG_LIMIT;
     let mut seen = Vec::new();
-    while seen.is_empty() && Instant::now() < deadline && kh.try_wait().unwrap().is_none() {
+    poll_every(HANG_LIMIT, Duration::from_millis(5), || {
         seen = preload_dirs(pid, tmpdir.path());
-        std::thread::sleep(Duration::from_millis(5));
-    }
+        !seen.is_empty() || kh.try_wait().unwrap().is_some()
+    });
     unsafe { libc::kill(pid as i32, libc::SIGKILL) };
     kh.wait().unwrap();
     assert!(!seen.is_empty(), "no preload directory appeared");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !preload_dirs(pid, tmpdir.path()).is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll_until(Duration::from_secs(10), || {
+        preload_dirs(pid, tmpdir.path()).is_empty()
+    });
     assert_eq!(preload_dirs(pid, tmpdir.path()), Vec::<PathBuf>::new());
 }
 
