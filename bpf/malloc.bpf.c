@@ -720,7 +720,7 @@ int BPF_UPROBE(preload_alloc_legacy, __u64 size, __u64 block, __u64 caller,
  * probed free of the same block: operator delete (sized -> unsized -> free),
  * __rust_dealloc. Probed only with cfg.track_live. User space may attach
  * these, like the other probes, past first instructions that change no
- * argument register nor the stack pointer (src/malloc/probes.rs,
+ * argument register nor the stack pointer (src/allocators.rs,
  * probe_skip). */
 static __always_inline void on_free(__u64 sp, __u64 ptr, bool outer,
 				    bool legacy)

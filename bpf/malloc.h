@@ -19,7 +19,7 @@
 struct malloc_key {
 	__u64 mm; /* the struct mm_struct's address: an address space's id */
 	__u32 tgid;
-	/* Index into the allocator function table of src/malloc/probes.rs,
+	/* Index into the allocator function table of src/allocators.rs,
 	 * passed to every probe as its attach cookie. */
 	__u32 func;
 	/* The return address into the direct caller: read from the stack
@@ -157,7 +157,7 @@ struct malloc_config {
 	__u8 no_preempt;
 };
 
-/* Allocator functions that can be probed: src/malloc/probes/functions.rs's
+/* Allocator functions that can be probed: src/allocators/functions.rs's
  * slot_count(), which the Rust side checks. On the legacy path, slot N's
  * program is slot_N, which reads its arguments as slot_layouts[N] says. */
 #define MALLOC_SLOTS 44

@@ -23,7 +23,7 @@
  * the malloc-family function that called it, from which the BPF side finds
  * the stack as it was at that function's entry (bpf/malloc.bpf.c).
  *
- * The function numbers are the attach cookies of src/malloc/probes.rs (its C
+ * The function numbers are the attach cookies of src/allocators.rs (its C
  * table's order), checked by a unit test there.
  */
 #define _GNU_SOURCE
