@@ -154,7 +154,7 @@ impl Readings {
 
 /// A call site's name as a site trigger's pattern matches it, symbolized
 /// the first time it is asked for.
-pub(super) fn site_name(
+fn site_name(
     names: &mut HashMap<(u64, Source), String>,
     k: &SeriesKey,
     syms: &KernelSymbols,
@@ -173,7 +173,7 @@ pub(super) fn site_name(
 
 /// One reading of the timeline: when, what each series holds, the
 /// /proc/meminfo lines and the OOM kills so far.
-pub(super) struct TimelineRead {
+struct TimelineRead {
     t_s: f64,
     series: HashMap<SeriesKey, Outstanding>,
     meminfo: MemLines,
@@ -185,7 +185,7 @@ pub(super) struct TimelineRead {
 /// map: a trigger then fires at a time when its condition held (an OOM kill
 /// read after a slow walk was stamped with the time the walk began, before
 /// the kill). vmstat is read only for an OOM trigger (`wants_oom`).
-pub(super) fn read_timeline(
+fn read_timeline(
     timeline: &mut TimelineBuilder,
     session: &Tracer,
     start: Instant,
@@ -228,7 +228,7 @@ pub(super) fn read_timeline(
 }
 
 /// The timeline with its series named as the report names its sites.
-pub(super) fn finish_timeline(
+fn finish_timeline(
     timeline: &TimelineBuilder,
     snap: &Snapshot,
     syms: &KernelSymbols,

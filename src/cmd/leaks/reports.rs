@@ -20,8 +20,8 @@ use super::args::LeaksArgs;
 pub(super) struct Reports {
     pub(super) syms: KernelSymbols,
     pub(super) cgroup_names: CgroupNames,
-    pub(super) min_age_ns: u64,
-    pub(super) stack_sample_every: u32,
+    min_age_ns: u64,
+    stack_sample_every: u32,
 }
 
 impl Reports {

@@ -80,7 +80,7 @@ impl Snapshots {
     /// profile with `with_pprof`), saying so on stderr. A snapshot that
     /// cannot be written is said and skipped: a full disk must not cost
     /// the final report.
-    pub(super) fn write(
+    fn write(
         &self,
         tracer: &Tracer,
         reports: &mut Reports,
