@@ -31,6 +31,8 @@
 #include "malloc.h"
 #include "kmem_classic.bpf.h"
 #include "task_filter.bpf.h"
+/* The uprobe programs call them with preemption off (cfg.no_preempt). */
+#define KHEAP_SCRATCH_HELPERS_STATIC
 #include "stack_store.bpf.h"
 #include "user_stack.bpf.h"
 #include "arch.bpf.h"

@@ -37,11 +37,24 @@ KHEAP_MAP(BPF_MAP_TYPE_PERCPU_ARRAY, stack_scratch, __u32, struct stack_frames,
  * a stack without atomics. */
 KHEAP_PERCPU_SLOT(stack_scratch_used, __u32);
 
+/* The scratch helpers below are global functions: the verifier checks each
+ * once, on its own, rather than at every capture of every program. An
+ * object whose programs call them with preemption off defines
+ * KHEAP_SCRATCH_HELPERS_STATIC before including this header: verifiers
+ * from 6.10 (bpf_preempt_disable) to 6.12 refuse any call to a global
+ * function with preemption off ("global function calls are not allowed
+ * with preemption disabled"), and a static function is checked at each
+ * call instead. */
+#ifdef KHEAP_SCRATCH_HELPERS_STATIC
+#define KHEAP_SCRATCH_HELPER static __noinline
+#else
+#define KHEAP_SCRATCH_HELPER __noinline
+#endif
+
 /* Takes this CPU's next scratch buffer: its level, to look it up and to give
  * back with scratch_release(), or -1 when all are taken (more than four
- * programs nested: not expected). Global functions, verified once on their
- * own rather than at every capture of every program. */
-__noinline int scratch_take(void)
+ * programs nested: not expected). */
+KHEAP_SCRATCH_HELPER int scratch_take(void)
 {
 	__u32 zero = 0, level;
 	__u32 *used = bpf_map_lookup_elem(&stack_scratch_used, &zero);
@@ -55,7 +68,7 @@ __noinline int scratch_take(void)
 	return level;
 }
 
-__noinline int scratch_release(void)
+KHEAP_SCRATCH_HELPER int scratch_release(void)
 {
 	__u32 zero = 0;
 	__u32 *used = bpf_map_lookup_elem(&stack_scratch_used, &zero);
@@ -72,12 +85,12 @@ enum stack_result {
 };
 
 /* The hash (> 0) of the first `len` bytes of frames in this CPU's scratch
- * buffer of `level`. A global function: the verifier checks it once, on
- * its own, instead of walking its 64 iterations again for every state that
- * reaches a capture (that walk was 60% of what verifying kmalloc_btf took).
- * It looks the scratch up itself: a global function may take no pointer on
+ * buffer of `level`. As a global function the verifier checks it once
+ * instead of walking its 64 iterations again for every state that reaches
+ * a capture (that walk was 60% of what verifying kmalloc_btf took). It
+ * looks the scratch up itself: a global function may take no pointer on
  * older kernels (5.10 accepts scalars and the context only). */
-__noinline __u64 scratch_stack_hash(__u32 level, long len)
+KHEAP_SCRATCH_HELPER __u64 scratch_stack_hash(__u32 level, long len)
 {
 	struct stack_frames *f = bpf_map_lookup_elem(&stack_scratch, &level);
 	__u64 h = 0xcbf29ce484222325ULL;

@@ -112,11 +112,16 @@ fn access_rows(rows: &mut Rows) -> Access {
             .and_then(features::malloc_unsupported)
         {
             Some(why) => format!("unavailable: {why}"),
-            None if btf_ok => match features::kernel_btf()
-                .ok()
-                .and_then(features::malloc_legacy)
-            {
-                Some(legacy) => format!("yes: {legacy}"),
+            None if btf_ok => match features::kernel_btf().ok() {
+                Some(k) => match features::malloc_legacy(k) {
+                    Some(legacy) => format!("yes: {legacy}"),
+                    // bpf/malloc.h, no_preempt
+                    None if k.preempt_kfuncs => {
+                        "yes; its uprobe programs run with preemption off (bpf_preempt_disable)"
+                            .into()
+                    }
+                    None => "yes".into(),
+                },
                 None => "yes".into(),
             },
             None => "unknown (no BTF)".into(),

@@ -292,43 +292,28 @@ impl<'obj> MallocSession<'obj> {
             anyhow::bail!(why);
         }
         let legacy = legacy_path()?;
-        let mut slots = storage.slots();
-        let mut open_as = |no_preempt: bool| -> Result<(OpenMallocSkel<'obj>, u64)> {
-            let slot = slots.next().context("no object storage left")?;
-            let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), slot)
-                .context("opening the BPF object")?;
-            let rodata = open
-                .maps
-                .rodata_data
-                .as_deref_mut()
-                .expect("the BPF object has read-only data");
-            rodata.cfg.track_live = track_live as u8;
-            rodata.cfg.cgroups = u8::from(!cgroups.is_empty());
-            rodata.cfg.legacy = u8::from(legacy);
-            rodata.cfg.no_preempt = u8::from(no_preempt);
-            choose_programs(&mut open, legacy);
-            size_maps(&mut open, track_live, max_live, stack_sample_every, legacy)?;
-            let f = measure(&open)?;
-            Ok((open, f.total + f.apart))
-        };
         // Preemption off where the kernel has the kfuncs (bpf/malloc.h,
-        // no_preempt). Verifiers before the one that lets a program call
-        // a global function that cannot sleep with preemption off (6.12's
-        // refuses: "global function calls are not allowed with preemption
-        // disabled") load the object without it.
+        // no_preempt; bpf/stack_store.bpf.h says why the helpers those
+        // programs call are static functions there).
         let no_preempt = !legacy && crate::kernel::features::kernel_btf()?.preempt_kfuncs;
-        let (open, mut kernel_memory) = open_as(no_preempt)?;
-        let loaded = crate::kernel::load_skel(open);
-        let skel = match loaded {
-            Ok(skel) => skel,
-            Err(_) if no_preempt && !crate::signals::stop_requested() => {
-                let (open, memory) = open_as(false)?;
-                kernel_memory = memory;
-                crate::kernel::load_skel(open)
-                    .context("loading the BPF programs into the kernel")?
-            }
-            Err(e) => return Err(e).context("loading the BPF programs into the kernel"),
-        };
+        let slot = storage.slots().next().context("no object storage left")?;
+        let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), slot)
+            .context("opening the BPF object")?;
+        let rodata = open
+            .maps
+            .rodata_data
+            .as_deref_mut()
+            .expect("the BPF object has read-only data");
+        rodata.cfg.track_live = track_live as u8;
+        rodata.cfg.cgroups = u8::from(!cgroups.is_empty());
+        rodata.cfg.legacy = u8::from(legacy);
+        rodata.cfg.no_preempt = u8::from(no_preempt);
+        choose_programs(&mut open, legacy);
+        size_maps(&mut open, track_live, max_live, stack_sample_every, legacy)?;
+        let footprint = measure(&open)?;
+        let kernel_memory = footprint.total + footprint.apart;
+        let skel =
+            crate::kernel::load_skel(open).context("loading the BPF programs into the kernel")?;
         if legacy {
             // The slot programs hand every call to this one (bpf/malloc.bpf.c).
             let fd = skel.progs.slot_call_legacy.as_fd().as_raw_fd();
