@@ -56,7 +56,10 @@ impl Kind {
             // the same count as `lost.recursion_misses`. 13:
             // `run.kernel_memory_bytes`. 14: `call_site` of each
             // `leaks.timeline.series` (two series of one function apart).
-            Kind::Leaks => 14,
+            // 15: `growth_bytes_per_s` is the slope of what is still held
+            // by when it was allocated, no longer the outstanding bytes
+            // over the run (the same field, another meaning).
+            Kind::Leaks => 15,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound

@@ -24,7 +24,10 @@ pub struct Retention {
     /// Age of the oldest outstanding object.
     #[serde(default)]
     pub oldest_s: f64,
-    /// Outstanding bytes over the run's duration: net growth per second.
+    /// How fast the outstanding bytes grew over the run: the slope of
+    /// what is still held by when it was allocated, objects younger than
+    /// about a quarter of the run left out (`Retained::growth_bytes_per_s`):
+    /// what was in flight at the end or held from the start is not growth.
     #[serde(default)]
     pub growth_bytes_per_s: f64,
     /// Tracked objects freed during the run (transient volume). For stacks,
@@ -61,7 +64,7 @@ impl Retention {
             // oldest age is in the last non-empty bucket, never past it.
             oldest_s: (oldest_ns / 1_000_000) as f64 / 1000.0,
             growth_bytes_per_s: if duration_s >= MIN_RATE_DURATION_S {
-                round2(r.bytes_alloc as f64 / duration_s)
+                round2(r.growth_bytes_per_s(duration_s))
             } else {
                 0.0
             },

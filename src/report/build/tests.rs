@@ -146,7 +146,12 @@ fn leaks_rows_carry_outstanding_ages_and_transient_volume() {
     assert_eq!(msg.outstanding_bytes_req, 400 * 2148);
     assert_eq!((msg.freed_count, msg.freed_bytes), (600, 600 * 4096));
     assert_eq!(msg.oldest_s, 1.5);
-    assert_eq!(msg.growth_bytes_per_s, 400.0 * 4096.0 / 2.0);
+    // All 400 allocated 1.5 s before the end of a 2 s run: one step of
+    // 400 pages at 0.5 s, whose least-squares slope over [0, T - h] (h =
+    // 256 ms, the power of two of ms at or below T/4) is
+    // 6·b·(T - a)·(a - h)/(T - h)³ = 6 × 1,638,400 × 0.5 × 1.244 / 1.744³
+    // = 1,152,715.50 B/s (Retained::growth_bytes_per_s).
+    assert_eq!(msg.growth_bytes_per_s, 1_152_715.5);
     assert_eq!(msg.ages.len(), 1);
     assert_eq!((msg.ages[0].lo_s, msg.ages[0].count), (1.024, 400));
     let kv = r.sites[1].retention.as_ref().unwrap();
