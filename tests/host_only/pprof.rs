@@ -434,7 +434,11 @@ struct Sender {
 /// until SIGINT, which writes the profile and the JSON of the same run.
 /// With `hold`, each still holds its messages when kheap stops (leaks).
 fn two_processes(dir: &Path, subcommand: &str, hold: bool) -> (PathBuf, Value, [Sender; 2]) {
-    let cgroups = [TestCgroup::top("pprof-a"), TestCgroup::top("pprof-b")];
+    // Named after the subcommand: the tests that share this run at once.
+    let cgroups = [
+        TestCgroup::top(&format!("pprof-{subcommand}-a")),
+        TestCgroup::top(&format!("pprof-{subcommand}-b")),
+    ];
     let counts = ["300", "700"];
     let mut loads: Vec<Load> = cgroups
         .iter()
