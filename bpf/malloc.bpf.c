@@ -421,6 +421,32 @@ on_alloc_at(struct pt_regs *ctx, const struct alloc_entry *e, __u64 size,
 	return NULL;
 }
 
+/* A return address read at a function's entry is another tracer's when a
+ * uretprobe (bpftrace's, BCC memleak's, another kheap's with --outstanding)
+ * sits on a function that jumped here without a call of its own (operator
+ * new[] ends in a jump to operator new): the kernel replaced that
+ * function's return address with its uretprobe trampoline, the first slot
+ * of the process's XOL page, and keeps the real one in the task's newest
+ * return instance. Read as is, the call would look like no nested call
+ * and be counted at an anonymous address. */
+static __always_inline __u64 past_uretprobe_trampoline(__u64 ret)
+{
+	struct task_struct *task;
+	struct return_instance *newest;
+	__u64 trampoline;
+
+	/* The trampoline starts a page (4 KiB or larger): any other return
+	 * address costs this test only, not the three reads below. */
+	if (ret & 4095)
+		return ret;
+	task = (void *)bpf_get_current_task();
+	trampoline = BPF_CORE_READ(task, mm, uprobes_state.xol_area, vaddr);
+	if (!trampoline || ret != trampoline)
+		return ret;
+	newest = BPF_CORE_READ(task, utask, return_instances);
+	return newest ? BPF_CORE_READ(newest, orig_ret_vaddr) : ret;
+}
+
 /* At the first instruction of allocator function func (or past first
  * instructions that leave the stack pointer alone). */
 static __always_inline void on_alloc_func(struct pt_regs *ctx, __u64 size,
@@ -438,6 +464,8 @@ static __always_inline void on_alloc_func(struct pt_regs *ctx, __u64 size,
 	 * yet, so a frame-pointer walk would skip it. */
 	if (uprobe_entry_return(ctx, e.sp, &e.caller))
 		e.caller = 0;
+	else
+		e.caller = past_uretprobe_trampoline(e.caller);
 	on_alloc_at(ctx, &e, size, old_ptr, memptr, legacy);
 }
 
