@@ -20,7 +20,8 @@ use crate::output::terminal_safe;
 use crate::render::{hist, GroupBy, SourceColumn};
 use crate::top::columns::{elide_middle, fit, fitting_line, Column, SPACING};
 use crate::top::view::{
-    cells, header_lines, headers, next_group, per_sec, source_column, Interval, TopRow, ViewOptions,
+    cells, header_lines, headers, next_group, per_sec, source_column, Interval, TopRow, TopSort,
+    ViewOptions,
 };
 
 /// Refresh intervals offered by + and -.
@@ -113,7 +114,7 @@ impl App {
             }
             KeyCode::Esc => Action::Quit,
             KeyCode::Char('s') | KeyCode::Char('>') => {
-                self.view.sort = self.view.sort.next();
+                self.view.sort = self.view.sort.next(self.view.by);
                 // A new order starts at its top.
                 self.pinned = false;
                 Action::Redraw
@@ -151,6 +152,9 @@ impl App {
 
     fn set_view(&mut self, by: GroupBy) -> Action {
         self.view.by = by;
+        if !self.view.sort.offered_in(by) {
+            self.view.sort = TopSort::Bytes;
+        }
         self.selected = 0;
         self.selected_key = None;
         self.pinned = false;

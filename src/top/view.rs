@@ -44,10 +44,22 @@ impl TopSort {
         TopSort::Net,
     ];
 
-    /// The next sort column, for the sort key.
-    pub fn next(self) -> TopSort {
+    /// The next sort column of view `by`, for the sort key. Net bytes are
+    /// known per cache only (the other views show `-` there), so only the
+    /// cache view offers them.
+    pub fn next(self, by: GroupBy) -> TopSort {
         let i = Self::ALL.iter().position(|&s| s == self).unwrap_or(0);
-        Self::ALL[(i + 1) % Self::ALL.len()]
+        let next = Self::ALL[(i + 1) % Self::ALL.len()];
+        if next.offered_in(by) {
+            next
+        } else {
+            TopSort::Bytes
+        }
+    }
+
+    /// Whether view `by` has this column's numbers.
+    pub fn offered_in(self, by: GroupBy) -> bool {
+        self != TopSort::Net || by == GroupBy::Cache
     }
 
     /// The header of the column this sorts by.

@@ -42,10 +42,10 @@ fn rows_sort_by_the_chosen_column_with_stable_ties() {
 fn sort_and_view_keys_cycle() {
     let mut s = TopSort::Bytes;
     for _ in 0..7 {
-        s = s.next();
+        s = s.next(GroupBy::Cache);
     }
     assert_eq!(s, TopSort::Bytes);
-    assert_eq!(TopSort::Bytes.next(), TopSort::Count);
+    assert_eq!(TopSort::Bytes.next(GroupBy::Site), TopSort::Count);
     assert_eq!(next_group(GroupBy::Cache, None), GroupBy::Site);
     let procs = counted_view(GroupBy::Process);
     assert_eq!(next_group(GroupBy::Cache, procs), GroupBy::Process);
@@ -262,4 +262,31 @@ fn header_says_what_the_run_skipped_in_one_line() {
     let narrow = header_lines(&iv, &v, 1, 2, 60);
     assert!(narrow[5].starts_with("notes: kfree: frees"), "{narrow:#?}");
     assert_eq!(narrow[5].chars().count(), 60, "{narrow:#?}");
+}
+
+#[test]
+fn the_sort_key_offers_net_bytes_in_the_cache_view_only() {
+    let cycle = |by| {
+        let mut seen = vec![TopSort::Bytes];
+        while seen.len() < 10 {
+            let next = seen.last().unwrap().next(by);
+            if next == TopSort::Bytes {
+                break;
+            }
+            seen.push(next);
+        }
+        seen
+    };
+    assert_eq!(cycle(GroupBy::Cache).len(), 7);
+    assert_eq!(cycle(GroupBy::Cache).last(), Some(&TopSort::Net));
+    for by in [
+        GroupBy::Site,
+        GroupBy::Stack,
+        GroupBy::Process,
+        GroupBy::Cgroup,
+    ] {
+        let c = cycle(by);
+        assert_eq!(c.len(), 6, "{by:?}: {c:?}");
+        assert!(!c.contains(&TopSort::Net), "{by:?}: {c:?}");
+    }
 }
