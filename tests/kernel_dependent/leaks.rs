@@ -74,6 +74,14 @@ fn start_leaks(dir: &Path, extra: &[&str]) -> Background {
     k
 }
 
+/// The site of the eventfds' 64-byte eventfd_ctx objects (`kheap-load fds`).
+fn eventfd_ctx_site(report: &Value) -> &Value {
+    rows_of_fn(report, "sites", "do_eventfd")
+        .into_iter()
+        .find(|s| s["caches"][0] == "kmalloc-64")
+        .unwrap_or_else(|| panic!("no do_eventfd site: {:#}", report["sites"]))
+}
+
 /// Asks for a snapshot and returns its path once written.
 fn snapshot(k: &mut Background) -> PathBuf {
     k.signal(libc::SIGUSR1);
@@ -177,11 +185,7 @@ fn every_live_object_is_read_back() {
     k.signal(libc::SIGINT);
     assert!(k.wait(), "kheap leaks failed: {:#?}", k.seen);
     // One 64-byte eventfd_ctx per eventfd, each still held.
-    let site = rows_of_fn(&r, "sites", "do_eventfd");
-    let site = site
-        .iter()
-        .find(|s| s["caches"][0] == "kmalloc-64")
-        .unwrap_or_else(|| panic!("no do_eventfd site: {:#}", r["sites"]));
+    let site = eventfd_ctx_site(&r);
     assert_eq!(u(&site["count"]), 15000, "{site}");
     assert_eq!(u(&site["outstanding_count"]), 15000, "{site}");
     assert_eq!(u(&site["outstanding_bytes"]), 15000 * 64, "{site}");
@@ -363,11 +367,7 @@ fn messages_in_flight_at_the_end_are_not_growth_and_a_steady_leak_is() {
     let queue = load_msg_site(&r).unwrap_or_else(|| panic!("no message site: {:#}", r["sites"]));
     assert_eq!(u(&queue["outstanding_count"]), 400, "{queue}");
     assert_eq!(queue["growth_bytes_per_s"].as_f64(), Some(0.0), "{queue}");
-    let leak = rows_of_fn(&r, "sites", "do_eventfd");
-    let leak = leak
-        .iter()
-        .find(|s| s["caches"][0] == "kmalloc-64")
-        .unwrap_or_else(|| panic!("no do_eventfd site: {:#}", r["sites"]));
+    let leak = eventfd_ctx_site(&r);
     assert_eq!(u(&leak["outstanding_count"]), 8200, "{leak}");
     // The queue holds more than the leak's eventfd_ctx objects...
     assert!(u(&queue["outstanding_bytes"]) > u(&leak["outstanding_bytes"]));
