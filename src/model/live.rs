@@ -209,17 +209,12 @@ impl Retained {
     /// start.
     pub fn growth_bytes_per_s(&self, duration_s: f64) -> f64 {
         let t = (duration_s * 1000.0).max((self.oldest_ns / 1_000_000) as f64);
-        // Bucket b >= 1 holds [2^(b-1), 2^b) ms: the first bucket counted
-        // is the one that starts at h.
-        let (first, h) = match (t / 4.0).floor() as u64 {
-            0 => (0, 0.0),
-            quarter => {
-                let k = 63 - quarter.leading_zeros() as usize;
-                (k + 1, (1u64 << k) as f64)
-            }
-        };
+        // The bucket a quarter of the run falls in starts at h, and is the
+        // first one counted.
+        let first = AgeHist::bucket_of((t / 4.0) as u64 * 1_000_000);
+        let h = AgeHist::bounds_s(first).0 * 1000.0;
         let w = t - h;
-        if w <= 0.0 || first >= AGE_BUCKETS {
+        if w <= 0.0 {
             return 0.0;
         }
         let (mut bytes, mut ms, mut ms2) = (0.0, 0.0, 0.0);
