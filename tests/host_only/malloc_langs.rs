@@ -21,13 +21,18 @@ struct Workload {
 
 /// `link`: extra linker arguments (another allocator library).
 fn build(link: &[&str]) -> Workload {
+    build_cxx(SOURCE, link)
+}
+
+/// A C++ `source` built with g++ -O2 and `link`.
+fn build_cxx(source: &str, link: &[&str]) -> Workload {
     let dir = tempfile::tempdir().unwrap();
     let src = dir.path().join("w.cc");
-    std::fs::write(&src, SOURCE).unwrap();
+    std::fs::write(&src, source).unwrap();
     let exe = dir.path().join("cxx_workload");
     let mut gxx = Command::new("g++");
     gxx.args(["-O2", "-o"]).arg(&exe).arg(&src).args(link);
-    compile(gxx, "building the C++ workload");
+    compile(gxx, "building a C++ workload");
     Workload { _dir: dir, exe }
 }
 
@@ -190,21 +195,14 @@ fn cxx_new_is_counted_once_at_the_calling_function() {
 /// whenever this test ran beside the --outstanding one.
 #[test]
 fn cxx_new_is_counted_once_beside_another_tracers_uretprobes() {
-    let dir = tempfile::tempdir().unwrap();
-    let src = dir.path().join("waits.cc");
     // A C++ program that maps libstdc++ and waits to be ended.
-    std::fs::write(
-        &src,
+    let waits = build_cxx(
         "#include <unistd.h>\nint main() { int *volatile p = new int[4]; delete[] p; pause(); }\n",
-    )
-    .unwrap();
-    let exe = dir.path().join("waits");
-    let mut gxx = Command::new("g++");
-    gxx.args(["-O0", "-o"]).arg(&exe).arg(&src);
-    compile(gxx, "building the waiting C++ program");
+        &[],
+    );
     let mut other = Background::spawn(
         KHEAP,
-        &["malloc", "--outstanding", "--", exe.to_str().unwrap()],
+        &["malloc", "--outstanding", "--", waits.exe.to_str().unwrap()],
     );
     other.wait_for("tracing");
     check(false, None);
