@@ -113,15 +113,11 @@ fn access_rows(rows: &mut Rows) -> Access {
         {
             Some(why) => format!("unavailable: {why}"),
             None if btf_ok => match features::kernel_btf().ok() {
-                Some(k) => match features::malloc_legacy(k) {
-                    Some(legacy) => format!("yes: {legacy}"),
-                    // bpf/malloc.h, no_preempt
-                    None if k.preempt_kfuncs => {
-                        "yes; its uprobe programs run with preemption off (bpf_preempt_disable)"
-                            .into()
-                    }
-                    None => "yes".into(),
-                },
+                Some(k) if features::malloc_preemption_off(k) => {
+                    "yes; its uprobe programs run with preemption off (bpf_preempt_disable)".into()
+                }
+                Some(k) => features::malloc_legacy(k)
+                    .map_or_else(|| "yes".into(), |legacy| format!("yes: {legacy}")),
                 None => "yes".into(),
             },
             None => "unknown (no BTF)".into(),

@@ -250,6 +250,13 @@ pub fn malloc_legacy(k: &KernelBtf) -> Option<String> {
     })
 }
 
+/// Whether `kheap malloc`'s uprobe programs run with preemption off here
+/// (bpf/malloc.h, no_preempt): on its default path, where the kernel has
+/// the bpf_preempt_disable kfuncs (6.10).
+pub fn malloc_preemption_off(k: &KernelBtf) -> bool {
+    malloc_legacy(k).is_none() && k.preempt_kfuncs
+}
+
 /// Which of `needs` (map types with a `map:` prefix, or helpers) the kernel
 /// lacks, each as "what (version)".
 fn lacking(k: &KernelBtf, needs: &[(&str, &str, &str)]) -> Vec<String> {

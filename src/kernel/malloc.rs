@@ -295,7 +295,8 @@ impl<'obj> MallocSession<'obj> {
         // Preemption off where the kernel has the kfuncs (bpf/malloc.h,
         // no_preempt; bpf/stack_store.bpf.h says why the helpers those
         // programs call are static functions there).
-        let no_preempt = !legacy && crate::kernel::features::kernel_btf()?.preempt_kfuncs;
+        let no_preempt =
+            crate::kernel::features::malloc_preemption_off(crate::kernel::features::kernel_btf()?);
         let slot = storage.slots().next().context("no object storage left")?;
         let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), slot)
             .context("opening the BPF object")?;
