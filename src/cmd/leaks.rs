@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use crate::contract::{self, Kind};
+use crate::contract::Kind;
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
@@ -19,6 +19,7 @@ use crate::render::Format;
 use crate::report::budget::{self, BudgetRow};
 use crate::report::meminfo::{account, comparable, Geometry, MemInfo};
 use crate::report::Report;
+use crate::session::args::ReportViews;
 use crate::session::status::StatusLine;
 use crate::session::{
     final_read, install_stop_handler, kmem_config, learn_cgroups, run_info, start_tracing,
@@ -266,30 +267,15 @@ fn write_report(mut report: Report, args: &LeaksArgs) -> Result<()> {
         LeaksFormat::Common(format) => format,
     };
     let hidden = leak_render::apply_top(&mut report, args.by, out.rows());
-    let text = match format {
-        Format::Table => leak_render::table(
-            &report,
-            args.by,
-            hidden,
-            3,
-            crate::render::table::output_width(out.output()),
-        ),
-        Format::Json => contract::pretty(Kind::Leaks, &report),
-        Format::Folded => leak_render::folded(&report),
-        Format::Pprof => {
-            args.report.frames.apply(&mut report);
-            let profile = crate::render::pprof::from_report(&report).encode_gzip();
-            return crate::output::emit_bytes(&profile, out.output());
-        }
-        Format::Svg => crate::render::flame::titled(
-            &crate::render::outstanding_flame_samples(&{
-                args.report.frames.apply(&mut report);
-                report
-            }),
-            args.report.weight,
-            "kheap leaks",
-            "outstanding",
-        ),
+    let width = crate::render::table::output_width(out.output());
+    let table = |r: &Report| leak_render::table(r, args.by, hidden, 3, width);
+    let views = ReportViews {
+        kind: Kind::Leaks,
+        table: &table,
+        folded: leak_render::folded,
+        flame_samples: crate::render::outstanding_flame_samples,
+        title: "kheap leaks",
+        bytes_word: "outstanding",
     };
-    crate::output::emit(&text, out.output())
+    args.report.emit(format, report, views)
 }

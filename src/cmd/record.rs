@@ -7,14 +7,14 @@ use anyhow::Result;
 use clap::Args;
 
 use crate::cgroup::CgroupNames;
-use crate::contract::{self, Kind};
+use crate::contract::Kind;
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, Tracer};
 use crate::kernel::latency::{LatencyProbe, LatencySession};
 use crate::kernel::storage::ObjectStorage;
 use crate::render::{self, Format, GroupBy, SortBy};
 use crate::report::{self, BuildOptions, Report};
-use crate::session::args::ReportArgs;
+use crate::session::args::{ReportArgs, ReportViews};
 use crate::session::status::StatusLine;
 use crate::session::{
     final_read, install_stop_handler, kmem_config, learn_cgroups, start_tracing, stop_tracing,
@@ -167,24 +167,14 @@ fn write_report(mut report: Report, args: &RecordArgs) -> Result<()> {
     })?;
     let hidden = render::apply_top(&mut report, args.by, args.sort, out.rows());
     let width = render::table::output_width(out.output());
-    let text = match out.format {
-        Format::Table => crate::record::view::table(&report, args.by, hidden, 3, width),
-        Format::Json => contract::pretty(Kind::Record, &report),
-        Format::Folded => render::folded(&report),
-        Format::Pprof => {
-            args.report.frames.apply(&mut report);
-            let profile = render::pprof::from_report(&report).encode_gzip();
-            return crate::output::emit_bytes(&profile, out.output());
-        }
-        Format::Svg => render::flame::titled(
-            &render::flame_samples(&{
-                args.report.frames.apply(&mut report);
-                report
-            }),
-            args.report.weight,
-            "kheap record",
-            "allocated",
-        ),
+    let table = |r: &Report| crate::record::view::table(r, args.by, hidden, 3, width);
+    let views = ReportViews {
+        kind: Kind::Record,
+        table: &table,
+        folded: render::folded,
+        flame_samples: render::flame_samples,
+        title: "kheap record",
+        bytes_word: "allocated",
     };
-    crate::output::emit(&text, out.output())
+    args.report.emit(out.format, report, views)
 }

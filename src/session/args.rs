@@ -10,6 +10,8 @@ use serde::Serialize;
 
 use crate::cli::{OutputArgs, OutputFormat, TraceArgs};
 use crate::contract::{self, Kind};
+use crate::render::{flame, Format};
+use crate::report::Report;
 
 /// `--keep-allocator-frames`: pprof profiles and flame graphs leave the
 /// allocator's own entry frames (`__kmalloc*`, `kmem_cache_alloc*`,
@@ -86,4 +88,46 @@ pub struct ReportArgs<F: OutputFormat> {
     /// What sizes the frames of --format svg
     #[arg(long, value_enum, default_value_t)]
     pub weight: crate::render::flame::Weight,
+}
+
+/// How one command shows its stack report in the formats every report has:
+/// its table (after `-r`/`-n` cut the rows), its folded lines, and its
+/// flame graph's samples, title and the word for what the bytes are.
+pub struct ReportViews<'a> {
+    pub kind: Kind,
+    pub table: &'a dyn Fn(&Report) -> String,
+    pub folded: fn(&Report) -> String,
+    pub flame_samples: fn(&Report) -> Vec<flame::Sample>,
+    pub title: &'static str,
+    pub bytes_word: &'static str,
+}
+
+impl<F: OutputFormat> ReportArgs<F> {
+    /// Writes `report` to `-o` (or stdout) in `format`: what `record` and
+    /// `leaks` do alike once each has ordered and cut its rows. pprof and
+    /// svg leave the allocator's frames out unless asked
+    /// (`--keep-allocator-frames`).
+    pub fn emit(&self, format: Format, mut report: Report, views: ReportViews) -> Result<()> {
+        let to = self.output.output();
+        let text = match format {
+            Format::Table => (views.table)(&report),
+            Format::Json => contract::pretty(views.kind, &report),
+            Format::Folded => (views.folded)(&report),
+            Format::Pprof => {
+                self.frames.apply(&mut report);
+                let profile = crate::render::pprof::from_report(&report).encode_gzip();
+                return crate::output::emit_bytes(&profile, to);
+            }
+            Format::Svg => {
+                self.frames.apply(&mut report);
+                flame::titled(
+                    &(views.flame_samples)(&report),
+                    self.weight,
+                    views.title,
+                    views.bytes_word,
+                )
+            }
+        };
+        crate::output::emit(&text, to)
+    }
 }

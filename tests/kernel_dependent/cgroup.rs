@@ -890,20 +890,15 @@ fn malloc_cgroup_counts_only_that_cgroup_and_names_it() {
             .expect("starting kheap malloc"),
     );
     let stderr = || std::fs::read_to_string(&err_path).unwrap_or_default();
-    let started = std::time::Instant::now();
-    while !stderr().contains("tracing") {
-        assert!(
-            started.elapsed() < HANG_LIMIT,
-            "kheap malloc did not start: {}",
-            stderr()
-        );
+    let started = poll_until(HANG_LIMIT, || {
         assert!(
             kheap.0.try_wait().unwrap().is_none(),
             "kheap malloc ended: {}",
             stderr()
         );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        stderr().contains("tracing")
+    });
+    assert!(started, "kheap malloc did not start: {}", stderr());
     in_a.go();
     in_b.go();
     in_a.finish();

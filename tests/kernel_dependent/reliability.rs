@@ -47,13 +47,7 @@ impl Drop for SleepsGuard {
 
 /// Waits (without timing anything) for the kernel to reap what was killed.
 fn gone(arg: &str) -> bool {
-    for _ in 0..100 {
-        if sleeps(arg).is_empty() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    false
+    poll_until(Duration::from_secs(5), || sleeps(arg).is_empty())
 }
 
 #[test]
@@ -93,13 +87,12 @@ fn the_command_tree_ends_when_kheap_is_killed() {
         "setsid sleep 3141 & sleep 3142; wait",
     ]);
     // Both sleeps run before kheap is killed.
-    for _ in 0..200 {
-        if !sleeps("3141").is_empty() && !sleeps("3142").is_empty() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(!sleeps("3142").is_empty(), "the command did not start");
+    assert!(
+        poll_until(Duration::from_secs(4), || {
+            !sleeps("3141").is_empty() && !sleeps("3142").is_empty()
+        }),
+        "the command did not start"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(
@@ -124,13 +117,10 @@ fn the_command_is_asked_to_stop_before_it_is_killed_when_kheap_dies() {
         r = ready.display()
     );
     let mut child = spawn_tracing(&["record", "-o", "/dev/null", "--", "sh", "-c", &script]);
-    for _ in 0..3000 {
-        if ready.exists() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(ready.exists(), "the command did not start");
+    assert!(
+        poll_until(Duration::from_secs(60), || ready.exists()),
+        "the command did not start"
+    );
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(gone("3144"), "the command's child outlived kheap's SIGKILL");

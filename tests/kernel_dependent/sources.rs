@@ -531,18 +531,20 @@ fn wait_for_quiet_maps() {
         ids.sort_unstable();
         ids
     };
-    let start = std::time::Instant::now();
+    let quiet = std::time::Duration::from_secs(2);
     let (mut last, mut since) = (ids(), std::time::Instant::now());
-    while start.elapsed() < std::time::Duration::from_secs(60)
-        && since.elapsed() < std::time::Duration::from_secs(2)
-    {
-        std::thread::sleep(std::time::Duration::from_millis(250));
-        let now = ids();
-        if now != last {
-            (last, since) = (now, std::time::Instant::now());
-        }
-    }
-    if since.elapsed() < std::time::Duration::from_secs(2) {
+    let settled = poll_every(
+        std::time::Duration::from_secs(60),
+        std::time::Duration::from_millis(250),
+        || {
+            let now = ids();
+            if now != last {
+                (last, since) = (now, std::time::Instant::now());
+            }
+            since.elapsed() >= quiet
+        },
+    );
+    if !settled {
         let _ = writeln!(
             std::io::stderr(),
             "kheap test: BPF maps kept coming or going for 60 s: measuring without a quiet start"
@@ -887,15 +889,20 @@ fn wait_for_quiet(name: &str) {
             .find(|l| l.split(':').next() == Some(name))
             .map(str::to_string)
     };
-    let start = std::time::Instant::now();
-    let mut last = read();
-    while start.elapsed() < std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_secs(1));
-        let now = read();
-        if now == last {
-            return;
-        }
-        last = now;
+    // Quiet: the line did not change between two reads a second apart.
+    let mut last = None;
+    let settled = poll_every(
+        std::time::Duration::from_secs(10),
+        std::time::Duration::from_secs(1),
+        || {
+            let now = read();
+            let same = last.as_ref() == Some(&now);
+            last = Some(now);
+            same
+        },
+    );
+    if settled {
+        return;
     }
     let _ = writeln!(
         std::io::stderr(),
