@@ -4,6 +4,7 @@
 //! `/sys/kernel/slab`, read by `slab`, `serve` and the kmem tracer, are its
 //! `slabinfo` and `slab_sysfs`; a process's mappings, `procmaps`.
 
+pub mod preempt;
 pub mod procmaps;
 pub mod slab_sysfs;
 pub mod slabinfo;

@@ -116,8 +116,8 @@ fn access_rows(rows: &mut Rows) -> Access {
                 Some(k) if features::malloc_preemption_off(k) => {
                     "yes; its uprobe programs run with preemption off (bpf_preempt_disable)".into()
                 }
-                Some(k) => features::malloc_legacy(k)
-                    .map_or_else(|| "yes".into(), |legacy| format!("yes: {legacy}")),
+                Some(k) => features::malloc_kernel_note(k)
+                    .map_or_else(|| "yes".into(), |note| format!("yes: {note}")),
                 None => "yes".into(),
             },
             None => "unknown (no BTF)".into(),

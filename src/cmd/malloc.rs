@@ -432,7 +432,7 @@ fn finish(
             cgroups: scanner.cgroups,
         },
     );
-    report.kernel_note = features::malloc_legacy(features::kernel_btf()?);
+    report.kernel_note = features::malloc_kernel_note(features::kernel_btf()?);
     Ok(report)
 }
 

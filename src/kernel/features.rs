@@ -257,6 +257,42 @@ pub fn malloc_preemption_off(k: &KernelBtf) -> bool {
     malloc_legacy(k).is_none() && k.preempt_kfuncs
 }
 
+/// What differs for `kheap malloc` on this kernel, in one line (the report
+/// header, `kheap doctor`): the older kernels' path, and programs that can
+/// be preempted in the middle.
+pub fn malloc_kernel_note(k: &KernelBtf) -> Option<String> {
+    let notes: Vec<String> = [malloc_legacy(k), malloc_preemption_note(k)]
+        .into_iter()
+        .flatten()
+        .collect();
+    (!notes.is_empty()).then(|| notes.join("; "))
+}
+
+/// What `kheap malloc` says where its uprobe programs can be preempted in
+/// the middle (the report header, `kheap doctor`): a kernel that preempts
+/// kernel code and has no `bpf_preempt_disable` (6.10), or whose mode
+/// cannot be read. Two threads on one CPU can then meet in the programs'
+/// per-CPU scratch buffers and counters (docs/kernels.md).
+fn malloc_preemption_note(k: &KernelBtf) -> Option<String> {
+    use crate::sys::preempt::{preemption, Preemption};
+    if malloc_preemption_off(k) {
+        return None;
+    }
+    let consequence = "two threads on one CPU can meet in malloc's per-CPU scratch, \
+                       so a call may rarely be miscounted";
+    match preemption(&kernel_release()) {
+        Preemption::Off => None,
+        Preemption::On(mode) => Some(format!(
+            "this kernel preempts kernel code ({mode}) and has no bpf_preempt_disable (6.10): \
+             {consequence}"
+        )),
+        Preemption::Unknown => Some(format!(
+            "this kernel's preemption mode could not be read (PREEMPT_DYNAMIC; mount debugfs \
+             or boot with preempt=, to let kheap read it); if it is full or lazy, {consequence}"
+        )),
+    }
+}
+
 /// Which of `needs` (map types with a `map:` prefix, or helpers) the kernel
 /// lacks, each as "what (version)".
 fn lacking(k: &KernelBtf, needs: &[(&str, &str, &str)]) -> Vec<String> {

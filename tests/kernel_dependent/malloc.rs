@@ -927,6 +927,30 @@ fn the_legacy_path_is_said_in_one_line_where_it_is_taken() {
         !kernel_before(6, 10),
         "{doctor}"
     );
+    // Where the programs run with preemption off, no word of preemption;
+    // where they do not, a kernel whose build string says it preempts
+    // (PREEMPT, PREEMPT_RT) gets the one line, in the header and in doctor.
+    // (A PREEMPT_DYNAMIC kernel's mode is read by kheap's unit-tested
+    // parsers from debugfs, the command line or the config.)
+    let said = |t: &str| t.contains("preempts kernel code") || t.contains("preemption mode");
+    let header: Vec<&str> = text.lines().filter(|l| l.starts_with("kernel: ")).collect();
+    if !kernel_before(6, 10) {
+        assert!(!said(&text) && !said(&doctor), "{text}\n{doctor}");
+    } else {
+        let uname =
+            String::from_utf8_lossy(&Command::new("uname").arg("-v").output().unwrap().stdout)
+                .to_string();
+        let words: Vec<&str> = uname.split_whitespace().collect();
+        if words.contains(&"PREEMPT") || words.contains(&"PREEMPT_RT") {
+            assert!(header.len() == 1 && said(header[0]), "{text}");
+            assert!(said(&doctor), "{doctor}");
+        } else if !words.contains(&"PREEMPT_DYNAMIC") {
+            assert!(!said(&text) && !said(&doctor), "{uname}: {text}\n{doctor}");
+        } else {
+            // The mode read, or its being unreadable, is said alike in both.
+            assert_eq!(said(&text), said(&doctor), "{text}\n{doctor}");
+        }
+    }
     // Either way the workload's rows are there.
     assert!(text.contains("do_malloc"), "{text}");
 }
