@@ -26,6 +26,70 @@ pub fn require_root() {
         unsafe { libc::geteuid() } == 0,
         "this test loads BPF programs into the kernel and needs root: run the suite with `sudo scripts/test`"
     );
+    stop_beside_another_kheap();
+}
+
+/// Another kheap on the machine (the packaged `kheap serve`, another
+/// user's run) traces the same kernel: it shares tracefs, the kernel's BPF
+/// statistics and the machine's allocations with these tests, which then
+/// fail each in its own way. So the first root test of a run looks, and
+/// with another kheap running the whole run stops at once, in one line
+/// that names it. kheap processes this run started are its own.
+fn stop_beside_another_kheap() {
+    static CHECKED: std::sync::Once = std::sync::Once::new();
+    CHECKED.call_once(|| {
+        if let Some((pid, cmdline)) = another_kheap() {
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "kheap tests: another kheap is running (pid {pid}: {cmdline}); the root tests \
+                 count what the kernel does and would fail beside it: stop it, then run them again"
+            );
+            std::process::exit(2);
+        }
+    });
+}
+
+/// A process named `kheap` that this process did not start (directly or
+/// not), with its command line.
+pub fn another_kheap() -> Option<(u32, String)> {
+    let me = std::process::id();
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        kheap::sys::stat_field(&stat, 4)?.parse().ok()
+    };
+    let started_here = |pid: u32| {
+        let mut p = pid;
+        // Parents are older, so the walk ends (at 1, or a vanished one).
+        for _ in 0..4096 {
+            if p == me {
+                return true;
+            }
+            match parent(p) {
+                Some(pp) if pp > 0 && pp != p => p = pp,
+                _ => return false,
+            }
+        }
+        false
+    };
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim_end() == "kheap")
+        })
+        .find(|&pid| !started_here(pid))
+        .map(|pid| {
+            let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let words: Vec<String> = raw
+                .split(|&b| b == 0)
+                .filter(|w| !w.is_empty())
+                .map(|w| String::from_utf8_lossy(w).into_owned())
+                .collect();
+            (pid, words.join(" ").chars().take(200).collect())
+        })
 }
 
 /// Says that the test could check only part of what it covers here (e.g.

@@ -433,3 +433,68 @@ fn doctor_names_the_mechanism_record_attaches_kmalloc_with() {
         "doctor: {row}; record attached kmalloc with {kmalloc}"
     );
 }
+
+/// Beside another kheap (a packaged `kheap serve`, say) the root tests
+/// would fail each in its own way: the run stops at once, in one line that
+/// names the other kheap's pid. A process named kheap that this test did
+/// not start (a copy of sleep, orphaned by a shell) stands in for it; this
+/// binary, run again on one of its root tests, must stop there.
+#[test]
+fn the_root_tests_stop_in_one_line_beside_another_kheap() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let fake = dir.path().join("kheap");
+    std::fs::copy("/bin/sleep", &fake).unwrap();
+    struct Killed(std::path::PathBuf);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = Command::new("pkill")
+                .args(["-KILL", "-f", &format!("^{} 3149$", self.0.display())])
+                .status();
+        }
+    }
+    let _guard = Killed(fake.clone());
+    let shell = Command::new("sh")
+        .args([
+            "-c",
+            &format!("'{}' 3149 </dev/null >/dev/null 2>&1 &", fake.display()),
+        ])
+        .status()
+        .unwrap();
+    assert!(shell.success());
+    let mut other = None;
+    assert!(
+        poll_until(Duration::from_secs(10), || {
+            other = another_kheap();
+            other.is_some()
+        }),
+        "the stand-in kheap did not start"
+    );
+    let (pid, cmdline) = other.unwrap();
+    assert_eq!(cmdline, format!("{} 3149", fake.display()));
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "reliability::bad_output_is_refused_before_tracing",
+            "--test-threads=1",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    let said: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("kheap tests:"))
+        .collect();
+    assert_eq!(
+        said,
+        [format!(
+            "kheap tests: another kheap is running (pid {pid}: {cmdline}); the root tests count \
+             what the kernel does and would fail beside it: stop it, then run them again"
+        )],
+        "{err}"
+    );
+    // Only the check ran: the test it was asked for did not.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("test result"), "{stdout}");
+}
