@@ -392,15 +392,25 @@ fn kernel_memory_rows() -> Vec<(&'static str, String)> {
     let malloc =
         crate::kernel::malloc::footprint(false, 1, crate::kernel::user_stack::DEFAULT_SAMPLE_EVERY);
     let memory = match malloc {
-        Ok(f) => line(
-            f.total,
-            f.cpus,
-            crate::kernel::malloc::budget(f.cpus).bytes,
-            Some(format!(
-                "{} for the stack-copy ring (more with --exact-stacks)",
-                human_size(f.apart)
-            )),
-        ),
+        Ok(f) => {
+            let ring = f
+                .maps
+                .iter()
+                .find(|(name, _)| name == "user_stacks")
+                .map_or(0, |(_, bytes)| *bytes);
+            format!(
+                "{}, its {} stack-copy ring included (--exact-stacks takes a {} ring \
+                 instead, and --outstanding a block store, apart)",
+                line(
+                    f.total,
+                    f.cpus,
+                    crate::kernel::malloc::budget(f.cpus).bytes,
+                    None
+                ),
+                human_size(ring),
+                human_size(u64::from(crate::kernel::user_stack::RING_BYTES_EXACT)),
+            )
+        }
         Err(e) => format!("unknown: {e:#}"),
     };
     rows.push(("malloc", memory));

@@ -70,10 +70,16 @@ pub struct MallocSession<'obj> {
 }
 
 /// Stated apart from the budget: the outstanding-block store, which
-/// `--max-outstanding` sizes (as leaks' object store), and the ring the
-/// stack copies travel through to be unwound (16 MiB; 128 MiB with
-/// --exact-stacks, `user_stack.rs` says why).
-pub const APART: [&str; 2] = ["live", "user_stacks"];
+/// `--max-outstanding` sizes (as leaks' object store), and with
+/// --exact-stacks the ring the stack copies travel through to be unwound
+/// (128 MiB, `user_stack.rs` says why). The default ring (8 MiB) counts in
+/// the budget.
+fn apart(stack_sample_every: u32) -> &'static [&'static str] {
+    match stack_sample_every {
+        1 => &["live", "user_stacks"],
+        _ => &["live"],
+    }
+}
 
 /// malloc's budget on `cpus` possible CPUs: the counting modes'.
 pub fn budget(cpus: u32) -> crate::model::kernel_memory::Budget {
@@ -200,22 +206,33 @@ fn choose_programs(open: &mut OpenMallocSkel<'_>, legacy: bool) {
 }
 
 /// The kernel memory a malloc run of these settings takes on this machine
-/// (what `APART` names apart).
+/// (what `apart` names apart).
 pub fn footprint(
     track_live: bool,
     max_live: u32,
     stack_sample_every: u32,
 ) -> Result<crate::model::kernel_memory::Footprint> {
-    let mut slot = std::mem::MaybeUninit::uninit();
-    let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), &mut slot)?;
-    size_maps(
-        &mut open,
+    footprint_on(
         track_live,
         max_live,
         stack_sample_every,
         legacy_path()?,
-    )?;
-    measure(&open)
+        crate::kernel::footprint::possible_cpus()?,
+    )
+}
+
+/// `footprint` on a machine of `cpus` possible CPUs (the budget test).
+fn footprint_on(
+    track_live: bool,
+    max_live: u32,
+    stack_sample_every: u32,
+    legacy: bool,
+    cpus: u32,
+) -> Result<crate::model::kernel_memory::Footprint> {
+    let mut slot = std::mem::MaybeUninit::uninit();
+    let mut open = crate::kernel::features::open_skel(MallocSkelBuilder::default(), &mut slot)?;
+    size_maps(&mut open, track_live, max_live, stack_sample_every, legacy)?;
+    measure_on(&open, stack_sample_every, cpus)
 }
 
 /// Refuses, before anything loads or starts, an outstanding-block store
@@ -236,7 +253,7 @@ fn store_check(max_live: u32, stack_sample_every: u32, limit: Option<(u64, &str)
     // (the store's bytes, every other map's)
     let mut sized = |n: u32| -> Option<(u64, u64)> {
         size_maps(&mut open, true, n, stack_sample_every, legacy).ok()?;
-        let f = measure(&open).ok()?;
+        let f = measure(&open, stack_sample_every).ok()?;
         let store = f
             .maps
             .iter()
@@ -256,13 +273,28 @@ fn store_check(max_live: u32, stack_sample_every: u32, limit: Option<(u64, &str)
     }
 }
 
-/// The footprint of the object as sized: the maps of `APART` apart.
-fn measure(open: &OpenMallocSkel<'_>) -> Result<crate::model::kernel_memory::Footprint> {
+/// The footprint of the object as sized: the maps `apart` names apart.
+fn measure(
+    open: &OpenMallocSkel<'_>,
+    stack_sample_every: u32,
+) -> Result<crate::model::kernel_memory::Footprint> {
+    measure_on(
+        open,
+        stack_sample_every,
+        crate::kernel::footprint::possible_cpus()?,
+    )
+}
+
+fn measure_on(
+    open: &OpenMallocSkel<'_>,
+    stack_sample_every: u32,
+    cpus: u32,
+) -> Result<crate::model::kernel_memory::Footprint> {
     let shapes = crate::kernel::footprint::map_shapes(open.open_object(), &[]);
     Ok(crate::model::kernel_memory::Footprint::of(
         &shapes,
-        crate::kernel::footprint::possible_cpus()?,
-        &APART,
+        cpus,
+        apart(stack_sample_every),
     ))
 }
 
@@ -311,7 +343,7 @@ impl<'obj> MallocSession<'obj> {
         rodata.cfg.no_preempt = u8::from(no_preempt);
         choose_programs(&mut open, legacy);
         size_maps(&mut open, track_live, max_live, stack_sample_every, legacy)?;
-        let footprint = measure(&open)?;
+        let footprint = measure(&open, stack_sample_every)?;
         let kernel_memory = footprint.total + footprint.apart;
         let skel =
             crate::kernel::load_skel(open).context("loading the BPF programs into the kernel")?;
@@ -688,6 +720,49 @@ mod tests {
     /// A store over the limit is refused in one line that names what fits
     /// (the largest, rounded down); that passes, and a tenth more does not.
     /// (The object is opened and sized, not loaded: no root needed.)
+    /// Issue 45: malloc keeps to the counting modes' budget at any CPU
+    /// count, its stack-copy ring included, on either path (`--exact-stacks`'
+    /// ring and `--outstanding`'s store are apart, as leaks' store is).
+    #[test]
+    fn malloc_keeps_to_its_budget_on_any_cpu_count() {
+        for legacy in [false, true] {
+            let mut at = Vec::new();
+            for cpus in [1, 2, 32, 128, 192, 256] {
+                let f = footprint_on(
+                    false,
+                    1,
+                    crate::kernel::user_stack::DEFAULT_SAMPLE_EVERY,
+                    legacy,
+                    cpus,
+                )
+                .unwrap();
+                let b = budget(cpus);
+                assert!(
+                    f.total <= b.bytes,
+                    "legacy {legacy}, {cpus} CPUs: {} > {}: {:?}",
+                    f.total,
+                    b.bytes,
+                    f.maps
+                );
+                // The ring is counted, not apart.
+                assert!(f
+                    .maps
+                    .iter()
+                    .any(|(n, b)| n == "user_stacks" && *b > 8 << 20));
+                // Apart: only the token entry of the unused block store.
+                let live = f.maps.iter().find(|(n, _)| n == "live").unwrap().1;
+                assert!(f.apart == live && live < 64 << 10, "{:?}", f.maps);
+                at.push(f.total);
+            }
+            // Something was measured: the stack map and the ring alone are
+            // megabytes.
+            assert!(at[0] > 16 << 20, "{at:?}");
+        }
+        // With every call copied, the larger ring is stated apart.
+        let exact = footprint_on(false, 1, 1, false, 2).unwrap();
+        assert!(exact.apart > 128 << 20, "{:?}", exact.maps);
+    }
+
     #[test]
     fn an_outstanding_store_over_the_limit_is_refused_with_what_fits() {
         let limit = Some((64 << 20, "a test's limit"));

@@ -15,17 +15,22 @@ use crate::model::malloc::{Sample, UnwindEvents};
 /// copy of its stack to be unwound.
 pub const DEFAULT_SAMPLE_EVERY: u32 = 1024;
 
-/// The ring buffer's size: about 1000 copies of 16 KiB waiting to be read.
-const RING_BYTES: u32 = 16 << 20;
+/// The ring buffer's size: about 500 copies of 16 KiB waiting to be read
+/// (the reader looks every 10 ms, and at once when a quarter is filled).
+/// It counts in malloc's kernel-memory budget with the maps (32 MiB up to
+/// 128 CPUs; the maps take about 20 MiB, and little more per CPU), so a
+/// 16 MiB ring went over it at any CPU count.
+const RING_BYTES: u32 = 8 << 20;
 
-/// With every call copied (--exact-stacks), about 8000: a burst of calls
+/// With every call copied (--exact-stacks), about 8000, stated apart from
+/// the budget as leaks' object store is (an opt-in that sizes itself): a burst of calls
 /// (calls made inside the allocator are copied too: they are told apart in
 /// user space) must fit while a slow machine unwinds the first copies,
 /// which is done on the thread that reads the ring. With 64 MiB (about
 /// 4000), a burst of 5000 calls lost 317 copies in the 6.12 guest under
 /// TCG while the first copy's unwind tables were read
 /// (malloc_unwind::stacks_shared_out_from_samples_are_marked_estimated).
-const RING_BYTES_EXACT: u32 = 128 << 20;
+pub const RING_BYTES_EXACT: u32 = 128 << 20;
 
 /// Sets up the copies before load: `sample_every` 0 turns them off, 1
 /// copies every call, N about one call in N (a power of two).
