@@ -78,6 +78,10 @@ fn kernel_config(args: &TopArgs, targets: &Targets) -> Config {
 
 pub fn run(mut args: TopArgs) -> Result<i32> {
     args.trace.filters.check()?;
+    // Batch, JSON and the full-screen view alike.
+    if let Err(e) = args.sort.check_offered(args.by) {
+        bail!("{e}");
+    }
     if args.output.format == TableOrJson::Json || args.output.output.is_some() {
         args.batch = true;
     }

@@ -29,7 +29,7 @@ pub enum TopSort {
     WastePct,
     /// Average requested size
     Avg,
-    /// Net bytes per second (allocated minus freed; caches with attributable frees)
+    /// Net bytes per second (allocated minus freed): --by cache only, caches with attributable frees
     Net,
 }
 
@@ -60,6 +60,21 @@ impl TopSort {
     /// Whether view `by` has this column's numbers.
     pub fn offered_in(self, by: GroupBy) -> bool {
         self != TopSort::Net || by == GroupBy::Cache
+    }
+
+    /// `--sort` checked against `--by` before anything is attached: a
+    /// free names the object's cache, not the site, stack, process or
+    /// cgroup that allocated it, so net bytes exist in the cache view only
+    /// (elsewhere every row's net/s would be `-`).
+    pub fn check_offered(self, by: GroupBy) -> Result<(), String> {
+        if self.offered_in(by) {
+            return Ok(());
+        }
+        Err(format!(
+            "--sort net needs --by cache: a free names the object's cache, not the {} that \
+             allocated it, so net/s is known per cache only",
+            group_name(by)
+        ))
     }
 
     /// The header of the column this sorts by.
