@@ -365,7 +365,12 @@ mod tests {
                 overhead: Default::default(),
                 report: kmem(&sample_snapshot(), 1024),
             };
-            let line = crate::top::batch::json(&iv, TopSort::Bytes, Some(1));
+            let line = crate::top::batch::json(
+                &iv,
+                TopSort::Bytes,
+                &crate::top::view::ObjectSizes::default(),
+                Some(1),
+            );
             assert_eq!(line.lines().count(), 1);
             assert_valid(&parsed(&line));
         }

@@ -168,6 +168,16 @@ pub fn frees_attributable(cache: &CacheRow) -> bool {
     cache.source == Source::Kmalloc && !cache.frees_untraced
 }
 
+/// A cache's allocated minus freed bytes over an interval, where its
+/// frees are attributable and its object size known.
+pub fn cache_net_bytes(cache: &CacheRow, sizes: &ObjectSizes) -> Option<i64> {
+    if !frees_attributable(cache) {
+        return None;
+    }
+    let size = sizes.get(&cache.name)?;
+    Some((cache.counts.count as i64 - cache.frees as i64) * size as i64)
+}
+
 /// The rows of one grouping of an interval report.
 pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
     let shown = SourceColumn::of(report).0;
@@ -212,13 +222,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
             .caches
             .iter()
             .map(|c| {
-                let net = if frees_attributable(c) {
-                    sizes
-                        .get(&c.name)
-                        .map(|size| (c.counts.count as i64 - c.frees as i64) * size as i64)
-                } else {
-                    None
-                };
+                let net = cache_net_bytes(c, sizes);
                 TopRow {
                     key: c.name.clone(),
                     name: c.name.clone(),
