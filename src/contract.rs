@@ -67,7 +67,12 @@ impl Kind {
             // 5: `estimated` on stack rows; 6: `run.kernel_memory_bytes`;
             // 7: `lost.caller_unreadable`.
             Kind::Malloc => 7,
-            Kind::Slab => SCHEMA_VERSION,
+            // slab 2: `held_objs` and `held_bytes` on caches and their
+            // `top_sites` (what the run allocated and still holds, with
+            // --sort growth, which tracks every object); `top_sites` are
+            // then the sites holding the most, and a cache's `frees`,
+            // `net_*` those of the objects the run allocated.
+            Kind::Slab => 2,
             // diff 2: rows are matched by a stable identity (`name`: a
             // cache's own name, without its merge note), and `cache`, a
             // joined string, became `caches`, a list.
@@ -360,7 +365,12 @@ mod tests {
                 overhead: Default::default(),
                 report: kmem(&sample_snapshot(), 1024),
             };
-            let line = crate::top::batch::json(&iv, TopSort::Bytes, Some(1));
+            let line = crate::top::batch::json(
+                &iv,
+                TopSort::Bytes,
+                &crate::top::view::ObjectSizes::default(),
+                Some(1),
+            );
             assert_eq!(line.lines().count(), 1);
             assert_valid(&parsed(&line));
         }

@@ -113,6 +113,10 @@ pub fn page(sub: &str) -> Option<(&'static [Example], &'static [Status])> {
                     "sudo kheap slab -r 3 --sort waste -- kheap-load msg 2000 2100",
                     "caches and the traced allocations of a command",
                 ),
+                (
+                    "sudo kheap slab -d 30 --sort growth",
+                    "caches by what 30 seconds allocated and still hold, and the site holding most",
+                ),
                 ("sudo kheap slab --watch 2", "cache growth every two seconds"),
             ],
             TRACING,

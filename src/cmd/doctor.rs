@@ -357,7 +357,7 @@ fn kernel_memory_rows() -> Vec<(&'static str, String)> {
             false,
         ),
         ("  with --latency", record.clone(), true),
-        ("leaks", leaks, false),
+        ("leaks, slab -d --sort growth", leaks, false),
     ];
     let line = |total: u64, cpus: u32, budget: u64, apart: Option<String>| {
         let mut line = format!(

@@ -78,6 +78,10 @@ fn kernel_config(args: &TopArgs, targets: &Targets) -> Config {
 
 pub fn run(mut args: TopArgs) -> Result<i32> {
     args.trace.filters.check()?;
+    // Batch, JSON and the full-screen view alike.
+    if let Err(e) = args.sort.check_offered(args.by) {
+        bail!("{e}");
+    }
     if args.output.format == TableOrJson::Json || args.output.output.is_some() {
         args.batch = true;
     }
@@ -310,7 +314,7 @@ fn batch_loop(top: &mut Top, args: &TopArgs, mut sink: Sink) -> Result<()> {
         let iv = top.read_interval()?;
         deadline = next_deadline(deadline, args.interval.as_secs_f64());
         let text = match args.output.format {
-            TableOrJson::Json => batch::json(&iv, args.sort, rows),
+            TableOrJson::Json => batch::json(&iv, args.sort, &top.sizes, rows),
             TableOrJson::Table => {
                 let width = output_width(args.output.output());
                 batch::text(&iv, &view, &top.sizes, rows.unwrap_or(usize::MAX), width) + "\n"

@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use super::hints::Hint;
-use super::report::{CacheRow, SiteWaste, SlabReport};
+use super::report::{CacheRow, SlabReport, TopSite};
 use super::watch::{CacheDelta, Presence};
 use crate::contract::{self, Kind};
 use crate::model::{human_count, human_size, pct, signed_count, signed_size};
@@ -59,11 +59,15 @@ struct JsonCache {
     free_rate: Option<f64>,
     net_objs: Option<i64>,
     net_bytes: Option<i64>,
+    /// What the run allocated and still holds (every object tracked:
+    /// `--sort growth`).
+    held_objs: Option<u64>,
+    held_bytes: Option<u64>,
     /// Change between the first and last static read.
     growth_objs: Option<i64>,
     growth_bytes: Option<i64>,
     presence: Option<Presence>,
-    top_sites: Vec<SiteWaste>,
+    top_sites: Vec<TopSite>,
 }
 
 impl From<&CacheRow> for JsonCache {
@@ -95,6 +99,8 @@ impl From<&CacheRow> for JsonCache {
             free_rate: t.map(|t| t.free_rate),
             net_objs: t.map(|t| t.net_objs),
             net_bytes: t.map(|t| t.net_bytes),
+            held_objs: t.and_then(|t| t.held_objs),
+            held_bytes: t.and_then(|t| t.held_bytes),
             growth_objs: g.map(|g| g.delta_objs()),
             growth_bytes: g.map(|g| g.delta_memory()),
             presence: g.map(|g| g.presence),
@@ -117,18 +123,34 @@ pub fn report_json(report: &SlabReport) -> String {
 }
 
 /// The report as a table fitted to `width` columns, with hints and notes.
+/// The column `--sort growth` sorts by is `growth`: the change in slab
+/// memory between reads when untraced; when traced (every object tracked),
+/// the bytes the run allocated and still holds, beside `held` objects and
+/// the `top grower`, while the change between reads is `Δmemory`. Other
+/// traced sorts show allocations minus frees (`net`) and the `top waster`.
 pub fn report_table(report: &SlabReport, width: Option<u16>) -> String {
     let traced = report.caches.iter().any(|c| c.traced.is_some());
+    let tracked = report
+        .caches
+        .iter()
+        .any(|c| c.traced.as_ref().is_some_and(|t| t.held_bytes.is_some()));
     let growth = report.caches.iter().any(|c| c.growth.is_some());
     let mut header = vec![
         "cache", "active", "total", "objsize", "obj/slab", "pages", "memory", "partial", "loss",
     ];
     if growth {
-        header.push("growth");
+        header.push(if traced { "Δmemory" } else { "growth" });
     }
-    if traced {
-        header.extend(["alloc/s", "free/s", "net", "waste", "top site"]);
+    if tracked {
+        header.extend(["alloc/s", "free/s", "held", "growth", "waste", "top grower"]);
+    } else if traced {
+        header.extend(["alloc/s", "free/s", "net", "waste", "top waster"]);
     }
+    let traced_cells = header.len()
+        - header
+            .iter()
+            .position(|&h| h == "alloc/s")
+            .unwrap_or(header.len());
     // The top site is text, like the cache name.
     let text = if traced {
         vec![header.len() - 1]
@@ -174,27 +196,33 @@ pub fn report_table(report: &SlabReport, width: Option<u16>) -> String {
                 None => dash(),
             });
         }
-        if traced {
-            match &row.traced {
-                Some(t) => cells.extend([
-                    human_count(t.alloc_rate.round() as u64),
-                    human_count(t.free_rate.round() as u64),
-                    signed_count(t.net_objs),
-                    if t.bytes_alloc > 0 {
-                        format!(
-                            "{} ({:.0}%)",
-                            human_size(t.waste_bytes),
-                            pct(t.waste_bytes, t.bytes_alloc)
-                        )
-                    } else {
-                        "0".into()
-                    },
-                    t.top_sites.first().map_or_else(String::new, |s| {
-                        format!("{} {}", s.function, human_size(s.waste_bytes))
-                    }),
-                ]),
-                None => cells.extend(std::iter::repeat_with(dash).take(5)),
+        match &row.traced {
+            Some(t) if traced => {
+                cells.push(human_count(t.alloc_rate.round() as u64));
+                cells.push(human_count(t.free_rate.round() as u64));
+                if tracked {
+                    cells.push(t.held_objs.map_or_else(dash, human_count));
+                    cells.push(signed_size(row.growth_bytes()));
+                } else {
+                    cells.push(signed_count(t.net_objs));
+                }
+                cells.push(if t.bytes_alloc > 0 {
+                    format!(
+                        "{} ({:.0}%)",
+                        human_size(t.waste_bytes),
+                        pct(t.waste_bytes, t.bytes_alloc)
+                    )
+                } else {
+                    "0".into()
+                });
+                cells.push(t.top_sites.first().map_or_else(String::new, |s| {
+                    match s.held_bytes.filter(|_| tracked) {
+                        Some(held) => format!("{} +{}", s.function, human_size(held)),
+                        None => format!("{} {}", s.function, human_size(s.waste_bytes)),
+                    }
+                }));
             }
+            _ => cells.extend(std::iter::repeat_with(dash).take(traced_cells)),
         }
         table.add_row(cells);
     }
@@ -326,8 +354,10 @@ mod tests {
                 function: "f".into(),
                 cache: k,
                 stats: stats(10, 800, 960),
+                held: None,
             }],
             skipped: vec![],
+            objects_tracked: false,
         };
         let mut r = build_report(
             ReportInput {
@@ -387,6 +417,52 @@ mod tests {
         let text = report_table(&r, None);
         assert!(
             text.contains(&format!("({} more rows not shown", r.hidden)) && r.hidden > 0,
+            "{text}"
+        );
+    }
+
+    /// The table of a `--sort growth` run (every object tracked): the
+    /// column it sorts by is `growth`, beside `held`, and the site named is
+    /// the one growing, never the churning waster of the same cache.
+    #[test]
+    fn growth_table_names_the_growing_site() {
+        let snap = fixture();
+        let run = super::super::report::tests::tracked_run();
+        let r = build_report(
+            ReportInput {
+                traced: Some(&run),
+                ..ReportInput::of(&snap)
+            },
+            SortKey::Growth,
+            2,
+        );
+        let text = report_table(&r, None);
+        assert_contains(
+            &text,
+            &["held", "growth", "top grower", "grow +1.2M", "+1.2M"],
+        );
+        assert!(
+            !text.contains("churn") && !text.contains("top waster"),
+            "{text}"
+        );
+        let k4 = text.lines().find(|l| l.contains("kmalloc-4k")).unwrap();
+        assert!(k4.contains(" 300 "), "{k4}");
+        let v: serde_json::Value = serde_json::from_str(&report_json(&r)).unwrap();
+        crate::schema_check::assert_valid(&v);
+        let c = &v["caches"][0];
+        assert_eq!(
+            (&c["held_objs"], &c["held_bytes"]),
+            (&300.into(), &(300 * 4096).into())
+        );
+        assert_eq!(c["top_sites"][0]["function"], "grow");
+        assert_eq!(c["top_sites"][0]["held_objs"], 300);
+        assert_eq!(c["top_sites"].as_array().unwrap().len(), 1);
+        assert_eq!(v["schema_version"], 2);
+        // Other sorts name the waster, under a header that says so.
+        let text = report_table(&traced_report(), None);
+        assert_contains(&text, &["top waster", "f 160", "net"]);
+        assert!(
+            !text.contains("top grower") && !text.contains("held"),
             "{text}"
         );
     }

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::hints::{all_hints, CacheSeries, Hint};
 use super::snapshot::{StaticCache, StaticSnapshot};
-use super::traced::{TracedCache, TracedRun};
+use super::traced::{StillHeld, TracedCache, TracedRun, TracedSite};
 use super::watch::{diff, CacheDelta};
 use crate::model::slab_loss::per_second;
 use crate::report::top_n;
@@ -27,13 +27,20 @@ pub enum SortKey {
     Rate,
 }
 
+/// One of the sites a cache row names: the largest wasters, or with
+/// `--sort growth` the sites still holding the most of what they allocated
+/// during the run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct SiteWaste {
+pub struct TopSite {
     pub function: String,
     /// Allocations: `count`, as in every kind.
     #[serde(rename = "count")]
     pub allocs: u64,
     pub waste_bytes: u64,
+    /// Objects it allocated during the run and still held at the end
+    /// (null unless every object was tracked: `--sort growth`).
+    pub held_objs: Option<u64>,
+    pub held_bytes: Option<u64>,
 }
 
 /// Traced figures of one cache.
@@ -46,9 +53,15 @@ pub struct TracedFigures {
     pub waste_bytes: u64,
     pub alloc_rate: f64,
     pub free_rate: f64,
+    /// Allocations minus frees; with every object tracked, what the run
+    /// allocated and still holds (`held_*`, exact).
     pub net_objs: i64,
     pub net_bytes: i64,
-    pub top_sites: Vec<SiteWaste>,
+    /// What the run allocated and still holds at its end, when every
+    /// object was tracked (`--sort growth`).
+    pub held_objs: Option<u64>,
+    pub held_bytes: Option<u64>,
+    pub top_sites: Vec<TopSite>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -63,8 +76,10 @@ pub struct CacheRow {
 }
 
 impl CacheRow {
-    /// Growth in bytes: traced net growth when traced, else the change in
-    /// slab memory between reads.
+    /// Growth in bytes, what `--sort growth` sorts by and the table's
+    /// growth column shows: traced net growth when traced (with every
+    /// object tracked, the bytes the run allocated and still holds), else
+    /// the change in slab memory between reads.
     pub fn growth_bytes(&self) -> i64 {
         match (&self.traced, &self.growth) {
             (Some(t), _) => t.net_bytes,
@@ -160,6 +175,13 @@ pub fn build_report(input: ReportInput, sort: SortKey, rows: usize) -> SlabRepor
     if let Some(run) = input.traced {
         join_traced(&mut caches, after, run, &mut notes);
         notes.extend(run.skipped.iter().cloned());
+        if run.objects_tracked {
+            notes.push(
+                "every object was tracked: growth is what the run allocated and still held at \
+                 its end, exact per site; free/s counts the frees of those objects only"
+                    .into(),
+            );
+        }
     }
 
     if input.traced.is_none() && sort == SortKey::Rate {
@@ -240,6 +262,10 @@ fn join_traced(
     }
 }
 
+/// The traced figures of row `row`. Its sites are the largest wasters, or,
+/// with every object tracked (`--sort growth`), those still holding the
+/// most of what they allocated (sites that hold nothing are not growing
+/// and are not named).
 fn figures(
     row: &str,
     traced: &[&TracedCache],
@@ -249,25 +275,53 @@ fn figures(
     let sum = |f: fn(&TracedCache) -> u64| traced.iter().map(|t| f(t)).sum::<u64>();
     let (allocs, frees) = (sum(|t| t.allocs), sum(|t| t.frees));
     let (bytes_req, bytes_alloc) = (sum(|t| t.bytes_req), sum(|t| t.bytes_alloc));
-    let mut sites: Vec<SiteWaste> = run
+    let own: Vec<&TracedSite> = run
         .sites
         .iter()
         .filter(|s| {
             let name = s.cache.name();
             name == row || after.find(&name).is_some_and(|c| c.name == row)
         })
-        .map(|s| SiteWaste {
+        .collect();
+    let held = run.objects_tracked.then(|| {
+        let mut h = StillHeld::default();
+        for s in &own {
+            h += s.held.unwrap_or_default();
+        }
+        h
+    });
+    let mut sites: Vec<TopSite> = own
+        .iter()
+        .map(|s| TopSite {
             function: s.function.clone(),
             allocs: s.stats.count,
             waste_bytes: s.stats.waste(),
+            held_objs: held.map(|_| s.held.unwrap_or_default().objects),
+            held_bytes: held.map(|_| s.held.unwrap_or_default().bytes),
         })
         .collect();
-    sites.sort_by(|a, b| {
-        b.waste_bytes
-            .cmp(&a.waste_bytes)
-            .then_with(|| a.function.cmp(&b.function))
-    });
+    if held.is_some() {
+        sites.retain(|s| s.held_bytes.unwrap_or(0) > 0);
+        sites.sort_by(|a, b| {
+            b.held_bytes
+                .cmp(&a.held_bytes)
+                .then_with(|| a.function.cmp(&b.function))
+        });
+    } else {
+        sites.sort_by(|a, b| {
+            b.waste_bytes
+                .cmp(&a.waste_bytes)
+                .then_with(|| a.function.cmp(&b.function))
+        });
+    }
     sites.truncate(TOP_SITES);
+    let (net_objs, net_bytes) = match held {
+        Some(h) => (h.objects as i64, h.bytes as i64),
+        None => (
+            traced.iter().map(|t| t.net_objs()).sum(),
+            traced.iter().map(|t| t.net_bytes()).sum(),
+        ),
+    };
     TracedFigures {
         allocs,
         frees,
@@ -276,8 +330,10 @@ fn figures(
         waste_bytes: bytes_alloc.saturating_sub(bytes_req),
         alloc_rate: per_second(allocs, run.duration_s),
         free_rate: per_second(frees, run.duration_s),
-        net_objs: traced.iter().map(|t| t.net_objs()).sum(),
-        net_bytes: traced.iter().map(|t| t.net_bytes()).sum(),
+        net_objs,
+        net_bytes,
+        held_objs: held.map(|h| h.objects),
+        held_bytes: held.map(|h| h.bytes),
         top_sites: sites,
     }
 }
@@ -287,7 +343,7 @@ pub mod tests {
     use super::super::snapshot::build_static;
     use super::super::traced::TracedSite;
     use super::*;
-    use crate::model::{AllocStats, Hist};
+    use crate::model::{AllocStats, CacheId, Hist};
     use crate::sys::slabinfo::parse_slabinfo;
     use crate::testing::kmalloc;
 
@@ -329,6 +385,7 @@ pub mod tests {
                         bytes_alloc: 9_000 * 4096,
                         hist,
                     },
+                    held: None,
                 },
                 TracedSite {
                     function: "other".into(),
@@ -339,10 +396,165 @@ pub mod tests {
                         bytes_alloc: 1_000 * 4096,
                         ..Default::default()
                     },
+                    held: None,
                 },
             ],
             skipped: vec![],
+            objects_tracked: false,
         }
+    }
+
+    fn site(function: &str, cache: CacheId, count: u64, req: u64, held: u64) -> TracedSite {
+        let obj = cache.kmalloc_size_class().unwrap();
+        TracedSite {
+            function: function.into(),
+            cache,
+            stats: AllocStats {
+                count,
+                bytes_req: count * req,
+                bytes_alloc: count * obj,
+                ..Default::default()
+            },
+            held: Some(StillHeld {
+                objects: held,
+                bytes: held * obj,
+            }),
+        }
+    }
+
+    /// A run with every object tracked (`--sort growth`): in kmalloc-4k a
+    /// churning site that wastes the most and holds nothing at the end,
+    /// and a growing one that holds 300 objects; in kmalloc-64 a site
+    /// holding 20. Each cache's frees are those of its run's objects.
+    pub fn tracked_run() -> TracedRun {
+        let (k4, k64) = (kmalloc(4096), kmalloc(64));
+        let sites = vec![
+            site("churn", k4.clone(), 10_000, 2100, 0),
+            site("grow", k4.clone(), 300, 4000, 300),
+            site("small_grow", k64.clone(), 50, 40, 20),
+        ];
+        let caches = [k4, k64]
+            .into_iter()
+            .map(|k| {
+                let mut c = TracedCache::new(k.clone());
+                for s in sites.iter().filter(|s| s.cache == k) {
+                    c.allocs += s.stats.count;
+                    c.bytes_req += s.stats.bytes_req;
+                    c.bytes_alloc += s.stats.bytes_alloc;
+                    c.frees += s.stats.count - s.held.unwrap().objects;
+                }
+                c
+            })
+            .collect();
+        TracedRun {
+            duration_s: 10.0,
+            caches,
+            sites,
+            skipped: vec![],
+            objects_tracked: true,
+        }
+    }
+
+    /// Issue 46: `--sort growth` names the site that grows, not the one
+    /// that wastes the most, and sorts caches by the growth it shows.
+    #[test]
+    fn growth_names_the_growing_site_and_sorts_by_what_it_shows() {
+        let snap = fixture();
+        let run = tracked_run();
+        let r = every_row(
+            ReportInput {
+                traced: Some(&run),
+                ..ReportInput::of(&snap)
+            },
+            SortKey::Growth,
+        );
+        let k4 = &r.caches[0];
+        assert_eq!(k4.name, "kmalloc-4k");
+        let t = k4.traced.as_ref().unwrap();
+        assert_eq!((t.held_objs, t.held_bytes), (Some(300), Some(300 * 4096)));
+        assert_eq!((t.net_objs, t.net_bytes), (300, 300 * 4096));
+        assert_eq!(k4.growth_bytes(), 300 * 4096);
+        assert_eq!((t.allocs, t.frees), (10_300, 10_000));
+        // Only the growing site: the churner holds nothing.
+        let named: Vec<(&str, Option<u64>, Option<u64>)> = t
+            .top_sites
+            .iter()
+            .map(|s| (s.function.as_str(), s.held_objs, s.held_bytes))
+            .collect();
+        assert_eq!(named, [("grow", Some(300), Some(300 * 4096))]);
+        assert_eq!(t.top_sites[0].waste_bytes, 300 * 96);
+        let k64 = &r.caches[1];
+        assert_eq!(
+            (k64.name.as_str(), k64.growth_bytes()),
+            ("kmalloc-64", 20 * 64)
+        );
+        assert_eq!(
+            k64.traced.as_ref().unwrap().top_sites[0].function,
+            "small_grow"
+        );
+        // The rest grew by nothing and follow by name; every row holds
+        // held_* (zero where nothing was traced), and the sort key is the
+        // growth each row shows.
+        assert!(r.caches[2..].iter().all(|c| c.growth_bytes() == 0));
+        assert!(r.caches.windows(2).all(|w| {
+            let (a, b) = (w[0].growth_bytes(), w[1].growth_bytes());
+            a > b || (a == b && w[0].name < w[1].name)
+        }));
+        let dentry = r.caches.iter().find(|c| c.name == "dentry").unwrap();
+        let dt = dentry.traced.as_ref().unwrap();
+        assert_eq!((dt.held_objs, dt.top_sites.len()), (Some(0), 0));
+        assert!(r
+            .notes
+            .iter()
+            .any(|n| n.contains("every object was tracked")));
+        // Without tracking, the same sites are the wasters, churner first.
+        let counted = TracedRun {
+            objects_tracked: false,
+            ..tracked_run()
+        };
+        let r = every_row(
+            ReportInput {
+                traced: Some(&counted),
+                ..ReportInput::of(&snap)
+            },
+            SortKey::Waste,
+        );
+        let t = r.caches[0].traced.as_ref().unwrap();
+        assert_eq!(t.top_sites[0].function, "churn");
+        assert_eq!((t.held_objs, t.top_sites[0].held_objs), (None, None));
+    }
+
+    /// Untraced growth sorts by the change between reads: growth first,
+    /// largest first, unchanged caches by name, shrinking ones last.
+    #[test]
+    fn growth_between_reads_sorts_largest_first_and_shrinks_last() {
+        let before = fixture();
+        let mut after = before.clone();
+        let mut grow = |name: &str, by: i64| {
+            let c = after.caches.iter_mut().find(|c| c.name == name).unwrap();
+            c.memory_bytes = (c.memory_bytes as i64 + by) as u64;
+        };
+        grow("dentry", 4096);
+        grow("kmalloc-64", 1 << 20);
+        grow("kmalloc-4k", -8192);
+        let r = every_row(
+            ReportInput {
+                before: Some(&before),
+                ..ReportInput::of(&after)
+            },
+            SortKey::Growth,
+        );
+        let names: Vec<&str> = r.caches.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names[..2], ["kmalloc-64", "dentry"]);
+        assert_eq!(names.last(), Some(&"kmalloc-4k"));
+        assert_eq!(r.caches.last().unwrap().growth_bytes(), -8192);
+        let zeros: Vec<&str> = names[2..names.len() - 1].to_vec();
+        let mut sorted = zeros.clone();
+        sorted.sort();
+        assert_eq!(zeros, sorted);
+        assert!(r.caches[2..names.len() - 1]
+            .iter()
+            .all(|c| c.growth_bytes() == 0));
     }
 
     #[test]

@@ -54,6 +54,23 @@ impl TracedCache {
     }
 }
 
+/// Objects a run allocated and still held at its end, when every object
+/// was tracked by address (`--sort growth`): exact per site, as `kheap
+/// leaks` counts them. Frees of objects allocated before the run are not
+/// in it (nothing says which site made those).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StillHeld {
+    pub objects: u64,
+    pub bytes: u64,
+}
+
+impl std::ops::AddAssign for StillHeld {
+    fn add_assign(&mut self, o: StillHeld) {
+        self.objects += o.objects;
+        self.bytes += o.bytes;
+    }
+}
+
 /// One allocating function (call site) and one cache it allocated from.
 /// A function using several caches appears once per cache.
 #[derive(Clone, Debug, PartialEq)]
@@ -62,6 +79,8 @@ pub struct TracedSite {
     pub cache: CacheId,
     /// `stats.hist` is the histogram of requested sizes.
     pub stats: AllocStats,
+    /// What it still holds at the end, when objects were tracked.
+    pub held: Option<StillHeld>,
 }
 
 /// Everything traced over one run.
@@ -73,4 +92,9 @@ pub struct TracedRun {
     /// What the tracer could not trace or name on this kernel (a hook it
     /// lacks, kfree's frees counted in the totals only), for the notes.
     pub skipped: Vec<String>,
+    /// Every object was tracked by address (`--sort growth`): each site's
+    /// `held` is known, and a cache's `frees` are the frees of the objects
+    /// the run allocated (frees of older objects are not counted per cache
+    /// then), so that allocations minus frees is what is still held.
+    pub objects_tracked: bool,
 }

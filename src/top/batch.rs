@@ -46,9 +46,9 @@ pub fn text(
 /// `kheap record`'s report (counts over the interval) plus time,
 /// interval_s, aged_out and overhead. Lists are sorted by `sort` and cut to
 /// `limit` if given.
-pub fn json(iv: &Interval, sort: TopSort, limit: Option<usize>) -> String {
+pub fn json(iv: &Interval, sort: TopSort, sizes: &ObjectSizes, limit: Option<usize>) -> String {
     let mut iv = iv.clone();
-    sort_report(&mut iv.report, sort, limit);
+    sort_report(&mut iv.report, sort, sizes, limit);
     contract::line(Kind::Top, &iv)
 }
 
@@ -59,7 +59,8 @@ fn counts_value(c: &Counts, sort: TopSort) -> f64 {
         TopSort::Waste => c.waste_bytes as f64,
         TopSort::WastePct => c.waste_pct,
         TopSort::Avg => c.avg_size,
-        // Net is a per-cache view column; JSON lists sort by bytes instead.
+        // Net is known per cache only (`--sort net` needs `--by cache`):
+        // the caches sort by it (sort_report), the other lists by bytes.
         TopSort::Bytes | TopSort::Net => c.bytes_alloc as f64,
     }
 }
@@ -74,10 +75,22 @@ fn sort_cut<T>(
     top_n::keep(rows, limit);
 }
 
-pub fn sort_report(r: &mut Report, sort: TopSort, limit: Option<usize>) {
+/// Sorts and cuts every list of `r` by `sort`; with net, the caches by
+/// their net bytes as the cache view shows them (unknown last, then by
+/// name), the other lists, which have no net, by bytes.
+pub fn sort_report(r: &mut Report, sort: TopSort, sizes: &ObjectSizes, limit: Option<usize>) {
     sort_cut(&mut r.sites, |r| &r.counts, sort, limit);
     sort_cut(&mut r.stacks, |r| &r.counts, sort, limit);
-    sort_cut(&mut r.caches, |r| &r.counts, sort, limit);
+    if sort == TopSort::Net {
+        let net = |c: &crate::report::CacheRow| {
+            view::cache_net_bytes(c, sizes).map_or(f64::NEG_INFINITY, |n| n as f64)
+        };
+        r.caches
+            .sort_by(|a, b| net(b).total_cmp(&net(a)).then_with(|| a.name.cmp(&b.name)));
+        top_n::keep(&mut r.caches, limit);
+    } else {
+        sort_cut(&mut r.caches, |r| &r.counts, sort, limit);
+    }
     sort_cut(&mut r.processes, |r| &r.counts, sort, limit);
 }
 
@@ -172,7 +185,12 @@ mod tests {
 
     #[test]
     fn json_is_one_line_with_record_fields() {
-        let j = json(&interval(), TopSort::Count, Some(1));
+        let j = json(
+            &interval(),
+            TopSort::Count,
+            &ObjectSizes::default(),
+            Some(1),
+        );
         assert_eq!(j.lines().count(), 1);
         let v: serde_json::Value = serde_json::from_str(&j).unwrap();
         assert_eq!(v["kind"], "top");
@@ -192,10 +210,53 @@ mod tests {
         assert_eq!(back.report.sites[0].counts.count, 1000);
     }
 
+    /// `--by cache --sort net --format json`: the caches come in the order
+    /// of the cache view's net/s, not of bytes (unknown net last).
+    #[test]
+    fn json_sorts_caches_by_net() {
+        let mut iv = interval();
+        let cache = |name: &str, count: u64, frees: u64| crate::report::CacheRow {
+            source: Default::default(),
+            counted_elsewhere: false,
+            name: name.into(),
+            frees,
+            frees_untraced: false,
+            counts: Counts {
+                count,
+                bytes_req: count * 192,
+                bytes_alloc: count * 192,
+                ..Default::default()
+            },
+            retention: None,
+        };
+        iv.report.caches.push(cache("dentry", 10, 30));
+        iv.report.caches.push(cache("filp", 10, 5));
+        let mut sizes = ObjectSizes::default();
+        sizes.learn(&iv.report);
+        let names = |j: String| -> Vec<String> {
+            let v: serde_json::Value = serde_json::from_str(&j).unwrap();
+            v["caches"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["name"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(
+            names(json(&iv, TopSort::Net, &sizes, None)),
+            ["filp", "dentry", "kmalloc-cg-4k"]
+        );
+        assert_eq!(
+            names(json(&iv, TopSort::Bytes, &sizes, None))[0],
+            "kmalloc-cg-4k"
+        );
+        assert_eq!(names(json(&iv, TopSort::Net, &sizes, Some(1))), ["filp"]);
+    }
+
     #[test]
     fn sort_report_orders_each_list() {
         let mut r = interval().report;
-        sort_report(&mut r, TopSort::Count, None);
+        sort_report(&mut r, TopSort::Count, &ObjectSizes::default(), None);
         assert!(r
             .stacks
             .windows(2)

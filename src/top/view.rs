@@ -29,7 +29,7 @@ pub enum TopSort {
     WastePct,
     /// Average requested size
     Avg,
-    /// Net bytes per second (allocated minus freed; caches with attributable frees)
+    /// Net bytes per second (allocated minus freed): --by cache only, caches with attributable frees
     Net,
 }
 
@@ -60,6 +60,21 @@ impl TopSort {
     /// Whether view `by` has this column's numbers.
     pub fn offered_in(self, by: GroupBy) -> bool {
         self != TopSort::Net || by == GroupBy::Cache
+    }
+
+    /// `--sort` checked against `--by` before anything is attached: a
+    /// free names the object's cache, not the site, stack, process or
+    /// cgroup that allocated it, so net bytes exist in the cache view only
+    /// (elsewhere every row's net/s would be `-`).
+    pub fn check_offered(self, by: GroupBy) -> Result<(), String> {
+        if self.offered_in(by) {
+            return Ok(());
+        }
+        Err(format!(
+            "--sort net needs --by cache: a free names the object's cache, not the {} that \
+             allocated it, so net/s is known per cache only",
+            group_name(by)
+        ))
     }
 
     /// The header of the column this sorts by.
@@ -153,6 +168,16 @@ pub fn frees_attributable(cache: &CacheRow) -> bool {
     cache.source == Source::Kmalloc && !cache.frees_untraced
 }
 
+/// A cache's allocated minus freed bytes over an interval, where its
+/// frees are attributable and its object size known.
+pub fn cache_net_bytes(cache: &CacheRow, sizes: &ObjectSizes) -> Option<i64> {
+    if !frees_attributable(cache) {
+        return None;
+    }
+    let size = sizes.get(&cache.name)?;
+    Some((cache.counts.count as i64 - cache.frees as i64) * size as i64)
+}
+
 /// The rows of one grouping of an interval report.
 pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
     let shown = SourceColumn::of(report).0;
@@ -197,13 +222,7 @@ pub fn rows(report: &Report, by: GroupBy, sizes: &ObjectSizes) -> Vec<TopRow> {
             .caches
             .iter()
             .map(|c| {
-                let net = if frees_attributable(c) {
-                    sizes
-                        .get(&c.name)
-                        .map(|size| (c.counts.count as i64 - c.frees as i64) * size as i64)
-                } else {
-                    None
-                };
+                let net = cache_net_bytes(c, sizes);
                 TopRow {
                     key: c.name.clone(),
                     name: c.name.clone(),

@@ -138,6 +138,26 @@ fn top_counts_iterations_with_a_long_flag() {
     }
 }
 
+/// Issue 46: net/s is known per cache only (a free names the object's
+/// cache, not who allocated it), so `--sort net` in another view is
+/// refused before anything is attached, full-screen, batch and JSON
+/// alike, rather than sorting by a column of `-`.
+#[test]
+fn top_sorts_by_net_in_the_cache_view_only() {
+    for args in [
+        &["top", "--sort", "net"][..],
+        &["top", "-b", "--sort", "net"],
+        &["top", "-b", "--sort", "net", "--by", "stack"],
+        &[
+            "top", "--format", "json", "--sort", "net", "--by", "process",
+        ],
+    ] {
+        let e = refused(args);
+        assert!(e.contains("--sort net needs --by cache"), "{args:?}: {e}");
+        assert_eq!(e.lines().count(), 1, "{args:?}: {e}");
+    }
+}
+
 /// The lines issue 27 found unclear: each says what is wrong and what to do.
 #[test]
 fn unclear_inputs_say_what_is_wrong() {

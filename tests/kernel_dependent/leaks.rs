@@ -29,7 +29,7 @@ fn load_msg_site(report: &Value) -> Option<&Value> {
 /// A private copy of kheap-load whose command name no other process has, so
 /// `--comm` selects this test run's load and nothing else on a shared
 /// machine (another developer's or a soak's kheap-load included).
-fn private_load() -> &'static (PathBuf, String) {
+pub(crate) fn private_load() -> &'static (PathBuf, String) {
     static COPY: std::sync::OnceLock<(PathBuf, String)> = std::sync::OnceLock::new();
     COPY.get_or_init(|| {
         let comm = format!("kl-{}", std::process::id());

@@ -125,3 +125,103 @@ fn slabinfo_needs_root_and_says_so() {
     assert!(err.contains("readable only by root"), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
 }
+
+/// Issue 46: `slab --sort growth` names the site that grows, not one that
+/// churns: 20,000 writev calls (one 144-byte kmalloc and kfree each in
+/// iovec_from_user, 48 bytes of it wasted, the most in its cache) finish,
+/// then 300 eventfds are opened and held (one 64-byte eventfd_ctx each in
+/// do_eventfd). Every object is tracked, so each site's held count is
+/// exact, and caches come in the order of the growth they show.
+#[test]
+fn growth_names_the_growing_site_not_the_churning_one() {
+    require_root();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("slab.json");
+    let (load, comm) = crate::leaks::private_load();
+    let load = load.to_str().unwrap();
+    let mut k = Background::spawn(
+        KHEAP,
+        &[
+            "slab",
+            "--sort",
+            "growth",
+            "--comm",
+            comm,
+            "--format",
+            "json",
+            "-r",
+            "100000",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+    );
+    k.wait_for("kheap: tracing");
+    let mut churn = Background::spawn(load, &["writev", "20000"]);
+    assert!(churn.wait(), "kheap-load writev failed: {:?}", churn.seen);
+    let mut grow = Background::spawn(load, &["fds", "300", "100000", "600"]);
+    grow.wait_for("holding 300 eventfds");
+    k.signal(libc::SIGINT);
+    assert!(k.wait(), "kheap slab failed: {:#?}", k.seen);
+    drop(grow);
+    let r = parse_valid(&std::fs::read_to_string(&out).unwrap());
+    let caches = r["caches"].as_array().unwrap();
+
+    let named = |f: &str| -> Vec<&serde_json::Value> {
+        caches
+            .iter()
+            .filter(|c| {
+                c["top_sites"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|s| s["function"] == f)
+            })
+            .collect()
+    };
+    // The leak's cache names do_eventfd first, with exactly what it holds.
+    let leak = named("do_eventfd");
+    assert_eq!(leak.len(), 1, "{caches:#?}");
+    let (cache, site) = (leak[0], &leak[0]["top_sites"][0]);
+    assert_eq!(site["function"], "do_eventfd", "{cache:#}");
+    assert_eq!(u(&site["count"]), 300, "{cache:#}");
+    assert_eq!(u(&site["held_objs"]), 300, "{cache:#}");
+    assert_eq!(u(&site["held_bytes"]), 300 * 64, "{cache:#}");
+    // The cache's growth is what its sites hold (the load's start-up may
+    // hold a few more objects there).
+    let held = u(&cache["held_bytes"]);
+    assert!(
+        (300 * 64..300 * 64 + 64 * 1024).contains(&held),
+        "{cache:#}"
+    );
+    assert_eq!(cache["net_bytes"].as_i64(), Some(held as i64), "{cache:#}");
+
+    // The churner was traced, all 20,000 calls, and holds nothing: no
+    // cache names it, though it wasted the most in its own.
+    let iov: Vec<&serde_json::Value> = caches
+        .iter()
+        .filter(|c| c["name"] == "kmalloc-192")
+        .collect();
+    assert_eq!(iov.len(), 1, "{caches:#?}");
+    assert!(
+        (20000..=21000).contains(&u(&iov[0]["count"])),
+        "{:#}",
+        iov[0]
+    );
+    assert!(named("iovec_from_user").is_empty(), "{caches:#?}");
+    assert!(
+        caches.iter().all(|c| c["top_sites"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| u(&s["held_objs"]) > 0)),
+        "{caches:#?}"
+    );
+
+    // Largest growth first, as the growth shown (net_bytes) says.
+    let growth: Vec<i64> = caches
+        .iter()
+        .map(|c| c["net_bytes"].as_i64().unwrap())
+        .collect();
+    assert!(growth.windows(2).all(|w| w[0] >= w[1]), "{growth:?}");
+    assert!(growth[0] >= held as i64);
+}

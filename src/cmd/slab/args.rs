@@ -21,7 +21,7 @@ pub enum SortArg {
     Objs,
     /// Rounding waste when traced, slab loss otherwise.
     Waste,
-    /// Net growth: traced allocations minus frees, or the change between reads.
+    /// Growth: traced, what the run allocated and still holds at its end (every object tracked, exact per site; the top grower is named), or the change in slab memory between reads.
     Growth,
     /// Allocations per second (needs tracing).
     Rate,

@@ -18,6 +18,7 @@ fn uniform(function: &str, cache: CacheId, obj: u64, size: u64, count: u64) -> T
             bytes_alloc: obj * count,
             hist,
         },
+        held: None,
     }
 }
 
@@ -122,6 +123,7 @@ fn bimodal_sizes_padded_into_one_cache() {
             bytes_alloc: 1000 * 2048,
             hist,
         },
+        held: None,
     };
     let sizes = |n: &str| (n == "mixed_cache").then_some(2048);
     let hints = bimodal_hints(std::slice::from_ref(&site), &sizes);

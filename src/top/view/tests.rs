@@ -56,6 +56,31 @@ fn sort_and_view_keys_cycle() {
     assert_eq!(counted_view(GroupBy::Stack), None);
 }
 
+/// `--sort net` outside the cache view is refused with one line (issue
+/// 46: net/s is `-` in every other view); every other sort is taken in
+/// every view.
+#[test]
+fn net_is_a_sort_of_the_cache_view_only() {
+    assert_eq!(TopSort::Net.check_offered(GroupBy::Cache), Ok(()));
+    for by in [
+        GroupBy::Site,
+        GroupBy::Stack,
+        GroupBy::Process,
+        GroupBy::Cgroup,
+    ] {
+        let e = TopSort::Net.check_offered(by).unwrap_err();
+        assert!(e.starts_with("--sort net needs --by cache: "), "{e}");
+        assert!(
+            e.contains(&format!("not the {} that", group_name(by))),
+            "{e}"
+        );
+        assert!(!e.contains('\n'), "{e}");
+        for sort in TopSort::ALL.into_iter().filter(|&s| s != TopSort::Net) {
+            assert_eq!(sort.check_offered(by), Ok(()), "{sort:?} {by:?}");
+        }
+    }
+}
+
 #[test]
 fn cells_are_per_second_rates() {
     let mut r = row("load_msg+0x41", 2000, 2000 * 4096, None);
