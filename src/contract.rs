@@ -67,7 +67,9 @@ impl Kind {
             // 5: `estimated` on stack rows; 6: `run.kernel_memory_bytes`;
             // 7: `lost.caller_unreadable`.
             Kind::Malloc => 7,
-            Kind::Slab => SCHEMA_VERSION,
+            // slab 2: `call_site` and `evidence` on hints, the `rounding`
+            // kind; bimodal hints are per call site.
+            Kind::Slab => 2,
             // diff 2: rows are matched by a stable identity (`name`: a
             // cache's own name, without its merge note), and `cache`, a
             // joined string, became `caches`, a list.

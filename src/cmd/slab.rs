@@ -106,6 +106,7 @@ pub fn traced_run(snap: &Snapshot, syms: &dyn Symbolize, duration_s: f64) -> Tra
         c.bytes_alloc += stats.bytes_alloc;
         sites.push(TracedSite {
             function: label.name().to_string(),
+            call_site: label.display(),
             cache: key.cache,
             stats,
         });

@@ -322,6 +322,7 @@ pub mod tests {
             sites: vec![
                 TracedSite {
                     function: "nvme_setup_cmd".into(),
+                    call_site: "nvme_setup_cmd+0x1a".into(),
                     cache: k4.clone(),
                     stats: AllocStats {
                         count: 9_000,
@@ -332,6 +333,7 @@ pub mod tests {
                 },
                 TracedSite {
                     function: "other".into(),
+                    call_site: "other+0x2b".into(),
                     cache: k4,
                     stats: AllocStats {
                         count: 1_000,
