@@ -3,9 +3,11 @@
 //! traced totals, and (for growth) samples of the static state over time.
 //! Thresholds are deliberately conservative: a hint should be worth reading.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
-pub use self::evidence::{CacheKind, Evidence, SizedBy, Sizes};
+pub use self::evidence::{CacheKind, Evidence, SizedBy, Sizes, Spread};
 use super::traced::{TracedCache, TracedSite};
 use crate::model::slab_loss::{align8, per_second, right_size};
 use crate::model::{
@@ -89,17 +91,31 @@ pub struct Hint {
 }
 
 /// What every site hint reads besides its site: the run's length, every
-/// traced site (a call site's other caches), the caches' object sizes.
-#[derive(Clone, Copy)]
+/// traced site (a call site's other caches, summed once in `spreads`),
+/// the caches' object sizes.
 pub struct Run<'a> {
     pub duration_s: f64,
     pub sites: &'a [TracedSite],
     pub sizes: &'a dyn ObjectSizes,
+    spreads: HashMap<&'a str, Spread>,
 }
 
-impl Run<'_> {
+impl<'a> Run<'a> {
+    pub fn new(duration_s: f64, sites: &'a [TracedSite], sizes: &'a dyn ObjectSizes) -> Run<'a> {
+        Run {
+            duration_s,
+            sites,
+            sizes,
+            spreads: Spread::by_call_site(sites),
+        }
+    }
+
+    fn evidence_of(&self, stats: &AllocStats, cache: &CacheId, call_site: &str) -> Evidence {
+        Evidence::with_spread(stats, cache, self.spreads.get(call_site), self.duration_s)
+    }
+
     fn evidence(&self, site: &TracedSite) -> Evidence {
-        Evidence::of_site(site, self.sites, self.duration_s)
+        self.evidence_of(&site.stats, &site.cache, &site.call_site)
     }
 }
 
@@ -131,11 +147,7 @@ pub fn all_hints(
     series: &[CacheSeries],
     sizes: &dyn ObjectSizes,
 ) -> Vec<Hint> {
-    let run = Run {
-        duration_s,
-        sites,
-        sizes,
-    };
+    let run = Run::new(duration_s, sites, sizes);
     let mut hints: Vec<Hint> = Vec::new();
     for s in sites {
         let held = held_by_site(s, caches, series);
@@ -529,7 +541,7 @@ pub fn bimodal_hints(run: &Run) -> Vec<Hint> {
                 call_site: Some(cs.to_string()),
                 cache: cache.name(),
                 saving_bytes: saving,
-                evidence: Some(Evidence::of(&merged, cache, cs, sites, run.duration_s)),
+                evidence: Some(run.evidence_of(&merged, cache, cs)),
                 text: format!(
                     "{cs} requests two distinct sizes: {:.0}% in {slo}-{} B and {:.0}% in {llo}-{} B; {what}",
                     share(small),

@@ -6,6 +6,8 @@
 //! kernel code (a fixed size, such as a struct's). Only what the traced
 //! figures show: no name kheap cannot know.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
 use super::super::traced::TracedSite;
@@ -91,6 +93,34 @@ pub struct Evidence {
     pub waste_pct: f64,
 }
 
+/// One call site's requests over every cache it allocated from: their
+/// histogram and the kmalloc size classes they landed in.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Spread {
+    pub hist: Hist,
+    pub classes: Vec<u64>,
+}
+
+impl Spread {
+    fn add(&mut self, site: &TracedSite) {
+        self.hist += site.stats.hist;
+        if let CacheId::Kmalloc { size, .. } = site.cache {
+            if !self.classes.contains(&size) {
+                self.classes.push(size);
+            }
+        }
+    }
+
+    /// Every call site's spread, in one pass over the sites.
+    pub fn by_call_site(sites: &[TracedSite]) -> HashMap<&str, Spread> {
+        let mut out: HashMap<&str, Spread> = HashMap::new();
+        for s in sites {
+            out.entry(s.call_site.as_str()).or_default().add(s);
+        }
+        out
+    }
+}
+
 impl Evidence {
     /// The evidence of `stats` (one site in `cache`, or a call site's
     /// sum), with the spread of the call site `call_site` over every
@@ -102,22 +132,27 @@ impl Evidence {
         sites: &[TracedSite],
         duration_s: f64,
     ) -> Evidence {
-        let own: Vec<&TracedSite> = sites.iter().filter(|s| s.call_site == call_site).collect();
-        let mut hist = Hist::default();
-        let mut classes: Vec<u64> = Vec::new();
-        for s in &own {
-            hist += s.stats.hist;
-            if let CacheId::Kmalloc { size, .. } = s.cache {
-                classes.push(size);
-            }
+        let mut spread = Spread::default();
+        for s in sites.iter().filter(|s| s.call_site == call_site) {
+            spread.add(s);
         }
-        if own.is_empty() {
-            hist = stats.hist;
-        }
-        classes.sort_unstable();
-        classes.dedup();
+        Evidence::with_spread(stats, cache, Some(&spread), duration_s)
+    }
+
+    /// As `of`, with the call site's spread already summed (`None`: the
+    /// call site is not among the traced sites, and `stats` alone tell).
+    pub fn with_spread(
+        stats: &AllocStats,
+        cache: &CacheId,
+        spread: Option<&Spread>,
+        duration_s: f64,
+    ) -> Evidence {
+        let (hist, classes) = match spread {
+            Some(s) if !s.hist.is_empty() || !s.classes.is_empty() => (s.hist, s.classes.len()),
+            _ => (stats.hist, 0),
+        };
         let filled: Vec<usize> = (0..hist.0.len()).filter(|&b| hist.0[b] > 0).collect();
-        let sizes = if filled.len() > 1 || classes.len() > 1 {
+        let sizes = if filled.len() > 1 || classes > 1 {
             Sizes::Varying
         } else {
             Sizes::OneRange

@@ -8,11 +8,7 @@ fn no_sizes(_: &str) -> Option<u64> {
 
 /// A run of `duration_s` over `sites`, without the caches' object sizes.
 fn run(duration_s: f64, sites: &[TracedSite]) -> Run<'_> {
-    Run {
-        duration_s,
-        sites,
-        sizes: &no_sizes,
-    }
+    Run::new(duration_s, sites, &no_sizes)
 }
 
 /// A bucket cache of `size`-byte objects, e.g. msg_msg-2k.
@@ -156,11 +152,7 @@ fn bimodal_sizes_padded_into_one_cache() {
         },
     };
     let sizes = |n: &str| (n == "mixed_cache").then_some(2048);
-    let hints = bimodal_hints(&Run {
-        duration_s: 1.0,
-        sites: std::slice::from_ref(&site),
-        sizes: &sizes,
-    });
+    let hints = bimodal_hints(&Run::new(1.0, std::slice::from_ref(&site), &sizes));
     assert_eq!(hints.len(), 1);
     let h = &hints[0];
     assert_eq!(h.kind, HintKind::Bimodal);
@@ -388,11 +380,7 @@ fn a_bucket_cache_losing_half_of_each_object_gets_a_hint() {
         "msg_msg-64" => Some(64),
         _ => None,
     };
-    let r = Run {
-        duration_s: 10.0,
-        sites: &sites,
-        sizes: &sizes,
-    };
+    let r = Run::new(10.0, &sites, &sizes);
     // No dedicated cache to propose: the bucket cache is already its own.
     assert_eq!(boundary_hint(&r, &site, None), None);
     let held = Held {
