@@ -71,7 +71,9 @@ impl Kind {
             // `top_sites` (what the run allocated and still holds, with
             // --sort growth, which tracks every object); `top_sites` are
             // then the sites holding the most, and a cache's `frees`,
-            // `net_*` those of the objects the run allocated.
+            // `net_*` those of the objects the run allocated; `call_site`
+            // and `evidence` on hints, the `rounding` kind; bimodal hints
+            // are per call site.
             Kind::Slab => 2,
             // diff 2: rows are matched by a stable identity (`name`: a
             // cache's own name, without its merge note), and `cache`, a

@@ -89,6 +89,7 @@ mod tests {
         ("slab::snapshot", Model),
         ("slab::traced", Model),
         ("slab::hints", Report),
+        ("slab::hints::evidence", Report),
         ("slab::watch", Report),
         ("slab::report", Report),
         ("slab::render", Render),

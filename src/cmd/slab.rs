@@ -134,6 +134,7 @@ pub fn traced_run(snap: &Snapshot, syms: &dyn Symbolize, duration_s: f64) -> Tra
         }
         sites.push(TracedSite {
             function: label.name().to_string(),
+            call_site: label.display(),
             cache: key.cache,
             stats,
             held: site_held,

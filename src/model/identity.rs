@@ -101,6 +101,22 @@ impl CacheId {
         }
     }
 
+    /// The object size of a kmalloc bucket cache (`msg_msg-2k`: a
+    /// `kmem_buckets` copy of the size classes that one purpose's
+    /// kmalloc() calls use, `CONFIG_SLAB_BUCKETS`), as opposed to a size
+    /// class every kmalloc() of the size shares. Known only where the
+    /// object's slab names the cache (`KmallocSlab::Cache`).
+    pub fn kmalloc_bucket(&self) -> Option<u64> {
+        match self {
+            CacheId::Kmalloc {
+                size,
+                slab: KmallocSlab::Cache(name),
+                ..
+            } if *size <= KMALLOC_MAX_CACHE_SIZE && !is_kmalloc_size_class(name) => Some(*size),
+            _ => None,
+        }
+    }
+
     /// The allocator this cache belongs to.
     pub fn source(&self) -> Source {
         match self {

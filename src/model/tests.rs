@@ -117,6 +117,19 @@ fn kmalloc_size_classes_are_told_from_bucket_caches() {
     );
     assert_eq!(in_slab("msg_msg-4k").kmalloc_size_class(), None);
     assert_eq!(in_slab("msg_msg-4k").name(), "msg_msg-4k");
+    // A bucket cache is the other half: never both, never for a cache
+    // kheap could not name.
+    assert_eq!(in_slab("msg_msg-4k").kmalloc_bucket(), Some(4096));
+    assert_eq!(in_slab("kmalloc-cg-4k").kmalloc_bucket(), None);
+    assert_eq!(in_slab("kmalloc-rnd-05-4k").kmalloc_bucket(), None);
+    let unknown = |slab| CacheId::Kmalloc {
+        size: 4096,
+        accounted: false,
+        slab,
+    };
+    assert_eq!(unknown(KmallocSlab::SizeClass).kmalloc_bucket(), None);
+    assert_eq!(unknown(KmallocSlab::Unresolved).kmalloc_bucket(), None);
+    assert_eq!(CacheId::Named("dentry".into()).kmalloc_bucket(), None);
 }
 
 #[test]

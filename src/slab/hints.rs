@@ -3,13 +3,19 @@
 //! traced totals, and (for growth) samples of the static state over time.
 //! Thresholds are deliberately conservative: a hint should be worth reading.
 
+use std::collections::HashMap;
+
 use serde::Serialize;
 
+pub use self::evidence::{CacheKind, Evidence, SizedBy, Sizes, Spread};
 use super::traced::{TracedCache, TracedSite};
 use crate::model::slab_loss::{align8, per_second, right_size};
 use crate::model::{
-    human_count, human_size, pct, AllocStats, CacheId, Hist, KmallocSlab, KMALLOC_MAX_CACHE_SIZE,
+    human_count, human_size, kmalloc_size_name, pct, AllocStats, CacheId, Hist,
+    KMALLOC_MAX_CACHE_SIZE,
 };
+
+pub mod evidence;
 
 /// kmalloc size classes on x86_64 SLUB (KMALLOC_MIN_SIZE 8).
 pub const KMALLOC_SIZES: [u64; 13] = [
@@ -39,6 +45,10 @@ pub const POOL_MIN_RATE: f64 = 10_000.0;
 pub const LARGE_MIN_SIZE: u64 = 4096;
 /// ...at at least this many per second.
 pub const LARGE_MIN_RATE: f64 = 1_000.0;
+/// Rounding hints for sizes the caller sets (a bucket cache, sizes that
+/// vary): at least this many allocations per second, or a held saving of
+/// `MIN_SAVING_BYTES`.
+pub const ROUNDING_MIN_RATE: f64 = 1_000.0;
 /// Growth below this is not reported.
 pub const MIN_GROWTH_BYTES: u64 = 1 << 20;
 /// Steady growth needs at least this many samples.
@@ -49,6 +59,10 @@ pub const MIN_SERIES_POINTS: usize = 3;
 pub enum HintKind {
     /// Requests cluster just above a kmalloc size class.
     Boundary,
+    /// A large share of each object lost to rounding where the caller sets
+    /// the size (a bucket cache, or sizes that vary): no dedicated cache
+    /// fixes it, sizes that fit the class do.
+    Rounding,
     /// One function requests two distinct sizes.
     Bimodal,
     /// Many small allocations at a high rate.
@@ -64,11 +78,45 @@ pub struct Hint {
     pub kind: HintKind,
     /// The function, for site hints.
     pub site: Option<String>,
+    /// The call site (`function+0xoff`), for site hints: what a site hint
+    /// is about. Two calls in one function are two buffers.
+    pub call_site: Option<String>,
     pub cache: String,
     /// Bytes the suggested change would save over the run; for growth
     /// hints, the bytes the cache grew by.
     pub saving_bytes: u64,
+    /// What the hint stands on, for site hints.
+    pub evidence: Option<Evidence>,
     pub text: String,
+}
+
+/// What every site hint reads besides its site: the run's length, every
+/// traced site (a call site's other caches, summed once in `spreads`),
+/// the caches' object sizes.
+pub struct Run<'a> {
+    pub duration_s: f64,
+    pub sites: &'a [TracedSite],
+    pub sizes: &'a dyn ObjectSizes,
+    spreads: HashMap<&'a str, Spread>,
+}
+
+impl<'a> Run<'a> {
+    pub fn new(duration_s: f64, sites: &'a [TracedSite], sizes: &'a dyn ObjectSizes) -> Run<'a> {
+        Run {
+            duration_s,
+            sites,
+            sizes,
+            spreads: Spread::by_call_site(sites),
+        }
+    }
+
+    fn evidence_of(&self, stats: &AllocStats, cache: &CacheId, call_site: &str) -> Evidence {
+        Evidence::with_spread(stats, cache, self.spreads.get(call_site), self.duration_s)
+    }
+
+    fn evidence(&self, site: &TracedSite) -> Evidence {
+        self.evidence_of(&site.stats, &site.cache, &site.call_site)
+    }
 }
 
 /// Active objects of one cache at successive times (seconds).
@@ -99,24 +147,24 @@ pub fn all_hints(
     series: &[CacheSeries],
     sizes: &dyn ObjectSizes,
 ) -> Vec<Hint> {
+    let run = Run::new(duration_s, sites, sizes);
     let mut hints: Vec<Hint> = Vec::new();
-    let held = |s: &TracedSite| held_by_site(s, caches, series);
-    hints.extend(
-        sites
-            .iter()
-            .filter_map(|s| boundary_hint(s, duration_s, held(s))),
-    );
-    hints.extend(bimodal_hints(sites, sizes));
-    hints.extend(
-        sites
-            .iter()
-            .filter_map(|s| pooling_hint(s, duration_s, held(s))),
-    );
-    hints.extend(
-        sites
-            .iter()
-            .filter_map(|s| large_hot_hint(s, duration_s, held(s))),
-    );
+    for s in sites {
+        let held = held_by_site(s, caches, series);
+        let boundary = boundary_hint(&run, s, held);
+        let rounding = boundary
+            .is_none()
+            .then(|| rounding_hint(&run, s, held))
+            .flatten();
+        // The rounding saving is claimed once per site: by the boundary or
+        // the rounding hint, else by pooling or large_hot.
+        let claimed = boundary.is_some() || rounding.is_some();
+        hints.extend(boundary);
+        hints.extend(rounding);
+        hints.extend(pooling_hint(&run, s, held, claimed));
+        hints.extend(large_hot_hint(&run, s, held, claimed));
+    }
+    hints.extend(bimodal_hints(&run));
     hints.extend(series.iter().filter_map(series_growth_hint));
     hints.extend(
         caches
@@ -128,6 +176,8 @@ pub fn all_hints(
         b.saving_bytes
             .cmp(&a.saving_bytes)
             .then(a.kind.cmp(&b.kind))
+            .then_with(|| a.call_site.cmp(&b.call_site))
+            .then_with(|| a.cache.cmp(&b.cache))
     });
     hints
 }
@@ -236,20 +286,61 @@ fn held_words(held: Option<Held>, per_object: u64) -> (u64, String) {
     }
 }
 
+/// "over the 10.0 s run"; a run shorter than a second keeps two decimals
+/// ("over the 0.08 s run", not 0.0 beside a rate).
 fn run_words(duration_s: f64) -> String {
-    if duration_s > 0.0 {
-        format!("over the {duration_s:.1} s run")
-    } else {
-        "over the run".to_string()
+    match duration_s {
+        d if d >= 1.0 => format!("over the {d:.1} s run"),
+        d if d > 0.0 => format!("over the {d:.2} s run"),
+        _ => "over the run".to_string(),
     }
+}
+
+/// The next kmalloc class below `size` and, where kheap can tell, the name
+/// of its cache in `cache`'s family: `kmalloc-cg-2k` below
+/// `kmalloc-cg-4k`, `msg_msg-1k` below `msg_msg-2k`. A family member is
+/// named when /proc/slabinfo has it (bucket caches skip some classes);
+/// a shared size class's family has every class, so it is named even
+/// without the static read.
+fn class_below(
+    cache: &CacheId,
+    size: u64,
+    sizes: &dyn ObjectSizes,
+) -> Option<(u64, Option<String>)> {
+    let below: Vec<u64> = KMALLOC_SIZES
+        .iter()
+        .rev()
+        .copied()
+        .filter(|&k| k < size)
+        .collect();
+    let name = cache.name();
+    let Some(prefix) = name.strip_suffix(&kmalloc_size_name(size)) else {
+        return below.first().map(|&k| (k, None));
+    };
+    let sibling = |k: u64| format!("{prefix}{}", kmalloc_size_name(k));
+    if let Some(&k) = below
+        .iter()
+        .find(|&&k| sizes.object_size(&sibling(k)) == Some(k))
+    {
+        return Some((k, Some(sibling(k))));
+    }
+    let &k = below.first()?;
+    let shared = cache.kmalloc_size_class().is_some();
+    Some((k, shared.then(|| sibling(k))))
+}
+
+/// "kmalloc-2k", or "the 2048-byte class" where the cache is not known.
+fn class_words(size: u64, name: &Option<String>) -> String {
+    name.clone()
+        .unwrap_or_else(|| format!("the {size}-byte class"))
 }
 
 /// Requests clustering just above a kmalloc class, e.g. 2100 bytes landing
 /// in kmalloc-4k: the cache rounds each up to almost twice the need.
-pub fn boundary_hint(site: &TracedSite, duration_s: f64, held: Option<Held>) -> Option<Hint> {
+pub fn boundary_hint(run: &Run, site: &TracedSite, held: Option<Held>) -> Option<Hint> {
     let s = &site.stats;
     let size = kmalloc_size(&site.cache).filter(|&z| z <= KMALLOC_MAX_CACHE_SIZE)?;
-    let prev = *KMALLOC_SIZES.iter().rev().find(|&&k| k < size)?;
+    let (prev, prev_name) = class_below(&site.cache, size, run.sizes)?;
     if s.count < MIN_COUNT {
         return None;
     }
@@ -265,29 +356,115 @@ pub fn boundary_hint(site: &TracedSite, duration_s: f64, held: Option<Held>) -> 
         return None;
     }
     let cache = site.cache.name();
-    let prev_name = CacheId::Kmalloc {
-        size: prev,
-        accounted: false,
-        slab: KmallocSlab::SizeClass,
-    }
-    .name();
+    let evidence = run.evidence(site);
+    let prev_name = class_words(prev, &prev_name);
+    let r = right_size(s);
+    let change = match evidence.sized_by {
+        SizedBy::Code => format!(
+            "the code that sets it could trim it to at most {prev} B to fit {prev_name}, or give \
+             it a dedicated {r}-byte cache, which would mean {held_text}"
+        ),
+        SizedBy::Caller => format!(
+            "a dedicated {r}-byte cache for the common size would mean {held_text}; whoever \
+             chooses the sizes could keep them to at most {prev} B, for {prev_name}"
+        ),
+    };
     Some(Hint {
         kind: HintKind::Boundary,
         site: Some(site.function.clone()),
+        call_site: Some(site.call_site.clone()),
         text: format!(
-            "{f}() requests ~{avg:.0} B ({share:.0}% of its {n} allocations in {lo}-{hi} B), \
-             just above {prev_name}, so {cache} wastes {w:.0}% of each object ({run}); a \
-             dedicated {r}-byte cache would mean {held_text}",
-            f = site.function,
+            "{cs} requests ~{avg:.0} B ({share:.0}% of its {n} allocations in {lo}-{hi} B), \
+             just above {prev_name}, so {cache} wastes {w:.0}% of each object ({run}); {who}. \
+             {change}",
+            cs = site.call_site,
             share = share * 100.0,
             n = human_count(s.count),
             hi = hi - 1,
             w = s.waste_pct(),
-            r = right_size(s),
-            run = run_words(duration_s),
+            run = run_words(run.duration_s),
+            who = evidence.who_sets_the_size(&cache),
+            change = capitalized(&change),
         ),
         cache,
         saving_bytes: saving,
+        evidence: Some(evidence),
+    })
+}
+
+fn capitalized(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) => f.to_uppercase().chain(c).collect(),
+        None => String::new(),
+    }
+}
+
+/// A large share of each object lost to rounding where the caller sets
+/// the size: a bucket cache (the kernel keeps those for sizes user space
+/// controls), or a size class whose requests vary. A dedicated cache fits
+/// no caller-chosen size; whoever chooses the sizes can fit the class.
+/// Needs `MIN_COUNT` allocations, `MIN_WASTE_PCT` of the allocated bytes
+/// lost, and `ROUNDING_MIN_RATE` per second or a held saving of
+/// `MIN_SAVING_BYTES`. The saving claimed is the rounding of the objects
+/// held, as for a boundary hint.
+pub fn rounding_hint(run: &Run, site: &TracedSite, held: Option<Held>) -> Option<Hint> {
+    let s = &site.stats;
+    let obj = site
+        .cache
+        .kmalloc_bucket()
+        .or_else(|| site.cache.kmalloc_size_class())?;
+    let evidence = run.evidence(site);
+    if s.count < MIN_COUNT
+        || evidence.sized_by != SizedBy::Caller
+        || evidence.waste_pct < MIN_WASTE_PCT
+    {
+        return None;
+    }
+    let (saving, held_text) = held_words(held, obj.saturating_sub(right_size(s)));
+    if evidence.alloc_rate < ROUNDING_MIN_RATE && saving < MIN_SAVING_BYTES {
+        return None;
+    }
+    let cache = site.cache.name();
+    let smaller = class_below(&site.cache, obj, run.sizes)
+        .map(|(k, name)| {
+            format!(
+                ", and requests of at most {k} B would take {}",
+                match name {
+                    Some(n) => format!("{n}'s {k}-byte objects"),
+                    None => format!("{k}-byte objects"),
+                }
+            )
+        })
+        .unwrap_or_default();
+    let not_dedicated = match evidence.cache_kind {
+        CacheKind::Bucket => "",
+        _ => " (a dedicated cache fits no one size when sizes vary)",
+    };
+    let rate = if run.duration_s > 0.0 {
+        format!(", {}/s", human_count(evidence.alloc_rate.round() as u64))
+    } else {
+        String::new()
+    };
+    Some(Hint {
+        kind: HintKind::Rounding,
+        site: Some(site.function.clone()),
+        call_site: Some(site.call_site.clone()),
+        text: format!(
+            "{cs} loses {w:.0}% of each object to rounding in {cache}: {n} requests of ~{avg:.0} B \
+             in {obj}-byte objects {run}{rate}; {who}. Whoever chooses the sizes can fit the \
+             class: a {obj}-byte object costs the same for any request up to {obj} B{smaller}\
+             {not_dedicated}; sizes that fit would mean {held_text}",
+            cs = site.call_site,
+            w = evidence.waste_pct,
+            n = human_count(s.count),
+            avg = s.avg_req(),
+            run = run_words(run.duration_s),
+            who = evidence.who_sets_the_size(&cache),
+        ),
+        cache,
+        saving_bytes: saving,
+        evidence: Some(evidence),
     })
 }
 
@@ -310,18 +487,21 @@ pub fn two_modes(hist: &Hist) -> Option<(usize, usize)> {
         .then_some((a, b))
 }
 
-/// Functions whose requests fall into two distinct sizes. When the small
-/// ones are served from objects sized for the large ones, the saving is
-/// what a cache sized for the small mode would have spared:
+/// Call sites whose requests fall into two distinct sizes. A call site,
+/// not a function: two calls in one function that ask for different sizes
+/// are two buffers, each of one size. When the small requests are served
+/// from objects sized for the large ones, the saving is what a cache sized
+/// for the small mode would have spared:
 /// `small_count * (object_size - upper bound of the small mode)`.
-pub fn bimodal_hints(sites: &[TracedSite], sizes: &dyn ObjectSizes) -> Vec<Hint> {
-    let mut functions: Vec<&str> = sites.iter().map(|s| s.function.as_str()).collect();
-    functions.sort_unstable();
-    functions.dedup();
-    functions
+pub fn bimodal_hints(run: &Run) -> Vec<Hint> {
+    let sites = run.sites;
+    let mut call_sites: Vec<&str> = sites.iter().map(|s| s.call_site.as_str()).collect();
+    call_sites.sort_unstable();
+    call_sites.dedup();
+    call_sites
         .into_iter()
-        .filter_map(|f| {
-            let own: Vec<&TracedSite> = sites.iter().filter(|s| s.function == f).collect();
+        .filter_map(|cs| {
+            let own: Vec<&TracedSite> = sites.iter().filter(|s| s.call_site == cs).collect();
             let mut merged = AllocStats::default();
             for s in &own {
                 merged += s.stats;
@@ -330,14 +510,14 @@ pub fn bimodal_hints(sites: &[TracedSite], sizes: &dyn ObjectSizes) -> Vec<Hint>
             let (slo, shi) = Hist::bounds(small);
             let (llo, lhi) = Hist::bounds(large);
             let mut saving = 0;
-            let mut padded_into: Option<(String, u64)> = None;
+            let mut padded_into: Option<(&CacheId, u64)> = None;
             for s in &own {
-                let Some(obj) = object_size_of(&s.cache, sizes) else {
+                let Some(obj) = object_size_of(&s.cache, run.sizes) else {
                     continue;
                 };
                 if s.stats.hist.0[small] > 0 && obj >= llo && obj > align8(shi) {
                     saving += s.stats.hist.0[small] * (obj - align8(shi));
-                    padded_into.get_or_insert((s.cache.name(), obj));
+                    padded_into.get_or_insert((&s.cache, obj));
                 }
             }
             let busiest = own.iter().max_by_key(|s| s.stats.count)?;
@@ -345,21 +525,25 @@ pub fn bimodal_hints(sites: &[TracedSite], sizes: &dyn ObjectSizes) -> Vec<Hint>
             let share = |b: usize| merged.hist.0[b] as f64 * 100.0 / total;
             let what = match &padded_into {
                 Some((cache, obj)) => format!(
-                    "the small ones are padded to {obj}-byte objects in {cache}: allocating them \
+                    "the small ones are padded to {obj}-byte objects in {}: allocating them \
                      from a cache of at most {shi} B would save {}",
+                    cache.name(),
                     human_size(saving)
                 ),
                 None => "they land in different caches; if one buffer size serves both paths, \
                          sizing each path separately keeps the small case small"
                     .to_string(),
             };
+            let cache = padded_into.map_or(&busiest.cache, |(c, _)| c);
             Some(Hint {
                 kind: HintKind::Bimodal,
-                site: Some(f.to_string()),
-                cache: padded_into.map_or_else(|| busiest.cache.name(), |(c, _)| c),
+                site: Some(busiest.function.clone()),
+                call_site: Some(cs.to_string()),
+                cache: cache.name(),
                 saving_bytes: saving,
+                evidence: Some(run.evidence_of(&merged, cache, cs)),
                 text: format!(
-                    "{f}() requests two distinct sizes: {:.0}% in {slo}-{} B and {:.0}% in {llo}-{} B; {what}",
+                    "{cs} requests two distinct sizes: {:.0}% in {slo}-{} B and {:.0}% in {llo}-{} B; {what}",
                     share(small),
                     shi - 1,
                     share(large),
@@ -370,18 +554,23 @@ pub fn bimodal_hints(sites: &[TracedSite], sizes: &dyn ObjectSizes) -> Vec<Hint>
         .collect()
 }
 
-/// Many small allocations at a high rate: a pooling candidate.
-pub fn pooling_hint(site: &TracedSite, duration_s: f64, held: Option<Held>) -> Option<Hint> {
+/// Many small allocations at a high rate: a pooling candidate. `claimed`:
+/// a boundary or rounding hint of the site already claims its rounding
+/// saving, so savings never add up twice.
+pub fn pooling_hint(
+    run: &Run,
+    site: &TracedSite,
+    held: Option<Held>,
+    claimed: bool,
+) -> Option<Hint> {
     let s = &site.stats;
-    let rate = per_second(s.count, duration_s);
+    let rate = per_second(s.count, run.duration_s);
     let avg = s.avg_req();
     if s.count < MIN_COUNT || rate < POOL_MIN_RATE || avg > POOL_MAX_SIZE as f64 {
         return None;
     }
-    // The rounding saving is claimed here only when no boundary hint
-    // already claims it for the same site, so savings never add up twice.
     let claim = kmalloc_size(&site.cache)
-        .filter(|_| boundary_hint(site, duration_s, held).is_none())
+        .filter(|_| !claimed)
         .zip(held)
         .map(|(size, h)| held_words(Some(h), size.saturating_sub(right_size(s))));
     let (saving, extra) = match claim {
@@ -395,49 +584,59 @@ pub fn pooling_hint(site: &TracedSite, duration_s: f64, held: Option<Held>) -> O
     Some(Hint {
         kind: HintKind::Pooling,
         site: Some(site.function.clone()),
+        call_site: Some(site.call_site.clone()),
         text: format!(
-            "{f}() makes {r}/s allocations of ~{avg:.0} B from {cache} ({n} {run}); at that rate \
+            "{cs} makes {r}/s allocations of ~{avg:.0} B from {cache} ({n} {run}); at that rate \
              a per-CPU pool or object reuse would save allocator work{extra}",
-            f = site.function,
+            cs = site.call_site,
             r = human_count(rate.round() as u64),
             n = human_count(s.count),
-            run = run_words(duration_s),
+            run = run_words(run.duration_s),
         ),
         cache,
         saving_bytes: saving,
+        evidence: Some(run.evidence(site)),
     })
 }
 
 /// Large allocations at a high rate: each is an expensive multi-page
-/// allocation (above 8 KiB, straight from the page allocator).
-pub fn large_hot_hint(site: &TracedSite, duration_s: f64, held: Option<Held>) -> Option<Hint> {
+/// allocation (above 8 KiB, straight from the page allocator). `claimed`
+/// as for `pooling_hint`.
+pub fn large_hot_hint(
+    run: &Run,
+    site: &TracedSite,
+    held: Option<Held>,
+    claimed: bool,
+) -> Option<Hint> {
     let s = &site.stats;
-    let rate = per_second(s.count, duration_s);
+    let rate = per_second(s.count, run.duration_s);
     let avg = s.avg_req();
     if s.count < MIN_COUNT || rate < LARGE_MIN_RATE || avg < LARGE_MIN_SIZE as f64 {
         return None;
     }
     let cache = site.cache.name();
     // What rounding costs in memory held (not in bytes churned).
-    let saving = match (kmalloc_size(&site.cache), held) {
+    let saving = match (kmalloc_size(&site.cache).filter(|_| !claimed), held) {
         (Some(size), Some(h)) => h.saving(size.saturating_sub(right_size(s))).0,
         _ => 0,
     };
     Some(Hint {
         kind: HintKind::LargeHot,
         site: Some(site.function.clone()),
+        call_site: Some(site.call_site.clone()),
         text: format!(
-            "{f}() allocates ~{a} {r}/s from {cache} ({w:.0}% rounding waste, {n} {run}); in a \
+            "{cs} allocates ~{a} {r}/s from {cache} ({w:.0}% rounding waste, {n} {run}); in a \
              hot path, reuse a buffer or keep a small pool instead of allocating each time",
-            f = site.function,
+            cs = site.call_site,
             a = human_size(avg.round() as u64),
             r = human_count(rate.round() as u64),
             w = s.waste_pct(),
             n = human_count(s.count),
-            run = run_words(duration_s),
+            run = run_words(run.duration_s),
         ),
         cache,
         saving_bytes: saving,
+        evidence: Some(run.evidence(site)),
     })
 }
 
@@ -460,8 +659,10 @@ pub fn series_growth_hint(series: &CacheSeries) -> Option<Hint> {
     Some(Hint {
         kind: HintKind::Growth,
         site: None,
+        call_site: None,
         cache: series.cache.clone(),
         saving_bytes: bytes,
+        evidence: None,
         text: format!(
             "{c} grew in every one of {k} intervals: +{o} objects (+{b}) in {secs:.1} s, {rate}/s; \
              if it never levels off, something allocates from it without freeing",
@@ -485,6 +686,8 @@ pub fn traced_growth_hint(cache: &TracedCache, duration_s: f64) -> Option<Hint> 
     Some(Hint {
         kind: HintKind::Growth,
         site: None,
+        call_site: None,
+        evidence: None,
         text: format!(
             "{name}: {a} allocations but {fr} frees {run} ({p:.0}% freed), net +{b}; if this \
              keeps up, something allocates from it without freeing",

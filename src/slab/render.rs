@@ -333,7 +333,7 @@ pub fn watch_json(deltas: &[CacheDelta], elapsed_s: f64, interval_s: f64, rows: 
 
 #[cfg(test)]
 mod tests {
-    use super::super::hints::{Hint, HintKind};
+    use super::super::hints::{Evidence, Hint, HintKind};
     use super::super::report::tests::fixture;
     use super::super::report::{build_report, ReportInput, SortKey};
     use super::super::traced::{TracedCache, TracedRun, TracedSite};
@@ -352,6 +352,7 @@ mod tests {
             caches: vec![c],
             sites: vec![TracedSite {
                 function: "f".into(),
+                call_site: "f+0x10".into(),
                 cache: k,
                 stats: stats(10, 800, 960),
                 held: None,
@@ -370,8 +371,16 @@ mod tests {
         r.hints.push(Hint {
             kind: HintKind::Boundary,
             site: Some("f".into()),
+            call_site: Some("f+0x10".into()),
             cache: "kmalloc-96".into(),
             saving_bytes: 1,
+            evidence: Some(Evidence::of(
+                &stats(10, 800, 960),
+                &kmalloc(96),
+                "f+0x10",
+                &[],
+                2.0,
+            )),
             text: "t".into(),
         });
         r
@@ -394,9 +403,25 @@ mod tests {
         assert_keys(
             hint,
             "hints[]",
-            &["kind", "site", "cache", "saving_bytes", "text"],
+            &[
+                "kind",
+                "site",
+                "call_site",
+                "cache",
+                "saving_bytes",
+                "evidence",
+                "text",
+            ],
         );
         assert_eq!(hint["kind"], "boundary");
+        assert_eq!(hint["call_site"], "f+0x10");
+        #[rustfmt::skip]
+        assert_keys(&hint["evidence"], "hints[].evidence", &[
+            "cache_kind", "sizes", "size_lo", "size_hi", "sized_by", "count",
+            "alloc_rate", "waste_bytes", "waste_pct",
+        ]);
+        assert_eq!(hint["evidence"]["cache_kind"], "size_class");
+        assert_eq!(hint["evidence"]["alloc_rate"], 5.0);
         assert_eq!(v["duration_s"], 2.0);
         assert_eq!((&v["kind"], &v["mode"]), (&"slab".into(), &"report".into()));
     }

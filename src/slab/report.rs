@@ -378,6 +378,7 @@ pub mod tests {
             sites: vec![
                 TracedSite {
                     function: "nvme_setup_cmd".into(),
+                    call_site: "nvme_setup_cmd+0x1a".into(),
                     cache: k4.clone(),
                     stats: AllocStats {
                         count: 9_000,
@@ -389,6 +390,7 @@ pub mod tests {
                 },
                 TracedSite {
                     function: "other".into(),
+                    call_site: "other+0x2b".into(),
                     cache: k4,
                     stats: AllocStats {
                         count: 1_000,
@@ -408,6 +410,7 @@ pub mod tests {
         let obj = cache.kmalloc_size_class().unwrap();
         TracedSite {
             function: function.into(),
+            call_site: format!("{function}+0x10"),
             cache,
             stats: AllocStats {
                 count,

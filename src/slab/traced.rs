@@ -71,11 +71,15 @@ impl std::ops::AddAssign for StillHeld {
     }
 }
 
-/// One allocating function (call site) and one cache it allocated from.
-/// A function using several caches appears once per cache.
+/// One call site and one cache it allocated from. A call site using
+/// several caches appears once per cache; a function with several call
+/// sites once per call site: two calls in one function are two buffers.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TracedSite {
     pub function: String,
+    /// `function+0xoff`, as site rows' `location` names it (the caller's
+    /// frame where the call site is an allocation wrapper).
+    pub call_site: String,
     pub cache: CacheId,
     /// `stats.hist` is the histogram of requested sizes.
     pub stats: AllocStats,
