@@ -265,10 +265,13 @@ impl Daemon {
             return Ok(read);
         }
         let aged = att.tracer.age_out_oldest(n)?;
+        // None if every one was freed (or its slot retaken) meanwhile.
+        if aged.objects() > 0 {
+            att.tracked_since = SystemTime::now() - Duration::from_nanos(aged.youngest_age_ns);
+        }
         for (site, o) in aged.by_site {
             *self.totals.objects_aged_out.entry(site).or_default() += o;
         }
-        att.tracked_since = SystemTime::now() - Duration::from_nanos(aged.youngest_age_ns);
         Ok(att.tracer.outstanding()?.unwrap_or(read))
     }
 
