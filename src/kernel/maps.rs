@@ -319,29 +319,44 @@ where
     Ok(())
 }
 
-/// A BPF array map created with BPF_F_MMAPABLE, mapped read-only: its
-/// values are read from memory, with no syscall and no copy of the entries
-/// not asked for. Unmapped when dropped.
+/// A BPF array map created with BPF_F_MMAPABLE, mapped read-only (or, by
+/// `writable`, for reading and writing): its values are read from memory,
+/// with no syscall and no copy of the entries not asked for. Unmapped when
+/// dropped.
 pub struct MappedArray {
     base: *const u8,
     len: usize,
     value_size: usize,
     entries: u32,
+    writable: bool,
 }
 
 impl MappedArray {
     pub fn new<M: MapCore>(map: &M) -> Result<MappedArray> {
+        Self::map(map, false)
+    }
+
+    /// Mapped for writing too (`compare_and_clear`).
+    pub fn writable<M: MapCore>(map: &M) -> Result<MappedArray> {
+        Self::map(map, true)
+    }
+
+    fn map<M: MapCore>(map: &M, writable: bool) -> Result<MappedArray> {
         // The kernel lays values out 8-byte aligned, from offset 0.
         let value_size = (map.value_size() as usize).div_ceil(8) * 8;
         let entries = map.max_entries();
         let len = value_size * entries as usize;
-        // SAFETY: a fresh read-only shared mapping of the map's fd; the
-        // kernel checks the length against the map.
+        let prot = match writable {
+            true => libc::PROT_READ | libc::PROT_WRITE,
+            false => libc::PROT_READ,
+        };
+        // SAFETY: a fresh shared mapping of the map's fd; the kernel checks
+        // the length against the map.
         let base = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 len,
-                libc::PROT_READ,
+                prot,
                 libc::MAP_SHARED,
                 map.as_fd().as_raw_fd(),
                 0,
@@ -356,7 +371,37 @@ impl MappedArray {
             len,
             value_size,
             entries,
+            writable,
         })
+    }
+
+    /// Sets the 64-bit word `word` of the value at `index` to 0 if it
+    /// still holds `expected`, atomically, as BPF programs' compare-and-swap
+    /// on the same word expects. True when it did. False past the end or
+    /// in a read-only mapping.
+    pub fn compare_and_clear(&self, index: u32, word: usize, expected: u64) -> bool {
+        if !self.writable || index >= self.entries || (word + 1) * 8 > self.value_size {
+            return false;
+        }
+        // SAFETY: inside the writable mapping (checked above), which lives
+        // as long as self, 8-byte aligned (values start at multiples of 8
+        // from a page-aligned base); the kernel's programs reach this word
+        // only with atomic operations or aligned 8-byte loads and stores.
+        let cell = unsafe {
+            std::sync::atomic::AtomicU64::from_ptr(
+                self.base
+                    .add(index as usize * self.value_size + word * 8)
+                    .cast::<u64>()
+                    .cast_mut(),
+            )
+        };
+        cell.compare_exchange(
+            expected,
+            0,
+            std::sync::atomic::Ordering::SeqCst,
+            std::sync::atomic::Ordering::SeqCst,
+        )
+        .is_ok()
     }
 
     pub fn entries(&self) -> u32 {

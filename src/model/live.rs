@@ -463,10 +463,62 @@ pub struct OutstandingRead {
     pub map_full_live: u64,
 }
 
+impl OutstandingRead {
+    /// Every object read.
+    pub fn objects(&self) -> u64 {
+        self.groups.values().map(|o| o.objects).sum()
+    }
+}
+
+/// When `kheap serve --track-outstanding` ages its store: once it holds
+/// three quarters of its capacity, its oldest objects are forgotten until it
+/// holds half (docs/design/serve-outstanding.md says why).
+pub const AGE_OUT_AT: (u64, u64) = (3, 4);
+
+/// How many of the `objects` in a store of `capacity` objects are aged
+/// out, oldest first: none below [`AGE_OUT_AT`] of the capacity, else down
+/// to half the capacity.
+pub fn objects_to_age_out(objects: u64, capacity: u64) -> u64 {
+    let (num, den) = AGE_OUT_AT;
+    if capacity == 0 || objects * den < capacity * num {
+        return 0;
+    }
+    objects.saturating_sub(capacity / 2)
+}
+
+/// Objects forgotten by the store while still outstanding (their frees are
+/// not seen): by site, and the age of the youngest of them when they were
+/// forgotten (every object younger than it is still tracked).
+#[derive(Clone, Debug, Default)]
+pub struct AgedOut {
+    pub by_site: HashMap<SiteKey, Outstanding>,
+    pub youngest_age_ns: u64,
+}
+
+impl AgedOut {
+    pub fn objects(&self) -> u64 {
+        self.by_site.values().map(|o| o.objects).sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::KmallocSlab;
+
+    #[test]
+    fn the_store_is_aged_from_three_quarters_down_to_half() {
+        assert_eq!(objects_to_age_out(0, 1000), 0);
+        assert_eq!(objects_to_age_out(749, 1000), 0);
+        assert_eq!(objects_to_age_out(750, 1000), 250);
+        assert_eq!(objects_to_age_out(1000, 1000), 500);
+        // Small stores: 6 of 8 is the mark, 4 are kept.
+        assert_eq!(objects_to_age_out(5, 8), 0);
+        assert_eq!(objects_to_age_out(6, 8), 2);
+        assert_eq!(objects_to_age_out(8, 8), 4);
+        assert_eq!(objects_to_age_out(1, 1), 1);
+        assert_eq!(objects_to_age_out(3, 0), 0);
+    }
 
     fn site(call_site: u64) -> SiteKey {
         SiteKey {

@@ -26,6 +26,16 @@ pub struct OutstandingSite {
     pub bytes: u64,
 }
 
+/// What the live-object store says (`--track-outstanding`): the objects
+/// it holds, what its ageing forgot so far (cumulative), and since when it
+/// holds every object it was given.
+pub struct OutstandingInput<'a> {
+    pub sites: &'a [OutstandingSite],
+    pub aged_out: &'a [OutstandingSite],
+    /// Seconds since the epoch.
+    pub tracked_since_s: f64,
+}
+
 /// What `/proc/slabinfo` and sysfs say about the caches this interval.
 pub struct SlabInput<'a> {
     pub rows: &'a [SlabinfoRow],
@@ -156,7 +166,7 @@ pub fn build(
     cgroups: Option<&Ranked>,
     processes: Option<&Ranked>,
     process_outstanding: Option<&[(LabelValues, Outstanding)]>,
-    outstanding: Option<&[OutstandingSite]>,
+    outstanding: Option<OutstandingInput>,
     slab: Option<SlabInput>,
     health: &Health,
 ) -> Vec<Family> {
@@ -230,78 +240,108 @@ pub fn build(
         }
     }
 
-    if let Some(objs) = outstanding {
-        let mut by_cache: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-        let mut by_source: BTreeMap<Source, (u64, u64)> = state
-            .sources()
-            .keys()
-            .map(|&source| (source, (0, 0)))
-            .collect();
-        // Every exported site series has a value, zero included, so a site
-        // whose objects were all freed reads 0 rather than vanishing.
-        let mut by_site: BTreeMap<LabelValues, (u64, u64)> =
-            sites.iter().map(|(v, _)| (v.clone(), (0, 0))).collect();
+    if let Some(input) = outstanding {
         let other = vec![OTHER.to_string(); label_names.len()];
-        for o in objs {
-            for c in [
-                by_cache.entry(&o.cache).or_default(),
-                by_source.entry(o.source).or_default(),
-            ] {
-                c.0 += o.objects;
-                c.1 += o.bytes;
+        let fold = |objs: &[OutstandingSite]| {
+            let mut by_cache: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+            let mut by_source: BTreeMap<Source, (u64, u64)> = state
+                .sources()
+                .keys()
+                .map(|&source| (source, (0, 0)))
+                .collect();
+            // Every exported site series has a value, zero included, so a
+            // site whose objects were all freed reads 0 rather than
+            // vanishing.
+            let mut by_site: BTreeMap<LabelValues, (u64, u64)> =
+                sites.iter().map(|(v, _)| (v.clone(), (0, 0))).collect();
+            for o in objs {
+                for c in [
+                    by_cache.entry(o.cache.clone()).or_default(),
+                    by_source.entry(o.source).or_default(),
+                ] {
+                    c.0 += o.objects;
+                    c.1 += o.bytes;
+                }
+                let v = state.values_of(&o.site, &o.cache);
+                let key = if state.is_member(&v) {
+                    v
+                } else {
+                    other.clone()
+                };
+                let s = by_site.entry(key).or_default();
+                s.0 += o.objects;
+                s.1 += o.bytes;
             }
-            let v = state.values_of(&o.site, &o.cache);
-            let key = if state.is_member(&v) {
-                v
-            } else {
-                other.clone()
-            };
-            let s = by_site.entry(key).or_default();
-            s.0 += o.objects;
-            s.1 += o.bytes;
-        }
-        for (prefix, label_names, rows) in [
+            [
+                (
+                    "kheap_cache",
+                    vec!["cache"],
+                    by_cache
+                        .into_iter()
+                        .map(|(k, v)| (vec![k], v))
+                        .collect::<Vec<_>>(),
+                ),
+                (
+                    "kheap_source",
+                    vec!["source"],
+                    by_source
+                        .into_iter()
+                        .map(|(k, v)| (vec![k.name().to_string()], v))
+                        .collect(),
+                ),
+                (
+                    "kheap_site",
+                    label_names.clone(),
+                    by_site.into_iter().collect(),
+                ),
+            ]
+        };
+        let kinds = [
             (
-                "kheap_cache",
-                vec!["cache"],
-                by_cache
-                    .into_iter()
-                    .map(|(k, v)| (vec![k.to_string()], v))
-                    .collect::<Vec<_>>(),
-            ),
-            (
-                "kheap_source",
-                vec!["source"],
-                by_source
-                    .into_iter()
-                    .map(|(k, v)| (vec![k.name().to_string()], v))
-                    .collect(),
-            ),
-            (
-                "kheap_site",
-                label_names.clone(),
-                by_site.into_iter().collect(),
-            ),
-        ] {
-            let mut objects = Family::new(
-                &format!("{prefix}_outstanding_objects"),
+                input.sites,
+                "outstanding",
                 Kind::Gauge,
-                "Objects allocated since kheap started and not freed yet",
-                &label_names,
-            );
-            let mut bytes = Family::new(
-                &format!("{prefix}_outstanding_bytes"),
-                Kind::Gauge,
+                "Objects allocated since kheap_outstanding_tracked_since_timestamp_seconds and not freed yet",
                 "Allocated bytes of the outstanding objects",
-                &label_names,
-            );
-            for (v, (o, b)) in rows {
-                objects.push(v.clone(), Value::Int(o));
-                bytes.push(v, Value::Int(b));
+            ),
+            (
+                input.aged_out,
+                "outstanding_aged_out",
+                Kind::Counter,
+                "Objects forgotten by the live-object store while outstanding (the oldest, once it is 3/4 full); their frees are not seen",
+                "Allocated bytes of the objects aged out",
+            ),
+        ];
+        for (objs, what, kind, objects_help, bytes_help) in kinds {
+            for (prefix, label_names, rows) in fold(objs) {
+                let mut objects = Family::new(
+                    &format!("{prefix}_{what}_objects"),
+                    kind,
+                    objects_help,
+                    &label_names,
+                );
+                let mut bytes = Family::new(
+                    &format!("{prefix}_{what}_bytes"),
+                    kind,
+                    bytes_help,
+                    &label_names,
+                );
+                for (v, (o, b)) in rows {
+                    objects.push(v.clone(), Value::Int(o));
+                    bytes.push(v, Value::Int(b));
+                }
+                out.push(objects);
+                out.push(bytes);
             }
-            out.push(objects);
-            out.push(bytes);
         }
+        let mut since = Family::new(
+            "kheap_outstanding_tracked_since_timestamp_seconds",
+            Kind::Gauge,
+            "The live-object store holds every object allocated since this time and not freed (the start of tracking, or the youngest object aged out)",
+            &[],
+        );
+        since.push(Vec::new(), Value::Float(input.tracked_since_s));
+        out.push(since);
     }
 
     if let Some(SlabInput {

@@ -3,9 +3,10 @@
 //! reads, and the reloads of the settings and the web config. What one
 //! read does is `cmd::serve::publish`.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use anyhow::Result;
 
@@ -13,7 +14,8 @@ use super::settings::{check, load_settings, ServeArgs};
 use crate::cgroup::CgroupNames;
 use crate::kernel::kmem::{self, Config, Tracer};
 use crate::kernel::storage::ObjectStorage;
-use crate::model::live::OutstandingRead;
+use crate::model::live::{Outstanding, OutstandingRead};
+use crate::model::SiteKey;
 use crate::report::delta::Tracker;
 use crate::serve::listen::Listen;
 use crate::serve::processes::ProcessNames;
@@ -40,6 +42,9 @@ pub enum Next {
 pub(super) struct Totals {
     pub(super) events: crate::model::snapshot::EventCounters,
     pub(super) aged_out: u64,
+    /// Objects the live-object store forgot while still outstanding
+    /// (`--track-outstanding`'s ageing), by site.
+    pub(super) objects_aged_out: HashMap<SiteKey, Outstanding>,
     pub(super) reads: u64,
     /// Run time and runs of kheap's programs over every attachment (a new
     /// one's programs start from zero).
@@ -55,6 +60,9 @@ pub(super) struct Attached<'obj> {
     pub(super) bpf_stats: bool,
     /// The last read of the live objects, and when it was made.
     pub(super) live: Option<(OutstandingRead, Instant)>,
+    /// Since when the store holds every outstanding object it was given:
+    /// the attachment, or the allocation of the youngest object aged out.
+    pub(super) tracked_since: SystemTime,
 }
 
 /// The daemon's state: settings, everything cumulative (kept across
@@ -162,6 +170,7 @@ impl Daemon {
             // Turned on for every program by the sysctl: run times advance.
             bpf_stats: stats.is_some() || bpf_stats_sysctl(),
             live: None,
+            tracked_since: SystemTime::now(),
         };
         let web = self.web.read().unwrap().clone();
         eprintln!(

@@ -5,18 +5,20 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Result;
 
 use super::daemon::{Attached, Daemon};
-use crate::model::live::OutstandingRead;
+use crate::model::live::{objects_to_age_out, Outstanding, OutstandingRead};
 use crate::model::snapshot::Snapshot;
 use crate::model::{SiteKey, Source};
 use crate::report::meminfo::MemInfo;
 use crate::report::overhead::self_usage;
 use crate::report::trigger::{oom_kills, Reading as TriggerReading};
-use crate::serve::families::{self, Health, MeminfoSlab, OutstandingSite, SlabInput};
+use crate::serve::families::{
+    self, Health, MeminfoSlab, OutstandingInput, OutstandingSite, SlabInput,
+};
 use crate::serve::profile::Which;
 use crate::serve::routes::Published;
 use crate::serve::series::SiteDelta;
@@ -58,6 +60,7 @@ impl Daemon {
             .is_none_or(|(_, at)| at.elapsed() >= self.args.outstanding_interval);
         if due || stop_requested() {
             if let Some(read) = att.tracer.outstanding()? {
+                let read = self.age_out(att, read)?;
                 att.live = Some((read, Instant::now()));
             }
         }
@@ -138,11 +141,15 @@ impl Daemon {
         }
         let outstanding = live.map(|l| {
             if let Some(lc) = cfg.live {
-                let objects: u64 = l.groups.values().map(|o| o.objects).sum();
-                map_fill.push(("live", objects as f64 / lc.max_objects.max(1) as f64));
+                map_fill.push(("live", l.objects() as f64 / lc.max_objects.max(1) as f64));
             }
             self.outstanding_sites(l)
         });
+        let aged_out = self.named_sites(self.totals.objects_aged_out.iter());
+        let tracked_since_s = att
+            .tracked_since
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
 
         if self.args.idle_intervals > 0 {
             let idle = att.tracker.idle_keys(self.args.idle_intervals);
@@ -215,7 +222,11 @@ impl Daemon {
             cfg.by_cgroup.then_some(&self.cgroups),
             count_processes.then_some(&self.processes),
             process_outstanding.as_deref(),
-            outstanding.as_deref(),
+            outstanding.as_deref().map(|sites| OutstandingInput {
+                sites,
+                aged_out: &aged_out,
+                tracked_since_s,
+            }),
             slab.as_deref().map(|rows| SlabInput {
                 rows,
                 page_size: crate::sys::page_size(),
@@ -238,6 +249,30 @@ impl Daemon {
         }
         return_free_memory();
         Ok(())
+    }
+
+    /// Ages the live-object store out (`model::live::objects_to_age_out`:
+    /// from three quarters full, its oldest objects down to half) and
+    /// returns the read of what it then holds; `read` as it is when the
+    /// store is below the mark. What is forgotten is counted by site, and
+    /// the store holds every object allocated since the youngest of them.
+    fn age_out(&mut self, att: &mut Attached, read: OutstandingRead) -> Result<OutstandingRead> {
+        let Some(lc) = att.cfg.live else {
+            return Ok(read);
+        };
+        let n = objects_to_age_out(read.objects(), lc.max_objects.into());
+        if n == 0 {
+            return Ok(read);
+        }
+        let aged = att.tracer.age_out_oldest(n)?;
+        // None if every one was freed (or its slot retaken) meanwhile.
+        if aged.objects() > 0 {
+            att.tracked_since = SystemTime::now() - Duration::from_nanos(aged.youngest_age_ns);
+        }
+        for (site, o) in aged.by_site {
+            *self.totals.objects_aged_out.entry(site).or_default() += o;
+        }
+        Ok(att.tracer.outstanding()?.unwrap_or(read))
     }
 
     /// Checks the --snapshot-when conditions against this read: SUnreclaim
@@ -298,8 +333,16 @@ impl Daemon {
     /// Outstanding objects per (site, cache) name: the stacks of a site
     /// summed (the gauges carry no stacks).
     fn outstanding_sites(&self, l: &OutstandingRead) -> Vec<OutstandingSite> {
+        self.named_sites(l.groups.iter().map(|((site, _), o)| (site, o)))
+    }
+
+    /// Objects and bytes per (site, cache) name.
+    fn named_sites<'k>(
+        &self,
+        groups: impl Iterator<Item = (&'k SiteKey, &'k Outstanding)>,
+    ) -> Vec<OutstandingSite> {
         let mut by: HashMap<&SiteKey, (u64, u64)> = HashMap::new();
-        for ((site, _), o) in &l.groups {
+        for (site, o) in groups {
             let e = by.entry(site).or_default();
             e.0 += o.objects;
             e.1 += o.bytes_alloc;

@@ -58,7 +58,9 @@ pub struct ServeArgs {
     #[arg(long, value_parser = parse_duration, default_value = "5", value_name = "SECS")]
     pub interval: Duration,
     /// Track every live object (outstanding bytes and objects gauges,
-    /// /pprof/inuse; costlier)
+    /// /pprof/inuse; costlier). From 3/4 of --max-objects on, the oldest
+    /// objects are aged out down to half, and counted
+    /// (kheap_*_outstanding_aged_out_*_total)
     #[arg(long)]
     pub track_outstanding: bool,
     /// Seconds between reads of the live-object map (--track-outstanding):

@@ -4,13 +4,13 @@
 use std::collections::HashMap;
 
 use anyhow::{Context, Result};
-use libbpf_rs::ProgramInput;
+use libbpf_rs::{MapCore, ProgramInput};
 
 use crate::kernel::maps;
 use crate::kernel::skel::{from_bytes, types};
 use crate::model::live::{
-    jiffies_to_ns, nearest_hz, LeakEvents, LeakInput, LiveObject, Outstanding, OutstandingBySite,
-    OutstandingRead, Unseen,
+    jiffies_to_ns, nearest_hz, AgedOut, LeakEvents, LeakInput, LiveObject, Outstanding,
+    OutstandingBySite, OutstandingRead, Unseen,
 };
 use crate::model::snapshot::{CgroupKey, CgroupSlot};
 use crate::model::SiteKey;
@@ -60,6 +60,101 @@ impl<'obj> Tracer<'obj> {
             }
         }
         maps::visit_hash_values::<types::live_obj, _>(&self.skel.maps.live, visit)
+    }
+
+    /// Forgets the `n` oldest tracked objects (`kheap serve`'s ageing,
+    /// `model::live::objects_to_age_out`), while the programs run: a slot
+    /// of the object table is freed with the compare-and-swap its
+    /// programs use (one the object's own free emptied first, or that a
+    /// new object took, is left alone), a spilled object is deleted from
+    /// the hash map and uncounted from `live_spilled` as its free would.
+    /// Returns what was forgotten, by site; each forgotten object's free is
+    /// then counted as untracked (frees_untracked), as one of an object
+    /// allocated before tracing is.
+    pub fn age_out_oldest(&mut self, n: u64) -> Result<AgedOut> {
+        enum At {
+            Slot { bucket: u32, way: usize, ptr: u64 },
+            Spilled(u64),
+        }
+        let mut all: Vec<(types::live_obj, At)> = Vec::new();
+        if let Some(table) = &self.live_table {
+            for b in 0..table.buckets.entries() {
+                let Some(bucket) = table.buckets.get::<types::live_bucket>(b) else {
+                    continue;
+                };
+                for (way, &ptr) in bucket.ptr.iter().enumerate() {
+                    let slot = b * bucket.ptr.len() as u32 + way as u32;
+                    if ptr == 0 {
+                        continue;
+                    }
+                    if let Some(o) = table.slots.get::<types::live_obj>(slot) {
+                        all.push((
+                            o,
+                            At::Slot {
+                                bucket: b,
+                                way,
+                                ptr,
+                            },
+                        ));
+                    }
+                }
+            }
+        }
+        for (ptr, o) in maps::read_hash_entries::<u64, types::live_obj, _>(&self.skel.maps.live)? {
+            all.push((o, At::Spilled(ptr)));
+        }
+        all.sort_unstable_by_key(|(o, _)| o.ts);
+        all.truncate(n.min(all.len() as u64) as usize);
+        let mut raw: HashMap<[u8; std::mem::size_of::<types::site_key>()], Outstanding> =
+            HashMap::new();
+        let mut youngest_ts = None;
+        let mut unspilled = 0u64;
+        for (o, at) in &all {
+            let forgotten = match *at {
+                At::Slot { bucket, way, ptr } => self
+                    .live_table
+                    .as_ref()
+                    .is_some_and(|t| t.buckets.compare_and_clear(bucket, way, ptr)),
+                At::Spilled(ptr) => {
+                    let deleted = self.skel.maps.live.delete(&ptr.to_ne_bytes()).is_ok();
+                    unspilled += u64::from(deleted);
+                    deleted
+                }
+            };
+            if !forgotten {
+                continue;
+            }
+            // SAFETY: a plain C struct of integers, without implicit padding.
+            let site = unsafe { plain::as_bytes(&o.site) };
+            *raw.entry(site.try_into().expect("site_key size"))
+                .or_default() += Outstanding::one(o.bytes_alloc as u64);
+            youngest_ts = youngest_ts.max(Some(o.ts));
+        }
+        if unspilled > 0 && self.live_table.is_some() {
+            let bss = self
+                .skel
+                .maps
+                .bss_data
+                .as_deref_mut()
+                .context("the BPF object has no .bss section")?;
+            // SAFETY: the mapped .bss, which the programs change only with
+            // atomic adds; aligned (a u64 field of a C struct).
+            let spilled = unsafe { std::sync::atomic::AtomicU64::from_ptr(&mut bss.live_spilled) };
+            spilled.fetch_sub(unspilled, std::sync::atomic::Ordering::SeqCst);
+        }
+        let now = self.clock()?;
+        let hz = self.tick_rate(&now)?;
+        let names = Names::read(self)?;
+        let mut out = AgedOut {
+            youngest_age_ns: youngest_ts
+                .map_or(0, |ts| jiffies_to_ns(now.jiffies.saturating_sub(ts), hz)),
+            ..AgedOut::default()
+        };
+        for (site, v) in raw {
+            let site = names.site_key(&from_bytes::<types::site_key>(&site));
+            *out.by_site.entry(site).or_default() += v;
+        }
+        Ok(out)
     }
 
     /// The live objects folded by site and stack (0: no stack sampled),

@@ -225,7 +225,8 @@ impl<'obj> Tracer<'obj> {
         if live_store.buckets > 0 {
             let maps = &tracer.skel.maps;
             tracer.live_table = Some(LiveTable {
-                buckets: MappedArray::new(&maps.live_buckets)?,
+                // Writable: serve ages objects out of it.
+                buckets: MappedArray::writable(&maps.live_buckets)?,
                 slots: MappedArray::new(&maps.live_slots)?,
             });
         }

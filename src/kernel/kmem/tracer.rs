@@ -81,7 +81,8 @@ impl Drop for Tracer<'_> {
     }
 }
 
-/// The two arrays of leaks' object table, mapped read-only.
+/// The two arrays of leaks' object table, mapped (the buckets writable:
+/// `Tracer::age_out_oldest` frees their slots).
 pub(super) struct LiveTable {
     pub buckets: MappedArray,
     pub slots: MappedArray,

@@ -125,7 +125,28 @@ fn families_carry_the_counts() {
                 bytes_alloc: 384,
             },
         )]),
-        Some(&objs),
+        Some(OutstandingInput {
+            sites: &objs,
+            // Forgotten by the store: two of load_msg, one of a site that
+            // is not a series (other).
+            aged_out: &[
+                OutstandingSite {
+                    site: "load_msg".into(),
+                    cache: "kmalloc-128".into(),
+                    source: Source::Kmalloc,
+                    objects: 2,
+                    bytes: 256,
+                },
+                OutstandingSite {
+                    site: "small".into(),
+                    cache: "kmalloc-128".into(),
+                    source: Source::Kmalloc,
+                    objects: 1,
+                    bytes: 128,
+                },
+            ],
+            tracked_since_s: 1_700_000_000.5,
+        }),
         Some(SlabInput {
             rows: &slab,
             page_size: 4096,
@@ -157,6 +178,12 @@ fn families_carry_the_counts() {
             "kheap_process_allocations_total{pid=\"other\",comm=\"other\"} 2",
             "kheap_process_outstanding_objects{pid=\"42\",comm=\"holder\"} 3",
             "kheap_process_outstanding_bytes{pid=\"42\",comm=\"holder\"} 384",
+            "kheap_site_outstanding_aged_out_objects_total{site=\"load_msg\",cache=\"kmalloc-128\"} 2",
+            "kheap_site_outstanding_aged_out_bytes_total{site=\"load_msg\",cache=\"kmalloc-128\"} 256",
+            "kheap_site_outstanding_aged_out_objects_total{site=\"other\",cache=\"other\"} 1",
+            "kheap_cache_outstanding_aged_out_objects_total{cache=\"kmalloc-128\"} 3",
+            "kheap_source_outstanding_aged_out_bytes_total{source=\"kmalloc\"} 384",
+            "kheap_outstanding_tracked_since_timestamp_seconds 1700000000.5",
         ] {
             assert!(
                 text.contains(&format!("{line}\n")),
@@ -200,7 +227,19 @@ fn every_traced_source_has_its_own_series() {
         bytes: 8192,
     }];
     let text = encode(
-        &build(&s, None, None, None, Some(&objs), None, &Health::default()),
+        &build(
+            &s,
+            None,
+            None,
+            None,
+            Some(OutstandingInput {
+                sites: &objs,
+                aged_out: &[],
+                tracked_since_s: 0.0,
+            }),
+            None,
+            &Health::default(),
+        ),
         Format::Prometheus,
     );
     for line in [
