@@ -19,6 +19,19 @@ pub mod workload;
 pub const KHEAP: &str = env!("CARGO_BIN_EXE_kheap");
 pub const LOAD: &str = env!("CARGO_BIN_EXE_kheap-load");
 
+/// The possible CPUs, what the kernel sizes per-CPU storage for
+/// (`/sys/devices/system/cpu/possible`: "0-1", "0", "0-3,8-11").
+pub fn possible_cpus() -> u64 {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    text.trim()
+        .split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<u64>().unwrap() - a.parse::<u64>().unwrap() + 1,
+            None => 1,
+        })
+        .sum()
+}
+
 /// These tests load BPF programs into the running kernel, so they need root.
 /// Without it they fail: a test that returned early would count as a pass.
 pub fn require_root() {

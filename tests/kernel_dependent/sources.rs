@@ -406,18 +406,6 @@ fn an_unknown_source_is_one_line() {
     );
 }
 
-/// `/sys/devices/system/cpu/possible`: "0-1", "0", "0-3,8-11".
-fn possible_cpus() -> u64 {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
-    text.trim()
-        .split(',')
-        .map(|r| match r.split_once('-') {
-            Some((a, b)) => b.parse::<u64>().unwrap() - a.parse::<u64>().unwrap() + 1,
-            None => 1,
-        })
-        .sum()
-}
-
 /// Whether the memory controller accounts kernel memory (the percpu
 /// allocator then keeps an obj_cgroup pointer per 4 bytes of an object).
 fn memcg_kmem() -> bool {
