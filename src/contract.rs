@@ -7,11 +7,6 @@
 use anyhow::{bail, Result};
 use serde::{Deserialize, Serialize};
 
-/// The version of kinds no change has touched yet. Each kind has its own
-/// version (`Kind::schema_version`), bumped when a field is added, renamed
-/// or removed, or changes meaning.
-pub const SCHEMA_VERSION: u32 = 1;
-
 /// What a JSON document is: the subcommand that wrote it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -25,7 +20,8 @@ pub enum Kind {
 }
 
 impl Kind {
-    /// record, leaks, top 2: `cgroups` rows, `cgroup` on process rows,
+    /// Each kind's own version, bumped when a field is added, renamed or
+    /// removed, or changes meaning. record, leaks, top 2: `cgroups` rows, `cgroup` on process rows,
     /// `lost.map_full_cgroups`; 3: `source` on site, stack and cache rows,
     /// `totals.sources` (`--source`); 4: `processes` on stack rows.
     pub fn schema_version(self) -> u32 {
