@@ -90,6 +90,30 @@ pub struct Hint {
     pub text: String,
 }
 
+impl Hint {
+    /// A hint about one call site, with what it stands on.
+    /// (`text` first: it is written from the cache and evidence given
+    /// after it.)
+    fn at_site(
+        kind: HintKind,
+        site: &TracedSite,
+        text: String,
+        cache: String,
+        saving_bytes: u64,
+        evidence: Evidence,
+    ) -> Hint {
+        Hint {
+            kind,
+            site: Some(site.function.clone()),
+            call_site: Some(site.call_site.clone()),
+            cache,
+            saving_bytes,
+            evidence: Some(evidence),
+            text,
+        }
+    }
+}
+
 /// What every site hint reads besides its site: the run's length, every
 /// traced site (a call site's other caches, summed once in `spreads`),
 /// the caches' object sizes.
@@ -369,11 +393,10 @@ pub fn boundary_hint(run: &Run, site: &TracedSite, held: Option<Held>) -> Option
              chooses the sizes could keep them to at most {prev} B, for {prev_name}"
         ),
     };
-    Some(Hint {
-        kind: HintKind::Boundary,
-        site: Some(site.function.clone()),
-        call_site: Some(site.call_site.clone()),
-        text: format!(
+    Some(Hint::at_site(
+        HintKind::Boundary,
+        site,
+        format!(
             "{cs} requests ~{avg:.0} B ({share:.0}% of its {n} allocations in {lo}-{hi} B), \
              just above {prev_name}, so {cache} wastes {w:.0}% of each object ({run}); {who}. \
              {change}",
@@ -387,9 +410,9 @@ pub fn boundary_hint(run: &Run, site: &TracedSite, held: Option<Held>) -> Option
             change = capitalized(&change),
         ),
         cache,
-        saving_bytes: saving,
-        evidence: Some(evidence),
-    })
+        saving,
+        evidence,
+    ))
 }
 
 fn capitalized(s: &str) -> String {
@@ -446,11 +469,10 @@ pub fn rounding_hint(run: &Run, site: &TracedSite, held: Option<Held>) -> Option
     } else {
         String::new()
     };
-    Some(Hint {
-        kind: HintKind::Rounding,
-        site: Some(site.function.clone()),
-        call_site: Some(site.call_site.clone()),
-        text: format!(
+    Some(Hint::at_site(
+        HintKind::Rounding,
+        site,
+        format!(
             "{cs} loses {w:.0}% of each object to rounding in {cache}: {n} requests of ~{avg:.0} B \
              in {obj}-byte objects {run}{rate}; {who}. Whoever chooses the sizes can fit the \
              class: a {obj}-byte object costs the same for any request up to {obj} B{smaller}\
@@ -463,9 +485,9 @@ pub fn rounding_hint(run: &Run, site: &TracedSite, held: Option<Held>) -> Option
             who = evidence.who_sets_the_size(&cache),
         ),
         cache,
-        saving_bytes: saving,
-        evidence: Some(evidence),
-    })
+        saving,
+        evidence,
+    ))
 }
 
 /// The two fullest buckets of a histogram if they form two separate modes:
@@ -581,11 +603,10 @@ pub fn pooling_hint(
         _ => (0, String::new()),
     };
     let cache = site.cache.name();
-    Some(Hint {
-        kind: HintKind::Pooling,
-        site: Some(site.function.clone()),
-        call_site: Some(site.call_site.clone()),
-        text: format!(
+    Some(Hint::at_site(
+        HintKind::Pooling,
+        site,
+        format!(
             "{cs} makes {r}/s allocations of ~{avg:.0} B from {cache} ({n} {run}); at that rate \
              a per-CPU pool or object reuse would save allocator work{extra}",
             cs = site.call_site,
@@ -594,9 +615,9 @@ pub fn pooling_hint(
             run = run_words(run.duration_s),
         ),
         cache,
-        saving_bytes: saving,
-        evidence: Some(run.evidence(site)),
-    })
+        saving,
+        run.evidence(site),
+    ))
 }
 
 /// Large allocations at a high rate: each is an expensive multi-page
@@ -620,11 +641,10 @@ pub fn large_hot_hint(
         (Some(size), Some(h)) => h.saving(size.saturating_sub(right_size(s))).0,
         _ => 0,
     };
-    Some(Hint {
-        kind: HintKind::LargeHot,
-        site: Some(site.function.clone()),
-        call_site: Some(site.call_site.clone()),
-        text: format!(
+    Some(Hint::at_site(
+        HintKind::LargeHot,
+        site,
+        format!(
             "{cs} allocates ~{a} {r}/s from {cache} ({w:.0}% rounding waste, {n} {run}); in a \
              hot path, reuse a buffer or keep a small pool instead of allocating each time",
             cs = site.call_site,
@@ -635,9 +655,9 @@ pub fn large_hot_hint(
             run = run_words(run.duration_s),
         ),
         cache,
-        saving_bytes: saving,
-        evidence: Some(run.evidence(site)),
-    })
+        saving,
+        run.evidence(site),
+    ))
 }
 
 /// A cache whose active objects never went down across the samples and
