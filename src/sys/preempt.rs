@@ -7,6 +7,7 @@
 //! config chose. Where none of those can be read the answer is unknown,
 //! never guessed.
 
+use std::io::Read;
 use std::path::Path;
 
 /// How the running kernel preempts kernel code.
@@ -23,7 +24,14 @@ pub enum Preemption {
 /// Reads how this kernel preempts (`uname -v`, then for a dynamic kernel
 /// /sys/kernel/debug/sched/preempt, /proc/cmdline and /boot/config-RELEASE).
 pub fn preemption(release: &str) -> Preemption {
-    let read = |path: &str| crate::input::read_bounded(Path::new(path), path, 1 << 20).ok();
+    // Kernel files and root's /boot: read at most 1 MiB of each.
+    let read = |path: &str| {
+        let mut text = String::new();
+        std::fs::File::open(Path::new(path))
+            .and_then(|f| f.take(1 << 20).read_to_string(&mut text))
+            .ok()
+            .map(|_| text)
+    };
     match build(&uname_version()) {
         Some(fixed) => fixed,
         None => read("/sys/kernel/debug/sched/preempt")
