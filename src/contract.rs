@@ -69,7 +69,7 @@ impl Kind {
             // then the sites holding the most, and a cache's `frees`,
             // `net_*` those of the objects the run allocated; `call_site`
             // and `evidence` on hints, the `rounding` kind; bimodal hints
-            // are per call site.
+            // are per call site; `aliases` on `--watch` rows.
             Kind::Slab => 2,
             // diff 2: rows are matched by a stable identity (`name`: a
             // cache's own name, without its merge note), and `cache`, a

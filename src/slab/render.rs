@@ -161,11 +161,10 @@ pub fn report_table(report: &SlabReport, width: Option<u16>) -> String {
     let dash = || "-".to_string();
     for row in &report.caches {
         let mut cells: Vec<String> = Vec::with_capacity(header.len());
-        let name = match row.stat.as_ref().map(|s| s.aliases.len()) {
-            Some(n) if n > 0 => format!("{} (+{n} merged)", row.name),
-            _ => row.name.clone(),
-        };
-        cells.push(name);
+        cells.push(with_merges(
+            &row.name,
+            row.stat.as_ref().map_or(0, |s| s.aliases.len()),
+        ));
         match &row.stat {
             Some(s) => {
                 let size = if s.padded_size != s.object_size {
@@ -250,6 +249,14 @@ pub fn report_table(report: &SlabReport, width: Option<u16>) -> String {
 
 /// One `--watch` frame: changes since the previous read over `secs`,
 /// fitted to `width` columns.
+/// A cache's name in the tables, with how many caches SLUB merged into it.
+fn with_merges(name: &str, merged: usize) -> String {
+    match merged {
+        0 => name.to_string(),
+        n => format!("{name} (+{n} merged)"),
+    }
+}
+
 pub fn watch_table(deltas: &[CacheDelta], secs: f64, rows: usize, width: Option<u16>) -> String {
     let mut table = new_table(
         &[
@@ -266,7 +273,7 @@ pub fn watch_table(deltas: &[CacheDelta], secs: f64, rows: usize, width: Option<
             0
         };
         table.add_row(vec![
-            d.name.clone(),
+            with_merges(&d.name, d.aliases.len()),
             human_count(d.active_after),
             signed_count(d.delta_objs()),
             human_size(d.memory_after),
@@ -299,6 +306,7 @@ struct JsonWatchFrame {
 #[derive(Serialize)]
 struct JsonDelta {
     name: String,
+    aliases: Vec<String>,
     presence: Presence,
     object_size: u64,
     active_objs: u64,
@@ -319,6 +327,7 @@ pub fn watch_json(deltas: &[CacheDelta], elapsed_s: f64, interval_s: f64, rows: 
             .take(rows)
             .map(|d| JsonDelta {
                 name: d.name.clone(),
+                aliases: d.aliases.clone(),
                 presence: d.presence,
                 object_size: d.object_size,
                 active_objs: d.active_after,
@@ -506,6 +515,7 @@ mod tests {
         let d = vec![
             CacheDelta {
                 name: "new".into(),
+                aliases: vec!["UNIX".into(), "UNIX-STREAM".into()],
                 presence: Presence::Appeared,
                 object_size: 64,
                 active_before: 0,
@@ -515,6 +525,7 @@ mod tests {
             },
             CacheDelta {
                 name: "old".into(),
+                aliases: vec![],
                 presence: Presence::Vanished,
                 object_size: 64,
                 active_before: 10,
@@ -529,6 +540,10 @@ mod tests {
             "{text}"
         );
         assert_contains(&text, &["change over 2.0 s: -4.0K", "+2.0K"]);
+        // A merged cache keeps its merge note, as in the static table
+        // (issue 46: --watch dropped it).
+        assert_contains(&text, &["new (+2 merged)"]);
+        assert!(!text.contains("old (+"), "{text}");
         assert!(!text.contains("more rows"), "{text}");
         let one = watch_table(&d, 2.0, 1, None);
         assert!(
@@ -541,6 +556,10 @@ mod tests {
         assert_eq!(v["caches"].as_array().unwrap().len(), 1);
         assert_eq!(v["caches"][0]["presence"], "appeared");
         assert_eq!(v["caches"][0]["delta_objs"], 10);
+        assert_eq!(
+            v["caches"][0]["aliases"],
+            serde_json::json!(["UNIX", "UNIX-STREAM"])
+        );
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub enum Presence {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CacheDelta {
     pub name: String,
+    /// The caches merged into this one (SLUB's aliases), as the latest
+    /// read saw them: a merged cache's growth may be any of theirs.
+    pub aliases: Vec<String>,
     pub presence: Presence,
     pub object_size: u64,
     /// 0 for a cache absent from that read.
@@ -77,6 +80,7 @@ fn delta(
     let any = after.or(before).expect("a delta has at least one side");
     CacheDelta {
         name: any.name.clone(),
+        aliases: any.aliases.clone(),
         presence,
         object_size: any.object_size,
         active_before: before.map_or(0, |c| c.active_objs),

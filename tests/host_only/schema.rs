@@ -7,6 +7,7 @@
 
 use crate::common;
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use common::*;
@@ -106,6 +107,51 @@ fn slab_static_and_watch_json_follow_the_schema() {
         let n = f["caches"].as_array().unwrap().len();
         assert!((1..=2).contains(&n), "{n} caches in a frame of -n 2");
     }
+
+    // --watch keeps each cache's merge note (issue 46), the same caches as
+    // the static report names: every row of a frame of all caches has the
+    // static report's aliases.
+    let aliases_of = |rows: &Value| -> HashMap<String, Value> {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_string(),
+                    c["aliases"].clone(),
+                )
+            })
+            .collect()
+    };
+    let statics = aliases_of(&r["caches"]);
+    run_ok(&[
+        "slab",
+        "--watch",
+        "0.3",
+        "-d",
+        "0.5",
+        "--format",
+        "json",
+        "-o",
+        watch.to_str().unwrap(),
+    ]);
+    let frame = read_lines(&watch).pop().expect("a watch frame");
+    let watched = aliases_of(&frame["caches"]);
+    let merged: Vec<&String> = statics
+        .iter()
+        .filter(|(_, a)| !a.as_array().unwrap().is_empty())
+        .map(|(n, _)| n)
+        .collect();
+    assert!(!merged.is_empty(), "no merged cache on this kernel");
+    for name in merged {
+        if let Some(a) = watched.get(name) {
+            assert_eq!(a, &statics[name], "{name}");
+        }
+    }
+    assert!(
+        watched.values().any(|a| !a.as_array().unwrap().is_empty()),
+        "no frame row names a merged cache"
+    );
 }
 
 #[test]
