@@ -63,13 +63,16 @@ fn stop_beside_another_kheap() {
     });
 }
 
-/// A process named `kheap` that this process did not start (directly or
-/// not), with its command line.
+/// A live process named `kheap` that this process did not start (directly
+/// or not), with its command line. A zombie (one that ended, not yet
+/// reaped) traces nothing and does not count.
 pub fn another_kheap() -> Option<(u32, String)> {
     let me = std::process::id();
-    let parent = |pid: u32| -> Option<u32> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        kheap::sys::stat_field(&stat, 4)?.parse().ok()
+    let stat_of = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+    let parent =
+        |pid: u32| -> Option<u32> { kheap::sys::stat_field(&stat_of(pid)?, 4)?.parse().ok() };
+    let alive = |pid: u32| {
+        stat_of(pid).is_some_and(|s| !matches!(kheap::sys::stat_field(&s, 3), Some("Z" | "X")))
     };
     let started_here = |pid: u32| {
         let mut p = pid;
@@ -93,7 +96,7 @@ pub fn another_kheap() -> Option<(u32, String)> {
             std::fs::read_to_string(format!("/proc/{pid}/comm"))
                 .is_ok_and(|c| c.trim_end() == "kheap")
         })
-        .find(|&pid| !started_here(pid))
+        .find(|&pid| alive(pid) && !started_here(pid))
         .map(|pid| {
             let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let words: Vec<String> = raw
@@ -101,7 +104,12 @@ pub fn another_kheap() -> Option<(u32, String)> {
                 .filter(|w| !w.is_empty())
                 .map(|w| String::from_utf8_lossy(w).into_owned())
                 .collect();
-            (pid, words.join(" ").chars().take(200).collect())
+            // Empty while it execs: its name then.
+            let cmdline = match words.join(" ") {
+                c if c.is_empty() => "kheap".to_string(),
+                c => c,
+            };
+            (pid, cmdline.chars().take(200).collect())
         })
 }
 

@@ -445,12 +445,14 @@ fn the_root_tests_stop_in_one_line_beside_another_kheap() {
     let dir = tempfile::tempdir().unwrap();
     let fake = dir.path().join("kheap");
     std::fs::copy("/bin/sleep", &fake).unwrap();
+    // Killed, and gone from the process table, whatever the test's end.
     struct Killed(std::path::PathBuf);
     impl Drop for Killed {
         fn drop(&mut self) {
             let _ = Command::new("pkill")
                 .args(["-KILL", "-f", &format!("^{} 3149$", self.0.display())])
                 .status();
+            poll_until(Duration::from_secs(10), || another_kheap().is_none());
         }
     }
     let _guard = Killed(fake.clone());
@@ -462,13 +464,17 @@ fn the_root_tests_stop_in_one_line_beside_another_kheap() {
         .status()
         .unwrap();
     assert!(shell.success());
+    // Found once exec has named it and laid out its command line (the
+    // name comes first: /proc/PID/cmdline reads empty between the two).
     let mut other = None;
     assert!(
         poll_until(Duration::from_secs(10), || {
             other = another_kheap();
-            other.is_some()
+            other
+                .as_ref()
+                .is_some_and(|(_, cmdline)| cmdline.contains("3149"))
         }),
-        "the stand-in kheap did not start"
+        "the stand-in kheap did not start: {other:?}"
     );
     let (pid, cmdline) = other.unwrap();
     assert_eq!(cmdline, format!("{} 3149", fake.display()));
