@@ -14,11 +14,12 @@ use self::untraced::{print_report, run_static};
 use crate::kernel::features;
 use crate::kernel::kmem::{Config, LiveConfig, Tracer};
 use crate::kernel::storage::ObjectStorage;
+use crate::model::live::Outstanding;
 use crate::model::snapshot::Snapshot;
 use crate::model::{CacheId, SiteKey};
 use crate::report::labelled_sites;
 use crate::session::{install_stop_handler, kmem_config, wait_for_end, Targets};
-use crate::slab::{watch::series, ReportInput, StillHeld, TracedCache, TracedRun, TracedSite};
+use crate::slab::{watch::series, ReportInput, TracedCache, TracedRun, TracedSite};
 use crate::symbolize::{KernelSymbols, Symbolize};
 
 /// The kmem tracer's settings for a traced `kheap slab`: the shared ones,
@@ -106,13 +107,10 @@ pub fn run(args: SlabArgs) -> Result<i32> {
 /// objects in it (`--sort growth`), each site's objects still held, and
 /// each cache's frees as the frees of the objects the run allocated.
 pub fn traced_run(snap: &Snapshot, syms: &dyn Symbolize, duration_s: f64) -> TracedRun {
-    let held: Option<HashMap<&SiteKey, StillHeld>> = snap.leaks.as_ref().map(|l| {
-        let mut by_site: HashMap<&SiteKey, StillHeld> = HashMap::new();
+    let held: Option<HashMap<&SiteKey, Outstanding>> = snap.leaks.as_ref().map(|l| {
+        let mut by_site: HashMap<&SiteKey, Outstanding> = HashMap::new();
         for o in &l.live {
-            *by_site.entry(&o.site).or_default() += StillHeld {
-                objects: 1,
-                bytes: o.bytes_alloc,
-            };
+            *by_site.entry(&o.site).or_default() += Outstanding::one(o.bytes_alloc);
         }
         by_site
     });
@@ -193,9 +191,9 @@ mod tests {
         assert_eq!((c.allocs, c.frees), (1300, (1000 - 400) + (300 - 20)));
         let held = |f: &str| run.sites.iter().find(|s| s.function == f).unwrap().held;
         let h = |objects: u64| {
-            Some(StillHeld {
+            Some(Outstanding {
                 objects,
-                bytes: objects * 4096,
+                bytes_alloc: objects * 4096,
             })
         };
         assert_eq!(held("load_msg"), h(400));

@@ -16,4 +16,4 @@ pub mod watch;
 pub use hints::{CacheSeries, Hint, HintKind};
 pub use report::{build_report, ReportInput, SlabReport, SortKey};
 pub use snapshot::{read_static, StaticCache, StaticSnapshot};
-pub use traced::{StillHeld, TracedCache, TracedRun, TracedSite};
+pub use traced::{TracedCache, TracedRun, TracedSite};

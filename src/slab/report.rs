@@ -7,8 +7,9 @@ use serde::Serialize;
 
 use super::hints::{all_hints, CacheSeries, Hint};
 use super::snapshot::{StaticCache, StaticSnapshot};
-use super::traced::{StillHeld, TracedCache, TracedRun, TracedSite};
+use super::traced::{TracedCache, TracedRun, TracedSite};
 use super::watch::{diff, CacheDelta};
+use crate::model::live::Outstanding;
 use crate::model::slab_loss::per_second;
 use crate::report::top_n;
 
@@ -284,7 +285,7 @@ fn figures(
         })
         .collect();
     let held = run.objects_tracked.then(|| {
-        let mut h = StillHeld::default();
+        let mut h = Outstanding::default();
         for s in &own {
             h += s.held.unwrap_or_default();
         }
@@ -297,7 +298,7 @@ fn figures(
             allocs: s.stats.count,
             waste_bytes: s.stats.waste(),
             held_objs: held.map(|_| s.held.unwrap_or_default().objects),
-            held_bytes: held.map(|_| s.held.unwrap_or_default().bytes),
+            held_bytes: held.map(|_| s.held.unwrap_or_default().bytes_alloc),
         })
         .collect();
     if held.is_some() {
@@ -316,7 +317,7 @@ fn figures(
     }
     sites.truncate(TOP_SITES);
     let (net_objs, net_bytes) = match held {
-        Some(h) => (h.objects as i64, h.bytes as i64),
+        Some(h) => (h.objects as i64, h.bytes_alloc as i64),
         None => (
             traced.iter().map(|t| t.net_objs()).sum(),
             traced.iter().map(|t| t.net_bytes()).sum(),
@@ -333,7 +334,7 @@ fn figures(
         net_objs,
         net_bytes,
         held_objs: held.map(|h| h.objects),
-        held_bytes: held.map(|h| h.bytes),
+        held_bytes: held.map(|h| h.bytes_alloc),
         top_sites: sites,
     }
 }
@@ -418,9 +419,9 @@ pub mod tests {
                 bytes_alloc: count * obj,
                 ..Default::default()
             },
-            held: Some(StillHeld {
+            held: Some(Outstanding {
                 objects: held,
-                bytes: held * obj,
+                bytes_alloc: held * obj,
             }),
         }
     }

@@ -2,6 +2,7 @@
 //! BPF side) fills these in; nothing here depends on libbpf, so reports and
 //! hints can be tested on synthetic runs.
 
+use crate::model::live::Outstanding;
 use crate::model::{AllocStats, CacheId};
 
 /// Totals for one cache over the traced run.
@@ -54,23 +55,6 @@ impl TracedCache {
     }
 }
 
-/// Objects a run allocated and still held at its end, when every object
-/// was tracked by address (`--sort growth`): exact per site, as `kheap
-/// leaks` counts them. Frees of objects allocated before the run are not
-/// in it (nothing says which site made those).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StillHeld {
-    pub objects: u64,
-    pub bytes: u64,
-}
-
-impl std::ops::AddAssign for StillHeld {
-    fn add_assign(&mut self, o: StillHeld) {
-        self.objects += o.objects;
-        self.bytes += o.bytes;
-    }
-}
-
 /// One call site and one cache it allocated from. A call site using
 /// several caches appears once per cache; a function with several call
 /// sites once per call site: two calls in one function are two buffers.
@@ -84,7 +68,11 @@ pub struct TracedSite {
     /// `stats.hist` is the histogram of requested sizes.
     pub stats: AllocStats,
     /// What it still holds at the end, when objects were tracked.
-    pub held: Option<StillHeld>,
+    /// (Objects the run allocated and still held at its end, when every
+    /// object was tracked by address, `--sort growth`: exact per site, as
+    /// `kheap leaks` counts them; frees of objects allocated before the
+    /// run are not in it, nothing says which site made those.)
+    pub held: Option<Outstanding>,
 }
 
 /// Everything traced over one run.
