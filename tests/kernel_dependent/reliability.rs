@@ -208,43 +208,43 @@ fn bad_output_is_refused_before_tracing() {
 #[test]
 fn runs_end_when_every_pid_has_exited() {
     require_root();
+    let dir = tempfile::tempdir().unwrap();
     for sub in ["record", "leaks", "top"] {
-        let mut target = Command::new("sleep").arg("3").spawn().unwrap();
+        // The target lives until kheap traces it (kheap took over 3 s to
+        // start in the arm64 guest, after a `sleep 3` had ended), then ends.
+        let mut target = Command::new("sleep").arg("600").spawn().unwrap();
         let pid = target.id().to_string();
-        let mut args = vec![sub, "-p", &pid];
+        let path = dir.path().join(format!("{sub}.json"));
+        let mut args = vec![sub, "-p", &pid, "--format", "json"];
+        args.extend(["-o", path.to_str().unwrap()]);
         if sub == "top" {
-            args.extend(["-b", "-i", "1", "--format", "json"]);
-        } else {
-            args.extend(["--format", "json"]);
+            args.extend(["-b", "-i", "1"]);
         }
-        let mut kh = Command::new(KHEAP)
-            .args(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut kh = Background::spawn(KHEAP, &args);
+        kh.wait_for("tracing");
+        target.kill().unwrap();
         target.wait().unwrap();
         // No -d: only the PID's exit ends the run (a hang fails the test
         // after a minute rather than forever).
         poll_every(Duration::from_secs(60), Duration::from_millis(50), || {
-            kh.try_wait().unwrap().is_some()
+            kh.child.try_wait().unwrap().is_some()
         });
-        if kh.try_wait().unwrap().is_none() {
-            kh.kill().unwrap();
+        if kh.child.try_wait().unwrap().is_none() {
             panic!("kheap {sub} -p {pid} went on after the process exited");
         }
-        let out = kh.wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{sub}: {err}");
+        assert!(kh.wait(), "{sub}: {:#?}", kh.seen);
         assert!(
-            err.contains("every traced process (-p) exited"),
-            "{sub}: {err}"
+            kh.seen
+                .iter()
+                .any(|l| l.contains("every traced process (-p) exited")),
+            "{sub}: {:#?}",
+            kh.seen
         );
-        let text = String::from_utf8_lossy(&out.stdout);
-        let first = text.lines().next().unwrap_or("");
+        let text = std::fs::read_to_string(&path).unwrap();
         if sub != "top" {
             serde_json::from_str::<Value>(&text).unwrap_or_else(|e| panic!("{sub}: {e}: {text}"));
         } else {
+            let first = text.lines().next().unwrap_or("");
             serde_json::from_str::<Value>(first).unwrap_or_else(|e| panic!("{e}: {text}"));
         }
     }
