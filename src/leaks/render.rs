@@ -248,6 +248,37 @@ fn with_retention<const N: usize>(
         .collect()
 }
 
+/// What a merged cache's row says of the caches its code asked for:
+/// `asked: UNIX-STREAM 1600 of 1600` (of the row's outstanding objects;
+/// those not counted in a name are not known). Names escaped: a control
+/// character (a line end too) shows as `\xNN`.
+fn asked_note(ret: &Option<Retention>) -> Option<String> {
+    let ret = ret.as_ref()?;
+    if ret.asked_caches.is_empty() {
+        return None;
+    }
+    let named = ret
+        .asked_caches
+        .iter()
+        .map(|a| format!("{} {}", escape_name(&a.name), a.outstanding_count))
+        .collect::<Vec<_>>()
+        .join(" + ");
+    Some(format!("asked: {named} of {}", ret.outstanding_count))
+}
+
+/// A name read from the kernel, every control character escaped.
+fn escape_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if c.is_control() || c == '\\' {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 const RETENTION_HEADERS: [&str; 8] = [
     "live",
     "live bytes",
@@ -274,7 +305,14 @@ pub fn table(
     match by {
         LeakGroupBy::Site => {
             let rows = r.sites.iter().map(|row| {
-                let cells = with_retention(render::site_names(row), &row.retention, &row.counts);
+                let [site, caches] = render::site_names(row);
+                let caches = match asked_note(&row.retention) {
+                    Some(note) => {
+                        Cell::new(format!("{}; {note}", render::short_list(&row.caches, 2)))
+                    }
+                    None => caches,
+                };
+                let cells = with_retention([site, caches], &row.retention, &row.counts);
                 source.cells(cells, row.source)
             });
             out.push_str(&table_text(
@@ -350,7 +388,11 @@ pub fn table(
         }
         LeakGroupBy::Cache => {
             let rows = r.caches.iter().map(|row| {
-                let cells = with_retention([Cell::new(&row.name)], &row.retention, &row.counts);
+                let name = match asked_note(&row.retention) {
+                    Some(note) => format!("{}; {note}", row.name),
+                    None => row.name.clone(),
+                };
+                let cells = with_retention([Cell::new(name)], &row.retention, &row.counts);
                 source.cells(cells, row.source)
             });
             out.push_str(&table_text(
@@ -503,6 +545,34 @@ mod tests {
         );
         let (t, cols) = header(LeakGroupBy::Cache);
         assert_eq!(&cols[1..3], ["cache", "source"], "{t}");
+    }
+
+    #[test]
+    fn merged_caches_name_the_cache_the_code_asked_for() {
+        let mut r = report_of(&crate::report::fixtures::merged_leak_snapshot(), 10, 2.0);
+        let t = table(&r, LeakGroupBy::Site, 0, 0, None);
+        assert!(
+            t.lines().any(|l| l
+                .contains("signal_cache (merged: UNIX, UNIX-STREAM); asked: UNIX-STREAM 3 of 4")
+                && l.split('┆').nth(2).map(str::trim) == Some("4")),
+            "{t}"
+        );
+        let t = table(&r, LeakGroupBy::Cache, 0, 0, None);
+        assert_contains(
+            &t,
+            &["signal_cache (merged: UNIX, UNIX-STREAM); asked: UNIX-STREAM 3 of 4"],
+        );
+        // Names read from the kernel are escaped; rows of unmerged caches
+        // say nothing of it.
+        let row = r
+            .caches
+            .iter_mut()
+            .find(|c| c.name.contains("merged"))
+            .unwrap();
+        row.retention.as_mut().unwrap().asked_caches[0].name = "A\nB".into();
+        let t = table(&r, LeakGroupBy::Cache, 0, 0, None);
+        assert_contains(&t, &["asked: A\\x0aB 3 of 4"]);
+        assert_eq!(t.matches("asked:").count(), 1, "{t}");
     }
 
     #[test]

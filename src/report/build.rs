@@ -2,7 +2,7 @@
 //! labels each site by its caller, scales sampled stacks to their sites'
 //! exact totals, folds caches, and says what dropped events left out.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::cgroups::cgroup_rows;
 use super::identity::ProcessIdentity;
@@ -430,7 +430,8 @@ pub fn labelled_sites(snap: &Snapshot, syms: &dyn Symbolize) -> Vec<(Frame, Site
 
 /// Per call site rows (summed over caches).
 fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec<SiteRow> {
-    let mut by_site: HashMap<(u64, Source), (AllocStats, Vec<String>, Retained)> = HashMap::new();
+    type Folded = (AllocStats, Vec<String>, Retained, BTreeMap<String, u64>);
+    let mut by_site: HashMap<(u64, Source), Folded> = HashMap::new();
     for (key, s) in &snap.sites {
         let e = by_site
             .entry((key.call_site, key.cache.source()))
@@ -439,6 +440,13 @@ fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec
         if let Some(r) = retained.and_then(|(idx, _)| idx.sites.get(key)) {
             e.2 += *r;
         }
+        for (name, n) in retained
+            .and_then(|(idx, _)| idx.asked.get(key))
+            .into_iter()
+            .flatten()
+        {
+            *e.3.entry(name.clone()).or_default() += n;
+        }
         let name = key.cache.name();
         if !e.1.contains(&name) {
             e.1.push(name);
@@ -446,7 +454,7 @@ fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec
     }
     let mut rows: Vec<SiteRow> = by_site
         .into_iter()
-        .map(|((addr, source), (stats, mut caches, ret))| {
+        .map(|((addr, source), (stats, mut caches, ret, asked))| {
             caches.sort();
             let (label, cs) = &labels[&(addr, source)];
             SiteRow {
@@ -456,7 +464,10 @@ fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec
                 call_site: cs.display(),
                 caches,
                 counts: (&stats).into(),
-                retention: retained.map(|(_, d)| Retention::new(&ret, d)),
+                retention: retained.map(|(_, d)| Retention {
+                    asked_caches: retention::asked_caches(&asked),
+                    ..Retention::new(&ret, d)
+                }),
             }
         })
         .collect();
@@ -469,11 +480,15 @@ fn is_wrapper(f: &Frame) -> bool {
 }
 
 fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
-    let by_cache_retained = retained.map(|(idx, d)| (idx.by_cache(), d));
+    let by_cache_retained = retained.map(|(idx, d)| (idx.by_cache(), idx.asked_by_cache(), d));
     let retention = |cache: &CacheId| {
-        by_cache_retained
-            .as_ref()
-            .map(|(m, d)| Retention::new(&m.get(cache).copied().unwrap_or_default(), *d))
+        by_cache_retained.as_ref().map(|(m, asked, d)| Retention {
+            asked_caches: asked
+                .get(cache)
+                .map(retention::asked_caches)
+                .unwrap_or_default(),
+            ..Retention::new(&m.get(cache).copied().unwrap_or_default(), *d)
+        })
     };
     let mut by_cache: HashMap<&CacheId, AllocStats> = HashMap::new();
     for (key, s) in &snap.sites {

@@ -3,6 +3,8 @@
 //! sampled data. Pure; `report::build` calls it when a snapshot carries a
 //! `LeakInput`.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::model::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
@@ -41,6 +43,38 @@ pub struct Retention {
     pub freed_unseen: u64,
     #[serde(default)]
     pub ages: Vec<AgeBucket>,
+    /// Site and cache rows of a cache SLUB merged others into: the caches
+    /// the code asked for, each with how many of `outstanding_count` were
+    /// read to be its (a socket names its protocol, whose cache it was
+    /// allocated from). The rest are not known. Absent where none is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub asked_caches: Vec<AskedCache>,
+}
+
+/// A cache the code asked for, merged by SLUB into the one a row names,
+/// and how many of the row's outstanding objects are known to be its.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AskedCache {
+    pub name: String,
+    pub outstanding_count: u64,
+}
+
+/// The caches asked for, most objects first, then by name.
+pub fn asked_caches(names: &BTreeMap<String, u64>) -> Vec<AskedCache> {
+    let mut out: Vec<AskedCache> = names
+        .iter()
+        .filter(|(_, &n)| n > 0)
+        .map(|(name, &n)| AskedCache {
+            name: name.clone(),
+            outstanding_count: n,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        b.outstanding_count
+            .cmp(&a.outstanding_count)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    out
 }
 
 /// Runs shorter than this get no growth rate: a few KiB held after 2 ms
@@ -72,6 +106,7 @@ impl Retention {
             freed_bytes: r.freed_bytes_alloc,
             freed_unseen: r.freed_unseen,
             ages: r.ages.buckets(),
+            asked_caches: Vec::new(),
         }
     }
 }
@@ -192,6 +227,16 @@ pub fn retained_index(l: &LeakInput, snap: &Snapshot) -> RetainedIndex {
             .procs
             .iter()
             .map(|(k, r)| (*k, r.scaled(n, n)))
+            .collect(),
+        asked: idx
+            .asked
+            .iter()
+            .map(|(k, names)| {
+                let scaled = names
+                    .iter()
+                    .map(|(name, &c)| (name.clone(), (c as f64 * n).round() as u64));
+                (k.clone(), scaled.collect())
+            })
             .collect(),
     }
 }
