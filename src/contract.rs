@@ -55,7 +55,7 @@ impl Kind {
             // 15: `growth_bytes_per_s` is the slope of what is still held
             // by when it was allocated, no longer the outstanding bytes
             // over the run (the same field, another meaning). 16:
-            // `asked_caches` on site and cache rows of a merged cache.
+            // `merged_caches` on site and cache rows: what the code asked for.
             Kind::Leaks => 16,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
@@ -313,11 +313,15 @@ mod tests {
                     .as_array()
                     .unwrap()
                     .iter()
-                    .filter_map(|r| r.get("asked_caches"))
+                    .filter_map(|r| r.get("merged_caches"))
                     .cloned()
                     .collect::<Vec<_>>()
             };
-            let want = serde_json::json!([{ "name": "UNIX-STREAM", "outstanding_count": 3 }]);
+            let want = serde_json::json!([{
+                "cache": "signal_cache (merged: UNIX, UNIX-STREAM)",
+                "outstanding_count": 4,
+                "asked": [{ "name": "UNIX-STREAM", "outstanding_count": 3 }],
+            }]);
             assert_eq!(asked("sites"), std::slice::from_ref(&want));
             assert_eq!(asked("caches"), [want]);
             assert_valid(&v);

@@ -428,18 +428,6 @@ impl RetainedIndex {
         out
     }
 
-    /// `asked` per cache, summed over the sites allocating from it.
-    pub fn asked_by_cache(&self) -> HashMap<CacheId, BTreeMap<String, u64>> {
-        let mut out: HashMap<CacheId, BTreeMap<String, u64>> = HashMap::new();
-        for (site, names) in &self.asked {
-            let e = out.entry(site.cache.clone()).or_default();
-            for (name, n) in names {
-                *e.entry(name.clone()).or_default() += n;
-            }
-        }
-        out
-    }
-
     pub fn total(&self) -> Retained {
         let mut t = Retained::default();
         for r in self.sites.values() {

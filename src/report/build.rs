@@ -430,7 +430,7 @@ pub fn labelled_sites(snap: &Snapshot, syms: &dyn Symbolize) -> Vec<(Frame, Site
 
 /// Per call site rows (summed over caches).
 fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec<SiteRow> {
-    type Folded = (AllocStats, Vec<String>, Retained, BTreeMap<String, u64>);
+    type Folded = (AllocStats, Vec<String>, Retained, MergedHeld);
     let mut by_site: HashMap<(u64, Source), Folded> = HashMap::new();
     for (key, s) in &snap.sites {
         let e = by_site
@@ -440,12 +440,8 @@ fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec
         if let Some(r) = retained.and_then(|(idx, _)| idx.sites.get(key)) {
             e.2 += *r;
         }
-        for (name, n) in retained
-            .and_then(|(idx, _)| idx.asked.get(key))
-            .into_iter()
-            .flatten()
-        {
-            *e.3.entry(name.clone()).or_default() += n;
+        if let Some((idx, _)) = retained {
+            add_asked(&mut e.3, idx, key);
         }
         let name = key.cache.name();
         if !e.1.contains(&name) {
@@ -465,7 +461,7 @@ fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec
                 caches,
                 counts: (&stats).into(),
                 retention: retained.map(|(_, d)| Retention {
-                    asked_caches: retention::asked_caches(&asked),
+                    merged_caches: retention::merged_caches(&asked),
                     ..Retention::new(&ret, d)
                 }),
             }
@@ -475,17 +471,41 @@ fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec
     rows
 }
 
+/// By merged cache (its name): the outstanding objects from it, and how
+/// many of them are known to be each asked-for cache's.
+type MergedHeld = BTreeMap<String, (u64, BTreeMap<String, u64>)>;
+
+/// Adds what `key`'s outstanding objects say of the caches their code
+/// asked for to `merged` (by the merged cache's name: its outstanding
+/// objects, and how many were read to be each asked-for cache's).
+fn add_asked(merged: &mut MergedHeld, idx: &RetainedIndex, key: &SiteKey) {
+    let Some(names) = idx.asked.get(key) else {
+        return;
+    };
+    let e = merged.entry(key.cache.name()).or_default();
+    e.0 += idx.sites.get(key).map_or(0, |r| r.count);
+    for (name, n) in names {
+        *e.1.entry(name.clone()).or_default() += n;
+    }
+}
+
 fn is_wrapper(f: &Frame) -> bool {
     f.function.is_none() || crate::symbolize::is_allocator_frame(f.name())
 }
 
 fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
-    let by_cache_retained = retained.map(|(idx, d)| (idx.by_cache(), idx.asked_by_cache(), d));
+    let by_cache_retained = retained.map(|(idx, d)| {
+        let mut asked: HashMap<&CacheId, MergedHeld> = HashMap::new();
+        for key in idx.asked.keys() {
+            add_asked(asked.entry(&key.cache).or_default(), idx, key);
+        }
+        (idx.by_cache(), asked, d)
+    });
     let retention = |cache: &CacheId| {
         by_cache_retained.as_ref().map(|(m, asked, d)| Retention {
-            asked_caches: asked
+            merged_caches: asked
                 .get(cache)
-                .map(retention::asked_caches)
+                .map(retention::merged_caches)
                 .unwrap_or_default(),
             ..Retention::new(&m.get(cache).copied().unwrap_or_default(), *d)
         })

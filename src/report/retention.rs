@@ -43,36 +43,67 @@ pub struct Retention {
     pub freed_unseen: u64,
     #[serde(default)]
     pub ages: Vec<AgeBucket>,
-    /// Site and cache rows of a cache SLUB merged others into: the caches
-    /// the code asked for, each with how many of `outstanding_count` were
-    /// read to be its (a socket names its protocol, whose cache it was
-    /// allocated from). The rest are not known. Absent where none is.
+    /// Site and cache rows: the caches SLUB merged others into whose
+    /// outstanding objects were read to be some other cache's, with the
+    /// caches the code asked for. Absent where none is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub asked_caches: Vec<AskedCache>,
+    pub merged_caches: Vec<MergedCache>,
 }
 
-/// A cache the code asked for, merged by SLUB into the one a row names,
-/// and how many of the row's outstanding objects are known to be its.
+/// A cache SLUB merged others into, as one row holds it: how many of the
+/// row's outstanding objects came from it, and which caches the code of
+/// how many of them asked for (read from the objects: a socket names its
+/// protocol, whose cache it was allocated from). The rest are not known.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergedCache {
+    /// As the row names it: `signal_cache (merged: UNIX, UNIX-STREAM)`.
+    pub cache: String,
+    pub outstanding_count: u64,
+    /// Most objects first, then by name.
+    pub asked: Vec<AskedCache>,
+}
+
+/// A cache the code asked for, and how many objects are known to be its.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AskedCache {
     pub name: String,
     pub outstanding_count: u64,
 }
 
-/// The caches asked for, most objects first, then by name.
-pub fn asked_caches(names: &BTreeMap<String, u64>) -> Vec<AskedCache> {
-    let mut out: Vec<AskedCache> = names
+/// What a row's merged caches hold: by the cache's name, its outstanding
+/// objects in the row and the caches asked for (their counts), as
+/// `merged_caches` lists them, largest first.
+pub fn merged_caches(
+    by_cache: &BTreeMap<String, (u64, BTreeMap<String, u64>)>,
+) -> Vec<MergedCache> {
+    let mut out: Vec<MergedCache> = by_cache
         .iter()
-        .filter(|(_, &n)| n > 0)
-        .map(|(name, &n)| AskedCache {
-            name: name.clone(),
-            outstanding_count: n,
+        .map(|(cache, (count, names))| {
+            let mut asked: Vec<AskedCache> = names
+                .iter()
+                .filter(|(_, &n)| n > 0)
+                .map(|(name, &n)| AskedCache {
+                    name: name.clone(),
+                    outstanding_count: n,
+                })
+                .collect();
+            asked.sort_by(|a, b| {
+                b.outstanding_count
+                    .cmp(&a.outstanding_count)
+                    .then_with(|| a.name.cmp(&b.name))
+            });
+            MergedCache {
+                cache: cache.clone(),
+                outstanding_count: *count,
+                asked,
+            }
         })
+        .filter(|m| !m.asked.is_empty())
         .collect();
     out.sort_by(|a, b| {
         b.outstanding_count
             .cmp(&a.outstanding_count)
-            .then_with(|| a.name.cmp(&b.name))
+            .then_with(|| a.cache.cmp(&b.cache))
     });
     out
 }
@@ -106,7 +137,7 @@ impl Retention {
             freed_bytes: r.freed_bytes_alloc,
             freed_unseen: r.freed_unseen,
             ages: r.ages.buckets(),
-            asked_caches: Vec::new(),
+            merged_caches: Vec::new(),
         }
     }
 }

@@ -16,6 +16,7 @@ use anyhow::{Context, Result};
 use libbpf_rs::{MapCore, MapFlags, ProgramInput};
 
 use crate::kernel::skel::{c_str, from_bytes, types};
+use crate::model::Source;
 use crate::symbolize::{KernelSymbols, Symbolize};
 
 use super::tracer::Tracer;
@@ -73,15 +74,23 @@ impl<'obj> Tracer<'obj> {
         }
         let merged = self.merged_caches()?;
         let mut asked = self.asked.borrow_mut();
-        // What is no longer tracked is forgotten.
-        let present: HashMap<u64, u64> = objects.iter().map(|t| (t.ptr, t.obj.ts)).collect();
-        asked
-            .by_ptr
-            .retain(|ptr, (ts, _)| present.get(ptr) == Some(ts));
+        // What is no longer tracked (as the same allocation) is forgotten.
+        if !asked.by_ptr.is_empty() {
+            let mut kept = HashMap::new();
+            for t in objects {
+                if let Some(e) = asked.by_ptr.remove(&t.ptr) {
+                    if e.0 == t.obj.ts {
+                        kept.insert(t.ptr, e);
+                    }
+                }
+            }
+            asked.by_ptr = kept;
+        }
+        let kmalloc = Source::Kmalloc.raw();
         let mut candidates: Vec<&TrackedObject> = objects
             .iter()
             .filter(|t| {
-                t.obj.site.source == 0
+                t.obj.site.source == kmalloc
                     && merged.contains(&t.obj.site.cache)
                     && t.obj.ts.saturating_add(2) <= before.jiffies
                     && !asked.by_ptr.contains_key(&t.ptr)
