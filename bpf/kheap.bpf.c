@@ -455,6 +455,9 @@ int fork_tp(struct trace_event_raw_sched_process_fork *r)
 	return 0;
 }
 
+/* leaks: the cache a merged cache's socket was asked for (run on demand). */
+#include "kheap/asked_cache.c"
+
 /* Run by user space (BPF_PROG_RUN) when it reads live objects: the jiffies
  * now, to turn the jiffies stamps of objects into ages. A raw_tp program,
  * never attached: kernels run those on demand since 5.10 (syscall

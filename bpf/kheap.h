@@ -252,6 +252,22 @@ struct site_unseen {
 	__u64 bytes_alloc;
 };
 
+/* leaks: one object whose cache SLUB merged into another, and the cache
+ * its code asked for (bpf/kheap/asked_cache.c). User space writes obj and
+ * cache (the struct kmem_cache * it was allocated from); the `asked_cache`
+ * program writes name, the creating protocol's name, or leaves it empty
+ * when the object does not prove it. */
+#define KHEAP_ASKED_BATCH 64
+struct asked_slot {
+	__u64 obj;
+	__u64 cache;
+	char name[KHEAP_CACHE_NAME_LEN];
+};
+
+struct asked_batch {
+	struct asked_slot slot[KHEAP_ASKED_BATCH];
+};
+
 /* The kernel's tick counter and CLOCK_MONOTONIC read together. Two samples
  * give the tick rate: CONFIG_HZ is not readable everywhere (libbpf refuses
  * a __kconfig extern when the kernel config file is missing, as on Debian

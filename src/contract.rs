@@ -54,8 +54,9 @@ impl Kind {
             // `leaks.timeline.series` (two series of one function apart).
             // 15: `growth_bytes_per_s` is the slope of what is still held
             // by when it was allocated, no longer the outstanding bytes
-            // over the run (the same field, another meaning).
-            Kind::Leaks => 15,
+            // over the run (the same field, another meaning). 16:
+            // `merged_caches` on site and cache rows: what the code asked for.
+            Kind::Leaks => 16,
             // malloc 2: `frees` and `frees_null` only with --outstanding
             // (frees are not probed otherwise); 3: `cgroup` on process
             // entries; 4: `stack_depth` says how stacks were unwound
@@ -303,6 +304,26 @@ mod tests {
             snap.leaks.as_mut().unwrap().kind = "snapshot".into();
             let v = parsed(&pretty(Kind::Leaks, &kmem(&snap, 256)));
             assert_eq!(v["leaks"]["snapshot"], true);
+            assert_valid(&v);
+            // Rows of a merged cache name the caches their code asked for.
+            let merged = kmem(&crate::report::fixtures::merged_leak_snapshot(), 1);
+            let v = parsed(&pretty(Kind::Leaks, &merged));
+            let asked = |rows: &str| {
+                v[rows]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|r| r.get("merged_caches"))
+                    .cloned()
+                    .collect::<Vec<_>>()
+            };
+            let want = serde_json::json!([{
+                "cache": "signal_cache (merged: UNIX, UNIX-STREAM)",
+                "outstanding_count": 4,
+                "asked": [{ "name": "UNIX-STREAM", "outstanding_count": 3 }],
+            }]);
+            assert_eq!(asked("sites"), std::slice::from_ref(&want));
+            assert_eq!(asked("caches"), [want]);
             assert_valid(&v);
             // A record report is not a leaks report, nor the other way.
             assert!(!schema_errors(&parsed(&pretty(Kind::Leaks, &rec))).is_empty());

@@ -319,6 +319,27 @@ where
     Ok(())
 }
 
+/// Folds every entry of a (not per-CPU) hash map into `visit`, batched
+/// where the kernel can, without a copy per entry.
+pub fn visit_hash_entries<K, V, M>(map: &M, visit: &mut dyn FnMut(&K, &V)) -> Result<()>
+where
+    M: MapCore,
+    K: plain::Plain + Default + Copy,
+    V: plain::Plain + Default + Copy,
+{
+    let batched = visit_batched(map, map.value_size() as usize, &mut |k, v| {
+        visit(&from_bytes::<K>(k), &from_bytes::<V>(v))
+    })?;
+    if !batched {
+        for key in map.keys() {
+            if let Some(v) = map.lookup(&key, MapFlags::ANY)? {
+                visit(&from_bytes::<K>(&key), &from_bytes::<V>(&v));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A BPF array map created with BPF_F_MMAPABLE, mapped read-only (or, by
 /// `writable`, for reading and writing): its values are read from memory,
 /// with no syscall and no copy of the entries not asked for. Unmapped when

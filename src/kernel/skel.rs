@@ -94,6 +94,7 @@ plain_types!(
     types::live_bucket,
     types::site_unseen,
     types::backing_range,
+    types::asked_batch,
 );
 
 impl From<types::alloc_stats> for crate::model::AllocStats {

@@ -11,7 +11,7 @@ use clap::ValueEnum;
 use comfy_table::Cell;
 
 use crate::model::live::AgeBucket;
-use crate::model::{human_count, human_size, Counts};
+use crate::model::{human_count, human_size, unmerged_cache_name, Counts};
 use crate::render::hist::{self, HistLine};
 use crate::render::table::{hidden_note, table_text};
 use crate::render::{self, Format, OutputFormat, SourceColumn};
@@ -248,6 +248,47 @@ fn with_retention<const N: usize>(
         .collect()
 }
 
+/// What a row says of the caches its code asked for, where its objects
+/// came from a merged cache: `asked: UNIX-STREAM 1600 of 1600` (of the
+/// row's outstanding objects from that cache; those not counted in a name
+/// are not known), after the cache's own name where the row has several
+/// caches. Names escaped: a control character (a line end too) shows as
+/// `\xNN`.
+fn asked_note(ret: &Option<Retention>, one_cache: bool) -> Option<String> {
+    let ret = ret.as_ref()?;
+    let notes: Vec<String> = ret
+        .merged_caches
+        .iter()
+        .map(|m| {
+            let named = m
+                .asked
+                .iter()
+                .map(|a| format!("{} {}", escape_name(&a.name), a.outstanding_count))
+                .collect::<Vec<_>>()
+                .join(" + ");
+            let note = format!("asked: {named} of {}", m.outstanding_count);
+            match one_cache {
+                true => note,
+                false => format!("{} {note}", unmerged_cache_name(&m.cache)),
+            }
+        })
+        .collect();
+    (!notes.is_empty()).then(|| notes.join("; "))
+}
+
+/// A name read from the kernel, every control character escaped.
+fn escape_name(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if c.is_control() || c == '\\' {
+            let _ = write!(out, "\\x{:02x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 const RETENTION_HEADERS: [&str; 8] = [
     "live",
     "live bytes",
@@ -274,7 +315,14 @@ pub fn table(
     match by {
         LeakGroupBy::Site => {
             let rows = r.sites.iter().map(|row| {
-                let cells = with_retention(render::site_names(row), &row.retention, &row.counts);
+                let [site, caches] = render::site_names(row);
+                let caches = match asked_note(&row.retention, row.caches.len() == 1) {
+                    Some(note) => {
+                        Cell::new(format!("{}; {note}", render::short_list(&row.caches, 2)))
+                    }
+                    None => caches,
+                };
+                let cells = with_retention([site, caches], &row.retention, &row.counts);
                 source.cells(cells, row.source)
             });
             out.push_str(&table_text(
@@ -350,7 +398,11 @@ pub fn table(
         }
         LeakGroupBy::Cache => {
             let rows = r.caches.iter().map(|row| {
-                let cells = with_retention([Cell::new(&row.name)], &row.retention, &row.counts);
+                let name = match asked_note(&row.retention, true) {
+                    Some(note) => format!("{}; {note}", row.name),
+                    None => row.name.clone(),
+                };
+                let cells = with_retention([Cell::new(name)], &row.retention, &row.counts);
                 source.cells(cells, row.source)
             });
             out.push_str(&table_text(
@@ -503,6 +555,36 @@ mod tests {
         );
         let (t, cols) = header(LeakGroupBy::Cache);
         assert_eq!(&cols[1..3], ["cache", "source"], "{t}");
+    }
+
+    #[test]
+    fn merged_caches_name_the_cache_the_code_asked_for() {
+        let mut r = report_of(&crate::report::fixtures::merged_leak_snapshot(), 10, 2.0);
+        // The site allocates from TCP too: the note names its cache, and
+        // counts of the merged cache's objects alone.
+        let t = table(&r, LeakGroupBy::Site, 0, 0, None);
+        assert!(
+            t.lines().any(|l| l.contains(
+                "TCP,signal_cache (merged: UNIX, UNIX-STREAM); signal_cache asked: UNIX-STREAM 3 of 4"
+            ) && l.split('┆').nth(2).map(str::trim) == Some("6")),
+            "{t}"
+        );
+        let t = table(&r, LeakGroupBy::Cache, 0, 0, None);
+        assert_contains(
+            &t,
+            &["signal_cache (merged: UNIX, UNIX-STREAM); asked: UNIX-STREAM 3 of 4"],
+        );
+        // Names read from the kernel are escaped; rows of unmerged caches
+        // say nothing of it.
+        let row = r
+            .caches
+            .iter_mut()
+            .find(|c| c.name.contains("merged"))
+            .unwrap();
+        row.retention.as_mut().unwrap().merged_caches[0].asked[0].name = "A\nB".into();
+        let t = table(&r, LeakGroupBy::Cache, 0, 0, None);
+        assert_contains(&t, &["asked: A\\x0aB 3 of 4"]);
+        assert_eq!(t.matches("asked:").count(), 1, "{t}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! stack and cache, with age histograms. No libbpf here, so it is
 //! unit-tested without root.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::AddAssign;
 
 use serde::{Deserialize, Serialize};
@@ -23,6 +23,10 @@ pub struct LiveObject {
     /// The allocating task's cgroup (or interrupt context), and whether the
     /// object is charged to its memory cgroup (known with --by cgroup).
     pub cgroup: CgroupKey,
+    /// The cache its code asked for, where SLUB merged that cache into the
+    /// one `site` names and the object proved which (a socket's protocol:
+    /// kernel::kmem's `asked`); `None` when not known.
+    pub asked_cache: Option<String>,
 }
 
 impl LiveObject {
@@ -324,6 +328,10 @@ pub struct RetainedIndex {
     /// By the cgroup that allocated them (or interrupt context), charged to
     /// the memory cgroup or not.
     pub cgroups: HashMap<CgroupKey, Retained>,
+    /// By site, the outstanding objects (of those in `sites`) whose code
+    /// asked for another cache than the merged one the site names
+    /// (`LiveObject::asked_cache`), by that cache's name.
+    pub asked: HashMap<SiteKey, BTreeMap<String, u64>>,
 }
 
 impl LeakInput {
@@ -371,6 +379,13 @@ impl RetainedIndex {
                 continue;
             }
             idx.sites.entry(o.site.clone()).or_default().add_object(o);
+            if let Some(name) = &o.asked_cache {
+                *idx.asked
+                    .entry(o.site.clone())
+                    .or_default()
+                    .entry(name.clone())
+                    .or_default() += 1;
+            }
             idx.procs.entry(o.process()).or_default().add_object(o);
             idx.cgroups.entry(o.cgroup).or_default().add_object(o);
             if let Some(id) = o.stack_id {
@@ -543,6 +558,7 @@ mod tests {
                 slot: CgroupSlot::Cgroup(42),
                 accounted: true,
             },
+            asked_cache: None,
         }
     }
 

@@ -2,7 +2,7 @@
 //! labels each site by its caller, scales sampled stacks to their sites'
 //! exact totals, folds caches, and says what dropped events left out.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use super::cgroups::cgroup_rows;
 use super::identity::ProcessIdentity;
@@ -430,7 +430,8 @@ pub fn labelled_sites(snap: &Snapshot, syms: &dyn Symbolize) -> Vec<(Frame, Site
 
 /// Per call site rows (summed over caches).
 fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec<SiteRow> {
-    let mut by_site: HashMap<(u64, Source), (AllocStats, Vec<String>, Retained)> = HashMap::new();
+    type Folded = (AllocStats, Vec<String>, Retained, MergedHeld);
+    let mut by_site: HashMap<(u64, Source), Folded> = HashMap::new();
     for (key, s) in &snap.sites {
         let e = by_site
             .entry((key.call_site, key.cache.source()))
@@ -439,6 +440,9 @@ fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec
         if let Some(r) = retained.and_then(|(idx, _)| idx.sites.get(key)) {
             e.2 += *r;
         }
+        if let Some((idx, _)) = retained {
+            add_asked(&mut e.3, idx, key);
+        }
         let name = key.cache.name();
         if !e.1.contains(&name) {
             e.1.push(name);
@@ -446,7 +450,7 @@ fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec
     }
     let mut rows: Vec<SiteRow> = by_site
         .into_iter()
-        .map(|((addr, source), (stats, mut caches, ret))| {
+        .map(|((addr, source), (stats, mut caches, ret, asked))| {
             caches.sort();
             let (label, cs) = &labels[&(addr, source)];
             SiteRow {
@@ -456,7 +460,10 @@ fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec
                 call_site: cs.display(),
                 caches,
                 counts: (&stats).into(),
-                retention: retained.map(|(_, d)| Retention::new(&ret, d)),
+                retention: retained.map(|(_, d)| Retention {
+                    merged_caches: retention::merged_caches(&asked),
+                    ..Retention::new(&ret, d)
+                }),
             }
         })
         .collect();
@@ -464,16 +471,44 @@ fn site_rows(snap: &Snapshot, labels: &SiteLabels, retained: RetainedRef) -> Vec
     rows
 }
 
+/// By merged cache (its name): the outstanding objects from it, and how
+/// many of them are known to be each asked-for cache's.
+type MergedHeld = BTreeMap<String, (u64, BTreeMap<String, u64>)>;
+
+/// Adds what `key`'s outstanding objects say of the caches their code
+/// asked for to `merged` (by the merged cache's name: its outstanding
+/// objects, and how many were read to be each asked-for cache's).
+fn add_asked(merged: &mut MergedHeld, idx: &RetainedIndex, key: &SiteKey) {
+    let Some(names) = idx.asked.get(key) else {
+        return;
+    };
+    let e = merged.entry(key.cache.name()).or_default();
+    e.0 += idx.sites.get(key).map_or(0, |r| r.count);
+    for (name, n) in names {
+        *e.1.entry(name.clone()).or_default() += n;
+    }
+}
+
 fn is_wrapper(f: &Frame) -> bool {
     f.function.is_none() || crate::symbolize::is_allocator_frame(f.name())
 }
 
 fn cache_rows(snap: &Snapshot, retained: RetainedRef) -> Vec<CacheRow> {
-    let by_cache_retained = retained.map(|(idx, d)| (idx.by_cache(), d));
+    let by_cache_retained = retained.map(|(idx, d)| {
+        let mut asked: HashMap<&CacheId, MergedHeld> = HashMap::new();
+        for key in idx.asked.keys() {
+            add_asked(asked.entry(&key.cache).or_default(), idx, key);
+        }
+        (idx.by_cache(), asked, d)
+    });
     let retention = |cache: &CacheId| {
-        by_cache_retained
-            .as_ref()
-            .map(|(m, d)| Retention::new(&m.get(cache).copied().unwrap_or_default(), *d))
+        by_cache_retained.as_ref().map(|(m, asked, d)| Retention {
+            merged_caches: asked
+                .get(cache)
+                .map(retention::merged_caches)
+                .unwrap_or_default(),
+            ..Retention::new(&m.get(cache).copied().unwrap_or_default(), *d)
+        })
     };
     let mut by_cache: HashMap<&CacheId, AllocStats> = HashMap::new();
     for (key, s) in &snap.sites {

@@ -158,6 +158,7 @@ pub fn leak_snapshot(sample_every: u32) -> Snapshot {
         age_ns: age_ms * 1_000_000,
         tgid: 7,
         cgroup: if *site == msg { svc } else { irq },
+        asked_cache: None,
     };
     let mut live = Vec::new();
     for i in 0..400 {
@@ -199,6 +200,46 @@ pub fn leak_snapshot(sample_every: u32) -> Snapshot {
     snap.leaks = Some(leaks);
     // The total of the programs' misses listed in `leaks`.
     snap.events.recursion_misses = 3;
+    snap
+}
+
+/// `leak_snapshot(1)` with a site of sk_prot_alloc allocating from a
+/// cache SLUB merged UNIX and UNIX-STREAM into: 4 outstanding sockets, 3
+/// known to be UNIX-STREAM's, 1 not known; and 2 from TCP's own cache.
+pub fn merged_leak_snapshot() -> Snapshot {
+    let mut snap = leak_snapshot(1);
+    let merged = SiteKey {
+        call_site: 0xffff_ffff_8100_7000,
+        cache: CacheId::Named("signal_cache (merged: UNIX, UNIX-STREAM)".into()),
+    };
+    let tcp = SiteKey {
+        cache: CacheId::Named("TCP".into()),
+        ..merged.clone()
+    };
+    snap.sites
+        .insert(merged.clone(), stats(6, 6 * 1152, 6 * 1152));
+    snap.sites.insert(tcp.clone(), stats(2, 2 * 2432, 2 * 2432));
+    let leaks = snap.leaks.as_mut().unwrap();
+    let like = leaks.live[0].clone();
+    for _ in 0..2 {
+        leaks.live.push(crate::model::live::LiveObject {
+            site: tcp.clone(),
+            stack_id: None,
+            bytes_req: 2432,
+            bytes_alloc: 2432,
+            ..like.clone()
+        });
+    }
+    for i in 0..4 {
+        leaks.live.push(crate::model::live::LiveObject {
+            site: merged.clone(),
+            stack_id: None,
+            bytes_req: 1152,
+            bytes_alloc: 1152,
+            asked_cache: (i < 3).then(|| "UNIX-STREAM".to_string()),
+            ..like.clone()
+        });
+    }
     snap
 }
 

@@ -3,6 +3,8 @@
 //! sampled data. Pure; `report::build` calls it when a snapshot carries a
 //! `LeakInput`.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::model::live::{AgeBucket, LeakInput, Retained, RetainedIndex};
@@ -41,6 +43,69 @@ pub struct Retention {
     pub freed_unseen: u64,
     #[serde(default)]
     pub ages: Vec<AgeBucket>,
+    /// Site and cache rows: the caches SLUB merged others into whose
+    /// outstanding objects were read to be some other cache's, with the
+    /// caches the code asked for. Absent where none is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub merged_caches: Vec<MergedCache>,
+}
+
+/// A cache SLUB merged others into, as one row holds it: how many of the
+/// row's outstanding objects came from it, and which caches the code of
+/// how many of them asked for (read from the objects: a socket names its
+/// protocol, whose cache it was allocated from). The rest are not known.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergedCache {
+    /// As the row names it: `signal_cache (merged: UNIX, UNIX-STREAM)`.
+    pub cache: String,
+    pub outstanding_count: u64,
+    /// Most objects first, then by name.
+    pub asked: Vec<AskedCache>,
+}
+
+/// A cache the code asked for, and how many objects are known to be its.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AskedCache {
+    pub name: String,
+    pub outstanding_count: u64,
+}
+
+/// What a row's merged caches hold: by the cache's name, its outstanding
+/// objects in the row and the caches asked for (their counts), as
+/// `merged_caches` lists them, largest first.
+pub fn merged_caches(
+    by_cache: &BTreeMap<String, (u64, BTreeMap<String, u64>)>,
+) -> Vec<MergedCache> {
+    let mut out: Vec<MergedCache> = by_cache
+        .iter()
+        .map(|(cache, (count, names))| {
+            let mut asked: Vec<AskedCache> = names
+                .iter()
+                .filter(|(_, &n)| n > 0)
+                .map(|(name, &n)| AskedCache {
+                    name: name.clone(),
+                    outstanding_count: n,
+                })
+                .collect();
+            asked.sort_by(|a, b| {
+                b.outstanding_count
+                    .cmp(&a.outstanding_count)
+                    .then_with(|| a.name.cmp(&b.name))
+            });
+            MergedCache {
+                cache: cache.clone(),
+                outstanding_count: *count,
+                asked,
+            }
+        })
+        .filter(|m| !m.asked.is_empty())
+        .collect();
+    out.sort_by(|a, b| {
+        b.outstanding_count
+            .cmp(&a.outstanding_count)
+            .then_with(|| a.cache.cmp(&b.cache))
+    });
+    out
 }
 
 /// Runs shorter than this get no growth rate: a few KiB held after 2 ms
@@ -72,6 +137,7 @@ impl Retention {
             freed_bytes: r.freed_bytes_alloc,
             freed_unseen: r.freed_unseen,
             ages: r.ages.buckets(),
+            merged_caches: Vec::new(),
         }
     }
 }
@@ -192,6 +258,16 @@ pub fn retained_index(l: &LeakInput, snap: &Snapshot) -> RetainedIndex {
             .procs
             .iter()
             .map(|(k, r)| (*k, r.scaled(n, n)))
+            .collect(),
+        asked: idx
+            .asked
+            .iter()
+            .map(|(k, names)| {
+                let scaled = names
+                    .iter()
+                    .map(|(name, &c)| (name.clone(), (c as f64 * n).round() as u64));
+                (k.clone(), scaled.collect())
+            })
             .collect(),
     }
 }

@@ -1,8 +1,8 @@
-//! File descriptors: an eventfd leak, and epoll watches.
+//! File descriptors: an eventfd leak, epoll watches, and a socket leak.
 
 use std::time::{Duration, Instant};
 
-use crate::{fail, usage};
+use crate::{catch_stop_early, fail, stopping_early, usage};
 
 /// Raises the soft limit on open files to `want` (within the hard limit), so
 /// that a leak of thousands of fds runs where the default soft limit is 1024.
@@ -94,4 +94,48 @@ pub fn epoll(count: usize, hold_secs: Option<f64>) {
         unsafe { libc::close(fd) };
     }
     eprintln!("closed {count} epoll watches");
+}
+
+/// A socket leak: COUNT AF_UNIX stream socketpairs, two sockets each
+/// (sk_alloc() from the protocol's cache: UNIX-STREAM since 5.15, UNIX
+/// before), held HOLD_SECS or until SIGUSR1, then closed. Says how many
+/// sockets the process holds in all (those it made before too).
+pub fn unix_pairs(count: usize, hold_secs: f64) {
+    raise_fd_limit(2 * count + 64);
+    catch_stop_early();
+    let mut fds = Vec::with_capacity(2 * count);
+    for _ in 0..count {
+        let mut pair = [0i32; 2];
+        let flags = libc::SOCK_STREAM | libc::SOCK_CLOEXEC;
+        if unsafe { libc::socketpair(libc::AF_UNIX, flags, 0, pair.as_mut_ptr()) } != 0 {
+            fail("socketpair");
+        }
+        fds.extend(pair);
+    }
+    // The process's every socket, those made before too (signal-hook's
+    // self-pipe is a unix stream socketpair): what a tracer of this
+    // process sees held.
+    let sockets = std::fs::read_dir("/proc/self/fd")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter_map(|e| std::fs::read_link(e.path()).ok())
+                .filter(|l| l.to_string_lossy().starts_with("socket:"))
+                .count()
+        })
+        .unwrap_or_else(|_| fail("reading /proc/self/fd"));
+    eprintln!(
+        "holding {} unix stream sockets ({sockets} sockets in all)",
+        fds.len()
+    );
+    let end = Instant::now() + Duration::from_secs_f64(hold_secs);
+    while let Some(left) = end.checked_duration_since(Instant::now()) {
+        if stopping_early() {
+            break;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(10)));
+    }
+    for fd in &fds {
+        unsafe { libc::close(*fd) };
+    }
+    eprintln!("closed {} unix stream sockets", fds.len());
 }

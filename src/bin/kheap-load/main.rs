@@ -17,6 +17,10 @@
 //!       eventpoll_epi (ep_insert) and one poll-table entry from
 //!       eventpoll_pwq (ep_ptable_queue_proc), caches SLUB merges with
 //!       others of their size on most kernels; held HOLD_SECS, then closed.
+//!   kheap-load unix COUNT HOLD_SECS         a socket leak: COUNT AF_UNIX
+//!       stream socketpairs (two sockets each, from the UNIX-STREAM cache,
+//!       UNIX before 5.15, which SLUB merges with others of their size on
+//!       most kernels), held HOLD_SECS or until SIGUSR1, then closed.
 //!   kheap-load writev COUNT                 writev(2) of 9 iovecs to
 //!       /dev/null: exactly one kmalloc (144 bytes, iovec_from_user) and one
 //!       kfree per call. Prints CPU ns per call.
@@ -97,14 +101,14 @@ mod switches;
 use alarms::{alarm_pending, alarm_spin};
 use bpf::{bpf_array, bpf_maps};
 use calls::{malloc_free, probe_site, writev, writev_diff, writev_rate};
-use fds::{epoll, fds};
+use fds::{epoll, fds, unix_pairs};
 use msg::{msg, msg_steps, remove_all_queues};
 use pages::{page_cycle, pages};
 use switches::switch_pingpong;
 
 fn usage() -> ! {
     eprintln!(
-        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | epoll COUNT [HOLD_SECS] | writev COUNT | writev-diff COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE | alarm-spin COUNT | alarm-pending COUNT | switch-pingpong COUNT"
+        "usage: kheap-load msg COUNT SIZE [HOLD_SECS] | msg-steps COUNT SIZE STEP_SECS | fds COUNT PER_SEC [HOLD_SECS] | epoll COUNT [HOLD_SECS] | unix COUNT HOLD_SECS | writev COUNT | writev-diff COUNT | writev-rate RATE SECS [wait] | malloc COUNT SIZE | probe-site nop5|push COUNT | pages COUNT [HOLD_SECS] | bpf-array array|percpu|ringbuf ENTRIES VALUE_SIZE [HOLD_SECS] | page-cycle COUNT [wait] | bpf-maps array|percpu COUNT ENTRIES VALUE_SIZE | alarm-spin COUNT | alarm-pending COUNT | switch-pingpong COUNT"
     );
     std::process::exit(2);
 }
@@ -161,6 +165,7 @@ fn main() {
             args.get(4).map(|_| arg(&args, 4)),
         ),
         Some("epoll") => epoll(arg(&args, 2), args.get(3).map(|_| arg(&args, 3))),
+        Some("unix") => unix_pairs(arg(&args, 2), arg(&args, 3)),
         Some("writev") => writev(arg(&args, 2)),
         Some("alarm-spin") => alarm_spin(arg(&args, 2)),
         Some("alarm-pending") => alarm_pending(arg(&args, 2)),

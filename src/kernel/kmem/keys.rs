@@ -2,7 +2,7 @@
 //! object recorded and SLUB's merges), cgroups and stack owners.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use anyhow::Result;
@@ -22,6 +22,26 @@ impl<'obj> Tracer<'obj> {
     /// The caches' names by pointer; a cache SLUB merged others into
     /// names them too (`merged_cache_name`), in every view.
     pub(super) fn cache_names(&self) -> Result<HashMap<u64, String>> {
+        Ok(self
+            .cache_aliases()?
+            .into_iter()
+            .map(|(k, (n, aliases))| (k, merged_cache_name(&n, &aliases)))
+            .collect())
+    }
+
+    /// The caches SLUB merged others into, by pointer.
+    pub(super) fn merged_caches(&self) -> Result<HashSet<u64>> {
+        Ok(self
+            .cache_aliases()?
+            .into_iter()
+            .filter(|(_, (_, aliases))| !aliases.is_empty())
+            .map(|(k, _)| k)
+            .collect())
+    }
+
+    /// The caches' own names by pointer, with the names SLUB merged into
+    /// each.
+    fn cache_aliases(&self) -> Result<HashMap<u64, (String, Vec<String>)>> {
         let names: Vec<(u64, String)> =
             maps::read_hash::<u64, types::cache_name, _>(&self.skel.maps.cache_names)?
                 .into_iter()
@@ -37,8 +57,8 @@ impl<'obj> Tracer<'obj> {
         Ok(names
             .into_iter()
             .map(|(k, n)| {
-                let shown = merged_cache_name(&n, &fs.aliases_of(&n));
-                (k, shown)
+                let aliases = fs.aliases_of(&n);
+                (k, (n, aliases))
             })
             .collect())
     }

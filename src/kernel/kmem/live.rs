@@ -15,9 +15,26 @@ use crate::model::live::{
 use crate::model::snapshot::{CgroupKey, CgroupSlot};
 use crate::model::SiteKey;
 
+use super::asked::{LiveAt, TrackedObject};
 use super::config::LiveConfig;
 use super::keys::{comm_now, site_key, Names};
 use super::tracer::Tracer;
+
+/// The slots of the object table that are taken, read from its buckets.
+fn table_slots_taken(table: &super::tracer::LiveTable) -> Vec<u32> {
+    let mut taken = Vec::new();
+    for b in 0..table.buckets.entries() {
+        let Some(bucket) = table.buckets.get::<types::live_bucket>(b) else {
+            continue;
+        };
+        for (way, &ptr) in bucket.ptr.iter().enumerate() {
+            if ptr != 0 {
+                taken.push(b * bucket.ptr.len() as u32 + way as u32);
+            }
+        }
+    }
+    taken
+}
 
 /// What a snapshot copies of the live objects, in the order it reads them
 /// (read_snapshot says why): objects found freed unseen, the live objects,
@@ -25,7 +42,7 @@ use super::tracer::Tracer;
 pub(super) struct LiveRead {
     pub lcfg: LiveConfig,
     pub unseen: Vec<(types::site_key, types::site_unseen)>,
-    pub objects: Vec<types::live_obj>,
+    pub objects: Vec<TrackedObject>,
     pub now: types::clock_sample,
 }
 
@@ -42,24 +59,43 @@ impl<'obj> Tracer<'obj> {
     /// during its read would be.
     pub(super) fn visit_live(&self, visit: &mut dyn FnMut(&types::live_obj)) -> Result<()> {
         if let Some(table) = &self.live_table {
-            let mut taken = Vec::new();
-            for b in 0..table.buckets.entries() {
-                let Some(bucket) = table.buckets.get::<types::live_bucket>(b) else {
-                    continue;
-                };
-                for (way, &ptr) in bucket.ptr.iter().enumerate() {
-                    if ptr != 0 {
-                        taken.push(b * bucket.ptr.len() as u32 + way as u32);
-                    }
-                }
-            }
-            for slot in taken {
+            for slot in table_slots_taken(table) {
                 if let Some(o) = table.slots.get::<types::live_obj>(slot) {
                     visit(&o);
                 }
             }
         }
         maps::visit_hash_values::<types::live_obj, _>(&self.skel.maps.live, visit)
+    }
+
+    /// [`Tracer::visit_live`] with each object's address and where it was
+    /// read.
+    pub(super) fn visit_live_at(&self, visit: &mut dyn FnMut(&TrackedObject)) -> Result<()> {
+        if let Some(table) = &self.live_table {
+            let ways = super::config::LIVE_WAYS;
+            for slot in table_slots_taken(table) {
+                let Some(bucket) = table.buckets.get::<types::live_bucket>(slot / ways) else {
+                    continue;
+                };
+                if let Some(obj) = table.slots.get::<types::live_obj>(slot) {
+                    visit(&TrackedObject {
+                        ptr: bucket.ptr[(slot % ways) as usize],
+                        at: LiveAt::Slot(slot),
+                        obj,
+                    });
+                }
+            }
+        }
+        maps::visit_hash_entries::<u64, types::live_obj, _>(
+            &self.skel.maps.live,
+            &mut |ptr, obj| {
+                visit(&TrackedObject {
+                    ptr: *ptr,
+                    at: LiveAt::Spilled,
+                    obj: *obj,
+                })
+            },
+        )
     }
 
     /// Forgets the `n` oldest tracked objects (`kheap serve`'s ageing,
@@ -258,13 +294,17 @@ impl<'obj> Tracer<'obj> {
             e.bytes_alloc += u.bytes_alloc;
         }
         let mut comms = HashMap::new();
-        for o in &live {
-            comms.entry(o.tgid).or_insert_with(|| comm_now(o.tgid));
+        for t in &live {
+            comms
+                .entry(t.obj.tgid)
+                .or_insert_with(|| comm_now(t.obj.tgid));
         }
+        let asked = self.asked.borrow();
         Ok(LeakInput {
             live: live
                 .iter()
-                .map(|o| LiveObject {
+                .map(|t| (&t.obj, asked.name_of(t.ptr, t.obj.ts)))
+                .map(|(o, asked_cache)| LiveObject {
                     site: key(&o.site),
                     stack_id: (o.stack_id != 0).then_some(o.stack_id),
                     bytes_req: o.bytes_req as u64,
@@ -279,6 +319,7 @@ impl<'obj> Tracer<'obj> {
                         },
                         accounted: o.accounted != 0,
                     },
+                    asked_cache,
                 })
                 .collect(),
             unseen,

@@ -9,8 +9,10 @@
 //! (`tracer`), loading and attaching (`start`), what the object is set up
 //! with from /proc/kallsyms (`labels`), one read of the maps (`read`), the
 //! live objects of `leaks` (`live`), map keys as the model names them
-//! (`keys`) and the programs' run-time statistics (`stats`).
+//! (`keys`), the caches merged caches' objects were asked for (`asked`)
+//! and the programs' run-time statistics (`stats`).
 
+mod asked;
 mod budget;
 mod config;
 mod keys;
@@ -30,7 +32,7 @@ pub use tracer::Tracer;
 
 #[cfg(test)]
 mod tests {
-    use super::{keys, labels};
+    use super::{asked, keys, labels};
 
     /// The value of `#define NAME value` in bpf/kheap.h.
     fn header_define(name: &str) -> u64 {
@@ -62,6 +64,7 @@ mod tests {
             ("KHEAP_CACHE_UNRESOLVED", keys::KHEAP_CACHE_UNRESOLVED),
             ("KHEAP_KFREE_CACHE_TAG", keys::KHEAP_KFREE_CACHE_TAG),
             ("KHEAP_BACKING_RANGES", labels::KHEAP_BACKING_RANGES as u64),
+            ("KHEAP_ASKED_BATCH", asked::KHEAP_ASKED_BATCH as u64),
         ];
         for (name, value) in rust {
             assert_eq!(header_define(name), value, "{name}");

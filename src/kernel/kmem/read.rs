@@ -122,8 +122,14 @@ impl<'obj> Tracer<'obj> {
             Some(lcfg) => {
                 let unseen =
                     maps::read_counts::<types::site_key, types::site_unseen, _>(&m.unseen)?;
+                // The clock before the objects too: which are old enough
+                // to be named (`asked`).
+                let before = self.clock()?;
                 let mut objects = Vec::new();
-                self.visit_live(&mut |o| objects.push(*o))?;
+                self.visit_live_at(&mut |t| objects.push(*t))?;
+                if let Err(e) = self.learn_asked(&objects, &before) {
+                    eprintln!("kheap: warning: merged caches' objects not named: {e:#}");
+                }
                 let now = self.clock()?;
                 Some(LiveRead {
                     lcfg,

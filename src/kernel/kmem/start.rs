@@ -179,7 +179,7 @@ impl<'obj> Tracer<'obj> {
         let log_level = crate::kernel::load_log_level();
         for mut prog in open.open_object_mut().progs_mut() {
             let name = prog.name().to_string_lossy().into_owned();
-            let on = if name == "clock" {
+            let on = if name == "clock" || name == "asked_cache" {
                 cfg.live.is_some()
             } else if entry_programs.contains(&name) {
                 true
@@ -215,6 +215,7 @@ impl<'obj> Tracer<'obj> {
             site_slots,
             slab_sysfs: RefCell::default(),
             live_table: None,
+            asked: RefCell::default(),
             clock0: types::clock_sample::default(),
             ended: None,
             _tracefs: tracefs,

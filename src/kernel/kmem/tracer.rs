@@ -56,6 +56,9 @@ pub struct Tracer<'obj> {
     /// leaks' object table, mapped (`kheap/live_objects.c`); None without
     /// one (not leaks, or no BPF atomics: the hash map holds every object).
     pub(super) live_table: Option<LiveTable>,
+    /// leaks: which cache the code of merged caches' objects asked for
+    /// (`asked`).
+    pub(super) asked: RefCell<AskedCaches>,
     /// The clock when the programs were loaded, to measure the tick rate
     /// that turns live objects' jiffies into ages.
     pub(super) clock0: types::clock_sample,
@@ -86,4 +89,27 @@ impl Drop for Tracer<'_> {
 pub(super) struct LiveTable {
     pub buckets: MappedArray,
     pub slots: MappedArray,
+}
+
+/// What the tracer learned of the objects of merged caches (`asked`).
+#[derive(Default)]
+pub(super) struct AskedCaches {
+    /// By address: the allocation read (its jiffies stamp) and the name of
+    /// the cache its code asked for, or `None` when the object did not
+    /// prove one.
+    pub(super) by_ptr: HashMap<u64, (u64, Option<String>)>,
+    /// Call sites by whether they allocate sockets (`asked::SOCK_ALLOCATORS`).
+    pub(super) sock_sites: HashMap<u64, bool>,
+    pub(super) syms: Option<crate::symbolize::KernelSymbols>,
+}
+
+impl AskedCaches {
+    /// The cache the code of the allocation `ts` at `ptr` asked for, where
+    /// it was proven.
+    pub fn name_of(&self, ptr: u64, ts: u64) -> Option<String> {
+        match self.by_ptr.get(&ptr) {
+            Some((t, name)) if *t == ts => name.clone(),
+            _ => None,
+        }
+    }
 }
