@@ -16,6 +16,7 @@ mod config;
 mod keys;
 mod labels;
 mod live;
+mod page_map;
 mod read;
 mod start;
 mod stats;
