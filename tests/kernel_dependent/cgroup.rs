@@ -112,7 +112,12 @@ fn msg_accounting_visible(r: &Value) -> bool {
     let symbols: &[&str] = if cfg!(target_arch = "x86_64") {
         &["page_offset_base", "vmemmap_base"]
     } else {
-        &["memstart_addr", "mem_section", "kmem_cache", "kmalloc_caches"]
+        &[
+            "memstart_addr",
+            "mem_section",
+            "kmem_cache",
+            "kmalloc_caches",
+        ]
     };
     let bases_known = symbols
         .iter()
