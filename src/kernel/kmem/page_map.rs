@@ -316,6 +316,7 @@ mod tests {
         /// The slab cache of the slab at each page address.
         slab_of_page: BTreeMap<u64, u64>,
         runs: usize,
+        shift: u32,
     }
 
     const PAGE_SHIFT: u32 = 12;
@@ -363,16 +364,22 @@ mod tests {
         kmalloc_caches: 0xffff_8000_8200_0100,
     };
 
-    /// A kernel of `va_bits` whose RAM starts at `MEMSTART` (shifted as
-    /// a 52-bit kernel on 48-bit hardware shifts it, when `lva_missing`).
+    /// A kernel of `va_bits` and 4 KiB pages whose RAM starts at
+    /// `MEMSTART` (shifted as a 52-bit kernel on 48-bit hardware shifts it,
+    /// when `lva_missing`).
     fn kernel(va_bits: u32, lva_missing: bool) -> Fake {
+        kernel_of_pages(va_bits, lva_missing, PAGE_SHIFT)
+    }
+
+    fn kernel_of_pages(va_bits: u32, lva_missing: bool, shift: u32) -> Fake {
         let page_offset = 0u64.wrapping_sub(1 << va_bits);
         let memstart = if lva_missing {
             MEMSTART.wrapping_sub(0u64.wrapping_sub(1 << 48).wrapping_sub(page_offset))
         } else {
             MEMSTART
         };
-        let vmemmap_start = 0u64.wrapping_sub(1 << (va_bits - 6));
+        // 5.11's VMEMMAP_START (VMEMMAP_SHIFT = PAGE_SHIFT - 6).
+        let vmemmap_start = 0u64.wrapping_sub(1 << (va_bits - (shift - 6)));
         let mut f = Fake {
             words: BTreeMap::new(),
             mem_section_size: 32,
@@ -381,21 +388,25 @@ mod tests {
             vmemmap_start,
             slab_of_page: BTreeMap::new(),
             runs: 0,
+            shift,
         };
         // vmemmap: the page of pfn 0 (memstart_addr is an s64: an
         // arithmetic shift, as the kernel's `vmemmap` macro does it).
         let vmemmap = vmemmap_start
-            .wrapping_sub((((memstart as i64) >> PAGE_SHIFT) as u64).wrapping_mul(STRUCT_PAGE));
+            .wrapping_sub((((memstart as i64) >> shift) as u64).wrapping_mul(STRUCT_PAGE));
         let roots = 0xffff_0000_1000_0000u64.max(page_offset + 0x1000_0000);
-        let root0 = roots + 0x1000;
+        let root0 = roots + 0x10000;
         f.words.insert(SYMS.memstart_addr, memstart);
         f.words.insert(SYMS.mem_section, roots);
         f.words.insert(roots, root0);
-        // Sections of 128 MiB; RAM from 1 GiB: section 8 is the first.
-        f.words.insert(root0 + 8 * 32, vmemmap | 0b1111);
-        f.words.insert(root0 + 9 * 32, vmemmap | 0b0111);
+        // Sections of 128 MiB; RAM from 1 GiB: section 8 is the first. With
+        // 64 KiB pages (a root of 2048 sections) one further in, beyond the
+        // first 4096 bytes read.
+        let first = if shift == 16 { 200 } else { 8 };
+        f.words.insert(root0 + first * 32, vmemmap | 0b1111);
+        f.words.insert(root0 + (first + 1) * 32, vmemmap | 0b0111);
         // The caches: kmem_cache's object and seven kmalloc caches, in
-        // slabs of kmem_cache (two pages each, the second a tail).
+        // slabs of kmem_cache.
         let own = f.linear(0x0200_0000);
         f.words.insert(SYMS.kmem_cache, own);
         let own_page = f.page_of(own);
@@ -418,13 +429,13 @@ mod tests {
         /// virt_to_page(), as the kernel computes it.
         fn page_of(&self, va: u64) -> u64 {
             self.vmemmap_start
-                .wrapping_add(((va - self.page_offset) >> PAGE_SHIFT) * STRUCT_PAGE)
+                .wrapping_add(((va - self.page_offset) >> self.shift) * STRUCT_PAGE)
         }
         fn expected(&self) -> Bases {
             Bases {
                 direct_map: self.page_offset.wrapping_sub(self.memstart),
                 vmemmap: self.vmemmap_start.wrapping_sub(
-                    (((self.memstart as i64) >> PAGE_SHIFT) as u64).wrapping_mul(STRUCT_PAGE),
+                    (((self.memstart as i64) >> self.shift) as u64).wrapping_mul(STRUCT_PAGE),
                 ),
             }
         }
@@ -453,6 +464,22 @@ mod tests {
                     "VA_BITS {bits} {lva_missing}: {va:#x}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn pages_of_16_and_64_kib_are_walked_with_their_own_shift() {
+        for (bits, shift) in [(47, 14), (48, 14), (42, 16), (48, 16), (52, 16)] {
+            let mut k = kernel_of_pages(bits, false, shift);
+            assert_eq!(
+                arm64_bases(&mut k, &SYMS, shift),
+                Ok(k.expected()),
+                "VA_BITS {bits}, {} KiB pages",
+                1 << (shift - 10)
+            );
+            // A 4 KiB walk of the same kernel finds no slab.
+            let mut k = kernel_of_pages(bits, false, shift);
+            assert!(arm64_bases(&mut k, &SYMS, PAGE_SHIFT).is_err());
         }
     }
 
