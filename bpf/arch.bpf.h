@@ -47,6 +47,10 @@ static __always_inline long uprobe_entry_return(struct pt_regs *regs, __u64 sp,
  * caller_from_trampoline). */
 #define KHEAP_TRAMPOLINE_FRAME 1
 
+/* The page size of the slab page walk (slab_cache.bpf.h): x86-64's pages
+ * are 4 KiB, a constant shift. */
+#define KHEAP_SLAB_PAGE_SHIFT 12
+
 #elif defined(__TARGET_ARCH_arm64)
 
 #define KHEAP_RETURN_ADDRESS_BYTES     0
@@ -75,6 +79,10 @@ static __always_inline long uprobe_entry_return(struct pt_regs *regs, __u64 sp,
  * (arm64 kernels always unwind by frame pointers, and the trampoline makes
  * a frame for the traced function). */
 #define KHEAP_TRAMPOLINE_FRAME	       0
+
+/* arm64 kernels have 4, 16 or 64 KiB pages: the running kernel's, set by
+ * user space (slab_cache.bpf.h's slab_page_shift). */
+#define KHEAP_SLAB_PAGE_SHIFT	       (slab_page_shift)
 
 #else
 #error "kheap's BPF objects are built for x86 and arm64 only (bpf/arch.bpf.h)"

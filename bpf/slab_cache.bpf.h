@@ -6,7 +6,8 @@
  * of its own, CONFIG_RANDOM_KMALLOC_CACHES spreads kmalloc over
  * kmalloc-rnd-NN-<size> copies, and accounted memory lives in kmalloc-cg-*.
  * The object's slab knows: address -> struct page (the direct map) -> its
- * head page -> slab_cache, as the kernel's virt_to_slab() does.
+ * head page -> slab_cache, as the kernel's virt_to_slab() does
+ * (slab_page.bpf.h).
  *
  * Include after vmlinux.h and the libbpf headers (bpf_core_read.h).
  */
@@ -15,6 +16,8 @@
 
 #include "maps.bpf.h"
 #include "kheap.h"
+#include "arch.bpf.h"
+#include "slab_page.bpf.h"
 
 /* 6.13+ names the cache of an address itself: a kfunc of the kernel's
  * common set, which every kind of program may call (tp_btf, raw_tp and
@@ -32,65 +35,38 @@ extern struct kmem_cache *bpf_get_kmem_cache(__u64 addr) __ksym __weak;
 #endif
 
 /* Without the kfunc (before 6.13, or no BTF of the kernel's own), the page
- * is found through the direct map and vmemmap bases. Both are variables
- * randomized with KASLR; user space looks their addresses up in
- * /proc/kallsyms (data symbols are listed with CONFIG_KALLSYMS_ALL, as
- * distribution kernels have). Not __ksym externs: libbpf would read all of
- * kallsyms on every load of the object, which takes seconds on slow
- * machines. 0: unknown, and kmalloc events keep no cache (user space says
- * so in the report). */
+ * is found through the direct map and vmemmap bases (slab_page.bpf.h).
+ * x86-64: both are variables randomized with KASLR; user space looks their
+ * addresses up in /proc/kallsyms (data symbols are listed with
+ * CONFIG_KALLSYMS_ALL, as distribution kernels have), and they are read at
+ * the first event. Not __ksym externs: libbpf would read all of kallsyms on
+ * every load of the object, which takes seconds on slow machines. arm64:
+ * the bases are compile-time constants of the kernel's, which user space
+ * derives from the kernel's data and checks before the load
+ * (src/kernel/kmem/page_map.rs), and stores in direct_map_base and
+ * vmemmap_base below. 0: unknown, and kmalloc events keep no cache (user
+ * space says so in the report). */
 const volatile __u64 direct_map_base_addr = 0;
 const volatile __u64 vmemmap_base_addr = 0;
 /* Resolve kmalloc caches at all (user space clears it where it cannot). */
 const volatile __u8 resolve_kmalloc_caches = 0;
 
 /* The bases' values, read once (they never change after boot): a .bss load
- * per event instead of two probe reads. */
+ * per event instead of two probe reads. Set before the load on arm64. */
 __u64 direct_map_base = 0;
 __u64 vmemmap_base = 0;
+/* log2 of the running kernel's page size (set by user space; arm64 kernels
+ * have 4, 16 or 64 KiB pages, x86-64's are 4 KiB: KHEAP_SLAB_PAGE_SHIFT). */
+const volatile __u8 slab_page_shift = 12;
 
 /* Objects up to 2 pages come from kmalloc caches (SLUB's
- * KMALLOC_MAX_CACHE_SIZE on 4 KiB pages); larger ones from the page
- * allocator (kmalloc_large), whose pages have no slab to ask. */
-#define KHEAP_KMALLOC_MAX_CACHE_SIZE 8192
-
-/* Before 5.17 the slab's fields were in struct page itself. */
-struct page___preslab {
-	struct kmem_cache *slab_cache;
-} __attribute__((preserve_access_index));
-
-/* 7.1 renamed a tail page's compound_head to compound_info: bit 0 still
- * marks a tail, and the rest is the head's address or, where the kernel
- * uses HugeTLB's vmemmap optimization with a power-of-2 struct page, a mask
- * that turns the tail's address into the head's (page & info). */
-struct page___compound_info {
-	unsigned long compound_info;
-} __attribute__((preserve_access_index));
-
-/* The head of `page`'s compound page (itself if it is none). */
-static __always_inline struct page *compound_head_of(struct page *page)
-{
-	__u64 info;
-
-	if (bpf_core_field_exists(struct page___compound_info, compound_info)) {
-		info = BPF_CORE_READ((struct page___compound_info *)page,
-				     compound_info);
-		if (!(info & 1))
-			return page;
-		/* A head lies at or below its tails; a mask (its high bits
-		 * all set) lies above every struct page. */
-		if (info - 1 <= (__u64)page)
-			return (void *)(info - 1);
-		return (void *)((__u64)page & info);
-	}
-	info = BPF_CORE_READ(page, compound_head);
-	return info & 1 ? (void *)(info - 1) : page;
-}
+ * KMALLOC_MAX_CACHE_SIZE); larger ones from the page allocator
+ * (kmalloc_large), whose pages have no slab to ask. */
+#define KHEAP_KMALLOC_MAX_CACHE_SIZE (2ULL << KHEAP_SLAB_PAGE_SHIFT)
 
 static __always_inline struct kmem_cache *cache_of_page(const void *ptr)
 {
 	__u64 base = direct_map_base, map = vmemmap_base;
-	struct page *page;
 
 	if (!base || !map) {
 		if (!direct_map_base_addr || !vmemmap_base_addr)
@@ -104,15 +80,7 @@ static __always_inline struct kmem_cache *cache_of_page(const void *ptr)
 		direct_map_base = base;
 		vmemmap_base = map;
 	}
-	if ((__u64)ptr < base)
-		return NULL;
-	page = (void *)(map + (((__u64)ptr - base) >> 12) *
-				      bpf_core_type_size(struct page));
-	/* A tail page of a multi-page slab leads to its head. */
-	page = compound_head_of(page);
-	if (bpf_core_type_exists(struct slab))
-		return BPF_CORE_READ((struct slab *)page, slab_cache);
-	return BPF_CORE_READ((struct page___preslab *)page, slab_cache);
+	return slab_cache_at(ptr, base, map, KHEAP_SLAB_PAGE_SHIFT);
 }
 
 /* Whether a kmalloc event's object is looked up in its slab: resolution on,

@@ -1,9 +1,26 @@
 //! What differs by CPU architecture in user space, in one place (the BPF
 //! side's differences are in `bpf/arch.bpf.h`): the unwinder of sampled
 //! user stacks and the registers it starts from, and the Debian multiarch
-//! library directories and the ELF mapping symbols that name no function.
+//! library directories and the ELF mapping symbols that name no function,
+//! and where the slab page walk of kernels before 6.13 finds its bases
+//! (`SLAB_PAGE_BASES`).
 //! System call numbers come from the libc crate
 //! (`libc::SYS_*`, per target). Built for x86_64 and aarch64.
+
+/// Where the slab page walk (bpf/slab_page.bpf.h: an address's struct
+/// page, for kernels before 6.13) finds a direct-map address and its page.
+pub enum SlabPageBases {
+    /// Kernel variables that hold them, listed in /proc/kallsyms (read by
+    /// the BPF program at its first event).
+    Variables {
+        direct_map: &'static str,
+        vmemmap: &'static str,
+    },
+    /// Derived from the kernel's data and checked before the load
+    /// (src/kernel/kmem/page_map.rs): the kernel's bases are compile-time
+    /// constants.
+    Derived,
+}
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
@@ -26,6 +43,13 @@ mod imp {
     pub fn caller_regs(caller: u64, sp: u64, fp: u64) -> UnwindRegs {
         UnwindRegsX86_64::new(caller, sp.wrapping_add(8), fp)
     }
+
+    /// KASLR randomizes the direct map and the vmemmap, and the kernel
+    /// keeps both bases in variables.
+    pub const SLAB_PAGE_BASES: super::SlabPageBases = super::SlabPageBases::Variables {
+        direct_map: "page_offset_base",
+        vmemmap: "vmemmap_base",
+    };
 
     /// x86-64 ELF files have no mapping symbols.
     #[inline]
@@ -55,6 +79,10 @@ mod imp {
     pub fn caller_regs(caller: u64, sp: u64, fp: u64) -> UnwindRegs {
         UnwindRegsAarch64::new(caller, sp, fp)
     }
+
+    /// PAGE_OFFSET and VMEMMAP_START are constants of the kernel's build
+    /// (VA_BITS, page size, version): derived, not looked up.
+    pub const SLAB_PAGE_BASES: super::SlabPageBases = super::SlabPageBases::Derived;
 
     /// AArch64 ELF mapping symbols (`$x`: code follows, `$d`: data, as
     /// in a literal pool; optionally `$x.<anything>`): markers, not

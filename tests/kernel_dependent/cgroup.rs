@@ -107,7 +107,19 @@ fn msg_accounting_visible(r: &Value) -> bool {
         .iter()
         .any(|a| a.as_str() == Some("kmalloc: tp_btf"));
     let kallsyms = std::fs::read_to_string("/proc/kallsyms").unwrap_or_default();
-    let bases_known = ["page_offset_base", "vmemmap_base"]
+    // The symbols the page walk's bases come from (src/arch.rs,
+    // SLAB_PAGE_BASES; arm64: src/kernel/kmem/page_map.rs).
+    let symbols: &[&str] = if cfg!(target_arch = "x86_64") {
+        &["page_offset_base", "vmemmap_base"]
+    } else {
+        &[
+            "memstart_addr",
+            "mem_section",
+            "kmem_cache",
+            "kmalloc_caches",
+        ]
+    };
+    let bases_known = symbols
         .iter()
         .all(|sym| kallsyms.lines().any(|l| l.ends_with(&format!(" {sym}"))));
     (major, minor) < (6, 11) || ((major, minor) >= (6, 13) && tp_btf) || bases_known

@@ -752,13 +752,13 @@ fn a_kernel_without_its_own_btf_is_read_through_a_file() {
     if skipped.contains("kmalloc caches: named by size class") {
         // Without the kfunc the object's page is the way to its slab, and
         // this kernel lists no memory-layout symbols (a kernel without
-        // CONFIG_KALLSYMS_ALL, as the development host), or the page walk
-        // does not know this architecture's layout (arm64 before 6.13,
-        // src/kernel/kmem/labels.rs): the report's header says which.
+        // CONFIG_KALLSYMS_ALL, as the development host), or the arm64
+        // bases could not be established (src/kernel/kmem/page_map.rs):
+        // the report's header says which.
         let why = if cfg!(target_arch = "x86_64") {
             "page_offset_base"
         } else {
-            "knows x86-64's memory layout only"
+            "the page bases could not be established"
         };
         assert!(skipped.contains(why), "{skipped}");
     } else {

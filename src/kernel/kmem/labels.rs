@@ -4,23 +4,33 @@
 
 use anyhow::Result;
 
+use crate::arch::SlabPageBases;
 use crate::kernel::features::KernelBtf;
 use crate::kernel::skel::types;
 use crate::model::Source;
 
 use super::config::Config;
 
+/// Where the slab page walk gets its bases (bpf/slab_cache.bpf.h).
+pub(super) enum PageBases {
+    /// The addresses of the kernel variables that hold them
+    /// (`page_offset_base` and `vmemmap_base` on x86-64), read by BPF.
+    Variables { direct_map: u64, vmemmap: u64 },
+    /// Their values, derived and checked (arm64: super::page_map).
+    Values(super::page_map::Bases),
+}
+
 /// How the kmalloc programs find the cache an object lives in
 /// (bpf/slab_cache.bpf.h): Ok(None) through the kernel's kfunc (6.13+, any
-/// attach mechanism), Ok(Some(addresses of `page_offset_base` and
-/// `vmemmap_base`)) through the object's page. Err: the line the report
-/// header and `kheap doctor` show, where this kernel gives no way (kallsyms
-/// without data symbols, i.e. no CONFIG_KALLSYMS_ALL, or not x86-64's
-/// memory layout); kmalloc caches are then named by their size class.
+/// attach mechanism), Ok(Some(bases)) through the object's page. Err: the
+/// line the report header and `kheap doctor` show, where this kernel gives
+/// no way (kallsyms without data symbols, i.e. no CONFIG_KALLSYMS_ALL, or
+/// arm64 bases that could not be established); kmalloc caches are then
+/// named by their size class.
 pub(super) fn kmalloc_cache_resolution(
     kbtf: &KernelBtf,
     kallsyms: &Kallsyms,
-) -> std::result::Result<Option<(u64, u64)>, String> {
+) -> std::result::Result<Option<PageBases>, String> {
     if kbtf.kmem_cache_kfunc {
         return Ok(None);
     }
@@ -31,23 +41,28 @@ pub(super) fn kmalloc_cache_resolution(
              not told apart"
         )
     };
-    if !cfg!(target_arch = "x86_64") {
-        return Err(why("the page lookup knows x86-64's memory layout only"));
-    }
     let text = kallsyms.text().map_err(|e| why(&format!("{e:#}")))?;
-    direct_map_and_vmemmap_bases(text).map(Some).ok_or_else(|| {
-        why(
-            "/proc/kallsyms lists no page_offset_base/vmemmap_base: a kernel without \
-                 CONFIG_KALLSYMS_ALL",
-        )
-    })
-}
-
-/// The addresses of the kernel's `page_offset_base` and `vmemmap_base`
-/// variables, if kallsyms lists them.
-fn direct_map_and_vmemmap_bases(kallsyms: &str) -> Option<(u64, u64)> {
-    let find = |name| crate::model::kallsyms::address_of(kallsyms, name);
-    Some((find("page_offset_base")?, find("vmemmap_base")?))
+    match crate::arch::SLAB_PAGE_BASES {
+        SlabPageBases::Variables {
+            direct_map,
+            vmemmap,
+        } => {
+            let find = |name| crate::model::kallsyms::address_of(text, name);
+            match (find(direct_map), find(vmemmap)) {
+                (Some(direct_map), Some(vmemmap)) => Ok(Some(PageBases::Variables {
+                    direct_map,
+                    vmemmap,
+                })),
+                _ => Err(why(&format!(
+                    "/proc/kallsyms lists no {direct_map}/{vmemmap}: a kernel without \
+                     CONFIG_KALLSYMS_ALL"
+                ))),
+            }
+        }
+        SlabPageBases::Derived => super::page_map::running_kernel_bases(text)
+            .map(|b| Some(PageBases::Values(b)))
+            .map_err(|e| why(&format!("the page bases could not be established: {e}"))),
+    }
 }
 
 /// The text ranges that label events by the functions on their stack

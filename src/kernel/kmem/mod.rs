@@ -18,6 +18,7 @@ mod config;
 mod keys;
 mod labels;
 mod live;
+mod page_map;
 mod read;
 mod start;
 mod stats;

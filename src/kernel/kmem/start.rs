@@ -17,7 +17,7 @@ use crate::kernel::storage::ObjectStorage;
 use crate::model::Source;
 
 use super::config::{Config, LiveStore};
-use super::labels::{kmalloc_cache_resolution, label_ranges, Kallsyms};
+use super::labels::{kmalloc_cache_resolution, label_ranges, Kallsyms, PageBases};
 use super::tracer::{LiveTable, Tracer};
 
 impl<'obj> Tracer<'obj> {
@@ -473,29 +473,57 @@ fn configure(
     }
     c.sources = cfg.sources.bits();
     c.page_shift = page_shift();
+    rodata.slab_page_shift = page_shift();
     // The same page lookup names the cache of kmem_cache events before 6.1,
     // which pass none (bpf/kmem_classic.bpf.h, cache_events_pass_cache).
-    let kmalloc_caches = kmalloc_cache_resolution(kbtf, kallsyms)
-        .map_err(|why| match kbtf.cache_events_pass_cache {
-            true => why,
-            false => format!(
-                "{why}; this kernel's kmem_cache events (before 6.1) name no cache either, so \
-                 those caches show as their object size"
-            ),
-        })
-        .map(|bases| {
-            rodata.resolve_kmalloc_caches = 1;
-            match bases {
-                Some((direct_map, vmemmap)) => {
-                    rodata.direct_map_base_addr = direct_map;
-                    rodata.vmemmap_base_addr = vmemmap;
-                    "the object's slab, found through its page (page_offset_base and vmemmap_base \
-                 from /proc/kallsyms)"
-                        .to_string()
-                }
-                None => "the object's slab, named by the kernel (bpf_get_kmem_cache)".to_string(),
-            }
-        });
+    let resolution = kmalloc_cache_resolution(kbtf, kallsyms);
+    let kmalloc_caches = match resolution {
+        Err(why) if kbtf.cache_events_pass_cache => Err(why),
+        Err(why) => Err(format!(
+            "{why}; this kernel's kmem_cache events (before 6.1) name no cache either, so \
+             those caches show as their object size"
+        )),
+        Ok(None) => Ok("the object's slab, named by the kernel (bpf_get_kmem_cache)".to_string()),
+        Ok(Some(PageBases::Variables {
+            direct_map,
+            vmemmap,
+        })) => {
+            rodata.direct_map_base_addr = direct_map;
+            rodata.vmemmap_base_addr = vmemmap;
+            Ok(
+                "the object's slab, found through its page (page_offset_base and vmemmap_base \
+                from /proc/kallsyms)"
+                    .to_string(),
+            )
+        }
+        Ok(Some(PageBases::Values(b))) => {
+            let bss = open
+                .maps
+                .bss_data
+                .as_deref_mut()
+                .context("the BPF object has no .bss section")?;
+            bss.direct_map_base = b.direct_map;
+            bss.vmemmap_base = b.vmemmap;
+            Ok(format!(
+                "the object's slab, found through its page (bases derived from memstart_addr \
+                 and mem_section, checked against the kmalloc caches' own slabs: direct map \
+                 {:#x}, vmemmap {:#x})",
+                b.direct_map, b.vmemmap
+            ))
+        }
+    };
+    if kmalloc_caches.is_ok() {
+        open.maps
+            .rodata_data
+            .as_deref_mut()
+            .context("the BPF object has no read-only data section")?
+            .resolve_kmalloc_caches = 1;
+    }
+    let rodata = open
+        .maps
+        .rodata_data
+        .as_deref_mut()
+        .context("the BPF object has no read-only data section")?;
     let cpus = possible_cpus()?;
     rodata.site_slot_mask = cfg.site_slots(cpus) - 1;
     rodata.kmalloc_memo_mask = Config::kmalloc_memo_slots(cpus) - 1;
