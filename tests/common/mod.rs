@@ -341,6 +341,28 @@ pub fn parse_valid(text: &str) -> Value {
 /// uses, tests/kernel_dependent/cache_names.rs checks against /proc/slabinfo.
 pub const MSG_CACHE_RE: &str = "^(kmalloc-(cg-|rnd-[0-9]+-)?|msg_msg-)4k$";
 
+/// The object size kmalloc gives a request of `bytes`: the smallest
+/// kmalloc-N size class this kernel has (/proc/slabinfo) that holds it.
+/// 144 bytes take 192 on x86-64, 256 on arm64 before 6.5, which has no
+/// kmalloc-192 (its smallest class was the 128-byte cache line).
+pub fn kmalloc_object_size(bytes: u64) -> u64 {
+    let slabinfo = std::fs::read_to_string("/proc/slabinfo").expect("reading /proc/slabinfo");
+    slabinfo
+        .lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .next()?
+                .strip_prefix("kmalloc-")?
+                .parse()
+                .ok()
+        })
+        .filter(|&n: &u64| n >= bytes)
+        .min()
+        .unwrap_or_else(|| {
+            panic!("no kmalloc size class of at least {bytes} bytes in /proc/slabinfo")
+        })
+}
+
 /// Whether `name` is one of the caches of `MSG_CACHE_RE`.
 pub fn is_msg_cache(name: &str) -> bool {
     let Some(class) = name.strip_suffix("4k") else {
