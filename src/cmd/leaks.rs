@@ -142,12 +142,11 @@ pub fn run(args: LeaksArgs) -> Result<i32> {
 
     // Finish: the level at the end, after the command's last frees; the
     // last read; the report.
+    // Its read of the live objects also names merged caches' objects while
+    // frees are still seen (kmem's `asked`): a second read of the object
+    // table here would be pages kheap allocates while the accounting still
+    // measures free memory.
     readings.read(&session, &mut reports, &mut snapshots);
-    // While frees are still seen: a name read from an object is kept only
-    // if the object is still the same allocation after (kmem's `asked`).
-    if let Err(e) = session.name_asked_caches() {
-        eprintln!("kheap: warning: merged caches' objects not named: {e:#}");
-    }
     let duration_s = stop_tracing(&mut session, &mut reports.cgroup_names, start)?;
     // Only when compared: it reads /proc/zoneinfo and /proc/vmstat too.
     let meminfo_at_end = memory_at_start.meminfo.as_ref().map(|_| MemInfo::read());

@@ -49,30 +49,6 @@ pub(super) struct TrackedObject {
 }
 
 impl<'obj> Tracer<'obj> {
-    /// leaks: reads, for the tracked objects of merged caches not yet
-    /// read, which cache their code asked for (see the module). Only while
-    /// attached: a name is kept only for an object still tracked as the
-    /// same allocation after it was read, which frees tell only then.
-    pub fn name_asked_caches(&self) -> Result<()> {
-        if self.cfg.live.is_none() || self.ended.is_some() {
-            return Ok(());
-        }
-        let before = self.clock()?;
-        // Only the objects of merged kmalloc caches, the only ones named or
-        // remembered: a copy of every tracked object (8 MB for 512 MiB of
-        // held pages) would be pages kheap allocates while it still
-        // measures the machine's free memory (leaks' accounting).
-        let merged = self.merged_caches()?;
-        let kmalloc = Source::Kmalloc.raw();
-        let mut objects = Vec::new();
-        self.visit_live_at(&mut |t| {
-            if t.obj.site.source == kmalloc && merged.contains(&t.obj.site.cache) {
-                objects.push(*t);
-            }
-        })?;
-        self.learn_asked(&objects, &before)
-    }
-
     /// `objects` were read after the clock said `before`.
     pub(super) fn learn_asked(
         &self,
